@@ -1,0 +1,3 @@
+from k3desk.app import main
+
+raise SystemExit(main())

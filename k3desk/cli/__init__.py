@@ -1,0 +1,64 @@
+"""The command-line shell over k3desk.core.
+
+Each sub-command lives in its own module with ``register(subparsers)``; the
+module's handler takes ``(args, services)`` and returns an exit status.  Errors
+from core (:class:`K3Error`) are printed as their message and hint, never as
+a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from k3desk import __version__
+from k3desk.core.errors import Cancelled, K3Error
+
+if TYPE_CHECKING:
+    from k3desk.app import Services
+
+# Sub-command modules, in the order `k3desk --help` lists them.
+COMMAND_MODULES = (
+    "k3desk.cli.doctor",
+    "k3desk.cli.tiers",
+    "k3desk.cli.validate",
+    "k3desk.cli.plan",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="k3desk",
+        description="Pick, download, launch and chat with Kimi-K3. "
+        "Run without arguments to open the desktop app.",
+    )
+    parser.add_argument("--version", action="version", version=f"k3desk {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str], services: Services) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(handler(args, services))
+    except Cancelled:
+        print("Cancelled.", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("Interrupted.", file=sys.stderr)
+        return 130
+    except K3Error as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"  {exc.hint}", file=sys.stderr)
+        return 1
