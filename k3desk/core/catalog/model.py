@@ -46,6 +46,9 @@ class Tier:
     expert_quant: str
     dense_quant: str
     imatrix: bool | None  # None = the card does not say
+    # ggml type name per k3arch Role (e.g. {"experts": "IQ1_S", "attn": "Q4_K", ...}),
+    # as the card states or as our best reading of it; twins and estimates use it
+    tensor_types: dict[str, str]
     mmproj: tuple[str, ...]  # projector files in the repo (may be empty)
     vision: VisionSupport
     vision_note: str

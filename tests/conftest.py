@@ -1,0 +1,40 @@
+"""Test-suite wide setup.
+
+Shared fixtures live in ``tests/fixtures/*.py`` (one module per area) and are
+registered here as plugins.  Each test gets its own ``K3DESK_HOME`` so no test
+reads or writes the real user's settings, history or keyring.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = [
+    "tests.fixtures.engine",
+    "tests.fixtures.tiny",
+    "tests.fixtures.twins",
+    "tests.fixtures.hardware",
+    "tests.fixtures.hub",
+]
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Qt renders offscreen unless a test run asks for a real display (screenshots).
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# Never reach the internet from tests.
+os.environ.setdefault("HF_HUB_OFFLINE", "0")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+@pytest.fixture(autouse=True)
+def k3_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh K3DESK_HOME (and HF_HOME) for every test."""
+    home = tmp_path_factory.mktemp("k3home")
+    monkeypatch.setenv("K3DESK_HOME", str(home))
+    monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    yield home
