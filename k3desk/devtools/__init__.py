@@ -1,0 +1,1 @@
+"""Developer tools: tiny test models and sparse twins of published tiers."""
