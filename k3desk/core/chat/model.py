@@ -1,0 +1,121 @@
+"""Plain data shared by the chat client and the conversation store."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant"]
+ROLES: tuple[Role, ...] = ("system", "user", "assistant")
+
+# The Kimi-K3 model cards recommend these sampling defaults.
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 0.95
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """Sampling and template options for one request (and stored per conversation).
+
+    ``thinking`` and ``thinking_effort`` go to the Kimi-K3 chat template through
+    ``chat_template_kwargs``.  ``extra_body`` is merged into the request as is,
+    for servers that want fields of their own.
+    """
+
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
+    max_tokens: int | None = None
+    seed: int | None = None
+    thinking: bool = True
+    thinking_effort: str | None = None
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "seed": self.seed,
+            "thinking": self.thinking,
+            "thinking_effort": self.thinking_effort,
+            "extra_body": dict(self.extra_body),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ChatSettings:
+        """Build settings from a stored dict; unknown keys are ignored, missing ones defaulted."""
+        d = cls()
+        extra = data.get("extra_body") or {}
+        return cls(
+            temperature=float(data.get("temperature", d.temperature)),
+            top_p=float(data.get("top_p", d.top_p)),
+            max_tokens=_opt_int(data.get("max_tokens")),
+            seed=_opt_int(data.get("seed")),
+            thinking=bool(data.get("thinking", d.thinking)),
+            thinking_effort=(
+                str(data["thinking_effort"]) if data.get("thinking_effort") is not None else None
+            ),
+            extra_body=dict(extra) if isinstance(extra, Mapping) else {},
+        )
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Usage:
+        prompt = int(data.get("prompt_tokens") or 0)
+        completion = int(data.get("completion_tokens") or 0)
+        total = int(data.get("total_tokens") or prompt + completion)
+        return cls(prompt, completion, total)
+
+
+@dataclass(frozen=True)
+class Timings:
+    """llama-server's per-request timings (absent from most other servers)."""
+
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_second: float
+    prompt_per_second: float = 0.0
+    cache_n: int = 0
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {
+            "prompt_n": self.prompt_n,
+            "prompt_ms": self.prompt_ms,
+            "predicted_n": self.predicted_n,
+            "predicted_ms": self.predicted_ms,
+            "predicted_per_second": self.predicted_per_second,
+            "prompt_per_second": self.prompt_per_second,
+            "cache_n": self.cache_n,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Timings:
+        return cls(
+            prompt_n=int(data.get("prompt_n") or 0),
+            prompt_ms=float(data.get("prompt_ms") or 0.0),
+            predicted_n=int(data.get("predicted_n") or 0),
+            predicted_ms=float(data.get("predicted_ms") or 0.0),
+            predicted_per_second=float(data.get("predicted_per_second") or 0.0),
+            prompt_per_second=float(data.get("prompt_per_second") or 0.0),
+            cache_n=int(data.get("cache_n") or 0),
+        )
