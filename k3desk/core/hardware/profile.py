@@ -18,6 +18,7 @@ from k3desk.core.errors import HardwareError
 PROFILE_SCHEMA = 1
 
 BandwidthSource = Literal["table", "measured", "override", "estimate", "unknown"]
+BANDWIDTH_SOURCES: tuple[str, ...] = ("table", "measured", "override", "estimate", "unknown")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class CpuInfo:
     # amx_tile, amx_int8, amx_bf16, sve (arm), ...
     flags: frozenset[str] = frozenset()
     sockets: int = 1
+    numa_nodes: int = 1  # NUMA nodes with memory (llama.cpp --numa matters above 1)
 
     @property
     def has_avx2(self) -> bool:
@@ -157,10 +159,12 @@ class HardwareProfile:
                 gpus.append(GpuInfo(**g))
             disk = DiskInfo(**d["disk"]) if d.get("disk") else None
         except (KeyError, TypeError, ValueError) as exc:
+            what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise HardwareError(
-                f"The hardware description{' ' + source if source else ''} is malformed: {exc}",
+                f"The hardware description{' ' + source if source else ''} is malformed: {what}",
                 "Start from the output of `k3desk doctor --json` and edit the numbers.",
             ) from exc
+        _check_values(cpu, memory, gpus, disk, source)
         return cls(
             cpu=cpu,
             memory=memory,
@@ -189,3 +193,61 @@ class HardwareProfile:
         if not isinstance(data, dict):
             raise HardwareError(f"Hardware file {p} must hold a JSON object.")
         return cls.from_dict(data, source=str(p))
+
+
+def _check_values(
+    cpu: CpuInfo,
+    memory: MemoryInfo,
+    gpus: list[GpuInfo],
+    disk: DiskInfo | None,
+    source: str,
+) -> None:
+    """Reject values of the wrong type or sign, naming the field (a typo must not plan)."""
+    problems: list[str] = []
+
+    def count(name: str, value: object, minimum: int = 0) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            problems.append(f"{name} must be a whole number >= {minimum}, not {value!r}")
+
+    def bandwidth(name: str, bw: object) -> None:
+        if not isinstance(bw, Bandwidth):
+            problems.append(f"{name} must be an object with bytes_per_s and source")
+            return
+        bps = bw.bytes_per_s
+        if isinstance(bps, bool) or not isinstance(bps, int | float) or bps < 0:
+            problems.append(f"{name}.bytes_per_s must be a number >= 0, not {bps!r}")
+        if bw.source not in BANDWIDTH_SOURCES:
+            problems.append(
+                f"{name}.source must be one of {', '.join(BANDWIDTH_SOURCES)}, not {bw.source!r}"
+            )
+
+    def text(name: str, value: object) -> None:
+        if not isinstance(value, str) or not value:
+            problems.append(f"{name} must be non-empty text, not {value!r}")
+
+    text("cpu.model", cpu.model)
+    for name in ("logical_cores", "physical_cores", "usable_cores", "sockets", "numa_nodes"):
+        count(f"cpu.{name}", getattr(cpu, name), 1)
+    for name in ("total", "available", "swap_total"):
+        count(f"memory.{name}", getattr(memory, name))
+    if memory.cgroup_limit is not None:
+        count("memory.cgroup_limit", memory.cgroup_limit, 1)
+    bandwidth("memory.bandwidth", memory.bandwidth)
+    for i, g in enumerate(gpus):
+        count(f"gpus[{i}].index", g.index)
+        count(f"gpus[{i}].vram_total", g.vram_total)
+        count(f"gpus[{i}].vram_free", g.vram_free)
+        cc: tuple[int, ...] = g.compute_capability
+        if len(cc) != 2:
+            problems.append(f"gpus[{i}].compute_capability must be [major, minor]")
+        text(f"gpus[{i}].name", g.name)
+        bandwidth(f"gpus[{i}].bandwidth", g.bandwidth)
+    if disk is not None:
+        count("disk.free", disk.free)
+        count("disk.total", disk.total)
+    if problems:
+        raise HardwareError(
+            f"The hardware description{' ' + source if source else ''} is malformed: "
+            + "; ".join(problems),
+            "Start from the output of `k3desk doctor --json` and edit the numbers.",
+        )
