@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from k3desk.core.paths import AppPaths, default_paths
@@ -16,6 +17,7 @@ from k3desk.core.resources import resources_dir
 
 if TYPE_CHECKING:
     from k3desk.core.catalog.loader import Catalog
+    from k3desk.core.hardware.profile import HardwareProfile
 
 
 class Services:
@@ -24,12 +26,31 @@ class Services:
     def __init__(self, paths: AppPaths | None = None) -> None:
         self.paths = paths or default_paths()
         self.resources = resources_dir()
+        self._hardware: dict[tuple[str, bool], HardwareProfile] = {}
 
     @cached_property
     def catalog(self) -> Catalog:
         from k3desk.core.catalog.loader import load_catalog
 
         return load_catalog(self.resources / "catalog.json")
+
+    def detect_hardware(
+        self, disk_path: Path | None = None, *, measure_bandwidth: bool = True
+    ) -> HardwareProfile:
+        """This machine's profile, detected once per disk path (free space included)."""
+        key = (str(disk_path) if disk_path is not None else "", measure_bandwidth)
+        if key not in self._hardware:
+            from k3desk.core.hardware.detect import detect_hardware
+
+            self._hardware[key] = detect_hardware(disk_path, measure_bandwidth=measure_bandwidth)
+        return self._hardware[key]
+
+    def load_hardware(self, path: str | Path) -> HardwareProfile:
+        """A hardware file (``k3desk doctor --json`` output); missing bandwidths are filled in."""
+        from k3desk.core.hardware.bandwidth import fill_missing_bandwidths
+        from k3desk.core.hardware.profile import HardwareProfile
+
+        return fill_missing_bandwidths(HardwareProfile.from_json_file(path))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

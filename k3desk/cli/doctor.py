@@ -1,0 +1,136 @@
+"""``k3desk doctor``: what this machine has, as k3desk sees it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from k3desk.core.hardware.bandwidth import fmt_bandwidth
+from k3desk.core.hardware.detect import disk_warnings
+from k3desk.core.hardware.nvidia import chips_for
+from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from k3desk.app import Services
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "doctor",
+        help="show this machine's RAM, CPU, GPUs and free disk",
+        description="Detect RAM (and container limits), CPU features, NVIDIA GPUs and free "
+        "disk space, as used to recommend a quantization and plan a launch.",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the hardware profile as JSON (usable as a --hardware file)",
+    )
+    p.add_argument(
+        "--disk",
+        type=Path,
+        metavar="PATH",
+        help="folder to check free space at (default: the models folder)",
+    )
+    p.add_argument(
+        "--no-benchmark",
+        action="store_true",
+        help="skip the short RAM bandwidth benchmark and estimate it from the CPU model",
+    )
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace, services: Services) -> int:
+    disk = args.disk if args.disk is not None else services.paths.models_dir
+    profile = services.detect_hardware(disk, measure_bandwidth=not args.no_benchmark)
+    if args.json:
+        print(profile.to_json())
+    else:
+        print(render(profile))
+    return 0
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def render(profile: HardwareProfile) -> str:
+    """The human-readable summary ``k3desk doctor`` prints."""
+    cpu, mem = profile.cpu, profile.memory
+    title = profile.label or profile.hostname or "this machine"
+    lines = [f"k3desk doctor: {title}", ""]
+
+    lines.append("Memory")
+    swap = fmt_bytes(mem.swap_total) if mem.swap_total else "none"
+    lines.append(
+        f"  RAM        {fmt_bytes(mem.total)} total, {fmt_bytes(mem.available)} available, "
+        f"swap {swap}"
+    )
+    if mem.cgroup_limit is not None:
+        lines.append(
+            f"  Limit      container (cgroup) limit {fmt_bytes(mem.cgroup_limit)}: "
+            "a model may use no more than this"
+        )
+    else:
+        lines.append("  Limit      no container memory limit")
+    lines.append(f"  Bandwidth  {fmt_bandwidth(mem.bandwidth)}")
+    if mem.bandwidth.note:
+        lines.append(f"             {mem.bandwidth.note}")
+
+    lines.append("")
+    lines.append("CPU")
+    sockets = f"{cpu.sockets} sockets" if cpu.sockets > 1 else "1 socket"
+    numa = f", {cpu.numa_nodes} NUMA nodes" if cpu.numa_nodes > 1 else ""
+    lines.append(f"  Model      {cpu.model} ({sockets}{numa})")
+    lines.append(
+        f"  Cores      {cpu.physical_cores} physical, {cpu.logical_cores} logical, "
+        f"{cpu.usable_cores} usable by k3desk"
+    )
+    if cpu.flags & {"asimd", "sve", "i8mm", "dotprod"}:
+        lines.append(
+            f"  Features   NEON {_yes('asimd' in cpu.flags)}, dotprod "
+            f"{_yes('dotprod' in cpu.flags)}, SVE {_yes('sve' in cpu.flags)}, "
+            f"I8MM {_yes('i8mm' in cpu.flags)}"
+        )
+    else:
+        lines.append(
+            f"  Features   AVX2 {_yes(cpu.has_avx2)}, AVX-512 {_yes(cpu.has_avx512)}, "
+            f"AMX {_yes(cpu.has_amx)}"
+        )
+
+    lines.append("")
+    lines.append("GPUs")
+    if not profile.gpus:
+        lines.append(f"  none: {profile.gpu_note or 'no NVIDIA GPU found'}")
+    for g in profile.gpus:
+        cc = f"{g.compute_capability[0]}.{g.compute_capability[1]}"
+        if g.unified_memory:
+            memory = f"unified memory (shares system RAM, {fmt_bytes(g.vram_free)} available)"
+        else:
+            memory = f"{fmt_bytes(g.vram_total)} VRAM, {fmt_bytes(g.vram_free)} free"
+        lines.append(f"  GPU {g.index}      {g.name}")
+        chips = chips_for(g.compute_capability)
+        family = f"{g.architecture} ({chips})" if chips else g.architecture
+        lines.append(f"             {memory}")
+        lines.append(
+            f"             compute capability {cc}, {family}, {fmt_bandwidth(g.bandwidth)}"
+        )
+    if profile.gpus and profile.gpu_note:
+        lines.append(f"  note: {profile.gpu_note}")
+    if profile.driver_version:
+        cuda = f", CUDA {profile.cuda_driver_version}" if profile.cuda_driver_version else ""
+        lines.append(f"  Driver     {profile.driver_version}{cuda}")
+
+    if profile.disk is not None:
+        d = profile.disk
+        lines.append("")
+        lines.append("Disk")
+        where = d.path if d.path == d.probed_path else f"{d.path} (measured at {d.probed_path})"
+        fs = f", {d.filesystem}" if d.filesystem else ""
+        lines.append(f"  {where}")
+        lines.append(f"             {fmt_bytes(d.free)} free of {fmt_bytes(d.total)}{fs}")
+        for w in disk_warnings(d):
+            lines.append(f"  warning: {w}")
+    return "\n".join(lines)
