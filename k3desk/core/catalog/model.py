@@ -7,11 +7,30 @@ comparable across publishers.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from huggingface_hub.utils._paths import filter_repo_objects
+
 Engine = Literal["llama.cpp", "sparkinfer", "vllm"]
 VisionSupport = Literal["upstream", "fork", "none"]
+
+# The k3arch roles a tier's ``tensor_types`` must cover (see k3desk.core.k3arch.Role).
+ROLES: tuple[str, ...] = (
+    "token_embd",
+    "output",
+    "norm",
+    "router",
+    "conv",
+    "odd_row",
+    "attn",
+    "dense_ffn",
+    "shexp",
+    "latent",
+    "experts",
+)
 
 
 @dataclass(frozen=True)
@@ -28,7 +47,24 @@ class SpeedReport:
     hardware: str  # as described by the card
     engine: str
     conditions: str = ""
-    verified: bool = False  # False = third-party or unreproduced claim
+    # True = measured by the publisher on the stated hardware; False = a third-party
+    # report nobody reproduced (or one whose exact file revision is unknown).
+    verified: bool = False
+    # The file that was measured, when it is not this tier's own (e.g. a comparison
+    # figure a card quotes for a related artifact).  Empty = this tier.
+    subject: str = ""
+
+
+@dataclass(frozen=True)
+class TensorOverride:
+    """A per-tensor exception to ``tensor_types`` (regex fully matching the tensor name)."""
+
+    pattern: str
+    type: str
+    note: str = ""
+
+    def matches(self, tensor_name: str) -> bool:
+        return re.fullmatch(self.pattern, tensor_name) is not None
 
 
 @dataclass(frozen=True)
@@ -37,8 +73,9 @@ class Tier:
     publisher: str  # Hub user/org
     name: str  # display name, e.g. "IQ1_S-XS"
     repo: str  # Hub repo id
-    include: tuple[str, ...]  # allow_patterns for the text shards (exactly as hf download --include)
-    first_shard: str  # file name of part 1 (what -m takes)
+    # allow_patterns for the text shards (exactly as hf download --include)
+    include: tuple[str, ...]
+    first_shard: str  # repo path of part 1 (what -m takes, relative to the download dir)
     shard_count: int
     size_bytes: int  # published total of the text shards, exact bytes where known
     size_text: str  # as the card states it, e.g. "539.7 GiB"
@@ -64,3 +101,48 @@ class Tier:
     reference: bool = False  # a reference/lossless tier, not meant for local use
     known: bool = True  # False when the card lists it without exact files/sizes
     tags: tuple[str, ...] = field(default_factory=tuple)
+    # --- additions (all optional, so older consumers keep working) ---
+    source: str = ""  # where the facts come from (model card address)
+    size_exact: bool = True  # False: size_bytes is the card's rounded figure converted
+    # fields whose values we derived rather than read from the card (see caveats)
+    derived: tuple[str, ...] = ()
+    # routed-expert FFN width; 3072 in Kimi-K3, narrower in width-pruned files
+    expert_feed_forward_length: int = 3072
+    tensor_overrides: tuple[TensorOverride, ...] = ()
+    tensor_types_note: str = ""  # which of tensor_types the card states, which are assumed
+
+    # ------------------------------------------------------------ file selection
+    def matches(self, filename: str) -> bool:
+        """True if ``filename`` (a repo path) is one of this tier's text shards."""
+        return any(True for _ in filter_repo_objects([filename], allow_patterns=list(self.include)))
+
+    def download_patterns(self, with_mmproj: bool = False) -> list[str]:
+        """The ``--include`` patterns to fetch this tier (plus its projector files)."""
+        patterns = list(self.include) + list(self.extra_files)
+        if with_mmproj:
+            patterns += list(self.mmproj)
+        return patterns
+
+    def select_files(self, names: Iterable[str], with_mmproj: bool = False) -> list[str]:
+        """The subset of repo paths ``names`` this tier downloads, in the given order.
+
+        Same semantics as ``hf download --include`` / ``snapshot_download(allow_patterns=)``:
+        fnmatch, case-sensitive, ``*`` also matches ``/``.
+        """
+        patterns = self.download_patterns(with_mmproj)
+        return list(filter_repo_objects(list(names), allow_patterns=patterns))
+
+    def shard_names(self) -> list[str]:
+        """Repo paths of every text shard, derived from ``first_shard`` and ``shard_count``."""
+        m = re.fullmatch(r"(.*)-00001-of-(\d{5})\.gguf", self.first_shard)
+        if m is None:
+            return [self.first_shard]
+        prefix, count = m.group(1), int(m.group(2))
+        return [f"{prefix}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+
+    def type_for(self, tensor_name: str, role: str) -> str:
+        """The ggml type name this tier stores ``tensor_name`` (of k3arch ``role``) in."""
+        for override in self.tensor_overrides:
+            if override.matches(tensor_name):
+                return override.type
+        return self.tensor_types[role]
