@@ -1,0 +1,135 @@
+"""A tiny automation hook for end-to-end tests: JSON lines on stdout and stdin.
+
+Enabled only with ``K3DESK_AUTOMATION=1``.  On start the app prints
+``{"event": "ready", "startup_s": ..., "page": ..., "first_run": ..., "wizard": ...}``.
+Each line read from stdin is a JSON object with a ``cmd``; each gets exactly
+one JSON line back, ``{"event": "ok", "cmd": ..., ...}`` or
+``{"event": "error", "cmd": ..., "message": ...}``.  Commands:
+
+- ``state``: the page shown, the pages built, the wizard's page, the engine state.
+- ``page`` ``{"name": "engine"}``: show a page.
+- ``wizard``: open the wizard; ``wizard-next`` / ``wizard-back``: move it.
+- ``grab`` ``{"path": "x.png"}``: save a picture of the main window.
+- ``errors``: the last error shown to the user, if any.
+- ``quit``: close the app (the answer comes before the exit).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtWidgets import QApplication
+
+if TYPE_CHECKING:
+    from k3desk.ui.context import AppContext
+    from k3desk.ui.window import MainWindow
+
+
+class Automation(QObject):
+    _command = Signal(object)
+
+    def __init__(self, ctx: AppContext, window: MainWindow, started: float) -> None:
+        super().__init__(window)
+        self.ctx = ctx
+        self.window = window
+        self.started = started
+        self._command.connect(self._run)
+        self._stop = threading.Event()
+        self._reader = threading.Thread(target=self._read, name="k3-automation", daemon=True)
+        self._reader.start()
+
+    @staticmethod
+    def send(obj: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+    def announce_ready(self) -> None:
+        self.send(
+            {
+                "event": "ready",
+                "startup_s": round(time.perf_counter() - self.started, 3),
+                **self.state(),
+            }
+        )
+
+    def state(self) -> dict[str, Any]:
+        wizard = self.window.wizard
+        engine = (
+            self.ctx.controller("engine").state_name()
+            if self.ctx.has_controller("engine")
+            else "not started"
+        )
+        return {
+            "page": self.window.current_page(),
+            "pages_built": self.window.built_pages(),
+            "first_run": self.ctx.first_run,
+            "wizard": wizard is not None and wizard.isVisible(),
+            "wizard_page": getattr(wizard, "current_key", lambda: "")() if wizard else "",
+            "engine": engine,
+            "title": self.window.windowTitle(),
+            "size": [self.window.width(), self.window.height()],
+        }
+
+    def _read(self) -> None:
+        for line in sys.stdin:
+            if self._stop.is_set():
+                return
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                cmd = json.loads(line)
+            except json.JSONDecodeError as exc:
+                self.send({"event": "error", "cmd": line, "message": f"not JSON: {exc}"})
+                continue
+            self._command.emit(cmd)
+
+    @Slot(object)
+    def _run(self, cmd: Any) -> None:
+        name = cmd.get("cmd", "") if isinstance(cmd, dict) else ""
+        try:
+            extra = self._dispatch(name, cmd)
+        except Exception as exc:  # noqa: BLE001 - reported to the test driving the app
+            self.send({"event": "error", "cmd": name, "message": f"{type(exc).__name__}: {exc}"})
+            return
+        self.send({"event": "ok", "cmd": name, **extra})
+        if name == "quit":
+            app = QApplication.instance()
+            self.window.close()
+            if app is not None:
+                app.quit()
+
+    def _dispatch(self, name: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        if name == "state":
+            return self.state()
+        if name == "page":
+            self.window.show_page(str(cmd["name"]))
+            return self.state()
+        if name == "wizard":
+            self.window.open_wizard()
+            return self.state()
+        if name in ("wizard-next", "wizard-back"):
+            wizard = self.window.wizard
+            if wizard is None:
+                raise RuntimeError("the wizard is not open")
+            getattr(wizard, "next" if name == "wizard-next" else "back")()
+            return self.state()
+        if name == "grab":
+            path = str(cmd["path"])
+            if not self.window.grab().save(path):
+                raise RuntimeError(f"could not save {path}")
+            return {"path": path}
+        if name == "errors":
+            last = self.ctx.reporter.last
+            return {"last": list(last) if last else None}
+        if name == "quit":
+            return {}
+        raise ValueError(f"unknown command {name!r}")
+
+    def close(self) -> None:
+        self._stop.set()

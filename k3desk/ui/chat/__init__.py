@@ -1,0 +1,1 @@
+"""The chat window: conversations, message view, composer."""

@@ -1,0 +1,125 @@
+"""Entry point of the desktop app: ``run_gui(services, args)``.
+
+Options (after ``k3desk`` / ``k3desk --gui``):
+  --page NAME        open on a page (chat, models, downloads, engine, settings)
+  --wizard           open the tier-picker wizard even when not the first run
+  --no-wizard        never open the wizard automatically
+  --hardware FILE    plan for the machine described in FILE instead of this one
+
+Automation hook (tests, tiny on purpose): with ``K3DESK_AUTOMATION=1`` the app
+prints one JSON line ``{"event": "ready", ...}`` to stdout once the main
+window is shown, and reads JSON commands from stdin, one per line, answering
+each with one JSON line (see :mod:`k3desk.ui.automation`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication
+
+from k3desk.core.errors import K3Error
+from k3desk.ui.context import AppContext
+from k3desk.ui.errors import ErrorReporter, setup_logging
+from k3desk.ui.settings import Settings, SettingsStore
+from k3desk.ui.tasks import TaskManager
+
+if TYPE_CHECKING:
+    from k3desk.app import Services
+    from k3desk.ui.window import MainWindow
+
+APP_ID = "k3desk"
+
+
+def parse_args(args: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="k3desk", add_help=False)
+    parser.add_argument("--gui", action="store_true")
+    parser.add_argument("--page", default="")
+    parser.add_argument("--wizard", action="store_true")
+    parser.add_argument("--no-wizard", action="store_true")
+    parser.add_argument("--hardware", default="")
+    ns, _unknown = parser.parse_known_args(list(args))
+    return ns
+
+
+def ensure_app() -> QApplication:
+    app = QApplication.instance()
+    if isinstance(app, QApplication):
+        return app
+    app = QApplication([sys.argv[0] if sys.argv else APP_ID])
+    return app
+
+
+def create_context(services: Services, app: QApplication, *, theme: bool = True) -> AppContext:
+    """Build the shared context: logging, task manager, error reporter, settings, theme."""
+    from k3desk.ui import theme as theme_mod
+
+    app.setApplicationName(APP_ID)
+    app.setApplicationDisplayName("k3desk")
+    app.setOrganizationName(APP_ID)
+    app.setDesktopFileName(APP_ID)
+    app.setWindowIcon(theme_mod.app_icon())
+    paths = services.paths.ensure()
+    log_file = setup_logging(paths.logs_dir)
+    tasks = TaskManager(app)
+    reporter = ErrorReporter(log_file, app)
+    tasks.default_error_handler = reporter.report
+    store = SettingsStore(paths.settings_file)
+    settings_error: K3Error | None = None
+    try:
+        settings = store.load()
+    except K3Error as exc:
+        settings, settings_error = Settings(), exc
+    tm = theme_mod.ThemeManager(app, settings.theme) if theme else None
+    ctx = AppContext(services, tasks, reporter, store, settings, tm, parent=app)
+    if settings_error is not None:
+        ctx.first_run = False  # the file exists; do not overwrite it behind the user's back
+        err = settings_error
+        QTimer.singleShot(0, lambda: reporter.report(err))
+    return ctx
+
+
+def build_window(ctx: AppContext, ns: argparse.Namespace | None = None) -> MainWindow:
+    from k3desk.ui.window import MainWindow
+
+    ns = ns or parse_args([])
+    if ns.hardware:
+        ctx.controller("hardware").load_file(ns.hardware)
+    window = MainWindow(ctx)
+    ctx.reporter.parent_widget = window
+    window.show_page(ns.page or "chat")
+    return window
+
+
+def run_gui(services: Services, args: Sequence[str]) -> int:
+    t0 = time.perf_counter()
+    ns = parse_args(args)
+    app = ensure_app()
+    ctx = create_context(services, app)
+    ctx.reporter.install_hooks(ctx.tasks.run_on_main)
+    window = build_window(ctx, ns)
+    window.show()
+    if (ctx.first_run or ns.wizard) and not ns.no_wizard:
+        QTimer.singleShot(0, window.open_wizard)
+    automation = None
+    if os.environ.get("K3DESK_AUTOMATION") == "1":
+        from k3desk.ui.automation import Automation
+
+        automation = Automation(ctx, window, started=t0)
+        QTimer.singleShot(0, automation.announce_ready)
+    app.aboutToQuit.connect(lambda: _shutdown(ctx))
+    rc = app.exec()
+    if automation is not None:
+        automation.close()
+    return int(rc)
+
+
+def _shutdown(ctx: AppContext) -> None:
+    ctx.close()
+    ctx.tasks.shutdown(timeout=5.0)

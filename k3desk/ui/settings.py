@@ -1,0 +1,141 @@
+"""The desktop app's settings: one JSON file (``AppPaths.settings_file``), read and written whole.
+
+No Qt here, so the settings can be tested and edited without a display.  The
+file's absence means "first run" (the app then opens the wizard).  Secrets are
+never stored here: the Hugging Face token lives in the core TokenStore.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from k3desk.core.errors import K3Error
+
+Theme = Literal["system", "light", "dark"]
+THEMES: tuple[Theme, ...] = ("system", "light", "dark")
+EFFORTS = ("low", "medium", "high")
+SETTINGS_SCHEMA = 1
+
+
+class SettingsError(K3Error):
+    """The settings file cannot be read."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    # folders searched for downloaded GGUF shard sets (the first is the default download folder)
+    model_dirs: tuple[str, ...] = ()
+    download_dir: str = ""
+    # llama-server executable; "" = find one automatically
+    engine_binary: str = ""
+    # chat defaults (each conversation may override)
+    ctx: int = 8192
+    temperature: float = 1.0
+    top_p: float = 0.95
+    thinking: bool = True
+    thinking_effort: str = "medium"
+    system_prompt: str = ""
+    theme: Theme = "system"
+    # downloads: how many shards at once
+    download_workers: int = 2
+    # what the wizard chose
+    tier_id: str = ""
+    hardware_file: str = ""
+    wizard_done: bool = False
+    # a remote OpenAI-compatible server to chat with instead of a local engine ("" = none)
+    remote_url: str = ""
+    recent: dict[str, Any] = field(default_factory=dict)
+
+    def validated(self) -> Settings:
+        problems = []
+        if self.ctx < 512:
+            problems.append(f"ctx {self.ctx} is below 512")
+        if not 0.0 <= self.temperature <= 5.0:
+            problems.append(f"temperature {self.temperature} is outside 0-5")
+        if not 0.0 < self.top_p <= 1.0:
+            problems.append(f"top_p {self.top_p} is outside (0, 1]")
+        if self.theme not in THEMES:
+            problems.append(f"theme {self.theme!r} is not one of {', '.join(THEMES)}")
+        if self.thinking_effort not in EFFORTS:
+            problems.append(f"thinking_effort {self.thinking_effort!r} is not one of {EFFORTS}")
+        if not 1 <= self.download_workers <= 16:
+            problems.append(f"download_workers {self.download_workers} is outside 1-16")
+        if problems:
+            raise SettingsError("Invalid settings: " + "; ".join(problems) + ".")
+        return self
+
+    def effective_download_dir(self, default: Path) -> Path:
+        if self.download_dir:
+            return Path(self.download_dir).expanduser()
+        if self.model_dirs:
+            return Path(self.model_dirs[0]).expanduser()
+        return default
+
+
+class SettingsStore:
+    """Loads and saves :class:`Settings` at ``path`` (atomic replace on save)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @property
+    def exists(self) -> bool:
+        return self.path.is_file()
+
+    def load(self) -> Settings:
+        if not self.path.exists():
+            return Settings()
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise SettingsError(
+                f"The settings file {self.path} cannot be read: {exc}",
+                "Fix the JSON by hand, or delete the file to start again with defaults.",
+            ) from exc
+        if not isinstance(raw, dict):
+            raise SettingsError(
+                f"The settings file {self.path} must hold a JSON object.",
+                "Delete the file to start again with defaults.",
+            )
+        known = {f.name for f in fields(Settings)}
+        values: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key in known:
+                values[key] = tuple(value) if key == "model_dirs" else value
+        try:
+            settings = Settings(**values)
+            # JSON numbers: keep types honest
+            settings = replace(
+                settings,
+                ctx=int(settings.ctx),
+                temperature=float(settings.temperature),
+                top_p=float(settings.top_p),
+                download_workers=int(settings.download_workers),
+                theme=cast(Theme, str(settings.theme)),
+            )
+        except (TypeError, ValueError) as exc:
+            raise SettingsError(
+                f"The settings file {self.path} has a value of the wrong type: {exc}",
+                "Fix the value by hand, or delete the file to start again with defaults.",
+            ) from exc
+        try:
+            return settings.validated()
+        except SettingsError as exc:
+            raise SettingsError(
+                f"{exc.message} (in {self.path})",
+                "Fix the value in the Settings page or by hand, or delete the file.",
+            ) from exc
+
+    def save(self, settings: Settings) -> None:
+        settings.validated()
+        data = asdict(settings)
+        data["model_dirs"] = list(settings.model_dirs)
+        data["schema"] = SETTINGS_SCHEMA
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path)

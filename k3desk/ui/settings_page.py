@@ -1,0 +1,355 @@
+"""Settings: model folders, engine binary, chat defaults, Hugging Face token, theme."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLineEdit,
+    QListWidget,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from k3desk.core.errors import K3Error
+from k3desk.ui.settings import EFFORTS, THEMES, Settings
+from k3desk.ui.tokens import TokenAccess
+from k3desk.ui.widgets import Card, PageHeader, label, muted, primary, set_enabled
+
+if TYPE_CHECKING:
+    from k3desk.ui.context import AppContext
+
+
+class SettingsPage(QWidget):
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.ctx = ctx
+        self.tokens = TokenAccess(ctx.token_store)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(28, 22, 28, 16)
+        outer.addWidget(
+            PageHeader(
+                "Settings",
+                "Where models live, which engine runs them, and the defaults for new chats.",
+            )
+        )
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        body = QWidget()
+        lay = QVBoxLayout(body)
+        lay.setContentsMargins(0, 0, 12, 0)
+        lay.setSpacing(14)
+        scroll.setWidget(body)
+        outer.addWidget(scroll, 1)
+
+        # ---- folders
+        folders = Card()
+        folders.body.addWidget(label("Model folders", "sectionTitle"))
+        folders.body.addWidget(
+            muted(
+                "k3desk looks for downloaded shard sets in these folders. New downloads go to "
+                "the download folder."
+            )
+        )
+        self.model_dirs = QListWidget()
+        self.model_dirs.setObjectName("modelDirs")
+        self.model_dirs.setMaximumHeight(110)
+        folders.body.addWidget(self.model_dirs)
+        row = QHBoxLayout()
+        self.add_dir = QPushButton("Add folder…")
+        self.remove_dir = QPushButton("Remove")
+        row.addWidget(self.add_dir)
+        row.addWidget(self.remove_dir)
+        row.addStretch(1)
+        folders.body.addLayout(row)
+        form = QFormLayout()
+        self.download_dir = QLineEdit()
+        self.download_dir.setObjectName("downloadDir")
+        self.download_dir.setPlaceholderText(str(ctx.services.paths.models_dir))
+        browse = QPushButton("Browse…")
+        dl_row = QHBoxLayout()
+        dl_row.addWidget(self.download_dir, 1)
+        dl_row.addWidget(browse)
+        form.addRow("Download folder", dl_row)
+        self.workers = QSpinBox()
+        self.workers.setRange(1, 16)
+        self.workers.setToolTip("How many shards download at the same time")
+        form.addRow("Parallel downloads", self.workers)
+        folders.body.addLayout(form)
+        lay.addWidget(folders)
+
+        # ---- engine
+        engine = Card()
+        engine.body.addWidget(label("Engine", "sectionTitle"))
+        eform = QFormLayout()
+        self.engine_binary = QLineEdit()
+        self.engine_binary.setObjectName("engineBinary")
+        self.engine_binary.setPlaceholderText("Automatic: find a llama-server that can run Kimi-K3")
+        ebrowse = QPushButton("Browse…")
+        e_row = QHBoxLayout()
+        e_row.addWidget(self.engine_binary, 1)
+        e_row.addWidget(ebrowse)
+        eform.addRow("llama-server", e_row)
+        self.remote_url = QLineEdit()
+        self.remote_url.setPlaceholderText("Optional: http://host:port of a running server")
+        eform.addRow("Remote server", self.remote_url)
+        engine.body.addLayout(eform)
+        lay.addWidget(engine)
+
+        # ---- chat defaults
+        chat = Card()
+        chat.body.addWidget(label("Defaults for new chats", "sectionTitle"))
+        cform = QFormLayout()
+        self.ctx_size = QSpinBox()
+        self.ctx_size.setObjectName("ctxSize")
+        self.ctx_size.setRange(512, 1048576)
+        self.ctx_size.setSingleStep(1024)
+        self.ctx_size.setSuffix(" tokens")
+        cform.addRow("Context", self.ctx_size)
+        self.temperature = QDoubleSpinBox()
+        self.temperature.setRange(0.0, 2.0)
+        self.temperature.setSingleStep(0.05)
+        cform.addRow("Temperature", self.temperature)
+        self.top_p = QDoubleSpinBox()
+        self.top_p.setRange(0.01, 1.0)
+        self.top_p.setSingleStep(0.01)
+        cform.addRow("Top-p", self.top_p)
+        self.thinking = QCheckBox("Let Kimi-K3 think before answering")
+        cform.addRow("Thinking", self.thinking)
+        self.effort = QComboBox()
+        self.effort.addItems(list(EFFORTS))
+        cform.addRow("Thinking effort", self.effort)
+        self.system_prompt = QPlainTextEdit()
+        self.system_prompt.setPlaceholderText("Optional system prompt for new conversations")
+        self.system_prompt.setMaximumHeight(80)
+        cform.addRow("System prompt", self.system_prompt)
+        chat.body.addLayout(cform)
+        lay.addWidget(chat)
+
+        # ---- token
+        tok = Card()
+        tok.body.addWidget(label("Hugging Face token", "sectionTitle"))
+        tok.body.addWidget(
+            muted(
+                "Needed only for gated or private repositories. Stored in your system "
+                "keyring, never in the settings file."
+            )
+        )
+        trow = QHBoxLayout()
+        self.token_state = QLineEdit()
+        self.token_state.setObjectName("tokenState")
+        self.token_state.setReadOnly(True)
+        self.token_edit = QLineEdit()
+        self.token_edit.setObjectName("tokenEdit")
+        self.token_edit.setEchoMode(QLineEdit.EchoMode.Password)
+        self.token_edit.setPlaceholderText("hf_…")
+        self.token_save = QPushButton("Save token")
+        self.token_remove = QPushButton("Remove")
+        self.token_remove.setProperty("danger", True)
+        trow.addWidget(self.token_state, 2)
+        trow.addWidget(self.token_edit, 2)
+        trow.addWidget(self.token_save)
+        trow.addWidget(self.token_remove)
+        tok.body.addLayout(trow)
+        self.token_note = muted("")
+        tok.body.addWidget(self.token_note)
+        lay.addWidget(tok)
+
+        # ---- appearance
+        look = Card()
+        look.body.addWidget(label("Appearance", "sectionTitle"))
+        aform = QFormLayout()
+        self.theme = QComboBox()
+        self.theme.setObjectName("themeCombo")
+        names = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
+        for t in THEMES:
+            self.theme.addItem(names[t], t)
+        aform.addRow("Theme", self.theme)
+        look.body.addLayout(aform)
+        wiz = QPushButton("Run the set-up wizard again…")
+        wiz.clicked.connect(self._open_wizard)
+        look.body.addWidget(wiz, 0, Qt.AlignmentFlag.AlignLeft)
+        lay.addWidget(look)
+        lay.addStretch(1)
+
+        # ---- footer
+        foot = QHBoxLayout()
+        self.status = muted("")
+        foot.addWidget(self.status, 1)
+        self.revert = QPushButton("Revert")
+        self.save = primary(QPushButton("Save changes"))
+        self.save.setObjectName("saveSettings")
+        foot.addWidget(self.revert)
+        foot.addWidget(self.save)
+        outer.addLayout(foot)
+
+        self.add_dir.clicked.connect(self._add_dir)
+        self.remove_dir.clicked.connect(self._remove_dir)
+        browse.clicked.connect(self._browse_download)
+        ebrowse.clicked.connect(self._browse_engine)
+        self.save.clicked.connect(self.apply)
+        self.revert.clicked.connect(self.load)
+        self.token_save.clicked.connect(self._save_token)
+        self.token_remove.clicked.connect(self._remove_token)
+        self.token_edit.textChanged.connect(self._token_buttons)
+        self.model_dirs.currentRowChanged.connect(lambda _r: self._dirty())
+        for w in (self.download_dir, self.engine_binary, self.remote_url):
+            w.textChanged.connect(self._dirty)
+        for s in (self.workers, self.ctx_size):
+            s.valueChanged.connect(self._dirty)
+        for d in (self.temperature, self.top_p):
+            d.valueChanged.connect(self._dirty)
+        self.thinking.toggled.connect(self._dirty)
+        self.effort.currentIndexChanged.connect(self._dirty)
+        self.theme.currentIndexChanged.connect(self._dirty)
+        self.system_prompt.textChanged.connect(self._dirty)
+        ctx.settings_changed.connect(lambda _s: self.load())
+        self.load()
+        self.refresh_token()
+
+    # ------------------------------------------------------------ values
+    def load(self) -> None:
+        s = self.ctx.settings
+        self._loading = True
+        self.model_dirs.clear()
+        self.model_dirs.addItems(list(s.model_dirs))
+        self.download_dir.setText(s.download_dir)
+        self.workers.setValue(s.download_workers)
+        self.engine_binary.setText(s.engine_binary)
+        self.remote_url.setText(s.remote_url)
+        self.ctx_size.setValue(s.ctx)
+        self.temperature.setValue(s.temperature)
+        self.top_p.setValue(s.top_p)
+        self.thinking.setChecked(s.thinking)
+        self.effort.setCurrentText(s.thinking_effort)
+        self.system_prompt.setPlainText(s.system_prompt)
+        self.theme.setCurrentIndex(max(0, self.theme.findData(s.theme)))
+        self._loading = False
+        self._dirty()
+
+    def collect(self) -> Settings:
+        dirs = tuple(self.model_dirs.item(i).text() for i in range(self.model_dirs.count()))
+        return dataclasses.replace(
+            self.ctx.settings,
+            model_dirs=dirs,
+            download_dir=self.download_dir.text().strip(),
+            download_workers=self.workers.value(),
+            engine_binary=self.engine_binary.text().strip(),
+            remote_url=self.remote_url.text().strip(),
+            ctx=self.ctx_size.value(),
+            temperature=round(self.temperature.value(), 3),
+            top_p=round(self.top_p.value(), 3),
+            thinking=self.thinking.isChecked(),
+            thinking_effort=self.effort.currentText(),
+            system_prompt=self.system_prompt.toPlainText(),
+            theme=self.theme.currentData(),
+        )
+
+    def _dirty(self, *_args: object) -> None:
+        if getattr(self, "_loading", False):
+            return
+        changed = self.collect() != self.ctx.settings or not self.ctx.store.exists
+        set_enabled(self.save, changed, "Nothing has changed since the last save.")
+        set_enabled(self.revert, changed, "Nothing to revert.")
+        self.remove_dir.setEnabled(self.model_dirs.currentRow() >= 0)
+        self.remove_dir.setToolTip("" if self.remove_dir.isEnabled() else "Select a folder first.")
+
+    def apply(self) -> None:
+        new = self.collect()
+        problems = []
+        if new.engine_binary and not Path(new.engine_binary).expanduser().is_file():
+            problems.append(f"The engine {new.engine_binary} does not exist.")
+        if new.remote_url and not new.remote_url.startswith(("http://", "https://")):
+            problems.append(
+                f"The remote server {new.remote_url!r} must start with http:// or https://."
+            )
+        if problems:
+            self.status.setText(" ".join(problems))
+            self.status.setObjectName("errorText")
+            self.status.style().polish(self.status)
+            return
+        try:
+            self.ctx.save_settings(new)
+        except K3Error as exc:
+            self.ctx.reporter.report(exc)
+            return
+        self.status.setObjectName("okText")
+        self.status.style().polish(self.status)
+        self.status.setText(f"Saved to {self.ctx.store.path}")
+        self._dirty()
+
+    # ----------------------------------------------------------- folders
+    def _add_dir(self) -> None:
+        d = QFileDialog.getExistingDirectory(self, "Add a model folder")
+        if d:
+            self.model_dirs.addItem(d)
+            self._dirty()
+
+    def _remove_dir(self) -> None:
+        row = self.model_dirs.currentRow()
+        if row >= 0:
+            self.model_dirs.takeItem(row)
+            self._dirty()
+
+    def _browse_download(self) -> None:
+        d = QFileDialog.getExistingDirectory(self, "Download folder", self.download_dir.text())
+        if d:
+            self.download_dir.setText(d)
+
+    def _browse_engine(self) -> None:
+        f, _ = QFileDialog.getOpenFileName(self, "Choose llama-server")
+        if f:
+            self.engine_binary.setText(f)
+
+    def _open_wizard(self) -> None:
+        window = self.window()
+        opener = getattr(window, "open_wizard", None)
+        if opener is not None:
+            opener()
+
+    # ------------------------------------------------------------- token
+    def refresh_token(self) -> None:
+        def done(state: tuple[str, str]) -> None:
+            masked, note = state
+            self.token_state.setText(masked or "No token saved")
+            self.token_note.setText(note)
+            self._token_buttons()
+
+        self.ctx.tasks.run(lambda _t: self.tokens.describe(), on_done=done, name="token-state")
+
+    def _token_buttons(self) -> None:
+        typed = self.token_edit.text().strip()
+        set_enabled(self.token_save, bool(typed), "Paste a token into the field first.")
+        has = self.token_state.text() not in ("", "No token saved")
+        set_enabled(self.token_remove, has, "No token is saved.")
+
+    def _save_token(self) -> None:
+        value = self.token_edit.text().strip()
+
+        def done(message: str) -> None:
+            self.token_edit.clear()
+            self.refresh_token()
+            self.status.setText(message)
+
+        self.ctx.tasks.run(lambda _t: self.tokens.save(value), on_done=done, name="token-save")
+
+    def _remove_token(self) -> None:
+        self.ctx.tasks.run(
+            lambda _t: self.tokens.remove(),
+            on_done=lambda _r: self.refresh_token(),
+            name="token-remove",
+        )

@@ -1,0 +1,189 @@
+"""Small shared widgets and helpers: page headers, empty states, banners, copy fields."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (
+    QAbstractButton,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSizePolicy,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from k3desk.ui import theme
+
+
+def primary(button: QPushButton) -> QPushButton:
+    """Mark ``button`` as the page's main action (accent colour)."""
+    button.setProperty("primary", True)
+    button.setDefault(False)
+    button.setAutoDefault(False)
+    return button
+
+
+def set_enabled(widget: QWidget, enabled: bool, why_not: str = "", tip: str = "") -> None:
+    """Enable ``widget``, or disable it with a tooltip that says why."""
+    widget.setEnabled(enabled)
+    widget.setToolTip(tip if enabled else why_not)
+
+
+def label(text: str = "", name: str = "", wrap: bool = True, selectable: bool = False) -> QLabel:
+    lab = QLabel(text)
+    if name:
+        lab.setObjectName(name)
+    lab.setWordWrap(wrap)
+    if selectable:
+        lab.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    return lab
+
+
+def muted(text: str = "") -> QLabel:
+    lab = label(text)
+    lab.setProperty("muted", True)
+    return lab
+
+
+class PageHeader(QWidget):
+    """A page title with a one-line explanation under it."""
+
+    def __init__(self, title: str, subtitle: str = "", parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 8)
+        lay.setSpacing(2)
+        self.title = label(title, "pageTitle", wrap=False)
+        self.subtitle = label(subtitle, "pageSubtitle")
+        lay.addWidget(self.title)
+        lay.addWidget(self.subtitle)
+        self.subtitle.setVisible(bool(subtitle))
+
+    def set_subtitle(self, text: str) -> None:
+        self.subtitle.setText(text)
+        self.subtitle.setVisible(bool(text))
+
+
+class EmptyState(QWidget):
+    """Centered text that tells the user what to do, with an optional action button."""
+
+    def __init__(
+        self,
+        text: str,
+        action: str = "",
+        on_action: Callable[[], None] | None = None,
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        lay = QVBoxLayout(self)
+        lay.addStretch(1)
+        self.text = label(text, "emptyState")
+        self.text.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        lay.addWidget(self.text)
+        self.button: QPushButton | None = None
+        if action:
+            self.button = primary(QPushButton(action))
+            if on_action is not None:
+                self.button.clicked.connect(on_action)
+            row = QHBoxLayout()
+            row.addStretch(1)
+            row.addWidget(self.button)
+            row.addStretch(1)
+            lay.addLayout(row)
+        lay.addStretch(2)
+
+    def set_text(self, text: str) -> None:
+        self.text.setText(text)
+
+
+class Banner(QFrame):
+    """A coloured strip for warnings and notes; hidden when empty."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("banner")
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(10, 6, 10, 6)
+        self.text = label("")
+        self.text.setTextFormat(Qt.TextFormat.RichText)
+        self.text.setOpenExternalLinks(False)
+        lay.addWidget(self.text, 1)
+        self.hide()
+
+    def show_text(self, text: str) -> None:
+        self.text.setText(text)
+        self.setVisible(bool(text))
+
+
+class Card(QFrame):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("card")
+        self.body = QVBoxLayout(self)
+        self.body.setContentsMargins(14, 12, 14, 12)
+        self.body.setSpacing(6)
+
+
+def copy_button(get_text: Callable[[], str], tip: str = "Copy") -> QToolButton:
+    btn = QToolButton()
+    btn.setIcon(theme.icon("copy"))
+    btn.setToolTip(tip)
+    btn.setCursor(Qt.CursorShape.PointingHandCursor)
+
+    def do_copy() -> None:
+        QGuiApplication.clipboard().setText(get_text())
+        btn.setToolTip("Copied")
+
+    btn.clicked.connect(do_copy)
+    return btn
+
+
+class CopyField(QWidget):
+    """A read-only text field with a copy button (URLs, keys, commands)."""
+
+    def __init__(self, text: str = "", secret: bool = False, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        self.edit = QLineEdit(text)
+        self.edit.setReadOnly(True)
+        if secret:
+            self.edit.setEchoMode(QLineEdit.EchoMode.Password)
+        self.edit.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        lay.addWidget(self.edit, 1)
+        if secret:
+            reveal = QToolButton()
+            reveal.setText("Show")
+            reveal.setCheckable(True)
+            reveal.toggled.connect(
+                lambda on: self.edit.setEchoMode(
+                    QLineEdit.EchoMode.Normal if on else QLineEdit.EchoMode.Password
+                )
+            )
+            lay.addWidget(reveal)
+        self.copy = copy_button(self.edit.text)
+        lay.addWidget(self.copy)
+
+    def set_text(self, text: str) -> None:
+        self.edit.setText(text)
+
+
+def click(button: QAbstractButton) -> None:
+    """Click ``button`` if enabled (automation hook and keyboard shortcuts)."""
+    if button.isEnabled():
+        button.click()
+
+
+def hline() -> QFrame:
+    line = QFrame()
+    line.setFrameShape(QFrame.Shape.HLine)
+    line.setFrameShadow(QFrame.Shadow.Plain)
+    line.setStyleSheet(f"color: {theme.current().border};")
+    return line

@@ -1,0 +1,39 @@
+"""UI tests: offscreen Qt, every test here is marked ``gui``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.gui)
+
+
+@pytest.fixture
+def services(k3_home: Path) -> object:
+    from k3desk.app import Services
+
+    return Services()
+
+
+@pytest.fixture
+def ctx(qapp: object, services: object) -> Iterator[object]:
+    """An AppContext on a fresh K3DESK_HOME (dialogs suppressed: errors are recorded)."""
+    from k3desk.ui.main import create_context
+
+    context = create_context(services, qapp)  # type: ignore[arg-type]
+    context.reporter.show_dialogs = False
+    yield context
+    context.close()
+    context.tasks.shutdown(timeout=10)
+    context.setParent(None)
+    context.deleteLater()
