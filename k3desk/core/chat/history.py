@@ -1,0 +1,974 @@
+"""The conversation store: SQLite (WAL, versioned schema), messages kept as a tree.
+
+Every message has a parent, so editing a message and sending it again starts a new
+branch while the old one stays; each conversation remembers its current leaf.
+Opening a conversation walks from that leaf to the root by primary key, so it
+costs the length of the branch, not the size of the store.  Attached images are
+stored once each, by content hash, as files next to the database.
+
+One connection serves every thread, guarded by a lock (WAL lets other processes
+read meanwhile); every public method is safe to call from a worker thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import re
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final, cast
+
+from k3desk.core.chat.images import EXTENSION, MIME, ImageFormat, PreparedImage
+from k3desk.core.chat.model import ROLES, ChatSettings, Role, Timings, Usage
+from k3desk.core.errors import ChatError
+
+SCHEMA_VERSION: Final = 1
+IMAGES_DIRNAME: Final = "history-images"
+EXPORT_FORMAT: Final = "k3desk-conversation"
+
+
+class HistoryError(ChatError):
+    """The conversation store cannot be opened, or a record does not exist."""
+
+
+class _Keep:
+    """Marker: leave this field unchanged."""
+
+
+KEEP: Final = _Keep()
+
+
+@dataclass(frozen=True)
+class StoredImage:
+    sha256: str
+    format: ImageFormat
+    width: int
+    height: int
+    size: int
+    path: Path
+    name: str = ""
+
+    @property
+    def mime(self) -> str:
+        return MIME[self.format]
+
+    def read_bytes(self) -> bytes:
+        return self.path.read_bytes()
+
+    def to_prepared(self) -> PreparedImage:
+        """The image as the chat client sends it (for resending a stored message)."""
+        data = self.read_bytes()
+        return PreparedImage(data, self.format, self.width, self.height, self.name, len(data))
+
+
+@dataclass(frozen=True)
+class Message:
+    id: int
+    conversation_id: int
+    parent_id: int | None
+    role: Role
+    content: str
+    reasoning: str = ""
+    created: float = 0.0
+    images: tuple[StoredImage, ...] = ()
+    usage: Usage | None = None
+    timings: Timings | None = None
+    partial: bool = False
+    finish_reason: str | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: int
+    title: str
+    created: float
+    updated: float
+    system_prompt: str
+    settings: ChatSettings
+    tier: str | None
+    model: str | None
+    current_leaf: int | None
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    conversation_id: int
+    title: str
+    message_id: int | None  # None when the title matched
+    role: Role | None
+    snippet: str
+
+
+_SCHEMA_V1 = """
+CREATE TABLE conversations (
+    id            INTEGER PRIMARY KEY,
+    title         TEXT NOT NULL,
+    created       REAL NOT NULL,
+    updated       REAL NOT NULL,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    settings      TEXT NOT NULL DEFAULT '{}',
+    tier          TEXT,
+    model         TEXT,
+    current_leaf  INTEGER
+);
+CREATE INDEX conversations_updated ON conversations(updated DESC);
+CREATE TABLE messages (
+    id              INTEGER PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    parent_id       INTEGER REFERENCES messages(id) ON DELETE CASCADE,
+    role            TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+    content         TEXT NOT NULL DEFAULT '',
+    reasoning       TEXT NOT NULL DEFAULT '',
+    created         REAL NOT NULL,
+    usage           TEXT,
+    timings         TEXT,
+    partial         INTEGER NOT NULL DEFAULT 0,
+    finish_reason   TEXT,
+    model           TEXT
+);
+CREATE INDEX messages_tree ON messages(conversation_id, parent_id, id);
+CREATE INDEX messages_parent ON messages(parent_id);
+CREATE TABLE message_images (
+    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    position   INTEGER NOT NULL,
+    sha256     TEXT NOT NULL,
+    format     TEXT NOT NULL,
+    width      INTEGER NOT NULL,
+    height     INTEGER NOT NULL,
+    size       INTEGER NOT NULL,
+    name       TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (message_id, position)
+);
+CREATE INDEX message_images_sha ON message_images(sha256);
+"""
+
+_FTS_V1 = """
+CREATE VIRTUAL TABLE messages_fts USING fts5(
+    content, reasoning, content='messages', content_rowid='id',
+    tokenize='unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER messages_fts_ins AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts(rowid, content, reasoning)
+    VALUES (new.id, new.content, new.reasoning);
+END;
+CREATE TRIGGER messages_fts_del AFTER DELETE ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content, reasoning)
+    VALUES ('delete', old.id, old.content, old.reasoning);
+END;
+CREATE TRIGGER messages_fts_upd AFTER UPDATE OF content, reasoning ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content, reasoning)
+    VALUES ('delete', old.id, old.content, old.reasoning);
+    INSERT INTO messages_fts(rowid, content, reasoning)
+    VALUES (new.id, new.content, new.reasoning);
+END;
+"""
+
+_MSG_COLS = (
+    "m.id, m.conversation_id, m.parent_id, m.role, m.content, m.reasoning, m.created, "
+    "m.usage, m.timings, m.partial, m.finish_reason, m.model"
+)
+_CONV_COLS = "id, title, created, updated, system_prompt, settings, tier, model, current_leaf"
+
+
+def fts5_available() -> bool:
+    """Whether this Python's SQLite has the FTS5 full-text module."""
+    con = sqlite3.connect(":memory:")
+    try:
+        con.execute("CREATE VIRTUAL TABLE t USING fts5(x)")
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        con.close()
+    return True
+
+
+class HistoryStore:
+    """Conversations and their message trees in one SQLite file.
+
+    ``use_fts`` None picks FTS5 when SQLite has it (search falls back to LIKE).
+    """
+
+    def __init__(self, path: Path | str, *, use_fts: bool | None = None) -> None:
+        self.path = Path(path)
+        self.images_dir = self.path.parent / IMAGES_DIRNAME
+        self._lock = threading.RLock()
+        self._depth = 0
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise HistoryError(
+                f"Cannot create the folder for the chat history {self.path.parent}: "
+                f"{exc.strerror or exc}.",
+                "Check that the folder is writable (or set K3DESK_HOME elsewhere).",
+            ) from None
+        try:
+            self._con = sqlite3.connect(
+                self.path, check_same_thread=False, isolation_level=None, timeout=10.0
+            )
+        except sqlite3.Error as exc:
+            raise self._open_error(exc) from None
+        try:
+            self._setup(use_fts)
+        except sqlite3.DatabaseError as exc:
+            self._con.close()
+            raise self._open_error(exc) from None
+        except HistoryError:
+            self._con.close()
+            raise
+
+    def _open_error(self, exc: sqlite3.Error) -> HistoryError:
+        return HistoryError(
+            f"Cannot open the chat history {self.path}: {exc}.",
+            "If the file is damaged, move it aside (k3desk then starts an empty history) "
+            "or restore it from a backup.",
+        )
+
+    def _setup(self, use_fts: bool | None) -> None:
+        con = self._con
+        con.execute("PRAGMA foreign_keys = ON")
+        con.execute("PRAGMA busy_timeout = 10000")
+        mode = con.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            # e.g. a file system without shared memory; the store still works
+            con.execute("PRAGMA journal_mode = DELETE")
+        con.execute("PRAGMA synchronous = NORMAL")
+        version = int(con.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise HistoryError(
+                f"The chat history {self.path} was written by a newer k3desk "
+                f"(schema {version}; this version reads up to {SCHEMA_VERSION}).",
+                "Update k3desk, or move the file aside to start an empty history.",
+            )
+        if version == 0:
+            want_fts = fts5_available() if use_fts is None else use_fts
+            with self._tx():
+                for stmt in _split_sql(_SCHEMA_V1 + (_FTS_V1 if want_fts else "")):
+                    con.execute(stmt)
+                con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        # future migrations: `if version < 2: ...` inside one transaction each
+        self.has_fts = (
+            con.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='messages_fts'"
+            ).fetchone()
+            is not None
+        )
+        if self.has_fts and use_fts is False:
+            self.has_fts = False
+
+    # ---------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        with self._lock:
+            with contextlib.suppress(sqlite3.Error):
+                self._con.execute("PRAGMA optimize")
+            self._con.close()
+
+    def __enter__(self) -> HistoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            outer = self._depth == 0
+            if outer:
+                self._con.execute("BEGIN IMMEDIATE")
+            self._depth += 1
+            try:
+                yield self._con
+            except BaseException:
+                self._depth -= 1
+                if outer:
+                    self._con.execute("ROLLBACK")
+                raise
+            self._depth -= 1
+            if outer:
+                self._con.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[HistoryStore]:
+        """Group many writes into one transaction (all or nothing, and much faster)."""
+        with self._tx():
+            yield self
+
+    # ---------------------------------------------------------- conversations
+
+    def create_conversation(
+        self,
+        title: str = "New chat",
+        *,
+        system_prompt: str = "",
+        settings: ChatSettings | None = None,
+        tier: str | None = None,
+        model: str | None = None,
+    ) -> Conversation:
+        now = time.time()
+        with self._tx() as con:
+            cur = con.execute(
+                "INSERT INTO conversations (title, created, updated, system_prompt, settings, "
+                "tier, model) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    title,
+                    now,
+                    now,
+                    system_prompt,
+                    json.dumps((settings or ChatSettings()).to_dict()),
+                    tier,
+                    model,
+                ),
+            )
+            cid = int(cur.lastrowid or 0)
+        return self.get_conversation(cid)
+
+    def get_conversation(self, conversation_id: int) -> Conversation:
+        with self._lock:
+            row = self._con.execute(
+                f"SELECT {_CONV_COLS} FROM conversations WHERE id = ?", (conversation_id,)
+            ).fetchone()
+        if row is None:
+            raise HistoryError(f"There is no conversation {conversation_id} in {self.path}.")
+        return _conversation(row)
+
+    def list_conversations(self, limit: int | None = None, offset: int = 0) -> list[Conversation]:
+        """Conversations, most recently updated first."""
+        with self._lock:
+            rows = self._con.execute(
+                f"SELECT {_CONV_COLS} FROM conversations ORDER BY updated DESC, id DESC "
+                "LIMIT ? OFFSET ?",
+                (-1 if limit is None else limit, offset),
+            ).fetchall()
+        return [_conversation(r) for r in rows]
+
+    def rename_conversation(self, conversation_id: int, title: str) -> Conversation:
+        title = title.strip()
+        if not title:
+            raise HistoryError("A conversation title cannot be empty.")
+        return self.update_conversation(conversation_id, title=title)
+
+    def update_conversation(
+        self,
+        conversation_id: int,
+        *,
+        title: str | _Keep = KEEP,
+        system_prompt: str | _Keep = KEEP,
+        settings: ChatSettings | _Keep = KEEP,
+        tier: str | _Keep | None = KEEP,
+        model: str | _Keep | None = KEEP,
+    ) -> Conversation:
+        sets: list[str] = []
+        values: list[Any] = []
+        for col, val in (
+            ("title", title),
+            ("system_prompt", system_prompt),
+            ("tier", tier),
+            ("model", model),
+        ):
+            if not isinstance(val, _Keep):
+                sets.append(f"{col} = ?")
+                values.append(val)
+        if isinstance(settings, ChatSettings):
+            sets.append("settings = ?")
+            values.append(json.dumps(settings.to_dict()))
+        if sets:
+            sets.append("updated = ?")
+            values.append(time.time())
+            with self._tx() as con:
+                cur = con.execute(
+                    f"UPDATE conversations SET {', '.join(sets)} WHERE id = ?",
+                    (*values, conversation_id),
+                )
+                if cur.rowcount == 0:
+                    raise HistoryError(
+                        f"There is no conversation {conversation_id} in {self.path}."
+                    )
+        return self.get_conversation(conversation_id)
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        """Delete a conversation, its messages, and images nothing else refers to."""
+        with self._tx() as con:
+            shas = [
+                r[0]
+                for r in con.execute(
+                    "SELECT DISTINCT i.sha256 FROM message_images i JOIN messages m "
+                    "ON m.id = i.message_id WHERE m.conversation_id = ?",
+                    (conversation_id,),
+                )
+            ]
+            cur = con.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+            if cur.rowcount == 0:
+                raise HistoryError(f"There is no conversation {conversation_id} in {self.path}.")
+            orphans = [
+                sha
+                for sha in shas
+                if con.execute("SELECT 1 FROM message_images WHERE sha256 = ?", (sha,)).fetchone()
+                is None
+            ]
+        for sha in orphans:
+            for p in self.images_dir.glob(f"{sha[:2]}/{sha}.*"):
+                with contextlib.suppress(OSError):
+                    p.unlink()
+
+    # ---------------------------------------------------------- messages
+
+    def add_message(
+        self,
+        conversation_id: int,
+        role: Role,
+        content: str,
+        *,
+        parent_id: int | _Keep | None = KEEP,
+        reasoning: str = "",
+        images: Sequence[PreparedImage] = (),
+        usage: Usage | None = None,
+        timings: Timings | None = None,
+        partial: bool = False,
+        finish_reason: str | None = None,
+        model: str | None = None,
+    ) -> Message:
+        """Append a message (by default under the current leaf) and make it the leaf."""
+        if role not in ROLES:
+            raise HistoryError(f"Unknown message role {role!r}; use one of {', '.join(ROLES)}.")
+        stored = [self._store_image(img) for img in images]
+        now = time.time()
+        with self._tx() as con:
+            conv = con.execute(
+                "SELECT current_leaf FROM conversations WHERE id = ?", (conversation_id,)
+            ).fetchone()
+            if conv is None:
+                raise HistoryError(f"There is no conversation {conversation_id} in {self.path}.")
+            parent = conv[0] if isinstance(parent_id, _Keep) else parent_id
+            if parent is not None:
+                owner = con.execute(
+                    "SELECT conversation_id FROM messages WHERE id = ?", (parent,)
+                ).fetchone()
+                if owner is None or owner[0] != conversation_id:
+                    raise HistoryError(
+                        f"Message {parent} is not part of conversation {conversation_id}."
+                    )
+            cur = con.execute(
+                "INSERT INTO messages (conversation_id, parent_id, role, content, reasoning, "
+                "created, usage, timings, partial, finish_reason, model) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    conversation_id,
+                    parent,
+                    role,
+                    content,
+                    reasoning,
+                    now,
+                    json.dumps(usage.to_dict()) if usage else None,
+                    json.dumps(timings.to_dict()) if timings else None,
+                    int(partial),
+                    finish_reason,
+                    model,
+                ),
+            )
+            mid = int(cur.lastrowid or 0)
+            if stored:
+                con.executemany(
+                    "INSERT INTO message_images (message_id, position, sha256, format, width, "
+                    "height, size, name) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (mid, i, s.sha256, s.format, s.width, s.height, s.size, s.name)
+                        for i, s in enumerate(stored)
+                    ],
+                )
+            con.execute(
+                "UPDATE conversations SET current_leaf = ?, updated = ? WHERE id = ?",
+                (mid, now, conversation_id),
+            )
+        return Message(
+            mid,
+            conversation_id,
+            parent,
+            role,
+            content,
+            reasoning,
+            now,
+            tuple(stored),
+            usage,
+            timings,
+            partial,
+            finish_reason,
+            model,
+        )
+
+    def update_message(
+        self,
+        message_id: int,
+        *,
+        content: str | _Keep = KEEP,
+        reasoning: str | _Keep = KEEP,
+        usage: Usage | _Keep | None = KEEP,
+        timings: Timings | _Keep | None = KEEP,
+        partial: bool | _Keep = KEEP,
+        finish_reason: str | _Keep | None = KEEP,
+        model: str | _Keep | None = KEEP,
+    ) -> Message:
+        """Change a stored message in place (e.g. a streamed answer as it completes)."""
+        sets: list[str] = []
+        values: list[Any] = []
+        if not isinstance(content, _Keep):
+            sets.append("content = ?")
+            values.append(content)
+        if not isinstance(reasoning, _Keep):
+            sets.append("reasoning = ?")
+            values.append(reasoning)
+        if not isinstance(usage, _Keep):
+            sets.append("usage = ?")
+            values.append(json.dumps(usage.to_dict()) if usage else None)
+        if not isinstance(timings, _Keep):
+            sets.append("timings = ?")
+            values.append(json.dumps(timings.to_dict()) if timings else None)
+        if not isinstance(partial, _Keep):
+            sets.append("partial = ?")
+            values.append(int(partial))
+        if not isinstance(finish_reason, _Keep):
+            sets.append("finish_reason = ?")
+            values.append(finish_reason)
+        if not isinstance(model, _Keep):
+            sets.append("model = ?")
+            values.append(model)
+        if sets:
+            with self._tx() as con:
+                cur = con.execute(
+                    f"UPDATE messages SET {', '.join(sets)} WHERE id = ?", (*values, message_id)
+                )
+                if cur.rowcount == 0:
+                    raise HistoryError(f"There is no message {message_id} in {self.path}.")
+                con.execute(
+                    "UPDATE conversations SET updated = ? WHERE id = "
+                    "(SELECT conversation_id FROM messages WHERE id = ?)",
+                    (time.time(), message_id),
+                )
+        return self.get_message(message_id)
+
+    def edit_message(
+        self,
+        message_id: int,
+        content: str,
+        *,
+        images: Sequence[PreparedImage] | None = None,
+    ) -> Message:
+        """Edit-and-resend: a new sibling of ``message_id`` with ``content`` becomes the leaf.
+
+        The original message and everything after it stay as another branch.
+        ``images`` None keeps the original's images.
+        """
+        old = self.get_message(message_id)
+        if images is None:
+            images = [img.to_prepared() for img in old.images]
+        return self.add_message(
+            old.conversation_id, old.role, content, parent_id=old.parent_id, images=images
+        )
+
+    def get_message(self, message_id: int) -> Message:
+        with self._lock:
+            row = self._con.execute(
+                f"SELECT {_MSG_COLS} FROM messages m WHERE m.id = ?", (message_id,)
+            ).fetchone()
+            if row is None:
+                raise HistoryError(f"There is no message {message_id} in {self.path}.")
+            images = self._images_for([message_id])
+        return self._message(row, images)
+
+    def branch(self, conversation_id: int, leaf_id: int | None = None) -> list[Message]:
+        """The messages from the root to ``leaf_id`` (default: the current leaf)."""
+        with self._lock:
+            if leaf_id is None:
+                conv = self._con.execute(
+                    "SELECT current_leaf FROM conversations WHERE id = ?", (conversation_id,)
+                ).fetchone()
+                if conv is None:
+                    raise HistoryError(
+                        f"There is no conversation {conversation_id} in {self.path}."
+                    )
+                leaf_id = conv[0]
+                if leaf_id is None:
+                    return []
+            rows = self._con.execute(
+                "WITH RECURSIVE path(id, parent_id, depth) AS ("
+                " SELECT id, parent_id, 0 FROM messages WHERE id = ? AND conversation_id = ?"
+                " UNION ALL"
+                " SELECT m.id, m.parent_id, p.depth + 1 FROM messages m"
+                " JOIN path p ON m.id = p.parent_id"
+                f") SELECT {_MSG_COLS} FROM path p JOIN messages m ON m.id = p.id"
+                " ORDER BY p.depth DESC",
+                (leaf_id, conversation_id),
+            ).fetchall()
+            if not rows:
+                raise HistoryError(
+                    f"Message {leaf_id} is not part of conversation {conversation_id}."
+                )
+            images = self._images_for([r[0] for r in rows])
+        return [self._message(r, images) for r in rows]
+
+    def open_conversation(self, conversation_id: int) -> tuple[Conversation, list[Message]]:
+        """The conversation and its current branch, read in one consistent snapshot."""
+        with self._lock:
+            return self.get_conversation(conversation_id), self.branch(conversation_id)
+
+    def children(self, message_id: int) -> list[Message]:
+        with self._lock:
+            rows = self._con.execute(
+                f"SELECT {_MSG_COLS} FROM messages m WHERE m.parent_id = ? ORDER BY m.id",
+                (message_id,),
+            ).fetchall()
+            images = self._images_for([r[0] for r in rows])
+        return [self._message(r, images) for r in rows]
+
+    def siblings(self, message_id: int) -> list[Message]:
+        """``message_id`` and the other versions of it (same parent), oldest first."""
+        msg = self.get_message(message_id)
+        with self._lock:
+            rows = self._con.execute(
+                f"SELECT {_MSG_COLS} FROM messages m WHERE m.conversation_id = ? AND "
+                "m.parent_id IS ? ORDER BY m.id",
+                (msg.conversation_id, msg.parent_id),
+            ).fetchall()
+            images = self._images_for([r[0] for r in rows])
+        return [self._message(r, images) for r in rows if r[3] == msg.role]
+
+    def select_branch(self, message_id: int) -> list[Message]:
+        """Make the branch through ``message_id`` current (following its newest replies)."""
+        msg = self.get_message(message_id)
+        with self._tx() as con:
+            leaf = message_id
+            while True:
+                nxt = con.execute(
+                    "SELECT MAX(id) FROM messages WHERE parent_id = ?", (leaf,)
+                ).fetchone()[0]
+                if nxt is None:
+                    break
+                leaf = int(nxt)
+            con.execute(
+                "UPDATE conversations SET current_leaf = ? WHERE id = ?",
+                (leaf, msg.conversation_id),
+            )
+        return self.branch(msg.conversation_id)
+
+    # ---------------------------------------------------------- search
+
+    def search(self, query: str, limit: int = 50) -> list[SearchHit]:
+        """Conversations whose title or messages contain every word of ``query``."""
+        words = [w for w in re.findall(r"\w+", query, flags=re.UNICODE) if w]
+        if not words:
+            return []
+        hits: list[SearchHit] = []
+        with self._lock:
+            title_where = " AND ".join("title LIKE ? ESCAPE '\\'" for _ in words)
+            for cid, title in self._con.execute(
+                f"SELECT id, title FROM conversations WHERE {title_where} "
+                "ORDER BY updated DESC LIMIT ?",
+                (*[f"%{_like_escape(w)}%" for w in words], limit),
+            ):
+                hits.append(SearchHit(int(cid), str(title), None, None, str(title)))
+            remaining = max(0, limit - len(hits))
+            if remaining:
+                if self.has_fts:
+                    match = " ".join(f'"{w}"*' for w in words)
+                    rows = self._con.execute(
+                        "SELECT m.conversation_id, c.title, m.id, m.role, "
+                        "snippet(messages_fts, -1, '[', ']', '…', 12) "
+                        "FROM messages_fts f JOIN messages m ON m.id = f.rowid "
+                        "JOIN conversations c ON c.id = m.conversation_id "
+                        "WHERE messages_fts MATCH ? ORDER BY f.rank LIMIT ?",
+                        (match, remaining),
+                    ).fetchall()
+                else:
+                    where = " AND ".join(
+                        "(m.content LIKE ? ESCAPE '\\' OR m.reasoning LIKE ? ESCAPE '\\')"
+                        for _ in words
+                    )
+                    params: list[Any] = []
+                    for w in words:
+                        pat = f"%{_like_escape(w)}%"
+                        params += [pat, pat]
+                    rows = [
+                        (cid, title, mid, role, _snippet(content or reasoning, words))
+                        for cid, title, mid, role, content, reasoning in self._con.execute(
+                            "SELECT m.conversation_id, c.title, m.id, m.role, m.content, "
+                            "m.reasoning FROM messages m JOIN conversations c "
+                            f"ON c.id = m.conversation_id WHERE {where} "
+                            "ORDER BY m.id DESC LIMIT ?",
+                            (*params, remaining),
+                        )
+                    ]
+                hits.extend(
+                    SearchHit(int(cid), str(title), int(mid), cast(Role, role), str(snip))
+                    for cid, title, mid, role, snip in rows
+                )
+        return hits
+
+    # ---------------------------------------------------------- export
+
+    def export_json(self, conversation_id: int, *, embed_images: bool = False) -> dict[str, Any]:
+        """The whole conversation (every branch) as plain JSON-ready data."""
+        with self._lock:
+            conv = self.get_conversation(conversation_id)
+            rows = self._con.execute(
+                f"SELECT {_MSG_COLS} FROM messages m WHERE m.conversation_id = ? ORDER BY m.id",
+                (conversation_id,),
+            ).fetchall()
+            images = self._images_for([r[0] for r in rows])
+            path = [m.id for m in self.branch(conversation_id)]
+        messages = []
+        for r in rows:
+            m = self._message(r, images)
+            item: dict[str, Any] = {
+                "id": m.id,
+                "parent_id": m.parent_id,
+                "role": m.role,
+                "content": m.content,
+                "reasoning": m.reasoning,
+                "created": _iso(m.created),
+                "partial": m.partial,
+                "finish_reason": m.finish_reason,
+                "model": m.model,
+                "usage": m.usage.to_dict() if m.usage else None,
+                "timings": m.timings.to_dict() if m.timings else None,
+                "images": [],
+            }
+            for img in m.images:
+                entry: dict[str, Any] = {
+                    "sha256": img.sha256,
+                    "mime": img.mime,
+                    "width": img.width,
+                    "height": img.height,
+                    "bytes": img.size,
+                    "name": img.name,
+                    "file": str(img.path),
+                }
+                if embed_images:
+                    entry["data"] = base64.b64encode(img.read_bytes()).decode("ascii")
+                item["images"].append(entry)
+            messages.append(item)
+        return {
+            "format": EXPORT_FORMAT,
+            "version": 1,
+            "conversation": {
+                "id": conv.id,
+                "title": conv.title,
+                "created": _iso(conv.created),
+                "updated": _iso(conv.updated),
+                "system_prompt": conv.system_prompt,
+                "settings": conv.settings.to_dict(),
+                "tier": conv.tier,
+                "model": conv.model,
+            },
+            "current_path": path,
+            "messages": messages,
+        }
+
+    def export_markdown(self, conversation_id: int, *, assets_dir: Path | None = None) -> str:
+        """The current branch as Markdown.
+
+        With ``assets_dir`` the images are copied there and linked by relative path
+        (``assets_dir.name/<file>``); otherwise they link to the stored files.
+        """
+        conv, msgs = self.open_conversation(conversation_id)
+        s = conv.settings
+        out = [f"# {conv.title}", ""]
+        facts = [f"Created {_iso(conv.created)}"]
+        if conv.model:
+            facts.append(f"model {conv.model}")
+        if conv.tier:
+            facts.append(f"tier {conv.tier}")
+        facts.append(
+            f"temperature {s.temperature:g}, top_p {s.top_p:g}, "
+            f"thinking {'on' if s.thinking else 'off'}"
+            + (f" ({s.thinking_effort})" if s.thinking and s.thinking_effort else "")
+        )
+        out += [f"*{' · '.join(facts)}*", ""]
+        if conv.system_prompt:
+            out += ["## System", "", conv.system_prompt, ""]
+        if assets_dir is not None:
+            assets_dir.mkdir(parents=True, exist_ok=True)
+        for m in msgs:
+            out += [f"## {m.role.capitalize()}", ""]
+            for i, img in enumerate(m.images, 1):
+                if assets_dir is not None:
+                    target = assets_dir / img.path.name
+                    if not target.exists():
+                        shutil.copyfile(img.path, target)
+                    link = f"{assets_dir.name}/{img.path.name}"
+                else:
+                    link = img.path.as_uri()
+                out += [f"![{img.name or f'image {i}'}]({link})", ""]
+            if m.reasoning:
+                out += [
+                    "<details><summary>Reasoning</summary>",
+                    "",
+                    m.reasoning,
+                    "",
+                    "</details>",
+                    "",
+                ]
+            if m.content:
+                out += [m.content, ""]
+            if m.partial:
+                out += ["*(partial answer: the engine stopped before finishing it)*", ""]
+        return "\n".join(out).rstrip() + "\n"
+
+    def write_export(self, conversation_id: int, target: Path, *, fmt: str = "md") -> Path:
+        """Write the conversation to ``target`` as ``md`` (with an assets folder) or ``json``."""
+        target = Path(target)
+        if fmt == "json":
+            text = json.dumps(self.export_json(conversation_id, embed_images=True), indent=2)
+        elif fmt == "md":
+            assets = target.with_name(target.stem + "_files")
+            text = self.export_markdown(conversation_id, assets_dir=assets)
+            with contextlib.suppress(OSError):
+                assets.rmdir()  # no images: leave no empty folder
+        else:
+            raise HistoryError(f"Unknown export format {fmt!r}; use md or json.")
+        try:
+            tmp = target.with_name(target.name + ".part")
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise HistoryError(
+                f"Cannot write the export {target}: {exc.strerror or exc}.",
+                "Choose a folder you can write to.",
+            ) from None
+        return target
+
+    # ---------------------------------------------------------- internals
+
+    def _store_image(self, img: PreparedImage) -> StoredImage:
+        sha = img.sha256
+        path = self.images_dir / sha[:2] / f"{sha}.{EXTENSION[img.format]}"
+        if not path.exists():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+                tmp.write_bytes(img.data)
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise HistoryError(
+                    f"Cannot store the image {img.name or sha} in {self.images_dir}: "
+                    f"{exc.strerror or exc}.",
+                    "Check free disk space and permissions.",
+                ) from None
+        return StoredImage(
+            sha, img.format, img.width, img.height, len(img.data), path, Path(img.name).name
+        )
+
+    def _images_for(self, ids: Sequence[int]) -> dict[int, list[StoredImage]]:
+        out: dict[int, list[StoredImage]] = {}
+        if not ids:
+            return out
+        for start in range(0, len(ids), 900):
+            chunk = ids[start : start + 900]
+            marks = ",".join("?" * len(chunk))
+            for mid, sha, fmt, w, h, size, name in self._con.execute(
+                "SELECT message_id, sha256, format, width, height, size, name "
+                f"FROM message_images WHERE message_id IN ({marks}) ORDER BY message_id, position",
+                chunk,
+            ):
+                f = cast(ImageFormat, fmt)
+                out.setdefault(int(mid), []).append(
+                    StoredImage(
+                        sha,
+                        f,
+                        int(w),
+                        int(h),
+                        int(size),
+                        self.images_dir / sha[:2] / f"{sha}.{EXTENSION[f]}",
+                        str(name),
+                    )
+                )
+        return out
+
+    @staticmethod
+    def _message(row: Sequence[Any], images: dict[int, list[StoredImage]]) -> Message:
+        mid, cid, parent, role, content, reasoning, created = row[:7]
+        usage, timings, partial, fr, model = row[7:]
+        return Message(
+            id=int(mid),
+            conversation_id=int(cid),
+            parent_id=None if parent is None else int(parent),
+            role=cast(Role, role),
+            content=str(content),
+            reasoning=str(reasoning),
+            created=float(created),
+            images=tuple(images.get(int(mid), ())),
+            usage=Usage.from_dict(json.loads(usage)) if usage else None,
+            timings=Timings.from_dict(json.loads(timings)) if timings else None,
+            partial=bool(partial),
+            finish_reason=fr,
+            model=model,
+        )
+
+
+def _conversation(row: Sequence[Any]) -> Conversation:
+    cid, title, created, updated, system_prompt, settings, tier, model, leaf = row
+    try:
+        s = ChatSettings.from_dict(json.loads(settings or "{}"))
+    except (ValueError, TypeError):
+        s = ChatSettings()
+    return Conversation(
+        id=int(cid),
+        title=str(title),
+        created=float(created),
+        updated=float(updated),
+        system_prompt=str(system_prompt),
+        settings=s,
+        tier=tier,
+        model=model,
+        current_leaf=None if leaf is None else int(leaf),
+    )
+
+
+def _split_sql(script: str) -> list[str]:
+    """Statements of a schema script (triggers keep their inner semicolons)."""
+    out: list[str] = []
+    buf: list[str] = []
+    in_trigger = False
+    for line in script.strip().splitlines():
+        if not line.strip():
+            continue
+        buf.append(line)
+        if line.lstrip().upper().startswith("CREATE TRIGGER"):
+            in_trigger = True
+        if in_trigger:
+            if line.strip().upper() == "END;":
+                out.append("\n".join(buf))
+                buf = []
+                in_trigger = False
+        elif line.rstrip().endswith(";"):
+            out.append("\n".join(buf))
+            buf = []
+    if buf:
+        out.append("\n".join(buf))
+    return out
+
+
+def _like_escape(word: str) -> str:
+    return word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _snippet(text: str, words: Sequence[str], width: int = 60) -> str:
+    low = text.lower()
+    pos = min((i for w in words if (i := low.find(w.lower())) >= 0), default=0)
+    start = max(0, pos - width // 2)
+    piece = text[start : start + width]
+    for w in words:
+        piece = re.sub(f"({re.escape(w)})", r"[\1]", piece, flags=re.IGNORECASE)
+    return ("…" if start > 0 else "") + piece + ("…" if start + width < len(text) else "")
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
