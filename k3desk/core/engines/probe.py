@@ -1,0 +1,487 @@
+"""What can this llama-server do here?  Probe it once and remember the answer.
+
+A probe runs the executable with ``--version``, ``--help`` and
+``--list-devices``, then serves a tiny generated kimi-k3 "canary" with a tiny
+vision projector.  The version string cannot tell whether an engine knows
+kimi-k3 (PyPI builds print ``build 0``), so only loading one can.  Results
+are cached in ``AppPaths.cache`` keyed by path, size and modification time,
+so a rebuilt or replaced binary is probed again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from k3desk.core.engines.canary import write_k3_gguf, write_mlp_projector
+from k3desk.core.engines.crash import classify_exit
+from k3desk.core.engines.supervisor import LaunchSpec, RestartPolicy, Supervisor
+from k3desk.core.errors import Cancelled, EngineError
+from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.k3arch import TINY_K3
+from k3desk.core.paths import AppPaths
+from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
+
+PROBE_SCHEMA = 2
+CACHE_FILE = "engine-probes.json"
+INSTALL_HINT = "install one with `k3desk engine install`"
+
+# Flags k3desk uses, and what it loses without them.
+FLAGS: dict[str, str] = {
+    "--n-cpu-moe": "cannot keep expert layers in RAM (needed for every hybrid plan)",
+    "--fit": "has no automatic memory fitting",
+    "--mmproj": "cannot take images",
+    "--no-mmproj-offload": "cannot keep the vision projector on the CPU",
+    "--rpc": "cannot spread layers over other machines",
+    "--api-key": "cannot require an API key (k3desk will not start it without one)",
+    "--no-repack": "cannot turn off weight repacking (the AMX workaround)",
+    "--jinja": "cannot use the model's chat template",
+}
+_LIB_BACKENDS = {
+    "cuda": "CUDA",
+    "vulkan": "Vulkan",
+    "metal": "Metal",
+    "hip": "ROCm",
+    "sycl": "SYCL",
+    "cpu": "CPU",
+    "rpc": "RPC",
+}
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    path: str
+    size: int
+    mtime_ns: int
+    runs: bool
+    run_problem: str = ""
+    version: str = ""
+    build_number: int | None = None
+    flags: dict[str, bool] = field(default_factory=dict)
+    backends: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    cuda_archs: tuple[str, ...] = ()  # e.g. ("90", "120")
+    loads_k3: bool | None = None  # None: not tried (it does not run)
+    k3_problem: str = ""
+    accepts_mmproj: bool | None = None
+    mmproj_problem: str = ""
+    load_seconds: float | None = None
+    probed_at: float = 0.0
+    schema: int = PROBE_SCHEMA
+
+    @property
+    def usable(self) -> bool:
+        return self.runs and self.loads_k3 is True and self.flags.get("--api-key", False)
+
+    def gpu_problems(self, hw: HardwareProfile | None) -> list[str]:
+        """Mismatches between the compiled GPU support and the detected GPUs."""
+        if hw is None or not hw.gpus:
+            return []
+        if "CUDA" not in self.backends:
+            names = ", ".join(sorted({g.name for g in hw.gpus}))
+            return [
+                f"it has no CUDA support, so the {names} would go unused "
+                f"(CPU only); {INSTALL_HINT} to build one for these GPUs"
+            ]
+        if not self.cuda_archs:
+            return []
+        problems = []
+        for g in hw.gpus:
+            if not cuda_arch_covers(self.cuda_archs, g.compute_capability):
+                problems.append(
+                    f"it was compiled for CUDA architectures {', '.join(self.cuda_archs)}, "
+                    f"which do not include GPU {g.index} ({g.name}, sm_{g.sm}); "
+                    f"{INSTALL_HINT} to build for sm_{g.sm}"
+                )
+        return problems
+
+    def problems(self, hw: HardwareProfile | None = None) -> list[str]:
+        out: list[str] = []
+        if not self.runs:
+            out.append(f"it does not run on this machine: {self.run_problem}")
+            return out
+        if self.loads_k3 is False:
+            out.append(f"it cannot load Kimi-K3: {self.k3_problem}")
+        if self.accepts_mmproj is False:
+            out.append(f"it cannot load a vision projector: {self.mmproj_problem}")
+        for flag, loss in FLAGS.items():
+            if self.flags and not self.flags.get(flag, False):
+                out.append(f"it lacks {flag}: it {loss}")
+        out += self.gpu_problems(hw)
+        return out
+
+    def verdict(self, hw: HardwareProfile | None = None) -> str:
+        """One sentence a person reads first."""
+        if not self.runs:
+            return f"This engine does not run here: {self.run_problem}; {INSTALL_HINT}."
+        if self.loads_k3 is False:
+            return f"This engine cannot load Kimi-K3: {self.k3_problem}; {INSTALL_HINT}."
+        gpu = self.gpu_problems(hw)
+        if gpu:
+            return f"This engine loads Kimi-K3 but {gpu[0]}."
+        backend = "/".join(b for b in self.backends if b != "RPC") or "CPU"
+        vision = "with images" if self.accepts_mmproj else "text only"
+        return f"This engine loads Kimi-K3 ({backend}, {vision})."
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ProbeResult:
+        d = dict(d)
+        for key in ("backends", "devices", "cuda_archs"):
+            d[key] = tuple(d.get(key, ()))
+        return cls(**d)
+
+
+def cuda_arch_covers(archs: Sequence[str], cc: tuple[int, int]) -> bool:
+    """Whether code built for ``archs`` (e.g. "90", "120") runs natively on compute
+    capability ``cc``: same major version and a minor no newer than the GPU's."""
+    for a in archs:
+        digits = re.sub(r"\D", "", a)
+        if len(digits) < 2:
+            continue
+        major, minor = int(digits[:-1]), int(digits[-1])
+        if major == cc[0] and minor <= cc[1]:
+            return True
+    return False
+
+
+# ------------------------------------------------------------ parsing
+_VERSION = re.compile(r"version:\s*(.+?)\s*$", re.MULTILINE)
+_BUILD = re.compile(r"\bbuild\s+(\d+)")
+_FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
+# "-fit,  --fit [on|off]   whether ...": the flags before the metavar and description
+_OPTION_COLUMN = re.compile(r"^\s*((?:--?[A-Za-z][\w-]*(?:,\s*|\s+(?=-)))*--?[A-Za-z][\w-]*)")
+_ARCHS = re.compile(r"\bARCHS\s*=\s*([0-9][0-9,; ]*)")
+
+
+def parse_version(text: str) -> tuple[str, int | None]:
+    m = _VERSION.search(text)
+    version = m.group(1) if m else (text.strip().splitlines() or [""])[0]
+    b = _BUILD.search(version)
+    return version, int(b.group(1)) if b else None
+
+
+def parse_help_flags(text: str) -> set[str]:
+    """Every option name in ``--help`` output (the first column of each option line)."""
+    flags: set[str] = set()
+    for line in text.splitlines():
+        m = _OPTION_COLUMN.match(line)
+        if m:
+            flags.update(_FLAG.findall(m.group(1)))
+    return flags
+
+
+def parse_devices(text: str) -> tuple[str, ...]:
+    devices = []
+    started = False
+    for line in text.splitlines():
+        if "Available devices" in line:
+            started = True
+            continue
+        if started and line.strip() and line.strip() != "(none)":
+            devices.append(line.strip())
+    return tuple(devices)
+
+
+def parse_cuda_archs(text: str) -> tuple[str, ...]:
+    """``CUDA : ARCHS = 890,900,1200`` (from the system_info line) -> ("89", "90", "120")."""
+    out: list[str] = []
+    for m in _ARCHS.finditer(text):
+        for a in re.split(r"[,; ]+", m.group(1).strip()):
+            if a.isdigit() and len(a) >= 3:
+                v = str(int(a) // 10)
+                if v not in out:
+                    out.append(v)
+    return tuple(out)
+
+
+def backends_of(executable: Path, devices: Sequence[str]) -> tuple[str, ...]:
+    """Compiled-in backends: ggml backend libraries beside the binary plus devices listed."""
+    found: list[str] = []
+    for lib in sorted(executable.resolve().parent.glob("*ggml-*")):
+        m = re.match(r"(?:lib)?ggml-([a-z]+)", lib.name)
+        if m and m.group(1) in _LIB_BACKENDS:
+            name = _LIB_BACKENDS[m.group(1)]
+            if name not in found:
+                found.append(name)
+    for d in devices:
+        m = re.match(r"([A-Za-z]+)\d*\s*:", d)
+        if m:
+            name = {"ROCM": "ROCm"}.get(m.group(1).upper(), m.group(1))
+            name = {"CUDA": "CUDA", "VULKAN": "Vulkan", "METAL": "Metal", "MTL": "Metal"}.get(
+                name.upper(), name
+            )
+            if name not in found:
+                found.append(name)
+    if "CPU" not in found:
+        found.append("CPU")
+    order = ["CUDA", "ROCm", "Vulkan", "Metal", "SYCL", "CPU", "RPC"]
+    return tuple(sorted(found, key=lambda b: order.index(b) if b in order else len(order)))
+
+
+# ------------------------------------------------------------ running
+def _run(argv: Sequence[str], timeout: float) -> tuple[int | None, str]:
+    try:
+        p = subprocess.run(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode("utf-8", "replace") if isinstance(exc.stdout, bytes) else ""
+        return None, out
+    except OSError as exc:
+        return -1000, str(exc)
+    return p.returncode, p.stdout.decode("utf-8", "replace")
+
+
+def _cache_path(paths: AppPaths) -> Path:
+    return paths.cache / CACHE_FILE
+
+
+def _cache_key(path: Path, st: os.stat_result) -> str:
+    """Path, size and mtime of the executable and of the libraries beside it (PyPI builds
+    are a small launcher around libllama-server-impl.so, so the libraries matter)."""
+    parts = [f"{path}|{st.st_size}|{st.st_mtime_ns}"]
+    with contextlib.suppress(OSError):
+        for lib in sorted(path.resolve().parent.iterdir()):
+            if ".so" in lib.name or lib.suffix in (".dylib", ".dll"):
+                ls = lib.stat()
+                parts.append(f"{lib.name}:{ls.st_size}:{ls.st_mtime_ns}")
+    if len(parts) == 1:
+        return parts[0]
+    digest = hashlib.sha256("\n".join(parts[1:]).encode()).hexdigest()[:16]
+    return f"{parts[0]}|libs:{digest}"
+
+
+def _load_cache(paths: AppPaths) -> dict[str, Any]:
+    try:
+        data = json.loads(_cache_path(paths).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _save_cache(paths: AppPaths, key: str, result: ProbeResult) -> None:
+    data = _load_cache(paths)
+    data[key] = result.to_dict()
+    target = _cache_path(paths)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    os.replace(tmp, target)
+
+
+def cached_probe(executable: Path, paths: AppPaths) -> ProbeResult | None:
+    """The cached result for this exact file (same size and mtime), if any."""
+    try:
+        st = executable.stat()
+    except OSError:
+        return None
+    raw = _load_cache(paths).get(_cache_key(executable.absolute(), st))
+    if not isinstance(raw, dict) or raw.get("schema") != PROBE_SCHEMA:
+        return None
+    try:
+        return ProbeResult.from_dict(raw)
+    except TypeError:
+        return None
+
+
+def probe_engine(
+    executable: str | Path,
+    paths: AppPaths,
+    *,
+    use_cache: bool = True,
+    progress: ProgressCallback = no_progress,
+    cancel: CancelToken | None = None,
+    timeout: float = 60.0,
+) -> ProbeResult:
+    """Probe ``executable`` (see the module docstring).  Raises EngineError only when
+    the file does not exist; every other finding is in the result."""
+    exe = Path(executable).expanduser().absolute()
+    try:
+        st = exe.stat()
+    except OSError as exc:
+        raise EngineError(
+            f"Engine {exe} does not exist.", "Run `k3desk engine list` to see the engines found."
+        ) from exc
+    if not os.access(exe, os.X_OK):
+        raise EngineError(f"Engine {exe} is not executable.", f"Run `chmod +x {exe}`.")
+    if use_cache:
+        hit = cached_probe(exe, paths)
+        if hit is not None:
+            return hit
+    key = _cache_key(exe, st)
+    base: dict[str, Any] = {"path": str(exe), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+    def step(n: int, detail: str) -> None:
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        progress(Progress("probe", n, 5, detail))
+
+    step(0, "--version")
+    rc, out = _run([str(exe), "--version"], 20.0)
+    if rc is None or rc != 0:
+        if rc is None:
+            problem = "`--version` did not finish within 20 s"
+        elif rc == -1000:
+            problem = f"it cannot be executed: {out.strip()}"
+        else:
+            crash = classify_exit(rc, out.splitlines())
+            problem = crash.summary
+            if crash.kind == "illegal_instruction":
+                problem = "illegal instruction: built for another CPU"
+        result = ProbeResult(**base, runs=False, run_problem=problem, probed_at=time.time())
+        _save_cache(paths, key, result)
+        return result
+    version, build = parse_version(out)
+
+    step(1, "--help")
+    _, help_text = _run([str(exe), "--help"], 20.0)
+    known = parse_help_flags(help_text)
+    flags = {f: f in known for f in FLAGS}
+
+    step(2, "--list-devices")
+    _, dev_text = _run([str(exe), "--list-devices"], 30.0)
+    devices = parse_devices(dev_text)
+    backends = backends_of(exe, devices)
+
+    step(3, "loading a tiny Kimi-K3 canary")
+    canary = _probe_canary(exe, paths, flags, timeout, cancel)
+    step(5, "done")
+    result = ProbeResult(
+        **base,
+        runs=canary.runs,
+        run_problem=canary.run_problem,
+        version=version,
+        build_number=build,
+        flags=flags,
+        backends=backends,
+        devices=devices,
+        cuda_archs=canary.cuda_archs,
+        loads_k3=canary.loads_k3,
+        k3_problem=canary.k3_problem,
+        accepts_mmproj=canary.accepts_mmproj,
+        mmproj_problem=canary.mmproj_problem,
+        load_seconds=canary.load_seconds,
+        probed_at=time.time(),
+    )
+    _save_cache(paths, key, result)
+    return result
+
+
+@dataclass
+class _Canary:
+    runs: bool = True
+    run_problem: str = ""
+    loads_k3: bool | None = None
+    k3_problem: str = ""
+    accepts_mmproj: bool | None = None
+    mmproj_problem: str = ""
+    cuda_archs: tuple[str, ...] = ()
+    load_seconds: float | None = None
+
+
+def _probe_canary(
+    exe: Path,
+    paths: AppPaths,
+    flags: dict[str, bool],
+    timeout: float,
+    cancel: CancelToken | None,
+) -> _Canary:
+    result = _Canary()
+    with tempfile.TemporaryDirectory(prefix="k3desk-canary-") as tmp:
+        d = Path(tmp)
+        model = write_k3_gguf(d, "k3-canary", shape=TINY_K3, seed=7)[0]
+        proj = write_mlp_projector(d / "mmproj-k3-canary-F16.gguf", TINY_K3.n_embd, seed=8)
+        with_mmproj = flags.get("--mmproj", True)
+        args: list[str] = ["-m", str(model), "-c", "256", "-np", "1", "-lv", "4"]
+        sup = _serve(exe, paths, [*args, "--mmproj", str(proj)] if with_mmproj else args, timeout)
+        try:
+            ok, vision = _wait_canary(sup, cancel)
+            result.cuda_archs = parse_cuda_archs("\n".join(sup.tail()))
+            if ok:
+                result.loads_k3 = True
+                result.load_seconds = sup.history[0].ready_seconds
+                if with_mmproj:
+                    result.accepts_mmproj = vision
+                    if not vision:
+                        result.mmproj_problem = "the server did not report vision support"
+                return result
+        finally:
+            sup.stop()
+        crash = sup.last_crash
+        why = crash.summary if crash else "it stopped before it was ready"
+        kind = crash.kind if crash else "exited"
+        if kind == "illegal_instruction":
+            result.runs = False
+            result.run_problem = "illegal instruction while loading: built for another CPU"
+            return result
+        if kind == "unknown_architecture":
+            result.loads_k3 = False
+            result.k3_problem = "it predates kimi-k3 support"
+            if crash is not None and "'kimi-k3'" not in crash.evidence:
+                result.k3_problem = why
+            return result
+        if with_mmproj and kind == "unsupported_projector":
+            result.accepts_mmproj = False
+            result.mmproj_problem = why
+            sup = _serve(exe, paths, args, timeout)
+            try:
+                ok, _ = _wait_canary(sup, cancel)
+                result.cuda_archs = result.cuda_archs or parse_cuda_archs("\n".join(sup.tail()))
+                result.loads_k3 = ok
+                if ok:
+                    result.load_seconds = sup.history[0].ready_seconds
+                else:
+                    c2 = sup.last_crash
+                    result.k3_problem = c2.summary if c2 else "it stopped before it was ready"
+            finally:
+                sup.stop()
+            return result
+        result.loads_k3 = False
+        result.k3_problem = why
+        return result
+
+
+def _serve(exe: Path, paths: AppPaths, args: Sequence[str], timeout: float) -> Supervisor:
+    spec = LaunchSpec(exe, tuple(args), ready_timeout=timeout)
+    sup = Supervisor(spec, paths, policy=RestartPolicy(max_failures=1, stop_grace=5.0))
+    sup.start()
+    return sup
+
+
+def _wait_canary(sup: Supervisor, cancel: CancelToken | None) -> tuple[bool, bool]:
+    """(ready, vision reported) for a canary server."""
+    try:
+        ep = sup.wait_ready(cancel=cancel)
+    except Cancelled:
+        raise
+    except EngineError:
+        return False, False
+    vision = False
+    conn = http.client.HTTPConnection(ep.host, ep.port, timeout=5.0)
+    with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+        conn.request("GET", "/props", headers=ep.headers)
+        resp = conn.getresponse()
+        if resp.status == 200:
+            props = json.loads(resp.read())
+            vision = bool((props.get("modalities") or {}).get("vision"))
+    conn.close()
+    return True, vision

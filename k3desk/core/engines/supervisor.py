@@ -1,0 +1,793 @@
+"""Launch llama-server and keep it running: states, load progress, crashes, restarts.
+
+One :class:`Supervisor` owns one server.  It binds it to 127.0.0.1 on a free
+port with a fresh random API key, runs it in its own process session with a
+log file per launch and an in-memory tail, reports its state
+(starting -> loading -> ready -> stopping -> stopped, or crashed), and on a
+crash classifies it (:mod:`k3desk.core.engines.crash`) and restarts it with
+back-off, re-planned where the cause says how (more expert layers in RAM after
+a GPU out-of-memory, ``--no-repack`` after the AMX repack assertion, another
+port when the port was taken).  The number of consecutive failed attempts is
+bounded, and every attempt is kept in :attr:`Supervisor.history`.
+
+Nothing is left behind, even when the app itself is killed with SIGKILL:
+
+* the server runs in its own session, so stopping signals the whole group
+  (SIGTERM, a grace period, then SIGKILL);
+* on Linux the child asks the kernel, between fork and exec, to SIGKILL it
+  when its parent dies (``prctl(PR_SET_PDEATHSIG, SIGKILL)``).  The kernel's
+  notion of "parent" is the *thread* that forked, so every spawn happens on
+  the supervisor's own monitor thread, which lives exactly as long as the
+  child it watches.  The child also checks that its parent did not die before
+  the prctl took effect.
+* where prctl does not exist (macOS, BSD) a tiny watchdog process polls the
+  app's pid and kills the server's group once the app is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import http.client
+import logging
+import math
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import IO
+
+from k3desk.core.engines.crash import CrashReport, classify_exit, load_timeout, strip_log_prefix
+from k3desk.core.errors import Cancelled, EngineError
+from k3desk.core.paths import AppPaths
+from k3desk.core.progress import CancelToken, Progress
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+_PR_SET_PDEATHSIG = 1
+
+
+class State(StrEnum):
+    STARTING = "starting"
+    LOADING = "loading"
+    READY = "ready"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    CRASHED = "crashed"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+    api_key: str
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to run.  ``args`` are llama-server's arguments after the executable,
+    without --host/--port/--api-key (e.g. ``LaunchPlan.server_args``)."""
+
+    executable: Path
+    args: tuple[str, ...]
+    model_bytes: int = 0  # scales the ready timeout
+    port: int | None = None  # None: a free port, changed if it gets taken
+    api_key: str | None = None  # None: a fresh random key
+    env: Mapping[str, str] | None = None  # extra environment variables
+    ready_timeout: float | None = None  # None: scaled from model_bytes
+    n_layers: int = 0  # the model's block count (bounds --n-cpu-moe); 0 = unknown
+
+    def timeout(self) -> float:
+        """Seconds to wait for /health 200: 60 s plus the model read at 250 MB/s."""
+        if self.ready_timeout is not None:
+            return self.ready_timeout
+        return 60.0 + self.model_bytes / 250e6
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    max_failures: int = 3  # consecutive failed attempts before giving up
+    backoff_initial: float = 1.0  # seconds before the first restart
+    backoff_factor: float = 2.0
+    backoff_max: float = 30.0
+    # a server that has been ready this long has its failure count reset, so one
+    # crash a day does not use up the budget, while a crash loop still ends
+    stable_after: float = 300.0
+    cpu_moe_step: int = 0  # extra expert layers to RAM per GPU OOM; 0 = about a tenth
+    stop_grace: float = 10.0  # seconds between SIGTERM and SIGKILL
+
+    def backoff(self, failures: int) -> float:
+        delay = self.backoff_initial * self.backoff_factor ** max(0, failures - 1)
+        return float(min(self.backoff_max, delay))
+
+
+@dataclass
+class Attempt:
+    """One launch of the server."""
+
+    number: int
+    argv: tuple[str, ...]  # with the API key redacted
+    port: int
+    log_file: Path
+    pid: int = 0
+    started_at: float = field(default_factory=time.time)
+    ready_at: float | None = None
+    ended_at: float | None = None
+    returncode: int | None = None
+    crash: CrashReport | None = None
+    action: str = ""  # what the supervisor did next, in words
+
+    @property
+    def ready_seconds(self) -> float | None:
+        return None if self.ready_at is None else self.ready_at - self.started_at
+
+
+@dataclass(frozen=True)
+class Event:
+    state: State
+    attempt: int
+    message: str = ""
+    progress: Progress | None = None
+    final: bool = False  # CRASHED with no restart to follow
+
+
+EventCallback = Callable[[Event], None]
+LineCallback = Callable[[str], None]
+# (crash, current args) -> (new args, what changed in words), or None if no re-plan
+Replanner = Callable[[CrashReport, tuple[str, ...]], "tuple[tuple[str, ...], str] | None"]
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def redact(argv: Sequence[str], secret: str) -> tuple[str, ...]:
+    return tuple("***" if a == secret else a for a in argv)
+
+
+# ------------------------------------------------------------ load progress
+_PHASES: tuple[tuple[re.Pattern[str], int, str], ...] = tuple(
+    (re.compile(p), pct, text)
+    for p, pct, text in (
+        (r"load_model: loading model", 3, "opening the model"),
+        (r"llama_model_loader: loaded meta data", 8, "reading the model header"),
+        (r"load_tensors: loading model tensors", 12, "loading tensors"),
+        (r"llama_context: constructing", 80, "creating the context"),
+        (r"sched_reserve: reserving", 85, "reserving compute buffers"),
+        (r"warming up the model", 90, "warming up"),
+        (r"loaded multimodal model", 93, "vision projector loaded"),
+        (r"llama_server: model loaded|main: model loaded", 97, "model loaded"),
+        (r"listening on|server is listening", 99, "listening"),
+    )
+)
+_TENSOR_SPAN = (12, 78)  # progress dots (one per percent of tensors loaded) map here
+
+
+class LoadProgressParser:
+    """Turns llama-server's log into a 0-100 load estimate (phases plus progress dots)."""
+
+    def __init__(self) -> None:
+        self.percent = 0
+        self.phase = "starting"
+        self._dots = 0
+
+    def feed_line(self, line: str) -> bool:
+        """Read one line; True if the estimate changed."""
+        text = strip_log_prefix(line)
+        for pattern, pct, phase in _PHASES:
+            if pattern.search(text) and pct > self.percent:
+                self.percent, self.phase = pct, phase
+                return True
+        stripped = text.strip()
+        if stripped and set(stripped) == {"."}:
+            return self.feed_dots(len(stripped))
+        return False
+
+    def feed_dots(self, n: int) -> bool:
+        self._dots = min(100, self._dots + n)
+        lo, hi = _TENSOR_SPAN
+        pct = lo + (hi - lo) * self._dots // 100
+        if pct > self.percent:
+            self.percent, self.phase = pct, "loading tensors"
+            return True
+        return False
+
+
+# ------------------------------------------------------------ child setup
+def _load_libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
+
+
+def _make_preexec(parent_pid: int) -> Callable[[], None] | None:
+    libc = _LIBC
+    if libc is None:
+        return None
+    prctl = libc.prctl
+
+    def setup() -> None:  # runs in the child between fork and exec
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return setup
+
+
+_WATCHDOG = r"""
+import os, signal, sys, time
+app, pgid = int(sys.argv[1]), int(sys.argv[2])
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+while True:
+    time.sleep(0.5)
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        sys.exit(0)
+    if not alive(app):
+        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                sys.exit(0)
+            end = time.time() + wait
+            while time.time() < end:
+                time.sleep(0.1)
+                try:
+                    os.killpg(pgid, 0)
+                except ProcessLookupError:
+                    sys.exit(0)
+        sys.exit(0)
+"""
+
+
+def _start_watchdog(pgid: int) -> subprocess.Popen[bytes] | None:
+    """Where PR_SET_PDEATHSIG does not exist: a watchdog that outlives a killed app."""
+    if _LIBC is not None:
+        return None
+    return subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(pgid)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _oom_kill_count() -> int | None:
+    """The cgroup v2 ``oom_kill`` counter of this process's cgroup, if readable."""
+    try:
+        rel = ""
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                rel = line[3:].strip()
+        events = Path("/sys/fs/cgroup") / rel.lstrip("/") / "memory.events"
+        for line in events.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+# ------------------------------------------------------------ the supervisor
+class Supervisor:
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        paths: AppPaths,
+        *,
+        policy: RestartPolicy | None = None,
+        on_event: EventCallback | None = None,
+        on_line: LineCallback | None = None,
+        replan: Replanner | None = None,
+        tail_lines: int = 400,
+    ) -> None:
+        self.spec = spec
+        self.paths = paths
+        self.policy = policy or RestartPolicy()
+        self._on_event = on_event
+        self._on_line = on_line
+        self._replan = replan or self._default_replan
+        self.api_key = spec.api_key or secrets.token_urlsafe(24)
+        self._lock = threading.Lock()
+        self._state = State.STOPPED
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tail: deque[str] = deque(maxlen=tail_lines)
+        self._history: list[Attempt] = []
+        self._endpoint: Endpoint | None = None
+        self._last_crash: CrashReport | None = None
+        self._progress = LoadProgressParser()
+
+    # -------------------------------------------------------------- public
+    @property
+    def state(self) -> State:
+        with self._lock:
+            return self._state
+
+    @property
+    def endpoint(self) -> Endpoint | None:
+        with self._lock:
+            return self._endpoint
+
+    @property
+    def pid(self) -> int | None:
+        with self._lock:
+            proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    @property
+    def history(self) -> list[Attempt]:
+        with self._lock:
+            return [replace(a) for a in self._history]
+
+    @property
+    def last_crash(self) -> CrashReport | None:
+        with self._lock:
+            return self._last_crash
+
+    @property
+    def log_file(self) -> Path | None:
+        with self._lock:
+            return self._history[-1].log_file if self._history else None
+
+    def tail(self, n: int | None = None) -> list[str]:
+        with self._lock:
+            lines = list(self._tail)
+        return lines if n is None else lines[-n:]
+
+    def start(self) -> None:
+        """Launch in the background; follow with :meth:`wait_ready`."""
+        if self._thread is not None:
+            raise EngineError("This server was already started; create a new supervisor.")
+        self._thread = threading.Thread(target=self._run, name="llama-server-monitor", daemon=True)
+        self._thread.start()
+
+    def wait_ready(
+        self, timeout: float | None = None, cancel: CancelToken | None = None
+    ) -> Endpoint:
+        """Block until the server answers /health with 200 (through restarts).
+
+        Raises :class:`EngineError` with the classified cause when it gives up,
+        and :class:`Cancelled` (after stopping the server) when ``cancel`` fires.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._ready.is_set():
+                ep = self.endpoint
+                if ep is not None:
+                    return ep
+            if self._done.is_set():
+                raise self._final_error()
+            if cancel is not None and cancel.cancelled:
+                self.stop()
+                raise Cancelled()
+            if deadline is not None and time.monotonic() > deadline:
+                raise EngineError(
+                    f"llama-server was not ready within {timeout:.0f} s "
+                    f"(state: {self.state.value}).",
+                    f"See its log: {self.log_file}",
+                )
+            self._ready.wait(0.05)
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop the server: SIGTERM to its group, wait, then SIGKILL.  Idempotent."""
+        if grace is not None:
+            self.policy = replace(self.policy, stop_grace=grace)
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.policy.stop_grace + 10.0)
+
+    close = stop
+
+    def __enter__(self) -> Supervisor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -------------------------------------------------------------- internals
+    def _final_error(self) -> EngineError:
+        crash = self.last_crash
+        where = f"See the log: {self.log_file}" if self.log_file else ""
+        if crash is None:
+            return EngineError("llama-server stopped before it was ready.", where)
+        attempts = len(self.history)
+        tries = f" after {attempts} attempts" if attempts > 1 else ""
+        return EngineError(
+            f"llama-server failed{tries}: {crash.describe()}",
+            f"{crash.fix} {where}".strip(),
+        )
+
+    def _set_state(
+        self, state: State, attempt: int, message: str = "", *, final: bool = False
+    ) -> None:
+        with self._lock:
+            self._state = state
+        progress = None
+        if state is State.LOADING:
+            progress = Progress("loading", self._progress.percent, 100, self._progress.phase)
+        self._emit(Event(state, attempt, message, progress, final))
+
+    def _emit(self, event: Event) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event)
+        except Exception:  # a listener's bug must not kill the monitor
+            log.exception("engine event listener failed")
+
+    def _new_log_file(self, attempt: int) -> Path:
+        self.paths.logs_dir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        base = f"llama-server-{stamp}-{os.getpid()}-{id(self) & 0xFFFF:04x}-a{attempt}"
+        return self.paths.logs_dir / f"{base}.log"
+
+    def _run(self) -> None:
+        args = tuple(self.spec.args)
+        port = self.spec.port or free_port()
+        failures = 0
+        number = 0
+        gave_up = False
+        try:
+            while not self._stop.is_set():
+                number += 1
+                attempt, crash = self._one_attempt(number, args, port)
+                if crash is None:  # stopped on request
+                    break
+                if attempt.ready_at is not None and (
+                    (attempt.ended_at or time.time()) - attempt.ready_at >= self.policy.stable_after
+                ):
+                    failures = 0
+                failures += 1
+                decision = self._decide(crash, args, port, failures)
+                with self._lock:
+                    self._last_crash = crash
+                if decision is None:
+                    gave_up = True
+                    break
+                args, port, action = decision
+                delay = self.policy.backoff(failures)
+                attempt.action = f"{action}; restarting in {delay:.1f} s"
+                self._set_state(State.CRASHED, number, f"{crash.describe()} {attempt.action}")
+                if self._stop.wait(delay):
+                    break
+        except Exception as exc:  # report instead of dying silently
+            log.exception("engine monitor failed")
+            with self._lock:
+                self._last_crash = CrashReport(
+                    "exited", f"k3desk could not run llama-server: {exc}", "", "none"
+                )
+            self._set_state(State.CRASHED, number, str(exc), final=True)
+            gave_up = True
+        finally:
+            self._ready.clear()
+            with self._lock:
+                self._endpoint = None
+            if not gave_up:
+                self._set_state(State.STOPPED, number)
+            self._done.set()
+
+    def _decide(
+        self, crash: CrashReport, args: tuple[str, ...], port: int, failures: int
+    ) -> tuple[tuple[str, ...], int, str] | None:
+        """Next (args, port, what changed), or None to give up (state CRASHED, final)."""
+        number = len(self._history)
+        give_up = ""
+        new_args, new_port, action = args, port, "restarting unchanged"
+        if crash.recovery == "none":
+            give_up = "restarting cannot fix this"
+        elif failures >= self.policy.max_failures:
+            give_up = f"{failures} failed attempts in a row"
+        elif crash.recovery == "new_port":
+            if self.spec.port is not None:
+                give_up = f"port {port} was chosen explicitly"
+            else:
+                new_port = free_port()
+                action = f"port {port} was taken, using {new_port}"
+        elif crash.recovery in ("replan_cpu_moe", "no_repack"):
+            plan = self._replan(crash, args)
+            if plan is None:
+                give_up = "no plan with less GPU memory is left"
+                if crash.recovery == "no_repack":
+                    give_up = "--no-repack did not help"
+            else:
+                new_args, action = plan
+        if give_up:
+            with self._lock:
+                if self._history:
+                    self._history[-1].action = f"gave up: {give_up}"
+            self._set_state(
+                State.CRASHED, number, f"{crash.describe()} Gave up: {give_up}.", final=True
+            )
+            return None
+        return new_args, new_port, action
+
+    def _default_replan(
+        self, crash: CrashReport, args: tuple[str, ...]
+    ) -> tuple[tuple[str, ...], str] | None:
+        if crash.recovery == "no_repack":
+            if "--no-repack" in args or "-nr" in args:
+                return None
+            return (*args, "--no-repack"), "added --no-repack (AMX repack assertion)"
+        if crash.recovery == "replan_cpu_moe":
+            return bump_n_cpu_moe(args, self.spec.n_layers, self.policy.cpu_moe_step)
+        return None
+
+    def _one_attempt(
+        self, number: int, args: tuple[str, ...], port: int
+    ) -> tuple[Attempt, CrashReport | None]:
+        argv = (
+            str(self.spec.executable),
+            *args,
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(port),
+            "--api-key",
+            self.api_key,
+        )
+        log_path = self._new_log_file(number)
+        attempt = Attempt(number, redact(argv, self.api_key), port, log_path)
+        with self._lock:
+            self._history.append(attempt)
+            self._endpoint = None
+        self._progress = LoadProgressParser()
+        self._ready.clear()
+        self._set_state(State.STARTING, number)
+        env = dict(os.environ)
+        if self.spec.env:
+            env.update(self.spec.env)
+        oom_before = _oom_kill_count()
+        with open(log_path, "wb") as logf:
+            logf.write(("$ " + " ".join(attempt.argv) + "\n").encode())
+            logf.flush()
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=_make_preexec(os.getpid()),  # PR_SET_PDEATHSIG: see module doc
+                    close_fds=True,
+                )
+            except OSError as exc:
+                attempt.ended_at = time.time()
+                crash = CrashReport(
+                    "exited",
+                    f"llama-server could not be started: {exc}",
+                    "Check the engine path (`k3desk engine list`).",
+                    "none",
+                )
+                attempt.crash = crash
+                return attempt, crash
+            attempt.pid = proc.pid
+            watchdog = _start_watchdog(proc.pid)
+            with self._lock:
+                self._proc = proc
+            reader = threading.Thread(
+                target=self._read_output,
+                args=(proc, logf, number),
+                name="llama-server-log",
+                daemon=True,
+            )
+            reader.start()
+            stopped_by_us = False
+            timed_out = False
+            try:
+                stopped_by_us, timed_out = self._watch(proc, attempt, port)
+            finally:
+                if proc.poll() is None:
+                    self._terminate(proc)
+                proc.wait()
+                reader.join(5.0)
+                if watchdog is not None:
+                    watchdog.kill()
+                    watchdog.wait()
+                with self._lock:
+                    self._proc = None
+        attempt.ended_at = time.time()
+        attempt.returncode = proc.returncode
+        if stopped_by_us:
+            attempt.action = "stopped on request"
+            return attempt, None
+        tail = self.tail(60)
+        if timed_out:
+            crash = load_timeout(self.spec.timeout(), tail)
+        else:
+            oom_after = _oom_kill_count()
+            crash = classify_exit(
+                proc.returncode,
+                tail,
+                oom_killer_seen=(
+                    oom_before is not None and oom_after is not None and oom_after > oom_before
+                ),
+            )
+        attempt.crash = crash
+        return attempt, crash
+
+    def _watch(
+        self, proc: subprocess.Popen[bytes], attempt: Attempt, port: int
+    ) -> tuple[bool, bool]:
+        """Wait for ready, then for exit.  Returns (stopped_by_us, timed_out)."""
+        deadline = time.monotonic() + self.spec.timeout()
+        interval = 0.02
+        loading_announced = False
+        while proc.poll() is None:
+            if self._stop.is_set():
+                self._set_state(State.STOPPING, attempt.number)
+                self._terminate(proc)
+                return True, False
+            if attempt.ready_at is None:
+                status = _health(port)
+                if status == 200:
+                    attempt.ready_at = time.time()
+                    with self._lock:
+                        self._endpoint = Endpoint(LOOPBACK, port, self.api_key)
+                    self._set_state(
+                        State.READY, attempt.number, f"ready at http://{LOOPBACK}:{port}"
+                    )
+                    self._ready.set()
+                    continue
+                if not loading_announced and (status is not None or self._progress.percent > 0):
+                    loading_announced = True
+                    self._set_state(State.LOADING, attempt.number, self._progress.phase)
+                if time.monotonic() > deadline:
+                    self._terminate(proc)
+                    return False, True
+                self._stop.wait(interval)
+                interval = min(0.25, interval * 1.5)
+            else:
+                self._stop.wait(0.2)
+        return self._stop.is_set(), False
+
+    def _terminate(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGTERM to the server's process group, wait, then SIGKILL."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(self.policy.stop_grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        # anything else left in the group (the server spawns no helpers, but be sure)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def _read_output(self, proc: subprocess.Popen[bytes], logf: IO[bytes], number: int) -> None:
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        partial = b""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            logf.write(chunk.replace(self.api_key.encode(), b"***"))
+            logf.flush()
+            data = partial + chunk
+            *lines, partial = data.split(b"\n")
+            if partial and set(partial.strip()) <= {ord(".")} and partial.strip():
+                # progress dots arrive without a newline
+                if self._progress.feed_dots(len(partial.strip())):
+                    self._loading_progress(number)
+                partial = b""
+            for raw in lines:
+                self._handle_line(raw.decode("utf-8", "replace"), number)
+        if partial:
+            self._handle_line(partial.decode("utf-8", "replace"), number)
+        proc.stdout.close()
+
+    def _handle_line(self, line: str, number: int) -> None:
+        line = line.rstrip("\r").replace(self.api_key, "***")
+        with self._lock:
+            self._tail.append(line)
+        if self._on_line is not None:
+            try:
+                self._on_line(line)
+            except Exception:
+                log.exception("engine log listener failed")
+        if self.state in (State.STARTING, State.LOADING) and self._progress.feed_line(line):
+            self._loading_progress(number)
+
+    def _loading_progress(self, number: int) -> None:
+        if self.state in (State.STARTING, State.LOADING):
+            self._set_state(State.LOADING, number, self._progress.phase)
+
+
+def _health(port: int) -> int | None:
+    """HTTP status of GET /health, or None if nothing answers yet."""
+    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=2.0)
+    try:
+        conn.request("GET", "/health")
+        return conn.getresponse().status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+_CPU_MOE = ("--n-cpu-moe", "-ncmoe")
+
+
+def bump_n_cpu_moe(
+    args: Sequence[str], n_layers: int = 0, step: int = 0
+) -> tuple[tuple[str, ...], str] | None:
+    """Keep more expert layers in RAM: raise ``--n-cpu-moe`` by ``step`` (default about a
+    tenth of the layers, at least 1; 4 when the layer count is unknown).  ``--n-cpu-moe N``
+    covers layers 0..N-1, so N = ``n_layers`` puts every expert in RAM; None then."""
+    out = list(args)
+    if "--cpu-moe" in out or "-cmoe" in out:
+        return None
+    if step <= 0:
+        step = max(1, math.ceil(n_layers / 10)) if n_layers else 4
+    current, index = 0, -1
+    for i, a in enumerate(out):
+        if a in _CPU_MOE and i + 1 < len(out):
+            current, index = int(out[i + 1]), i + 1
+        elif a.startswith("--n-cpu-moe="):
+            current, index = int(a.split("=", 1)[1]), i
+            out[i] = "--n-cpu-moe"
+            out.insert(i + 1, str(current))
+            index = i + 1
+    limit = n_layers or None
+    if limit is not None and current >= limit:
+        return None
+    new = current + step if limit is None else min(limit, current + step)
+    if index >= 0:
+        out[index] = str(new)
+    else:
+        out += ["--n-cpu-moe", str(new)]
+    return (
+        tuple(out),
+        f"re-planned after GPU out-of-memory: --n-cpu-moe {current} -> {new} "
+        f"(expert weights of {new - current} more layers kept in RAM)",
+    )
