@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 try:  # optional: plain monospace without it
-    from pygments import highlight as _pyg_highlight
-    from pygments.formatters import HtmlFormatter
-    from pygments.lexers import get_lexer_by_name
-    from pygments.util import ClassNotFound
+    from pygments import highlight as _pyg_highlight  # type: ignore[import-untyped]
+    from pygments.formatters import HtmlFormatter  # type: ignore[import-untyped]
+    from pygments.lexers import get_lexer_by_name  # type: ignore[import-untyped]
+    from pygments.util import ClassNotFound  # type: ignore[import-untyped]
 
     HAVE_PYGMENTS = True
 except ImportError:  # pragma: no cover - depends on the environment
@@ -119,8 +119,8 @@ _STYLE_CACHE: dict[CodeColors, type] = {}
 def _style_for(colors: CodeColors) -> type:
     """A Pygments style class built from the theme's code colours."""
     if colors not in _STYLE_CACHE:
-        from pygments.style import Style
-        from pygments.token import Comment, Keyword, Name, Number, Operator, String
+        from pygments.style import Style  # type: ignore[import-untyped]
+        from pygments.token import Comment, Keyword, Name, Number, Operator, String  # type: ignore[import-untyped]
 
         styles = {
             Comment: f"italic {colors.comment}",

@@ -1,0 +1,352 @@
+"""The message view: one QTextBrowser showing a conversation as generated HTML.
+
+Each message is rendered once to HTML (Markdown, highlighted code with copy
+links, images as thumbnails, K3 reasoning in a collapsible block).  Only the
+last :attr:`MessageView.page_size` messages are laid out; a link at the top shows
+earlier ones, so a 10,000-message conversation opens as fast as a short one.
+While an answer streams, only its own HTML (from a remembered document
+position to the end) is replaced on each batch.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from dataclasses import dataclass, field
+
+from PySide6.QtCore import QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QImage, QTextCursor, QTextDocument
+from PySide6.QtWidgets import QTextBrowser, QWidget
+
+from k3desk.ui import theme
+from k3desk.ui.chat.markdown import CodeColors, MarkdownRenderer
+
+
+@dataclass
+class ImageVM:
+    key: str  # unique resource key (e.g. sha256)
+    name: str
+    thumb: QImage | None = None
+
+
+@dataclass
+class MessageVM:
+    """What the view needs to draw one message."""
+
+    id: str
+    role: str  # "user" / "assistant" / "system"
+    content: str = ""
+    reasoning: str = ""
+    images: list[ImageVM] = field(default_factory=list)
+    partial: bool = False  # cut short (stopped, or the engine died)
+    partial_note: str = ""
+    streaming: bool = False
+    branch: tuple[int, int] = (1, 1)  # (this one, of how many siblings)
+    stats: str = ""  # e.g. "42.1 tok/s · 512 tokens"
+    error: str = ""
+
+
+def _colors() -> CodeColors:
+    c = theme.current()
+    if c.dark:
+        return CodeColors(
+            background=c.code_bg,
+            text=c.text,
+            keyword="#c4b5fd",
+            string="#5eead4",
+            comment="#8b93a1",
+            number="#fbbf24",
+            name="#93c5fd",
+            link=c.link,
+            muted=c.muted,
+            border=c.border,
+        )
+    return CodeColors(
+        background=c.code_bg, text=c.text, link=c.link, muted=c.muted, border=c.border
+    )
+
+
+class MessageView(QTextBrowser):
+    """Signals:
+    action(str, str, int): (verb, message id, argument) for "copy", "copy-code", "edit",
+        "regenerate", "branch" (argument -1/+1), "reasoning" (toggle), "earlier".
+    """
+
+    action = Signal(str, str, int)
+
+    def __init__(self, parent: QWidget | None = None, page_size: int = 150) -> None:
+        super().__init__(parent)
+        self.setObjectName("messageView")
+        self.setOpenLinks(False)
+        self.setOpenExternalLinks(False)
+        self.anchorClicked.connect(self._anchor)
+        self.page_size = page_size
+        self.renderer = MarkdownRenderer(_colors())
+        self._messages: list[MessageVM] = []
+        self._shown_from = 0
+        self._expanded: set[str] = set()
+        self._codes: dict[str, list[str]] = {}
+        self._html_cache: dict[str, tuple[tuple[object, ...], str]] = {}
+        self._stream_pos: int | None = None
+        self._empty_html = ""
+        self.last_render_s = 0.0
+        self.document().setDocumentMargin(18)
+
+    # ------------------------------------------------------------ content
+    def set_empty_text(self, text: str) -> None:
+        c = theme.current()
+        self._empty_html = (
+            f'<div align="center" style="color:{c.muted}; font-size:large;">'
+            f"<br/><br/><br/>{html.escape(text)}</div>"
+        )
+        if not self._messages:
+            self.setHtml(self._empty_html)
+
+    def set_messages(self, messages: list[MessageVM], keep_scroll: bool = False) -> None:
+        """Show ``messages`` (the last :attr:`page_size` of them)."""
+        self._messages = list(messages)
+        self._shown_from = max(0, len(messages) - self.page_size)
+        self._rebuild(keep_scroll)
+
+    def messages(self) -> list[MessageVM]:
+        return list(self._messages)
+
+    def show_earlier(self) -> None:
+        self._shown_from = max(0, self._shown_from - self.page_size)
+        self._rebuild(keep_scroll=False)
+        self.verticalScrollBar().setValue(0)
+
+    def update_message(self, vm: MessageVM) -> None:
+        """Redraw one message (e.g. after its reasoning was toggled)."""
+        for i, m in enumerate(self._messages):
+            if m.id == vm.id:
+                self._messages[i] = vm
+        self._rebuild(keep_scroll=True)
+
+    def _rebuild(self, keep_scroll: bool) -> None:
+        t0 = time.perf_counter()
+        self.renderer.set_colors(_colors())
+        bar = self.verticalScrollBar()
+        pos = bar.value()
+        if not self._messages:
+            self._stream_pos = None
+            self.setHtml(self._empty_html)
+            return
+        parts = [self._document_head()]
+        if self._shown_from > 0:
+            c = theme.current()
+            parts.append(
+                f'<p align="center"><a href="k3:earlier/-/0" style="color:{c.link};">'
+                f"Show earlier messages ({self._shown_from} more)</a></p>"
+            )
+        streaming = self._messages[-1].streaming
+        shown = self._messages[self._shown_from :]
+        body = shown[:-1] if streaming else shown
+        for m in body:
+            parts.append(self._message_html(m))
+        self.setHtml("".join(parts))
+        self._stream_pos = None
+        if streaming:
+            self.begin_stream(self._messages[-1], replace_last=False)
+        if keep_scroll:
+            bar.setValue(pos)
+        else:
+            bar.setValue(bar.maximum())
+        self.last_render_s = time.perf_counter() - t0
+
+    # ---------------------------------------------------------- streaming
+    def begin_stream(self, vm: MessageVM, replace_last: bool = True) -> None:
+        """Start showing ``vm`` (an answer being generated) at the end."""
+        if replace_last and self._messages and self._messages[-1].id == vm.id:
+            self._messages[-1] = vm
+        elif replace_last:
+            self._messages.append(vm)
+            if not self._stream_pos and len(self._messages) == 1:
+                self.setHtml(self._document_head())
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        self._stream_pos = cursor.position()
+        self.update_stream(vm)
+
+    def update_stream(self, vm: MessageVM) -> None:
+        """Replace the streaming message's HTML with ``vm``'s (fast path, 30 Hz)."""
+        if self._stream_pos is None:
+            self.begin_stream(vm)
+            return
+        t0 = time.perf_counter()
+        self._messages[-1] = vm
+        bar = self.verticalScrollBar()
+        at_bottom = bar.value() >= bar.maximum() - 4
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(self._stream_pos)
+        cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
+        cursor.beginEditBlock()
+        cursor.removeSelectedText()
+        cursor.insertHtml(self._message_html(vm))
+        cursor.endEditBlock()
+        if at_bottom:
+            bar.setValue(bar.maximum())
+        self.last_render_s = time.perf_counter() - t0
+
+    def end_stream(self, vm: MessageVM) -> None:
+        vm.streaming = False
+        self.update_stream(vm)
+        self._stream_pos = None
+
+    # ------------------------------------------------------------- render
+    def _document_head(self) -> str:
+        c = theme.current()
+        return (
+            f"<html><head><style>"
+            f"a {{ color: {c.link}; }}"
+            f"pre {{ font-family: monospace; }}"
+            f"code {{ font-family: monospace; }}"
+            f"h2, h3, h4 {{ margin-top: 10px; margin-bottom: 4px; }}"
+            f"p {{ margin-top: 4px; margin-bottom: 6px; }}"
+            f"</style></head><body style='color:{c.text};'>"
+        )
+
+    def _message_html(self, m: MessageVM) -> str:
+        key = (
+            m.role,
+            m.content,
+            m.reasoning,
+            m.partial,
+            m.partial_note,
+            m.streaming,
+            m.branch,
+            m.stats,
+            m.error,
+            m.id in self._expanded,
+            tuple(i.key for i in m.images),
+            theme.current(),
+        )
+        cached = self._html_cache.get(m.id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        out = self._render_message(m)
+        self._html_cache[m.id] = (key, out)
+        return out
+
+    def _render_message(self, m: MessageVM) -> str:
+        c = theme.current()
+        mid = html.escape(m.id)
+        who = {"user": "You", "assistant": "Kimi-K3", "system": "System prompt"}.get(m.role, m.role)
+        color = c.accent if m.role == "user" else c.ok if m.role == "assistant" else c.muted
+        links: list[str] = []
+        if not m.streaming:
+            links.append(f'<a href="k3:copy/{mid}/0">Copy</a>')
+            if m.role == "user":
+                links.append(f'<a href="k3:edit/{mid}/0">Edit</a>')
+            if m.role == "assistant":
+                links.append(f'<a href="k3:regenerate/{mid}/0">Regenerate</a>')
+        if m.branch[1] > 1:
+            prev_ = f'<a href="k3:branch/{mid}/-1">‹</a>' if m.branch[0] > 1 else "<span>‹</span>"
+            next_ = (
+                f'<a href="k3:branch/{mid}/1">›</a>'
+                if m.branch[0] < m.branch[1]
+                else "<span>›</span>"
+            )
+            links.append(f"{prev_} {m.branch[0]}/{m.branch[1]} {next_}")
+        meta = " &nbsp;·&nbsp; ".join(links)
+        stats = (
+            f' &nbsp;<span style="color:{c.muted};">{html.escape(m.stats)}</span>'
+            if m.stats
+            else ""
+        )
+        parts = [
+            f'<a name="msg-{mid}"></a>'
+            f'<p style="margin-top:14px; margin-bottom:2px;"><b style="color:{color};">{who}</b>'
+            f'{stats} &nbsp;&nbsp;<span style="font-size:small;">{meta}</span></p>'
+        ]
+        if m.reasoning:
+            parts.append(self._reasoning_html(m))
+        if m.images:
+            imgs = " ".join(
+                f'<img src="k3img:{html.escape(i.key)}" height="96" title="{html.escape(i.name)}"/>'
+                for i in m.images
+            )
+            parts.append(f"<p>{imgs}</p>")
+        if m.role == "system":
+            parts.append(f'<p style="color:{c.muted};"><i>{html.escape(m.content)}</i></p>')
+        elif m.content:
+            body, codes = self.renderer.render(m.content, lambda i: f"k3:copy-code/{mid}/{i}")
+            self._codes[m.id] = codes
+            parts.append(body)
+        elif m.streaming and not m.reasoning:
+            parts.append(f'<p style="color:{c.muted};"><i>Waiting for the first token…</i></p>')
+        if m.streaming:
+            parts.append(f'<p style="color:{c.muted};">▍</p>')
+        if m.partial:
+            note = m.partial_note or "The answer was cut short."
+            parts.append(
+                f'<p style="color:{c.warn};"><i>⚠ Partial answer: {html.escape(note)}</i></p>'
+            )
+        if m.error:
+            parts.append(f'<p style="color:{c.danger};">{html.escape(m.error)}</p>')
+        return "".join(parts)
+
+    def _reasoning_html(self, m: MessageVM) -> str:
+        c = theme.current()
+        mid = html.escape(m.id)
+        open_ = m.id in self._expanded
+        words = len(m.reasoning.split())
+        label = "Thinking…" if m.streaming and not m.content else "Reasoning"
+        arrow = "▾" if open_ else "▸"
+        head = (
+            f'<a href="k3:reasoning/{mid}/0" style="color:{c.muted}; text-decoration:none;">'
+            f"{arrow} {label} ({words} words)</a>"
+        )
+        if not open_:
+            return f'<p style="margin:2px 0;">{head}</p>'
+        body = html.escape(m.reasoning).replace("\n", "<br/>")
+        return (
+            f'<table width="100%" cellspacing="0" cellpadding="8" '
+            f'style="background:{c.reasoning_bg}; margin:2px 0 6px 0;">'
+            f'<tr><td>{head}<br/><span style="color:{c.muted};">{body}</span></td></tr></table>'
+        )
+
+    # ------------------------------------------------------------- images
+    def add_image(self, key: str, image: QImage) -> None:
+        self.document().addResource(
+            QTextDocument.ResourceType.ImageResource.value, QUrl(f"k3img:{key}"), image
+        )
+
+    # -------------------------------------------------------------- links
+    def code_blocks(self, message_id: str) -> list[str]:
+        return list(self._codes.get(message_id, []))
+
+    def is_expanded(self, message_id: str) -> bool:
+        return message_id in self._expanded
+
+    def toggle_reasoning(self, message_id: str) -> None:
+        if message_id in self._expanded:
+            self._expanded.discard(message_id)
+        else:
+            self._expanded.add(message_id)
+        if self._messages and self._messages[-1].id == message_id and self._stream_pos is not None:
+            self.update_stream(self._messages[-1])
+        else:
+            self._rebuild(keep_scroll=True)
+
+    def _anchor(self, url: QUrl) -> None:
+        text = url.toString()
+        if not text.startswith("k3:"):
+            QDesktopServices.openUrl(url)
+            return
+        verb, _, rest = text[3:].partition("/")
+        mid, _, arg = rest.rpartition("/")
+        n = int(arg) if arg.lstrip("-").isdigit() else 0
+        if verb == "earlier":
+            self.show_earlier()
+        elif verb == "reasoning":
+            self.toggle_reasoning(mid)
+        elif verb == "copy-code":
+            codes = self._codes.get(mid, [])
+            if 0 <= n < len(codes):
+                QGuiApplication.clipboard().setText(codes[n])
+        elif verb == "copy":
+            vm = next((m for m in self._messages if m.id == mid), None)
+            if vm is not None:
+                QGuiApplication.clipboard().setText(vm.content)
+        self.action.emit(verb, mid, n)
