@@ -500,6 +500,8 @@ class ChatStream:
         done = False
         try:
             for line in resp.iter_lines():
+                if done:
+                    continue  # read to the end, so the connection closes cleanly
                 if line:
                     if line.startswith("data:"):
                         data_lines.append(line[6:] if line.startswith("data: ") else line[5:])
@@ -512,7 +514,7 @@ class ChatStream:
                 data_lines.clear()
                 if payload == "[DONE]":
                     done = True
-                    break
+                    continue
                 yield from self._handle(payload)
             if data_lines and not done:
                 payload = "\n".join(data_lines)
