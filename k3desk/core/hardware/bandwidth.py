@@ -28,6 +28,11 @@ TB_S = 1e12
 GB_S = 1e9
 
 
+def _tb(tb_per_s: float) -> float:
+    """TB/s to bytes/s, rounded to whole bytes so JSON shows 273000000000.0, not ...00003."""
+    return float(round(tb_per_s * TB_S))
+
+
 @dataclass(frozen=True)
 class _GpuEntry:
     # every pattern must occur in the lower-cased, space-normalised NVML name
@@ -41,50 +46,50 @@ class _GpuEntry:
 # Ordered: the first match wins, so specific variants precede their family.
 # Figures are the vendors' published peak memory bandwidths.
 _GPU_TABLE: tuple[_GpuEntry, ...] = (
-    _GpuEntry(("gb10",), (), 0.273 * TB_S, "GB10 (DGX Spark) LPDDR5x, shared with the CPU"),
-    _GpuEntry(("thor",), (), 0.273 * TB_S, "Jetson Thor LPDDR5x, shared with the CPU"),
-    _GpuEntry(("gb300",), (), 8.0 * TB_S, "GB300 HBM3e"),
-    _GpuEntry(("b300",), (), 8.0 * TB_S, "B300 HBM3e"),
-    _GpuEntry(("gb200",), (), 8.0 * TB_S, "GB200 HBM3e"),
-    _GpuEntry(("b200",), (), 8.0 * TB_S, "B200 HBM3e"),
-    _GpuEntry(("b100",), (), 8.0 * TB_S, "B100 HBM3e"),
-    _GpuEntry(("gh200",), ("144",), 4.0 * TB_S, "GH200 96 GB HBM3"),
-    _GpuEntry(("gh200",), (), 4.9 * TB_S, "GH200 144 GB HBM3e"),
-    _GpuEntry(("h200",), (), 4.8 * TB_S, "H200 HBM3e"),
-    _GpuEntry(("h100", "pcie"), (), 2.0 * TB_S, "H100 PCIe HBM2e"),
-    _GpuEntry(("h100", "nvl"), (), 3.9 * TB_S, "H100 NVL HBM3"),
-    _GpuEntry(("h100",), (), 3.35 * TB_S, "H100 SXM HBM3"),
-    _GpuEntry(("h800",), ("pcie",), 3.35 * TB_S, "H800 SXM HBM3"),
-    _GpuEntry(("h800",), (), 2.0 * TB_S, "H800 PCIe HBM2e"),
-    _GpuEntry(("h20",), (), 4.0 * TB_S, "H20 HBM3"),
-    _GpuEntry(("a100", "80"), ("pcie",), 2.039 * TB_S, "A100 80 GB SXM HBM2e"),
-    _GpuEntry(("a100", "80", "pcie"), (), 1.935 * TB_S, "A100 80 GB PCIe HBM2e"),
-    _GpuEntry(("a100",), (), 1.555 * TB_S, "A100 40 GB HBM2"),
-    _GpuEntry(("a800", "80"), (), 2.039 * TB_S, "A800 80 GB HBM2e"),
-    _GpuEntry(("rtx pro 6000", "blackwell"), (), 1.792 * TB_S, "RTX PRO 6000 Blackwell GDDR7"),
-    _GpuEntry(("rtx pro 5000", "blackwell"), (), 1.344 * TB_S, "RTX PRO 5000 Blackwell GDDR7"),
-    _GpuEntry(("rtx pro 4000", "blackwell"), (), 0.672 * TB_S, "RTX PRO 4000 Blackwell GDDR7"),
-    _GpuEntry(("rtx 6000 ada",), (), 0.960 * TB_S, "RTX 6000 Ada GDDR6"),
-    _GpuEntry(("rtx a6000",), (), 0.768 * TB_S, "RTX A6000 GDDR6"),
-    _GpuEntry(("l40",), (), 0.864 * TB_S, "L40/L40S GDDR6"),
-    _GpuEntry(("a40",), (), 0.696 * TB_S, "A40 GDDR6"),
-    _GpuEntry(("a10",), ("a100",), 0.600 * TB_S, "A10 GDDR6"),
-    _GpuEntry(("l4",), ("l40",), 0.300 * TB_S, "L4 GDDR6"),
-    _GpuEntry(("v100",), (), 0.900 * TB_S, "V100 HBM2"),
-    _GpuEntry(("rtx 5090",), (), 1.792 * TB_S, "GeForce RTX 5090 GDDR7"),
-    _GpuEntry(("rtx 5080",), (), 0.960 * TB_S, "GeForce RTX 5080 GDDR7"),
-    _GpuEntry(("rtx 5070 ti",), (), 0.896 * TB_S, "GeForce RTX 5070 Ti GDDR7"),
-    _GpuEntry(("rtx 5070",), (), 0.672 * TB_S, "GeForce RTX 5070 GDDR7"),
-    _GpuEntry(("rtx 4090",), (), 1.008 * TB_S, "GeForce RTX 4090 GDDR6X"),
-    _GpuEntry(("rtx 4080",), (), 0.717 * TB_S, "GeForce RTX 4080 GDDR6X"),
-    _GpuEntry(("rtx 4070 ti",), (), 0.504 * TB_S, "GeForce RTX 4070 Ti GDDR6X"),
-    _GpuEntry(("rtx 4070",), (), 0.504 * TB_S, "GeForce RTX 4070 GDDR6X"),
-    _GpuEntry(("rtx 4060 ti",), (), 0.288 * TB_S, "GeForce RTX 4060 Ti GDDR6"),
-    _GpuEntry(("rtx 3090 ti",), (), 1.008 * TB_S, "GeForce RTX 3090 Ti GDDR6X"),
-    _GpuEntry(("rtx 3090",), (), 0.936 * TB_S, "GeForce RTX 3090 GDDR6X"),
-    _GpuEntry(("rtx 3080 ti",), (), 0.912 * TB_S, "GeForce RTX 3080 Ti GDDR6X"),
-    _GpuEntry(("rtx 3080",), (), 0.760 * TB_S, "GeForce RTX 3080 GDDR6X"),
-    _GpuEntry(("rtx 3060",), (), 0.360 * TB_S, "GeForce RTX 3060 GDDR6"),
+    _GpuEntry(("gb10",), (), _tb(0.273), "GB10 (DGX Spark) LPDDR5x, shared with the CPU"),
+    _GpuEntry(("thor",), (), _tb(0.273), "Jetson Thor LPDDR5x, shared with the CPU"),
+    _GpuEntry(("gb300",), (), _tb(8.0), "GB300 HBM3e"),
+    _GpuEntry(("b300",), (), _tb(8.0), "B300 HBM3e"),
+    _GpuEntry(("gb200",), (), _tb(8.0), "GB200 HBM3e"),
+    _GpuEntry(("b200",), (), _tb(8.0), "B200 HBM3e"),
+    _GpuEntry(("b100",), (), _tb(8.0), "B100 HBM3e"),
+    _GpuEntry(("gh200",), ("144",), _tb(4.0), "GH200 96 GB HBM3"),
+    _GpuEntry(("gh200",), (), _tb(4.9), "GH200 144 GB HBM3e"),
+    _GpuEntry(("h200",), (), _tb(4.8), "H200 HBM3e"),
+    _GpuEntry(("h100", "pcie"), (), _tb(2.0), "H100 PCIe HBM2e"),
+    _GpuEntry(("h100", "nvl"), (), _tb(3.9), "H100 NVL HBM3"),
+    _GpuEntry(("h100",), (), _tb(3.35), "H100 SXM HBM3"),
+    _GpuEntry(("h800",), ("pcie",), _tb(3.35), "H800 SXM HBM3"),
+    _GpuEntry(("h800",), (), _tb(2.0), "H800 PCIe HBM2e"),
+    _GpuEntry(("h20",), (), _tb(4.0), "H20 HBM3"),
+    _GpuEntry(("a100", "80"), ("pcie",), _tb(2.039), "A100 80 GB SXM HBM2e"),
+    _GpuEntry(("a100", "80", "pcie"), (), _tb(1.935), "A100 80 GB PCIe HBM2e"),
+    _GpuEntry(("a100",), (), _tb(1.555), "A100 40 GB HBM2"),
+    _GpuEntry(("a800", "80"), (), _tb(2.039), "A800 80 GB HBM2e"),
+    _GpuEntry(("rtx pro 6000", "blackwell"), (), _tb(1.792), "RTX PRO 6000 Blackwell GDDR7"),
+    _GpuEntry(("rtx pro 5000", "blackwell"), (), _tb(1.344), "RTX PRO 5000 Blackwell GDDR7"),
+    _GpuEntry(("rtx pro 4000", "blackwell"), (), _tb(0.672), "RTX PRO 4000 Blackwell GDDR7"),
+    _GpuEntry(("rtx 6000 ada",), (), _tb(0.960), "RTX 6000 Ada GDDR6"),
+    _GpuEntry(("rtx a6000",), (), _tb(0.768), "RTX A6000 GDDR6"),
+    _GpuEntry(("l40",), (), _tb(0.864), "L40/L40S GDDR6"),
+    _GpuEntry(("a40",), (), _tb(0.696), "A40 GDDR6"),
+    _GpuEntry(("a10",), ("a100",), _tb(0.600), "A10 GDDR6"),
+    _GpuEntry(("l4",), ("l40",), _tb(0.300), "L4 GDDR6"),
+    _GpuEntry(("v100",), (), _tb(0.900), "V100 HBM2"),
+    _GpuEntry(("rtx 5090",), (), _tb(1.792), "GeForce RTX 5090 GDDR7"),
+    _GpuEntry(("rtx 5080",), (), _tb(0.960), "GeForce RTX 5080 GDDR7"),
+    _GpuEntry(("rtx 5070 ti",), (), _tb(0.896), "GeForce RTX 5070 Ti GDDR7"),
+    _GpuEntry(("rtx 5070",), (), _tb(0.672), "GeForce RTX 5070 GDDR7"),
+    _GpuEntry(("rtx 4090",), (), _tb(1.008), "GeForce RTX 4090 GDDR6X"),
+    _GpuEntry(("rtx 4080",), (), _tb(0.717), "GeForce RTX 4080 GDDR6X"),
+    _GpuEntry(("rtx 4070 ti",), (), _tb(0.504), "GeForce RTX 4070 Ti GDDR6X"),
+    _GpuEntry(("rtx 4070",), (), _tb(0.504), "GeForce RTX 4070 GDDR6X"),
+    _GpuEntry(("rtx 4060 ti",), (), _tb(0.288), "GeForce RTX 4060 Ti GDDR6"),
+    _GpuEntry(("rtx 3090 ti",), (), _tb(1.008), "GeForce RTX 3090 Ti GDDR6X"),
+    _GpuEntry(("rtx 3090",), (), _tb(0.936), "GeForce RTX 3090 GDDR6X"),
+    _GpuEntry(("rtx 3080 ti",), (), _tb(0.912), "GeForce RTX 3080 Ti GDDR6X"),
+    _GpuEntry(("rtx 3080",), (), _tb(0.760), "GeForce RTX 3080 GDDR6X"),
+    _GpuEntry(("rtx 3060",), (), _tb(0.360), "GeForce RTX 3060 GDDR6"),
 )
 
 
@@ -189,13 +194,13 @@ def estimate_ram_bandwidth(description: str, sockets: int = 1) -> Bandwidth:
             continue
         if entry.what == "GB10":
             return Bandwidth(
-                0.273 * TB_S,
+                _tb(0.273),
                 "table",
                 "GB10: 256-bit LPDDR5x-8533 = 273 GB/s, shared by the CPU and the GPU",
             )
         if entry.what == "Grace":
             return Bandwidth(
-                0.5 * TB_S * sockets, "table", f"Grace LPDDR5x: up to 500 GB/s per CPU x {sockets}"
+                _tb(0.5) * sockets, "table", f"Grace LPDDR5x: up to 500 GB/s per CPU x {sockets}"
             )
         return ram_bandwidth_from_channels(
             entry.channels,

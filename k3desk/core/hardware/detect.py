@@ -365,6 +365,8 @@ def detect_cpu(
     for b in procs[:1] or blocks[:1]:
         raw_flags |= set(b.get("flags", "").split()) | set(b.get("features", "").split())
     flags = {f for f in raw_flags if f in X86_FLAGS or f in ARM_FLAGS or f.startswith("avx512")}
+    if "pni" in raw_flags:
+        flags.add("sse3")  # x86 /proc/cpuinfo spells SSE3 'pni'
     if "asimddp" in raw_flags:
         flags.add("dotprod")  # arm64 /proc/cpuinfo spells the dot-product feature 'asimddp'
 
