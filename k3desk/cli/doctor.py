@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 from k3desk.core.hardware.bandwidth import fmt_bandwidth
 from k3desk.core.hardware.detect import disk_warnings
-from k3desk.core.hardware.nvidia import chips_for
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.units import fmt_bytes
 
@@ -83,10 +82,10 @@ def render(profile: HardwareProfile) -> str:
     lines.append("CPU")
     sockets = f"{cpu.sockets} sockets" if cpu.sockets > 1 else "1 socket"
     numa = f", {cpu.numa_nodes} NUMA nodes" if cpu.numa_nodes > 1 else ""
-    lines.append(f"  Model      {cpu.model} ({sockets}{numa})")
+    lines.append(f"  Model      {cpu.model}")
     lines.append(
         f"  Cores      {cpu.physical_cores} physical, {cpu.logical_cores} logical, "
-        f"{cpu.usable_cores} usable by k3desk"
+        f"{cpu.usable_cores} usable by k3desk; {sockets}{numa}"
     )
     if cpu.flags & {"asimd", "sve", "i8mm", "dotprod"}:
         lines.append(
@@ -110,12 +109,11 @@ def render(profile: HardwareProfile) -> str:
             memory = f"unified memory (shares system RAM, {fmt_bytes(g.vram_free)} available)"
         else:
             memory = f"{fmt_bytes(g.vram_total)} VRAM, {fmt_bytes(g.vram_free)} free"
-        lines.append(f"  GPU {g.index}      {g.name}")
-        chips = chips_for(g.compute_capability)
-        family = f"{g.architecture} ({chips})" if chips else g.architecture
+        lines.append(f"  GPU {g.index:<6} {g.name}")
         lines.append(f"             {memory}")
         lines.append(
-            f"             compute capability {cc}, {family}, {fmt_bandwidth(g.bandwidth)}"
+            f"             compute capability {cc} (sm_{g.sm}), {g.architecture}, "
+            f"{fmt_bandwidth(g.bandwidth)}"
         )
     if profile.gpus and profile.gpu_note:
         lines.append(f"  note: {profile.gpu_note}")

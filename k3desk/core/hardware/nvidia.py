@@ -35,10 +35,10 @@ _CC_TABLE: dict[tuple[int, int], tuple[str, str]] = {
     (8, 9): ("Ada Lovelace", "RTX 40xx, L40S, L4, RTX 6000 Ada"),
     (9, 0): ("Hopper", "H100, H200, H800, H20, GH200"),
     (10, 0): ("Blackwell", "B200, GB200"),
-    (10, 3): ("Blackwell", "B300, GB300 (Blackwell Ultra)"),
+    (10, 3): ("Blackwell", "Blackwell Ultra: B300, GB300"),
     (11, 0): ("Blackwell", "Jetson Thor"),
     (12, 0): ("Blackwell", "RTX 50xx, RTX PRO 6000 Blackwell"),
-    (12, 1): ("Blackwell", "GB10 (DGX Spark)"),
+    (12, 1): ("Blackwell", "GB10, DGX Spark"),
 }
 _FAMILY_BY_MAJOR = {
     3: "Kepler",
@@ -63,7 +63,7 @@ def architecture_for(cc: tuple[int, int]) -> str:
 
 
 def chips_for(cc: tuple[int, int]) -> str:
-    """Which products share a compute capability: (12, 1) -> 'GB10 (DGX Spark)'."""
+    """Which products share a compute capability: (12, 1) -> 'GB10, DGX Spark'."""
     return _CC_TABLE.get(cc, ("", ""))[1]
 
 

@@ -131,13 +131,13 @@ def test_human_summary(tmp_path: Path) -> None:
 def test_render_of_hardware_files(hardware_file: Callable[[str], Path]) -> None:
     spark = render(HardwareProfile.from_json_file(hardware_file("3xGB10-node")))
     assert "unified memory" in spark
-    assert "compute capability 12.1, Blackwell (GB10 (DGX Spark))" in spark
+    assert "compute capability 12.1 (sm_121), Blackwell" in spark
     assert "SVE yes" in spark
     assert "I8MM yes" in spark
 
     dgx = render(HardwareProfile.from_json_file(hardware_file("8xH100-2TB")))
     assert dgx.count("NVIDIA H100 80GB HBM3") == 8
-    assert "compute capability 9.0, Hopper" in dgx
+    assert "compute capability 9.0 (sm_90), Hopper" in dgx
     assert "3.35 TB/s (table)" in dgx
     assert "614.4 GB/s (estimate)" in dgx
     assert "AMX yes" in dgx
