@@ -7,6 +7,7 @@ file exists (non-Linux systems) and for free disk space.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -398,7 +399,7 @@ def detect_cpu(
     usable = len(affinity()) or logical
     quota = cgroup_cpu_limit(root)
     if quota is not None:
-        usable = max(1, min(usable, int(quota + 0.999)))
+        usable = max(1, min(usable, math.ceil(quota)))
     return CpuInfo(
         model=" ".join(model.split()),
         logical_cores=logical,
