@@ -1,0 +1,602 @@
+"""One download, start to finish: list, cross-check, preflight, reuse, transfer, verify.
+
+    job = DownloadJob(request, target, options, on_event=print, cancel=token)
+    summary = job.run()           # blocks; events arrive on worker threads
+
+Pause is ``job.pause()`` (or cancelling the token): transfers stop within a
+second or so and partial files are kept.  ``job.cancel()`` also deletes the
+partial files.  Resume is simply running the same request again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from k3desk.core.errors import Cancelled, HubError, K3Error
+from k3desk.core.hub.cache import find_cached, hf_cache_dir
+from k3desk.core.hub.errors import Where, disk_error, hub_error, is_transient, retry_after_seconds
+from k3desk.core.hub.hashing import StreamHasher, hash_file
+from k3desk.core.hub.listing import crosscheck, list_remote, manifest_check, resolve_endpoint
+from k3desk.core.hub.model import (
+    Done,
+    DownloadEvent,
+    DownloadOptions,
+    DownloadRequest,
+    DownloadSummary,
+    FileDone,
+    FileStarted,
+    HubWarning,
+    Listing,
+    ListingDone,
+    Phase,
+    Preflight,
+    RemoteFile,
+    Retrying,
+    Stalled,
+    Verified,
+)
+from k3desk.core.hub.preflight import check_space, check_writable
+from k3desk.core.hub.reporting import Events, FileTask, Overall
+from k3desk.core.hub.state import Partial, TargetState, expected_hash, meta_dir
+from k3desk.core.hub.transfer import Context, Offsets, child_attempt, http_attempt, xet_usable
+from k3desk.core.progress import CancelToken
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["trusted", "existing", "hf-cache", "fetch"]
+T = TypeVar("T")
+
+
+@dataclass
+class _Item:
+    index: int
+    file: RemoteFile
+    kind: Kind
+    resumable: int = 0
+    cached: Path | None = None
+
+
+class _Stop(CancelToken):
+    """The job's own stop flag: set by the caller's token, a pause/cancel, or a failed file."""
+
+
+class DownloadJob:
+    def __init__(
+        self,
+        request: DownloadRequest,
+        target: Path,
+        options: DownloadOptions | None = None,
+        on_event: Callable[[DownloadEvent], None] | None = None,
+        cancel: CancelToken | None = None,
+    ) -> None:
+        self.request = request
+        self.target = Path(target)
+        self.options = options or DownloadOptions()
+        self._events = Events(on_event)
+        self._user_cancel = cancel or CancelToken()
+        self._stop = _Stop()
+        self._user_cancel.on_cancel(self._stop.cancel)
+        self._discard = False
+        self._tasks: set[FileTask] = set()
+        self._tasks_lock = threading.Lock()
+        self._refetched: list[str] = []
+        self._warnings: list[str] = []
+        self._reused = 0
+        self.listing: Listing | None = None
+
+    # ------------------------------------------------------------ control
+    def pause(self) -> None:
+        """Stop soon, keeping partial files so the next run resumes."""
+        self._user_cancel.cancel()
+
+    def cancel(self) -> None:
+        """Stop soon and delete partial files."""
+        self._discard = True
+        self._user_cancel.cancel()
+
+    # ------------------------------------------------------------ helpers
+    def _emit(self, event: DownloadEvent) -> None:
+        self._events.emit(event)
+
+    def _warn(self, message: str, path: str = "") -> None:
+        self._warnings.append(message)
+        log.warning("%s", message)
+        self._emit(HubWarning(message, path))
+
+    def _where(self, path: str = "", local: str = "") -> Where:
+        listing = self.listing
+        return Where(
+            repo=self.request.repo,
+            endpoint=listing.endpoint if listing else resolve_endpoint(self.options.endpoint),
+            revision=listing.revision if listing else self.request.revision,
+            path=path,
+            local=local,
+            has_token=bool(self.options.token),
+        )
+
+    def _dest(self, f: RemoteFile) -> Path:
+        return self.target / f.path
+
+    def _mark(self, state: TargetState, f: RemoteFile) -> None:
+        assert self.listing is not None
+        state.mark_verified(f, self.listing.repo, self.listing.revision)
+
+    # ------------------------------------------------------------ run
+    def run(self) -> DownloadSummary:
+        started = time.monotonic()
+        try:
+            return self._run(started)
+        except Cancelled:
+            if self._discard:
+                from k3desk.core.hub.state import discard_partials
+
+                discard_partials(self.target)
+            raise
+
+    def _run(self, started: float) -> DownloadSummary:
+        opts = self.options
+        endpoint = resolve_endpoint(opts.endpoint)
+        self._stop.raise_if_cancelled()
+        listing = list_remote(self.request, endpoint=endpoint, token=opts.token)
+        self.listing = listing
+        self._emit(
+            ListingDone(listing.repo, listing.revision, len(listing.files), listing.total_bytes)
+        )
+        for w in crosscheck(self.request, listing):
+            self._warn(w)
+        if not listing.files:
+            raise HubError(
+                f"Nothing to download: no file in {listing.repo} at {listing.revision[:12]} "
+                f"matches {', '.join(self.request.allow_patterns)}.",
+                f"Check the include patterns against {listing.repo_url()}/tree/main.",
+            )
+
+        check_writable(self.target, self._where(local=str(self.target)))
+        state = TargetState(self.target)
+        if state.load_error:
+            self._warn(state.load_error)
+        shutil.rmtree(meta_dir(self.target) / "staging", ignore_errors=True)
+        state.record_listing(
+            self.request.label or self.request.repo,
+            listing.repo,
+            listing.revision,
+            listing.endpoint,
+            listing.files,
+        )
+
+        items = self._classify(listing, state)
+        needed = 0
+        target_dev = os.stat(self.target).st_dev
+        for it in items:
+            if it.kind == "fetch":
+                needed += it.file.size - it.resumable
+            elif it.kind == "hf-cache" and it.cached is not None:
+                with contextlib.suppress(OSError):
+                    if it.cached.stat().st_dev != target_dev:
+                        needed += it.file.size
+        fetch_items = [it for it in items if it.kind == "fetch"]
+        fetch_bytes = sum(it.file.size - it.resumable for it in fetch_items)
+        largest = max(f.size for f in listing.files)
+        check, fs_warnings = check_space(
+            self.target, needed, opts.margin_bytes, largest, self._where(local=str(self.target))
+        )
+        self._emit(
+            Preflight(
+                target=str(self.target),
+                filesystem=check.filesystem,
+                free_bytes=check.free,
+                needed_bytes=needed,
+                margin_bytes=opts.margin_bytes,
+                to_fetch=len(fetch_items),
+                fetch_bytes=fetch_bytes,
+                partial_bytes=sum(it.resumable for it in fetch_items),
+                reuse=len(items) - len(fetch_items),
+            )
+        )
+        for w in fs_warnings:
+            self._warn(w)
+
+        ctx = Context(
+            repo=listing.repo,
+            revision=listing.revision,
+            endpoint=listing.endpoint,
+            token=opts.token,
+            options=opts,
+            cancel=self._stop,
+        )
+        overall = Overall(fetch_bytes)
+        self._stop.on_cancel(self._abort_all)
+        monitor = threading.Thread(
+            target=self._watch_stalls, name="download-stall-watch", daemon=True
+        )
+        monitor.start()
+        try:
+            # the manifest first (it is small): it cross-checks every other file
+            manifest = self.request.manifest
+            first = [it for it in items if manifest and it.file.path == manifest]
+            for it in first:
+                self._process(it, ctx, state, overall)
+            if first:
+                self._check_manifest(listing)
+            rest = [it for it in items if it not in first]
+            rest.sort(key=lambda it: (it.file.size > 64 * 1024 * 1024, it.index))
+            self._run_pool(rest, ctx, state, overall)
+        finally:
+            self._monitor_done = True
+            monitor.join(timeout=5)
+
+        seconds = time.monotonic() - started
+        summary = DownloadSummary(
+            repo=listing.repo,
+            revision=listing.revision,
+            target=str(self.target),
+            files=len(listing.files),
+            total_bytes=listing.total_bytes,
+            fetched_bytes=overall.done,
+            reused_files=self._reused,
+            refetched=tuple(self._refetched),
+            seconds=seconds,
+            warnings=tuple(self._warnings),
+        )
+        self._emit(Done(summary))
+        return summary
+
+    def _run_pool(
+        self, items: list[_Item], ctx: Context, state: TargetState, overall: Overall
+    ) -> None:
+        if not items:
+            return
+        errors: list[BaseException] = []
+        with ThreadPoolExecutor(
+            max_workers=max(1, self.options.parallel), thread_name_prefix="download"
+        ) as pool:
+            futures: list[Future[None]] = [
+                pool.submit(self._process, it, ctx, state, overall) for it in items
+            ]
+            done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            for fut in done:
+                exc = fut.exception()
+                if exc is not None and not isinstance(exc, Cancelled):
+                    errors.append(exc)
+            if errors or self._stop.cancelled:
+                self._stop.cancel()  # a file failed for good: stop the others too
+                for fut in pending:
+                    fut.cancel()
+            for fut in futures:
+                if fut.cancelled():
+                    continue
+                exc = fut.exception()
+                if exc is not None and not isinstance(exc, Cancelled) and exc not in errors:
+                    errors.append(exc)
+        if errors and not self._user_cancel.cancelled:
+            first = errors[0]
+            if isinstance(first, K3Error):
+                raise first
+            raise hub_error(first, self._where())
+        if self._stop.cancelled:
+            raise Cancelled("Paused: partial files are kept; run the same download to resume.")
+
+    def _check_manifest(self, listing: Listing) -> None:
+        name = self.request.manifest
+        try:
+            data = (self.target / name).read_bytes()
+        except OSError as exc:
+            self._warn(f"{name} could not be read for the cross-check ({exc.strerror}).")
+            return
+        for w in manifest_check(data, listing, name):
+            self._warn(w)
+
+    # ------------------------------------------------------------ stalls & aborts
+    _monitor_done = False
+
+    def _watch_stalls(self) -> None:
+        limit = self.options.stall_seconds
+        while not self._monitor_done and not self._stop.cancelled:
+            now = time.monotonic()
+            with self._tasks_lock:
+                tasks = list(self._tasks)
+            for task in tasks:
+                if task.active and not task.abort_reason and now - task.last_byte > limit:
+                    task.stalled_for = now - task.last_byte
+                    task.abort("stalled")
+            self._stop.wait(min(0.25, limit / 4))
+
+    def _abort_all(self) -> None:
+        with self._tasks_lock:
+            tasks = list(self._tasks)
+        for task in tasks:
+            task.abort("cancelled")
+
+    def _new_task(self, f: RemoteFile, overall: Overall, phase: Phase = "download") -> FileTask:
+        interval = self.options.progress_interval
+        task = FileTask(f.path, f.size, self._events, overall, interval, phase)
+        with self._tasks_lock:
+            self._tasks.add(task)
+        return task
+
+    def _drop_task(self, task: FileTask) -> None:
+        with self._tasks_lock:
+            self._tasks.discard(task)
+
+    # ------------------------------------------------------------ classification
+    def _classify(self, listing: Listing, state: TargetState) -> list[_Item]:
+        cache = hf_cache_dir(self.options.hf_cache_dir) if self.options.use_hf_cache else None
+        items = []
+        for i, f in enumerate(listing.files):
+            dest = self._dest(f)
+            partial = Partial(self.target, f, listing.repo, listing.revision)
+            if state.is_trusted(f):
+                items.append(_Item(i, f, "trusted"))
+                continue
+            try:
+                present = dest.is_file() and dest.stat().st_size == f.size
+            except OSError:
+                present = False
+            if present:
+                items.append(_Item(i, f, "existing"))
+                continue
+            resumable = partial.resumable_bytes()
+            cached = find_cached(cache, listing.repo, f) if cache is not None else None
+            if cached is not None and resumable == 0:
+                items.append(_Item(i, f, "hf-cache", cached=cached))
+                continue
+            items.append(_Item(i, f, "fetch", resumable=resumable))
+        return items
+
+    # ------------------------------------------------------------ per file
+    def _process(self, it: _Item, ctx: Context, state: TargetState, overall: Overall) -> None:
+        f = it.file
+        self._stop.raise_if_cancelled()
+        if it.kind == "trusted":
+            digest = expected_hash(f)[1]
+            self._emit(Verified(f.path, True, "state", digest, digest))
+            self._emit(FileDone(f.path, f.size, 0, 0.0, "state"))
+            self._reused += 1
+            return
+        if it.kind == "existing":
+            if self._verify_in_place(f, state, overall):
+                return
+            self._refetch_note(f, "existing")
+        elif it.kind == "hf-cache" and it.cached is not None:
+            if self._reuse_cached(f, it.cached, state, overall):
+                return
+            self._refetch_note(f, "hf-cache")
+        self._fetch(it, ctx, state, overall)
+
+    def _refetch_note(self, f: RemoteFile, where: str) -> None:
+        what = (
+            "The file already in the target folder"
+            if where == "existing"
+            else ("The copy in the Hugging Face cache")
+        )
+        self._warn(f"{what} for {f.path} does not match the Hub's hash; fetching it again.", f.path)
+        self._refetched.append(f.path)
+
+    def _hash_with_progress(
+        self, path: Path, f: RemoteFile, overall: Overall, phase: Phase
+    ) -> tuple[bool, str, str]:
+        kind, expected = expected_hash(f)
+        task = self._new_task(f, overall, phase)
+        try:
+            actual = hash_file(
+                path, kind, cancel=self._stop, on_bytes=lambda n: task.add(n, network=False)
+            )
+        finally:
+            self._drop_task(task)
+        return actual == expected, expected, actual
+
+    def _verify_in_place(self, f: RemoteFile, state: TargetState, overall: Overall) -> bool:
+        t0 = time.monotonic()
+        dest = self._dest(f)
+        ok, expected, actual = self._hash_with_progress(dest, f, overall, "verify")
+        self._emit(Verified(f.path, ok, "existing", expected, actual))
+        if ok:
+            self._mark(state, f)
+            self._emit(FileDone(f.path, f.size, 0, time.monotonic() - t0, "existing"))
+            self._reused += 1
+        return ok
+
+    def _reuse_cached(
+        self, f: RemoteFile, blob: Path, state: TargetState, overall: Overall
+    ) -> bool:
+        t0 = time.monotonic()
+        dest = self._dest(f)
+        tmp = meta_dir(self.target) / "partial" / (f.path + ".from-cache")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        try:
+            try:
+                os.link(blob.resolve(), tmp)
+                how = "hard link"
+            except OSError:
+                shutil.copyfile(blob, tmp)
+                how = "copy"
+            ok, expected, actual = self._hash_with_progress(tmp, f, overall, "verify")
+            self._emit(Verified(f.path, ok, "hf-cache", expected, actual))
+            if not ok:
+                return False
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, dest)
+        except OSError as exc:
+            raise disk_error(exc, self._where(f.path, str(dest))) from exc
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        log.info("reused %s from the Hugging Face cache (%s)", f.path, how)
+        self._mark(state, f)
+        self._emit(FileDone(f.path, f.size, 0, time.monotonic() - t0, "hf-cache"))
+        self._reused += 1
+        return True
+
+    def _transport_for(self, f: RemoteFile, resumable: int) -> str:
+        t = self.options.transport
+        if t == "auto":
+            return "hub" if f.xet_hash and resumable == 0 and xet_usable() else "http"
+        return t
+
+    def _fetch(self, it: _Item, ctx: Context, state: TargetState, overall: Overall) -> None:
+        f = it.file
+        dest = self._dest(f)
+        for round_ in (1, 2):
+            t0 = time.monotonic()
+            transport = self._transport_for(f, it.resumable if round_ == 1 else 0)
+            task = self._new_task(f, overall)
+            try:
+                if transport == "hub":
+                    digest_ok, expected, actual = self._fetch_child(f, ctx, task, overall)
+                else:
+                    digest_ok, expected, actual = self._fetch_http(f, ctx, task)
+            finally:
+                self._drop_task(task)
+            self._emit(Verified(f.path, digest_ok, "download", expected, actual))
+            if digest_ok:
+                state.mark_verified(f, ctx.repo, ctx.revision)
+                self._emit(
+                    FileDone(f.path, f.size, task.fetched, time.monotonic() - t0, "download")
+                )
+                return
+            state.forget_verified(f.path)
+            if round_ == 2:
+                raise HubError(
+                    f"{f.path} arrived twice with the wrong content (sha256 {actual[:16]}…, "
+                    f"the Hub lists {expected[:16]}…).",
+                    "Something between you and the Hub alters the data (proxy, antivirus, "
+                    "failing disk or RAM). The bad copy was deleted.",
+                )
+            if f.path not in self._refetched:
+                self._refetched.append(f.path)
+            self._warn(
+                f"{f.path} did not match the Hub's hash after download; fetching it again.",
+                f.path,
+            )
+            self._emit(Retrying(f.path, 1, 1, 0.0, "hash mismatch"))
+            with contextlib.suppress(FileNotFoundError):
+                dest.unlink()
+
+    def _fetch_http(self, f: RemoteFile, ctx: Context, task: FileTask) -> tuple[bool, str, str]:
+        dest = self._dest(f)
+        partial = Partial(self.target, f, ctx.repo, ctx.revision)
+        where = self._where(f.path, str(dest))
+        try:
+            offset = partial.prepare()
+        except OSError as exc:
+            raise disk_error(exc, where) from exc
+        kind, expected = expected_hash(f)
+        hasher = StreamHasher(partial.data, kind, f.size, prefix=offset)
+        offsets = Offsets(written=offset, durable=offset)
+        task.start_at(offset)
+        self._emit(FileStarted(f.path, f.size, offset, "http"))
+        try:
+            self._with_retries(
+                f, task, lambda: http_attempt(ctx, f, partial, task, hasher, offsets), offsets
+            )
+            actual = hasher.hexdigest()
+        except BaseException:
+            hasher.close()
+            raise
+        if actual != expected:
+            partial.discard()
+            return False, expected, actual
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(partial.data, dest)
+        except OSError as exc:
+            raise disk_error(exc, where) from exc
+        partial.discard()
+        return True, expected, actual
+
+    def _fetch_child(
+        self, f: RemoteFile, ctx: Context, task: FileTask, overall: Overall
+    ) -> tuple[bool, str, str]:
+        dest = self._dest(f)
+        staging = meta_dir(self.target) / "staging" / f"{abs(hash(f.path)):x}"
+        self._emit(FileStarted(f.path, f.size, 0, "hub"))
+
+        def attempt() -> Path:
+            task.start_at(0)
+            return child_attempt(ctx, f, staging, task)
+
+        try:
+            got = self._with_retries(f, task, attempt, None)
+            ok, expected, actual = self._hash_with_progress(got, f, overall, "verify")
+            if ok:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(got, dest)
+            return ok, expected, actual
+        except OSError as exc:
+            raise disk_error(exc, self._where(f.path, str(dest))) from exc
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _with_retries(
+        self, f: RemoteFile, task: FileTask, attempt: Callable[[], T], offsets: Offsets | None
+    ) -> T:
+        """Run ``attempt`` until it succeeds, retrying stalls and transient failures.
+
+        Waits double per failed attempt (``backoff_base`` .. ``backoff_max``);
+        a 429 waits at least its Retry-After.  An attempt that moved bytes
+        resets the count, so a long download on a flaky line keeps going.
+        """
+        opts = self.options
+        failures = 0
+        while True:
+            self._stop.raise_if_cancelled()
+            before = task.fetched
+            try:
+                return attempt()
+            except Cancelled:
+                raise
+            except Exception as exc:
+                if self._stop.cancelled:
+                    raise Cancelled() from exc
+                where = self._where(f.path, str(self._dest(f)))
+                stalled = task.abort_reason == "stalled"
+                if stalled:
+                    self._emit(Stalled(f.path, round(task.stalled_for, 1), task.done))
+                    reason = f"no data for {task.stalled_for:.0f} s"
+                elif is_transient(exc):
+                    reason = _short(exc)
+                elif isinstance(exc, OSError):
+                    kept = offsets.durable if offsets is not None else 0
+                    raise disk_error(exc, where, kept=kept) from exc
+                else:
+                    raise hub_error(exc, where) from exc
+                if task.fetched > before:
+                    failures = 0
+                failures += 1
+                if failures > opts.max_retries:
+                    if stalled:
+                        raise HubError(
+                            f"The transfer of {f.path} stalled {failures} times in a row "
+                            f"(no data for {opts.stall_seconds:.0f} s each time).",
+                            "Check the network connection; partial data is kept and the "
+                            "download resumes when run again.",
+                        ) from exc
+                    raise hub_error(exc, where) from exc
+                wait_s = min(opts.backoff_max, opts.backoff_base * 2 ** (failures - 1))
+                retry_after = retry_after_seconds(exc)
+                if retry_after is not None:
+                    if retry_after > opts.max_retry_after:
+                        raise hub_error(exc, where) from exc
+                    wait_s = max(wait_s, retry_after)
+                    reason = f"rate limited by the Hub (429), retry after {retry_after:.0f} s"
+                self._emit(Retrying(f.path, failures, opts.max_retries, wait_s, reason))
+                log.info("retrying %s in %.1f s: %s", f.path, wait_s, reason)
+                if self._stop.wait(wait_s):
+                    raise Cancelled() from exc
+
+
+def _short(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

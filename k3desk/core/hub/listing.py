@@ -1,0 +1,199 @@
+"""List a request's files on the Hub, pinned to one commit, and cross-check them.
+
+The revision (branch or tag) is resolved to its commit sha first and every
+later call uses that sha, so a repo that changes mid-download cannot leave a
+mix of old and new files on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from fnmatch import fnmatchcase
+from typing import Any
+
+from k3desk.core.hub.errors import Where, hub_error
+from k3desk.core.hub.model import DownloadRequest, Listing, RemoteFile
+from k3desk.core.units import fmt_bytes
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+SIZE_TOLERANCE = 0.01  # catalog sizes are often rounded ("539.7 GiB"): accept 1 %
+
+
+def resolve_endpoint(endpoint: str | None = None) -> str:
+    """``endpoint``, else ``HF_ENDPOINT`` read now (not at import), else huggingface.co."""
+    return (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def select(paths: Iterable[str], patterns: Iterable[str]) -> list[str]:
+    """Paths matched by ``patterns`` exactly as ``hf download --include`` matches them."""
+    from huggingface_hub.utils._paths import filter_repo_objects
+
+    return list(filter_repo_objects(list(paths), allow_patterns=list(patterns)))
+
+
+def list_remote(
+    request: DownloadRequest, *, endpoint: str | None = None, token: str | None = None
+) -> Listing:
+    """Resolve the revision to a commit and list the requested files with sizes and hashes."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+
+    ep = resolve_endpoint(endpoint)
+    where = Where(repo=request.repo, endpoint=ep, revision=request.revision, has_token=bool(token))
+    # token=False, not None: huggingface_hub would otherwise pick up a token on its own
+    api = HfApi(endpoint=ep, token=token or False)
+    try:
+        info = api.model_info(request.repo, revision=request.revision)
+        sha = info.sha
+        if not sha:
+            raise RuntimeError("the Hub did not return a commit for this revision")
+        where = Where(repo=request.repo, endpoint=ep, revision=sha, has_token=bool(token))
+        entries = [
+            e
+            for e in api.list_repo_tree(request.repo, recursive=True, revision=sha)
+            if isinstance(e, RepoFile)
+        ]
+    except Exception as exc:  # every failure becomes a HubError
+        raise hub_error(exc, where) from exc
+
+    by_path = {e.path: e for e in entries}
+    chosen = select(by_path, request.allow_patterns)
+    files = []
+    for path in chosen:
+        e = by_path[path]
+        lfs = e.lfs
+        sha256 = lfs.sha256 if lfs is not None else None
+        files.append(
+            RemoteFile(
+                path=path,
+                size=int(lfs.size if lfs is not None else e.size),
+                sha256=sha256,
+                git_sha1=e.blob_id,
+                xet_hash=getattr(e, "xet_hash", None),
+            )
+        )
+    return Listing(
+        repo=request.repo,
+        revision=sha,
+        requested_revision=request.revision,
+        files=tuple(files),
+        endpoint=ep,
+    )
+
+
+def crosscheck(request: DownloadRequest, listing: Listing) -> list[str]:
+    """What in the listing disagrees with what the catalog promised (one line each)."""
+    warnings: list[str] = []
+    name = request.label or request.repo
+    paths = [f.path for f in listing.files]
+    if not listing.files:
+        warnings.append(
+            f"No file in {request.repo} at {listing.revision[:12]} matches "
+            f"{', '.join(request.allow_patterns)}."
+        )
+        return warnings
+    if request.shard_patterns:
+        shards = set(select(paths, request.shard_patterns))
+        count = len(shards)
+        size = sum(f.size for f in listing.files if f.path in shards)
+        if request.expected_shards is not None and count != request.expected_shards:
+            warnings.append(
+                f"{name}: the catalog lists {request.expected_shards} shards but "
+                f"{request.repo} at {listing.revision[:12]} has {count} matching "
+                f"{', '.join(request.shard_patterns)}."
+            )
+        expected = request.expected_shard_bytes
+        if expected and abs(size - expected) > SIZE_TOLERANCE * expected:
+            warnings.append(
+                f"{name}: the shards total {fmt_bytes(size)} ({size:,} bytes) but the catalog "
+                f"says {fmt_bytes(expected)} ({expected:,} bytes)."
+            )
+    for pattern in request.required:
+        if not select(paths, [pattern]):
+            warnings.append(
+                f"{name}: '{pattern}' is named by the catalog but is not in {request.repo} at "
+                f"{listing.revision[:12]}."
+            )
+    return warnings
+
+
+# ------------------------------------------------------------------ manifests
+
+
+def parse_manifest(raw: Any) -> dict[str, tuple[int | None, str | None]]:
+    """Per-file (size, sha256) from a publisher's manifest.json, whatever its exact shape.
+
+    Accepted: a list of entries, or a dict holding one (``files``, ``parts``,
+    ``shards``...), or a dict keyed by file name; an entry names the file with
+    ``path``/``name``/``file``/``filename`` and gives ``size``/``bytes`` and
+    ``sha256``.
+    """
+    out: dict[str, tuple[int | None, str | None]] = {}
+
+    def entry(name: str | None, d: dict[str, Any]) -> None:
+        n = name
+        for key in ("path", "name", "file", "filename", "rfilename"):
+            if isinstance(d.get(key), str):
+                n = d[key]
+                break
+        sha = d.get("sha256") or d.get("sha") or d.get("oid")
+        size = d.get("size", d.get("bytes", d.get("size_bytes")))
+        if not n or not (isinstance(sha, str) or isinstance(size, int)):
+            return
+        out[n] = (
+            int(size) if isinstance(size, int) else None,
+            sha.lower().removeprefix("sha256:") if isinstance(sha, str) else None,
+        )
+
+    def walk(node: Any, key: str | None, depth: int) -> None:
+        if depth > 4:
+            return
+        if isinstance(node, list):
+            for item in node:
+                if isinstance(item, dict):
+                    entry(None, item)
+        elif isinstance(node, dict):
+            if any(k in node for k in ("sha256", "size", "bytes")) and key is not None:
+                entry(key, node)
+                return
+            for k, v in node.items():
+                walk(v, k, depth + 1)
+
+    walk(raw, None, 0)
+    return out
+
+
+def manifest_check(manifest_bytes: bytes, listing: Listing, manifest_name: str) -> list[str]:
+    """Compare the listing with the repo's own manifest; one warning per disagreement."""
+    try:
+        entries = parse_manifest(json.loads(manifest_bytes.decode("utf-8")))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return [f"{manifest_name} is not valid JSON ({exc}); it could not be cross-checked."]
+    if not entries:
+        return [f"{manifest_name} lists no files with sizes or hashes; nothing to cross-check."]
+    warnings = []
+    listed = {f.path: f for f in listing.files}
+
+    def find(name: str) -> RemoteFile | None:
+        if name in listed:
+            return listed[name]
+        hits = [f for p, f in listed.items() if p.endswith("/" + name) or fnmatchcase(p, name)]
+        return hits[0] if len(hits) == 1 else None
+
+    for name, (size, sha) in sorted(entries.items()):
+        f = find(name)
+        if f is None:
+            if name != manifest_name and not name.endswith(".json"):
+                warnings.append(f"{manifest_name} lists {name}, which this download does not have.")
+            continue
+        if size is not None and size != f.size:
+            warnings.append(
+                f"{name}: {manifest_name} says {size:,} bytes, the Hub says {f.size:,} bytes."
+            )
+        if sha and f.sha256 and sha != f.sha256:
+            warnings.append(
+                f"{name}: {manifest_name} gives sha256 {sha[:16]}…, the Hub {f.sha256[:16]}…."
+            )
+    return warnings

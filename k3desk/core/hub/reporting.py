@@ -1,0 +1,167 @@
+"""Byte counting, speed and ETA, and serialised event delivery for one download job."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from k3desk.core.hub.model import DownloadEvent, FileProgress, Phase
+
+WINDOW = 5.0  # seconds of history behind a speed figure
+
+
+class Rate:
+    """Bytes per second over the last few seconds."""
+
+    def __init__(self) -> None:
+        self._samples: deque[tuple[float, int]] = deque()
+        self._total = 0
+
+    def add(self, n: int, now: float) -> None:
+        self._total += n
+        self._samples.append((now, self._total))
+        while len(self._samples) > 2 and now - self._samples[0][0] > WINDOW:
+            self._samples.popleft()
+
+    def speed(self, now: float) -> float:
+        if not self._samples:
+            return 0.0
+        t0, b0 = self._samples[0]
+        if now - t0 <= 0.05:
+            return 0.0
+        return (self._total - b0) / (now - t0) if len(self._samples) > 1 else 0.0
+
+
+def eta(remaining: int, speed: float) -> float | None:
+    return remaining / speed if speed > 0 and remaining > 0 else (0.0 if remaining <= 0 else None)
+
+
+class Events:
+    """Delivers events to the caller's callback one at a time, from any thread."""
+
+    def __init__(self, on_event: Callable[[DownloadEvent], None] | None) -> None:
+        self._cb = on_event
+        self._lock = threading.Lock()
+
+    def emit(self, event: DownloadEvent) -> None:
+        if self._cb is None:
+            return
+        with self._lock:
+            self._cb(event)
+
+
+class Overall:
+    """Network bytes of the whole job."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+        self._rate = Rate()
+        self._lock = threading.Lock()
+
+    def add(self, n: int, now: float) -> tuple[int, float]:
+        with self._lock:
+            self.done += n
+            self._rate.add(n, now)
+            return self.done, self._rate.speed(now)
+
+
+class FileTask:
+    """One file's transfer: counts its bytes, reports progress, can be aborted.
+
+    :meth:`abort` is how a stall or a cancel interrupts a transfer that is
+    blocked in a socket read: it shuts the connection's socket down (which wakes
+    the reading thread at once) or terminates the child process doing the work.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        size: int,
+        events: Events,
+        overall: Overall,
+        interval: float,
+        phase: Phase = "download",
+    ) -> None:
+        self.path = path
+        self.size = size
+        self.events = events
+        self.overall = overall
+        self.interval = interval
+        self.phase = phase
+        self.done = 0
+        self.fetched = 0  # network bytes this run
+        self.last_byte = time.monotonic()
+        self.active = False  # a transfer is in flight (stall watch applies)
+        self.abort_reason = ""
+        self.stalled_for = 0.0
+        self._rate = Rate()
+        self._last_emit = 0.0
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._closer: Callable[[], None] | None = None
+
+    # ----------------------------------------------------------- connection
+    def attach(
+        self, sock: socket.socket | None = None, closer: Callable[[], None] | None = None
+    ) -> None:
+        with self._lock:
+            self._sock, self._closer = sock, closer
+            self.abort_reason = ""
+            self.active = True
+            self.last_byte = time.monotonic()
+
+    def detach(self) -> None:
+        with self._lock:
+            self._sock = self._closer = None
+            self.active = False
+
+    def abort(self, reason: str) -> None:
+        with self._lock:
+            self.abort_reason = reason
+            sock, closer = self._sock, self._closer
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        if closer is not None:
+            closer()
+
+    # ----------------------------------------------------------- progress
+    def start_at(self, offset: int) -> None:
+        self.done = offset
+
+    def add(self, n: int, *, network: bool = True) -> None:
+        now = time.monotonic()
+        self.done += n
+        self.last_byte = now
+        self._rate.add(n, now)
+        if network:
+            self.fetched += n
+            overall_done, overall_speed = self.overall.add(n, now)
+        else:
+            overall_done, overall_speed = self.overall.done, 0.0
+        if now - self._last_emit >= self.interval or self.done >= self.size:
+            self._last_emit = now
+            speed = self._rate.speed(now)
+            self.events.emit(
+                FileProgress(
+                    path=self.path,
+                    done=self.done,
+                    size=self.size,
+                    speed=speed,
+                    eta=eta(self.size - self.done, speed),
+                    overall_done=overall_done,
+                    overall_total=self.overall.total,
+                    overall_speed=overall_speed,
+                    overall_eta=eta(self.overall.total - overall_done, overall_speed),
+                    phase=self.phase,
+                )
+            )
+
+    def rewind(self, to: int) -> None:
+        """The transfer restarted from ``to`` (the server ignored a Range request)."""
+        self.done = to

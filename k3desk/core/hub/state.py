@@ -1,0 +1,281 @@
+"""What k3desk remembers inside a target folder, under ``<target>/.k3desk/``.
+
+``state.json``
+    Per file: the repo, pinned revision, expected hashes and, once verified,
+    the size and mtime it had then.  A restart trusts a file whose size and
+    mtime are unchanged instead of re-hashing hundreds of GB.
+``partial/<path>.k3part`` + ``.k3part.json``
+    A file being transferred, and how many of its bytes are known to be on
+    stable storage (``durable``, fsync'ed before it is recorded).  This is the
+    thin resume layer huggingface_hub lacks (its partial files carry a random
+    suffix, are deleted on failure and restart at byte 0 on the next run,
+    upstream issue #4196): a restart after kill -9 or a power cut continues
+    from ``durable``, re-fetching at most one checkpoint's worth of bytes.
+``staging/``
+    Scratch folders for transfers run by huggingface_hub in a child process;
+    anything left there after a crash is removed at the next start.
+
+No token or other secret is ever written here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from k3desk.core.hub.model import RemoteFile
+
+DIRNAME = ".k3desk"
+FORMAT = 1
+
+
+def meta_dir(target: Path) -> Path:
+    return target / DIRNAME
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def expected_hash(f: RemoteFile) -> tuple[str, str]:
+    """(kind, hex) the content must hash to: ``sha256`` for LFS, ``git-sha1`` otherwise."""
+    return ("sha256", f.sha256) if f.sha256 else ("git-sha1", f.git_sha1)
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    repo: str
+    revision: str
+    size: int
+    sha256: str | None
+    git_sha1: str
+    verified_size: int | None = None
+    verified_mtime_ns: int | None = None
+
+
+class TargetState:
+    """``<target>/.k3desk/state.json``, safe to update from several threads."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+        self.path = meta_dir(target) / "state.json"
+        self._lock = threading.Lock()
+        self.files: dict[str, FileRecord] = {}
+        self.downloads: dict[str, dict[str, Any]] = {}
+        self.load_error = ""
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            self.load_error = f"{self.path} is unreadable ({exc}); files will be re-checked"
+            return
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            self.load_error = f"{self.path} has an unknown format; files will be re-checked"
+            return
+        for path, rec in (raw.get("files") or {}).items():
+            try:
+                self.files[str(path)] = FileRecord(
+                    repo=str(rec["repo"]),
+                    revision=str(rec["revision"]),
+                    size=int(rec["size"]),
+                    sha256=rec.get("sha256"),
+                    git_sha1=str(rec.get("git_sha1") or ""),
+                    verified_size=rec.get("verified_size"),
+                    verified_mtime_ns=rec.get("verified_mtime_ns"),
+                )
+            except (KeyError, TypeError, ValueError):
+                continue
+        downloads = raw.get("downloads")
+        if isinstance(downloads, dict):
+            self.downloads = {str(k): v for k, v in downloads.items() if isinstance(v, dict)}
+
+    def _save_locked(self) -> None:
+        data = {
+            "format": FORMAT,
+            "downloads": self.downloads,
+            "files": {
+                p: {
+                    "repo": r.repo,
+                    "revision": r.revision,
+                    "size": r.size,
+                    "sha256": r.sha256,
+                    "git_sha1": r.git_sha1,
+                    "verified_size": r.verified_size,
+                    "verified_mtime_ns": r.verified_mtime_ns,
+                }
+                for p, r in sorted(self.files.items())
+            },
+        }
+        atomic_write_json(self.path, data)
+
+    def record_listing(
+        self, key: str, repo: str, revision: str, endpoint: str, files: tuple[RemoteFile, ...]
+    ) -> None:
+        with self._lock:
+            self.downloads[key] = {
+                "repo": repo,
+                "revision": revision,
+                "endpoint": endpoint,
+                "files": [f.path for f in files],
+            }
+            for f in files:
+                old = self.files.get(f.path)
+                same = (
+                    old is not None
+                    and old.sha256 == f.sha256
+                    and old.git_sha1 == f.git_sha1
+                    and old.size == f.size
+                )
+                self.files[f.path] = FileRecord(
+                    repo=repo,
+                    revision=revision,
+                    size=f.size,
+                    sha256=f.sha256,
+                    git_sha1=f.git_sha1,
+                    verified_size=old.verified_size if same and old else None,
+                    verified_mtime_ns=old.verified_mtime_ns if same and old else None,
+                )
+            self._save_locked()
+
+    def is_trusted(self, f: RemoteFile) -> bool:
+        """True when ``f`` was verified before and its size and mtime have not changed."""
+        with self._lock:
+            rec = self.files.get(f.path)
+        if rec is None or rec.verified_mtime_ns is None:
+            return False
+        if rec.sha256 != f.sha256 or rec.git_sha1 != f.git_sha1:
+            return False
+        try:
+            st = (self.target / f.path).stat()
+        except OSError:
+            return False
+        return st.st_size == f.size == rec.verified_size and st.st_mtime_ns == rec.verified_mtime_ns
+
+    def mark_verified(self, f: RemoteFile, repo: str, revision: str) -> None:
+        st = (self.target / f.path).stat()
+        with self._lock:
+            self.files[f.path] = FileRecord(
+                repo=repo,
+                revision=revision,
+                size=f.size,
+                sha256=f.sha256,
+                git_sha1=f.git_sha1,
+                verified_size=st.st_size,
+                verified_mtime_ns=st.st_mtime_ns,
+            )
+            self._save_locked()
+
+    def forget_verified(self, path: str) -> None:
+        with self._lock:
+            rec = self.files.get(path)
+            if rec is not None and rec.verified_mtime_ns is not None:
+                self.files[path] = FileRecord(
+                    rec.repo, rec.revision, rec.size, rec.sha256, rec.git_sha1
+                )
+                self._save_locked()
+
+
+# ---------------------------------------------------------------- partial files
+
+
+class Partial:
+    """One resumable partial file and its sidecar."""
+
+    def __init__(self, target: Path, f: RemoteFile, repo: str, revision: str) -> None:
+        self.file = f
+        self.repo = repo
+        self.revision = revision
+        self.data = meta_dir(target) / "partial" / (f.path + ".k3part")
+        self.sidecar = self.data.with_name(self.data.name + ".json")
+
+    def _matches(self, raw: Any) -> bool:
+        return (
+            isinstance(raw, dict)
+            and raw.get("repo") == self.repo
+            and raw.get("path") == self.file.path
+            and raw.get("size") == self.file.size
+            and raw.get("sha256") == self.file.sha256
+            and raw.get("git_sha1") == self.file.git_sha1
+        )
+
+    def resumable_bytes(self) -> int:
+        """Bytes that can be kept: the durable checkpoint, if the partial is for this file."""
+        try:
+            raw = json.loads(self.sidecar.read_text(encoding="utf-8"))
+            size = self.data.stat().st_size
+        except (OSError, ValueError):
+            return 0
+        if not self._matches(raw):
+            return 0
+        durable = raw.get("durable")
+        if not isinstance(durable, int) or durable < 0:
+            return 0
+        return min(durable, size, self.file.size)
+
+    def prepare(self) -> int:
+        """Make the partial file ready to append to; return the offset to resume from."""
+        keep = self.resumable_bytes()
+        self.data.parent.mkdir(parents=True, exist_ok=True)
+        if keep == 0:
+            with contextlib.suppress(FileNotFoundError):
+                self.sidecar.unlink()
+            with self.data.open("wb"):
+                pass
+            self.checkpoint(0)
+        else:
+            os.truncate(self.data, keep)
+        return keep
+
+    def checkpoint(self, durable: int) -> None:
+        atomic_write_json(
+            self.sidecar,
+            {
+                "repo": self.repo,
+                "revision": self.revision,
+                "path": self.file.path,
+                "size": self.file.size,
+                "sha256": self.file.sha256,
+                "git_sha1": self.file.git_sha1,
+                "durable": durable,
+            },
+        )
+
+    def discard(self) -> None:
+        for p in (self.data, self.sidecar, self.sidecar.with_name(self.sidecar.name + ".tmp")):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+
+
+def partial_files(target: Path) -> list[Path]:
+    root = meta_dir(target) / "partial"
+    return sorted(root.rglob("*.k3part")) if root.is_dir() else []
+
+
+def discard_partials(target: Path) -> int:
+    """Delete every partial file under ``target`` (a cancel, as opposed to a pause)."""
+    root = meta_dir(target) / "partial"
+    n = 0
+    if root.is_dir():
+        for p in sorted(root.rglob("*"), reverse=True):
+            if p.is_file():
+                p.unlink()
+                n += p.suffix == ".k3part"
+            elif p.is_dir():
+                with contextlib.suppress(OSError):
+                    p.rmdir()
+    return n

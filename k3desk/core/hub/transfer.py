@@ -1,0 +1,317 @@
+"""Moving one file's bytes: our resumable HTTP transfer, or huggingface_hub in a child process.
+
+Why two transports, and how each is cancelled:
+
+* ``http`` (:func:`http_attempt`) exists because huggingface_hub 2.4 cannot
+  resume across runs (issue #4196: its ``.incomplete`` files get a random name,
+  are deleted on failure and orphaned after a kill).  It is deliberately thin:
+  the URL, the metadata HEAD (redirects, X-Linked-Etag/Size), the auth headers,
+  the HTTP session and the error mapping are huggingface_hub's own
+  (``hf_hub_url``, ``get_hf_file_metadata``, ``build_hf_headers``,
+  ``get_session``, ``hf_raise_for_status``); we only add a ``Range`` header,
+  append to our ``.k3part`` file and checkpoint it.  It runs in-process:
+  a cancel or a stall shuts the connection's socket down from the watching
+  thread, which wakes the blocked read at once (a child per file would cost a
+  Python start-up per file and could not share the hash-as-you-go).
+
+* ``hub`` (:func:`child_attempt`) runs ``hf_hub_download`` in a child process
+  so hf_xet is used when the server offers Xet.  huggingface_hub has no cancel
+  API and swallows exceptions raised from Xet progress callbacks, so the only
+  prompt, reliable stop is to terminate the child; its scratch folder (with the
+  ``.incomplete`` file) is then deleted.  The child also exits by itself when
+  its stdin closes, so a parent killed with -9 leaves no orphan running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from k3desk.core.errors import Cancelled, HubError
+from k3desk.core.hub.hashing import StreamHasher
+from k3desk.core.hub.model import DownloadOptions, RemoteFile
+from k3desk.core.hub.reporting import FileTask
+from k3desk.core.hub.state import Partial
+from k3desk.core.progress import CancelToken
+
+CHUNK = 1024 * 1024
+
+
+@dataclass
+class Context:
+    repo: str
+    revision: str  # commit sha
+    endpoint: str
+    token: str | None
+    options: DownloadOptions
+    cancel: CancelToken
+
+
+@dataclass
+class Offsets:
+    """Where a partial file stands; survives failed attempts within one run."""
+
+    written: int = 0  # bytes in the .k3part file
+    durable: int = 0  # bytes recorded in the sidecar after fsync
+
+
+class FileChanged(HubError):
+    """The server's idea of a file differs from the pinned listing."""
+
+
+class ShortRead(Exception):
+    """The connection ended before the whole body arrived (retried)."""
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname or "", parts.port
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        n = os.write(fd, data)
+        data = data[n:]
+
+
+def http_attempt(
+    ctx: Context,
+    f: RemoteFile,
+    partial: Partial,
+    task: FileTask,
+    hasher: StreamHasher,
+    offsets: Offsets,
+) -> None:
+    """Fetch ``f`` from ``offsets.written`` to its end into the partial file.
+
+    Raises on any failure, leaving ``offsets`` (and the sidecar) describing
+    what is safely on disk; the caller decides whether to retry.
+    """
+    import httpx2
+    from huggingface_hub import get_hf_file_metadata, get_session, hf_hub_url, hf_raise_for_status
+    from huggingface_hub.utils._headers import build_hf_headers
+
+    url = hf_hub_url(ctx.repo, f.path, revision=ctx.revision, endpoint=ctx.endpoint)
+    meta = get_hf_file_metadata(
+        url, token=ctx.token or False, timeout=ctx.options.timeout, endpoint=ctx.endpoint
+    )
+    if meta.size is not None and meta.size != f.size:
+        raise FileChanged(
+            f"{f.path} in {ctx.repo} is {meta.size:,} bytes on the server but the listing at "
+            f"{ctx.revision[:12]} said {f.size:,}.",
+            "The repository changed under the download; run it again to list it afresh.",
+        )
+    headers = build_hf_headers(token=ctx.token or False)
+    if _origin(meta.location) != _origin(ctx.endpoint):
+        # a CDN on another origin gets no credentials (it is sent a signed URL instead)
+        headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+    headers["Accept-Encoding"] = "identity"
+    if offsets.written > 0:
+        headers["Range"] = f"bytes={offsets.written}-"
+    timeout = httpx2.Timeout(ctx.options.timeout, read=ctx.options.stall_seconds + 5.0)
+
+    fd = os.open(partial.data, os.O_WRONLY)
+    try:
+        with get_session().stream("GET", meta.location, headers=headers, timeout=timeout) as r:
+            hf_raise_for_status(r)
+            if offsets.written > 0 and r.status_code == 200:
+                # the server ignored Range: start over from byte 0
+                offsets.written = offsets.durable = 0
+                os.ftruncate(fd, 0)
+                partial.checkpoint(0)
+                hasher.reset()
+                task.rewind(0)
+            elif r.status_code == 206:
+                start = _content_range_start(r.headers.get("Content-Range"))
+                if start != offsets.written:
+                    raise ShortRead(
+                        f"asked for bytes from {offsets.written} but got "
+                        f"{r.headers.get('Content-Range')}"
+                    )
+            os.ftruncate(fd, offsets.written)
+            os.lseek(fd, offsets.written, os.SEEK_SET)
+            stream = r.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            task.attach(sock=sock, closer=None if sock is not None else r.close)
+            ctx.cancel.raise_if_cancelled()
+            step = ctx.options.checkpoint_bytes
+            for chunk in r.iter_bytes(CHUNK):
+                if ctx.cancel.cancelled:
+                    raise Cancelled()
+                view = memoryview(chunk)
+                if offsets.written + len(view) > f.size:
+                    raise ShortRead(f"the server sent more than {f.size:,} bytes")
+                _write_all(fd, view)
+                hasher.feed(view, offsets.written)
+                offsets.written += len(view)
+                task.add(len(view))
+                if offsets.written - offsets.durable >= step:
+                    os.fsync(fd)
+                    partial.checkpoint(offsets.written)
+                    offsets.durable = offsets.written
+            if offsets.written != f.size:
+                raise ShortRead(f"the connection ended at byte {offsets.written:,} of {f.size:,}")
+    finally:
+        task.detach()
+        # keep everything that arrived: a pause or a retry resumes from here
+        with contextlib.suppress(OSError):
+            if offsets.written != offsets.durable:
+                os.fsync(fd)
+                partial.checkpoint(offsets.written)
+                offsets.durable = offsets.written
+        os.close(fd)
+
+
+def _content_range_start(value: str | None) -> int:
+    # "bytes 100-199/200"
+    try:
+        return int((value or "").split()[1].split("-")[0])
+    except (IndexError, ValueError):
+        return -1
+
+
+# ---------------------------------------------------------------- child transport
+
+
+def xet_usable() -> bool:
+    """hf_xet is importable and not disabled."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils._runtime import is_xet_available
+
+    flag = os.environ.get("HF_HUB_DISABLE_XET", "").strip().lower()
+    disabled = flag in {"1", "true", "yes", "on"}
+    return bool(is_xet_available()) and not disabled and not constants.HF_HUB_DISABLE_XET
+
+
+class ChildFailure(Exception):
+    """The child reported an error: its exception class name, HTTP status, message."""
+
+    def __init__(
+        self,
+        error: str,
+        status: int | None,
+        message: str,
+        retry_after: float | None = None,
+        error_code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.child_error = error
+        self.status = status
+        self.message = message
+        self.retry_after = retry_after
+        self.error_code = error_code
+
+
+def child_attempt(ctx: Context, f: RemoteFile, staging: Path, task: FileTask) -> Path:
+    """Download ``f`` with ``hf_hub_download`` in a child process into ``staging``.
+
+    Returns the downloaded file (inside ``staging``).  On cancel, stall or
+    failure the child is terminated and ``staging`` deleted.
+    """
+    env = dict(os.environ)
+    env.pop("HF_TOKEN", None)
+    if ctx.token:
+        env["HF_TOKEN"] = ctx.token  # through the environment: never on a command line
+    if ctx.options.xet_high_performance:
+        env["HF_XET_HIGH_PERFORMANCE"] = "1"
+    env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    spec = {
+        "repo": ctx.repo,
+        "path": f.path,
+        "revision": ctx.revision,
+        "endpoint": ctx.endpoint,
+        "local_dir": str(staging),
+        "use_token": bool(ctx.token),
+    }
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "k3desk.core.hub._hfchild"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+        bufsize=1,
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    stderr_tail: list[str] = []
+
+    def drain_stderr() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            stderr_tail.append(line)
+            del stderr_tail[:-20]
+
+    errs = threading.Thread(target=drain_stderr, name=f"hf-child-err:{f.path}", daemon=True)
+    errs.start()
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.terminate()
+
+    result: dict[str, Any] = {}
+    try:
+        proc.stdin.write(json.dumps(spec) + "\n")
+        proc.stdin.flush()
+        task.attach(closer=stop)
+        ctx.cancel.raise_if_cancelled()
+        for line in proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if "n" in msg:
+                task.add(int(msg["n"]))
+            elif "done" in msg or "error" in msg:
+                result = msg
+                break
+        if ctx.cancel.cancelled:
+            raise Cancelled()
+        if "done" in result:
+            proc.wait(timeout=30)
+            return Path(result["done"])
+        if "error" in result:
+            raise ChildFailure(
+                error=str(result["error"]),
+                status=result.get("status"),
+                message=str(result.get("message") or result["error"]),
+                retry_after=result.get("retry_after"),
+                error_code=result.get("error_code"),
+            )
+        if task.abort_reason:
+            raise ShortRead(f"transfer of {f.path} {task.abort_reason}")
+        tail = "".join(stderr_tail).strip().splitlines()
+        raise ChildFailure(
+            error="ChildExited",
+            status=None,
+            message=(tail[-1] if tail else f"the download process exited with {proc.poll()}"),
+        )
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        task.detach()
+        stop()
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        errs.join(timeout=5)
+        proc.stdout.close()
+        proc.stderr.close()
