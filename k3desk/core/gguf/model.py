@@ -78,6 +78,9 @@ class ModelLayout:
     tensor_count: int
     type_counts: dict[str, int]  # ggml type name -> number of tensors
     name: str = ""  # general.name, if any
+    # every tensor, when the reader (or an estimate) keeps them; planning uses the
+    # per-type bytes for its speed model and falls back to per-layer totals when empty
+    tensors: tuple[TensorEntry, ...] = ()
 
     @property
     def first_part(self) -> Path:

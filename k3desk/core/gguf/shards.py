@@ -1,0 +1,55 @@
+"""Find the whole split set from any one of its parts.
+
+llama.cpp names split parts ``<prefix>-NNNNN-of-MMMMM.gguf`` (``llama_split_path``)
+and derives the others from part 1's name, so every part must keep its published
+name in one folder.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+SPLIT_RE = re.compile(r"(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
+
+
+@dataclass(frozen=True)
+class ShardSet:
+    prefix: str  # file name without "-NNNNN-of-MMMMM.gguf" (or without ".gguf")
+    directory: Path
+    count: int  # 1 for an unsplit file
+    given: Path  # the path the caller passed
+    given_index: int  # 0-based index of the given part
+
+    @property
+    def split(self) -> bool:
+        return self.count > 1 or self.given.name != f"{self.prefix}.gguf"
+
+    def part_name(self, index: int) -> str:
+        """File name of the 0-based part ``index``."""
+        if not self.split:
+            return self.given.name
+        return f"{self.prefix}-{index + 1:05d}-of-{self.count:05d}.gguf"
+
+    def part_label(self, index: int) -> str:
+        return f"{index + 1:05d}-of-{self.count:05d}" if self.split else self.given.name
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        return tuple(self.directory / self.part_name(i) for i in range(self.count))
+
+    def missing(self) -> list[int]:
+        return [i for i, p in enumerate(self.paths) if not p.is_file()]
+
+
+def discover(path: Path | str) -> ShardSet:
+    """The set ``path`` belongs to (an unsplit file is a set of one)."""
+    p = Path(path)
+    m = SPLIT_RE.fullmatch(p.name)
+    if m is None:
+        stem = p.name[: -len(".gguf")] if p.name.endswith(".gguf") else p.name
+        return ShardSet(stem, p.parent, 1, p, 0)
+    count = int(m.group("count"))
+    no = int(m.group("no"))
+    return ShardSet(m.group("prefix"), p.parent, max(count, 1), p, max(no - 1, 0))
