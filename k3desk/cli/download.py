@@ -1,0 +1,354 @@
+"""``k3desk download``: fetch a tier (or any repo's files) from the Hugging Face Hub.
+
+Prints a preflight summary, then a progress bar; ``--json`` prints one JSON
+object per event instead (the last one is ``{"kind": "done", ...}``).  Ctrl-C
+pauses: partial files are kept and running the same command resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from k3desk.core.errors import Cancelled, K3Error
+from k3desk.core.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from k3desk.app import Services
+    from k3desk.core.hub.model import DownloadEvent, DownloadRequest, DownloadSummary
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """``"64M"`` / ``"256KiB"`` / ``"1.5G"`` / ``"1048576"`` -> bytes (binary units)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 64M, 512K, 2G)")
+    unit = (m.group(2) or "").lower()[:1]
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "download",
+        help="download a tier's shards from the Hugging Face Hub (resumable, verified)",
+        description="Download a tier's GGUF shards, projector and template from the Hugging "
+        "Face Hub: checks disk space first, reuses files already downloaded (here or by `hf "
+        "download`), transfers several files at once, verifies every SHA-256 and resumes "
+        "after an interruption. Honours HF_ENDPOINT and HF_TOKEN.",
+    )
+    p.add_argument("tier", nargs="?", metavar="TIER_ID", help="tier id (see `k3desk tiers`)")
+    p.add_argument("--repo", help="download from this Hub repo instead of a tier")
+    p.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="with --repo: files to fetch, as `hf download --include` (repeatable)",
+    )
+    p.add_argument("--to", type=Path, metavar="DIR", help="target folder (default: models folder)")
+    p.add_argument("--revision", help="branch, tag or commit (default: main)")
+    p.add_argument(
+        "--parallel", type=int, default=4, metavar="N", help="files transferred at once (4)"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON-lines events, no bar")
+    p.add_argument(
+        "--transport",
+        choices=("auto", "http", "hub"),
+        default="auto",
+        help="auto: hf_xet for Xet-backed files, resumable HTTP otherwise; http: always "
+        "resumable HTTP; hub: always huggingface_hub's own downloader",
+    )
+    p.add_argument(
+        "--xet-high-performance",
+        action="store_true",
+        help="let hf_xet use more connections and memory (HF_XET_HIGH_PERFORMANCE=1)",
+    )
+    p.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="reconnect a transfer that received nothing for S seconds (30)",
+    )
+    p.add_argument(
+        "--resume-chunk",
+        type=parse_size,
+        default="64M",
+        metavar="SIZE",
+        help="how often partial files are made durable; at most this much is fetched again "
+        "after a crash or power cut (64M)",
+    )
+    p.add_argument(
+        "--margin",
+        type=parse_size,
+        default="2G",
+        metavar="SIZE",
+        help="free space to keep beyond what the download needs (2G)",
+    )
+    p.add_argument(
+        "--no-hf-cache",
+        action="store_true",
+        help="do not reuse files from the Hugging Face cache (HF_HOME)",
+    )
+    p.set_defaults(handler=run)
+
+
+def _request(args: argparse.Namespace, services: Services) -> tuple[DownloadRequest, str]:
+    from k3desk.core.hub.model import DownloadRequest
+
+    if args.repo:
+        if args.tier:
+            raise K3Error("Give either a TIER_ID or --repo, not both.")
+        if not args.include:
+            raise K3Error(
+                f"--repo {args.repo} needs at least one --include PATTERN.",
+                "Example: --include 'Kimi-K3-UD-IQ1_S-*.gguf'",
+            )
+        req = DownloadRequest(
+            repo=args.repo,
+            allow_patterns=tuple(args.include),
+            revision=args.revision or "main",
+            label=args.repo,
+        )
+        return req, args.repo.replace("/", "--")
+    if not args.tier:
+        raise K3Error(
+            "Which tier? Give a TIER_ID (see `k3desk tiers`) or --repo with --include.",
+        )
+    tier = services.catalog.get(args.tier)
+    return DownloadRequest.from_tier(tier, revision=args.revision), tier.id
+
+
+def run(args: argparse.Namespace, services: Services) -> int:
+    from k3desk.core.hub.job import DownloadJob
+    from k3desk.core.hub.model import DownloadOptions
+    from k3desk.core.hub.tokens import TokenStore
+
+    if args.parallel < 1:
+        raise K3Error(f"--parallel must be at least 1 (got {args.parallel}).")
+    request, folder = _request(args, services)
+    target = (args.to or services.paths.models_dir / folder).expanduser()
+    tokens = TokenStore()
+    token = tokens.get()
+    options = DownloadOptions(
+        token=token,
+        parallel=args.parallel,
+        transport=args.transport,
+        xet_high_performance=args.xet_high_performance,
+        stall_seconds=args.stall_seconds,
+        checkpoint_bytes=max(64 * 1024, args.resume_chunk),
+        margin_bytes=args.margin,
+        use_hf_cache=not args.no_hf_cache,
+    )
+    out = JsonOut(sys.stdout) if args.json else TextOut(sys.stderr, sys.stdout)
+    if not args.json:
+        who = f"token from {tokens.source()}" if token else "no token (anonymous)"
+        print(
+            f"Downloading {request.label or request.repo} from {request.repo} to {target} ({who})",
+            file=sys.stdout,
+        )
+    job = DownloadJob(request, target, options, on_event=out.event)
+    try:
+        with _pause_on_signals(job.pause):
+            summary = job.run()
+    except Cancelled:
+        out.close()
+        out.paused(target)
+        return 130
+    except K3Error as exc:
+        out.close()
+        out.error(exc)
+        raise
+    out.close()
+    out.done(summary)
+    return 0
+
+
+@contextmanager
+def _pause_on_signals(pause: Callable[[], None]) -> Iterator[None]:
+    """Ctrl-C / SIGTERM pause the job (partials kept) instead of killing it mid-write."""
+    old: dict[signal.Signals, Any] = {}
+
+    def handler(signum: int, frame: object) -> None:
+        pause()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+            old[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+# ------------------------------------------------------------------ output
+
+
+def _event_dict(event: DownloadEvent) -> dict[str, Any]:
+    data = dataclasses.asdict(event)
+    kind = data.pop("kind")
+    return {"kind": kind, **data}
+
+
+class JsonOut:
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def _line(self, data: dict[str, Any]) -> None:
+        self.stream.write(json.dumps(data) + "\n")
+        self.stream.flush()
+
+    def event(self, event: DownloadEvent) -> None:
+        self._line(_event_dict(event))
+
+    def paused(self, target: Path) -> None:
+        self._line({"kind": "paused", "target": str(target)})
+
+    def error(self, exc: K3Error) -> None:
+        self._line({"kind": "error", "message": exc.message, "hint": exc.hint})
+
+    def done(self, summary: DownloadSummary) -> None:
+        pass  # the Done event already carried the summary
+
+    def close(self) -> None:
+        pass
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--"
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class TextOut:
+    """A one-line progress bar on a terminal; plain lines otherwise."""
+
+    def __init__(self, bar: TextIO, out: TextIO) -> None:
+        self.bar = bar
+        self.out = out
+        self.tty = bar.isatty()
+        self.files_total = 0
+        self.files_done = 0
+        self._last = 0.0
+        self._drawn = False
+        self._progress: tuple[int, int, float, float | None] = (0, 0, 0.0, None)
+
+    def _clear(self) -> None:
+        if self._drawn:
+            self.bar.write("\r\033[K")
+            self._drawn = False
+
+    def _print(self, text: str) -> None:
+        self._clear()
+        print(text, file=self.out, flush=True)
+        self._draw()
+
+    def _draw(self) -> None:
+        done, total, speed, eta = self._progress
+        if not self.tty or total <= 0:
+            return
+        frac = min(1.0, done / total)
+        width = 24
+        filled = int(frac * width)
+        line = (
+            f"{frac * 100:5.1f}% [{'#' * filled}{'-' * (width - filled)}] "
+            f"{fmt_bytes(done)}/{fmt_bytes(total)}  {fmt_bytes(speed)}/s  "
+            f"ETA {_clock(eta)}  {self.files_done}/{self.files_total} files"
+        )
+        self.bar.write("\r\033[K" + line)
+        self.bar.flush()
+        self._drawn = True
+
+    def event(self, e: DownloadEvent) -> None:
+        if e.kind == "listing":
+            self.files_total = e.files
+            self._print(
+                f"Listed {e.files} files, {fmt_bytes(e.total_bytes)}, at commit {e.revision[:12]}"
+            )
+        elif e.kind == "preflight":
+            self._print(
+                f"Preflight: {fmt_bytes(e.free_bytes)} free on {e.filesystem or 'disk'}, "
+                f"{fmt_bytes(e.needed_bytes)} needed (+{fmt_bytes(e.margin_bytes)} margin); "
+                f"{e.to_fetch} to fetch ({fmt_bytes(e.fetch_bytes)}"
+                + (
+                    f", resuming {fmt_bytes(e.partial_bytes)} already here"
+                    if e.partial_bytes
+                    else ""
+                )
+                + f"), {e.reuse} already present or cached"
+            )
+            self._progress = (0, e.fetch_bytes, 0.0, None)
+        elif e.kind == "file_progress":
+            if e.phase == "download":
+                self._progress = (e.overall_done, e.overall_total, e.overall_speed, e.overall_eta)
+            now = time.monotonic()
+            if now - self._last >= 0.2:
+                self._last = now
+                self._draw()
+        elif e.kind == "warning":
+            self._print(f"warning: {e.message}")
+        elif e.kind == "stalled":
+            self._print(f"{e.path}: no data for {e.seconds:.0f} s at byte {e.at_byte:,}")
+        elif e.kind == "retrying":
+            self._print(
+                f"{e.path}: retrying in {e.wait:.0f} s ({e.reason}; attempt {e.attempt} of "
+                f"{e.max_attempts})"
+            )
+        elif e.kind == "verified" and not e.ok:
+            self._print(
+                f"{e.path}: hash mismatch (expected {e.expected[:16]}…, got {e.actual[:16]}…)"
+            )
+        elif e.kind == "file_done":
+            self.files_done += 1
+            how = {
+                "state": "already verified",
+                "existing": "already here, verified",
+                "hf-cache": "from the Hugging Face cache, verified",
+                "download": "downloaded, verified",
+            }[e.source]
+            if not self.tty or e.source == "download":
+                self._print(f"  {e.path} ({fmt_bytes(e.size)}): {how}")
+            else:
+                self._draw()
+
+    def close(self) -> None:
+        self._clear()
+
+    def paused(self, target: Path) -> None:
+        print(
+            f"Paused. Partial files are kept in {target}; run the same command again to resume.",
+            file=self.out,
+        )
+
+    def error(self, exc: K3Error) -> None:
+        pass  # the CLI prints the message and hint
+
+    def done(self, s: DownloadSummary) -> None:
+        speed = f", {fmt_bytes(s.average_speed)}/s" if s.fetched_bytes else ""
+        print(
+            f"Done: {s.files} files ({fmt_bytes(s.total_bytes)}) in {s.target}, all hashes "
+            f"verified. Fetched {fmt_bytes(s.fetched_bytes)} in {s.seconds:.1f} s{speed}; "
+            f"{s.reused_files} reused.",
+            file=self.out,
+        )
+        if s.refetched:
+            print(f"Fetched again after a hash mismatch: {', '.join(s.refetched)}", file=self.out)
+        if s.warnings:
+            print(f"{len(s.warnings)} warning(s):", file=self.out)
+            for w in s.warnings:
+                print(f"  - {w}", file=self.out)
