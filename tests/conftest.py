@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.fixtures.twins",
     "tests.fixtures.hardware",
     "tests.fixtures.hub",
+    "tests.fixtures.sshd",
 ]
 
 REPO = Path(__file__).resolve().parents[1]

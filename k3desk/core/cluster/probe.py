@@ -1,0 +1,348 @@
+"""Probe the nodes of a cluster over SSH: hardware, engines, and the model copy.
+
+One ssh round trip per node sends :mod:`k3desk.core.cluster.node_probe` to the
+node's Python (``python3 -``).  That script uses ``k3desk doctor --json`` when
+k3desk is installed on the node, else reads the hardware itself, and checks the
+tier's shard files there by their GGUF headers (and sha256 on request).  Nodes
+are probed in parallel; an unreachable node is a report with an error, not an
+exception, so one dead machine does not hide the others.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from k3desk.core.cluster.nodes import Cluster, ClusterError, Node
+from k3desk.core.cluster.ssh import SshClient, SshError
+from k3desk.core.errors import HardwareError
+from k3desk.core.hardware.profile import GpuInfo, HardwareProfile
+from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
+
+if TYPE_CHECKING:
+    from k3desk.core.catalog.model import Tier
+
+PROBE_SCRIPT = Path(__file__).with_name("node_probe.py")
+
+
+def _ggml_sizes() -> dict[str, list[int]]:
+    import gguf  # the block/type sizes the node-side header check needs
+
+    return {str(int(k)): [int(v[0]), int(v[1])] for k, v in gguf.GGML_QUANT_SIZES.items()}
+
+
+@dataclass(frozen=True)
+class ShardSetSpec:
+    """What a complete copy of a model looks like on a node."""
+
+    names: tuple[str, ...]  # file names in split order
+    total_bytes: int | None = None  # exact total, when published
+    sizes: dict[str, int] = field(default_factory=dict)  # per-file sizes, when published
+    sha256: dict[str, str] = field(default_factory=dict)  # per-file hashes, when published
+    architecture: str = "kimi-k3"
+    expert_count: int | None = None
+    expert_feed_forward_length: int | None = None
+    label: str = ""  # e.g. the tier id
+
+    @classmethod
+    def from_tier(cls, tier: Tier) -> ShardSetSpec:
+        names = tuple(Path(n).name for n in tier.shard_names())
+        return cls(
+            names=names,
+            total_bytes=tier.size_bytes if tier.size_exact else None,
+            expert_count=tier.experts_kept,
+            expert_feed_forward_length=tier.expert_feed_forward_length,
+            label=tier.id,
+        )
+
+    @property
+    def first(self) -> str:
+        return self.names[0]
+
+    def to_wire(self, check_sha256: bool) -> dict[str, Any]:
+        return {
+            "names": list(self.names),
+            "total_bytes": self.total_bytes,
+            "sizes": self.sizes,
+            "sha256": self.sha256,
+            "architecture": self.architecture,
+            "check_sha256": check_sha256,
+        }
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    name: str
+    present: bool
+    size: int
+    ok: bool
+    problem: str = ""
+
+
+@dataclass(frozen=True)
+class CopyCheck:
+    """The model copy on one node."""
+
+    folder: str
+    complete: bool  # every file present, consistent, untruncated (and hashed, if asked)
+    files: tuple[FileCheck, ...]
+    total_bytes: int
+    problems: tuple[str, ...]
+    architecture: str = ""
+    expert_count: int | None = None
+    expert_feed_forward_length: int | None = None
+    sha256_checked: bool = False
+
+    @property
+    def first_part(self) -> str:
+        return str(Path(self.folder) / self.files[0].name) if self.files else self.folder
+
+    def geometry_matches(self, spec: ShardSetSpec) -> bool | None:
+        """Whether the expert geometry is the one ``spec`` expects (None: not known)."""
+        if spec.expert_count is None and spec.expert_feed_forward_length is None:
+            return None
+        if self.expert_count is None:
+            return None
+        return (spec.expert_count in (None, self.expert_count)) and (
+            spec.expert_feed_forward_length in (None, self.expert_feed_forward_length)
+        )
+
+    def summary(self) -> str:
+        if self.complete:
+            how = "sha256 checked" if self.sha256_checked else "headers checked"
+            return f"complete ({len(self.files)} files, {how})"
+        if not self.files:
+            return self.problems[0] if self.problems else "no files"
+        missing = sum(1 for f in self.files if not f.present)
+        if missing == len(self.files):
+            return f"not there (no file of the set in {self.folder})"
+        return f"incomplete: {'; '.join(self.problems[:3])}"
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    node: Node
+    ok: bool  # reached and probed
+    error: str = ""  # why not (an SshError message and hint)
+    hardware: HardwareProfile | None = None
+    method: str = ""  # "k3desk doctor" or "python"
+    engines: dict[str, str] = field(default_factory=dict)  # binary as asked -> path found
+    copy: CopyCheck | None = None
+    python: str = ""
+    elapsed_s: float = 0.0
+    note: str = ""  # e.g. why k3desk doctor on the node was not used
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "node": self.node.label,
+            "host": self.node.host,
+            "ok": self.ok,
+            "error": self.error,
+            "method": self.method,
+            "engines": self.engines,
+            "python": self.python,
+            "note": self.note,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "hardware": self.hardware.to_dict() if self.hardware else None,
+        }
+        if self.copy is not None:
+            c = self.copy
+            d["copy"] = {
+                "folder": c.folder,
+                "complete": c.complete,
+                "total_bytes": c.total_bytes,
+                "problems": list(c.problems),
+                "architecture": c.architecture,
+                "expert_count": c.expert_count,
+                "expert_feed_forward_length": c.expert_feed_forward_length,
+                "sha256_checked": c.sha256_checked,
+                "files": [
+                    {"name": f.name, "present": f.present, "size": f.size, "ok": f.ok,
+                     "problem": f.problem}
+                    for f in c.files
+                ],
+            }  # fmt: skip
+        return d
+
+
+def _fill_gpu_facts(profile: HardwareProfile) -> HardwareProfile:
+    """Architecture names for GPUs the node-side probe left blank."""
+    from k3desk.core.hardware.nvidia import architecture_for
+
+    gpus: list[GpuInfo] = []
+    for g in profile.gpus:
+        if not g.architecture:
+            g = replace(g, architecture=architecture_for(g.compute_capability))
+        gpus.append(g)
+    return replace(profile, gpus=tuple(gpus))
+
+
+def _copy_from_wire(d: dict[str, Any], check_sha256: bool) -> CopyCheck:
+    geometry = d.get("geometry") or {}
+    files = tuple(
+        FileCheck(
+            name=str(f.get("name", "")),
+            present=bool(f.get("present")),
+            size=int(f.get("size") or 0),
+            ok=bool(f.get("ok")),
+            problem=str(f.get("problem", "")),
+        )
+        for f in d.get("files") or ()
+        if isinstance(f, dict)
+    )
+
+    def opt_int(v: object) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    return CopyCheck(
+        folder=str(d.get("folder", "")),
+        complete=bool(d.get("complete")),
+        files=files,
+        total_bytes=int(d.get("total_bytes") or 0),
+        problems=tuple(str(p) for p in d.get("problems") or ()),
+        architecture=str(geometry.get("architecture") or ""),
+        expert_count=opt_int(geometry.get("expert_count")),
+        expert_feed_forward_length=opt_int(geometry.get("expert_feed_forward_length")),
+        sha256_checked=check_sha256 and bool(d.get("complete")),
+    )
+
+
+def node_binaries(node: Node) -> list[str]:
+    """Binaries the probe looks for on ``node``."""
+    names = [node.sparkinfer_bin, "kimi_k3_dist_generate", "rpc-server", "ggml-rpc-server",
+             "llama-server"]  # fmt: skip
+    if node.rpc_server_bin:
+        names.append(node.rpc_server_bin)
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def probe_node(
+    node: Node,
+    known_hosts: Path,
+    *,
+    spec: ShardSetSpec | None = None,
+    check_sha256: bool = False,
+    connect_timeout: int = 10,
+    timeout: float = 180.0,
+    cancel: CancelToken | None = None,
+) -> NodeReport:
+    """Probe one node; never raises for an unreachable or broken node (see ``error``)."""
+    t0 = time.monotonic()
+    client = SshClient(node, known_hosts, connect_timeout=connect_timeout)
+    config: dict[str, Any] = {
+        "k3desk": shlex.split(node.k3desk) if node.k3desk else [],
+        "model_path": node.model_path,
+        "binaries": node_binaries(node),
+    }
+    if spec is not None:
+        config["spec"] = spec.to_wire(check_sha256)
+        config["ggml_sizes"] = _ggml_sizes()
+    command = " ".join(shlex.quote(a) for a in (node.python, "-", json.dumps(config)))
+    if check_sha256 and spec is not None and spec.sha256:
+        timeout = max(timeout, 6 * 3600.0)  # hashing hundreds of GB takes a while
+    try:
+        result = client.run(
+            command, stdin=PROBE_SCRIPT.read_bytes(), timeout=timeout, cancel=cancel
+        )
+    except SshError as exc:
+        return NodeReport(node, False, error=str(exc), elapsed_s=time.monotonic() - t0)
+    elapsed = time.monotonic() - t0
+    if result.returncode != 0:
+        err = result.error_text.splitlines()[-1] if result.error_text else ""
+        if result.returncode == 127:
+            why = (
+                f"{node.python} is not installed on {node.label}; the probe needs Python 3.8+ "
+                "there (set python= to its path)"
+            )
+        else:
+            why = f"the probe failed on {node.label} (exit {result.returncode}): {err}"
+        return NodeReport(node, False, error=why, elapsed_s=elapsed)
+    try:
+        data = json.loads(result.text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return NodeReport(
+            node, False, error=f"the probe on {node.label} printed no result", elapsed_s=elapsed
+        )
+    hardware: HardwareProfile | None = None
+    error = ""
+    hw = data.get("hardware")
+    if isinstance(hw, dict):
+        try:
+            hardware = _fill_gpu_facts(
+                HardwareProfile.from_dict(hw, source=f"ssh://{node.destination}:{node.port}")
+            )
+        except HardwareError as exc:
+            error = f"the hardware report from {node.label} is malformed: {exc.message}"
+    else:
+        error = str(data.get("hardware_error") or f"{node.label} reported no hardware")
+    copy = None
+    if isinstance(data.get("copy"), dict):
+        copy = _copy_from_wire(data["copy"], check_sha256 and bool(spec and spec.sha256))
+    return NodeReport(
+        node=node,
+        ok=hardware is not None,
+        error=error,
+        hardware=hardware,
+        method=str(data.get("probe", "")),
+        engines={str(k): str(v) for k, v in (data.get("engines") or {}).items()},
+        copy=copy,
+        python=str(data.get("python", "")),
+        elapsed_s=elapsed,
+        note=str(data.get("k3desk_note", "")),
+    )
+
+
+def probe_cluster(
+    cluster: Cluster,
+    known_hosts: Path,
+    *,
+    spec: ShardSetSpec | None = None,
+    check_sha256: bool = False,
+    progress: ProgressCallback = no_progress,
+    cancel: CancelToken | None = None,
+    connect_timeout: int = 10,
+) -> list[NodeReport]:
+    """Probe every node in parallel; reports come back in the cluster's node order."""
+    if not cluster.nodes:
+        raise ClusterError(f"Cluster {cluster.name!r} has no nodes to probe.")
+    reports: dict[int, NodeReport] = {}
+    lock = threading.Lock()
+    total = len(cluster.nodes)
+    progress(Progress("probing nodes", 0, total, cluster.name))
+
+    def one(i: int, node: Node) -> None:
+        rep = probe_node(
+            node,
+            known_hosts,
+            spec=spec,
+            check_sha256=check_sha256,
+            connect_timeout=connect_timeout,
+            cancel=cancel,
+        )
+        with lock:
+            reports[i] = rep
+            done = len(reports)
+        status = "ok" if rep.ok else f"failed: {rep.error.splitlines()[0]}"
+        progress(Progress("probing nodes", done, total, f"{node.label}: {status}"))
+
+    threads = [
+        threading.Thread(target=one, args=(i, n), name=f"probe-{n.label}", daemon=True)
+        for i, n in enumerate(cluster.nodes)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if cancel is not None:
+        cancel.raise_if_cancelled()
+    return [reports[i] for i in range(total)]
+
+
+def first_complete(reports: Sequence[NodeReport]) -> NodeReport | None:
+    return next((r for r in reports if r.copy is not None and r.copy.complete), None)
