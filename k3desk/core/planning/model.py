@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 VerdictKind = Literal["gpu", "hybrid", "cpu", "stream", "no-fit"]
 
@@ -25,6 +25,20 @@ class PlanOptions:
     top_p: float = 0.95
     no_warmup: bool = True
     extra_args: tuple[str, ...] = ()
+    # --- additions (all optional) ---
+    # projector size in bytes when known (the CLI stats the file); None = estimate
+    mmproj_bytes: int | None = None
+    ubatch: int = 512  # llama.cpp's default -ub: sizes the compute buffers
+    # sustained read rate of the disk holding the shards, for "stream" plans
+    disk_read_bps: float = 3.5e9
+    # the --n-cpu-moe a model card runs with (None = every expert layer in RAM,
+    # the common recipe) and who says so, for the comparison note
+    reference_n_cpu_moe: int | None = None
+    reference_label: str = ""
+    # context depth the speed is predicted at (None = min(ctx, 4096))
+    speed_depth: int | None = None
+    # a --n-cpu-moe the person insists on (None = the smallest that fits)
+    n_cpu_moe: int | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,7 @@ class SpeedPrediction:
     high_tps: float
     bytes_per_token: dict[str, int]  # device -> bytes read per decoded token
     bottleneck: str  # e.g. "CPU RAM bandwidth (expert layers 0-92 on CPU)"
+    depth: int = 0  # tokens of context the prediction assumes
 
 
 @dataclass(frozen=True)
@@ -81,8 +96,22 @@ class LaunchPlan:
     speed: SpeedPrediction
     ctx: int
     model_bytes: int
-    shortfall: int = 0  # bytes missing when verdict is "no-fit"
+    shortfall: int = 0  # bytes missing when verdict is "no-fit" (or RAM missing for "stream")
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # --- additions (all optional) ---
+    tensor_split: tuple[int, ...] = ()  # -ts: layers (output counted as one) per GPU
+    mmproj_on_gpu: bool = False
+    output_device: str = "RAM"  # where output.weight (and the logits) live
+    stream_bytes: int = 0  # RAM-side expert bytes that do not fit the page cache
 
     def argv(self, executable: str = "llama-server") -> list[str]:
         return [executable, *self.server_args]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready form (paths as strings); device headroom included."""
+        d = asdict(self)
+        d["server_args"] = list(self.server_args)
+        for dev, mem in zip(d["devices"], self.devices, strict=True):
+            dev["used"] = mem.used
+            dev["headroom"] = mem.headroom
+        return d
