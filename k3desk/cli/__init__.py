@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "k3desk.cli.plan",
     "k3desk.cli.download",
     "k3desk.cli.verify",
+    "k3desk.cli.chat",
     "k3desk.cli.engine",
     "k3desk.cli.serve",
 )

@@ -302,6 +302,17 @@ class RealServer:
         r.raise_for_status()
         return list(r.json())
 
+    def tokens_predicted(self) -> int:
+        """llama-server's running total of generated tokens (from /metrics)."""
+        r = httpx.get(
+            f"{self.url}/metrics", headers={"Authorization": f"Bearer {self.api_key}"}, timeout=5
+        )
+        r.raise_for_status()
+        for line in r.text.splitlines():
+            if line.startswith("llamacpp:tokens_predicted_total"):
+                return int(float(line.split()[-1]))
+        raise AssertionError(f"no tokens_predicted_total in /metrics:\n{r.text}")
+
     def wait_idle(self, timeout: float = 5.0) -> float:
         """Seconds until no slot is processing (raises if it stays busy)."""
         t0 = time.monotonic()
@@ -318,32 +329,31 @@ class RealServer:
 
 
 def start_real_server(
-    directory: Path, *, api_key: str = "test-key", extra: tuple[str, ...] = ()
+    directory: Path, *, api_key: str = "test-key", vision: bool = True
 ) -> RealServer:
     binary = llama_server_binary()
     if binary is None:
         pytest.skip("the llama-server test engine is not installed (scripts/setup.sh --test)")
     from k3desk.devtools.tinyk3 import write_tiny_k3
 
-    model = write_tiny_k3(directory, shards=3, mmproj=True)
+    model = write_tiny_k3(directory, shards=3, mmproj=vision)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     log = directory / "llama-server.log"
-    assert model.mmproj is not None
     argv = [
         binary,
         "-m", str(model.first_part),
-        "--mmproj", str(model.mmproj),
+        *(["--mmproj", str(model.mmproj)] if model.mmproj else []),
         "--host", "127.0.0.1",
         "--port", str(port),
         "-c", "4096",
         "--jinja",
         "--parallel", "1",
         "--no-warmup",
-        "--threads", "2",
+        "--threads", "1",
         "--api-key", api_key,
-        *extra,
+        "--metrics",
     ]  # fmt: skip
     with log.open("wb") as fh:
         proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,0 +1,404 @@
+"""``k3desk chat``: one question to Kimi-K3, answered as it streams.
+
+Either from a local GGUF (k3desk starts llama-server on it, asks, and stops it)
+or from a running OpenAI-compatible server (``--url``).  The answer goes to
+stdout as it arrives; the model's reasoning goes to stderr (dimmed on a
+terminal), so ``k3desk chat ... > answer.txt`` keeps only the answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from k3desk.core.chat.client import (
+    THINKING_EFFORTS,
+    ChatClient,
+    ChatDelta,
+    ChatEndpoint,
+    ChatMessage,
+    ChatResult,
+    ChatStreamError,
+)
+from k3desk.core.chat.images import ImageError, PreparedImage, load_image
+from k3desk.core.chat.model import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ChatSettings
+from k3desk.core.errors import EngineError, K3Error
+from k3desk.core.progress import CancelToken
+
+if TYPE_CHECKING:
+    from k3desk.app import Services
+    from k3desk.core.engines.supervisor import Event
+
+API_KEY_ENV = "K3DESK_API_KEY"
+DIM, RESET = "\x1b[2m", "\x1b[0m"
+
+
+class _IntermixedParser(argparse.ArgumentParser):
+    """Lets positionals and options mix (``SHARD --image F PROMPT``).
+
+    Plain argparse stops filling a positional at the first option, so PROMPT
+    after options would be rejected as unrecognised.
+    """
+
+    _inner = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._inner:
+            return super().parse_known_args(args, namespace)
+        self._inner = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inner = False
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "chat",
+        help="ask Kimi-K3 one question (from a local GGUF or a running server)",
+        usage="k3desk chat (SHARD | --url URL [--api-key KEY]) [--mmproj FILE] "
+        "[--image FILE]... [--no-thinking] [--json] PROMPT",
+        description="Ask one question and stream the answer to stdout.  With SHARD (part 1 "
+        "of a Kimi-K3 GGUF) k3desk starts llama-server, asks, and stops it; with --url it "
+        "asks a running OpenAI-compatible server.  Reasoning is shown on stderr.  "
+        "PROMPT '-' reads the prompt from stdin.",
+    )
+    # options may come between SHARD and PROMPT (as in the usage line)
+    p.__class__ = _IntermixedParser
+    p.add_argument("positional", nargs="+", metavar="[SHARD] PROMPT", help=argparse.SUPPRESS)
+    p.add_argument("--url", help="a running OpenAI-compatible server (e.g. http://host:8080)")
+    p.add_argument(
+        "--api-key",
+        help=f"the server's API key (default: ${API_KEY_ENV}); with SHARD k3desk makes one",
+    )
+    p.add_argument("--model", help="model name to request (remote servers that serve several)")
+    p.add_argument("--mmproj", type=Path, metavar="FILE", help="vision projector (with SHARD)")
+    p.add_argument(
+        "--image",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="attach an image (PNG, JPEG, GIF or WebP; repeatable)",
+    )
+    p.add_argument("--system", metavar="TEXT", help="system prompt")
+    p.add_argument("--no-thinking", action="store_true", help="answer without reasoning first")
+    p.add_argument("--effort", choices=THINKING_EFFORTS, help="how much to think")
+    p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, metavar="T")
+    p.add_argument("--top-p", type=float, default=DEFAULT_TOP_P, metavar="P")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="stop after N generated tokens")
+    p.add_argument("--seed", type=int, help="sampling seed (repeatable answers)")
+    p.add_argument("--ctx", type=int, default=8192, metavar="N", help="context size (SHARD)")
+    p.add_argument("--engine", type=Path, metavar="PATH", help="llama-server to use (SHARD)")
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra llama-server argument (SHARD; repeatable, e.g. --engine-arg=--n-cpu-moe=60)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.add_argument("--save", action="store_true", help="keep the exchange in the chat history")
+    p.set_defaults(handler=run)
+
+
+def _split_positional(args: argparse.Namespace) -> tuple[Path | None, str]:
+    pos: list[str] = args.positional
+    if args.url:
+        if len(pos) != 1:
+            raise K3Error(
+                "With --url, give only the prompt (no model file).",
+                'Example: k3desk chat --url http://127.0.0.1:8080 "Hello"',
+            )
+        shard, prompt = None, pos[0]
+    else:
+        if len(pos) != 2:
+            raise K3Error(
+                "Give the model's first GGUF part and the prompt, or --url and the prompt.",
+                'Example: k3desk chat Kimi-K3-UD-IQ1_S-00001-of-00009.gguf "Hello"',
+            )
+        shard, prompt = Path(pos[0]), pos[1]
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if not prompt.strip() and not args.image:
+        raise K3Error("The prompt is empty.", "Type a question, or pass '-' to read stdin.")
+    return shard, prompt
+
+
+def run(args: argparse.Namespace, services: Services) -> int:
+    shard, prompt = _split_positional(args)
+    if shard is None and (args.mmproj or args.engine or args.engine_arg):
+        raise K3Error(
+            "--mmproj, --engine and --engine-arg apply only when k3desk starts the engine "
+            "from a model file.",
+            "The server at --url was started with its own settings.",
+        )
+    settings = ChatSettings(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        thinking=not args.no_thinking,
+        thinking_effort=args.effort,
+    )
+    # check everything cheap before starting an engine that may take minutes to load
+    if shard is not None:
+        _check_shard(shard)
+        if args.mmproj is not None and not args.mmproj.is_file():
+            raise EngineError(f"The vision projector {args.mmproj} does not exist.")
+        if args.image and args.mmproj is None:
+            raise ImageError(
+                "--image needs --mmproj FILE when k3desk starts the engine from a model file: "
+                "without the vision projector the model cannot see images.",
+                "Pass the tier's mmproj file, or leave the image out.",
+            )
+    images = tuple(load_image(p) for p in args.image)
+    messages: list[ChatMessage] = []
+    if args.system:
+        messages.append(ChatMessage("system", args.system))
+    messages.append(ChatMessage("user", prompt, images))
+
+    cancel = CancelToken()
+    with ExitStack() as stack:
+        key: str | None
+        if shard is not None:
+            url, key = _start_engine(stack, shard, args, services, cancel)
+        else:
+            url, key = str(args.url), args.api_key or os.environ.get(API_KEY_ENV) or None
+        client = stack.enter_context(ChatClient(ChatEndpoint(url, key, args.model)))
+        result, error = _ask(client, messages, settings, cancel, as_json=args.json)
+    if args.save:
+        _save(services, prompt, images, settings, args, result, shard)
+    if args.json:
+        out = result.to_dict()
+        if error is not None:
+            out["error"] = error.message
+        print(json.dumps(out, ensure_ascii=False))
+    if error is not None:
+        raise error
+    return 0
+
+
+def _check_shard(shard: Path) -> None:
+    from k3desk.core.gguf.shards import discover
+
+    if not shard.is_file():
+        raise EngineError(f"The model file {shard} does not exist.", "Check the path.")
+    parts = discover(shard)
+    if parts.given_index != 0:
+        raise EngineError(
+            f"{shard.name} is part {parts.given_index + 1} of {parts.count}; llama-server "
+            "must be given part 1.",
+            f"Use {parts.paths[0]}.",
+        )
+    missing = parts.missing()
+    if missing:
+        names = ", ".join(parts.part_name(i) for i in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise EngineError(
+            f"The model {parts.prefix} is incomplete: {names}{more} missing in {parts.directory}.",
+            "Finish the download (k3desk download) so every part is in the same folder.",
+        )
+
+
+def _start_engine(
+    stack: ExitStack,
+    shard: Path,
+    args: argparse.Namespace,
+    services: Services,
+    cancel: CancelToken,
+) -> tuple[str, str]:
+    from k3desk.core.engines.discovery import find_llama_server
+    from k3desk.core.engines.supervisor import LaunchSpec, State, Supervisor
+    from k3desk.core.gguf.shards import discover
+
+    exe = find_llama_server(services.paths, configured=args.engine)
+    if exe is None:
+        raise EngineError(
+            "No llama-server found to run the model.",
+            "Build one with `k3desk engine install`, or pass --engine PATH.",
+        )
+    quiet = args.json
+    server_args, note = _server_args(shard, args, services)
+    server_args += args.engine_arg
+    if not quiet and note:
+        print(note, file=sys.stderr)
+    model_bytes = sum(p.stat().st_size for p in discover(shard).paths)
+    last = [-1]
+
+    def on_event(ev: Event) -> None:
+        if quiet:
+            return
+        if ev.state is State.LOADING and ev.progress is not None:
+            pct = ev.progress.done
+            if pct >= last[0] + 10 or pct == 100:
+                last[0] = pct
+                print(f"  loading {pct}% ({ev.progress.detail})", file=sys.stderr)
+        elif ev.state is State.CRASHED and ev.message:
+            print(f"  engine: {ev.message}", file=sys.stderr)
+
+    spec = LaunchSpec(exe, tuple(server_args), model_bytes=model_bytes)
+    sup = Supervisor(spec, services.paths, on_event=on_event)
+    if not quiet:
+        print(f"Starting llama-server on {shard.name} ...", file=sys.stderr)
+    t0 = time.monotonic()
+    sup.start()
+    stack.callback(sup.stop)
+    try:
+        ep = sup.wait_ready(cancel=cancel)
+    except KeyboardInterrupt:
+        cancel.cancel()
+        raise
+    if not quiet:
+        print(f"Engine ready in {time.monotonic() - t0:.1f} s.", file=sys.stderr)
+    return ep.url, ep.api_key
+
+
+def _server_args(
+    shard: Path, args: argparse.Namespace, services: Services
+) -> tuple[list[str], str]:
+    """llama-server's arguments from the launch planner (as ``k3desk serve`` uses), or
+    llama-server's own defaults where the planner is not available."""
+    try:
+        from k3desk.core.gguf.validate import validate_shard_set
+        from k3desk.core.planning.model import PlanOptions
+        from k3desk.core.planning.plan import make_plan
+    except ImportError:
+        plan = None
+    else:
+        layout = validate_shard_set(shard)
+        hw = services.detect_hardware(measure_bandwidth=False)
+        plan = make_plan(hw, layout, PlanOptions(ctx=args.ctx, mmproj=args.mmproj))
+        if plan.verdict == "no-fit":
+            raise K3Error(
+                f"{shard.name} does not fit this machine: {plan.reason}",
+                "See `k3desk plan` for the numbers, or choose a smaller tier.",
+            )
+    if plan is not None:
+        return list(plan.server_args), f"Plan: {plan.reason}"
+    fallback = ["-m", str(shard), "-c", str(args.ctx), "--jinja", "--parallel", "1"]
+    fallback.append("--no-warmup")
+    if args.mmproj is not None:
+        fallback += ["--mmproj", str(args.mmproj)]
+    return fallback, "Plan: planner unavailable; starting with llama-server's own defaults."
+
+
+def _ask(
+    client: ChatClient,
+    messages: list[ChatMessage],
+    settings: ChatSettings,
+    cancel: CancelToken,
+    *,
+    as_json: bool,
+) -> tuple[ChatResult, ChatStreamError | None]:
+    printer = None if as_json else _Printer(sys.stdout, sys.stderr)
+    try:
+        with client.stream(messages, settings, cancel) as st:
+            for delta in st:
+                if printer is not None:
+                    printer.delta(delta)
+    except ChatStreamError as exc:
+        if printer is not None:
+            printer.end(exc.result)
+        return exc.result, exc
+    except KeyboardInterrupt:
+        cancel.cancel()
+        if printer is not None:
+            printer.end(None)
+        raise
+    assert st.result is not None
+    if printer is not None:
+        printer.end(st.result)
+    return st.result, None
+
+
+class _Printer:
+    """Content to stdout as it arrives; reasoning to stderr, dimmed on a terminal."""
+
+    def __init__(self, out: TextIO, err: TextIO) -> None:
+        self.out, self.err = out, err
+        self.dim = err.isatty()
+        self.in_reasoning = False
+        self.wrote_content = False
+
+    def delta(self, d: ChatDelta) -> None:
+        if d.kind == "reasoning":
+            if not self.in_reasoning:
+                self.in_reasoning = True
+                if self.dim:
+                    self.err.write(DIM)
+            self.err.write(d.text)
+            self.err.flush()
+            return
+        self._close_reasoning()
+        self.out.write(d.text)
+        self.out.flush()
+        self.wrote_content = True
+
+    def _close_reasoning(self) -> None:
+        if self.in_reasoning:
+            self.in_reasoning = False
+            self.err.write((RESET if self.dim else "") + "\n")
+            self.err.flush()
+
+    def end(self, result: ChatResult | None) -> None:
+        self._close_reasoning()
+        if self.wrote_content:
+            self.out.write("\n")
+            self.out.flush()
+        if result is None:
+            return
+        facts = []
+        if result.usage is not None:
+            facts.append(f"{result.usage.prompt_tokens} prompt tokens")
+            facts.append(f"{result.usage.completion_tokens} generated")
+        if result.timings is not None and result.timings.predicted_per_second > 0:
+            facts.append(f"{result.timings.predicted_per_second:.1f} tok/s")
+        if result.partial:
+            facts.append("partial answer")
+        if facts:
+            self.err.write(f"[{', '.join(facts)}]\n")
+            self.err.flush()
+
+
+def _save(
+    services: Services,
+    prompt: str,
+    images: tuple[PreparedImage, ...],
+    settings: ChatSettings,
+    args: argparse.Namespace,
+    result: ChatResult,
+    shard: Path | None,
+) -> None:
+    from k3desk.core.chat.history import HistoryStore
+
+    title = " ".join(prompt.split())[:60] or "Image"
+    with HistoryStore(services.paths.history_db) as h:
+        conv = h.create_conversation(
+            title,
+            system_prompt=args.system or "",
+            settings=settings,
+            model=result.model or (shard.name if shard else args.url),
+        )
+        h.add_message(conv.id, "user", prompt, images=images)
+        h.add_message(
+            conv.id,
+            "assistant",
+            result.text,
+            reasoning=result.reasoning,
+            usage=result.usage,
+            timings=result.timings,
+            partial=result.partial,
+            finish_reason=result.finish_reason,
+            model=result.model,
+        )
+    if not args.json:
+        print(f"Saved as conversation {conv.id} in {services.paths.history_db}.", file=sys.stderr)
