@@ -13,11 +13,13 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from k3desk.core.chat.client import THINKING_EFFORTS
 from k3desk.core.errors import K3Error
 
 Theme = Literal["system", "light", "dark"]
 THEMES: tuple[Theme, ...] = ("system", "light", "dark")
-EFFORTS = ("low", "medium", "high")
+# "" = the chat template's own default; the rest are what the Kimi-K3 template accepts
+EFFORTS = ("", *THINKING_EFFORTS)
 SETTINGS_SCHEMA = 1
 
 
@@ -37,7 +39,7 @@ class Settings:
     temperature: float = 1.0
     top_p: float = 0.95
     thinking: bool = True
-    thinking_effort: str = "medium"
+    thinking_effort: str = ""
     system_prompt: str = ""
     theme: Theme = "system"
     # downloads: how many shards at once

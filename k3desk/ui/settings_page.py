@@ -131,7 +131,8 @@ class SettingsPage(QWidget):
         self.thinking = QCheckBox("Let Kimi-K3 think before answering")
         cform.addRow("Thinking", self.thinking)
         self.effort = QComboBox()
-        self.effort.addItems(list(EFFORTS))
+        for e in EFFORTS:
+            self.effort.addItem(e or "Template default", e)
         cform.addRow("Thinking effort", self.effort)
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setPlaceholderText("Optional system prompt for new conversations")
@@ -235,7 +236,7 @@ class SettingsPage(QWidget):
         self.temperature.setValue(s.temperature)
         self.top_p.setValue(s.top_p)
         self.thinking.setChecked(s.thinking)
-        self.effort.setCurrentText(s.thinking_effort)
+        self.effort.setCurrentIndex(max(0, self.effort.findData(s.thinking_effort)))
         self.system_prompt.setPlainText(s.system_prompt)
         self.theme.setCurrentIndex(max(0, self.theme.findData(s.theme)))
         self._loading = False
@@ -254,7 +255,7 @@ class SettingsPage(QWidget):
             temperature=round(self.temperature.value(), 3),
             top_p=round(self.top_p.value(), 3),
             thinking=self.thinking.isChecked(),
-            thinking_effort=self.effort.currentText(),
+            thinking_effort=str(self.effort.currentData()),
             system_prompt=self.system_prompt.toPlainText(),
             theme=self.theme.currentData(),
         )

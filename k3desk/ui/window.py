@@ -146,7 +146,7 @@ class MainWindow(QMainWindow):
         if key not in self._pages:
             spec = next(s for s in PAGES if s.key == key)
             module, cls = spec.factory.split(":")
-            page = getattr(importlib.import_module(module), cls)(self.ctx, self)
+            page: QWidget = getattr(importlib.import_module(module), cls)(self.ctx, self)
             page.setObjectName(f"page-{key}")
             self._pages[key] = page
             self.stack.addWidget(page)

@@ -157,6 +157,9 @@ class MessageView(QTextBrowser):
     # ---------------------------------------------------------- streaming
     def begin_stream(self, vm: MessageVM, replace_last: bool = True) -> None:
         """Start showing ``vm`` (an answer being generated) at the end."""
+        if self._stream_pos is not None and self._messages and self._messages[-1].id == vm.id:
+            self.update_stream(vm)
+            return
         if replace_last and self._messages and self._messages[-1].id == vm.id:
             self._messages[-1] = vm
         elif replace_last:
@@ -165,6 +168,8 @@ class MessageView(QTextBrowser):
                 self.setHtml(self._document_head())
         cursor = QTextCursor(self.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
+        if cursor.block().length() > 1:  # start the answer in a block of its own
+            cursor.insertBlock()
         self._stream_pos = cursor.position()
         self.update_stream(vm)
 

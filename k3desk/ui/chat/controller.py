@@ -1,0 +1,552 @@
+"""Chat logic for the window, over the core HistoryStore and ChatClient.
+
+Every database call and every request runs through the task manager (history
+writes on its serial pool, streams on the shared pool); this object only turns
+results into view models and signals.  An answer is stored as soon as it
+starts (marked partial), saved every few seconds while it streams, and
+finalised at the end, so a stop, an engine crash or an app crash leaves the
+text that arrived in the history, marked as partial.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtGui import QImage
+
+from k3desk.core.chat.client import (
+    ChatClient,
+    ChatMessage,
+    ChatResult,
+    ChatStreamError,
+)
+from k3desk.core.chat.history import Conversation, HistoryStore, Message
+from k3desk.core.chat.images import PreparedImage, ensure_vision, load_image, prepare_image
+from k3desk.core.chat.model import ChatSettings
+from k3desk.core.errors import ChatError
+from k3desk.core.progress import CancelToken
+from k3desk.ui.bridge import StreamBuffer
+from k3desk.ui.chat.view import ImageVM, MessageVM
+
+if TYPE_CHECKING:
+    from k3desk.ui.context import AppContext
+    from k3desk.ui.engine.controller import EngineController
+
+log = logging.getLogger(__name__)
+
+SAVE_EVERY_S = 2.0
+THUMB_HEIGHT = 192
+NOTE_STOPPED = "stopped"
+NOTE_BROKEN = "interrupted"
+
+
+@dataclass
+class OpenState:
+    conversation: Conversation
+    messages: list[Message]
+    vms: list[MessageVM]
+    thumbs: dict[str, QImage] = field(default_factory=dict)
+
+
+@dataclass
+class StreamState:
+    conversation_id: int
+    message_id: int
+    content: str = ""
+    reasoning: str = ""
+    started: float = field(default_factory=time.monotonic)
+    pieces: int = 0
+
+
+def stats_text(m: Message) -> str:
+    parts = []
+    if m.timings is not None and m.timings.predicted_per_second > 0:
+        parts.append(f"{m.timings.predicted_per_second:.1f} tok/s")
+    if m.usage is not None and m.usage.completion_tokens:
+        parts.append(f"{m.usage.completion_tokens} tokens")
+    return " · ".join(parts)
+
+
+def partial_note(m: Message) -> str:
+    if not m.partial:
+        return ""
+    if m.finish_reason == NOTE_STOPPED:
+        return "stopped before the end."
+    if m.finish_reason == NOTE_BROKEN:
+        return "the engine stopped answering mid-way; this is what arrived."
+    return "this answer did not complete."
+
+
+def to_vm(m: Message, branch: tuple[int, int] = (1, 1)) -> MessageVM:
+    return MessageVM(
+        id=str(m.id),
+        role=m.role,
+        content=m.content,
+        reasoning=m.reasoning,
+        images=[ImageVM(img.sha256, img.name or img.path.name) for img in m.images],
+        partial=m.partial,
+        partial_note=partial_note(m),
+        branch=branch,
+        stats=stats_text(m),
+    )
+
+
+def load_thumb(path: Path, height: int = THUMB_HEIGHT) -> QImage:
+    img = QImage(str(path))
+    if img.isNull():
+        return img
+    if img.height() > height:
+        img = img.scaledToHeight(height, Qt.TransformationMode.SmoothTransformation)
+    return img
+
+
+class ChatController(QObject):
+    """Signals:
+    conversations(object): list[Conversation] for the list (after changes or a search).
+    opened(object): an OpenState (the conversation and its current branch).
+    stream_started(object): the MessageVM of the answer now streaming.
+    stream_update(object): the same MessageVM with more text (at most 30 Hz).
+    stream_finished(object): the final MessageVM.
+    status(str): tok/s and context use of the last answer.
+    busy(bool): an answer is streaming.
+    image_ready(object, object): an attachment passed the checks (PreparedImage, thumbnail).
+    image_refused(str): why an attachment was refused.
+    """
+
+    conversations = Signal(object)
+    opened = Signal(object)
+    stream_started = Signal(object)
+    stream_update = Signal(object)
+    stream_finished = Signal(object)
+    status = Signal(str)
+    busy = Signal(bool)
+    image_ready = Signal(object, object)  # PreparedImage, QImage thumbnail
+    image_refused = Signal(str)
+
+    def __init__(
+        self, ctx: AppContext, engine: EngineController, parent: QObject | None = None
+    ) -> None:
+        super().__init__(parent)
+        self.ctx = ctx
+        self.engine = engine
+        self._store: HistoryStore | None = None
+        self.current: OpenState | None = None
+        self.stream: StreamState | None = None
+        self._vm: MessageVM | None = None
+        self._task: Any = None
+        self._buffer = StreamBuffer(hz=30, parent=self)
+        self._buffer.batch.connect(self._on_batch)
+        self.page_size = 150
+        self.last_tps: float | None = None
+        self.last_context: tuple[int, int | None] | None = None
+        self.search_text = ""
+        self._pending_settings: tuple[str, ChatSettings] | None = None
+
+    # ------------------------------------------------------------ store
+    def store(self) -> HistoryStore:
+        """The history (opened on first use, from a worker thread)."""
+        if self._store is None:
+            self._store = HistoryStore(self.ctx.services.paths.history_db)
+        return self._store
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    @property
+    def streaming(self) -> bool:
+        return self.stream is not None
+
+    # ------------------------------------------------------ conversations
+    def refresh_list(self) -> None:
+        query = self.search_text.strip()
+
+        def work(_t: CancelToken) -> list[Conversation]:
+            store = self.store()
+            if not query:
+                return store.list_conversations(limit=500)
+            ids: list[int] = []
+            for hit in store.search(query, limit=200):
+                if hit.conversation_id not in ids:
+                    ids.append(hit.conversation_id)
+            return [store.get_conversation(i) for i in ids]
+
+        self.ctx.tasks.run(work, on_done=self.conversations.emit, name="chat-list", serial=True)
+
+    def search(self, text: str) -> None:
+        self.search_text = text
+        self.refresh_list()
+
+    def open(self, conversation_id: int) -> None:
+        def work(_t: CancelToken) -> OpenState:
+            conv, msgs = self.store().open_conversation(conversation_id)
+            return self._open_state(conv, msgs)
+
+        self.ctx.tasks.run(work, on_done=self._opened, name="chat-open", serial=True)
+
+    def new_conversation(self) -> None:
+        """Show an empty conversation (it is created in the store on first send)."""
+        self.current = None
+        self.opened.emit(None)
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        self.ctx.tasks.run(
+            lambda _t: self.store().rename_conversation(conversation_id, title),
+            on_done=lambda _c: self.refresh_list(),
+            name="chat-rename",
+            serial=True,
+        )
+
+    def delete(self, conversation_id: int) -> None:
+        def done(_r: object) -> None:
+            if self.current is not None and self.current.conversation.id == conversation_id:
+                self.new_conversation()
+            self.refresh_list()
+
+        self.ctx.tasks.run(
+            lambda _t: self.store().delete_conversation(conversation_id),
+            on_done=done,
+            name="chat-delete",
+            serial=True,
+        )
+
+    def export(self, conversation_id: int, target: Path, fmt: str) -> None:
+        self.ctx.tasks.run(
+            lambda _t: self.store().write_export(conversation_id, target, fmt=fmt),
+            on_done=lambda p: self.status.emit(f"Exported to {p}"),
+            name="chat-export",
+            serial=True,
+        )
+
+    def update_settings(self, system_prompt: str, settings: ChatSettings) -> None:
+        if self.current is None:
+            self._pending_settings = (system_prompt, settings)
+            return
+        cid = self.current.conversation.id
+        self.ctx.tasks.run(
+            lambda _t: self.store().update_conversation(
+                cid, system_prompt=system_prompt, settings=settings
+            ),
+            on_done=self._settings_saved,
+            name="chat-settings",
+            serial=True,
+        )
+
+    def _settings_saved(self, conv: Conversation) -> None:
+        if self.current is not None and self.current.conversation.id == conv.id:
+            self.current.conversation = conv
+
+    def conversation_settings(self) -> tuple[str, ChatSettings]:
+        if self.current is not None:
+            c = self.current.conversation
+            return c.system_prompt, c.settings
+        if self._pending_settings is not None:
+            return self._pending_settings
+        return self.ctx.settings.system_prompt, self.default_settings()
+
+    def default_settings(self) -> ChatSettings:
+        s = self.ctx.settings
+        return ChatSettings(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            thinking=s.thinking,
+            thinking_effort=s.thinking_effort or None,
+        )
+
+    # ------------------------------------------------------------ images
+    def prepare_files(self, paths: list[str]) -> None:
+        """Validate and thumbnail image files; refuse them when the engine has no vision."""
+        self._prepare(lambda: [load_image(p) for p in paths])
+
+    def prepare_bytes(self, data: bytes, name: str) -> None:
+        self._prepare(lambda: [prepare_image(data, name=name)])
+
+    def _prepare(self, make: Any) -> None:
+        endpoint = self.engine.chat_endpoint()
+        request = self.engine.request
+
+        def work(_t: CancelToken) -> list[tuple[PreparedImage, QImage]]:
+            if request is not None and self.engine.endpoint() is not None and not request.vision:
+                ensure_vision(False, where=self.engine.endpoint().url)  # type: ignore[union-attr]
+            elif endpoint is not None:
+                with ChatClient(endpoint) as client:
+                    try:
+                        caps = client.capabilities()
+                    except ChatError:
+                        caps = None
+                if caps is not None:
+                    ensure_vision(caps.vision, where=endpoint.root)
+            out = []
+            for img in make():
+                thumb = QImage.fromData(img.data)
+                if thumb.height() > THUMB_HEIGHT:
+                    thumb = thumb.scaledToHeight(THUMB_HEIGHT)
+                out.append((img, thumb))
+            return out
+
+        def done(items: list[tuple[PreparedImage, QImage]]) -> None:
+            for img, thumb in items:
+                self.image_ready.emit(img, thumb)
+
+        def error(exc: BaseException) -> None:
+            if isinstance(exc, ChatError):
+                self.image_refused.emit(f"{exc.message} {exc.hint}".strip())
+            else:
+                self.ctx.reporter.report(exc)
+
+        self.ctx.tasks.run(work, on_done=done, on_error=error, name="chat-image")
+
+    # ------------------------------------------------------------ sending
+    def send(self, text: str, images: list[PreparedImage]) -> None:
+        """Append a user message to the current branch and stream the answer."""
+        current = self.current
+        system_prompt, settings = self.conversation_settings()
+
+        def prepare(store: HistoryStore) -> tuple[Conversation, Message]:
+            if current is None:
+                title = (text.strip().splitlines() or ["Image"])[0][:60] or "New chat"
+                conv = store.create_conversation(
+                    title, system_prompt=system_prompt, settings=settings
+                )
+            else:
+                conv = store.get_conversation(current.conversation.id)
+            user = store.add_message(conv.id, "user", text, images=images)
+            return conv, user
+
+        self._pending_settings = None
+        self._run_answer(prepare)
+
+    def regenerate(self, message_id: int) -> None:
+        """A new answer to the same question, kept beside the old one."""
+
+        def prepare(store: HistoryStore) -> tuple[Conversation, Message]:
+            old = store.get_message(message_id)
+            if old.parent_id is None:
+                raise ChatError("This answer has no question to answer again.")
+            conv = store.get_conversation(old.conversation_id)
+            return conv, store.get_message(old.parent_id)
+
+        self._run_answer(prepare)
+
+    def edit_and_resend(self, message_id: int, text: str) -> None:
+        """Send an edited copy of a user message; the old branch stays reachable."""
+
+        def prepare(store: HistoryStore) -> tuple[Conversation, Message]:
+            new = store.edit_message(message_id, text)
+            return store.get_conversation(new.conversation_id), new
+
+        self._run_answer(prepare)
+
+    def switch_branch(self, message_id: int, delta: int) -> None:
+        def work(_t: CancelToken) -> OpenState:
+            store = self.store()
+            sibs = store.siblings(message_id)
+            idx = next(i for i, m in enumerate(sibs) if m.id == message_id)
+            target = sibs[max(0, min(len(sibs) - 1, idx + delta))]
+            store.select_branch(target.id)
+            conv, msgs = store.open_conversation(target.conversation_id)
+            return self._open_state(conv, msgs)
+
+        self.ctx.tasks.run(work, on_done=self._opened, name="chat-branch", serial=True)
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def _run_answer(self, prepare: Any) -> None:
+        if self.streaming:
+            raise ChatError("An answer is still being written.", "Stop it first (Esc).")
+        endpoint = self.engine.chat_endpoint()
+        if endpoint is None:
+            raise ChatError(
+                "No engine is running.",
+                "Start one on the Engine page, or set a remote server in Settings.",
+            )
+        token = CancelToken()
+
+        def work(tok: CancelToken) -> Message:
+            store = self.store()
+            conv, question = prepare(store)
+            answer = store.add_message(
+                conv.id, "assistant", "", parent_id=question.id, partial=True
+            )
+            branch = store.branch(conv.id, question.id)
+            state = self._open_state(conv, [*branch, answer])
+            self.ctx.tasks.run_on_main(lambda: self._begin(state, answer))
+            messages = []
+            if conv.system_prompt.strip():
+                messages.append(ChatMessage("system", conv.system_prompt))
+            for m in branch:
+                if m.role == "system":
+                    continue
+                images = tuple(img.to_prepared() for img in m.images)
+                messages.append(ChatMessage(m.role, m.content, images))
+            st = StreamState(conv.id, answer.id)
+            self.stream = st
+            last_save = time.monotonic()
+
+            def on_delta(delta: Any) -> None:
+                nonlocal last_save
+                if delta.kind == "content":
+                    st.content += delta.text
+                else:
+                    st.reasoning += delta.text
+                self._buffer.append(delta.kind, delta.text)
+                now = time.monotonic()
+                if now - last_save > SAVE_EVERY_S:
+                    last_save = now
+                    store.update_message(answer.id, content=st.content, reasoning=st.reasoning)
+
+            result: ChatResult | None = None
+            note = ""
+            error: ChatError | None = None
+            try:
+                with ChatClient(endpoint) as client:
+                    result = client.chat(messages, conv.settings, on_delta=on_delta, cancel=tok)
+                    try:
+                        caps = client.capabilities()
+                        n_ctx = caps.n_ctx
+                    except ChatError:
+                        n_ctx = None
+            except ChatStreamError as exc:
+                result, note, error = exc.result, NOTE_BROKEN, exc
+                n_ctx = None
+            except ChatError as exc:
+                error = exc
+                n_ctx = None
+            if result is None:
+                # refused before any text: keep nothing but the question
+                store.update_message(
+                    answer.id,
+                    content=st.content,
+                    reasoning=st.reasoning,
+                    partial=True,
+                    finish_reason=NOTE_BROKEN,
+                )
+                assert error is not None
+                raise error
+            if result.cancelled:
+                note = NOTE_STOPPED
+            final = store.update_message(
+                answer.id,
+                content=result.text or st.content,
+                reasoning=result.reasoning or st.reasoning,
+                usage=result.usage,
+                timings=result.timings,
+                partial=result.partial or bool(note),
+                finish_reason=note or result.finish_reason,
+                model=result.model,
+            )
+            if result.timings is not None and result.timings.predicted_per_second > 0:
+                self.last_tps = result.timings.predicted_per_second
+            elif result.usage is not None and result.elapsed_s > 0:
+                self.last_tps = result.usage.completion_tokens / result.elapsed_s
+            if result.usage is not None:
+                self.last_context = (result.usage.total_tokens, n_ctx)
+            if error is not None:
+                log.warning("answer cut short: %s", error.message)
+            return final
+
+        self.busy.emit(True)
+        self._task = self.ctx.tasks.run(
+            work,
+            on_done=self._finished,
+            on_error=self._failed,
+            on_cancelled=self._cancelled_before_start,
+            name="chat-stream",
+            token=token,
+        )
+
+    # -------------------------------------------------------- main thread
+    def _open_state(self, conv: Conversation, msgs: list[Message]) -> OpenState:
+        """View models for a branch (sibling counts and thumbnails for the shown part)."""
+        store = self.store()
+        start = max(0, len(msgs) - self.page_size)
+        vms = [to_vm(m) for m in msgs]
+        thumbs: dict[str, QImage] = {}
+        for i in range(start, len(msgs)):
+            m = msgs[i]
+            if m.parent_id is not None or i == 0:
+                sibs = store.siblings(m.id)
+                if len(sibs) > 1:
+                    idx = next(j for j, s in enumerate(sibs) if s.id == m.id)
+                    vms[i].branch = (idx + 1, len(sibs))
+            for img in m.images:
+                if img.sha256 not in thumbs:
+                    thumbs[img.sha256] = load_thumb(img.path)
+        return OpenState(conv, msgs, vms, thumbs)
+
+    def _opened(self, state: OpenState | None) -> None:
+        self.current = state
+        self.opened.emit(state)
+        self._emit_status()
+
+    def _begin(self, state: OpenState, answer: Message) -> None:
+        vm = state.vms[-1]
+        vm.streaming = True
+        vm.partial = False
+        vm.partial_note = ""
+        self._vm = vm
+        self.current = state
+        self.opened.emit(state)
+        self.stream_started.emit(vm)
+        self.refresh_list()
+
+    def _on_batch(self, batch: dict[str, Any]) -> None:
+        vm = self._vm
+        if vm is None:
+            return
+        vm.content += batch.get("content", "")
+        vm.reasoning += batch.get("reasoning", "")
+        self.stream_update.emit(vm)
+
+    def _finished(self, final: Message) -> None:
+        self._buffer.flush()
+        vm = self._vm
+        self.stream = None
+        self._task = None
+        self._vm = None
+        done = to_vm(final, vm.branch if vm is not None else (1, 1))
+        if self.current is not None and self.current.vms and self.current.vms[-1].id == done.id:
+            self.current.vms[-1] = done
+            self.current.messages[-1] = final
+        self.stream_finished.emit(done)
+        self.busy.emit(False)
+        self._emit_status()
+        self.refresh_list()
+
+    def _failed(self, exc: BaseException) -> None:
+        self._buffer.flush()
+        vm = self._vm
+        self.stream = None
+        self._task = None
+        self._vm = None
+        self.busy.emit(False)
+        if vm is not None:
+            vm.partial = True
+            vm.partial_note = "no answer arrived."
+            self.stream_finished.emit(vm)
+        self.ctx.reporter.report(exc)
+
+    def _cancelled_before_start(self) -> None:
+        self.stream = None
+        self._task = None
+        self._vm = None
+        self.busy.emit(False)
+
+    def _emit_status(self) -> None:
+        parts = []
+        if self.last_tps is not None:
+            parts.append(f"last answer {self.last_tps:.1f} tok/s")
+        if self.last_context is not None:
+            used, total = self.last_context
+            parts.append(f"context {used:,} / {total:,}" if total else f"context {used:,} tokens")
+        self.status.emit(" · ".join(parts))

@@ -1,0 +1,416 @@
+"""The chat window: conversation list, message view, composer and a status line."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtGui import QImage
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QInputDialog,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QMessageBox,
+    QPlainTextEdit,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from k3desk.core.chat.history import Conversation
+from k3desk.core.chat.images import PreparedImage
+from k3desk.core.chat.model import ChatSettings
+from k3desk.core.errors import K3Error
+from k3desk.ui import theme
+from k3desk.ui.chat.composer import Composer
+from k3desk.ui.chat.controller import ChatController, OpenState
+from k3desk.ui.chat.view import MessageView, MessageVM
+from k3desk.ui.settings import EFFORTS
+from k3desk.ui.widgets import label, muted
+
+if TYPE_CHECKING:
+    from k3desk.ui.context import AppContext
+
+ROLE_ID = Qt.ItemDataRole.UserRole
+
+
+def when(ts: float) -> str:
+    age = time.time() - ts
+    if age < 60:
+        return "just now"
+    if age < 3600:
+        return f"{int(age // 60)} min ago"
+    if age < 86400:
+        return time.strftime("%H:%M", time.localtime(ts))
+    return time.strftime("%d %b", time.localtime(ts))
+
+
+class ChatSettingsDialog(QDialog):
+    """System prompt, sampling and thinking for one conversation."""
+
+    def __init__(self, prompt: str, s: ChatSettings, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Conversation settings")
+        self.setMinimumWidth(460)
+        form = QFormLayout(self)
+        self.prompt = QPlainTextEdit(prompt)
+        self.prompt.setPlaceholderText("Optional: how Kimi-K3 should behave in this chat")
+        self.prompt.setMinimumHeight(90)
+        form.addRow("System prompt", self.prompt)
+        self.temperature = QDoubleSpinBox()
+        self.temperature.setRange(0.0, 2.0)
+        self.temperature.setSingleStep(0.05)
+        self.temperature.setValue(s.temperature)
+        form.addRow("Temperature", self.temperature)
+        self.top_p = QDoubleSpinBox()
+        self.top_p.setRange(0.01, 1.0)
+        self.top_p.setSingleStep(0.01)
+        self.top_p.setValue(s.top_p)
+        form.addRow("Top-p", self.top_p)
+        self.thinking = QCheckBox("Think before answering")
+        self.thinking.setChecked(s.thinking)
+        form.addRow("Thinking", self.thinking)
+        self.effort = QComboBox()
+        for e in EFFORTS:
+            self.effort.addItem(e or "Template default", e)
+        self.effort.setCurrentIndex(max(0, self.effort.findData(s.thinking_effort or "")))
+        form.addRow("Effort", self.effort)
+        self.thinking.toggled.connect(self.effort.setEnabled)
+        self.effort.setEnabled(s.thinking)
+        self._base = s
+        box = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
+        )
+        box.accepted.connect(self.accept)
+        box.rejected.connect(self.reject)
+        form.addRow(box)
+
+    def values(self) -> tuple[str, ChatSettings]:
+        effort = str(self.effort.currentData() or "") or None
+        return self.prompt.toPlainText().strip(), ChatSettings(
+            temperature=round(self.temperature.value(), 3),
+            top_p=round(self.top_p.value(), 3),
+            max_tokens=self._base.max_tokens,
+            seed=self._base.seed,
+            thinking=self.thinking.isChecked(),
+            thinking_effort=effort if self.thinking.isChecked() else None,
+            extra_body=self._base.extra_body,
+        )
+
+
+class ChatPage(QWidget):
+    def __init__(self, ctx: AppContext, window: QWidget | None = None) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.engine = ctx.controller("engine")
+        self.chat = ChatController(ctx, self.engine, self)
+        self._editing: int | None = None
+
+        root = QHBoxLayout(self)
+        root.setContentsMargins(0, 0, 0, 0)
+        split = QSplitter()
+        root.addWidget(split)
+
+        # ---- conversation list
+        left = QWidget()
+        left.setMinimumWidth(220)
+        llay = QVBoxLayout(left)
+        llay.setContentsMargins(10, 12, 6, 10)
+        self.new_btn = QPushButton("New chat")
+        self.new_btn.setObjectName("newChat")
+        self.new_btn.setIcon(theme.icon("plus"))
+        llay.addWidget(self.new_btn)
+        self.search = QLineEdit()
+        self.search.setObjectName("chatSearch")
+        self.search.setPlaceholderText("Search conversations")
+        self.search.setClearButtonEnabled(True)
+        llay.addWidget(self.search)
+        self.list = QListWidget()
+        self.list.setObjectName("convList")
+        self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.setToolTip("Right-click for rename, export and delete")
+        llay.addWidget(self.list, 1)
+        self.list_empty = muted("No conversations yet. Type below to start one.")
+        self.list_empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        llay.addWidget(self.list_empty)
+        split.addWidget(left)
+
+        # ---- conversation
+        right = QWidget()
+        rlay = QVBoxLayout(right)
+        rlay.setContentsMargins(16, 10, 16, 8)
+        rlay.setSpacing(6)
+        head = QHBoxLayout()
+        self.title = label("New chat", "sectionTitle", wrap=False)
+        head.addWidget(self.title, 1)
+        self.settings_btn = QPushButton("Chat settings…")
+        self.settings_btn.setObjectName("chatSettings")
+        self.settings_btn.setToolTip("System prompt, sampling and thinking for this conversation")
+        head.addWidget(self.settings_btn)
+        rlay.addLayout(head)
+        self.view = MessageView()
+        rlay.addWidget(self.view, 1)
+        self.editing_bar = muted("")
+        self.editing_bar.hide()
+        rlay.addWidget(self.editing_bar)
+        self.composer = Composer()
+        rlay.addWidget(self.composer)
+        self.status = muted("")
+        self.status.setObjectName("chatStatus")
+        rlay.addWidget(self.status)
+        split.addWidget(right)
+        split.setStretchFactor(1, 1)
+        split.setSizes([260, 1000])
+
+        # ---- wiring
+        self.new_btn.clicked.connect(self.new_chat)
+        self.search.textChanged.connect(self.chat.search)
+        self.list.currentItemChanged.connect(self._select)
+        self.list.customContextMenuRequested.connect(self._menu)
+        self.settings_btn.clicked.connect(self.edit_settings)
+        self.view.action.connect(self._action)
+        self.composer.send_requested.connect(self._send)
+        self.composer.stop_requested.connect(self._stop)
+        self.composer.files_added.connect(self.chat.prepare_files)
+        self.composer.image_pasted.connect(self.chat.prepare_bytes)
+        self.chat.image_ready.connect(self._image_ready)
+        self.chat.image_refused.connect(self.composer.show_notice)
+        self.chat.conversations.connect(self._fill_list)
+        self.chat.opened.connect(self._show)
+        self.chat.stream_started.connect(self.view.begin_stream)
+        self.chat.stream_update.connect(self.view.update_stream)
+        self.chat.stream_finished.connect(self._finished)
+        self.chat.busy.connect(self.composer.set_streaming)
+        self.chat.status.connect(lambda _s: self._update_status())
+        self.engine.state_changed.connect(lambda _s, _m: self._engine_changed())
+        ctx.settings_changed.connect(lambda _s: self._engine_changed())
+        self._engine_changed()
+        self.chat.refresh_list()
+        self.chat.new_conversation()
+
+    # ------------------------------------------------------------- engine
+    def _engine_changed(self) -> None:
+        ep = self.engine.chat_endpoint()
+        if ep is None:
+            why = (
+                "No engine is running: start Kimi-K3 on the Engine page "
+                "(or set a remote server in Settings)."
+            )
+            self.composer.set_availability(False, why)
+        else:
+            self.composer.set_availability(True)
+        self._update_status()
+        if not self.view.messages():
+            self.view.set_empty_text(self._empty_text())
+
+    def _empty_text(self) -> str:
+        if self.engine.chat_endpoint() is None:
+            return (
+                "Nothing to chat with yet. Start the engine on the Engine page "
+                "(Ctrl+4), or run the set-up wizard from Settings."
+            )
+        return "Ask Kimi-K3 anything. Attach images with the clip, drop or paste them."
+
+    def _update_status(self) -> None:
+        parts = [self.engine.state_text()]
+        if self.engine.endpoint() is None and self.ctx.settings.remote_url:
+            parts = [f"Remote server {self.ctx.settings.remote_url}"]
+        if self.chat.last_tps is not None:
+            parts.append(f"last answer {self.chat.last_tps:.1f} tok/s")
+        if self.chat.last_context is not None:
+            used, total = self.chat.last_context
+            parts.append(f"context {used:,} / {total:,}" if total else f"context {used:,}")
+        self.status.setText("  ·  ".join(parts))
+
+    # ------------------------------------------------------ conversations
+    def new_chat(self) -> None:
+        if self.chat.streaming:
+            return
+        self.list.blockSignals(True)
+        self.list.clearSelection()
+        self.list.setCurrentRow(-1)
+        self.list.blockSignals(False)
+        self.chat.new_conversation()
+        self.composer.edit.setFocus()
+
+    def _fill_list(self, convs: list[Conversation]) -> None:
+        current = self.chat.current.conversation.id if self.chat.current else None
+        self.list.blockSignals(True)
+        self.list.clear()
+        for c in convs:
+            item = QListWidgetItem(f"{c.title}\n{when(c.updated)}")
+            item.setData(ROLE_ID, c.id)
+            item.setToolTip(c.title)
+            self.list.addItem(item)
+            if c.id == current:
+                self.list.setCurrentItem(item)
+        self.list.blockSignals(False)
+        searching = bool(self.chat.search_text.strip())
+        self.list_empty.setText(
+            "No conversation matches."
+            if searching
+            else "No conversations yet. Type below to start one."
+        )
+        self.list_empty.setVisible(not convs)
+
+    def _select(self, item: QListWidgetItem | None, _prev: object = None) -> None:
+        if item is None or self.chat.streaming:
+            return
+        self.chat.open(int(item.data(ROLE_ID)))
+
+    def _menu(self, pos: QPoint) -> None:
+        item = self.list.itemAt(pos)
+        if item is None:
+            return
+        cid = int(item.data(ROLE_ID))
+        menu = QMenu(self)
+        menu.addAction("Rename…", lambda: self.rename(cid))
+        menu.addAction("Export as Markdown…", lambda: self.export(cid, "md"))
+        menu.addAction("Export as JSON…", lambda: self.export(cid, "json"))
+        menu.addSeparator()
+        menu.addAction("Delete…", lambda: self.delete(cid))
+        menu.popup(self.list.mapToGlobal(pos))
+
+    def rename(self, cid: int, title: str | None = None) -> None:
+        if title is None:
+            old = next(
+                (
+                    self.list.item(i).toolTip()
+                    for i in range(self.list.count())
+                    if self.list.item(i).data(ROLE_ID) == cid
+                ),
+                "",
+            )
+            title, ok = QInputDialog.getText(self, "Rename conversation", "Title", text=old)
+            if not ok:
+                return
+        if title.strip():
+            self.chat.rename(cid, title)
+            if self.chat.current and self.chat.current.conversation.id == cid:
+                self.title.setText(title.strip())
+
+    def delete(self, cid: int, confirm: bool = True) -> None:
+        if confirm:
+            answer = QMessageBox.question(
+                self,
+                "Delete conversation",
+                "Delete this conversation and all its branches? This cannot be undone.",
+            )
+            if answer != QMessageBox.StandardButton.Yes:
+                return
+        self.chat.delete(cid)
+
+    def export(self, cid: int, fmt: str, target: Path | None = None) -> None:
+        if target is None:
+            suffix = "md" if fmt == "md" else "json"
+            name, _ = QFileDialog.getSaveFileName(
+                self,
+                "Export conversation",
+                f"conversation-{cid}.{suffix}",
+                "Markdown (*.md)" if fmt == "md" else "JSON (*.json)",
+            )
+            if not name:
+                return
+            target = Path(name)
+        self.chat.export(cid, target, fmt)
+
+    def edit_settings(self) -> None:
+        prompt, s = self.chat.conversation_settings()
+        dlg = ChatSettingsDialog(prompt, s, self)
+        if dlg.exec() == QDialog.DialogCode.Accepted:
+            self.chat.update_settings(*dlg.values())
+
+    # ------------------------------------------------------------ showing
+    def _show(self, state: OpenState | None) -> None:
+        self._cancel_edit()
+        if state is None:
+            self.title.setText("New chat")
+            self.view.set_messages([])
+            self.view.set_empty_text(self._empty_text())
+            return
+        self.title.setText(state.conversation.title)
+        for key, img in state.thumbs.items():
+            if not img.isNull():
+                self.view.add_image(key, img)
+        self.view.set_messages(state.vms)
+
+    def _finished(self, vm: MessageVM) -> None:
+        self.view.end_stream(vm)
+        self._update_status()
+
+    # ------------------------------------------------------------ actions
+    def _action(self, verb: str, mid: str, arg: int) -> None:
+        try:
+            if verb == "regenerate":
+                self.chat.regenerate(int(mid))
+            elif verb == "edit":
+                self.start_edit(int(mid))
+            elif verb == "branch":
+                self.chat.switch_branch(int(mid), arg)
+        except K3Error as exc:
+            self.ctx.reporter.report(exc)
+
+    def start_edit(self, mid: int) -> None:
+        vm = next((m for m in self.view.messages() if m.id == str(mid)), None)
+        if vm is None or self.chat.streaming:
+            return
+        self._editing = mid
+        self.composer.edit.setPlainText(vm.content)
+        self.editing_bar.setText(
+            "Editing a message: sending starts a new branch (the old one stays). "
+            "Esc cancels the edit."
+        )
+        self.editing_bar.show()
+        self.composer.edit.setFocus()
+
+    def _cancel_edit(self) -> None:
+        self._editing = None
+        self.editing_bar.hide()
+
+    def _send(self, text: str) -> None:
+        images: list[PreparedImage] = [a.image for a in self.composer.attachments]
+        try:
+            if self._editing is not None:
+                self.chat.edit_and_resend(self._editing, text)
+            else:
+                self.chat.send(text, images)
+        except K3Error as exc:
+            self.ctx.reporter.report(exc)
+            return
+        self._cancel_edit()
+        self.composer.clear()
+        self.composer.show_notice("")
+
+    def _stop(self) -> None:
+        if self.chat.streaming:
+            self.chat.stop()
+        elif self._editing is not None:
+            self._cancel_edit()
+            self.composer.clear()
+
+    def _image_ready(self, image: PreparedImage, thumb: QImage) -> None:
+        self.composer.add_attachment(image, thumb)
+        self.view.add_image(image.sha256, thumb)
+
+    # ------------------------------------------------------------- window
+    def activated(self) -> None:
+        self.composer.edit.setFocus()
+
+    def closing(self) -> None:
+        self.chat.close()
+
+    def controller(self) -> Any:
+        return self.chat

@@ -1,0 +1,1 @@
+"""The engine: controller (supervisor as Qt signals) and its page."""
