@@ -1,0 +1,219 @@
+"""``k3desk chat``: on a local GGUF (real llama-server) and against a URL."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+from PIL import Image
+
+import k3desk.cli as cli
+from k3desk.app import Services
+from k3desk.core.chat.history import HistoryStore
+from k3desk.core.paths import default_paths
+from tests.core.chat.conftest import StandIn, llama_server_binary
+
+Run = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def k3chat(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Run:
+    """Run ``k3desk chat ...`` in-process (only the chat command registered)."""
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("k3desk.cli.chat",))
+
+    def run(*argv: str | Path) -> tuple[int, str, str]:
+        rc = cli.main(["chat", *map(str, argv)], Services())
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny kimi-k3 in 3 parts and its projector: (part 1, mmproj)."""
+    from k3desk.devtools.tinyk3 import write_tiny_k3
+
+    m = write_tiny_k3(tmp_path_factory.mktemp("tiny"), shards=3, mmproj=True)
+    assert m.mmproj is not None
+    return m.first_part, m.mmproj
+
+
+@pytest.fixture
+def red_png(tmp_path: Path) -> Path:
+    p = tmp_path / "red.png"
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(p)
+    return p
+
+
+def llama_children() -> list[psutil.Process]:
+    return [
+        c
+        for c in psutil.Process().children(recursive=True)
+        if "llama-server" in c.name() and c.status() != psutil.STATUS_ZOMBIE
+    ]
+
+
+# ------------------------------------------------------------------ with a URL
+
+
+def test_answer_on_stdout_reasoning_and_stats_on_stderr(k3chat: Run, standin: StandIn) -> None:
+    rc, out, err = k3chat("--url", standin.url, "Hello")
+    assert rc == 0
+    assert out == "Hello world\n"
+    assert "Let me think." in err
+    assert "Hello world" not in err
+    assert "[12 prompt tokens, 3 generated, 300.0 tok/s]" in err
+
+
+def test_json_prints_one_object(k3chat: Run, standin: StandIn) -> None:
+    rc, out, _ = k3chat("--url", standin.url, "--json", "--no-thinking", "--seed", "5", "Hello")
+    assert rc == 0
+    data = json.loads(out)
+    assert data["text"] == "Hello world"
+    assert data["reasoning"] == "Let me think."
+    assert data["usage"] == {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+    assert data["timings"]["predicted_n"] == 3
+    assert data["partial"] is False
+    sent = standin.requests[0]
+    assert sent["chat_template_kwargs"] == {"thinking": False}
+    assert sent["seed"] == 5
+
+
+def test_api_key_from_the_environment_and_a_wrong_one(
+    k3chat: Run, standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    standin.api_key = "s3cret"
+    monkeypatch.setenv("K3DESK_API_KEY", "s3cret")
+    assert k3chat("--url", standin.url, "Hi")[0] == 0
+    rc, _, err = k3chat("--url", standin.url, "--api-key", "nope", "Hi")
+    assert rc == 1
+    assert "refused the API key" in err
+    assert "Traceback" not in err
+
+
+def test_cut_stream_exits_1_and_keeps_the_partial_answer(k3chat: Run, standin: StandIn) -> None:
+    standin.tokens = [("content", "The answer"), ("content", " is"), ("content", " 42")]
+    standin.cut_after = 2
+    rc, out, err = k3chat("--url", standin.url, "Q?")
+    assert rc == 1
+    assert out == "The answer is\n"
+    assert "stopped in the middle of the answer" in err
+    assert "partial answer" in err
+    rc, out, _ = k3chat("--url", standin.url, "--json", "Q?")
+    assert rc == 1
+    data = json.loads(out)
+    assert data["text"] == "The answer is"
+    assert data["partial"] is True
+    assert "stopped in the middle" in data["error"]
+
+
+def test_unreachable_server_is_a_plain_error(k3chat: Run, closed_port: int) -> None:
+    rc, out, err = k3chat("--url", f"http://127.0.0.1:{closed_port}", "Hi")
+    assert rc == 1
+    assert out == ""
+    assert "Cannot connect to the engine" in err
+    assert "Traceback" not in err
+
+
+def test_save_keeps_the_exchange_in_history(k3chat: Run, standin: StandIn) -> None:
+    rc, _, err = k3chat("--url", standin.url, "--save", "--system", "Be kind.", "Hello there")
+    assert rc == 0
+    assert "Saved as conversation" in err
+    with HistoryStore(default_paths().history_db) as h:
+        (conv,) = h.list_conversations()
+        msgs = h.branch(conv.id)
+    assert conv.title == "Hello there"
+    assert conv.system_prompt == "Be kind."
+    assert [(m.role, m.content) for m in msgs] == [
+        ("user", "Hello there"),
+        ("assistant", "Hello world"),
+    ]
+    assert msgs[1].reasoning == "Let me think."
+    assert msgs[1].usage is not None
+
+
+# ------------------------------------------------------------------ refused early
+
+
+def test_text_file_named_png_is_refused_before_anything_starts(
+    k3chat: Run, tiny: tuple[Path, Path], tmp_path: Path
+) -> None:
+    fake = tmp_path / "photo.png"
+    fake.write_text("just words")
+    shard, mmproj = tiny
+    rc, _, err = k3chat(shard, "--mmproj", mmproj, "--image", fake, "What is it?")
+    assert rc == 1
+    assert f"{fake} is not an image" in err
+    assert not default_paths().logs_dir.exists() or not any(default_paths().logs_dir.iterdir())
+
+
+def test_image_without_projector_is_refused(
+    k3chat: Run, tiny: tuple[Path, Path], red_png: Path
+) -> None:
+    rc, _, err = k3chat(tiny[0], "--image", red_png, "What is it?")
+    assert rc == 1
+    assert "--image needs --mmproj FILE" in err
+
+
+def test_later_part_or_missing_file_is_refused(k3chat: Run, tiny: tuple[Path, Path]) -> None:
+    part2 = tiny[0].with_name(tiny[0].name.replace("00001-of", "00002-of"))
+    rc, _, err = k3chat(part2, "Hi")
+    assert rc == 1
+    assert "must be given part 1" in err
+    rc, _, err = k3chat(tiny[0].with_name("nothing.gguf"), "Hi")
+    assert rc == 1
+    assert "does not exist" in err
+
+
+def test_usage_errors(k3chat: Run, standin: StandIn) -> None:
+    rc, _, err = k3chat("--url", standin.url, "model.gguf", "Hi")
+    assert rc == 1
+    assert "With --url, give only the prompt" in err
+    rc, _, err = k3chat("--url", standin.url, "--mmproj", "x.gguf", "Hi")
+    assert rc == 1
+    assert "apply only when k3desk starts the engine" in err
+
+
+# ------------------------------------------------------------------ on a shard (real engine)
+
+needs_engine = pytest.mark.skipif(
+    llama_server_binary() is None, reason="the llama-server test engine is not installed"
+)
+
+
+@pytest.mark.engine
+@needs_engine
+def test_chat_on_shard_1_sees_the_image_and_stops_the_engine(
+    k3chat: Run, tiny: tuple[Path, Path], red_png: Path
+) -> None:
+    shard, mmproj = tiny
+    common = ("--mmproj", mmproj, "--ctx", "4096", "--json", "--no-thinking")
+    common += ("--max-tokens", "4", "--seed", "1")
+    rc, out, err = k3chat(shard, *common, "What colour is this?")
+    assert rc == 0, err
+    plain = json.loads(out)
+    rc, out, err = k3chat(shard, *common, "--image", red_png, "What colour is this?")
+    assert rc == 0, err
+    seen = json.loads(out)
+    assert seen["text"]  # --no-thinking: the answer is in the content
+    assert seen["reasoning"] == ""
+    assert seen["usage"]["completion_tokens"] <= 4
+    # the projector's 16 image embeddings are in the prompt
+    assert seen["usage"]["prompt_tokens"] - plain["usage"]["prompt_tokens"] == 16
+    assert llama_children() == []  # the engine was stopped afterwards
+
+
+@pytest.mark.engine
+@needs_engine
+def test_chat_on_shard_streams_with_progress(k3chat: Run, tiny: tuple[Path, Path]) -> None:
+    rc, _, err = k3chat(tiny[0], "--ctx", "4096", "--max-tokens", "8", "--seed", "1", "Hi")
+    assert rc == 0, err
+    assert "Starting llama-server on" in err
+    assert "Engine ready in" in err
+    assert re.search(r"\[\d+ prompt tokens, [1-8] generated, [\d.]+ tok/s\]", err), err
+    assert llama_children() == []
