@@ -38,15 +38,26 @@ ALIGNMENT = 32
 MAX_SIZE_ERROR = 0.01
 
 BrokenKind = Literal[
-    "missing-part", "truncated", "truncated-header", "split-count", "wrong-arch", "not-gguf"
-]
-BROKEN_KINDS: tuple[BrokenKind, ...] = (
     "missing-part",
     "truncated",
     "truncated-header",
     "split-count",
     "wrong-arch",
     "not-gguf",
+    "duplicate-tensor",
+    "missing-key",
+    "expert-count",
+]
+BROKEN_KINDS: tuple[BrokenKind, ...] = (
+    "missing-part",  # one part deleted
+    "truncated",  # one part cut short inside its last tensor (an unfinished download)
+    "truncated-header",  # one part cut short inside its header
+    "split-count",  # one part's split.count disagrees with its name
+    "wrong-arch",  # general.architecture is not kimi-k3
+    "not-gguf",  # one part is an HTML error page
+    "duplicate-tensor",  # one tensor stored in two parts (counts adjusted to match)
+    "missing-key",  # part 1 lacks kimi-k3.attn_res.block_size
+    "expert-count",  # kimi-k3.expert_count says 832, the tensors hold 896 experts
 )
 
 
@@ -228,6 +239,11 @@ def _write(parts: Sequence[_Part], published: int) -> list[Path]:
     return paths
 
 
+def _patch_kv(part: _Part, key: str, new: KV | bytes) -> _Part:
+    kvs = [new if isinstance(kv, KV) and kv.key == key else kv for kv in part.kvs]
+    return _Part(part.path, part.tensors, kvs)
+
+
 def write_twin(tier: Tier, directory: str | Path) -> list[Path]:
     """Write a sparse twin of ``tier`` into ``directory``; return its parts in order."""
     return _write(_plan(tier, Path(directory)), tier.size_bytes)
@@ -243,21 +259,47 @@ def write_broken_twin(
     """
     d = Path(directory)
     parts = _plan(tier, d, arch="kimi-k9" if kind == "wrong-arch" else "kimi-k3")
-    idx = (0 if kind == "wrong-arch" else len(parts) // 2) if part is None else part
+    at_first = kind in ("wrong-arch", "missing-key", "expert-count")
+    idx = (0 if at_first else len(parts) // 2) if part is None else part
+    n_tensors = len(twin_tensors(tier))
     if kind == "split-count":
-        p = parts[idx]
         count = len(parts)
-        wrong = _split_kvs(idx, count - 1 if count > 1 else 2, len(twin_tensors(tier)))
-        kvs = [wrong[1] if isinstance(kv, KV) and kv.key == "split.count" else kv for kv in p.kvs]
-        parts[idx] = _Part(p.path, p.tensors, kvs)
+        wrong = _split_kvs(idx, count - 1 if count > 1 else 2, n_tensors)[1]
+        parts[idx] = _patch_kv(parts[idx], "split.count", wrong)
+    elif kind == "duplicate-tensor":
+        dup = parts[idx - 1].tensors[0] if idx > 0 else parts[idx].tensors[-1]
+        parts[idx] = _Part(parts[idx].path, [*parts[idx].tensors, dup], parts[idx].kvs)
+        parts = [
+            _patch_kv(p, "split.tensors.count", KV("split.tensors.count", INT32, n_tensors + 1))
+            for p in parts
+        ]
+    elif kind == "missing-key":
+        p0 = parts[0]
+        kvs = [
+            kv
+            for kv in p0.kvs
+            if not (isinstance(kv, KV) and kv.key.endswith("attn_res.block_size"))
+        ]
+        parts[0] = _Part(p0.path, p0.tensors, kvs)
+    elif kind == "expert-count":
+        parts[0] = _patch_kv(
+            parts[0], "kimi-k3.expert_count", KV("kimi-k3.expert_count", UINT32, 832)
+        )
     paths = _write(parts, tier.size_bytes)
     broken = paths[idx]
     if kind == "missing-part":
         broken.unlink()
     elif kind == "truncated":
-        # cut the download short inside the last tensor of the part
-        size = broken.stat().st_size
-        os.truncate(broken, size - max(parts[idx].tensors[-1].nbytes // 2, 1) - size // 1000)
+        # cut the download short in the middle of the part's largest tensor
+        header, _ = encode_header(parts[idx].kvs, parts[idx].tensors, ALIGNMENT)
+        offset, cut = 0, 0
+        biggest = max(t.nbytes for t in parts[idx].tensors)
+        for t in parts[idx].tensors:
+            if t.nbytes == biggest:
+                cut = len(header) + offset + t.nbytes // 2
+                break
+            offset = -(-(offset + t.nbytes) // ALIGNMENT) * ALIGNMENT
+        os.truncate(broken, cut)
     elif kind == "truncated-header":
         header, _ = encode_header(parts[idx].kvs, parts[idx].tensors, ALIGNMENT)
         os.truncate(broken, len(header) // 2)

@@ -96,27 +96,20 @@ class _Checker:
             return f"Part {self.shards.part_label(i)} ({self.shards.part_name(i)})"
         return self.shards.given.name
 
-    def download_hint(self, i: int | None = None) -> str:
+    def download_hint(self, i: int | None = None, together: bool = False) -> str:
+        """What to do: download part ``i`` (or the set) again, naming the tier if known."""
         name = self.shards.part_name(i if i is not None else 0)
-        where = f"in {self.shards.directory}" if self.shards.split else ""
+        what = "it" if i is not None else "the set"
+        where = ""
+        if together and self.shards.split:
+            where = (
+                f"; all {self.shards.count} parts must sit together in "
+                f"{self.shards.directory} under their published names"
+            )
         for tier in self.tiers:
             if any(Path(n).name == name for n in tier.shard_names()):
-                what = "it" if i is not None else "the set"
-                return (
-                    f"Download {what} again with `k3desk download {tier.id}`"
-                    + (
-                        f"; all {self.shards.count} parts must sit together {where}"
-                        if where
-                        else ""
-                    )
-                    + "."
-                )
-        if self.shards.split:
-            return (
-                f"Download it again from where the set came from; all {self.shards.count} parts "
-                f"must sit together {where} under their published names."
-            )
-        return "Download the file again from where it came from."
+                return f"Download {what} again with `k3desk download {tier.id}`{where}."
+        return f"Download {what} again from where it came from{where}."
 
     def fail(self, message: str, i: int | None = None, hint: str | None = None) -> ValidationError:
         return ValidationError(message, hint if hint is not None else self.download_hint(i))
@@ -147,6 +140,7 @@ class _Checker:
                 f"{'is' if len(missing) == 1 else 'are'} missing "
                 f"({len(missing)} of {s.count}; expected {s.paths[missing[0]]}).",
                 missing[0],
+                self.download_hint(missing[0], together=True),
             )
 
     def check_split_keys(self, headers: list[GGUFHeader]) -> None:
@@ -178,13 +172,14 @@ class _Checker:
                         "re-split it with llama-gguf-split.",
                     )
                 if v != want:
-                    shown = v + 1 if key == "split.no" else v
-                    wanted = want + 1 if key == "split.no" else want
-                    what = "part number" if key == "split.no" else "part count"
+                    said = (
+                        f"split.no = {v} (part {v + 1}), but its name says part {want + 1}"
+                        if key == "split.no"
+                        else f"split.count = {v}, but its name and the set say {want} parts"
+                    )
                     raise self.fail(
-                        f"{self.label(i)} says {key} = {v} ({what} {shown}), but its name "
-                        f"and the set say {wanted}: the set mixes files from different "
-                        "uploads or renamed parts.",
+                        f"{self.label(i)} says {said}: the set mixes files from different "
+                        "uploads, or parts were renamed.",
                         i,
                     )
         declared = headers[0].get("split.tensors.count")
@@ -220,7 +215,7 @@ class _Checker:
                     where = (
                         "twice in this part"
                         if seen[t.name] == i
-                        else f"also in {self.label(seen[t.name]).lower()}"
+                        else f"also in part {self.shards.part_label(seen[t.name])}"
                     )
                     raise self.fail(
                         f"{self.label(i)} contains tensor '{t.name}' {where}: "

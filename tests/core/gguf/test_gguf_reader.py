@@ -1,0 +1,233 @@
+"""The header-only reader agrees with the gguf package, reads only headers, and
+reports bad files by name."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+
+from k3desk.core.errors import ValidationError
+from k3desk.core.gguf.ggml import BY_ID, BY_NAME
+from k3desk.core.gguf.reader import (
+    ARRAY,
+    BOOL,
+    FLOAT32,
+    INT32,
+    STRING,
+    UINT16,
+    UINT32,
+    ArrayRef,
+    read_header,
+)
+from k3desk.core.gguf.writer import KV, TensorDef, encode_header, write_sparse_gguf
+from tests.fixtures.twins import TwinFactory
+
+
+def test_ggml_type_table_matches_gguf_package() -> None:
+    for qt, (block, size) in gguf.GGML_QUANT_SIZES.items():
+        assert BY_ID[int(qt)].name == qt.name
+        assert (BY_ID[int(qt)].block_size, BY_ID[int(qt)].type_size) == (block, size)
+    assert len(BY_ID) == len(gguf.GGML_QUANT_SIZES)
+
+
+def _fields(reader: gguf.GGUFReader) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF."):
+            continue
+        out[name] = f.contents()
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference_reader(twin_factory: TwinFactory) -> Any:
+    """gguf.GGUFReader per part of the 94-part twin (slow: part 1 takes seconds)."""
+    cache: dict[int, gguf.GGUFReader] = {}
+
+    def get(part: int) -> gguf.GGUFReader:
+        if part not in cache:
+            cache[part] = gguf.GGUFReader(twin_factory("grearl-iq1s")[part])
+        return cache[part]
+
+    return get
+
+
+@pytest.mark.parametrize("part", [0, 1, 93])
+def test_agrees_with_gguf_reader_on_a_twin(
+    twin_factory: TwinFactory, reference_reader: Any, part: int
+) -> None:
+    path = twin_factory("grearl-iq1s")[part]
+    ours = read_header(path)
+    theirs = reference_reader(part)
+    expected = _fields(theirs)
+    assert set(ours.kv) == set(expected)
+    for key, value in ours.kv.items():
+        if isinstance(value, ArrayRef):
+            assert value.count == len(expected[key]), key
+        elif isinstance(value, float):
+            assert value == pytest.approx(expected[key]), key
+        else:
+            assert value == expected[key], key
+    assert ours.data_start == theirs.data_offset
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for mine, t in zip(ours.tensors, theirs.tensors, strict=True):
+        assert mine.shape == tuple(int(x) for x in t.shape)
+        assert mine.ggml_type == int(t.tensor_type)
+        assert mine.offset == t.data_offset
+        assert mine.nbytes == t.n_bytes
+
+
+def test_tokenizer_arrays_are_skipped_not_decoded(
+    twin_factory: TwinFactory, reference_reader: Any
+) -> None:
+    path = twin_factory("grearl-iq1s")[0]
+    h = read_header(path)
+    tokens = h.kv["tokenizer.ggml.tokens"]
+    assert isinstance(tokens, ArrayRef)
+    assert tokens.count == 163_840
+    assert h.array_len("tokenizer.ggml.merges") == 163_328
+    # small arrays are decoded at once
+    assert h.kv["kimi-k3.attention.head_count_kv"] == [
+        1 if (i + 1) % 4 == 0 or i == 92 else 0 for i in range(93)
+    ]
+    # and the big ones can still be decoded on request
+    decoded = h.array("tokenizer.ggml.tokens")
+    theirs = reference_reader(0).fields["tokenizer.ggml.tokens"].contents()
+    assert decoded[:300] == theirs[:300]
+    assert decoded[-5:] == theirs[-5:]
+    assert len(decoded) == 163_840
+
+
+def test_reads_only_the_header_region(
+    twin_factory: TwinFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = twin_factory("grearl-iq1s")[0]
+    read_total = 0
+    real_open = Path.open
+
+    class Counting:
+        def __init__(self, f: Any) -> None:
+            self.f = f
+
+        def read(self, n: int = -1) -> bytes:
+            nonlocal read_total
+            data: bytes = self.f.read(n)
+            read_total += len(data)
+            return data
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.f, name)
+
+        def __enter__(self) -> Counting:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()
+
+    monkeypatch.setattr(Path, "open", lambda self, *a, **k: Counting(real_open(self, *a, **k)))
+    h = read_header(path)
+    assert h.file_size > 4 * 1024**3  # a multi-gigabyte part ...
+    assert h.data_start < read_total <= h.data_start + 4 * 1024**2  # ... read up to its header
+
+
+def test_header_bytes_match_gguf_writer(tmp_path: Path) -> None:
+    tensors = [
+        TensorDef("a.weight", (256, 4), "IQ1_S"),
+        TensorDef("b.weight", (7,), "F32"),
+        TensorDef("c.weight", (32, 3, 2), "Q8_0"),
+    ]
+    w = gguf.GGUFWriter(tmp_path / "ref.gguf", "kimi-k3")
+    w.add_uint32("kimi-k3.block_count", 3)
+    w.add_array("kimi-k3.attention.head_count_kv", [0, 0, 1])
+    w.add_float32("x.f", 1.5)
+    w.add_bool("x.b", True)
+    w.add_string("x.s", "héllo")
+    w.add_token_list(["a", "bb", "ccc"])
+    w.add_uint16("split.no", 0)
+    for t in tensors:
+        w.add_tensor_info(
+            t.name,
+            tuple(reversed(t.shape)),
+            np.dtype(np.float32),
+            t.nbytes,
+            raw_dtype=gguf.GGMLQuantizationType(BY_NAME[t.type_name].id),
+        )
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    kvs = [
+        KV("general.architecture", STRING, "kimi-k3"),
+        KV("kimi-k3.block_count", UINT32, 3),
+        KV("kimi-k3.attention.head_count_kv", ARRAY, [0, 0, 1], INT32),
+        KV("x.f", FLOAT32, 1.5),
+        KV("x.b", BOOL, True),
+        KV("x.s", STRING, "héllo"),
+        KV("tokenizer.ggml.tokens", ARRAY, ["a", "bb", "ccc"], STRING),
+        KV("split.no", UINT16, 0),
+    ]
+    ours, data_size = encode_header(kvs, tensors)
+    theirs = (tmp_path / "ref.gguf").read_bytes()
+    assert ours[: len(theirs)] == theirs
+    assert len(ours) % 32 == 0
+    assert set(ours[len(theirs) :]) <= {0}
+    # 4 IQ1_S blocks of 50 B = 200 -> 224; 7 F32 = 28 -> 32; 6 Q8_0 blocks of 34 B = 204 -> 224
+    assert data_size == 224 + 32 + 224
+    write_sparse_gguf(tmp_path / "mine.gguf", kvs, tensors)
+    back = read_header(tmp_path / "mine.gguf")
+    assert [t.offset - back.data_start for t in back.tensors] == [0, 224, 256]
+
+
+def _valid_bytes(tmp_path: Path) -> bytes:
+    write_sparse_gguf(
+        tmp_path / "ok.gguf",
+        [KV("general.architecture", STRING, "kimi-k3")],
+        [TensorDef("t.weight", (32,), "F32")],
+    )
+    return (tmp_path / "ok.gguf").read_bytes()
+
+
+def test_not_a_gguf_names_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "model-00002-of-00003.gguf"
+    bad.write_text("hello, I am an HTML error page", encoding="utf-8")
+    with pytest.raises(ValidationError) as err:
+        read_header(bad)
+    assert "model-00002-of-00003.gguf is not a GGUF file" in err.value.message
+    assert "b'hell'" in err.value.message
+    assert "download it again" in err.value.hint
+
+
+def test_unsupported_version(tmp_path: Path) -> None:
+    data = bytearray(_valid_bytes(tmp_path))
+    struct.pack_into("<I", data, 4, 1)
+    (tmp_path / "v1.gguf").write_bytes(bytes(data))
+    with pytest.raises(ValidationError, match=r"v1\.gguf cannot be read: it is GGUF version 1"):
+        read_header(tmp_path / "v1.gguf")
+    struct.pack_into(">I", data, 4, 3)
+    (tmp_path / "be.gguf").write_bytes(bytes(data))
+    with pytest.raises(ValidationError, match="big-endian"):
+        read_header(tmp_path / "be.gguf")
+
+
+@pytest.mark.parametrize("keep", [3, 20, 40, 70])
+def test_truncated_header(tmp_path: Path, keep: int) -> None:
+    data = _valid_bytes(tmp_path)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:keep])
+    with pytest.raises(ValidationError) as err:
+        read_header(cut)
+    assert "cut.gguf" in err.value.message
+    assert "truncated" in err.value.message or "only 3 bytes" in err.value.message
+
+
+def test_corrupt_string_length(tmp_path: Path) -> None:
+    data = bytearray(_valid_bytes(tmp_path))
+    struct.pack_into("<Q", data, 24, 1 << 50)  # length of the first key
+    (tmp_path / "c.gguf").write_bytes(bytes(data))
+    with pytest.raises(ValidationError, match=r"c\.gguf has a corrupt GGUF header"):
+        read_header(tmp_path / "c.gguf")
