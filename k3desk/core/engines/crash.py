@@ -198,6 +198,10 @@ def classify_exit(
                 summary = f"This engine does not know the model architecture '{m.group(1)}'."
                 if m.group(1) == "kimi-k3":
                     summary = "This engine cannot load Kimi-K3: it predates kimi-k3 support."
+            elif rule.kind == "gpu_oom":
+                device = _oom_device(lines)
+                if device:
+                    summary = f"{device} ran out of memory while loading or running the model."
             elif rule.kind == "missing_shard" and m.lastindex and m.group(1):
                 summary = f"A model file is missing: {m.group(1)}."
             return CrashReport(rule.kind, summary, rule.fix, rule.recovery, returncode, line)
@@ -269,6 +273,20 @@ def load_timeout(seconds: float, tail: Sequence[str]) -> CrashReport:
         None,
         _last_error_line([strip_log_prefix(x) for x in tail]),
     )
+
+
+_OOM_DEVICE = re.compile(r"on device (\d+)|\b(CUDA|ROCm|Vulkan)(\d+)\b")
+
+
+def _oom_device(lines: Sequence[str]) -> str:
+    """ "GPU 0 (CUDA0)" from the allocation failure lines, if they say."""
+    for line in lines:
+        m = _OOM_DEVICE.search(line)
+        if m and m.group(1) is not None:
+            return f"GPU {m.group(1)} (CUDA{m.group(1)})"
+        if m:
+            return f"GPU {m.group(3)} ({m.group(2)}{m.group(3)})"
+    return ""
 
 
 _ERROR_HINT = re.compile(r"error|failed|abort|assert|exception|fatal|terminate", re.IGNORECASE)

@@ -1,0 +1,195 @@
+"""Failures this machine cannot produce with the real engine (GPU OOM, SIGILL, the AMX
+assertion, the OOM killer), from a stand-in that prints the real messages and dies the
+real way, and the recovery policy's answer to each."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from k3desk.core.engines.supervisor import (
+    Event,
+    LaunchSpec,
+    RestartPolicy,
+    State,
+    Supervisor,
+    bump_n_cpu_moe,
+)
+from k3desk.core.errors import EngineError
+from k3desk.core.paths import default_paths
+
+FAST = RestartPolicy(backoff_initial=0.05, backoff_max=0.2, stop_grace=3.0)
+
+
+@pytest.fixture
+def supervise(tmp_path: Path) -> Iterator[Callable[..., Supervisor]]:
+    started: list[Supervisor] = []
+
+    def make(exe: Path, *args: str, policy: RestartPolicy = FAST, **kw: object) -> Supervisor:
+        events: list[Event] = []
+        spec = LaunchSpec(exe, ("-m", str(tmp_path / "model.gguf"), *args), **kw)  # type: ignore[arg-type]
+        sup = Supervisor(spec, default_paths(), policy=policy, on_event=events.append)
+        sup.events = events  # type: ignore[attr-defined]
+        started.append(sup)
+        sup.start()
+        return sup
+
+    yield make
+    for sup in started:
+        sup.stop()
+
+
+def test_gpu_oom_is_replanned_with_more_expert_layers_in_ram(
+    fake_engine: Callable[..., Path], supervise: Callable[..., Supervisor]
+) -> None:
+    exe = fake_engine("gpu_oom", FAKE_OOM_BELOW="6")
+    sup = supervise(exe, "-ngl", "99", "--n-cpu-moe", "2", n_layers=20)
+    ep = sup.wait_ready(30)
+    hist = sup.history
+    assert [a.crash.kind if a.crash else None for a in hist] == ["gpu_oom", "gpu_oom", None]
+    assert "--n-cpu-moe 2 -> 4" in hist[0].action
+    assert "--n-cpu-moe 4 -> 6" in hist[1].action
+    assert "more layers kept in RAM" in hist[0].action
+    assert hist[2].argv[hist[2].argv.index("--n-cpu-moe") + 1] == "6"
+    assert hist[0].crash is not None
+    assert hist[0].crash.summary.startswith("GPU 0 (CUDA0) ran out of memory")
+    assert httpx.get(f"{ep.url}/v1/models", headers=ep.headers, timeout=5).status_code == 200
+
+
+def test_gpu_oom_with_every_expert_in_ram_gives_up(
+    fake_engine: Callable[..., Path], supervise: Callable[..., Supervisor]
+) -> None:
+    sup = supervise(fake_engine("gpu_oom"), "-ngl", "99", "--n-cpu-moe", "6", n_layers=6)
+    with pytest.raises(EngineError, match=r"GPU 0 \(CUDA0\) ran out of memory") as err:
+        sup.wait_ready(30)
+    assert "smaller context" in str(err.value)  # the fix
+    assert len(sup.history) == 1
+    assert sup.history[0].action == "gave up: no plan with less GPU memory is left"
+
+
+def test_illegal_instruction_is_not_retried_and_says_rebuild(
+    fake_engine: Callable[..., Path], supervise: Callable[..., Supervisor]
+) -> None:
+    sup = supervise(fake_engine("sigill"))
+    with pytest.raises(EngineError) as err:
+        sup.wait_ready(30)
+    msg = str(err.value)
+    assert "built for another CPU" in msg
+    assert "SIGILL" in msg
+    assert "k3desk engine install" in msg
+    assert len(sup.history) == 1
+    assert sup.history[0].returncode == -signal.SIGILL
+    finals = [e for e in sup.events if e.state is State.CRASHED]  # type: ignore[attr-defined]
+    assert len(finals) == 1
+    assert finals[0].final
+
+
+def test_amx_assertion_is_retried_with_no_repack(
+    fake_engine: Callable[..., Path], supervise: Callable[..., Supervisor]
+) -> None:
+    sup = supervise(fake_engine("amx"), "-c", "4096")
+    sup.wait_ready(30)
+    first, second = sup.history
+    assert first.crash is not None
+    assert first.crash.kind == "amx_repack_assert"
+    assert first.returncode == -signal.SIGABRT
+    assert "--no-repack" in first.action
+    assert "--no-repack" in second.argv
+    assert second.crash is None
+
+
+def test_oom_killer_restarts_are_bounded(
+    fake_engine: Callable[..., Path], supervise: Callable[..., Supervisor]
+) -> None:
+    policy = RestartPolicy(max_failures=3, backoff_initial=0.05, backoff_factor=2.0)
+    t0 = time.monotonic()
+    sup = supervise(fake_engine("oom_killer"), policy=policy)
+    with pytest.raises(EngineError, match="after 3 attempts") as err:
+        sup.wait_ready(30)
+    assert "out-of-memory killer" in str(err.value)
+    hist = sup.history
+    assert len(hist) == 3
+    assert all(a.crash is not None and a.crash.kind == "oom_killed" for a in hist)
+    assert "restarting in 0.1 s" in hist[0].action
+    assert "restarting in 0.1 s" in hist[1].action  # 0.05 then 0.1: back-off grows
+    assert hist[2].action == "gave up: 3 failed attempts in a row"
+    assert time.monotonic() - t0 >= 0.15
+    states = [e.state for e in sup.events]  # type: ignore[attr-defined]
+    assert states.count(State.STARTING) == 3
+    assert sup.wait_stopped(1)
+    assert sup.state is State.CRASHED
+
+
+def test_a_server_ignoring_sigterm_is_killed_after_the_grace_period(
+    fake_engine: Callable[..., Path], supervise: Callable[..., Supervisor]
+) -> None:
+    sup = supervise(fake_engine("ignore_term"))
+    sup.wait_ready(30)
+    t0 = time.monotonic()
+    sup.stop(grace=0.5)
+    took = time.monotonic() - t0
+    assert 0.5 <= took < 5
+    assert sup.state is State.STOPPED
+    assert sup.history[-1].returncode == -signal.SIGKILL
+
+
+def test_projector_refused_by_the_engine(
+    fake_engine: Callable[..., Path], supervise: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = supervise(fake_engine("bad_projector"), "--mmproj", str(tmp_path / "mmproj.gguf"))
+    with pytest.raises(EngineError, match="vision projector"):
+        sup.wait_ready(30)
+    assert sup.last_crash is not None
+    assert sup.last_crash.kind == "unsupported_projector"
+
+
+def test_missing_executable(tmp_path: Path, supervise: Callable[..., Supervisor]) -> None:
+    sup = supervise(tmp_path / "no-such-llama-server")
+    with pytest.raises(EngineError, match="could not be started"):
+        sup.wait_ready(10)
+
+
+def test_load_timeout(fake_engine: Callable[..., Path], tmp_path: Path) -> None:
+    exe = tmp_path / "slow-server"
+    exe.write_text("#!/bin/sh\necho 'load_tensors: loading model tensors'\nexec sleep 60\n")
+    exe.chmod(0o755)
+    sup = Supervisor(LaunchSpec(exe, (), ready_timeout=0.5), default_paths(), policy=FAST)
+    sup.start()
+    try:
+        with pytest.raises(EngineError, match="did not become ready within"):
+            sup.wait_ready(20)
+    finally:
+        sup.stop()
+    assert sup.history[0].returncode is not None  # it was stopped, not left running
+
+
+def test_ready_timeout_scales_with_model_size() -> None:
+    small = LaunchSpec(Path("x"), (), model_bytes=1_000_000)
+    big = LaunchSpec(Path("x"), (), model_bytes=1_200 * 10**9)
+    assert small.timeout() < 61
+    assert big.timeout() > 60 * 60  # a 1.2 TB load gets over an hour
+    assert LaunchSpec(Path("x"), (), ready_timeout=5).timeout() == 5
+
+
+def test_bump_n_cpu_moe() -> None:
+    args, why = bump_n_cpu_moe(["-m", "x", "--n-cpu-moe", "10"], n_layers=93) or ((), "")
+    assert args == ("-m", "x", "--n-cpu-moe", "20")
+    assert "10 -> 20" in why
+    added = bump_n_cpu_moe(["-m", "x", "-ngl", "99"], n_layers=93)
+    assert added is not None
+    assert added[0][-2:] == ("--n-cpu-moe", "10")
+    assert bump_n_cpu_moe(["-ncmoe", "90"], n_layers=93) == (
+        ("-ncmoe", "93"),
+        "re-planned after GPU out-of-memory: --n-cpu-moe 90 -> 93 "
+        "(expert weights of 3 more layers kept in RAM)",
+    )
+    assert bump_n_cpu_moe(["--n-cpu-moe", "93"], n_layers=93) is None
+    assert bump_n_cpu_moe(["--cpu-moe"]) is None
+    unknown = bump_n_cpu_moe(["--n-cpu-moe=3"])
+    assert unknown is not None
+    assert unknown[0] == ("--n-cpu-moe", "7")
