@@ -234,21 +234,20 @@ def predict_speed(
     low = expected / (1.0 + RANGE)
     high = min(expected * (1.0 + RANGE), bound)
     if disk_bytes > 0:
-        # page faults on scattered expert slices rarely reach the sequential rate
+        # page faults on scattered expert slices rarely reach the sequential rate:
+        # the low end assumes half of it
         low = 1.0 / (expected_s + disk_s) if expected_s > 0 else 0.0
-        bottleneck = (
-            f"disk: {disk_bytes / GB:.1f} GB of experts per token read from disk "
-            f"at {disk_read_bps / GB:.1f} GB/s"
-        )
-    elif per_device_s:
-        slowest = max(per_device_s, key=lambda k: per_device_s[k])
-        share = per_device_s[slowest] / expected_s if expected_s else 0.0
-        what = "RAM bandwidth (CPU)" if slowest == "RAM" else f"{slowest} memory bandwidth"
-        gpu_s = sum(v for k, v in per_device_s.items() if k != "RAM")
-        if slowest != "RAM" and len(per_device_s) > 2:
-            what = "GPU memory bandwidth (layers run one GPU after another)"
-            share = gpu_s / expected_s if expected_s else 0.0
-        bottleneck = f"{what}: {share:.0%} of the time per token"
+    shares = {
+        f"disk reads ({disk_bytes / GB:.1f} GB of experts per token at "
+        f"{disk_read_bps / GB:.1f} GB/s)": disk_s,
+        "RAM bandwidth (CPU)": per_device_s.get("RAM", 0.0),
+        "GPU memory bandwidth": sum(v for k, v in per_device_s.items() if k != "RAM"),
+        "CPU per-layer overhead (threads, KDA update)": cpu_layers * CPU_LAYER_S,
+        "GPU-CPU hand-overs": hops * GPU_HOP_S + splits * SPLIT_S,
+    }
+    what = max(shares, key=lambda k: shares[k])
+    if expected_s > 0 and shares[what] > 0:
+        bottleneck = f"{what}: {shares[what] / expected_s:.0%} of the time per token"
     else:
         bottleneck = "nothing placed"
     if notes:

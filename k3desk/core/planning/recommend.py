@@ -1,0 +1,248 @@
+"""Which tier to download for a machine: a verdict per tier, the best one, and why not the others.
+
+Quality order (best first), the rule ``tiers`` prints:
+
+1. bits per weight of the routed-expert type (IQ2_XXS 2.06 > IQ1_M 1.75 > IQ1_S 1.56;
+   the catalog's ``expert_quant``):
+   the experts are 93-98 % of the weights, so their type decides quality;
+2. routed-expert parameters kept (experts x expert width): a pruned tier (832
+   experts, or 896 narrowed experts) ranks below the full one of the same type;
+3. bits per weight of everything else (attention, shared experts, ...).
+
+Reference tiers (lossless baselines the publishers do not mean for local use)
+get a verdict but are never recommended.  The recommended tier is the first in
+this order whose plan keeps the whole model in memory (verdict gpu, hybrid or
+cpu); when none does, the one that would stream fastest from disk is named as
+the closest option, with how much RAM it misses.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from gguf import GGML_QUANT_SIZES
+
+from k3desk.core.catalog.model import Tier
+from k3desk.core.errors import K3Error
+from k3desk.core.gguf.model import ModelLayout
+from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.k3arch import is_expert_tensor
+from k3desk.core.planning.estimate import estimate_layout, ggml_type, tier_shape
+from k3desk.core.planning.model import LaunchPlan, PlanOptions, VerdictKind
+from k3desk.core.planning.plan import make_plan
+from k3desk.core.units import fmt_bytes
+
+ORDERING_RULE = (
+    "Quality order: higher routed-expert bits per weight first, then more routed-expert "
+    "parameters (experts x width; pruned tiers rank lower), then higher bits per weight "
+    "for the other weights. Reference tiers are never recommended."
+)
+
+FITS: tuple[VerdictKind, ...] = ("gpu", "hybrid", "cpu")
+
+TierVerdictKind = VerdictKind | Literal["n/a"]
+
+
+@dataclass(frozen=True)
+class TierVerdict:
+    tier: Tier
+    verdict: TierVerdictKind
+    reason: str  # the plan's one sentence, or why there is no plan
+    plan: LaunchPlan | None
+    rank: int  # 1 = best quality
+    expert_bpw: float
+    other_bpw: float
+    shortfall: int = 0  # RAM bytes missing for a resident model
+    why_not: str = ""  # for tiers that are not the recommendation
+    disk_note: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.verdict in FITS
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    best: TierVerdict | None
+    closest: TierVerdict | None  # when nothing fits: the fastest streaming option
+    verdicts: tuple[TierVerdict, ...]  # every tier, in quality order
+    ordering_rule: str
+    summary: str
+
+    @property
+    def runners_up(self) -> tuple[TierVerdict, ...]:
+        chosen = self.best or self.closest
+        return tuple(v for v in self.verdicts if chosen is None or v.tier.id != chosen.tier.id)
+
+
+def _bpw(type_name: str) -> float:
+    try:
+        block, size = GGML_QUANT_SIZES[ggml_type(type_name)]
+    except K3Error:
+        return 0.0
+    return size * 8 / block
+
+
+def layout_bpw(layout: ModelLayout) -> tuple[float, float]:
+    """(routed-expert, other) bits per weight of a layout with a tensor list."""
+    e_bytes = e_n = o_bytes = o_n = 0
+    for t in layout.tensors:
+        n = 1
+        for d in t.shape:
+            n *= d
+        if is_expert_tensor(t.name):
+            e_bytes, e_n = e_bytes + t.nbytes, e_n + n
+        else:
+            o_bytes, o_n = o_bytes + t.nbytes, o_n + n
+    return (8 * e_bytes / e_n if e_n else 0.0, 8 * o_bytes / o_n if o_n else 0.0)
+
+
+_CARD_N = re.compile(r"--n-cpu-moe\s+(\d+)")
+
+
+def card_reference(tier: Tier) -> tuple[int | None, str]:
+    """The --n-cpu-moe the tier's own card runs with, if it states one."""
+    for s in tier.speeds:
+        if getattr(s, "subject", ""):
+            continue
+        m = _CARD_N.search(s.conditions)
+        if m:
+            return int(m.group(1)), f"The {tier.publisher} card"
+    return None, ""
+
+
+def options_for(tier: Tier, opts: PlanOptions) -> PlanOptions:
+    """``opts`` with the tier card's --n-cpu-moe as the comparison point."""
+    if opts.reference_n_cpu_moe is not None:
+        return opts
+    n, label = card_reference(tier)
+    if n is None:
+        return opts
+    return replace(opts, reference_n_cpu_moe=n, reference_label=label)
+
+
+def _quality_key(tier: Tier, expert_bpw: float, other_bpw: float) -> tuple[float, int, float, int]:
+    """Sort key, best first: the expert *type's* bits (not the estimate's, which a
+    few Q2_K-promoted tensors or a width-pruned file would blur), routed parameters
+    kept, then the other weights' bits."""
+    shape = tier_shape(tier)
+    routed = tier.experts_kept * shape.n_ff_expert
+    nominal = _bpw(tier.expert_quant) or expert_bpw
+    return (-round(nominal, 3), -routed, -round(other_bpw, 2), -tier.size_bytes)
+
+
+def _verdict(
+    hw: HardwareProfile, tier: Tier, opts: PlanOptions
+) -> tuple[TierVerdictKind, str, LaunchPlan | None, float, float]:
+    if "llama.cpp" not in tier.engines:
+        engines = ", ".join(tier.engines)
+        return "n/a", f"Runs only on {engines}; k3desk plans llama.cpp launches.", None, 0.0, 0.0
+    try:
+        layout = estimate_layout(tier)
+        plan = make_plan(hw, layout, options_for(tier, opts))
+    except K3Error as exc:
+        return "n/a", exc.message, None, _bpw(tier.expert_quant), _bpw(tier.dense_quant)
+    e_bpw, o_bpw = layout_bpw(layout)
+    return plan.verdict, plan.reason, plan, e_bpw, o_bpw
+
+
+def recommend(
+    hw: HardwareProfile, catalog: Iterable[Tier], opts: PlanOptions | None = None
+) -> Recommendation:
+    """A verdict for every tier on ``hw`` and the best-quality tier that fits."""
+    opts = opts or PlanOptions()
+    rows: list[tuple[tuple[float, int, float, int], TierVerdict]] = []
+    for tier in catalog:
+        verdict, reason, plan, e_bpw, o_bpw = _verdict(hw, tier, opts)
+        disk_note = ""
+        if hw.disk is not None and tier.size_bytes > hw.disk.free:
+            disk_note = (
+                f"needs {fmt_bytes(tier.size_bytes)} of disk, {hw.disk.probed_path} has "
+                f"{fmt_bytes(hw.disk.free)} free"
+            )
+        tv = TierVerdict(
+            tier=tier,
+            verdict=verdict,
+            reason=reason,
+            plan=plan,
+            rank=0,
+            expert_bpw=e_bpw,
+            other_bpw=o_bpw,
+            shortfall=plan.shortfall if plan else 0,
+            disk_note=disk_note,
+        )
+        rows.append((_quality_key(tier, e_bpw, o_bpw), tv))
+    rows.sort(key=lambda r: r[0])
+    ranked = [replace(tv, rank=i + 1) for i, (_, tv) in enumerate(rows)]
+
+    eligible = [v for v in ranked if not v.tier.reference]
+    best = next((v for v in eligible if v.fits), None)
+    closest = None
+    if best is None:
+        streaming = [v for v in eligible if v.verdict == "stream" and v.plan is not None]
+        if streaming:
+            closest = max(streaming, key=lambda v: v.plan.speed.expected_tps if v.plan else 0.0)
+        else:
+            misses = [v for v in eligible if v.plan is not None]
+            closest = min(misses, key=lambda v: v.shortfall) if misses else None
+
+    chosen = best or closest
+    final = tuple(replace(v, why_not=_why_not(v, chosen)) for v in ranked)
+    best = next((v for v in final if best and v.tier.id == best.tier.id), None)
+    closest = next((v for v in final if closest and v.tier.id == closest.tier.id), None)
+    return Recommendation(
+        best=best,
+        closest=closest,
+        verdicts=final,
+        ordering_rule=ORDERING_RULE,
+        summary=_summary(hw, best, closest),
+    )
+
+
+def _label(tv: TierVerdict) -> str:
+    return f"{tv.tier.name} ({tv.tier.publisher})"
+
+
+def _why_not(tv: TierVerdict, chosen: TierVerdict | None) -> str:
+    if chosen is not None and tv.tier.id == chosen.tier.id:
+        return ""
+    if tv.verdict == "n/a":
+        return tv.reason
+    if tv.tier.reference:
+        return "a reference tier, not meant for local use"
+    if tv.fits:
+        if chosen is not None and tv.rank > chosen.rank:
+            return f"fits too, but ranks lower in quality (#{tv.rank} vs #{chosen.rank})"
+        return "fits"
+    if tv.verdict == "stream":
+        tps = tv.plan.speed.expected_tps if tv.plan else 0.0
+        return (
+            f"{tv.tier.name} would need {fmt_bytes(tv.shortfall)} more RAM; "
+            f"streaming from disk it would run at about {tps:.2g} tok/s"
+        )
+    return f"{tv.tier.name} would need {fmt_bytes(tv.shortfall)} more RAM"
+
+
+def _summary(hw: HardwareProfile, best: TierVerdict | None, closest: TierVerdict | None) -> str:
+    machine = hw.label or hw.hostname or "this machine"
+    if best is not None and best.plan is not None:
+        s = best.plan.speed
+        return (
+            f"Recommended for {machine}: {_label(best)}, {best.verdict} "
+            f"(about {s.expected_tps:.2g} tok/s, {s.low_tps:.2g}-{s.high_tps:.2g})."
+        )
+    if closest is not None:
+        if closest.verdict == "stream" and closest.plan is not None:
+            return (
+                f"No tier fits in the memory of {machine}. The closest is {_label(closest)}: "
+                f"it misses RAM by {fmt_bytes(closest.shortfall)} and would stream experts "
+                f"from disk at about {closest.plan.speed.expected_tps:.2g} tok/s."
+            )
+        return (
+            f"No tier fits in the memory of {machine}. The closest is {_label(closest)}, "
+            f"which misses by {fmt_bytes(closest.shortfall)}."
+        )
+    return f"No tier can be planned for {machine}."
