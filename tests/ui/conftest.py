@@ -37,3 +37,22 @@ def ctx(qapp: object, services: object) -> Iterator[object]:
     context.tasks.shutdown(timeout=10)
     context.setParent(None)
     context.deleteLater()
+
+
+@pytest.fixture
+def launch_engine(ctx, qtbot):  # type: ignore[no-untyped-def]
+    """Start the real llama-server on a tiny model through the app's engine controller."""
+    from k3desk.core.engines.supervisor import LaunchSpec
+    from k3desk.ui.engine.controller import LaunchRequest
+
+    def launch(server: Path, model, vision: bool = True, ctx_size: int = 4096):  # type: ignore[no-untyped-def]
+        args = ["-m", str(model.first_part), "-c", str(ctx_size), "--jinja", "-ngl", "0"]
+        if vision and model.mmproj is not None:
+            args += ["--mmproj", str(model.mmproj)]
+        spec = LaunchSpec(server, tuple(args), ready_timeout=60)
+        engine = ctx.controller("engine")
+        engine.launch(LaunchRequest(spec, model_name=model.name, vision=vision))
+        qtbot.waitUntil(lambda: engine.ready, timeout=60_000)
+        return engine
+
+    return launch

@@ -11,6 +11,7 @@ text that arrived in the history, marked as partial.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,6 +136,7 @@ class ChatController(QObject):
         self.ctx = ctx
         self.engine = engine
         self._store: HistoryStore | None = None
+        self._store_lock = threading.Lock()
         self.current: OpenState | None = None
         self.stream: StreamState | None = None
         self._vm: MessageVM | None = None
@@ -149,10 +151,11 @@ class ChatController(QObject):
 
     # ------------------------------------------------------------ store
     def store(self) -> HistoryStore:
-        """The history (opened on first use, from a worker thread)."""
-        if self._store is None:
-            self._store = HistoryStore(self.ctx.services.paths.history_db)
-        return self._store
+        """The history (opened once, on first use, from whichever worker needs it first)."""
+        with self._store_lock:
+            if self._store is None:
+                self._store = HistoryStore(self.ctx.services.paths.history_db)
+            return self._store
 
     def close(self) -> None:
         if self._task is not None:
