@@ -170,7 +170,8 @@ _ARCHS = re.compile(r"\bARCHS\s*=\s*([0-9][0-9,; ]*)")
 def parse_version(text: str) -> tuple[str, int | None]:
     m = _VERSION.search(text)
     version = m.group(1) if m else (text.strip().splitlines() or [""])[0]
-    b = _BUILD.search(version)
+    # "0.6.0-dev (build 0, commit unknown)" (newer) or "4000 (a1b2c3d)" (older)
+    b = _BUILD.search(version) or re.match(r"(\d+) \(", version)
     return version, int(b.group(1)) if b else None
 
 
