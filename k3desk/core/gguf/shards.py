@@ -20,7 +20,7 @@ class ShardSet:
     directory: Path
     count: int  # 1 for an unsplit file
     given: Path  # the path the caller passed
-    given_index: int  # 0-based index of the given part
+    given_index: int  # 0-based index of the given part (-1 for a bad "00000-of-" name)
 
     @property
     def split(self) -> bool:
@@ -52,4 +52,4 @@ def discover(path: Path | str) -> ShardSet:
         return ShardSet(stem, p.parent, 1, p, 0)
     count = int(m.group("count"))
     no = int(m.group("no"))
-    return ShardSet(m.group("prefix"), p.parent, max(count, 1), p, max(no - 1, 0))
+    return ShardSet(m.group("prefix"), p.parent, count, p, no - 1)
