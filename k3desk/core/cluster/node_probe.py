@@ -446,6 +446,26 @@ def k3desk_hardware(cmd: list[str], disk_path: str) -> tuple[dict[str, Any] | No
     return data, ""
 
 
+def k3desk_validate(cmd: list[str], first: str) -> dict[str, Any] | None:
+    """``k3desk validate FIRST --json`` on the node: {"ok": bool, "error": str} or None."""
+    if not cmd or (shutil.which(cmd[0]) is None and not os.path.isfile(cmd[0])):
+        return None
+    try:
+        proc = subprocess.run(
+            [*cmd, "validate", first, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        data = json.loads(proc.stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    if not isinstance(data, dict) or "ok" not in data:
+        return None
+    return {"ok": bool(data["ok"]), "error": str(data.get("error") or "")}
+
+
 def engines(cfg: dict[str, Any]) -> dict[str, str]:
     found: dict[str, str] = {}
     for name in cfg.get("binaries", []):
@@ -465,7 +485,8 @@ def main(argv: list[str]) -> int:
     out: dict[str, Any] = {"python": sys.version.split()[0]}
     disk_path = cfg.get("model_path") or ""
     hw, why = k3desk_hardware(cfg.get("k3desk") or [], disk_path)
-    out["probe"] = "k3desk doctor" if hw is not None else "python"
+    hw_from_k3desk = hw is not None
+    out["probe"] = "k3desk doctor" if hw_from_k3desk else "python"
     if why:
         out["k3desk_note"] = why
     if hw is None:
@@ -477,7 +498,15 @@ def main(argv: list[str]) -> int:
     out["engines"] = engines(cfg)
     spec = cfg.get("spec")
     if spec:
-        out["copy"] = check_copy(spec, disk_path or ".", cfg.get("ggml_sizes") or {})
+        copy = check_copy(spec, disk_path or ".", cfg.get("ggml_sizes") or {})
+        if copy["complete"] and hw_from_k3desk:
+            first = os.path.join(copy["folder"], spec["names"][0])
+            verdict = k3desk_validate(cfg.get("k3desk") or [], first)
+            copy["validated_by_k3desk"] = verdict is not None
+            if verdict is not None and not verdict["ok"]:
+                copy["complete"] = False
+                copy["problems"].append(f"k3desk validate on the node: {verdict['error']}")
+        out["copy"] = copy
     sys.stdout.write(json.dumps(out) + "\n")
     return 0
 

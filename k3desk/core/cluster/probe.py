@@ -98,6 +98,7 @@ class CopyCheck:
     expert_count: int | None = None
     expert_feed_forward_length: int | None = None
     sha256_checked: bool = False
+    validated_by_k3desk: bool = False  # k3desk validate ran on the node too
 
     @property
     def first_part(self) -> str:
@@ -116,6 +117,8 @@ class CopyCheck:
     def summary(self) -> str:
         if self.complete:
             how = "sha256 checked" if self.sha256_checked else "headers checked"
+            if self.validated_by_k3desk:
+                how += ", k3desk validate ok"
             return f"complete ({len(self.files)} files, {how})"
         if not self.files:
             return self.problems[0] if self.problems else "no files"
@@ -162,6 +165,7 @@ class NodeReport:
                 "expert_count": c.expert_count,
                 "expert_feed_forward_length": c.expert_feed_forward_length,
                 "sha256_checked": c.sha256_checked,
+                "validated_by_k3desk": c.validated_by_k3desk,
                 "files": [
                     {"name": f.name, "present": f.present, "size": f.size, "ok": f.ok,
                      "problem": f.problem}
@@ -210,6 +214,7 @@ def _copy_from_wire(d: dict[str, Any], check_sha256: bool) -> CopyCheck:
         expert_count=opt_int(geometry.get("expert_count")),
         expert_feed_forward_length=opt_int(geometry.get("expert_feed_forward_length")),
         sha256_checked=check_sha256 and bool(d.get("complete")),
+        validated_by_k3desk=bool(d.get("validated_by_k3desk")),
     )
 
 

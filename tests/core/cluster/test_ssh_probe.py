@@ -168,15 +168,30 @@ def test_probe_reads_hardware_engines_and_the_copy(sshd: SshServer) -> None:
     assert report.copy.geometry_matches(spec) is True
 
 
-def test_probe_uses_k3desk_doctor_when_installed(sshd: SshServer) -> None:
+def test_probe_uses_k3desk_doctor_and_validate_when_installed(sshd: SshServer) -> None:
+    from k3desk.devtools.tinyk3 import write_tiny_k3
+
     repo = Path(__file__).resolve().parents[3]
     k3 = f"env PYTHONPATH={repo} {sys.executable} -m k3desk"
     node = sshd.node("withk3", k3desk=k3)
-    report = probe_node(node, known_hosts())
+    tiny = write_tiny_k3(node.model_path, shards=3)
+    spec = ShardSetSpec(names=tuple(p.name for p in tiny.parts))
+    report = probe_node(node, known_hosts(), spec=spec)
     assert report.ok, report.error
     assert report.method == "k3desk doctor", report.note
     assert report.hardware is not None
     assert report.hardware.memory.total > 0
+    assert report.copy is not None
+    assert report.copy.complete, report.copy.problems
+    assert report.copy.validated_by_k3desk
+    # a header-only twin passes the header check but not k3desk's full validation
+    twin = sshd.node("withk3-twin", k3desk=k3)
+    names = [f"K3-Test-{i:05d}-of-00003.gguf" for i in range(1, 4)]
+    _write_set(Path(twin.model_path), names)
+    rep = probe_node(twin, known_hosts(), spec=ShardSetSpec(names=tuple(names)))
+    assert rep.copy is not None
+    assert not rep.copy.complete
+    assert rep.copy.problems[-1].startswith("k3desk validate on the node: ")
 
 
 def test_probe_finds_broken_copies(sshd: SshServer) -> None:
