@@ -319,6 +319,8 @@ def _run_build(
             kill_group()
             proc.wait()
             raise
+        finally:
+            proc.stdout.close()
         rc = proc.wait()
         if cancel.cancelled:
             finished.set()
