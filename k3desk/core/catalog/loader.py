@@ -23,14 +23,9 @@ from k3desk.core.catalog.model import (
     VisionSupport,
 )
 from k3desk.core.errors import CatalogError
+from k3desk.core.gguf.ggml import BY_NAME
 
-_GGML_TYPES = frozenset(
-    {
-        "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
-        "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S",
-        "IQ2_S", "IQ4_XS", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "Q1_0",
-    }
-)  # fmt: skip
+_GGML_TYPES = frozenset(BY_NAME)
 _SHARD_RE = re.compile(r"(?:.*/)?(?P<stem>[^/]+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
 _TOP_KEYS = frozenset({"format", "about", "common_caveats", "tiers"})
 
