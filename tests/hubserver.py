@@ -218,9 +218,18 @@ class HubServer:
             server_name_ = name
             owner = hub
 
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        srv = _QuietServer(("127.0.0.1", 0), Handler)
         srv.daemon_threads = True
         return srv
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return  # clients drop connections on purpose (cancel, stall, kill -9)
+        super().handle_error(request, client_address)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

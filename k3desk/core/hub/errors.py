@@ -98,6 +98,13 @@ def retry_after_seconds(exc: BaseException) -> float | None:
         return None
 
 
+def is_disk_error(exc: BaseException) -> bool:
+    """An OSError from the filesystem (huggingface_hub's HTTP errors are OSErrors too)."""
+    if not isinstance(exc, OSError) or getattr(exc, "response", None) is not None:
+        return False
+    return not _names(exc) & (TRANSPORT_ERRORS | {"HfHubHTTPError", "OfflineModeIsEnabled"})
+
+
 def is_transient(exc: BaseException) -> bool:
     """Worth another attempt: network hiccups, timeouts, 408/429/5xx."""
     if _names(exc) & TRANSPORT_ERRORS:
@@ -120,7 +127,7 @@ def hub_error(exc: BaseException, where: Where) -> HubError:
         return exc
     names = _names(exc)
     rev = where.revision[:12] if len(where.revision) == 40 else where.revision
-    if isinstance(exc, OSError) and not names & TRANSPORT_ERRORS:
+    if isinstance(exc, OSError) and is_disk_error(exc):
         return disk_error(exc, where)
     if "OfflineModeIsEnabled" in names:
         return HubError(

@@ -24,7 +24,14 @@ from typing import Literal, TypeVar
 
 from k3desk.core.errors import Cancelled, HubError, K3Error
 from k3desk.core.hub.cache import find_cached, hf_cache_dir
-from k3desk.core.hub.errors import Where, disk_error, hub_error, is_transient, retry_after_seconds
+from k3desk.core.hub.errors import (
+    Where,
+    disk_error,
+    hub_error,
+    is_disk_error,
+    is_transient,
+    retry_after_seconds,
+)
 from k3desk.core.hub.hashing import StreamHasher, hash_file
 from k3desk.core.hub.listing import crosscheck, list_remote, manifest_check, resolve_endpoint
 from k3desk.core.hub.model import (
@@ -142,6 +149,9 @@ class DownloadJob:
 
                 discard_partials(self.target)
             raise
+        finally:
+            _prune_empty_dirs(meta_dir(self.target) / "staging")
+            _prune_empty_dirs(meta_dir(self.target) / "partial")
 
     def _run(self, started: float) -> DownloadSummary:
         opts = self.options
@@ -567,7 +577,7 @@ class DownloadJob:
                     reason = f"no data for {task.stalled_for:.0f} s"
                 elif is_transient(exc):
                     reason = _short(exc)
-                elif isinstance(exc, OSError):
+                elif isinstance(exc, OSError) and is_disk_error(exc):
                     kept = offsets.durable if offsets is not None else 0
                     raise disk_error(exc, where, kept=kept) from exc
                 else:
@@ -595,6 +605,16 @@ class DownloadJob:
                 log.info("retrying %s in %.1f s: %s", f.path, wait_s, reason)
                 if self._stop.wait(wait_s):
                     raise Cancelled() from exc
+
+
+def _prune_empty_dirs(root: Path) -> None:
+    if not root.is_dir():
+        return
+    for d in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    with contextlib.suppress(OSError):
+        root.rmdir()
 
 
 def _short(exc: BaseException) -> str:

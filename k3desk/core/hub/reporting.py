@@ -18,7 +18,7 @@ class Rate:
     """Bytes per second over the last few seconds."""
 
     def __init__(self) -> None:
-        self._samples: deque[tuple[float, int]] = deque()
+        self._samples: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])
         self._total = 0
 
     def add(self, n: int, now: float) -> None:
@@ -28,12 +28,10 @@ class Rate:
             self._samples.popleft()
 
     def speed(self, now: float) -> float:
-        if not self._samples:
-            return 0.0
         t0, b0 = self._samples[0]
-        if now - t0 <= 0.05:
+        if now - t0 <= 0.001:
             return 0.0
-        return (self._total - b0) / (now - t0) if len(self._samples) > 1 else 0.0
+        return (self._total - b0) / (now - t0)
 
 
 def eta(remaining: int, speed: float) -> float | None:

@@ -242,8 +242,13 @@ class Partial:
         return keep
 
     def checkpoint(self, durable: int) -> None:
-        atomic_write_json(
-            self.sidecar,
+        """Record that ``durable`` bytes are on stable storage (call after fsync).
+
+        The sidecar has a fixed layout (the number is space-padded), so after
+        the first write it is overwritten in place: no new disk block is
+        needed, which keeps checkpoints working when the disk has just filled up.
+        """
+        meta = json.dumps(
             {
                 "repo": self.repo,
                 "revision": self.revision,
@@ -251,9 +256,28 @@ class Partial:
                 "size": self.file.size,
                 "sha256": self.file.sha256,
                 "git_sha1": self.file.git_sha1,
-                "durable": durable,
             },
+            sort_keys=True,
         )
+        text = ('{"durable": ' + f"{durable:>20d}" + ", " + meta[1:] + "\n").encode()
+        try:
+            fd = os.open(self.sidecar, os.O_WRONLY)
+        except FileNotFoundError:
+            self.sidecar.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.sidecar.with_name(self.sidecar.name + ".tmp")
+            with tmp.open("wb") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.sidecar)
+            return
+        try:
+            if os.fstat(fd).st_size != len(text):
+                os.ftruncate(fd, 0)
+            os.pwrite(fd, text, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def discard(self) -> None:
         for p in (self.data, self.sidecar, self.sidecar.with_name(self.sidecar.name + ".tmp")):

@@ -43,9 +43,6 @@ from k3desk.core.hub.reporting import FileTask
 from k3desk.core.hub.state import Partial
 from k3desk.core.progress import CancelToken
 
-CHUNK = 1024 * 1024
-
-
 @dataclass
 class Context:
     repo: str
@@ -144,7 +141,8 @@ def http_attempt(
             task.attach(sock=sock, closer=None if sock is not None else r.close)
             ctx.cancel.raise_if_cancelled()
             step = ctx.options.checkpoint_bytes
-            for chunk in r.iter_bytes(CHUNK):
+            # as the socket delivers it (<= 64 KiB): little is ever held only in memory
+            for chunk in r.iter_bytes():
                 if ctx.cancel.cancelled:
                     raise Cancelled()
                 view = memoryview(chunk)

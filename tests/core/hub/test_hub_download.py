@@ -1,0 +1,506 @@
+"""Downloading a tier-shaped repo from a Hub stand-in, in-process (DownloadJob)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k3desk.core.errors import Cancelled, HubError
+from k3desk.core.hub.job import DownloadJob
+from k3desk.core.hub.model import DownloadEvent, DownloadOptions, DownloadRequest
+from k3desk.core.progress import CancelToken
+from tests.fixtures.hub import MANIFEST, MMPROJ, TEMPLATE, TIER_REPO, TierRepo, shard_name
+from tests.hubserver import HubServer
+
+
+def options(hub: HubServer, **kw: Any) -> DownloadOptions:
+    base: dict[str, Any] = {
+        "endpoint": hub.endpoint,
+        "margin_bytes": 0,
+        "backoff_base": 0.05,
+        "progress_interval": 0.05,
+    }
+    base.update(kw)
+    return DownloadOptions(**base)
+
+
+class Recorder:
+    def __init__(self, hook: Callable[[DownloadEvent], None] | None = None) -> None:
+        self.events: list[DownloadEvent] = []
+        self.hook = hook
+
+    def __call__(self, e: DownloadEvent) -> None:
+        self.events.append(e)
+        if self.hook is not None:
+            self.hook(e)
+
+    def of(self, kind: str) -> list[Any]:
+        return [e for e in self.events if e.kind == kind]
+
+
+def assert_landed(target: Path, files: dict[str, bytes]) -> None:
+    for path, data in files.items():
+        got = (target / path).read_bytes()
+        assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest(), path
+
+
+def leftovers(target: Path) -> list[str]:
+    return sorted(
+        str(p.relative_to(target))
+        for p in target.rglob("*")
+        if p.suffix in (".incomplete", ".k3part", ".tmp") or p.name.endswith(".from-cache")
+    )
+
+
+def test_full_tier_download_lands_every_file_with_the_hubs_hash(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    rec = Recorder()
+    summary = DownloadJob(tier_repo.request(), tmp_path, options(tier_repo.hub), rec).run()
+
+    wanted = tier_repo.wanted
+    assert len(wanted) == 9 + 3  # 9 shards, mmproj, chat template, manifest
+    assert_landed(tmp_path, wanted)
+    # patterns are honoured exactly: the sibling quant and the README stay on the Hub
+    assert not (tmp_path / "README.md").exists()
+    assert not list(tmp_path.rglob("*XXS*"))
+    assert summary.files == 12
+    assert summary.fetched_bytes == sum(len(d) for d in wanted.values())
+    assert summary.warnings == ()
+    assert summary.refetched == ()
+    assert leftovers(tmp_path) == []
+    # pinned: every file was fetched at the listed commit, never at "main"
+    listing = rec.of("listing")[0]
+    assert listing.revision == tier_repo.repo.sha
+    resolves = [h.path for h in tier_repo.hub.hits if "/resolve/" in h.path]
+    assert resolves
+    assert all(f"/resolve/{tier_repo.repo.sha}/" in p for p in resolves)
+    # every file verified, progress reported with speed and ETA
+    verified = rec.of("verified")
+    assert {v.path for v in verified if v.ok} == set(wanted)
+    progress = [e for e in rec.of("file_progress") if e.phase == "download"]
+    assert progress[-1].overall_done <= progress[-1].overall_total == summary.fetched_bytes
+    assert any(e.speed > 0 for e in progress)
+    assert rec.events[-1].kind == "done"
+    pre = rec.of("preflight")[0]
+    assert pre.to_fetch == 12
+    assert pre.needed_bytes == summary.fetched_bytes
+
+
+def test_second_run_trusts_the_saved_state_and_fetches_nothing(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    hub = tier_repo.hub
+    DownloadJob(tier_repo.request(), tmp_path, options(hub)).run()
+    hub.reset_log()
+    rec = Recorder()
+    summary = DownloadJob(tier_repo.request(), tmp_path, options(hub), rec).run()
+    assert summary.fetched_bytes == 0
+    assert summary.reused_files == 12
+    assert hub.bytes_sent() == 0
+    assert {e.source for e in rec.of("file_done")} == {"state"}
+    # no file was re-hashed
+    assert not [e for e in rec.of("file_progress") if e.phase == "verify"]
+
+
+def test_one_corrupted_byte_on_disk_refetches_only_that_shard(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    hub = tier_repo.hub
+    DownloadJob(tier_repo.request(), tmp_path, options(hub)).run()
+    bad = shard_name(3)
+    with (tmp_path / bad).open("r+b") as f:
+        f.seek(777_777)
+        byte = f.read(1)
+        f.seek(777_777)
+        f.write(bytes([byte[0] ^ 0x01]))
+    hub.reset_log()
+    rec = Recorder()
+    summary = DownloadJob(tier_repo.request(), tmp_path, options(hub), rec).run()
+
+    assert summary.refetched == (bad,)
+    assert hub.bytes_sent(bad) == len(tier_repo.files[bad])
+    assert hub.bytes_sent() == len(tier_repo.files[bad])  # nothing else came over the wire
+    failed = [v for v in rec.of("verified") if not v.ok]
+    assert [(v.path, v.source) for v in failed] == [(bad, "existing")]
+    assert any(bad in w.message for w in rec.of("warning"))
+    assert_landed(tmp_path, tier_repo.wanted)
+
+
+def test_bytes_corrupted_in_transit_are_caught_and_only_that_file_fetched_again(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    hub = tier_repo.hub
+    bad = shard_name(2)
+    hub.corrupt_once(bad, 1_000_000)
+    summary = DownloadJob(tier_repo.request(), tmp_path, options(hub)).run()
+    assert summary.refetched == (bad,)
+    assert hub.bytes_sent(bad) == 2 * len(tier_repo.files[bad])
+    for path, data in tier_repo.wanted.items():
+        if path != bad:
+            assert hub.bytes_sent(path) == len(data), path
+    assert_landed(tmp_path, tier_repo.wanted)
+
+
+def test_files_already_in_the_folder_are_verified_not_fetched(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    """What an earlier `hf download --local-dir` (or a copy from another disk) left there."""
+    hub = tier_repo.hub
+    have = [shard_name(1), shard_name(2), MMPROJ]
+    for p in have:
+        (tmp_path / p).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / p).write_bytes(tier_repo.files[p])
+    rec = Recorder()
+    summary = DownloadJob(tier_repo.request(), tmp_path, options(hub), rec).run()
+    for p in have:
+        assert hub.bytes_sent(p) == 0
+    assert {e.path for e in rec.of("file_done") if e.source == "existing"} == set(have)
+    assert summary.reused_files == 3
+    assert_landed(tmp_path, tier_repo.wanted)
+
+
+def test_files_in_the_hugging_face_cache_are_reused(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    from huggingface_hub import hf_hub_download
+
+    hub = tier_repo.hub
+    cache = tmp_path / "hf-cache"
+    target = tmp_path / "models"
+    cached = [shard_name(4), shard_name(5), TEMPLATE]
+    for p in cached:  # huggingface_hub's own download fills its cache
+        hf_hub_download(TIER_REPO, p, cache_dir=cache, endpoint=hub.endpoint, token=False)
+    hub.reset_log()
+    rec = Recorder()
+    DownloadJob(
+        tier_repo.request(), target, options(hub, hf_cache_dir=cache), rec
+    ).run()
+    for p in cached:
+        assert hub.bytes_sent(p) == 0, p
+    assert {e.path for e in rec.of("file_done") if e.source == "hf-cache"} == set(cached)
+    assert_landed(target, tier_repo.wanted)
+    # hard-linked, not copied, when the cache is on the same disk
+    blob = next((cache / f"models--{TIER_REPO.replace('/', '--')}" / "blobs").iterdir())
+    assert blob.stat().st_nlink >= 1
+
+
+def test_catalog_and_manifest_disagreements_are_reported_not_ignored(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    import json
+
+    hub = tier_repo.hub
+    files = dict(tier_repo.files)
+    manifest = json.loads(files[MANIFEST])
+    manifest["parts"][0]["sha256"] = "0" * 64
+    files[MANIFEST] = json.dumps(manifest).encode()
+    hub.add_repo(TIER_REPO, files)
+    req = tier_repo.request()
+    req = DownloadRequest(
+        **{**req.__dict__, "expected_shards": 10, "required": (*req.required, "missing.jinja")}
+    )
+    rec = Recorder()
+    summary = DownloadJob(req, tmp_path, options(hub), rec).run()
+    warnings = [w.message for w in rec.of("warning")]
+    assert summary.warnings == tuple(warnings)
+    assert any("lists 10 shards" in w and "has 9" in w for w in warnings)
+    assert any("'missing.jinja'" in w for w in warnings)
+    first = shard_name(1).rsplit("/", 1)[1]
+    assert any(first in w and "manifest.json gives sha256 00000000" in w for w in warnings)
+
+
+def test_a_stalled_transfer_is_detected_and_resumed(tier_repo: TierRepo, tmp_path: Path) -> None:
+    hub = tier_repo.hub
+    slow = shard_name(6)
+    hub.stall_once(slow, after=500_000, seconds=30)
+    rec = Recorder()
+    t0 = time.monotonic()
+    DownloadJob(tier_repo.request(), tmp_path, options(hub, stall_seconds=1.0), rec).run()
+    assert time.monotonic() - t0 < 10
+    stalled = rec.of("stalled")
+    assert [s.path for s in stalled] == [slow]
+    assert stalled[0].at_byte == 500_000
+    assert [r.path for r in rec.of("retrying")] == [slow]
+    # the retry asked for the rest only
+    assert hub.bytes_sent(slow) == len(tier_repo.files[slow])
+    ranges = [h.range_start for h in hub.content_hits(slow)]
+    assert ranges == [None, 500_000]
+    assert_landed(tmp_path, tier_repo.wanted)
+
+
+def test_rate_limiting_waits_for_retry_after(tier_repo: TierRepo, tmp_path: Path) -> None:
+    hub = tier_repo.hub
+    hub.fail_next(shard_name(1), 429, {"Retry-After": "1"})
+    rec = Recorder()
+    DownloadJob(tier_repo.request(), tmp_path, options(hub), rec).run()
+    (retry,) = rec.of("retrying")
+    assert retry.wait >= 1.0
+    assert "429" in retry.reason
+    assert_landed(tmp_path, tier_repo.wanted)
+
+
+def test_a_long_retry_after_stops_with_when_to_try_again(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    hub = tier_repo.hub
+    hub.fail_next(shard_name(1), 429, {"Retry-After": "3600"})
+    with pytest.raises(HubError) as exc:
+        DownloadJob(tier_repo.request(), tmp_path, options(hub)).run()
+    assert "429" in exc.value.message
+    assert "in 3600 s" in exc.value.hint
+
+
+def test_cancel_is_prompt_keeps_partials_and_leaves_nothing_running(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    hub = tier_repo.hub
+    hub.throttle_bps = 400_000
+    token = CancelToken()
+    started = threading.Event()
+
+    def on(e: DownloadEvent) -> None:
+        if e.kind == "file_progress" and e.done > 200_000:
+            started.set()
+
+    job = DownloadJob(tier_repo.request(), tmp_path, options(hub), Recorder(on), token)
+    result: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job.run()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            result.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert started.wait(20)
+    t0 = time.monotonic()
+    token.cancel()
+    t.join(10)
+    stop_seconds = time.monotonic() - t0
+    assert not t.is_alive()
+    assert stop_seconds < 2.0, stop_seconds
+    assert isinstance(result[0], Cancelled)
+    assert not list(tmp_path.rglob("*.incomplete"))
+    assert not [th for th in threading.enumerate() if th.name.startswith(("download", "hash-"))]
+    # a pause: what arrived is kept, durable, for the next run
+    parts = list(tmp_path.rglob("*.k3part"))
+    assert parts
+    assert sum(p.stat().st_size for p in parts) > 200_000
+
+    hub.throttle_bps = 0
+    hub.reset_log()
+    DownloadJob(tier_repo.request(), tmp_path, options(hub)).run()
+    assert_landed(tmp_path, tier_repo.wanted)
+    assert any(h.range_start for h in hub.content_hits())  # resumed, not restarted
+    assert leftovers(tmp_path) == []
+
+
+def test_cancel_discarding_partials_leaves_no_partial_file(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    hub = tier_repo.hub
+    hub.throttle_bps = 400_000
+    job_box: list[DownloadJob] = []
+
+    def on(e: DownloadEvent) -> None:
+        if e.kind == "file_progress" and e.done > 100_000:
+            job_box[0].cancel()
+
+    job = DownloadJob(tier_repo.request(), tmp_path, options(hub), Recorder(on))
+    job_box.append(job)
+    with pytest.raises(Cancelled):
+        job.run()
+    assert leftovers(tmp_path) == []
+
+
+def test_child_process_transport_downloads_and_cancels_cleanly(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    """huggingface_hub's own downloader in a child: what Xet-backed files use."""
+    import psutil
+
+    hub = tier_repo.hub
+    req = DownloadRequest(TIER_REPO, (shard_name(1), TEMPLATE))
+    summary = DownloadJob(req, tmp_path / "ok", options(hub, transport="hub")).run()
+    assert summary.fetched_bytes == len(tier_repo.files[shard_name(1)]) + len(
+        tier_repo.files[TEMPLATE]
+    )
+    assert_landed(tmp_path / "ok", {p: tier_repo.files[p] for p in req.allow_patterns})
+    assert not (tmp_path / "ok" / ".k3desk" / "staging").exists()
+
+    hub.throttle_bps = 300_000
+    token = CancelToken()
+
+    def on(e: DownloadEvent) -> None:
+        if e.kind == "file_progress" and e.done > 100_000:
+            token.cancel()
+
+    req2 = DownloadRequest(TIER_REPO, (shard_name(2),))
+    t0 = time.monotonic()
+    with pytest.raises(Cancelled):
+        DownloadJob(req2, tmp_path / "cancel", options(hub, transport="hub"), on, token).run()
+    assert time.monotonic() - t0 < 15
+    assert psutil.Process().children(recursive=True) == []
+    assert not list((tmp_path / "cancel").rglob("*.incomplete"))
+    assert not (tmp_path / "cancel" / ".k3desk" / "staging").exists()
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_gated_repo_without_token_says_how_to_get_access(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    hub = tier_repo.hub
+    hub.add_repo(TIER_REPO, tier_repo.files, gated=True, allowed_tokens={"hf_ok"})
+    with pytest.raises(HubError) as exc:
+        DownloadJob(tier_repo.request(), tmp_path, options(hub)).run()
+    assert "gated" in exc.value.message
+    assert f"{hub.endpoint}/{TIER_REPO}" in exc.value.hint
+    assert "token" in exc.value.hint
+
+
+def test_gated_repo_with_a_token_that_did_not_accept(tier_repo: TierRepo, tmp_path: Path) -> None:
+    hub = tier_repo.hub
+    hub.valid_tokens |= {"hf_ok", "hf_other"}
+    hub.add_repo(TIER_REPO, tier_repo.files, gated=True, allowed_tokens={"hf_ok"})
+    with pytest.raises(HubError) as exc:
+        DownloadJob(tier_repo.request(), tmp_path, options(hub, token="hf_other")).run()
+    assert "has not been granted access" in exc.value.message
+    assert f"{hub.endpoint}/{TIER_REPO}" in exc.value.hint
+    assert "accept" in exc.value.hint
+
+
+def test_invalid_token_gets_401_message(tier_repo: TierRepo, tmp_path: Path) -> None:
+    with pytest.raises(HubError) as exc:
+        DownloadJob(
+            tier_repo.request(), tmp_path, options(tier_repo.hub, token="hf_expired")
+        ).run()
+    assert "401" in exc.value.message
+    assert "rejected the token" in exc.value.message
+    assert "/settings/tokens" in exc.value.hint
+
+
+def test_missing_repo_revision_and_file(tier_repo: TierRepo, tmp_path: Path) -> None:
+    hub = tier_repo.hub
+    with pytest.raises(HubError, match="Repository nobody/nothing was not found"):
+        DownloadJob(DownloadRequest("nobody/nothing", ("*",)), tmp_path, options(hub)).run()
+    with pytest.raises(HubError, match="Revision 'v9' does not exist"):
+        DownloadJob(tier_repo.request(revision="v9"), tmp_path, options(hub)).run()
+
+    # a file removed after the listing (the repo changed under the download)
+    gone = shard_name(9)
+
+    def on(e: DownloadEvent) -> None:
+        if e.kind == "listing":
+            del hub.repos[TIER_REPO].files[gone]
+
+    with pytest.raises(HubError) as exc:
+        DownloadJob(tier_repo.request(), tmp_path, options(hub), on).run()
+    assert gone in exc.value.message
+    assert "is not in" in exc.value.message
+
+
+def test_hub_unreachable(tier_repo: TierRepo, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    opts = options(tier_repo.hub, endpoint=f"http://127.0.0.1:{port}")
+    with pytest.raises(HubError) as exc:
+        DownloadJob(tier_repo.request(), tmp_path, opts).run()
+    assert f"Cannot reach the Hub at http://127.0.0.1:{port}" in exc.value.message
+    assert "network" in exc.value.hint
+
+
+def test_not_enough_space_is_refused_before_a_byte_is_fetched(
+    tier_repo: TierRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import k3desk.core.hub.preflight as pf
+
+    monkeypatch.setattr(pf, "free_bytes", lambda p: 5_000_000)
+    with pytest.raises(HubError) as exc:
+        DownloadJob(tier_repo.request(), tmp_path, options(tier_repo.hub)).run()
+    assert "Not enough free space" in exc.value.message
+    assert "is missing" in exc.value.message
+    assert tier_repo.hub.bytes_sent() == 0
+    assert not list(tmp_path.rglob("*.gguf"))
+
+
+def test_permission_denied_on_the_target(
+    tier_repo: TierRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_mkdir = Path.mkdir
+
+    def mkdir(self: Path, *a: Any, **kw: Any) -> None:
+        if self.name == ".k3desk":
+            raise PermissionError(13, "Permission denied", str(self))
+        real_mkdir(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    with pytest.raises(HubError) as exc:
+        DownloadJob(tier_repo.request(), tmp_path / "models", options(tier_repo.hub)).run()
+    assert f"Permission denied writing to {tmp_path / 'models'}" in exc.value.message
+    assert tier_repo.hub.bytes_sent() == 0
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Any:
+    import subprocess
+
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip() or r.returncode}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_disk_full_mid_transfer_keeps_the_partial_and_resumes(
+    tier_repo: TierRepo, small_tmpfs: Path
+) -> None:
+    hub = tier_repo.hub
+    hub.throttle_bps = 2_000_000
+    req = DownloadRequest(TIER_REPO, (shard_name(1), shard_name(2)))
+    filler = small_tmpfs / "another-program.bin"
+
+    def fill(e: DownloadEvent) -> None:
+        # another program fills the disk while the download runs
+        if e.kind == "file_progress" and e.done > 300_000 and not filler.exists():
+            free = os.statvfs(small_tmpfs).f_bavail * os.statvfs(small_tmpfs).f_frsize
+            with filler.open("wb") as f:
+                try:
+                    f.write(b"\0" * free)
+                except OSError:
+                    pass
+
+    target = small_tmpfs / "models"
+    with pytest.raises(HubError) as exc:
+        DownloadJob(req, target, options(hub, parallel=2), Recorder(fill)).run()
+    assert "is full" in exc.value.message
+    assert "partial download" in exc.value.message
+    assert "resume" in exc.value.hint
+    parts = list(target.rglob("*.k3part"))
+    assert parts
+    kept = sum(p.stat().st_size for p in parts)
+    assert kept > 300_000
+
+    filler.unlink()
+    hub.throttle_bps = 0
+    hub.reset_log()
+    DownloadJob(req, target, options(hub)).run()
+    assert_landed(target, {p: tier_repo.files[p] for p in req.allow_patterns})
+    assert hub.bytes_sent() < sum(len(tier_repo.files[p]) for p in req.allow_patterns)
