@@ -212,7 +212,7 @@ def estimate_ram_bandwidth(description: str, sockets: int = 1) -> Bandwidth:
     return replace(
         bw,
         note=f"unknown platform {description.strip()!r}; assumed dual-channel DDR4-3200: "
-        f"{bw.bytes_per_s / GB_S:.1f} GB/s. Set the real figure as an override.",
+        f"{bw.bytes_per_s / GB_S:.1f} GB/s; the benchmark (without --no-benchmark) measures it.",
     )
 
 
