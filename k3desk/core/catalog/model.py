@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from huggingface_hub.utils._paths import filter_repo_objects
+from huggingface_hub.utils import filter_repo_objects  # type: ignore[attr-defined]
 
 Engine = Literal["llama.cpp", "sparkinfer", "vllm"]
 VisionSupport = Literal["upstream", "fork", "none"]
