@@ -144,7 +144,9 @@ class HubServer:
         lfs: bool = True,
     ) -> HubRepo:
         built = {
-            p: HubFile(p, data=d, lfs=lfs) if isinstance(d, bytes) else HubFile(p, source=d, lfs=lfs)
+            p: HubFile(p, data=d, lfs=lfs)
+            if isinstance(d, bytes)
+            else HubFile(p, source=d, lfs=lfs)
             for p, d in files.items()
         }
         sha = hashlib.sha1(
@@ -178,7 +180,9 @@ class HubServer:
 
     def __enter__(self) -> HubServer:
         for srv in (self._hub, self._cdn):
-            t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+            t = threading.Thread(
+                target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+            )
             t.start()
             self._threads.append(t)
         return self
@@ -197,7 +201,11 @@ class HubServer:
     # ------------------------------------------------------------------ log queries
     def content_hits(self, file: str | None = None) -> list[Hit]:
         with self._lock:
-            return [h for h in self.hits if h.file and h.method == "GET" and (file is None or h.file == file)]
+            return [
+                h
+                for h in self.hits
+                if h.file and h.method == "GET" and (file is None or h.file == file)
+            ]
 
     def bytes_sent(self, file: str | None = None) -> int:
         return sum(h.sent for h in self.content_hits(file))
@@ -237,7 +245,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server_name_ = "hub"
     owner: HubServer
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     # ------------------------------------------------------------ plumbing
@@ -264,8 +272,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.command != "HEAD" and body:
             self.wfile.write(body)
         self.owner._log(
-            Hit(self.server_name_, self.command, self.path, file, status, None, 0,
-                self._token() is not None, self._token())
+            Hit(
+                self.server_name_,
+                self.command,
+                self.path,
+                file,
+                status,
+                None,
+                0,
+                self._token() is not None,
+                self._token(),
+            )
         )
 
     def _json(self, status: int, data: Any, headers: dict[str, str] | None = None) -> None:
@@ -308,11 +325,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return None
         if repo.gated and token not in repo.allowed_tokens:
             if token is None:
-                self._error(401, "GatedRepo", f"Access to model {repo_id} is restricted. "
-                            "You must have access to it and be authenticated to access it.", file)
+                self._error(
+                    401,
+                    "GatedRepo",
+                    f"Access to model {repo_id} is restricted. "
+                    "You must have access to it and be authenticated to access it.",
+                    file,
+                )
             else:
-                self._error(403, "GatedRepo", f"Access to model {repo_id} is restricted and you "
-                            "are not in the authorized list.", file)
+                self._error(
+                    403,
+                    "GatedRepo",
+                    f"Access to model {repo_id} is restricted and you "
+                    "are not in the authorized list.",
+                    file,
+                )
             return None
         return repo
 
@@ -392,7 +419,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         for p in sorted(repo.files):
             if not p.startswith(prefix):
                 continue
-            rest = p[len(prefix):]
+            rest = p[len(prefix) :]
             parts = rest.split("/")
             for i in range(1, len(parts)):
                 d = prefix + "/".join(parts[:i])
@@ -435,12 +462,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _injected_failure(self, file: str) -> bool:
         with self.owner._lock:
-            for i, (pattern, status, headers) in enumerate(self.owner._fail):
-                if pattern == file:
-                    del self.owner._fail[i]
-                    break
-            else:
+            found = [i for i, fail in enumerate(self.owner._fail) if fail[0] == file]
+            if not found:
                 return False
+            _, status, headers = self.owner._fail.pop(found[0])
         self._send(status, json.dumps({"error": f"injected {status}"}).encode(), headers, file=file)
         return True
 
@@ -452,7 +477,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         f = repo.files.get(file)
         if f is None:
-            self._error(404, "EntryNotFound", f"{file} does not exist on \"{unquote(rev)}\"", file)
+            self._error(404, "EntryNotFound", f'{file} does not exist on "{unquote(rev)}"', file)
             return
         if self._injected_failure(file):
             return
@@ -488,8 +513,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         sent = 0
         token = self._token()
-        hit = Hit(self.server_name_, self.command, self.path, f.path, status,
-                  start if m else None, 0, token is not None, token)
+        hit = Hit(
+            self.server_name_,
+            self.command,
+            self.path,
+            f.path,
+            status,
+            start if m else None,
+            0,
+            token is not None,
+            token,
+        )
         self.owner._log(hit)
         if self.command == "HEAD":
             return

@@ -43,6 +43,7 @@ from k3desk.core.hub.reporting import FileTask
 from k3desk.core.hub.state import Partial
 from k3desk.core.progress import CancelToken
 
+
 @dataclass
 class Context:
     repo: str

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -167,9 +168,7 @@ def test_files_already_in_the_folder_are_verified_not_fetched(
     assert_landed(tmp_path, tier_repo.wanted)
 
 
-def test_files_in_the_hugging_face_cache_are_reused(
-    tier_repo: TierRepo, tmp_path: Path
-) -> None:
+def test_files_in_the_hugging_face_cache_are_reused(tier_repo: TierRepo, tmp_path: Path) -> None:
     from huggingface_hub import hf_hub_download
 
     hub = tier_repo.hub
@@ -180,9 +179,7 @@ def test_files_in_the_hugging_face_cache_are_reused(
         hf_hub_download(TIER_REPO, p, cache_dir=cache, endpoint=hub.endpoint, token=False)
     hub.reset_log()
     rec = Recorder()
-    DownloadJob(
-        tier_repo.request(), target, options(hub, hf_cache_dir=cache), rec
-    ).run()
+    DownloadJob(tier_repo.request(), target, options(hub, hf_cache_dir=cache), rec).run()
     for p in cached:
         assert hub.bytes_sent(p) == 0, p
     assert {e.path for e in rec.of("file_done") if e.source == "hf-cache"} == set(cached)
@@ -382,9 +379,7 @@ def test_gated_repo_with_a_token_that_did_not_accept(tier_repo: TierRepo, tmp_pa
 
 def test_invalid_token_gets_401_message(tier_repo: TierRepo, tmp_path: Path) -> None:
     with pytest.raises(HubError) as exc:
-        DownloadJob(
-            tier_repo.request(), tmp_path, options(tier_repo.hub, token="hf_expired")
-        ).run()
+        DownloadJob(tier_repo.request(), tmp_path, options(tier_repo.hub, token="hf_expired")).run()
     assert "401" in exc.value.message
     assert "rejected the token" in exc.value.message
     assert "/settings/tokens" in exc.value.hint
@@ -481,11 +476,8 @@ def test_disk_full_mid_transfer_keeps_the_partial_and_resumes(
         # another program fills the disk while the download runs
         if e.kind == "file_progress" and e.done > 300_000 and not filler.exists():
             free = os.statvfs(small_tmpfs).f_bavail * os.statvfs(small_tmpfs).f_frsize
-            with filler.open("wb") as f:
-                try:
-                    f.write(b"\0" * free)
-                except OSError:
-                    pass
+            with filler.open("wb") as f, contextlib.suppress(OSError):
+                f.write(b"\0" * free)
 
     target = small_tmpfs / "models"
     with pytest.raises(HubError) as exc:

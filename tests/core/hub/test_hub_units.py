@@ -57,8 +57,9 @@ def test_crosscheck_reports_shard_count_size_and_missing_files() -> None:
     assert any("2,000 bytes" in w and "3,000 bytes" in w for w in warnings)
     assert any("'mmproj-F16.gguf' is named by the catalog" in w for w in warnings)
     # within 1 % and complete: silent
-    ok = DownloadRequest("o/r", ("K-*",), shard_patterns=("K-*",), expected_shards=2,
-                         expected_shard_bytes=2010)
+    ok = DownloadRequest(
+        "o/r", ("K-*",), shard_patterns=("K-*",), expected_shards=2, expected_shard_bytes=2010
+    )
     assert crosscheck(ok, _listing(shards)) == []
 
 
@@ -80,10 +81,12 @@ def test_manifests_of_different_shapes_are_understood(raw: object) -> None:
 def test_manifest_disagreements_become_warnings_naming_the_file() -> None:
     f = RemoteFile("IQ1_S/K-00001-of-00002.gguf", 100, "cd" * 32, "1" * 40)
     manifest = json.dumps(
-        {"files": [
-            {"name": "K-00001-of-00002.gguf", "size": 99, "sha256": "ab" * 32},
-            {"name": "K-00002-of-00002.gguf", "size": 100, "sha256": "ef" * 32},
-        ]}
+        {
+            "files": [
+                {"name": "K-00001-of-00002.gguf", "size": 99, "sha256": "ab" * 32},
+                {"name": "K-00002-of-00002.gguf", "size": 100, "sha256": "ef" * 32},
+            ]
+        }
     ).encode()
     warnings = manifest_check(manifest, _listing([f]), "manifest.json")
     assert any("K-00001-of-00002.gguf" in w and "99 bytes" in w for w in warnings)
@@ -165,7 +168,9 @@ def test_error_texts_name_the_problem_and_the_fix() -> None:
 
     class FakeResponse:
         status_code = 429
-        headers = {"Retry-After": "120"}
+
+        def __init__(self) -> None:
+            self.headers = {"Retry-After": "120"}
 
     class FakeHttpError(Exception):
         response = FakeResponse()
