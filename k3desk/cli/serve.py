@@ -180,6 +180,7 @@ def _foreground(sup: Supervisor) -> int:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term)
+    previous_int = signal.getsignal(signal.SIGINT)
     started = time.monotonic()
     try:
         sup.start()
@@ -207,13 +208,17 @@ def _foreground(sup: Supervisor) -> int:
                     crash.fix if crash else f"See the log: {sup.log_file}",
                 )
     except KeyboardInterrupt:
+        # a second Ctrl-C or SIGTERM must not cut the clean stop short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("Stopping ...", file=sys.stderr, flush=True)
         sup.stop()
         print("Stopped.", file=sys.stderr, flush=True)
         return 0
     finally:
-        signal.signal(signal.SIGTERM, previous)
         sup.stop()
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def _print_history(sup: Supervisor) -> None:

@@ -1,0 +1,169 @@
+"""``k3desk serve`` and ``k3desk engine`` as a person runs them (real processes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from k3desk.devtools.tinyk3 import TinyModel
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+
+
+def k3desk(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "k3desk", *args],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@contextmanager
+def serving(*args: str) -> Iterator[tuple[subprocess.Popen[str], dict[str, str]]]:
+    """Run ``k3desk serve ...`` until it prints its engine pid; yield (process, facts)."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "k3desk", "serve", *args],
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
+        facts: dict[str, str] = {}
+        seen: list[str] = []
+        try:
+            assert proc.stdout is not None
+            deadline = time.monotonic() + 120
+            while "Engine pid" not in facts:
+                line = proc.stdout.readline()
+                if not line or time.monotonic() > deadline:
+                    pytest.fail("k3desk serve did not get ready:\n" + "".join(seen))
+                seen.append(line)
+                key, sep, value = line.partition(": ")
+                if sep:
+                    facts[key.strip()] = value.strip()
+            facts["output"] = "".join(seen)
+            yield proc, facts
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.engine
+def test_serve_prints_plan_progress_url_and_key_then_sigkill_leaves_nothing(
+    llama_server: Path, tiny_k3: TinyModel
+) -> None:
+    assert tiny_k3.mmproj is not None
+    with serving(
+        str(tiny_k3.first_part),
+        "--mmproj",
+        str(tiny_k3.mmproj),
+        "--ctx",
+        "1024",
+        "--engine",
+        str(llama_server),
+    ) as (proc, facts):
+        out = facts["output"]
+        assert "Plan: " in out
+        assert "Arguments: -m " in out
+        assert "loading:" in out
+        url, key, pid = facts["URL"], facts["API key"], int(facts["Engine pid"])
+        assert url.startswith("http://127.0.0.1:")
+        assert key not in (facts.get("Arguments") or "")  # the printed command hides it
+        r = httpx.post(
+            f"{url}/chat/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        assert psutil.Process(pid).ppid() == proc.pid
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert _gone_within(pid, 5.0), "llama-server outlived a SIGKILLed `k3desk serve`"
+
+
+@pytest.mark.engine
+def test_serve_stops_cleanly_on_sigterm(llama_server: Path, tiny_k3_single: TinyModel) -> None:
+    with serving(str(tiny_k3_single.first_part), "--ctx", "512", "--engine", str(llama_server)) as (
+        proc,
+        facts,
+    ):
+        pid = int(facts["Engine pid"])
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0
+        assert "stopped" in rest
+        assert "Stopped." in rest
+        assert _gone_within(pid, 1.0)
+
+
+def test_serve_refuses_missing_files(tmp_path: Path) -> None:
+    r = k3desk("serve", str(tmp_path / "Nope-00001-of-00003.gguf"))
+    assert r.returncode == 1
+    assert "does not exist" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_serve_refuses_an_engine_that_cannot_load_kimi_k3(
+    fake_engine: Callable[..., Path], tiny_k3_single: TinyModel
+) -> None:
+    r = k3desk("serve", str(tiny_k3_single.first_part), "--engine", str(fake_engine("old_engine")))
+    assert r.returncode == 1
+    assert "cannot load Kimi-K3: it predates kimi-k3 support" in r.stderr
+    assert "k3desk engine install" in r.stderr
+
+
+def test_engine_probe_and_list(fake_engine: Callable[..., Path]) -> None:
+    old = fake_engine("old_engine")
+    r = k3desk("engine", "probe", str(old))
+    assert r.returncode == 1
+    assert "This engine cannot load Kimi-K3: it predates kimi-k3 support" in r.stdout
+    assert "! it lacks --fit" in r.stdout
+    listed = k3desk("engine", "list", "--engine", str(old))
+    assert listed.returncode == 0
+    first = listed.stdout.splitlines()[0]
+    assert first.startswith(f"* {old}")
+    assert "[configured]" in first
+    assert "cannot load Kimi-K3" in listed.stdout  # the cached probe is shown
+
+
+def test_engine_install_dry_run_shows_the_flags(hardware_file: Callable[[str], Path]) -> None:
+    r = k3desk("engine", "install", "--dry-run", "--hardware", str(hardware_file("1xH200-141GB")))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("CMAKE_ARGS=")
+    assert "-DGGML_RPC=ON" in r.stdout
+    assert "-DGGML_NATIVE=ON" not in r.stdout
+    # with nvcc: CUDA for sm_90; without: a CPU build that says what to install
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90" in r.stdout or "no nvcc" in r.stdout
