@@ -1,0 +1,325 @@
+"""Supervising a group of processes that only work together (engine ranks, RPC workers).
+
+A :class:`GroupSupervisor` launches every member, waits until the group is ready
+(reporting phases through callbacks), then watches all members at once.  When
+any member dies unexpectedly the whole group is torn down and launched again
+(one restart counts one failure; a group that stayed up for ``stable_after``
+seconds gets its count back), up to ``max_failures`` in a row; after that, or
+after a failure restarting cannot fix (a refused model, a wrong flag, a missing
+binary), it ends in ``failed`` with the reason.  ``stop`` brings every member down.
+
+Subclasses implement :meth:`_launch` (start members, block until ready, raise
+:class:`LaunchFailure` on failure) and :meth:`_teardown`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from k3desk.core.chat.client import ChatEndpoint
+from k3desk.core.errors import Cancelled, EngineError
+from k3desk.core.progress import CancelToken, Progress
+
+log = logging.getLogger(__name__)
+
+
+class GroupState(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class GroupPolicy:
+    max_failures: int = 3  # consecutive failed launches / deaths before giving up
+    backoff_initial: float = 1.0
+    backoff_factor: float = 2.0
+    backoff_max: float = 30.0
+    stable_after: float = 300.0  # a group up this long gets its failure count reset
+    stop_grace: float = 8.0
+
+    def backoff(self, failures: int) -> float:
+        delay = self.backoff_initial * self.backoff_factor ** max(0, failures - 1)
+        return float(min(self.backoff_max, delay))
+
+
+@dataclass(frozen=True)
+class GroupEvent:
+    state: GroupState
+    attempt: int
+    message: str = ""
+    progress: Progress | None = None
+    final: bool = False
+
+
+EventCallback = Callable[[GroupEvent], None]
+
+
+class LaunchFailure(Exception):
+    """A launch did not reach ready.  ``fatal``: restarting cannot fix it."""
+
+    def __init__(self, message: str, hint: str = "", *, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.fatal = fatal
+
+
+@dataclass
+class GroupAttempt:
+    number: int
+    started_at: float
+    ready_at: float | None = None
+    ended_at: float | None = None
+    outcome: str = ""  # "ready", the failure, or why it was restarted
+
+
+class GroupSupervisor:
+    """Base class: one thread launches the group and then watches it."""
+
+    kind = "engine group"
+
+    def __init__(
+        self, *, policy: GroupPolicy | None = None, on_event: EventCallback | None = None
+    ) -> None:
+        self.policy = policy or GroupPolicy()
+        self._on_event = on_event
+        self._lock = threading.Lock()
+        self._state = GroupState.STOPPED
+        self._stop = threading.Event()
+        self._fault = threading.Event()
+        self._fault_reason = ""
+        self._ready = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._attempts: list[GroupAttempt] = []
+        self._error: EngineError | None = None
+        self._endpoint: ChatEndpoint | None = None
+        self._current = 0
+        self._tearing_down = False
+
+    # ------------------------------------------------------------ public
+    @property
+    def state(self) -> GroupState:
+        with self._lock:
+            return self._state
+
+    @property
+    def attempts(self) -> list[GroupAttempt]:
+        with self._lock:
+            return [replace(a) for a in self._attempts]
+
+    @property
+    def error(self) -> EngineError | None:
+        with self._lock:
+            return self._error
+
+    @property
+    def endpoint(self) -> ChatEndpoint | None:
+        with self._lock:
+            return self._endpoint if self._state is GroupState.READY else None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise EngineError(f"This {self.kind} was already started; create a new one.")
+        self._thread = threading.Thread(target=self._run, name=f"{self.kind}-monitor", daemon=True)
+        self._thread.start()
+
+    def wait_ready(
+        self, timeout: float | None = None, cancel: CancelToken | None = None
+    ) -> ChatEndpoint:
+        """Block until the group is ready (through restarts); raise when it gives up."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            ep = self.endpoint
+            if ep is not None:
+                return ep
+            if self._done.is_set():
+                raise self.error or EngineError(f"The {self.kind} stopped before it was ready.")
+            if cancel is not None and cancel.cancelled:
+                self.stop()
+                raise Cancelled()
+            if deadline is not None and time.monotonic() > deadline:
+                raise EngineError(
+                    f"The {self.kind} was not ready within {timeout:.0f} s "
+                    f"(state: {self.state.value}).",
+                    "See the logs of each node's process.",
+                )
+            self._ready.wait(0.05)
+
+    def wait_state(self, state: GroupState, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.state is state:
+                return True
+            time.sleep(0.02)
+        return self.state is state
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def stop(self) -> None:
+        """Bring every member down; idempotent."""
+        self._stop.set()
+        self._fault.set()  # wake the monitor
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.policy.stop_grace * 3 + 15)
+        elif thread is None:
+            self._done.set()
+
+    close = stop
+
+    def __enter__(self) -> GroupSupervisor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------ for subclasses
+    def _launch(self, attempt: int, cancel: CancelToken) -> ChatEndpoint:
+        raise NotImplementedError
+
+    def _teardown(self) -> None:
+        raise NotImplementedError
+
+    def fault(self, reason: str) -> None:
+        """A member died or failed: restart the group (ignored while stopping)."""
+        with self._lock:
+            if self._tearing_down or self._stop.is_set():
+                return
+            if not self._fault.is_set():
+                self._fault_reason = reason
+        self._fault.set()
+
+    def _phase(self, message: str, done: int, total: int, detail: str = "") -> None:
+        """Report launch progress (a phase of ``total``)."""
+        self._emit(
+            GroupEvent(self.state, self._current, message, Progress(message, done, total, detail))
+        )
+
+    def _check_running(self, cancel: CancelToken) -> None:
+        """Raise if the launch must end: stop requested, or a member died."""
+        if self._stop.is_set() or cancel.cancelled:
+            raise LaunchFailure("stopped on request")
+        if self._fault.is_set():
+            raise LaunchFailure(self._fault_reason or "a member of the group ended")
+
+    def _sleep(self, seconds: float, cancel: CancelToken) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self._check_running(cancel)
+            time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+
+    # ------------------------------------------------------------ internals
+    def _set_state(self, state: GroupState, message: str = "", *, final: bool = False) -> None:
+        with self._lock:
+            self._state = state
+        self._emit(GroupEvent(state, self._current, message, None, final))
+
+    def _emit(self, event: GroupEvent) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event)
+        except Exception:  # a listener's bug must not kill the monitor
+            log.exception("cluster event listener failed")
+
+    def _do_teardown(self) -> None:
+        with self._lock:
+            self._tearing_down = True
+            self._endpoint = None
+        self._ready.clear()
+        try:
+            self._teardown()
+        finally:
+            with self._lock:
+                self._tearing_down = False
+
+    def _run(self) -> None:
+        failures = 0
+        cancel = CancelToken()
+        try:
+            while not self._stop.is_set():
+                self._current += 1
+                att = GroupAttempt(self._current, time.time())
+                with self._lock:
+                    self._attempts.append(att)
+                    self._fault_reason = ""
+                self._fault.clear()
+                self._set_state(
+                    GroupState.STARTING if self._current == 1 else GroupState.RESTARTING,
+                    f"attempt {self._current}",
+                )
+                try:
+                    endpoint = self._launch(self._current, cancel)
+                except LaunchFailure as exc:
+                    att.ended_at = time.time()
+                    att.outcome = exc.message
+                    self._do_teardown()
+                    if self._stop.is_set():
+                        break
+                    failures += 1
+                    if exc.fatal or failures >= self.policy.max_failures:
+                        why = "" if exc.fatal else f" ({failures} failed attempts in a row)"
+                        self._give_up(exc.message + why, exc.hint)
+                        return
+                    delay = self.policy.backoff(failures)
+                    self._set_state(
+                        GroupState.RESTARTING,
+                        f"{exc.message}; restarting every member in {delay:.1f} s",
+                    )
+                    if self._stop.wait(delay):
+                        break
+                    continue
+                att.ready_at = time.time()
+                att.outcome = "ready"
+                with self._lock:
+                    self._endpoint = endpoint
+                self._ready.set()
+                self._set_state(GroupState.READY, f"ready at {endpoint.root}")
+                self._fault.wait()
+                if self._stop.is_set():
+                    break
+                with self._lock:
+                    reason = self._fault_reason or "a member of the group ended"
+                att.ended_at = time.time()
+                att.outcome = f"restarted: {reason}"
+                if att.ready_at is not None and time.time() - att.ready_at >= (
+                    self.policy.stable_after
+                ):
+                    failures = 0
+                failures += 1
+                self._set_state(GroupState.RESTARTING, f"{reason}; restarting every member")
+                self._do_teardown()
+                if failures >= self.policy.max_failures:
+                    self._give_up(f"{reason} ({failures} times in a row)", "")
+                    return
+                if self._stop.wait(self.policy.backoff(failures)):
+                    break
+        except Exception as exc:  # report instead of dying silently
+            log.exception("cluster monitor failed")
+            self._do_teardown()
+            self._give_up(f"k3desk could not run the {self.kind}: {exc}", "")
+            return
+        finally:
+            self._ready.clear()
+        self._set_state(GroupState.STOPPING)
+        self._do_teardown()
+        self._set_state(GroupState.STOPPED)
+        self._done.set()
+
+    def _give_up(self, message: str, hint: str) -> None:
+        err = EngineError(f"The {self.kind} failed: {message}", hint)
+        with self._lock:
+            self._error = err
+        self._set_state(GroupState.FAILED, err.message, final=True)
+        self._done.set()

@@ -1,0 +1,661 @@
+"""SparkInfer TP3/TP4 over SSH, with the command line verified in its source.
+
+SparkInfer (gittensor-ai-lab/sparkinfer-k3 v0.2.2 plus the vcruz305 recipe's
+patch chain) runs one ``kimi_k3_dist_generate`` process per node::
+
+    kimi_k3_dist_generate --rank R --world 3|4 (--listen IP:PORT | --coord IP:PORT)
+                          --model <shard 1 .gguf> --max-ctx N [--serve IP:PORT] [--spec-draft K]
+
+Rank 0 listens (``--listen``) and the workers connect to it (``--coord``); with
+``--serve`` rank 0 opens a line-protocol socket that the recipe's FastAPI bridge,
+started beside rank 0, turns into OpenAI-compatible HTTP (port 8000, model
+``kimi-k3-neuron``).  The model card's command (``sparkinfer --tp 3 --ctx-len
+--jdba-band``, port 9000, a directory as ``--model``) does not exist:
+:func:`explain_card_command` tells a person who copied it what to use instead.
+
+:class:`SparkInferCluster` starts rank 0, then the workers over SSH, then the
+bridge; follows rank 0's log phases and the bridge's ``/readyz``; watches every
+rank (a dead worker is noticed at once through its ssh connection, not at the
+next request as rank 0 would); and restarts all ranks together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+import httpx
+
+from k3desk.core.chat.client import ChatEndpoint
+from k3desk.core.cluster.group import (
+    EventCallback,
+    GroupPolicy,
+    GroupSupervisor,
+    LaunchFailure,
+)
+from k3desk.core.cluster.nodes import Cluster, ClusterError, Node, is_ipv4_literal
+from k3desk.core.cluster.ssh import RemoteProcess, SshClient, classify_ssh_failure
+from k3desk.core.hardware.profile import GpuInfo, HardwareProfile
+from k3desk.core.paths import AppPaths
+from k3desk.core.progress import CancelToken
+
+if TYPE_CHECKING:
+    from k3desk.core.catalog.model import Tier
+    from k3desk.core.cluster.probe import NodeReport
+
+BINARY = "kimi_k3_dist_generate"
+MODEL_NAME = "kimi-k3-neuron"
+COORD_PORT = 29500
+SERVE_PORT = 29600
+BRIDGE_PORT = 8000
+TARGET_EXPERTS = 896
+TARGET_EXPERT_WIDTH = 1536
+TARGET_SHARDS = 9
+TARGET_REPO = "vcruz305/Kimi-K3-GGUF"
+GEOMETRY_ERROR = "GGUF MoE geometry is not the Neuron 896x1536 recipe target"
+SPEC_DRAFT_RANGE = (2, 16)
+PREFILL_CHUNK_ENV = "SPARKINFER_K3_PREFILL_CHUNK"
+
+# Environment presets.  "recipe" is what the recipe documents (head banding is the
+# closest thing to the card's --jdba-band; KDA fusion off is the card's +20 %).
+ENV_PROFILES: dict[str, dict[str, str]] = {
+    "plain": {},
+    "recipe": {"SPARKINFER_K3_DIST_HEAD_BAND": "1", "SPARKINFER_K3_KDA_FUSE": "0"},
+    "spec-k8": {
+        "SPARKINFER_K3_DIST_HEAD_BAND": "1",
+        "SPARKINFER_K3_KDA_FUSE": "0",
+        PREFILL_CHUNK_ENV: "8",
+    },
+}
+
+# The bridge beside rank 0.  Placeholders: {python} {workdir} {engine} {host} {port} {model}.
+DEFAULT_BRIDGE = (
+    "{python}",
+    "{workdir}/k3_bridge.py",
+    "--engine",
+    "{engine}",
+    "--host",
+    "{host}",
+    "--port",
+    "{port}",
+    "--model-name",
+    "{model}",
+)
+
+# Steps 6 and 7 of the model card's launch procedure, as printed there.
+CARD_COMMAND = (
+    "sparkinfer --model ./Kimi-K3-UD-IQ1_S --tp 3 --rank 0 --listen --ctx-len 8192 --jdba-band\n"
+    "sparkinfer --model ./Kimi-K3-UD-IQ1_S --tp 3 --rank 1 --coord <rank0-host>:9000 --jdba-band"
+)
+
+
+@dataclass(frozen=True)
+class SparkInferConfig:
+    cluster: Cluster
+    model_file: str = "Kimi-K3-UD-IQ1_S-00001-of-00009.gguf"  # shard 1, in each node's model_path
+    max_ctx: int = 8192
+    spec_draft: int | None = None
+    env: Mapping[str, str] = field(default_factory=lambda: dict(ENV_PROFILES["recipe"]))
+    coord_port: int = COORD_PORT
+    serve_port: int = SERVE_PORT  # rank 0's line-protocol socket (bound to 127.0.0.1)
+    bridge_port: int = BRIDGE_PORT
+    bridge_host: str = ""  # "" = rank 0's address
+    bridge_argv: tuple[str, ...] = DEFAULT_BRIDGE
+    model_name: str = MODEL_NAME
+    connect_timeout: float = 180.0  # workers reaching rank 0
+    load_timeout: float = 3600.0  # the recipe reports ~5m45s per rank
+    ready_timeout: float = 120.0  # serve socket and bridge
+
+    @property
+    def world(self) -> int:
+        return len(self.cluster.nodes)
+
+    def model_path(self, node: Node) -> str:
+        if not node.model_path:
+            return self.model_file
+        return str(PurePosixPath(node.model_path) / self.model_file)
+
+    @property
+    def rank0(self) -> Node:
+        return self.cluster.nodes[0]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.bridge_host or self.rank0.engine_address}:{self.bridge_port}"
+
+
+def rank_argv(config: SparkInferConfig, rank: int) -> list[str]:
+    """The verified command line of ``rank`` (0 = coordinator)."""
+    node = config.cluster.nodes[rank]
+    coord = f"{config.rank0.engine_address}:{config.coord_port}"
+    argv = [node.sparkinfer_bin or BINARY, "--rank", str(rank), "--world", str(config.world)]
+    argv += ["--listen", coord] if rank == 0 else ["--coord", coord]
+    argv += ["--model", config.model_path(node), "--max-ctx", str(config.max_ctx)]
+    if rank == 0:
+        argv += ["--serve", f"127.0.0.1:{config.serve_port}"]
+    if config.spec_draft is not None:
+        argv += ["--spec-draft", str(config.spec_draft)]
+    return argv
+
+
+def bridge_argv(config: SparkInferConfig) -> list[str]:
+    node = config.rank0
+    values = {
+        "python": node.python,
+        "workdir": node.workdir or ".",
+        "engine": f"127.0.0.1:{config.serve_port}",
+        "host": config.bridge_host or node.engine_address,
+        "port": str(config.bridge_port),
+        "model": config.model_name,
+    }
+    return [a.format(**values) for a in config.bridge_argv]
+
+
+def describe_launch(config: SparkInferConfig) -> list[tuple[str, str]]:
+    """(node, command) for every process, in start order, as a person would type them."""
+    from k3desk.core.cluster.ssh import remote_command
+
+    out = []
+    for rank, node in enumerate(config.cluster.nodes):
+        out.append((node.label, remote_command(rank_argv(config, rank), config.env)))
+    out.append((config.rank0.label, remote_command(bridge_argv(config))))
+    return out
+
+
+# ------------------------------------------------------------------ the card's command
+
+_CARD_FIXES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(p), text)
+    for p, text in (
+        (
+            r"(^|\s)sparkinfer(\s|$)",
+            f"There is no `sparkinfer` program: the binary is `{BINARY}` (built from "
+            "gittensor-ai-lab/sparkinfer-k3 v0.2.2 with the recipe's patch chain, "
+            "-DSPARKINFER_TP=ON and NCCL).",
+        ),
+        (
+            r"--tp\b",
+            "`--tp N` does not exist: give `--world 3` (or 4) and a `--rank R` on each node.",
+        ),
+        (r"--ctx-len\b", "`--ctx-len` does not exist: the flag is `--max-ctx N`."),
+        (
+            r"--jdba-band\b",
+            "`--jdba-band` does not exist: the closest setting is the environment variable "
+            "SPARKINFER_K3_DIST_HEAD_BAND=1 on every rank.",
+        ),
+        (
+            r":9000\b",
+            "Nothing listens on port 9000: workers connect with `--coord IP:29500` (the "
+            "coordinator port), the serve socket is 29600 (a line protocol, not HTTP), and "
+            "the OpenAI-compatible HTTP comes from the bridge on port 8000.",
+        ),
+        (
+            r"--listen(\s+--|\s*$)",
+            "`--listen` needs an address: `--listen <rank-0 IPv4>:29500` (IPv4 literals only).",
+        ),
+        (
+            r"--model\s+\S*Kimi-K3-UD-IQ1_S/?(\s|$)",
+            "`--model` takes the first shard file, not the folder: "
+            "`--model /path/Kimi-K3-UD-IQ1_S-00001-of-00009.gguf`.",
+        ),
+    )
+)
+
+
+def explain_card_command(command: str = CARD_COMMAND) -> str:
+    """What is wrong with a command copied from the model card, and the verified one."""
+    lines = ["The model card's SparkInfer command does not match the program:"]
+    found = [text for rx, text in _CARD_FIXES if rx.search(command)]
+    if not found:
+        lines = ["That command has none of the model card's known mistakes."]
+    lines += [f"  - {t}" for t in found]
+    lines += [
+        "",
+        "The verified command line (one process per node; rank 0 first):",
+        f"  rank 0:  {BINARY} --rank 0 --world 3 --listen 10.0.0.11:29500 "
+        "--model /models/k3/Kimi-K3-UD-IQ1_S-00001-of-00009.gguf --max-ctx 8192 "
+        "--serve 127.0.0.1:29600",
+        f"  rank 1:  {BINARY} --rank 1 --world 3 --coord 10.0.0.11:29500 "
+        "--model /models/k3/Kimi-K3-UD-IQ1_S-00001-of-00009.gguf --max-ctx 8192",
+        "  rank 2:  the same with --rank 2",
+        "  then the recipe's HTTP bridge beside rank 0 (port 8000, model kimi-k3-neuron).",
+        "Every node needs its own complete copy of the 9 shards at the same path.  "
+        "`--spec-draft K` (2..16) must be on every rank, with SPARKINFER_K3_PREFILL_CHUNK >= K.",
+        "`k3desk cluster serve NAME --engine sparkinfer` runs all of this for you.",
+    ]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ refusals
+
+
+@dataclass(frozen=True)
+class SparkInferCheck:
+    refusals: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.refusals
+
+    def raise_if_refused(self) -> None:
+        if self.refusals:
+            raise ClusterError(
+                "SparkInfer cannot run this: " + " ".join(self.refusals),
+                "Use llama.cpp (`k3desk cluster serve NAME --engine rpc`, or one machine) "
+                "for other tiers and hardware.",
+            )
+
+
+def is_gb10(gpu: GpuInfo) -> bool:
+    return gpu.compute_capability == (12, 1) or "GB10" in gpu.name.upper()
+
+
+def check_tier(tier: Tier) -> str:
+    """Why SparkInfer cannot load ``tier`` ('' when it can)."""
+    geometry = (tier.shard_count, tier.experts_kept, tier.expert_feed_forward_length)
+    if geometry == (TARGET_SHARDS, TARGET_EXPERTS, TARGET_EXPERT_WIDTH) and (
+        "sparkinfer" in tier.engines
+    ):
+        return ""
+    return (
+        f"SparkInfer loads only the pruned 9-shard {TARGET_REPO} tier (UD-IQ1_S, "
+        f"{TARGET_EXPERTS} experts of width {TARGET_EXPERT_WIDTH}); tier {tier.id!r} has "
+        f"{tier.shard_count} shards and {tier.experts_kept} experts of width "
+        f"{tier.expert_feed_forward_length}, which it refuses with '{GEOMETRY_ERROR}'."
+    )
+
+
+def check_sparkinfer(
+    config: SparkInferConfig,
+    *,
+    tier: Tier | None = None,
+    profiles: Mapping[str, HardwareProfile | None] | None = None,
+    reports: Sequence[NodeReport] = (),
+) -> SparkInferCheck:
+    """Everything k3desk can tell before launching (``profiles`` by node label)."""
+    refusals: list[str] = []
+    warnings: list[str] = []
+    nodes = config.cluster.nodes
+    world = len(nodes)
+    if world not in (3, 4):
+        refusals.append(
+            f"SparkInfer runs on 3 nodes (TP3) or 4 (TP4); cluster {config.cluster.name!r} "
+            f"has {world}."
+        )
+    elif world == 4:
+        warnings.append(
+            "TP4 is experimental in the recipe (TP3 on GB10 is the qualified setup; the card "
+            "reports 7.90 tok/s for TP4 against 12.55 for TP3)."
+        )
+    if tier is not None:
+        why = check_tier(tier)
+        if why:
+            refusals.append(why)
+    if not config.model_file.endswith(".gguf"):
+        refusals.append(
+            f"--model must be the first shard file (…-00001-of-00009.gguf), not "
+            f"{config.model_file!r}."
+        )
+    for node in nodes:
+        addr = node.engine_address
+        if not is_ipv4_literal(addr):
+            kind = "an IPv6 address" if ":" in addr else "a host name"
+            refusals.append(
+                f"Node {node.label}: SparkInfer takes IPv4 literals only for --listen/--coord, "
+                f"and {addr!r} is {kind}; set address=<its IPv4 address> for this node."
+            )
+    k = config.spec_draft
+    if k is not None:
+        lo, hi = SPEC_DRAFT_RANGE
+        if not lo <= k <= hi:
+            refusals.append(f"--spec-draft must be between {lo} and {hi}, not {k}.")
+        else:
+            chunk = config.env.get(PREFILL_CHUNK_ENV, "")
+            if not chunk.isdigit() or int(chunk) < k:
+                refusals.append(
+                    f"--spec-draft {k} needs {PREFILL_CHUNK_ENV} >= {k} on every rank "
+                    f"(it is {chunk or 'unset'})."
+                )
+    for node in nodes:
+        profile = (profiles or {}).get(node.label)
+        if profile is None:
+            warnings.append(f"Node {node.label}: hardware not probed; GB10 is assumed.")
+            continue
+        gpus = profile.gpus
+        if any(is_gb10(g) for g in gpus):
+            continue
+        blackwell = [g for g in gpus if g.architecture == "Blackwell"]
+        if blackwell:
+            warnings.append(
+                f"Node {node.label} has {blackwell[0].name} (sm_{blackwell[0].sm}): Blackwell, "
+                "but the recipe qualifies TP3 on GB10 (sm_121) only; expect to build and tune "
+                "it yourself."
+            )
+            continue
+        have = ", ".join(f"{g.name} ({g.architecture}, sm_{g.sm})" for g in gpus) or (
+            "no NVIDIA GPU"
+        )
+        refusals.append(
+            f"Node {node.label} has {have}: SparkInfer's recipe runs on GB10 / DGX Spark "
+            "(Blackwell, sm_121). The card's 'all Blackwell chips (H200, ...)' is wrong: H200 "
+            "is Hopper (sm_90)."
+        )
+    for rep in reports:
+        copy = rep.copy
+        if copy is None:
+            continue
+        if copy.expert_count is not None and (
+            copy.expert_count,
+            copy.expert_feed_forward_length,
+        ) != (TARGET_EXPERTS, TARGET_EXPERT_WIDTH):
+            refusals.append(
+                f"Node {rep.node.label}: the model in {copy.folder} has {copy.expert_count} "
+                f"experts of width {copy.expert_feed_forward_length}; SparkInfer refuses it "
+                f"('{GEOMETRY_ERROR}')."
+            )
+        elif not copy.complete:
+            refusals.append(
+                f"Node {rep.node.label} has no complete copy of the model ({copy.summary()}); "
+                "every rank loads its own copy from the same path."
+            )
+    return SparkInferCheck(tuple(refusals), tuple(warnings))
+
+
+# ------------------------------------------------------------------ supervision
+
+
+@dataclass(frozen=True)
+class ServeStats:
+    """One ``[k3-dist][serve]`` line of rank 0."""
+
+    prompt_tokens: int
+    generated_tokens: int
+    prefill_s: float
+    decode_s: float
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+
+_SERVE_RE = re.compile(
+    r"\[k3-dist\]\[serve\] prompt_tokens=(\d+) generated_tokens=(\d+) "
+    r"prefill_s=([\d.]+) decode_s=([\d.]+)"
+)
+_SHARD_RE = re.compile(r"\[gguf\] shard (\d+)/(\d+) mapped")
+_PHASES = (
+    ("listening", re.compile(r"\[rank0\] listening .*waiting for (\d+) workers")),
+    ("nccl", re.compile(r"NCCL ready")),
+    ("loaded0", re.compile(r"\[k3-dist\] rank 0 loaded ok")),
+    ("complete", re.compile(r"rank0 bootstrap\+load complete")),
+    ("serving", re.compile(r"\[rank0\] serve mode listening on")),
+)
+PHASE_TEXT = (
+    "starting rank 0",
+    "rank 0 waiting for workers",
+    "workers connected (NCCL ready), loading weights",
+    "rank 0 loaded",
+    "every rank loaded",
+    "serve socket open",
+    "bridge ready",
+)
+StatsCallback = Callable[[ServeStats], None]
+
+
+class SparkInferCluster(GroupSupervisor):
+    kind = "SparkInfer cluster"
+
+    def __init__(
+        self,
+        config: SparkInferConfig,
+        paths: AppPaths,
+        known_hosts: Path,
+        *,
+        policy: GroupPolicy | None = None,
+        on_event: EventCallback | None = None,
+        on_stats: StatsCallback | None = None,
+        connect_timeout: int = 10,
+    ) -> None:
+        super().__init__(policy=policy, on_event=on_event)
+        self.config = config
+        self.paths = paths
+        self.known_hosts = known_hosts
+        self._connect_timeout = connect_timeout
+        self._on_stats = on_stats
+        self._procs: list[RemoteProcess] = []
+        self._bridge: RemoteProcess | None = None
+        self._flags: set[str] = set()
+        self._flag_cond = threading.Condition()
+        self._shards = (0, 0)
+        self.stats: list[ServeStats] = []
+
+    @property
+    def ranks(self) -> list[RemoteProcess]:
+        with self._lock:
+            return list(self._procs)
+
+    @property
+    def bridge(self) -> RemoteProcess | None:
+        with self._lock:
+            return self._bridge
+
+    # ------------------------------------------------------------ launch
+    def _log_path(self, attempt: int, what: str) -> Path:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        d = self.paths.logs_dir / "cluster" / self.config.cluster.name
+        return d / f"sparkinfer-{stamp}-a{attempt}-{what}.log"
+
+    def _client(self, node: Node) -> SshClient:
+        return SshClient(node, self.known_hosts, connect_timeout=self._connect_timeout)
+
+    def _start(self, rank: int, attempt: int) -> RemoteProcess:
+        cfg = self.config
+        node = cfg.cluster.nodes[rank]
+        proc = RemoteProcess(
+            self._client(node),
+            rank_argv(cfg, rank),
+            name=f"rank {rank}",
+            env=cfg.env,
+            cwd=node.workdir,
+            log_path=self._log_path(attempt, f"rank{rank}"),
+            on_line=self._rank0_line if rank == 0 else None,
+            on_exit=self._member_exit,
+        )
+        with self._lock:
+            self._procs.append(proc)
+        return proc.start()
+
+    def _launch(self, attempt: int, cancel: CancelToken) -> ChatEndpoint:
+        cfg = self.config
+        total = len(PHASE_TEXT)
+        with self._flag_cond:
+            self._flags = set()
+        self._shards = (0, 0)
+        self._phase(PHASE_TEXT[0], 0, total, cfg.rank0.label)
+        rank0 = self._start(0, attempt)
+        self._started(rank0, cancel)
+        self._await("listening", 60.0, cancel)
+        self._phase(PHASE_TEXT[1], 1, total, f"{cfg.world - 1} workers to connect")
+        workers = [self._start(r, attempt) for r in range(1, cfg.world)]
+        for w in workers:
+            self._started(w, cancel)
+        self._await("nccl", cfg.connect_timeout, cancel)
+        self._phase(PHASE_TEXT[2], 2, total)
+        self._await("loaded0", cfg.load_timeout, cancel)
+        self._phase(PHASE_TEXT[3], 3, total)
+        self._await("complete", cfg.load_timeout, cancel)
+        self._phase(PHASE_TEXT[4], 4, total)
+        self._await("serving", cfg.ready_timeout, cancel)
+        self._phase(PHASE_TEXT[5], 5, total, f"127.0.0.1:{cfg.serve_port} on {cfg.rank0.label}")
+        bridge = RemoteProcess(
+            self._client(cfg.rank0),
+            bridge_argv(cfg),
+            name="bridge",
+            cwd=cfg.rank0.workdir,
+            log_path=self._log_path(attempt, "bridge"),
+            on_exit=self._member_exit,
+        )
+        with self._lock:
+            self._bridge = bridge
+        bridge.start()
+        self._started(bridge, cancel)
+        self._await_readyz(cfg.url, cfg.ready_timeout, cancel)
+        self._phase(PHASE_TEXT[6], 7, total, cfg.url)
+        return ChatEndpoint(cfg.url, None, cfg.model_name)
+
+    def _started(self, proc: RemoteProcess, cancel: CancelToken) -> None:
+        deadline = time.monotonic() + self._connect_timeout + 20
+        while proc.remote_pid is None:
+            if proc.ended:
+                raise self._failure()
+            self._check_running(cancel)
+            if time.monotonic() > deadline:
+                raise LaunchFailure(f"{proc.name} on {proc.node.label} did not start in time")
+            time.sleep(0.02)
+
+    def _await(self, flag: str, timeout: float, cancel: CancelToken) -> None:
+        deadline = time.monotonic() + timeout
+        with self._flag_cond:
+            while flag not in self._flags:
+                if self._fault.is_set() or self._stop.is_set() or cancel.cancelled:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._flag_cond.wait(min(left, 0.1))
+            if flag in self._flags:
+                return
+        if self._fault.is_set():
+            raise self._failure()
+        self._check_running(cancel)
+        text = dict(zip((p for p, _ in _PHASES), PHASE_TEXT[1:], strict=False)).get(flag, flag)
+        raise LaunchFailure(
+            f"rank 0 did not reach '{text}' within {timeout:.0f} s",
+            f"See the rank logs under {self.paths.logs_dir / 'cluster' / self.config.cluster.name}",
+        )
+
+    def _await_readyz(self, url: str, timeout: float, cancel: CancelToken) -> None:
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        with httpx.Client(timeout=3.0) as http:
+            while True:
+                self._check_running(cancel)
+                try:
+                    r = http.get(f"{url}/readyz")
+                    if r.status_code == 200:
+                        return
+                    last = f"HTTP {r.status_code}"
+                except httpx.HTTPError as exc:
+                    last = type(exc).__name__
+                if time.monotonic() > deadline:
+                    raise LaunchFailure(
+                        f"the bridge at {url} did not report ready within {timeout:.0f} s "
+                        f"(/readyz: {last})"
+                    )
+                self._sleep(0.1, cancel)
+
+    def _failure(self) -> LaunchFailure:
+        """Why the launch failed, from the members that ended (fatal when a restart can't help)."""
+        ended = [p for p in self.ranks + ([self.bridge] if self.bridge else []) if p.ended]
+        for p in ended:
+            text = "\n".join(p.tail(40))
+            where = f"{p.name} on {p.node.label}"
+            if GEOMETRY_ERROR in text:
+                return LaunchFailure(
+                    f"SparkInfer refused the model on {p.node.label}: {GEOMETRY_ERROR}",
+                    f"Only the pruned 9-shard {TARGET_REPO} tier loads in SparkInfer; "
+                    "run other tiers with llama.cpp (--engine rpc, or one machine).",
+                    fatal=True,
+                )
+            m = re.search(r"unknown arg: ?(\S+)", text)
+            if m:
+                return LaunchFailure(
+                    f"{where}: this SparkInfer build does not accept '{m.group(1)}' (unknown arg)",
+                    "k3desk uses the command line of sparkinfer-k3 v0.2.2 with the recipe's "
+                    "patches; rebuild it from that source.",
+                    fatal=True,
+                )
+            if p.exit_status == 127 or p.missing_folder:
+                return LaunchFailure(
+                    f"{where}: {p.describe_exit()}",
+                    f"Install {BINARY} on {p.node.label} or set sparkinfer=PATH for that node."
+                    if p.exit_status == 127
+                    else "Fix workdir= for that node.",
+                    fatal=True,
+                )
+            if p.exit_status == 2:
+                last = p.tail(1)[0] if p.tail(1) else ""
+                return LaunchFailure(f"{where} rejected its arguments: {last}", fatal=True)
+            if p.ssh_returncode == 255 and p.remote_pid is None:
+                err = classify_ssh_failure(p.node, "\n".join(p.tail(5)), p.client.known_hosts)
+                return LaunchFailure(err.message, err.hint)
+        if ended:
+            p = ended[0]
+            last = p.tail(1)[0] if p.tail(1) else ""
+            return LaunchFailure(f"{p.name} on {p.node.label} {p.describe_exit()}: {last}")
+        with self._lock:
+            reason = self._fault_reason
+        return LaunchFailure(reason or "a member ended during the launch")
+
+    # ------------------------------------------------------------ watching
+    def _rank0_line(self, proc: RemoteProcess, line: str) -> None:
+        for flag, rx in _PHASES:
+            if rx.search(line):
+                with self._flag_cond:
+                    self._flags.add(flag)
+                    self._flag_cond.notify_all()
+        m = _SHARD_RE.search(line)
+        if m:
+            i, n = int(m.group(1)), int(m.group(2))
+            self._shards = (i, n)
+            self._phase(PHASE_TEXT[2], 2, len(PHASE_TEXT), f"rank 0: shard {i}/{n} mapped")
+            return
+        m = _SERVE_RE.search(line)
+        if m:
+            stats = ServeStats(
+                int(m.group(1)), int(m.group(2)), float(m.group(3)), float(m.group(4))
+            )
+            self.stats.append(stats)
+            if self._on_stats is not None:
+                with contextlib.suppress(Exception):
+                    self._on_stats(stats)
+            return
+        if "prefill failed" in line:
+            # rank 0 only finds out at a request; the ssh watch usually knew first
+            self.fault(f"rank 0 reported: {line.strip()}")
+
+    def _member_exit(self, proc: RemoteProcess) -> None:
+        if proc.stopping:
+            return
+        last = proc.tail(1)
+        tail = f" ({last[0]})" if last else ""
+        self.fault(f"{proc.name} on {proc.node.label} {proc.describe_exit()}{tail}")
+
+    def _teardown(self) -> None:
+        with self._lock:
+            procs = list(self._procs)
+            bridge = self._bridge
+            self._procs = []
+            self._bridge = None
+        order = ([bridge] if bridge else []) + procs
+        for p in order:
+            p.stopping = True
+        threads = [
+            threading.Thread(target=p.stop, args=(self.policy.stop_grace,), daemon=True)
+            for p in order
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(self.policy.stop_grace + 10)

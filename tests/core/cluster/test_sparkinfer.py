@@ -1,0 +1,304 @@
+"""SparkInfer TP3 through real ssh, with the stand-in engine and bridge on loopback "nodes"."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from k3desk.core.chat.client import ChatClient, ChatMessage, EngineUnavailableError
+from k3desk.core.chat.model import ChatSettings
+from k3desk.core.cluster.group import GroupEvent, GroupPolicy, GroupState
+from k3desk.core.cluster.nodes import Cluster, ClusterError, ClusterStore, Node
+from k3desk.core.cluster.probe import ShardSetSpec, probe_cluster
+from k3desk.core.cluster.sparkinfer import (
+    ENV_PROFILES,
+    GEOMETRY_ERROR,
+    SparkInferCluster,
+    SparkInferConfig,
+    check_sparkinfer,
+    describe_launch,
+    explain_card_command,
+    rank_argv,
+)
+from k3desk.core.errors import EngineError
+from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.paths import default_paths
+from tests.core.cluster.twin import RECIPE_NAMES, write_recipe_twin
+from tests.fixtures.sshd import SshServer
+
+FAKES = Path(__file__).resolve().parents[2] / "fakes" / "sparkinfer"
+HARDWARE = Path(__file__).resolve().parents[3] / "resources" / "hardware"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spark_nodes(sshd: SshServer, tag: str, n: int = 3, expert_ff: int = 1536) -> list[Node]:
+    """n loopback nodes, each with its own model copy and the bridge in rank 0's workdir."""
+    nodes = []
+    for i in range(n):
+        node = sshd.node(
+            f"{tag}{i}",
+            sparkinfer_bin=str(FAKES / "kimi_k3_dist_generate"),
+            python="/usr/bin/python3",
+        )
+        write_recipe_twin(Path(node.model_path), expert_feed_forward_length=expert_ff)
+        nodes.append(node)
+    shutil.copy(FAKES / "k3_bridge.py", Path(nodes[0].workdir) / "k3_bridge.py")
+    return nodes
+
+
+def config_for(nodes: list[Node], name: str, **kw: object) -> SparkInferConfig:
+    base = SparkInferConfig(
+        Cluster(name, tuple(nodes)),
+        coord_port=free_port(),
+        serve_port=free_port(),
+        bridge_port=free_port(),
+        connect_timeout=30,
+        load_timeout=60,
+        ready_timeout=30,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def supervisor(
+    cfg: SparkInferConfig, events: list[GroupEvent] | None = None, **policy: float
+) -> SparkInferCluster:
+    paths = default_paths()
+    return SparkInferCluster(
+        cfg,
+        paths,
+        ClusterStore(paths).known_hosts,
+        policy=GroupPolicy(backoff_initial=0.1, **policy),  # type: ignore[arg-type]
+        on_event=None if events is None else events.append,
+    )
+
+
+def test_verified_argv_not_the_cards() -> None:
+    nodes = tuple(
+        Node(host=f"spark{i}", address=f"10.0.0.{11 + i}", model_path="/models/k3")
+        for i in range(3)
+    )
+    cfg = SparkInferConfig(Cluster("spark", nodes), spec_draft=8, env=ENV_PROFILES["spec-k8"])
+    shard1 = "/models/k3/Kimi-K3-UD-IQ1_S-00001-of-00009.gguf"
+    assert rank_argv(cfg, 0) == [
+        "kimi_k3_dist_generate", "--rank", "0", "--world", "3", "--listen", "10.0.0.11:29500",
+        "--model", shard1, "--max-ctx", "8192", "--serve", "127.0.0.1:29600", "--spec-draft", "8",
+    ]  # fmt: skip
+    assert rank_argv(cfg, 2) == [
+        "kimi_k3_dist_generate", "--rank", "2", "--world", "3", "--coord", "10.0.0.11:29500",
+        "--model", shard1, "--max-ctx", "8192", "--spec-draft", "8",
+    ]  # fmt: skip
+    commands = describe_launch(cfg)
+    assert [n for n, _ in commands] == ["spark0", "spark1", "spark2", "spark0"]
+    assert commands[1][1].startswith("env SPARKINFER_K3_DIST_HEAD_BAND=1 ")
+    assert "--port 8000 --model-name kimi-k3-neuron" in commands[3][1]
+    assert check_sparkinfer(cfg).ok
+    text = explain_card_command()
+    for wrong in ("`sparkinfer`", "--tp", "--ctx-len", "--jdba-band", "9000", "first shard file"):
+        assert wrong in text, wrong
+    assert "kimi_k3_dist_generate --rank 0 --world 3 --listen" in text
+
+
+def test_refusals_name_the_reason(catalog_tiers: dict[str, object]) -> None:
+    gb10 = HardwareProfile.from_json_file(HARDWARE / "3xGB10-node.json")
+    h200 = HardwareProfile.from_json_file(HARDWARE / "1xH200-141GB.json")
+    rtx5090 = HardwareProfile.from_json_file(HARDWARE / "1xRTX5090-256GB.json")
+    nodes = tuple(Node(host=f"10.0.0.{i}") for i in range(1, 4))
+    cfg = SparkInferConfig(Cluster("c", nodes))
+    good = {n.label: gb10 for n in nodes}
+    assert check_sparkinfer(cfg, tier=catalog_tiers["vcruz305-ud-iq1s"], profiles=good).ok
+
+    wrong_tier = check_sparkinfer(cfg, tier=catalog_tiers["grearl-iq1s"], profiles=good)
+    assert "loads only the pruned 9-shard vcruz305/Kimi-K3-GGUF" in wrong_tier.refusals[0]
+    assert GEOMETRY_ERROR in wrong_tier.refusals[0]
+
+    hopper = check_sparkinfer(cfg, profiles={**good, "10.0.0.2": h200})
+    assert len(hopper.refusals) == 1
+    assert "Node 10.0.0.2 has NVIDIA H200 (Hopper, sm_90)" in hopper.refusals[0]
+    with pytest.raises(ClusterError, match="SparkInfer cannot run this"):
+        hopper.raise_if_refused()
+
+    other_blackwell = check_sparkinfer(cfg, profiles={**good, "10.0.0.3": rtx5090})
+    assert other_blackwell.ok
+    assert "qualifies TP3 on GB10 (sm_121) only" in other_blackwell.warnings[0]
+
+    tp4 = SparkInferConfig(Cluster("c4", (*nodes, Node(host="10.0.0.4"))))
+    tp4_check = check_sparkinfer(tp4, profiles={**good, "10.0.0.4": gb10})
+    assert tp4_check.ok
+    assert "TP4 is experimental" in tp4_check.warnings[0]
+    assert not check_sparkinfer(SparkInferConfig(Cluster("c2", nodes[:2]))).ok
+
+    named = SparkInferConfig(Cluster("n", (Node(host="spark1"), *nodes[1:])))
+    assert "IPv4 literals only" in check_sparkinfer(named).refusals[0]
+    assert "'spark1' is a host name" in check_sparkinfer(named).refusals[0]
+    v6 = SparkInferConfig(Cluster("v6", (Node(host="s", address="fd00::2"), *nodes[1:])))
+    assert "is an IPv6 address" in check_sparkinfer(v6).refusals[0]
+
+    too_big = check_sparkinfer(replace(cfg, spec_draft=17)).refusals
+    assert too_big == ("--spec-draft must be between 2 and 16, not 17.",)
+    no_chunk = check_sparkinfer(replace(cfg, spec_draft=8, env=ENV_PROFILES["recipe"])).refusals
+    assert "needs SPARKINFER_K3_PREFILL_CHUNK >= 8" in no_chunk[0]
+    small_chunk = replace(cfg, spec_draft=8, env={"SPARKINFER_K3_PREFILL_CHUNK": "4"})
+    assert "(it is 4)" in check_sparkinfer(small_chunk).refusals[0]
+
+
+@pytest.fixture
+def catalog_tiers() -> dict[str, object]:
+    from k3desk.core.catalog.loader import load_catalog
+    from k3desk.core.resources import resources_dir
+
+    catalog = load_catalog(resources_dir() / "catalog.json")
+    return {t.id: t for t in catalog.tiers}
+
+
+def test_start_chat_worker_death_restart_and_stop(sshd: SshServer) -> None:
+    nodes = spark_nodes(sshd, "tp3-")
+    cfg = config_for(nodes, "tp3")
+    # the probe sees three complete copies with the recipe's geometry
+    reports = probe_cluster(
+        cfg.cluster,
+        ClusterStore(default_paths()).known_hosts,
+        spec=ShardSetSpec(RECIPE_NAMES, expert_count=896, expert_feed_forward_length=1536),
+    )
+    assert all(r.copy is not None and r.copy.complete for r in reports)
+    assert check_sparkinfer(cfg, reports=reports).refusals == ()
+
+    events: list[GroupEvent] = []
+    sup = supervisor(cfg, events)
+    sup.start()
+    try:
+        ep = sup.wait_ready(60)
+        assert ep.root == cfg.url
+        phases = [e.progress.stage for e in events if e.progress is not None]
+        assert phases[0] == "starting rank 0"
+        assert (
+            phases.index("rank 0 waiting for workers")
+            < phases.index("workers connected (NCCL ready), loading weights")
+            < phases.index("bridge ready")
+        )
+        details = [e.progress.detail for e in events if e.progress is not None]
+        assert "rank 0: shard 9/9 mapped" in details
+        assert [p.name for p in sup.ranks] == ["rank 0", "rank 1", "rank 2"]
+
+        with ChatClient(ep) as client:
+            assert client.capabilities().model == "kimi-k3-neuron"
+            result = client.chat(
+                [ChatMessage("user", "hello over three sparks")], ChatSettings(thinking=False)
+            )
+        assert "hello over three sparks" in result.text
+        assert result.model == "kimi-k3-neuron"
+        deadline = time.monotonic() + 5
+        while not sup.stats and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sup.stats[-1].generated_tokens > 0
+        assert sup.stats[-1].decode_tokens_per_s > 0
+
+        # a worker dies: noticed through its ssh connection, without any request
+        victim = sup.ranks[2]
+        assert victim.remote_pid is not None
+        t0 = time.monotonic()
+        os.kill(victim.remote_pid, 9)
+        assert sup.wait_state(GroupState.RESTARTING, 5), sup.state
+        noticed = time.monotonic() - t0
+        assert noticed < 3
+        restart = [e.message for e in events if e.state is GroupState.RESTARTING]
+        assert any("rank 2 on tp3-2 killed by SIGKILL" in m for m in restart), restart
+        ep2 = sup.wait_ready(60)
+        assert len(sup.attempts) == 2
+        assert all(p.alive for p in sup.ranks)
+        assert victim.remote_pid not in [p.remote_pid for p in sup.ranks]
+        with ChatClient(ep2) as client:
+            again = client.chat([ChatMessage("user", "still there?")], ChatSettings(thinking=False))
+        assert "still there?" in again.text
+        pids = [p.remote_pid for p in sup.ranks] + [sup.bridge.remote_pid if sup.bridge else 0]
+    finally:
+        sup.stop()
+    assert sup.state is GroupState.STOPPED
+    for pid in pids:  # every rank and the bridge are gone
+        assert pid is not None
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"process {pid} survived stop")
+    with pytest.raises(EngineUnavailableError), ChatClient(ep2) as client:
+        client.chat([ChatMessage("user", "anyone?")])
+
+
+def test_rank0_alone_only_notices_at_the_next_request(sshd: SshServer) -> None:
+    """What the real engine does when nobody watches the workers (why k3desk watches them)."""
+    nodes = spark_nodes(sshd, "blind-")
+    cfg = config_for(nodes, "blind")
+    sup = supervisor(cfg, max_failures=5)
+    sup.start()
+    try:
+        ep = sup.wait_ready(60)
+        worker = sup.ranks[1]
+        worker.stopping = True  # hide this death from the supervisor
+        assert worker.remote_pid is not None
+        os.kill(worker.remote_pid, 9)
+        worker.wait(5)
+        import httpx
+
+        assert httpx.get(f"{ep.root}/readyz").status_code == 200  # still "ready"
+        with pytest.raises(Exception, match="prefill failed"), ChatClient(ep) as client:
+            client.chat([ChatMessage("user", "hi")])
+        # ... but rank 0's own log line makes k3desk restart everything
+        assert sup.wait_state(GroupState.RESTARTING, 5)
+        sup.wait_ready(60)
+    finally:
+        sup.stop()
+
+
+def test_wrong_geometry_is_refused_and_not_retried(sshd: SshServer) -> None:
+    nodes = spark_nodes(sshd, "geo-", expert_ff=3072)
+    cfg = config_for(nodes, "geo")
+    reports = probe_cluster(
+        cfg.cluster, ClusterStore(default_paths()).known_hosts, spec=ShardSetSpec(RECIPE_NAMES)
+    )
+    refusals = check_sparkinfer(cfg, reports=reports).refusals
+    assert len(refusals) == 3
+    assert "896 experts of width 3072" in refusals[0]
+    # started anyway: the engine refuses it and k3desk does not loop
+    events: list[GroupEvent] = []
+    sup = supervisor(cfg, events)
+    sup.start()
+    with pytest.raises(EngineError) as err:
+        sup.wait_ready(60)
+    assert GEOMETRY_ERROR in err.value.message
+    assert "Only the pruned 9-shard" in err.value.hint
+    assert len(sup.attempts) == 1
+    assert sup.state is GroupState.FAILED
+    assert events[-1].final
+    sup.stop()
+
+
+def test_unknown_arg_and_missing_binary_are_fatal(sshd: SshServer) -> None:
+    nodes = spark_nodes(sshd, "args-")
+    bad = config_for(nodes, "args", bridge_argv=("true",))
+    bad_nodes = (replace(nodes[0], sparkinfer_bin=f"{FAKES / 'kimi_k3_dist_generate'}"), *nodes[1:])
+    sup = supervisor(replace(bad, cluster=Cluster("args", bad_nodes), max_ctx=-1))
+    sup.start()
+    with pytest.raises(EngineError, match="rejected its arguments: --max-ctx must be a number"):
+        sup.wait_ready(30)
+    assert len(sup.attempts) == 1
+    missing = (replace(nodes[0], sparkinfer_bin="/opt/nowhere/kimi_k3_dist_generate"), *nodes[1:])
+    sup2 = supervisor(replace(bad, cluster=Cluster("args2", missing)))
+    sup2.start()
+    with pytest.raises(EngineError, match="was not found on the node") as err:
+        sup2.wait_ready(30)
+    assert "sparkinfer=PATH" in err.value.hint
