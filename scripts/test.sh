@@ -10,6 +10,8 @@ echo "== ruff";          ruff check .
 echo "== mypy";          mypy
 echo "== import-linter"; lint-imports
 echo "== core tests, with Qt made unimportable"
-pytest -q -p tests.noqt -p no:pytestqt tests/core tests/test_layering.py
+# (pytest-qt is switched off there: its qt_api setting is then unknown, hence the -W)
+python -m pytest -q -p tests.noqt -p no:pytest-qt \
+  -W "ignore:Unknown config option:pytest.PytestConfigWarning" tests/core tests/test_layering.py
 echo "== UI and end-to-end tests"
-pytest -q tests --ignore=tests/core --deselect tests/test_layering.py
+python -m pytest -q tests --ignore=tests/core --deselect tests/test_layering.py

@@ -1,6 +1,6 @@
 """A pytest plugin that makes Qt unimportable, for running the core tests.
 
-``pytest -p tests.noqt -p no:pytestqt tests/core`` proves that k3desk.core
+``python -m pytest -p tests.noqt -p no:pytest-qt tests/core`` proves that k3desk.core
 works on a machine without PySide6: any import of it fails as if it were not
 installed.
 """
