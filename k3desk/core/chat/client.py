@@ -515,7 +515,9 @@ class ChatStream:
                 if payload == "[DONE]":
                     done = True
                     continue
-                yield from self._handle(payload)
+                deltas = self._handle(payload)
+                if deltas:
+                    yield from deltas
             if data_lines and not done:
                 payload = "\n".join(data_lines)
                 if payload == "[DONE]":
@@ -546,10 +548,15 @@ class ChatStream:
             )
         self.result = self._snapshot(partial=False)
 
-    def _handle(self, payload: str) -> Iterator[ChatDelta]:
-        obj = _loads(payload)
+    def _handle(self, payload: str) -> list[ChatDelta]:
+        """Record one event's data; return its deltas (usually one, often none)."""
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            return []
         if not isinstance(obj, dict):
-            return
+            return []
+        out: list[ChatDelta] = []
         err = obj.get("error")
         if err:
             result = self._snapshot(partial=True)
@@ -568,27 +575,26 @@ class ChatStream:
             if delta:
                 r = delta.get("reasoning_content") or delta.get("reasoning")
                 if r:
-                    if self._t_first is None:
-                        self._t_first = time.monotonic()
                     self._reasoning.append(r)
-                    yield ChatDelta("reasoning", r)
+                    out.append(ChatDelta("reasoning", r))
                 c = delta.get("content")
                 if c:
-                    if self._t_first is None:
-                        self._t_first = time.monotonic()
                     self._text.append(c)
-                    yield ChatDelta("content", c)
+                    out.append(ChatDelta("content", c))
+                if out and self._t_first is None:
+                    self._t_first = time.monotonic()
             fr = choice.get("finish_reason")
             if fr:
                 self._finish_reason = fr
         usage = obj.get("usage")
-        if isinstance(usage, dict):
+        if usage and isinstance(usage, dict):
             self._usage = Usage.from_dict(usage)
         timings = obj.get("timings")
-        if isinstance(timings, dict):
+        if timings and isinstance(timings, dict):
             self._timings = Timings.from_dict(timings)
         if self._model is None and obj.get("model"):
             self._model = str(obj["model"])
+        return out
 
 
 class _Cancelled(Exception):
