@@ -6,7 +6,7 @@ the ggml type of each role, so the bytes of every tensor follow from
 ``gguf.GGML_QUANT_SIZES``.  What the card does not say exactly is the per-layer
 type mix of the routed experts (llama.cpp's IQ1_S safeguards promote some
 ``ffn_down_exps`` to Q2_K; "dynamic" quants mix types per layer; pruned files
-drop experts or narrow them).  The routed experts hold 93-98 % of the bytes,
+drop experts or narrow them).  The routed experts hold 81-98 % of the bytes,
 so the difference between the computed total and the published size is put on
 them: every expert tensor is scaled by one factor so the total matches the
 published size exactly.  Non-expert tensors keep their computed sizes, which

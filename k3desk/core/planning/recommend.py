@@ -207,7 +207,7 @@ def _label(tv: TierVerdict) -> str:
 
 
 def _why_not(tv: TierVerdict, chosen: TierVerdict | None) -> str:
-    if chosen is not None and tv.tier.id == chosen.tier.id:
+    if chosen is not None and tv.tier.id == chosen.tier.id and tv.fits:
         return ""
     if tv.verdict == "n/a":
         return tv.reason
@@ -220,10 +220,10 @@ def _why_not(tv: TierVerdict, chosen: TierVerdict | None) -> str:
     if tv.verdict == "stream":
         tps = tv.plan.speed.expected_tps if tv.plan else 0.0
         return (
-            f"{tv.tier.name} would need {fmt_bytes(tv.shortfall)} more RAM; "
+            f"{_label(tv)} would need {fmt_bytes(tv.shortfall)} more RAM; "
             f"streaming from disk it would run at about {tps:.2g} tok/s"
         )
-    return f"{tv.tier.name} would need {fmt_bytes(tv.shortfall)} more RAM"
+    return f"{_label(tv)} would need {fmt_bytes(tv.shortfall)} more RAM"
 
 
 def _summary(hw: HardwareProfile, best: TierVerdict | None, closest: TierVerdict | None) -> str:
