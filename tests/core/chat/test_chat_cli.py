@@ -15,7 +15,8 @@ import k3desk.cli as cli
 from k3desk.app import Services
 from k3desk.core.chat.history import HistoryStore
 from k3desk.core.paths import default_paths
-from tests.core.chat.conftest import StandIn, llama_server_binary
+from k3desk.devtools.tinyk3 import TinyModel
+from tests.core.chat.conftest import StandIn
 
 Run = Callable[..., tuple[int, str, str]]
 
@@ -33,14 +34,11 @@ def k3chat(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) 
     return run
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The tiny kimi-k3 in 3 parts and its projector: (part 1, mmproj)."""
-    from k3desk.devtools.tinyk3 import write_tiny_k3
-
-    m = write_tiny_k3(tmp_path_factory.mktemp("tiny"), shards=3, mmproj=True)
-    assert m.mmproj is not None
-    return m.first_part, m.mmproj
+@pytest.fixture
+def tiny(tiny_k3: TinyModel) -> tuple[Path, Path]:
+    """The shared tiny kimi-k3 (3 parts) and its projector: (part 1, mmproj)."""
+    assert tiny_k3.mmproj is not None
+    return tiny_k3.first_part, tiny_k3.mmproj
 
 
 @pytest.fixture
@@ -181,15 +179,10 @@ def test_usage_errors(k3chat: Run, standin: StandIn) -> None:
 
 # ------------------------------------------------------------------ on a shard (real engine)
 
-needs_engine = pytest.mark.skipif(
-    llama_server_binary() is None, reason="the llama-server test engine is not installed"
-)
-
 
 @pytest.mark.engine
-@needs_engine
 def test_chat_on_shard_1_sees_the_image_and_stops_the_engine(
-    k3chat: Run, tiny: tuple[Path, Path], red_png: Path
+    k3chat: Run, llama_server: Path, tiny: tuple[Path, Path], red_png: Path
 ) -> None:
     shard, mmproj = tiny
     common = ("--mmproj", mmproj, "--ctx", "4096", "--json", "--no-thinking")
@@ -209,8 +202,9 @@ def test_chat_on_shard_1_sees_the_image_and_stops_the_engine(
 
 
 @pytest.mark.engine
-@needs_engine
-def test_chat_on_shard_streams_with_progress(k3chat: Run, tiny: tuple[Path, Path]) -> None:
+def test_chat_on_shard_streams_with_progress(
+    k3chat: Run, llama_server: Path, tiny: tuple[Path, Path]
+) -> None:
     rc, _, err = k3chat(tiny[0], "--ctx", "4096", "--max-tokens", "8", "--seed", "1", "Hi")
     assert rc == 0, err
     assert "Starting llama-server on" in err

@@ -25,6 +25,7 @@ from k3desk.core.chat.client import (
 from k3desk.core.chat.images import ImageError, prepare_image
 from k3desk.core.chat.model import ChatSettings
 from k3desk.core.progress import CancelToken
+from k3desk.devtools.tinyk3 import TinyModel
 from tests.core.chat.conftest import RealServer, start_real_server
 
 pytestmark = pytest.mark.engine
@@ -84,8 +85,10 @@ def test_an_image_is_encoded_into_the_prompt(k3_server: RealServer) -> None:
     assert with_img.usage.prompt_tokens - without.usage.prompt_tokens == 16
 
 
-def test_images_are_refused_up_front_by_an_engine_without_projector(tmp_path: Path) -> None:
-    server = start_real_server(tmp_path, vision=False)
+def test_images_are_refused_up_front_by_an_engine_without_projector(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
+) -> None:
+    server = start_real_server(llama_server, tiny_k3_single, tmp_path)
     try:
         img = prepare_image(red_png(), name="red.png")
         with client(server) as c, pytest.raises(ImageError) as err:
