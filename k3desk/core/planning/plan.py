@@ -242,7 +242,10 @@ def make_plan(hw: HardwareProfile, layout: ModelLayout, opts: PlanOptions) -> La
     plain = place(False)
     chosen = plain
     if want_mmproj and plain is not None and opts.mmproj_on_cpu is not True:
-        with_mm = place(True)
+        try:
+            with_mm = place(True)
+        except PlanError:  # a forced --n-cpu-moe leaves no room for the projector
+            with_mm = None
         forced = opts.mmproj_on_cpu is False
         same = (
             with_mm is not None
@@ -515,9 +518,13 @@ def _explain(
     ram_expert = sum(p.expert_bytes for p in placements if p.expert_device == "RAM")
     notes: list[str] = []
     if verdict == "gpu":
+        if any(g.unified_memory for g in hw.gpus):
+            left = f"{fmt_bytes(opts.ram_margin)} of RAM left for the system"
+        else:
+            left = f"{fmt_bytes(opts.gpu_margin)} left free on each"
         reason = (
             f"Everything fits on the {len(gpus)} GPU(s): {fmt_bytes(gpu_used)} of "
-            f"{fmt_bytes(gpu_cap)} usable, {fmt_bytes(opts.gpu_margin)} left free on each."
+            f"{fmt_bytes(gpu_cap)} usable, {left}."
         )
     elif verdict == "hybrid":
         if dense_in_ram:

@@ -14,11 +14,13 @@ import pytest
 from k3desk.core.catalog.loader import Catalog
 from k3desk.core.errors import PlanError
 from k3desk.core.gguf.model import ModelLayout
+from k3desk.core.gguf.validate import validate_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import LaunchPlan, PlanOptions
 from k3desk.core.planning.plan import make_plan, ram_budget
 from k3desk.core.planning.recommend import options_for
 from k3desk.core.units import GiB
+from k3desk.devtools.tinyk3 import TinyModel
 
 Machine = Callable[[str], HardwareProfile]
 Layout = Callable[[str], ModelLayout]
@@ -307,3 +309,15 @@ def test_card_setting_can_be_forced_and_keeps_every_expert_in_ram(
     assert arg(plan, "--n-cpu-moe") == "93"
     assert all(p.expert_device in ("RAM", "none") for p in plan.layers)
     check_consistent(plan, layout, hw)
+
+
+def test_the_tiny_test_model_plans_like_the_real_one(machine: Machine, tiny_k3: TinyModel) -> None:
+    layout = validate_shard_set(tiny_k3.parts[0])
+    laptop = make_plan(machine("no-gpu-laptop-32GB"), layout, PlanOptions(ctx=1024))
+    assert laptop.verdict == "cpu"
+    assert arg(laptop, "-ngl") == "0"
+    gb10 = make_plan(machine("3xGB10-node"), layout, PlanOptions(ctx=1024))
+    assert gb10.verdict == "gpu"
+    assert "of RAM left for the system" in gb10.reason
+    with pytest.raises(PlanError, match=r"8192 exceeds what .*00001-of-00003\.gguf supports"):
+        make_plan(machine("no-gpu-laptop-32GB"), layout, PlanOptions(ctx=8192))
