@@ -18,8 +18,9 @@ Kimi-K3 mixes two kinds of attention layer (``head_count_kv`` says which):
 Compute buffers are what llama.cpp's scheduler reserves for the largest graph
 (a full ubatch of prompt tokens).  We estimate the live f32 tensors of that
 graph; the terms are listed in :func:`compute_buffer_bytes`.  The result
-(about 1.1 GiB on the GPU holding the output layer at ubatch 512 and 8 K
-context) is of the order llama.cpp prints for DeepSeek-class models.
+(0.54 GiB per GPU at ubatch 512 and 8 K context, 0.86 GiB on the one holding
+the output layer, plus 384 MiB of CUDA runtime) is of the order llama.cpp
+prints for DeepSeek-class models.
 """
 
 from __future__ import annotations
