@@ -106,6 +106,7 @@ def render(rec: Recommendation, machine_name: str) -> str:
     for tv in rec.verdicts:
         lines.append(f"  {tv.tier.name:<16} {_quality(tv)}")
     lines += ["", rec.summary]
+    lines += [f"  Note: {n}" for n in rec.notes]
     chosen = rec.best or rec.closest
     for tv in rec.verdicts:
         if chosen is not None and tv.rank < chosen.rank and tv.why_not and not tv.tier.reference:
@@ -154,6 +155,7 @@ def to_json(rec: Recommendation, machine_name: str) -> dict[str, Any]:
         "recommended": rec.best.tier.id if rec.best else None,
         "closest": rec.closest.tier.id if rec.closest else None,
         "summary": rec.summary,
+        "notes": list(rec.notes),
         "ordering_rule": rec.ordering_rule,
         "tiers": [one(tv) for tv in rec.verdicts],
     }

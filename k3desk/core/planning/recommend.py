@@ -71,6 +71,7 @@ class Recommendation:
     verdicts: tuple[TierVerdict, ...]  # every tier, in quality order
     ordering_rule: str
     summary: str
+    notes: tuple[str, ...] = ()  # other ways to run a tier on this kind of machine
 
     @property
     def runners_up(self) -> tuple[TierVerdict, ...]:
@@ -199,6 +200,20 @@ def recommend(
         verdicts=final,
         ordering_rule=ORDERING_RULE,
         summary=_summary(hw, best, closest),
+        notes=_cluster_notes(hw, final),
+    )
+
+
+def _cluster_notes(hw: HardwareProfile, verdicts: tuple[TierVerdict, ...]) -> tuple[str, ...]:
+    """GB10 nodes: the tiers SparkInfer spreads over three of them (llama.cpp plans one)."""
+    if not any(g.unified_memory and "gb10" in g.name.lower() for g in hw.gpus):
+        return ()
+    return tuple(
+        f"{_label(v)} also runs on SparkInfer across three GB10 nodes (tensor parallel, "
+        "each node holding a third; the recipe claims about 113 GiB per node). "
+        "This plan covers one node with llama.cpp."
+        for v in verdicts
+        if "sparkinfer" in v.tier.engines and not v.fits
     )
 
 

@@ -76,3 +76,13 @@ def test_disk_space_is_noted_before_download(machine: Machine, twin_catalog: Cat
     assert "needs 539.7 GiB of disk" in xs.disk_note
     assert rec.best is None
     assert rec.closest is not None
+
+
+def test_gb10_node_is_told_about_the_three_node_engine(
+    machine: Machine, twin_catalog: Catalog
+) -> None:
+    rec = recommend(machine("3xGB10-node"), twin_catalog)
+    assert rec.best is None
+    assert len(rec.notes) == 1
+    assert rec.notes[0].startswith("UD-IQ1_S (vcruz305) also runs on SparkInfer across three GB10")
+    assert recommend(machine("8xH100-2TB"), twin_catalog).notes == ()
