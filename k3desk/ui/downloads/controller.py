@@ -1,0 +1,211 @@
+"""Shard downloads through the core DownloadJob; its typed events become Qt signals."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QObject, Signal, Slot
+
+from k3desk.core.errors import K3Error
+from k3desk.core.hub.job import DownloadJob
+from k3desk.core.hub.model import (
+    Done,
+    DownloadOptions,
+    DownloadRequest,
+    DownloadSummary,
+    FileDone,
+    FileProgress,
+    FileStarted,
+    HubWarning,
+    ListingDone,
+    Preflight,
+    Retrying,
+    Stalled,
+    Verified,
+)
+from k3desk.ui.bridge import Relay
+
+if TYPE_CHECKING:
+    from k3desk.ui.context import AppContext
+
+
+@dataclass
+class FileRow:
+    path: str
+    size: int = 0
+    done: int = 0
+    state: str = "queued"  # queued, downloading, verifying, verified, failed, retrying
+    speed: float = 0.0
+    note: str = ""
+
+
+@dataclass
+class DownloadState:
+    """Everything the panel shows about one download, updated from events."""
+
+    request: DownloadRequest
+    target: Path
+    status: str = "starting"  # starting, listing, running, paused, cancelled, done, failed
+    files: dict[str, FileRow] = field(default_factory=dict)
+    total: int = 0
+    done: int = 0
+    speed: float = 0.0
+    eta: float | None = None
+    free: int = 0
+    needed: int = 0
+    warnings: list[str] = field(default_factory=list)
+    summary: DownloadSummary | None = None
+    error: str = ""
+
+    @property
+    def fraction(self) -> float:
+        return self.done / self.total if self.total else 0.0
+
+
+class DownloadsController(QObject):
+    """Signals:
+    changed(object): the DownloadState after an event.
+    finished(object): the DownloadState at the end (done, paused, cancelled, failed).
+    """
+
+    changed = Signal(object)
+    finished = Signal(object)
+
+    def __init__(self, ctx: AppContext, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.ctx = ctx
+        self.endpoint: str | None = None  # None: HF_ENDPOINT or the public Hub
+        self.state: DownloadState | None = None
+        self.job: DownloadJob | None = None
+        self._task: Any = None
+        self._relay = Relay(self)
+        self._relay.fired.connect(self._on_event)
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None
+
+    def options(self) -> DownloadOptions:
+        token = self.ctx.token_store.get()
+        return DownloadOptions(
+            endpoint=self.endpoint or os.environ.get("HF_ENDPOINT") or None,
+            token=token,
+            parallel=self.ctx.settings.download_workers,
+        )
+
+    def start(self, request: DownloadRequest, target: Path) -> None:
+        """Start (or resume: finished files and partial data are reused)."""
+        if self.running:
+            raise K3Error("A download is already running.", "Pause or cancel it first.")
+        old = self.state
+        state = DownloadState(request, target)
+        if old is not None and old.request == request and old.target == target:
+            state.files = old.files  # keep rows while resuming
+            state.total, state.done = old.total, old.done
+        self.state = state
+        options_token = self.options()
+        job = DownloadJob(request, target, options_token, on_event=self._relay)
+        self.job = job
+        state.status = "listing"
+        self.changed.emit(state)
+
+        def done(summary: DownloadSummary) -> None:
+            state.summary = summary
+            state.status = "done"
+            state.done = state.total
+            self._end(state)
+
+        def cancelled() -> None:
+            state.status = "cancelled" if job._discard else "paused"
+            self._end(state)
+
+        def error(exc: BaseException) -> None:
+            state.status = "failed"
+            state.error = getattr(exc, "message", str(exc))
+            hint = getattr(exc, "hint", "")
+            if hint:
+                state.error += f" {hint}"
+            self._end(state)
+            self.ctx.reporter.report(exc)
+
+        self._task = self.ctx.tasks.run(
+            lambda _t: job.run(),
+            on_done=done,
+            on_cancelled=cancelled,
+            on_error=error,
+            name="download",
+        )
+
+    def pause(self) -> None:
+        if self.job is not None and self.running:
+            self.job.pause()
+
+    def resume(self) -> None:
+        if self.state is not None and not self.running:
+            self.start(self.state.request, self.state.target)
+
+    def cancel(self) -> None:
+        if self.job is not None and self.running:
+            self.job.cancel()
+
+    def close(self) -> None:
+        if self.job is not None and self.running:
+            self.job.pause()  # keep partial data for next time
+
+    def _end(self, state: DownloadState) -> None:
+        self._task = None
+        for row in state.files.values():
+            if row.state in ("downloading", "verifying", "retrying") and state.status != "done":
+                row.state = state.status
+        self.changed.emit(state)
+        self.finished.emit(state)
+
+    @Slot(object)
+    def _on_event(self, ev: Any) -> None:
+        state = self.state
+        if state is None:
+            return
+        if isinstance(ev, ListingDone):
+            state.total = ev.total_bytes
+            state.status = "running"
+        elif isinstance(ev, Preflight):
+            state.free, state.needed = ev.free_bytes, ev.needed_bytes
+        elif isinstance(ev, FileStarted):
+            row = state.files.setdefault(ev.path, FileRow(ev.path))
+            row.size, row.done, row.state = ev.size, ev.resume_from, "downloading"
+        elif isinstance(ev, FileProgress):
+            row = state.files.setdefault(ev.path, FileRow(ev.path, ev.size))
+            row.done, row.size, row.speed = ev.done, ev.size, ev.speed
+            row.state = "verifying" if ev.phase == "verify" else "downloading"
+            state.done, state.total = ev.overall_done, ev.overall_total
+            state.speed, state.eta = ev.overall_speed, ev.overall_eta
+        elif isinstance(ev, Stalled):
+            row = state.files.setdefault(ev.path, FileRow(ev.path))
+            row.note = f"stalled {ev.seconds:.0f} s, reconnecting"
+        elif isinstance(ev, Retrying):
+            row = state.files.setdefault(ev.path, FileRow(ev.path))
+            row.state = "retrying"
+            row.note = f"retry {ev.attempt}/{ev.max_attempts} in {ev.wait:.0f} s: {ev.reason}"
+        elif isinstance(ev, Verified):
+            row = state.files.setdefault(ev.path, FileRow(ev.path))
+            row.state = "verified" if ev.ok else "failed"
+            row.note = "" if ev.ok else f"checksum mismatch ({ev.actual[:12]}…), fetching again"
+        elif isinstance(ev, FileDone):
+            row = state.files.setdefault(ev.path, FileRow(ev.path, ev.size))
+            row.done = row.size = ev.size
+            if row.state != "failed":
+                row.state = "verified"
+            if ev.source != "download":
+                row.note = {
+                    "existing": "already here",
+                    "hf-cache": "from the HF cache",
+                    "state": "already verified",
+                }.get(ev.source, "")
+        elif isinstance(ev, HubWarning):
+            state.warnings.append(ev.message)
+        elif isinstance(ev, Done):
+            state.summary = ev.summary
+        self.changed.emit(state)

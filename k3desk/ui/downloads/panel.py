@@ -1,0 +1,167 @@
+"""One download on screen: total and per-shard progress, speed, ETA, verification,
+and Pause / Resume / Cancel."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from k3desk.core.units import fmt_bytes
+from k3desk.ui.downloads.controller import DownloadsController, DownloadState
+from k3desk.ui.widgets import Banner, label, muted, set_enabled
+
+if TYPE_CHECKING:
+    from k3desk.ui.context import AppContext
+
+STATE_TEXT = {
+    "queued": "queued",
+    "downloading": "downloading",
+    "verifying": "verifying sha256",
+    "verified": "✓ verified",
+    "failed": "✗ failed",
+    "retrying": "retrying",
+    "paused": "paused",
+    "cancelled": "cancelled",
+}
+
+
+def fmt_eta(seconds: float | None) -> str:
+    if seconds is None or seconds < 0:
+        return "—"
+    s = int(seconds)
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    if s >= 60:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s} s"
+
+
+class DownloadPanel(QWidget):
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.ctx = ctx
+        self.downloads: DownloadsController = ctx.controller("downloads")
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        self.title = label("No download yet.", "sectionTitle")
+        lay.addWidget(self.title)
+        self.where = muted("")
+        lay.addWidget(self.where)
+        self.total = QProgressBar()
+        self.total.setObjectName("totalProgress")
+        self.total.setRange(0, 1000)
+        self.total.setFormat("%p%")
+        lay.addWidget(self.total)
+        self.numbers = QLabel("")
+        self.numbers.setObjectName("downloadNumbers")
+        lay.addWidget(self.numbers)
+        self.banner = Banner()
+        lay.addWidget(self.banner)
+        self.table = QTableWidget(0, 4)
+        self.table.setObjectName("shardTable")
+        self.table.setHorizontalHeaderLabels(["File", "Progress", "Size", "State"])
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        h = self.table.horizontalHeader()
+        h.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        h.setSectionResizeMode(1, QHeaderView.ResizeMode.Fixed)
+        h.resizeSection(1, 200)
+        h.setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)
+        h.setSectionResizeMode(3, QHeaderView.ResizeMode.ResizeToContents)
+        lay.addWidget(self.table, 1)
+        row = QHBoxLayout()
+        row.addStretch(1)
+        self.pause_btn = QPushButton("Pause")
+        self.pause_btn.setObjectName("pauseDownload")
+        self.resume_btn = QPushButton("Resume")
+        self.resume_btn.setObjectName("resumeDownload")
+        self.cancel_btn = QPushButton("Cancel")
+        self.cancel_btn.setObjectName("cancelDownload")
+        self.cancel_btn.setProperty("danger", True)
+        for b in (self.pause_btn, self.resume_btn, self.cancel_btn):
+            row.addWidget(b)
+        lay.addLayout(row)
+        self.pause_btn.clicked.connect(self.downloads.pause)
+        self.resume_btn.clicked.connect(self.downloads.resume)
+        self.cancel_btn.clicked.connect(self.downloads.cancel)
+        self.downloads.changed.connect(self.show_state)
+        self._bars: dict[str, QProgressBar] = {}
+        self.show_state(self.downloads.state)
+
+    def show_state(self, st: DownloadState | None) -> None:
+        running = self.downloads.running
+        set_enabled(
+            self.pause_btn,
+            running,
+            "Nothing is downloading.",
+            "Stop now; partial data is kept and Resume continues from it",
+        )
+        can_resume = st is not None and not running and st.status in ("paused", "failed")
+        set_enabled(self.resume_btn, can_resume, "Only a paused or failed download can be resumed.")
+        set_enabled(
+            self.cancel_btn, running, "Nothing is downloading.", "Stop and delete the partial files"
+        )
+        if st is None:
+            self.title.setText("No download yet.")
+            self.where.setText("Pick a tier in the wizard (Models page) to download it.")
+            self.total.setValue(0)
+            self.numbers.setText("")
+            return
+        name = st.request.label or st.request.repo
+        self.title.setText(f"{name}: {st.status}")
+        self.where.setText(f"{st.request.repo} → {st.target}")
+        self.total.setValue(int(st.fraction * 1000))
+        parts = [f"{fmt_bytes(st.done)} of {fmt_bytes(st.total)}"]
+        if st.status == "running":
+            parts.append(f"{fmt_bytes(st.speed)}/s")
+            parts.append(f"ETA {fmt_eta(st.eta)}")
+        if st.free:
+            parts.append(f"free on disk {fmt_bytes(st.free)}")
+        if st.summary is not None and st.status == "done":
+            parts = [
+                f"{st.summary.files} files, {fmt_bytes(st.summary.total_bytes)}, "
+                f"all verified in {fmt_eta(st.summary.seconds)}"
+            ]
+        self.numbers.setText("  ·  ".join(parts))
+        notes = list(st.warnings[-3:])
+        if st.error:
+            notes.insert(0, st.error)
+        self.banner.show_text("<br/>".join(notes))
+        self._fill(st)
+
+    def _fill(self, st: DownloadState) -> None:
+        rows = sorted(st.files.values(), key=lambda r: r.path)
+        if self.table.rowCount() != len(rows):
+            self.table.setRowCount(len(rows))
+            self._bars.clear()
+        for i, r in enumerate(rows):
+            item = self.table.item(i, 0)
+            if item is None or item.text() != r.path:
+                self.table.setItem(i, 0, QTableWidgetItem(r.path))
+                bar = QProgressBar()
+                bar.setRange(0, 1000)
+                bar.setTextVisible(True)
+                self.table.setCellWidget(i, 1, bar)
+                self._bars[r.path] = bar
+            cell = self._bars.get(r.path) or self.table.cellWidget(i, 1)
+            if isinstance(cell, QProgressBar):
+                cell.setValue(int(1000 * r.done / r.size) if r.size else 0)
+            self.table.setItem(i, 2, QTableWidgetItem(fmt_bytes(r.size)))
+            state = QTableWidgetItem(STATE_TEXT.get(r.state, r.state))
+            state.setToolTip(r.note)
+            state.setTextAlignment(Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft)
+            self.table.setItem(i, 3, state)

@@ -1,0 +1,661 @@
+"""The Engine page: engines found and probed, building one, the launch plan as a per-layer
+map, memory per device, state and history of attempts, the live log, and the local API."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QGuiApplication, QPainter, QPaintEvent
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLineEdit,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QSizePolicy,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from k3desk.core.engines.discovery import discover_engines
+from k3desk.core.engines.probe import ProbeResult, probe_engine
+from k3desk.core.engines.supervisor import LaunchSpec
+from k3desk.core.errors import EngineError, ValidationError
+from k3desk.core.planning.model import LaunchPlan, PlanOptions
+from k3desk.core.progress import CancelToken, Progress
+from k3desk.core.units import fmt_bytes
+from k3desk.ui import theme
+from k3desk.ui.bridge import Throttled
+from k3desk.ui.engine.controller import EngineController, LaunchRequest
+from k3desk.ui.widgets import Card, CopyField, PageHeader, label, muted, primary, set_enabled
+
+if TYPE_CHECKING:
+    from k3desk.ui.context import AppContext
+
+DEVICE_COLORS = (
+    "#7c3aed",
+    "#2563eb",
+    "#0891b2",
+    "#059669",
+    "#ca8a04",
+    "#db2777",
+    "#9333ea",
+    "#0d9488",
+)
+
+
+def device_color(device: str) -> str:
+    if device == "RAM":
+        return theme.current().bar_ram
+    digits = "".join(ch for ch in device if ch.isdigit())
+    return DEVICE_COLORS[int(digits or 0) % len(DEVICE_COLORS)]
+
+
+class LayerMap(QWidget):
+    """One column per layer: top = attention and shared weights, bottom = routed experts,
+    coloured by where they live."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("layerMap")
+        self.plan: LaunchPlan | None = None
+        self.setMinimumHeight(110)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+
+    def set_plan(self, plan: LaunchPlan | None) -> None:
+        self.plan = plan
+        if plan is not None:
+            self.setToolTip(
+                f"{plan.n_cpu_moe} of {len(plan.layers)} layers keep their experts in RAM "
+                f"(--n-cpu-moe {plan.n_cpu_moe})"
+            )
+        self.update()
+
+    def sizeHint(self) -> QSize:
+        return QSize(700, 110)
+
+    def paintEvent(self, _e: QPaintEvent) -> None:
+        c = theme.current()
+        p = QPainter(self)
+        plan = self.plan
+        if plan is None or not plan.layers:
+            p.setPen(QColor(c.muted))
+            p.drawText(self.rect(), Qt.AlignmentFlag.AlignCenter, "No launch plan yet.")
+            p.end()
+            return
+        n = len(plan.layers)
+        left, top = 90.0, 6.0
+        w = max(2.0, (self.width() - left - 8) / n)
+        h = 26.0
+        p.setPen(QColor(c.muted))
+        p.drawText(QRectF(0, top, left - 6, h), Qt.AlignmentFlag.AlignVCenter, "attention")
+        p.drawText(QRectF(0, top + h + 4, left - 6, h), Qt.AlignmentFlag.AlignVCenter, "experts")
+        devices: list[str] = []
+        for i, layer in enumerate(plan.layers):
+            x = left + i * w
+            for row, dev in enumerate((layer.non_expert_device, layer.expert_device)):
+                if layer.ffn != "moe" and row == 1:
+                    continue
+                if dev not in devices:
+                    devices.append(dev)
+                p.fillRect(
+                    QRectF(x, top + row * (h + 4), max(1.0, w - 1), h), QColor(device_color(dev))
+                )
+        # legend
+        x = left
+        y = top + 2 * (h + 4) + 6
+        for dev in sorted(devices):
+            p.fillRect(QRectF(x, y + 3, 10, 10), QColor(device_color(dev)))
+            p.setPen(QColor(c.text))
+            name = "RAM (CPU)" if dev == "RAM" else dev
+            p.drawText(QRectF(x + 14, y, 90, 16), Qt.AlignmentFlag.AlignVCenter, name)
+            x += 100
+        p.setPen(QColor(c.muted))
+        p.drawText(
+            QRectF(left, y + 18, self.width() - left, 16),
+            Qt.AlignmentFlag.AlignVCenter,
+            f"layers 0-{n - 1}; dense layer 0 has no routed experts",
+        )
+        p.end()
+
+
+@dataclass
+class EngineRow:
+    path: str
+    source: str
+    probe: ProbeResult | None = None
+    error: str = ""
+
+
+def prepare_launch(
+    ctx: AppContext, shard: Path, mmproj: Path | None, hw: Any, token: CancelToken
+) -> LaunchRequest:
+    """Compose core calls into what to start: engine, shard-set check, plan, launch spec."""
+    from k3desk.core.gguf.validate import validate_shard_set
+    from k3desk.core.planning.plan import make_plan
+
+    if not shard.is_file():
+        raise ValidationError(
+            f"Model file {shard} does not exist.",
+            "Download a tier first, or choose the first shard (-00001-of-000NN.gguf).",
+        )
+    s = ctx.settings
+    exe = None
+    for cand in discover_engines(ctx.services.paths, s.engine_binary or None):
+        if not cand.exists:
+            continue
+        result = probe_engine(cand.path, ctx.services.paths, cancel=token)
+        if result.usable:
+            exe = cand.path
+            break
+    if exe is None:
+        raise EngineError(
+            "No llama-server that can run Kimi-K3 was found.",
+            "Build one with the Build button on the Engine page, or set one in Settings.",
+        )
+    layout = validate_shard_set(shard, tiers=ctx.services.catalog, cancel=token)
+    if hw is None:
+        hw = ctx.services.detect_hardware(measure_bandwidth=False)
+    opts = PlanOptions(ctx=s.ctx, mmproj=mmproj, temperature=s.temperature, top_p=s.top_p)
+    plan = make_plan(hw, layout, opts)
+    if plan.verdict == "no-fit":
+        raise EngineError(
+            f"{shard.name} does not fit this machine: {plan.reason}",
+            "Choose a smaller tier in the wizard.",
+        )
+    spec = LaunchSpec(
+        exe,
+        tuple(plan.server_args),
+        model_bytes=layout.total_file_bytes,
+        n_layers=len(layout.layers),
+    )
+    name = shard.name.split("-0000")[0].removesuffix(".gguf")
+    return LaunchRequest(spec, plan, name, vision=mmproj is not None)
+
+
+def find_model(folder: Path) -> tuple[Path | None, Path | None]:
+    """The first shard and a projector in ``folder`` (searched recursively)."""
+    if not folder.is_dir():
+        return None, None
+    ggufs = sorted(folder.rglob("*.gguf"))
+    proj = next((g for g in ggufs if "mmproj" in g.name.lower()), None)
+    firsts = [
+        g for g in ggufs if g is not proj and ("-00001-of-" in g.name or "-of-" not in g.name)
+    ]
+    return (firsts[0] if firsts else None), proj
+
+
+class EnginePanel(QWidget):
+    """Engines, build, model choice, launch and load progress (the wizard shows this part)."""
+
+    def __init__(self, ctx: AppContext, compact: bool = False) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.engine: EngineController = ctx.controller("engine")
+        self.rows: list[EngineRow] = []
+        self._build_task: Any = None
+        self._prep_task: Any = None
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(8)
+
+        # engines
+        eng = Card()
+        eng.body.addWidget(label("Engines found", "sectionTitle"))
+        self.engines = QTableWidget(0, 3)
+        self.engines.setObjectName("engineTable")
+        self.engines.setHorizontalHeaderLabels(["llama-server", "Found as", "Probe"])
+        self.engines.verticalHeader().setVisible(False)
+        self.engines.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.engines.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.engines.setMaximumHeight(130)
+        hh = self.engines.horizontalHeader()
+        hh.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
+        hh.resizeSection(0, 320)
+        hh.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
+        eng.body.addWidget(self.engines)
+        erow = QHBoxLayout()
+        self.engines_note = muted("")
+        erow.addWidget(self.engines_note, 1)
+        self.reprobe = QPushButton("Probe again")
+        self.build = QPushButton("Build an engine")
+        self.build.setObjectName("buildEngine")
+        erow.addWidget(self.reprobe)
+        erow.addWidget(self.build)
+        eng.body.addLayout(erow)
+        self.build_bar = QProgressBar()
+        self.build_bar.setObjectName("buildProgress")
+        self.build_bar.hide()
+        eng.body.addWidget(self.build_bar)
+        lay.addWidget(eng)
+
+        # model + launch
+        mod = Card()
+        mod.body.addWidget(label("Model", "sectionTitle"))
+        mrow = QHBoxLayout()
+        self.shard = QLineEdit()
+        self.shard.setObjectName("shardPath")
+        self.shard.setPlaceholderText("First shard: …-00001-of-000NN.gguf")
+        browse = QPushButton("Browse…")
+        mrow.addWidget(self.shard, 1)
+        mrow.addWidget(browse)
+        mod.body.addLayout(mrow)
+        prow = QHBoxLayout()
+        self.mmproj = QLineEdit()
+        self.mmproj.setObjectName("mmprojPath")
+        self.mmproj.setPlaceholderText("Vision projector (mmproj): optional, enables images")
+        pbrowse = QPushButton("Browse…")
+        prow.addWidget(self.mmproj, 1)
+        prow.addWidget(pbrowse)
+        mod.body.addLayout(prow)
+        lrow = QHBoxLayout()
+        self.state = label("", wrap=True)
+        self.state.setObjectName("engineState")
+        lrow.addWidget(self.state, 1)
+        self.launch_btn = primary(QPushButton("Launch"))
+        self.launch_btn.setObjectName("launchEngine")
+        self.stop_btn = QPushButton("Stop")
+        self.stop_btn.setObjectName("stopEngine")
+        self.restart_btn = QPushButton("Restart")
+        lrow.addWidget(self.stop_btn)
+        lrow.addWidget(self.restart_btn)
+        lrow.addWidget(self.launch_btn)
+        mod.body.addLayout(lrow)
+        self.load_bar = QProgressBar()
+        self.load_bar.setObjectName("loadProgress")
+        self.load_bar.setRange(0, 100)
+        self.load_bar.hide()
+        mod.body.addWidget(self.load_bar)
+        lay.addWidget(mod)
+        if compact:
+            lay.addStretch(1)
+
+        self._build_progress = Throttled(hz=10, parent=self)
+        self._build_progress.fired.connect(self._show_build_progress)
+        self.reprobe.clicked.connect(lambda: self.refresh_engines(use_cache=False))
+        self.build.clicked.connect(self.build_engine)
+        browse.clicked.connect(self._browse_shard)
+        pbrowse.clicked.connect(self._browse_mmproj)
+        self.launch_btn.clicked.connect(self.launch)
+        self.stop_btn.clicked.connect(self.engine.stop)
+        self.restart_btn.clicked.connect(self.engine.restart)
+        self.shard.textChanged.connect(lambda _t: self._buttons())
+        self.engine.state_changed.connect(self._state)
+        self.engine.progress.connect(self._progress)
+        self._state(self.engine.state_name(), self.engine.message)
+
+    # ----------------------------------------------------------- engines
+    def refresh_engines(self, use_cache: bool = True) -> None:
+        paths = self.ctx.services.paths
+        configured = self.ctx.settings.engine_binary or None
+        hw = self.ctx.controller("hardware").profile
+        self.engines_note.setText("Probing engines…")
+
+        def work(token: CancelToken) -> list[EngineRow]:
+            rows = []
+            for cand in discover_engines(paths, configured):
+                row = EngineRow(str(cand.path), f"{cand.source}: {cand.note}".strip(": "))
+                if not cand.exists:
+                    row.error = "not an executable file"
+                else:
+                    try:
+                        row.probe = probe_engine(
+                            cand.path, paths, use_cache=use_cache, cancel=token
+                        )
+                    except EngineError as exc:
+                        row.error = exc.message
+                rows.append(row)
+            return rows
+
+        def done(rows: list[EngineRow]) -> None:
+            self.rows = rows
+            self.engines.setRowCount(len(rows))
+            for i, r in enumerate(rows):
+                self.engines.setItem(i, 0, QTableWidgetItem(r.path))
+                self.engines.setItem(i, 1, QTableWidgetItem(r.source))
+                text = r.error or (r.probe.verdict(hw) if r.probe else "")
+                item = QTableWidgetItem(text)
+                item.setToolTip("\n".join(r.probe.problems(hw)) if r.probe else r.error)
+                ok = r.probe is not None and r.probe.usable
+                item.setForeground(QColor(theme.current().ok if ok else theme.current().danger))
+                self.engines.setItem(i, 2, item)
+            usable = self.usable()
+            self.engines_note.setText(
+                "Ready: an engine that loads Kimi-K3 is installed."
+                if usable
+                else "No engine here can run Kimi-K3 yet: build one (about 7 minutes on 2 cores)."
+                if rows
+                else "No llama-server found: build one."
+            )
+            self._buttons()
+
+        self.ctx.tasks.run(work, on_done=done, name="probe-engines")
+
+    def usable(self) -> bool:
+        return any(r.probe is not None and r.probe.usable for r in self.rows)
+
+    def build_engine(self) -> None:
+        from k3desk.core.engines.install import (
+            choose_build,
+            find_nvcc,
+            install_engine,
+            nvcc_version,
+        )
+
+        paths = self.ctx.services.paths
+        hw = self.ctx.controller("hardware").profile
+
+        def work(token: CancelToken) -> Any:
+            profile = hw or self.ctx.services.detect_hardware(measure_bandwidth=False)
+            nvcc = find_nvcc()
+            config = choose_build(profile, nvcc, nvcc_version(nvcc) if nvcc else None)
+            return install_engine(paths, config, progress=self._build_progress, cancel=token)
+
+        self.build_bar.show()
+        self.build_bar.setRange(0, 0)
+        self.build.setText("Cancel build")
+        self.build.clicked.disconnect()
+        self.build.clicked.connect(self._cancel_build)
+
+        def finish() -> None:
+            self._build_task = None
+            self.build_bar.hide()
+            self.build.setText("Build an engine")
+            self.build.clicked.disconnect()
+            self.build.clicked.connect(self.build_engine)
+            self.refresh_engines(use_cache=False)
+
+        self._build_task = self.ctx.tasks.run(work, on_finally=finish, name="engine-build")
+
+    def _cancel_build(self) -> None:
+        if self._build_task is not None:
+            self._build_task.cancel()
+
+    def _show_build_progress(self, p: Progress) -> None:
+        if p.total:
+            self.build_bar.setRange(0, p.total)
+            self.build_bar.setValue(p.done)
+        self.build_bar.setFormat(f"{p.stage}: {p.detail} %p%" if p.total else p.stage)
+
+    # ------------------------------------------------------------- model
+    def set_model_folder(self, folder: Path) -> None:
+        shard, proj = find_model(folder)
+        if shard is not None and not self.shard.text():
+            self.shard.setText(str(shard))
+        if proj is not None and not self.mmproj.text():
+            self.mmproj.setText(str(proj))
+
+    def _browse_shard(self) -> None:
+        f, _ = QFileDialog.getOpenFileName(self, "First shard", "", "GGUF (*.gguf)")
+        if f:
+            self.shard.setText(f)
+
+    def _browse_mmproj(self) -> None:
+        f, _ = QFileDialog.getOpenFileName(self, "Vision projector", "", "GGUF (*.gguf)")
+        if f:
+            self.mmproj.setText(f)
+
+    def launch(self) -> None:
+        shard = Path(self.shard.text().strip()).expanduser()
+        mm = self.mmproj.text().strip()
+        mmproj = Path(mm).expanduser() if mm else None
+        hw = self.ctx.controller("hardware").profile
+        self.state.setText("Checking the engine, the shards and the plan…")
+        self.launch_btn.setEnabled(False)
+
+        def done(req: LaunchRequest) -> None:
+            self._prep_task = None
+            self.engine.launch(req)
+
+        def error(exc: BaseException) -> None:
+            self._prep_task = None
+            self._buttons()
+            self.state.setText(getattr(exc, "message", str(exc)))
+            self.ctx.reporter.report(exc)
+
+        self._prep_task = self.ctx.tasks.run(
+            lambda t: prepare_launch(self.ctx, shard, mmproj, hw, t),
+            on_done=done,
+            on_error=error,
+            name="prepare-launch",
+        )
+
+    # ------------------------------------------------------------- state
+    def _buttons(self) -> None:
+        running = self.engine.running
+        has_shard = bool(self.shard.text().strip())
+        why = (
+            "The engine is already running: Stop or Restart it."
+            if running
+            else "Choose the model's first shard first."
+            if not has_shard
+            else ""
+        )
+        set_enabled(
+            self.launch_btn,
+            not why and self._prep_task is None,
+            why,
+            "Check the files, plan the placement and start llama-server",
+        )
+        set_enabled(self.stop_btn, running, "The engine is not running.")
+        set_enabled(self.restart_btn, self.engine.request is not None, "Nothing was launched yet.")
+        building = self._build_task is not None
+        if not building:
+            set_enabled(
+                self.build,
+                not self.usable() or not self.rows,
+                "An engine that can run Kimi-K3 is already installed.",
+                "Build llama.cpp for this machine (CPU flags and CUDA architectures)",
+            )
+
+    def _state(self, state: str, message: str) -> None:
+        self.state.setText(f"{self.engine.state_text()}. {message}".strip())
+        self.load_bar.setVisible(state in ("starting", "loading"))
+        if state == "ready":
+            self.load_bar.setValue(100)
+        self._buttons()
+
+    def _progress(self, p: Progress) -> None:
+        self.load_bar.show()
+        self.load_bar.setValue(p.done)
+        self.load_bar.setFormat(f"{p.detail or 'loading'}: %p%")
+
+
+class EnginePage(QWidget):
+    def __init__(self, ctx: AppContext, window: QWidget | None = None) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.engine: EngineController = ctx.controller("engine")
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(28, 22, 28, 16)
+        outer.addWidget(
+            PageHeader(
+                "Engine",
+                "llama-server runs Kimi-K3 on 127.0.0.1 with a fresh API key. k3desk plans "
+                "where each layer lives, restarts it after a crash, and keeps every attempt.",
+            )
+        )
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        body = QWidget()
+        lay = QVBoxLayout(body)
+        lay.setContentsMargins(0, 0, 10, 0)
+        scroll.setWidget(body)
+        outer.addWidget(scroll, 1)
+        self.panel = EnginePanel(ctx)
+        lay.addWidget(self.panel)
+
+        api = Card()
+        api.body.addWidget(label("Local API (OpenAI-compatible)", "sectionTitle"))
+        self.url = CopyField("")
+        self.url.setObjectName("apiUrl")
+        self.key = CopyField("", secret=True)
+        self.key.setObjectName("apiKey")
+        api.body.addWidget(self.url)
+        api.body.addWidget(self.key)
+        lay.addWidget(api)
+
+        self.tabs = QTabWidget()
+        self.tabs.setMinimumHeight(340)
+        # plan
+        plan_w = QWidget()
+        pl = QVBoxLayout(plan_w)
+        self.plan_reason = label("No launch plan yet: launch a model above.")
+        self.plan_reason.setObjectName("planReason")
+        pl.addWidget(self.plan_reason)
+        self.layer_map = LayerMap()
+        pl.addWidget(self.layer_map)
+        self.memory = QTableWidget(0, 7)
+        self.memory.setObjectName("memoryTable")
+        self.memory.setHorizontalHeaderLabels(
+            ["Device", "Budget", "Weights", "KV cache", "Compute", "Used", "Left"]
+        )
+        self.memory.verticalHeader().setVisible(False)
+        self.memory.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.memory.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        pl.addWidget(self.memory)
+        self.argv = CopyField("")
+        pl.addWidget(self.argv)
+        self.tabs.addTab(plan_w, "Launch plan")
+        # log
+        log_w = QWidget()
+        ll = QVBoxLayout(log_w)
+        frow = QHBoxLayout()
+        self.filter = QLineEdit()
+        self.filter.setObjectName("logFilter")
+        self.filter.setPlaceholderText("Filter the log (e.g. error, CUDA, tensor)")
+        self.filter.setClearButtonEnabled(True)
+        copy = QPushButton("Copy log")
+        frow.addWidget(self.filter, 1)
+        frow.addWidget(copy)
+        ll.addLayout(frow)
+        self.log = QPlainTextEdit()
+        self.log.setObjectName("engineLog")
+        self.log.setReadOnly(True)
+        self.log.setMaximumBlockCount(5000)
+        self.log.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        f = self.log.font()
+        f.setFamily("monospace")
+        self.log.setFont(f)
+        ll.addWidget(self.log)
+        self.tabs.addTab(log_w, "Log")
+        # attempts
+        self.attempts = QTableWidget(0, 5)
+        self.attempts.setObjectName("attemptsTable")
+        self.attempts.setHorizontalHeaderLabels(
+            ["#", "Started", "Ready after", "Ended", "What happened"]
+        )
+        self.attempts.verticalHeader().setVisible(False)
+        self.attempts.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.attempts.horizontalHeader().setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
+        self.tabs.addTab(self.attempts, "Attempts")
+        lay.addWidget(self.tabs)
+
+        self._lines: list[str] = []
+        copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.visible_log()))
+        self.filter.textChanged.connect(lambda _t: self._render_log())
+        self.engine.log_lines.connect(self._append_log)
+        self.engine.state_changed.connect(lambda _s, _m: self._update())
+        self.engine.attempts_changed.connect(self._attempts)
+        self.engine.launched.connect(self._launched)
+        self._update()
+        if self.engine.request is not None:
+            self._launched(self.engine.request)
+
+    def activated(self) -> None:
+        if not self.panel.rows:
+            self.panel.refresh_engines()
+        if not self.panel.shard.text():
+            self.panel.set_model_folder(
+                self.ctx.settings.effective_download_dir(self.ctx.services.paths.models_dir)
+            )
+
+    # ---------------------------------------------------------------- log
+    def _append_log(self, text: str) -> None:
+        new = text.splitlines()
+        self._lines.extend(new)
+        if len(self._lines) > 20000:
+            self._lines = self._lines[-10000:]
+        needle = self.filter.text().strip().lower()
+        shown = [ln for ln in new if needle in ln.lower()] if needle else new
+        if shown:
+            self.log.appendPlainText("\n".join(shown))
+
+    def _render_log(self) -> None:
+        self.log.setPlainText(self.visible_log())
+        self.log.moveCursor(self.log.textCursor().MoveOperation.End)
+
+    def visible_log(self) -> str:
+        needle = self.filter.text().strip().lower()
+        lines = self._lines if not needle else [ln for ln in self._lines if needle in ln.lower()]
+        return "\n".join(lines)
+
+    # --------------------------------------------------------------- plan
+    def _launched(self, req: LaunchRequest) -> None:
+        plan = req.plan
+        self.layer_map.set_plan(plan)
+        self.argv.set_text(" ".join([str(req.spec.executable), *req.spec.args]))
+        if plan is None:
+            self.plan_reason.setText("Started without a plan (arguments given directly).")
+            self.memory.setRowCount(0)
+            return
+        s = plan.speed
+        self.plan_reason.setText(
+            f"{plan.reason} Expected about {s.expected_tps:.2g} tok/s "
+            f"({s.low_tps:.2g}-{s.high_tps:.2g}); bottleneck: {s.bottleneck}."
+        )
+        self.memory.setRowCount(len(plan.devices))
+        for i, d in enumerate(plan.devices):
+            sizes = (
+                d.capacity,
+                d.weights,
+                d.kv_cache + d.recurrent_state,
+                d.compute,
+                d.used,
+                d.headroom,
+            )
+            self.memory.setItem(i, 0, QTableWidgetItem(d.device))
+            for j, v in enumerate(sizes, start=1):
+                item = QTableWidgetItem(fmt_bytes(v))
+                if j == 6 and v < 0:
+                    item.setForeground(QColor(theme.current().danger))
+                self.memory.setItem(i, j, item)
+
+    def _update(self) -> None:
+        ep = self.engine.endpoint()
+        self.url.set_text(f"{ep.url}/v1" if ep else "Not running")
+        self.key.set_text(ep.api_key if ep else "")
+        self.url.copy.setEnabled(ep is not None)
+        self.key.copy.setEnabled(ep is not None)
+        self._attempts()
+
+    def _attempts(self) -> None:
+        rows = self.engine.attempts()
+        self.attempts.setRowCount(len(rows))
+        for i, a in enumerate(rows):
+            what = a.action or ("running" if a.ended_at is None else "ended")
+            if a.crash is not None:
+                what = f"{a.crash.describe()}. {a.crash.fix} {a.action}".strip()
+            vals = (
+                str(a.number),
+                time.strftime("%H:%M:%S", time.localtime(a.started_at)),
+                f"{a.ready_seconds:.1f} s" if a.ready_seconds is not None else "—",
+                time.strftime("%H:%M:%S", time.localtime(a.ended_at)) if a.ended_at else "—",
+                what,
+            )
+            for j, v in enumerate(vals):
+                item = QTableWidgetItem(v)
+                item.setToolTip(f"{' '.join(a.argv)}\nlog: {a.log_file}")
+                self.attempts.setItem(i, j, item)

@@ -1,0 +1,1 @@
+"""The tier-picker wizard."""

@@ -1,0 +1,96 @@
+"""The main window shell, its pages, and the Settings page."""
+
+from __future__ import annotations
+
+import json
+
+from k3desk.ui.window import PAGES, MainWindow
+
+
+def test_every_page_builds_on_demand_and_says_what_to_do(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]
+    w = MainWindow(ctx)
+    qtbot.addWidget(w)
+    w.show()
+    assert (w.width(), w.height()) == (1280, 800)
+    assert w.built_pages() == []
+    for spec in PAGES:
+        page = w.show_page(spec.key)
+        assert w.current_page() == spec.key
+        assert w.stack.currentWidget() is page
+    assert w.built_pages() == [s.key for s in PAGES]
+    chat = w.page("chat")
+    assert not chat.composer.send_btn.isEnabled()
+    assert "No engine is running" in chat.composer.send_btn.toolTip()
+    assert "Engine page" in chat.view.toPlainText()
+    engine = w.page("engine")
+    assert not engine.panel.launch_btn.isEnabled()
+    assert "first shard" in engine.panel.launch_btn.toolTip()
+    assert not engine.panel.stop_btn.isEnabled()
+    assert engine.url.edit.text() == "Not running"
+    downloads = w.page("downloads")
+    assert "Pick a tier" in downloads.panel.where.text()
+    assert not downloads.panel.pause_btn.isEnabled()
+    assert downloads.panel.pause_btn.toolTip() == "Nothing is downloading."
+
+
+def test_ctrl_number_shortcuts_switch_pages(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtGui import QShortcut
+
+    w = MainWindow(ctx)
+    qtbot.addWidget(w)
+    w.show()
+    shortcuts = {sc.key().toString(): sc for sc in w.findChildren(QShortcut)}
+    assert sorted(shortcuts) == [f"Ctrl+{i}" for i in range(1, len(PAGES) + 1)]
+    shortcuts["Ctrl+5"].activated.emit()
+    assert w.current_page() == "settings"
+    shortcuts["Ctrl+2"].activated.emit()
+    assert w.current_page() == "models"
+
+
+def test_settings_page_saves_validated_values_and_applies_the_theme(ctx, qtbot, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from k3desk.ui import theme
+    from k3desk.ui.settings_page import SettingsPage
+
+    page = SettingsPage(ctx)
+    qtbot.addWidget(page)
+    page.ctx_size.setValue(16384)
+    page.thinking.setChecked(False)
+    page.theme.setCurrentIndex(page.theme.findData("dark"))
+    page.engine_binary.setText(str(tmp_path / "missing-llama-server"))
+    page.save.click()
+    assert "does not exist" in page.status.text()
+    assert not ctx.store.exists  # nothing saved while a value is wrong
+    page.engine_binary.setText("")
+    page.save.click()
+    saved = json.loads(ctx.store.path.read_text())
+    assert saved["ctx"] == 16384
+    assert saved["thinking"] is False
+    assert saved["theme"] == "dark"
+    assert theme.current().dark
+    assert not page.save.isEnabled()
+    assert page.save.toolTip() == "Nothing has changed since the last save."
+    ctx.update_settings(theme="light")
+    assert not theme.current().dark
+
+
+def test_token_is_stored_through_the_token_store_and_shown_masked(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]
+    from k3desk.core.hub.tokens import TokenStore
+    from k3desk.ui.settings_page import SettingsPage
+    from tests.fixtures.hub import FakeKeyringModule, MemoryKeyring
+
+    ring = MemoryKeyring()
+    ctx.__dict__["token_store"] = TokenStore(env={}, keyring_module=FakeKeyringModule(ring))
+    page = SettingsPage(ctx)
+    qtbot.addWidget(page)
+    qtbot.waitUntil(lambda: page.token_state.text() == "No token saved", timeout=5000)
+    assert not page.token_remove.isEnabled()
+    secret = "hf_abcdefghijklmnopqrstuvwxyz1234"
+    page.token_edit.setText(secret)
+    page.token_save.click()
+    qtbot.waitUntil(lambda: page.token_state.text() == "hf_…1234", timeout=5000)
+    assert ring.store[("k3desk", "huggingface-token")] == secret
+    assert secret not in ctx.store.path.read_text() if ctx.store.exists else True
+    assert page.token_edit.text() == ""
+    page.token_remove.click()
+    qtbot.waitUntil(lambda: page.token_state.text() == "No token saved", timeout=5000)
+    assert ring.store == {}
