@@ -110,7 +110,6 @@ class DownloadsController(QObject):
         job = DownloadJob(request, target, options_token, on_event=self._relay)
         self.job = job
         state.status = "listing"
-        self.changed.emit(state)
 
         def done(summary: DownloadSummary) -> None:
             state.summary = summary
@@ -138,6 +137,7 @@ class DownloadsController(QObject):
             on_error=error,
             name="download",
         )
+        self.changed.emit(state)
 
     def pause(self) -> None:
         if self.job is not None and self.running:
