@@ -53,7 +53,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
-def _engine(args: argparse.Namespace, services: Services) -> Path:
+def _engine(args: argparse.Namespace, services: Services) -> tuple[Path, bool]:
+    """The engine to use and whether it takes --api-key-file."""
     exe = find_llama_server(services.paths, configured=args.engine)
     if exe is None:
         raise EngineError(
@@ -63,7 +64,7 @@ def _engine(args: argparse.Namespace, services: Services) -> Path:
     result = probe_engine(exe, services.paths)
     if not result.usable:
         raise EngineError(f"{exe}: {result.verdict()}", "See `k3desk engine probe` for details.")
-    return exe
+    return exe, result.flags.get("--api-key-file", False)
 
 
 def _layout(shard: Path) -> ModelLayout | None:
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
         raise ValidationError(f"Projector file {args.mmproj} does not exist.")
     if args.ctx < 256:
         raise ValidationError(f"--ctx {args.ctx} is too small; use at least 256.")
-    exe = _engine(args, services)
+    exe, key_file = _engine(args, services)
 
     layout = _layout(shard)
     model_bytes = sum(p.stat().st_size for p in shard.parent.glob("*.gguf"))
@@ -145,7 +146,14 @@ def run(args: argparse.Namespace, services: Services) -> int:
     print(f"Model: {shard} ({fmt_bytes(model_bytes)})")
     print("Arguments: " + " ".join(server_args))
 
-    spec = LaunchSpec(exe, server_args, model_bytes=model_bytes, port=args.port, n_layers=n_layers)
+    spec = LaunchSpec(
+        exe,
+        server_args,
+        model_bytes=model_bytes,
+        port=args.port,
+        n_layers=n_layers,
+        api_key_file=key_file,
+    )
     printer = _EventPrinter()
     sup = Supervisor(
         spec,

@@ -28,6 +28,7 @@ import signal
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 MODE = os.environ.get("FAKE_LLAMA_MODE", "serve")
 T0 = time.monotonic()
@@ -76,6 +77,8 @@ HELP = """----- common params -----
 --repack, -nr, --no-repack              whether to enable weight repacking (default: enabled)
 """
 HELP_NEW = """-fit,  --fit [on|off]                   whether to adjust unset arguments to fit
+-lv,   --verbosity, --log-verbosity N   Set the verbosity threshold
+--api-key-file FNAME                    path to file containing API keys, one per line
 --rpc SERVERS                           comma-separated list of RPC servers (host:port)
 """
 
@@ -117,6 +120,9 @@ def serve() -> int:
     host = arg("--host", "127.0.0.1") or "127.0.0.1"
     port = int(arg("--port", "8080") or 8080)
     key = arg("--api-key")
+    key_file = arg("--api-key-file")
+    if key_file:
+        key = Path(key_file).read_text().split()[0]
     has_mmproj = arg("--mmproj") is not None
 
     class Handler(BaseHTTPRequestHandler):

@@ -33,7 +33,7 @@ from k3desk.core.k3arch import TINY_K3
 from k3desk.core.paths import AppPaths
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 
-PROBE_SCHEMA = 2
+PROBE_SCHEMA = 3
 CACHE_FILE = "engine-probes.json"
 INSTALL_HINT = "install one with `k3desk engine install`"
 
@@ -45,6 +45,7 @@ FLAGS: dict[str, str] = {
     "--no-mmproj-offload": "cannot keep the vision projector on the CPU",
     "--rpc": "cannot spread layers over other machines",
     "--api-key": "cannot require an API key (k3desk will not start it without one)",
+    "--api-key-file": "needs the API key on its command line, where other local users can see it",
     "--no-repack": "cannot turn off weight repacking (the AMX workaround)",
     "--jinja": "cannot use the model's chat template",
 }
@@ -364,7 +365,7 @@ def probe_engine(
     backends = backends_of(exe, devices)
 
     step(3, "loading a tiny Kimi-K3 canary")
-    canary = _probe_canary(exe, paths, flags, timeout, cancel)
+    canary = _probe_canary(exe, paths, flags, "-lv" in known, timeout, cancel)
     step(5, "done")
     result = ProbeResult(
         **base,
@@ -403,6 +404,7 @@ def _probe_canary(
     exe: Path,
     paths: AppPaths,
     flags: dict[str, bool],
+    verbose_flag: bool,
     timeout: float,
     cancel: CancelToken | None,
 ) -> _Canary:
@@ -412,7 +414,9 @@ def _probe_canary(
         model = write_k3_gguf(d, "k3-canary", shape=TINY_K3, seed=7)[0]
         proj = write_mlp_projector(d / "mmproj-k3-canary-F16.gguf", TINY_K3.n_embd, seed=8)
         with_mmproj = flags.get("--mmproj", True)
-        args: list[str] = ["-m", str(model), "-c", "256", "-np", "1", "-lv", "4"]
+        args: list[str] = ["-m", str(model), "-c", "256", "-np", "1"]
+        if verbose_flag:  # level 4 prints system_info, where a CUDA build lists its ARCHS
+            args += ["-lv", "4"]
         sup = _serve(exe, paths, [*args, "--mmproj", str(proj)] if with_mmproj else args, timeout)
         try:
             ok, vision = _wait_canary(sup, cancel)

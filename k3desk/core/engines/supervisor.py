@@ -95,6 +95,9 @@ class LaunchSpec:
     env: Mapping[str, str] | None = None  # extra environment variables
     ready_timeout: float | None = None  # None: scaled from model_bytes
     n_layers: int = 0  # the model's block count (bounds --n-cpu-moe); 0 = unknown
+    # pass the key in a private file (--api-key-file) rather than on the command line,
+    # where other local users can read it in /proc; needs an engine that has the flag
+    api_key_file: bool = False
 
     def timeout(self) -> float:
         """Seconds to wait for /health 200: 60 s plus the model read at 250 MB/s."""
@@ -560,6 +563,9 @@ class Supervisor:
     def _one_attempt(
         self, number: int, args: tuple[str, ...], port: int
     ) -> tuple[Attempt, CrashReport | None]:
+        log_path = self._new_log_file(number)
+        key_file = self._write_key_file(log_path) if self.spec.api_key_file else None
+        key_args = ("--api-key-file", str(key_file)) if key_file else ("--api-key", self.api_key)
         argv = (
             str(self.spec.executable),
             *args,
@@ -567,10 +573,26 @@ class Supervisor:
             LOOPBACK,
             "--port",
             str(port),
-            "--api-key",
-            self.api_key,
+            *key_args,
         )
-        log_path = self._new_log_file(number)
+        try:
+            return self._launch(number, argv, port, log_path, key_file)
+        finally:
+            if key_file is not None:
+                key_file.unlink(missing_ok=True)
+
+    def _write_key_file(self, log_path: Path) -> Path:
+        folder = self.paths.state / "run"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / (log_path.stem + ".key")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.api_key + "\n")
+        return path
+
+    def _launch(
+        self, number: int, argv: tuple[str, ...], port: int, log_path: Path, key_file: Path | None
+    ) -> tuple[Attempt, CrashReport | None]:
         attempt = Attempt(number, redact(argv, self.api_key), port, log_path)
         with self._lock:
             self._history.append(attempt)
@@ -620,7 +642,7 @@ class Supervisor:
             stopped_by_us = False
             timed_out = False
             try:
-                stopped_by_us, timed_out = self._watch(proc, attempt, port)
+                stopped_by_us, timed_out = self._watch(proc, attempt, port, key_file)
             finally:
                 if proc.poll() is None:
                     self._terminate(proc)
@@ -652,7 +674,7 @@ class Supervisor:
         return attempt, crash
 
     def _watch(
-        self, proc: subprocess.Popen[bytes], attempt: Attempt, port: int
+        self, proc: subprocess.Popen[bytes], attempt: Attempt, port: int, key_file: Path | None
     ) -> tuple[bool, bool]:
         """Wait for ready, then for exit.  Returns (stopped_by_us, timed_out)."""
         deadline = time.monotonic() + self.spec.timeout()
@@ -667,6 +689,8 @@ class Supervisor:
                 status = _health(port)
                 if status == 200:
                     attempt.ready_at = time.time()
+                    if key_file is not None:  # read at start-up; do not leave it lying around
+                        key_file.unlink(missing_ok=True)
                     with self._lock:
                         self._endpoint = Endpoint(LOOPBACK, port, self.api_key)
                     self._set_state(

@@ -200,6 +200,46 @@ def test_key_is_required_and_only_loopback_listens(
         httpx.get(f"{ep.url}/health", timeout=2)
 
 
+def test_key_can_be_passed_in_a_private_file(
+    llama_server: Path, tiny_k3_single: TinyModel, supervise: Callable[..., Supervisor]
+) -> None:
+    sup = supervise(
+        llama_server, ["-m", str(tiny_k3_single.first_part), "-c", "512"], api_key_file=True
+    )
+    ep = sup.wait_ready(60)
+    assert sup.pid is not None
+    cmdline = psutil.Process(sup.pid).cmdline()
+    assert ep.api_key not in " ".join(cmdline)  # other local users can read cmdlines
+    assert "--api-key-file" in cmdline
+    key_file = Path(cmdline[cmdline.index("--api-key-file") + 1])
+    assert not key_file.exists()  # read at start-up, then removed
+    assert chat(ep.url, {}, "hi").status_code == 401
+    assert chat(ep.url, ep.headers, "hi").status_code == 200
+
+
+def test_planned_arguments_serve_chat(
+    llama_server: Path,
+    tiny_k3: TinyModel,
+    hardware_file: Callable[[str], Path],
+    supervise: Callable[..., Supervisor],
+) -> None:
+    from k3desk.core.gguf.validate import validate_shard_set
+    from k3desk.core.hardware.profile import HardwareProfile
+    from k3desk.core.planning.model import PlanOptions
+    from k3desk.core.planning.plan import make_plan
+
+    layout = validate_shard_set(tiny_k3.first_part)
+    for machine in ("no-gpu-laptop-32GB", "1xH200-141GB"):
+        hw = HardwareProfile.from_json_file(hardware_file(machine))
+        plan = make_plan(hw, layout, PlanOptions(ctx=1024, mmproj=tiny_k3.mmproj))
+        assert "--jinja" in plan.server_args
+        sup = supervise(llama_server, list(plan.server_args), model_bytes=layout.total_file_bytes)
+        ep = sup.wait_ready(60)
+        r = chat(ep.url, ep.headers, "Hello")
+        assert r.status_code == 200, (machine, plan.server_args, r.text)
+        sup.stop()
+
+
 def _free_listening_socket() -> socket.socket:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -341,13 +381,18 @@ def test_kill_9_of_the_server_is_restarted(
     assert len(sup.history) == 2
 
 
+@pytest.mark.parametrize("guard", ["pdeathsig", "watchdog"])
 def test_a_killed_app_leaves_no_server_behind(
-    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
+    guard: str, llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
 ) -> None:
+    # "watchdog" is the path for systems without PR_SET_PDEATHSIG (macOS, BSD)
     script = textwrap.dedent(
         f"""
         import sys, time
         from pathlib import Path
+        import k3desk.core.engines.supervisor as s
+        if {guard!r} == "watchdog":
+            s._LIBC = None
         from k3desk.core.engines.supervisor import LaunchSpec, Supervisor
         from k3desk.core.paths import default_paths
         spec = LaunchSpec(Path({str(llama_server)!r}),
@@ -369,7 +414,7 @@ def test_a_killed_app_leaves_no_server_behind(
             assert psutil.Process(pid).ppid() == app.pid
             app.kill()  # SIGKILL: no cleanup code in the app runs
             app.wait()
-            assert _gone_within(pid, 5.0), "llama-server outlived the app"
+            assert _gone_within(pid, 8.0), "llama-server outlived the app"
         finally:
             app.kill()
 
