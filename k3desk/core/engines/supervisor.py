@@ -47,10 +47,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import IO
 
+import psutil
+
 from k3desk.core.engines.crash import CrashReport, classify_exit, load_timeout, strip_log_prefix
 from k3desk.core.errors import Cancelled, EngineError
 from k3desk.core.paths import AppPaths
 from k3desk.core.progress import CancelToken, Progress
+from k3desk.core.units import fmt_bytes
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +188,7 @@ _PHASES: tuple[tuple[re.Pattern[str], int, str], ...] = tuple(
     )
 )
 _TENSOR_SPAN = (12, 78)  # progress dots (one per percent of tensors loaded) map here
+BYTES_PROGRESS_MIN = 1 << 30  # below 1 GiB loads are too quick to be worth watching
 
 
 class LoadProgressParser:
@@ -205,6 +209,19 @@ class LoadProgressParser:
         stripped = text.strip()
         if stripped and set(stripped) == {"."}:
             return self.feed_dots(len(stripped))
+        return False
+
+    def feed_bytes(self, done: int, total: int) -> bool:
+        """Bytes the server has read or mapped in so far, of a model of ``total`` bytes
+        (the log says little during a long load at the default verbosity)."""
+        if total <= 0 or done <= 0:
+            return False
+        lo, hi = _TENSOR_SPAN
+        pct = lo + int((hi - lo) * min(1.0, done / total))
+        if pct > self.percent:
+            self.percent = pct
+            self.phase = f"loading tensors ({fmt_bytes(done)} of {fmt_bytes(total)})"
+            return True
         return False
 
     def feed_dots(self, n: int) -> bool:
@@ -678,6 +695,7 @@ class Supervisor:
     ) -> tuple[bool, bool]:
         """Wait for ready, then for exit.  Returns (stopped_by_us, timed_out)."""
         deadline = time.monotonic() + self.spec.timeout()
+        next_bytes = 0.0
         interval = 0.02
         loading_announced = False
         while proc.poll() is None:
@@ -701,6 +719,10 @@ class Supervisor:
                 if not loading_announced and (status is not None or self._progress.percent > 0):
                     loading_announced = True
                     self._set_state(State.LOADING, attempt.number, self._progress.phase)
+                if self.spec.model_bytes >= BYTES_PROGRESS_MIN and time.monotonic() >= next_bytes:
+                    next_bytes = time.monotonic() + 0.5
+                    if self._progress.feed_bytes(bytes_loaded(proc.pid), self.spec.model_bytes):
+                        self._loading_progress(attempt.number)
                 if time.monotonic() > deadline:
                     self._terminate(proc)
                     return False, True
@@ -765,6 +787,21 @@ class Supervisor:
     def _loading_progress(self, number: int) -> None:
         if self.state in (State.STARTING, State.LOADING):
             self._set_state(State.LOADING, number, self._progress.phase)
+
+
+def bytes_loaded(pid: int) -> int:
+    """How much of the model a loading server has touched: bytes it read from storage or
+    its resident set, whichever is larger (pages already in the page cache are not read)."""
+    try:
+        p = psutil.Process(pid)
+        rss = int(p.memory_info().rss)
+        try:
+            read = int(p.io_counters().read_bytes)
+        except (psutil.AccessDenied, AttributeError):
+            read = 0
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return 0
+    return max(rss, read)
 
 
 def _health(port: int) -> int | None:

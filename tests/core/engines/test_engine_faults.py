@@ -4,6 +4,7 @@ real way, and the recovery policy's answer to each."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -15,10 +16,12 @@ import pytest
 from k3desk.core.engines.supervisor import (
     Event,
     LaunchSpec,
+    LoadProgressParser,
     RestartPolicy,
     State,
     Supervisor,
     bump_n_cpu_moe,
+    bytes_loaded,
 )
 from k3desk.core.errors import EngineError
 from k3desk.core.paths import default_paths
@@ -193,3 +196,27 @@ def test_bump_n_cpu_moe() -> None:
     unknown = bump_n_cpu_moe(["--n-cpu-moe=3"])
     assert unknown is not None
     assert unknown[0] == ("--n-cpu-moe", "7")
+
+
+def test_load_progress_from_log_phases_dots_and_bytes() -> None:
+    p = LoadProgressParser()
+    assert p.feed_line(
+        "0.00.004.176 I srv    load_model: loading model '/m/K3-00001-of-00009.gguf'"
+    )
+    assert (p.percent, p.phase) == (3, "opening the model")
+    assert not p.feed_line("0.00.004.200 I some unrelated line")
+    assert p.feed_line("0.00.018.311 I load_tensors: loading model tensors, this can take a while")
+    assert p.feed_dots(50)
+    assert p.percent == 12 + (78 - 12) * 50 // 100
+    assert not p.feed_bytes(10 * 2**30, 330 * 2**30)  # behind the dots: no step back
+    assert p.feed_bytes(300 * 2**30, 330 * 2**30)
+    assert "300.0 GiB of 330.0 GiB" in p.phase
+    assert p.feed_line("0.05.020.030 I llama_context: constructing llama_context")
+    assert p.feed_line("0.05.040.000 I srv  llama_server: model loaded")
+    assert p.percent == 97
+    assert not p.feed_line("0.00.004.176 I srv    load_model: loading model 'x'")  # monotonic
+
+
+def test_bytes_loaded_of_a_live_and_a_dead_process() -> None:
+    assert bytes_loaded(os.getpid()) > 10 * 2**20
+    assert bytes_loaded(2**22 + 12345) == 0  # no such process
