@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -211,3 +215,25 @@ def test_chat_on_shard_streams_with_progress(
     assert "Engine ready in" in err
     assert re.search(r"\[\d+ prompt tokens, [1-8] generated, [\d.]+ tok/s\]", err), err
     assert llama_children() == []
+
+
+def test_ctrl_c_mid_answer_hangs_up_and_exits_130(standin: StandIn) -> None:
+    standin.tokens = [("content", f"w{i} ") for i in range(5000)]
+    standin.token_delay = 0.005
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "k3desk", "chat", "--url", standin.url, "Count"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    deadline = time.monotonic() + 30
+    while standin.tokens_sent < 50 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert out.startswith(b"w0 w1 w2 ")
+    assert b"Interrupted." in err
+    assert b"Traceback" not in err
+    assert standin.client_gone.wait(5)  # the server saw the hang-up and stopped
+    assert standin.tokens_sent < 5000

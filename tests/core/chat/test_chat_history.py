@@ -102,6 +102,19 @@ def test_edit_and_resend_keeps_the_old_branch(store: HistoryStore) -> None:
     assert len(store.siblings(q1.id)) == 2
 
 
+def test_regenerated_answers_are_siblings(store: HistoryStore) -> None:
+    c = store.create_conversation("c")
+    q = store.add_message(c.id, "user", "Name a colour")
+    first = store.add_message(c.id, "assistant", "Red")
+    second = store.add_message(c.id, "assistant", "Blue", parent_id=q.id)
+    assert [m.content for m in store.siblings(first.id)] == ["Red", "Blue"]
+    assert [m.content for m in store.children(q.id)] == ["Red", "Blue"]
+    assert [m.content for m in store.branch(c.id)] == ["Name a colour", "Blue"]
+    assert store.select_branch(first.id)[-1].content == "Red"
+    assert store.get_conversation(c.id).current_leaf == first.id
+    assert second.parent_id == q.id
+
+
 def test_edit_keeps_images_unless_replaced(store: HistoryStore) -> None:
     c = store.create_conversation("c")
     red = prepare_image(png((255, 0, 0)), name="/tmp/red.png")
