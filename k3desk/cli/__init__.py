@@ -31,6 +31,8 @@ COMMAND_MODULES = (
     "k3desk.cli.chat",
     "k3desk.cli.engine",
     "k3desk.cli.serve",
+    "k3desk.cli.desktop_entry",
+    "k3desk.cli.cluster",
 )
 
 
