@@ -58,6 +58,7 @@ from k3desk.core.units import fmt_bytes
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
+_REPLANS = ("replan_cpu_moe", "no_repack")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -112,6 +113,9 @@ class LaunchSpec:
 @dataclass(frozen=True)
 class RestartPolicy:
     max_failures: int = 3  # consecutive failed attempts before giving up
+    # restarts with new arguments (more expert layers in RAM, --no-repack); each one
+    # changes something, so they have their own, larger bound
+    max_replans: int = 10
     backoff_initial: float = 1.0  # seconds before the first restart
     backoff_factor: float = 2.0
     backoff_max: float = 30.0
@@ -489,7 +493,8 @@ class Supervisor:
     def _run(self) -> None:
         args = tuple(self.spec.args)
         port = self.spec.port or free_port()
-        failures = 0
+        failures = 0  # consecutive failed attempts that changed nothing
+        replans = 0  # restarts with changed arguments (each one gets further)
         number = 0
         gave_up = False
         try:
@@ -502,15 +507,19 @@ class Supervisor:
                     (attempt.ended_at or time.time()) - attempt.ready_at >= self.policy.stable_after
                 ):
                     failures = 0
-                failures += 1
-                decision = self._decide(crash, args, port, failures)
+                replanned = crash.recovery in _REPLANS
+                if replanned:
+                    replans += 1
+                else:
+                    failures += 1
+                decision = self._decide(crash, args, port, failures, replans)
                 with self._lock:
                     self._last_crash = crash
                 if decision is None:
                     gave_up = True
                     break
                 args, port, action = decision
-                delay = self.policy.backoff(failures)
+                delay = self.policy.backoff(1 if replanned else failures)
                 attempt.action = f"{action}; restarting in {delay:.1f} s"
                 self._set_state(State.CRASHED, number, f"{crash.describe()} {attempt.action}")
                 if self._stop.wait(delay):
@@ -532,7 +541,7 @@ class Supervisor:
             self._done.set()
 
     def _decide(
-        self, crash: CrashReport, args: tuple[str, ...], port: int, failures: int
+        self, crash: CrashReport, args: tuple[str, ...], port: int, failures: int, replans: int
     ) -> tuple[tuple[str, ...], int, str] | None:
         """Next (args, port, what changed), or None to give up (state CRASHED, final)."""
         number = len(self._history)
@@ -540,7 +549,9 @@ class Supervisor:
         new_args, new_port, action = args, port, "restarting unchanged"
         if crash.recovery == "none":
             give_up = "restarting cannot fix this"
-        elif failures >= self.policy.max_failures:
+        elif crash.recovery in _REPLANS and replans > self.policy.max_replans:
+            give_up = f"{replans - 1} re-plans did not help"
+        elif crash.recovery not in _REPLANS and failures >= self.policy.max_failures:
             give_up = f"{failures} failed attempts in a row"
         elif crash.recovery == "new_port":
             if self.spec.port is not None:
@@ -548,7 +559,7 @@ class Supervisor:
             else:
                 new_port = free_port()
                 action = f"port {port} was taken, using {new_port}"
-        elif crash.recovery in ("replan_cpu_moe", "no_repack"):
+        elif crash.recovery in _REPLANS:
             plan = self._replan(crash, args)
             if plan is None:
                 give_up = "no plan with less GPU memory is left"

@@ -64,6 +64,22 @@ def test_gpu_oom_is_replanned_with_more_expert_layers_in_ram(
     assert httpx.get(f"{ep.url}/v1/models", headers=ep.headers, timeout=5).status_code == 200
 
 
+def test_replans_are_not_counted_as_repeated_failures_but_are_bounded(
+    fake_engine: Callable[..., Path], supervise: Callable[..., Supervisor]
+) -> None:
+    step1 = RestartPolicy(max_failures=2, cpu_moe_step=1, backoff_initial=0.01)
+    sup = supervise(fake_engine("gpu_oom", FAKE_OOM_BELOW="7"), "--n-cpu-moe", "2", policy=step1)
+    sup.wait_ready(30)
+    assert len(sup.history) == 6  # 2 -> 3 -> 4 -> 5 -> 6 -> 7: five re-plans, then ready
+
+    capped = RestartPolicy(max_replans=3, backoff_initial=0.01)
+    sup2 = supervise(fake_engine("gpu_oom"), "--n-cpu-moe", "2", policy=capped)  # never fits
+    with pytest.raises(EngineError, match="ran out of memory"):
+        sup2.wait_ready(30)
+    assert len(sup2.history) == 4
+    assert sup2.history[-1].action == "gave up: 3 re-plans did not help"
+
+
 def test_gpu_oom_with_every_expert_in_ram_gives_up(
     fake_engine: Callable[..., Path], supervise: Callable[..., Supervisor]
 ) -> None:
