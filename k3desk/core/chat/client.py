@@ -156,7 +156,11 @@ DeltaCallback = Callable[[ChatDelta], None]
 
 # ------------------------------------------------------------------ client
 
-DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=900.0, write=60.0, pool=10.0)
+DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=60.0, write=60.0, pool=10.0)
+# llama-server sends nothing until the prompt is read, which for a long conversation
+# on a big MoE partly in RAM can take many minutes: no read limit on answers by
+# default (cancelling still ends them at once).
+DEFAULT_ANSWER_TIMEOUT = httpx.Timeout(connect=5.0, read=None, write=60.0, pool=10.0)
 
 
 class ChatClient:
@@ -167,9 +171,11 @@ class ChatClient:
         endpoint: ChatEndpoint,
         *,
         timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        answer_timeout: httpx.Timeout | float = DEFAULT_ANSWER_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.answer_timeout = answer_timeout
         # No keep-alive: every request gets its own connection, so cancelling one
         # can shut that socket down without touching another request's.
         self._http = httpx.Client(
@@ -451,6 +457,7 @@ class ChatStream:
             ep.url("/v1/chat/completions"),
             json=self._body,
             headers={"Accept": "text/event-stream"},
+            timeout=client.answer_timeout,
             extensions={"trace": self._trace},
         )
         self._cancel.on_cancel(self._abort)

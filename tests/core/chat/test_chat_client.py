@@ -328,3 +328,11 @@ def test_one_client_serves_concurrent_requests(standin: StandIn) -> None:
         for t in threads:
             t.join(10)
     assert results == ["Hello world"] * 4
+
+
+def test_answer_timeout_when_configured_is_a_plain_error(standin: StandIn) -> None:
+    standin.hold_s = 5
+    c = ChatClient(ChatEndpoint(standin.url), answer_timeout=0.3)
+    with c, pytest.raises(EngineUnavailableError) as err:
+        c.chat(HELLO)
+    assert "did not answer in time" in err.value.message
