@@ -39,7 +39,7 @@ class NodeBudget:
     node: str
     role: str
     memory_kind: str  # "unified memory (GB10)", "GPU memory (2 GPUs)", "RAM", "unknown"
-    capacity: int  # bytes this node can give the model (after margins)
+    capacity: int | None  # bytes this node can give the model (after margins); None: unknown
     need: int  # bytes the plan puts on it
     disk: str  # what the node's disk has or needs, in words
     disk_ok: bool | None
@@ -47,11 +47,11 @@ class NodeBudget:
 
     @property
     def headroom(self) -> int:
-        return self.capacity - self.need
+        return (self.capacity or 0) - self.need
 
     @property
     def fits(self) -> bool | None:
-        return None if self.capacity <= 0 else self.need <= self.capacity
+        return None if self.capacity is None else self.need <= self.capacity
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class ClusterPlan:
     def render(self) -> str:
         lines = [f"{self.engine}: {self.verdict} — {self.reason}"]
         for b in self.nodes:
-            cap = fmt_bytes(b.capacity) if b.capacity > 0 else "unknown"
+            cap = fmt_bytes(b.capacity) if b.capacity is not None else "unknown"
             lines.append(
                 f"  {b.node:<20} {b.role:<26} needs {fmt_bytes(b.need):>10} of {cap:>10} "
                 f"({b.memory_kind}); disk: {b.disk}"
@@ -76,10 +76,10 @@ class ClusterPlan:
         return "\n".join(lines)
 
 
-def memory_capacity(profile: HardwareProfile | None, *, cpu_ok: bool) -> tuple[int, str]:
-    """(bytes the model may use, what memory that is) for one node."""
+def memory_capacity(profile: HardwareProfile | None, *, cpu_ok: bool) -> tuple[int | None, str]:
+    """(bytes the model may use, what memory that is) for one node; None when not probed."""
     if profile is None:
-        return 0, "unknown (not probed)"
+        return None, "unknown (not probed)"
     gpus = profile.gpus
     unified = [g for g in gpus if g.unified_memory]
     if unified:
@@ -106,11 +106,11 @@ def _verdict(budgets: Sequence[NodeBudget]) -> tuple[Verdict, str]:
         worst = min(short, key=lambda b: b.headroom)
         return "no-fit", (
             f"{worst.node} is {fmt_bytes(-worst.headroom)} short "
-            f"({fmt_bytes(worst.need)} needed, {fmt_bytes(worst.capacity)} usable)"
+            f"({fmt_bytes(worst.need)} needed, {fmt_bytes(worst.capacity or 0)} usable)"
         )
     if unknown:
         return "unknown", f"no hardware figures for {', '.join(b.node for b in unknown)}"
-    tight = [b for b in budgets if b.headroom < TIGHT_FRACTION * b.capacity]
+    tight = [b for b in budgets if b.headroom < TIGHT_FRACTION * (b.capacity or 0)]
     if tight:
         return "tight", (
             f"fits, with little room on {', '.join(b.node for b in tight)} "
@@ -171,7 +171,7 @@ def plan_rpc(
 ) -> ClusterPlan:
     """Layers spread in proportion to each device's usable memory (llama.cpp's default)."""
     total_need = model_bytes + RPC_OVERHEAD
-    entries: list[tuple[str, str, int, str, NodeReport | None, bool]] = []
+    entries: list[tuple[str, str, int | None, str, NodeReport | None, bool]] = []
     for worker in reports:
         cap, kind = memory_capacity(worker.hardware, cpu_ok=True)
         entries.append((worker.node.label, "RPC worker", cap, kind, worker, False))
@@ -179,10 +179,10 @@ def plan_rpc(
     if local is not None and local_gpus:
         cap, kind = memory_capacity(local, cpu_ok=False)
         entries.append((local_label, "llama-server (main)", cap, kind, None, True))
-    usable = sum(e[2] for e in entries)
+    usable = sum(e[2] or 0 for e in entries)
     budgets = []
     for label, role, cap, kind, rep, is_local in entries:
-        share = total_need * cap // usable if usable > 0 else 0
+        share = total_need * (cap or 0) // usable if usable > 0 else 0
         disk_ok: bool | None
         if is_local:
             disk, disk_ok = "holds the model files", True

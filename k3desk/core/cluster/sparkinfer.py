@@ -445,6 +445,13 @@ class SparkInferCluster(GroupSupervisor):
         with self._lock:
             return list(self._procs)
 
+    def wait_stats(self, count: int, timeout: float) -> ServeStats | None:
+        """The latest serve line once at least ``count`` were seen (rank 0 logs it last)."""
+        deadline = time.monotonic() + timeout
+        while len(self.stats) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.stats[-1] if len(self.stats) >= count else None
+
     @property
     def bridge(self) -> RemoteProcess | None:
         with self._lock:
