@@ -33,7 +33,6 @@ COMMAND_MODULES = (
     "k3desk.cli.serve",
     "k3desk.cli.desktop_entry",
     "k3desk.cli.cluster",
-    "k3desk.cli.cluster",
 )
 
 
