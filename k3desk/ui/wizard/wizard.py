@@ -418,7 +418,7 @@ class TierWizard(QWizard):
         if self.hardware.recommendation is not None:
             self._recommended(self.hardware.recommendation)
         self.hardware.ensure()
-        self.finished.connect(self._done)
+        self.accepted.connect(self._done)
 
     def current_key(self) -> str:
         ids = self.pageIds()
@@ -447,7 +447,7 @@ class TierWizard(QWizard):
             self.machine.show_recommendation(rec, hw)
         self.tiers.show_recommendation(rec)
 
-    def _done(self, _result: int) -> None:
+    def _done(self) -> None:
         tv = self.selected_tier()
         changes: dict[str, Any] = {"wizard_done": True}
         if tv is not None:
