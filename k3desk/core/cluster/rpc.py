@@ -217,6 +217,7 @@ class RpcCluster(GroupSupervisor):
                 cwd=node.workdir,
                 log_path=self._log_path(attempt, f"worker-{node.label}"),
                 on_exit=self._worker_exit,
+                tie_to_thread=True,
             )
             with self._lock:
                 self._workers.append(proc)

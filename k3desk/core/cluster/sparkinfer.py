@@ -478,6 +478,7 @@ class SparkInferCluster(GroupSupervisor):
             log_path=self._log_path(attempt, f"rank{rank}"),
             on_line=self._rank0_line if rank == 0 else None,
             on_exit=self._member_exit,
+            tie_to_thread=True,
         )
         with self._lock:
             self._procs.append(proc)
@@ -512,6 +513,7 @@ class SparkInferCluster(GroupSupervisor):
             cwd=cfg.rank0.workdir,
             log_path=self._log_path(attempt, "bridge"),
             on_exit=self._member_exit,
+            tie_to_thread=True,
         )
         with self._lock:
             self._bridge = bridge

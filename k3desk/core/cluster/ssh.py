@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import os
 import re
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -226,6 +228,38 @@ class SshClient:
         return self.run("hostname", timeout=timeout).text.strip()
 
 
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
+    """A preexec_fn: the kernel SIGKILLs the child when the thread that forked it ends.
+
+    A killed ssh client drops its connection, and the node-side wrapper then
+    ends the program: a crashed or killed k3desk leaves nothing running.
+    """
+    prctl = _PRCTL
+    if prctl is None:
+        return None
+
+    def setup() -> None:  # runs in the child between fork and exec
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return setup
+
+
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -242,7 +276,10 @@ class RemoteProcess:
 
     ``on_line`` gets every output line (stdout and stderr together) as it arrives;
     ``on_exit`` runs once, from the reader thread, when the program has ended or
-    the connection is gone.
+    the connection is gone.  With ``tie_to_thread`` (Linux) the ssh client is
+    killed by the kernel when the thread that called :meth:`start` ends, so the
+    program cannot outlive a killed k3desk; start it from a thread that lives as
+    long as the program should (the group supervisors' monitor threads do).
     """
 
     def __init__(
@@ -257,6 +294,7 @@ class RemoteProcess:
         on_line: LineCallback | None = None,
         on_exit: ExitCallback | None = None,
         tail_lines: int = 200,
+        tie_to_thread: bool = False,
     ) -> None:
         self.client = client
         self.node = client.node
@@ -279,6 +317,7 @@ class RemoteProcess:
         self.ended_at: float | None = None
         self._lines_seen = 0
         self.missing_folder = False
+        self.tie_to_thread = tie_to_thread
 
     # ------------------------------------------------------------ lifecycle
     @property
@@ -316,6 +355,7 @@ class RemoteProcess:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent(os.getpid()) if self.tie_to_thread else None,
             )
         except OSError:
             if log is not None:

@@ -113,6 +113,46 @@ def test_remote_death_is_noticed_at_once(sshd: SshServer) -> None:
     assert proc.describe_exit() == "killed by SIGKILL (exit 137)"
 
 
+def test_a_lost_connection_ends_the_remote_program(sshd: SshServer) -> None:
+    node = sshd.node("lost")
+    proc = RemoteProcess(
+        SshClient(node, known_hosts()), ["sleep", "60"], name="orphan", cwd=node.workdir
+    ).start()
+    pid = proc.wait_started(15)
+    assert proc._proc is not None
+    os.kill(proc._proc.pid, 9)  # the local ssh client dies (k3desk killed, laptop asleep ...)
+    assert proc.wait(5)
+    assert "ssh" in proc.describe_exit()
+    assert not _pid_alive(pid, 3)  # the node-side wrapper saw its stdin close
+
+
+def test_tied_processes_end_with_the_thread_that_started_them(sshd: SshServer) -> None:
+    import threading
+
+    node = sshd.node("tied")
+    holder: list[RemoteProcess] = []
+
+    def starter() -> None:
+        holder.append(
+            RemoteProcess(
+                SshClient(node, known_hosts()),
+                ["sleep", "60"],
+                name="tied",
+                cwd=node.workdir,
+                tie_to_thread=True,
+            ).start()
+        )
+        holder[0].wait_started(15)
+
+    t = threading.Thread(target=starter)
+    t.start()
+    t.join()
+    pid = holder[0].remote_pid
+    assert pid is not None
+    assert holder[0].wait(5)  # the kernel killed ssh when its thread ended ...
+    assert not _pid_alive(pid, 3)  # ... and the program on the node went with it
+
+
 def test_a_missing_program_is_named(sshd: SshServer) -> None:
     node = sshd.node("nf")
     proc = RemoteProcess(
