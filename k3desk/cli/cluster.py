@@ -83,7 +83,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pr.add_argument("--tier", help="check each node's copy of this tier (catalog id)")
     pr.add_argument("--engine", choices=("sparkinfer", "rpc"), help="also plan for this engine")
     pr.add_argument("--ctx", type=int, default=8192, help="context for the plan (default 8192)")
-    pr.add_argument("--sha256", action="store_true", help="hash the files (slow) when published")
+    pr.add_argument(
+        "--hashes-from",
+        type=Path,
+        metavar="DIR",
+        help="check sizes (and with --sha256, hashes) against this machine's download of the "
+        "tier in DIR",
+    )
+    pr.add_argument("--sha256", action="store_true", help="hash the files (slow) when known")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(handler=run_probe)
 
@@ -296,6 +303,16 @@ def run_probe(args: argparse.Namespace, services: Services) -> int:
     if args.engine == "sparkinfer" and tier is None:
         tier = _tier(services, SPARKINFER_TIER)
     spec = ShardSetSpec.from_tier(tier) if tier is not None else None
+    if args.hashes_from is not None:
+        if spec is None:
+            raise ClusterError("--hashes-from needs --tier (which files to compare).")
+        spec = spec.with_download_record(args.hashes_from)
+    if args.sha256 and (spec is None or not spec.sha256):
+        print(
+            "note: no published sha256 to compare with (use --hashes-from DIR); "
+            "checking headers and sizes only.",
+            file=sys.stderr,
+        )
     reports = probe_cluster(
         cluster,
         store.known_hosts,

@@ -65,6 +65,36 @@ class ShardSetSpec:
     def first(self) -> str:
         return self.names[0]
 
+    def with_download_record(self, download_dir: Path) -> ShardSetSpec:
+        """Per-file sizes and sha256 from this machine's download of the same files.
+
+        ``k3desk download`` records what the Hub published (sizes, and the sha256 of
+        every LFS file, pinned to one commit) in ``<dir>/.k3desk/state.json``; the
+        nodes' copies are then checked against exactly that.
+        """
+        from k3desk.core.hub.state import TargetState
+
+        state = TargetState(download_dir)
+        if state.load_error:
+            raise ClusterError(state.load_error)
+        sizes: dict[str, int] = {}
+        hashes: dict[str, str] = {}
+        for path, rec in state.files.items():
+            name = Path(path).name
+            if name in self.names:
+                sizes[name] = rec.size
+                if rec.sha256:
+                    hashes[name] = rec.sha256
+        missing = [n for n in self.names if n not in sizes]
+        if missing:
+            raise ClusterError(
+                f"{download_dir} has no download record for {', '.join(missing[:3])}"
+                + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+                + ".",
+                "Point it at the folder `k3desk download` wrote this tier into.",
+            )
+        return replace(self, sizes=sizes, sha256=hashes)
+
     def to_wire(self, check_sha256: bool) -> dict[str, Any]:
         return {
             "names": list(self.names),

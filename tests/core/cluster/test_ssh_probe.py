@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from k3desk.core.cluster.nodes import Cluster, ClusterStore
+from k3desk.core.cluster.nodes import Cluster, ClusterError, ClusterStore
 from k3desk.core.cluster.probe import ShardSetSpec, probe_cluster, probe_node
 from k3desk.core.cluster.ssh import RemoteProcess, SshClient, SshError
 from k3desk.core.paths import default_paths
@@ -298,3 +298,35 @@ def test_unreachable_nodes_do_not_hide_the_others(sshd: SshServer) -> None:
     reports = probe_cluster(Cluster("mixed", (good, down)), known_hosts(), connect_timeout=3)
     assert [r.ok for r in reports] == [True, False]
     assert "connection refused" in reports[1].error
+
+
+def test_copies_are_checked_against_this_machines_download_record(sshd: SshServer) -> None:
+    import hashlib
+
+    from k3desk.core.hub.model import RemoteFile
+    from k3desk.core.hub.state import TargetState
+
+    names = [f"K3-Test-{i:05d}-of-00002.gguf" for i in range(1, 3)]
+    local = sshd.root / "local-download"
+    files = _write_set(local / "UD-IQ1_S", names)
+    remote_files = tuple(
+        RemoteFile(f"UD-IQ1_S/{p.name}", p.stat().st_size,
+                   hashlib.sha256(p.read_bytes()).hexdigest(), "0" * 40)
+        for p in files
+    )  # fmt: skip
+    TargetState(local).record_listing("k", "someone/K3", "c0ffee", "https://hub", remote_files)
+    spec = ShardSetSpec(tuple(names)).with_download_record(local)
+    assert spec.sizes == {p.name: p.stat().st_size for p in files}
+    node = sshd.node("record")
+    node_files = _write_set(Path(node.model_path), names)
+    ok = probe_node(node, known_hosts(), spec=spec, check_sha256=True)
+    assert ok.copy is not None
+    assert ok.copy.complete
+    assert ok.copy.sha256_checked
+    with node_files[0].open("ab") as f:
+        f.write(b"\0" * 8)  # a different file of the same shape
+    bad = probe_node(node, known_hosts(), spec=spec, check_sha256=False)
+    assert bad.copy is not None
+    assert "the publisher lists" in bad.copy.problems[0]
+    with pytest.raises(ClusterError, match="has no download record for"):
+        ShardSetSpec(("Other-00001-of-00001.gguf",)).with_download_record(local)
