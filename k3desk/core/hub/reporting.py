@@ -23,9 +23,10 @@ class Rate:
 
     def add(self, n: int, now: float) -> None:
         self._total += n
-        self._samples.append((now, self._total))
-        while len(self._samples) > 2 and now - self._samples[0][0] > WINDOW:
-            self._samples.popleft()
+        if now - self._samples[-1][0] >= 0.1:  # a sample per 0.1 s is plenty
+            self._samples.append((now, self._total))
+            while len(self._samples) > 2 and now - self._samples[0][0] > WINDOW:
+                self._samples.popleft()
 
     def speed(self, now: float) -> float:
         t0, b0 = self._samples[0]
@@ -61,11 +62,15 @@ class Overall:
         self._rate = Rate()
         self._lock = threading.Lock()
 
-    def add(self, n: int, now: float) -> tuple[int, float]:
+    def add(self, n: int, now: float) -> int:
         with self._lock:
             self.done += n
             self._rate.add(n, now)
-            return self.done, self._rate.speed(now)
+            return self.done
+
+    def speed(self, now: float) -> float:
+        with self._lock:
+            return self._rate.speed(now)
 
 
 class FileTask:
@@ -139,12 +144,13 @@ class FileTask:
         self._rate.add(n, now)
         if network:
             self.fetched += n
-            overall_done, overall_speed = self.overall.add(n, now)
+            overall_done = self.overall.add(n, now)
         else:
-            overall_done, overall_speed = self.overall.done, 0.0
+            overall_done = self.overall.done
         if now - self._last_emit >= self.interval or self.done >= self.size:
             self._last_emit = now
             speed = self._rate.speed(now)
+            overall_speed = self.overall.speed(now) if network else 0.0
             self.events.emit(
                 FileProgress(
                     path=self.path,

@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,29 @@ from k3desk.core.hub.model import RemoteFile
 
 DIRNAME = ".k3desk"
 FORMAT = 1
+# How long an OS may keep written data only in memory before writing it back
+# (Linux: dirty_expire 30 s by default, laptop mode up to 10 min).  Data written
+# this long before a crash or reboot is on disk even without an fsync.
+FLUSH_GRACE = 600.0
+
+
+def boot_time() -> float:
+    import psutil
+
+    return float(psutil.boot_time())
+
+
+def survived(written_at: float | None) -> bool:
+    """Can data written at ``written_at`` (epoch seconds), without fsync, be trusted now?
+
+    Yes if it was written since this boot (a killed process loses nothing the
+    kernel already has), or long enough before the last boot to have been
+    written back.  Files finished shortly before a crash are re-checked.
+    """
+    if written_at is None:
+        return False
+    booted = boot_time()
+    return written_at >= booted or written_at + FLUSH_GRACE <= booted
 
 
 def meta_dir(target: Path) -> Path:
@@ -62,6 +86,7 @@ class FileRecord:
     git_sha1: str
     verified_size: int | None = None
     verified_mtime_ns: int | None = None
+    verified_at: float | None = None  # epoch seconds
 
 
 class TargetState:
@@ -97,6 +122,7 @@ class TargetState:
                     git_sha1=str(rec.get("git_sha1") or ""),
                     verified_size=rec.get("verified_size"),
                     verified_mtime_ns=rec.get("verified_mtime_ns"),
+                    verified_at=rec.get("verified_at"),
                 )
             except (KeyError, TypeError, ValueError):
                 continue
@@ -117,6 +143,7 @@ class TargetState:
                     "git_sha1": r.git_sha1,
                     "verified_size": r.verified_size,
                     "verified_mtime_ns": r.verified_mtime_ns,
+                    "verified_at": r.verified_at,
                 }
                 for p, r in sorted(self.files.items())
             },
@@ -149,11 +176,16 @@ class TargetState:
                     git_sha1=f.git_sha1,
                     verified_size=old.verified_size if same and old else None,
                     verified_mtime_ns=old.verified_mtime_ns if same and old else None,
+                    verified_at=old.verified_at if same and old else None,
                 )
             self._save_locked()
 
     def is_trusted(self, f: RemoteFile) -> bool:
-        """True when ``f`` was verified before and its size and mtime have not changed."""
+        """True when ``f`` was verified before and its size and mtime have not changed.
+
+        Finished files are not fsync'ed (that would make every download wait for
+        the disk); a file verified just before a crash is re-hashed instead.
+        """
         with self._lock:
             rec = self.files.get(f.path)
         if rec is None or rec.verified_mtime_ns is None:
@@ -164,7 +196,8 @@ class TargetState:
             st = (self.target / f.path).stat()
         except OSError:
             return False
-        return st.st_size == f.size == rec.verified_size and st.st_mtime_ns == rec.verified_mtime_ns
+        unchanged = st.st_size == f.size == rec.verified_size
+        return unchanged and st.st_mtime_ns == rec.verified_mtime_ns and survived(rec.verified_at)
 
     def mark_verified(self, f: RemoteFile, repo: str, revision: str) -> None:
         st = (self.target / f.path).stat()
@@ -177,6 +210,7 @@ class TargetState:
                 git_sha1=f.git_sha1,
                 verified_size=st.st_size,
                 verified_mtime_ns=st.st_mtime_ns,
+                verified_at=time.time(),
             )
             self._save_locked()
 
@@ -214,7 +248,12 @@ class Partial:
         )
 
     def resumable_bytes(self) -> int:
-        """Bytes that can be kept: the durable checkpoint, if the partial is for this file."""
+        """Bytes of the partial that can be kept.
+
+        Everything on disk if it was written since this boot (a killed process
+        loses nothing the kernel already has); after a reboot, only the last
+        fsync'ed checkpoint (``durable``).
+        """
         try:
             raw = json.loads(self.sidecar.read_text(encoding="utf-8"))
             size = self.data.stat().st_size
@@ -225,6 +264,9 @@ class Partial:
         durable = raw.get("durable")
         if not isinstance(durable, int) or durable < 0:
             return 0
+        boot = raw.get("boot")
+        if isinstance(boot, int | float) and abs(boot - boot_time()) < 5:
+            return min(size, self.file.size)
         return min(durable, size, self.file.size)
 
     def prepare(self) -> int:
@@ -256,6 +298,7 @@ class Partial:
                 "size": self.file.size,
                 "sha256": self.file.sha256,
                 "git_sha1": self.file.git_sha1,
+                "boot": round(boot_time()),
             },
             sort_keys=True,
         )

@@ -62,6 +62,63 @@ class Offsets:
     durable: int = 0  # bytes recorded in the sidecar after fsync
 
 
+class Checkpointer:
+    """Makes a partial file durable in the background: fsync, then record the offset.
+
+    The transfer asks for a checkpoint every ``checkpoint_bytes`` and carries
+    on; a helper thread does the fsync (which waits for the disk) and rewrites
+    the sidecar, so write-back never stalls the network stream.  A checkpoint
+    asked for while one is running is folded into the next one.
+    """
+
+    def __init__(self, partial: Partial, fd: int, offsets: Offsets) -> None:
+        self._partial = partial
+        self._fd = os.dup(fd)
+        self._offsets = offsets
+        self._lock = threading.Lock()
+        self._want = offsets.durable
+        self._thread: threading.Thread | None = None
+
+    def request(self, offset: int) -> None:
+        with self._lock:
+            self._want = max(self._want, offset)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"checkpoint:{self._partial.file.path}", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                target = self._want
+                if target <= self._offsets.durable:
+                    self._thread = None
+                    return
+            try:
+                os.fsync(self._fd)
+                self._partial.checkpoint(target)
+            except OSError:
+                with self._lock:  # the disk is in trouble: the writer will find out
+                    self._thread = None
+                return
+            self._offsets.durable = target
+
+    def settle(self, final: int | None = None) -> None:
+        """Wait for the helper; with ``final``, make that many bytes durable now."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        if final is not None and final != self._offsets.durable:
+            os.fsync(self._fd)
+            self._partial.checkpoint(final)
+            self._offsets.durable = final
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 class FileChanged(HubError):
     """The server's idea of a file differs from the pinned listing."""
 
@@ -118,11 +175,13 @@ def http_attempt(
     timeout = httpx2.Timeout(ctx.options.timeout, read=ctx.options.stall_seconds + 5.0)
 
     fd = os.open(partial.data, os.O_WRONLY)
+    durable = Checkpointer(partial, fd, offsets)
     try:
         with get_session().stream("GET", meta.location, headers=headers, timeout=timeout) as r:
             hf_raise_for_status(r)
             if offsets.written > 0 and r.status_code == 200:
                 # the server ignored Range: start over from byte 0
+                durable.settle()
                 offsets.written = offsets.durable = 0
                 os.ftruncate(fd, 0)
                 partial.checkpoint(0)
@@ -142,31 +201,39 @@ def http_attempt(
             task.attach(sock=sock, closer=None if sock is not None else r.close)
             ctx.cancel.raise_if_cancelled()
             step = ctx.options.checkpoint_bytes
+            asked = offsets.durable
+            # no checkpoint in a file's last half-step: it is about to be complete anyway
+            last = f.size - step // 2
+            cancel = ctx.cancel
             # as the socket delivers it (<= 64 KiB): little is ever held only in memory
             for chunk in r.iter_bytes():
-                if ctx.cancel.cancelled:
+                if cancel.cancelled:
                     raise Cancelled()
-                view = memoryview(chunk)
-                if offsets.written + len(view) > f.size:
+                n = len(chunk)
+                at = offsets.written
+                if at + n > f.size:
                     raise ShortRead(f"the server sent more than {f.size:,} bytes")
-                _write_all(fd, view)
-                hasher.feed(view, offsets.written)
-                offsets.written += len(view)
-                task.add(len(view))
-                if offsets.written - offsets.durable >= step:
-                    os.fsync(fd)
-                    partial.checkpoint(offsets.written)
-                    offsets.durable = offsets.written
+                _write_all(fd, memoryview(chunk))
+                hasher.feed(chunk, at)
+                offsets.written = at + n
+                task.add(n)
+                if at + n - asked >= step and at + n < last:
+                    asked = at + n
+                    durable.request(asked)
             if offsets.written != f.size:
                 raise ShortRead(f"the connection ended at byte {offsets.written:,} of {f.size:,}")
-    finally:
-        task.detach()
+    except BaseException:
         # keep everything that arrived: a pause or a retry resumes from here
         with contextlib.suppress(OSError):
-            if offsets.written != offsets.durable:
-                os.fsync(fd)
-                partial.checkpoint(offsets.written)
-                offsets.durable = offsets.written
+            durable.settle(final=offsets.written)
+        raise
+    else:
+        # complete: no fsync here (see TargetState.is_trusted); just let a running
+        # checkpoint finish before the caller removes the sidecar
+        durable.settle()
+    finally:
+        task.detach()
+        durable.close()
         os.close(fd)
 
 
