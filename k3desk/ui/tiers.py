@@ -44,7 +44,10 @@ def quality_text(tv: TierVerdict) -> tuple[str, str]:
     tip = "\n".join(f"{f.metric}: {f.value} ({f.conditions})" for f in t.quality)
     if t.quality_caveat:
         tip += f"\n\nCaveat: {t.quality_caveat}"
-    return f"{q.metric} {q.value}", tip
+    text = f"{q.metric} {q.value}"
+    if len(text) > 34:
+        text = text[:33].rstrip() + "…"
+    return text + (" *" if t.quality_caveat else ""), tip
 
 
 class TierTable(QTableWidget):

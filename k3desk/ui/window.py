@@ -127,6 +127,9 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.status_tasks)
         self.statusBar().addPermanentWidget(self.status_engine)
         ctx.tasks.busy_changed.connect(self._busy)
+        engine = ctx.controller("engine")
+        engine.state_changed.connect(lambda _s, _m: self.set_engine_status(engine.state_text()))
+        self.set_engine_status(engine.state_text())
 
         self.sidebar.currentRowChanged.connect(self._row_changed)
         for i, spec in enumerate(PAGES):

@@ -12,12 +12,19 @@ REPO = Path(__file__).resolve().parents[2]
 CODE = """
 import sys
 import k3desk.ui  # applies the guard when the installed PySide6 needs it
+from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QApplication, QLabel
+class Flag(QObject):
+    changed = Signal(bool)
 app = QApplication([])
 label = QLabel()
+flag = Flag()
+flag.changed.connect(lambda v: None)
 for i in range(300_000):
     label.setText("x")
-del label, app
+    flag.changed.emit(True)
+    flag.changed.emit(False)
+del label, flag, app
 print("survived")
 """
 

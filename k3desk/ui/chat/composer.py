@@ -166,7 +166,7 @@ class Composer(QFrame):
         outer.addWidget(self.strip)
         self.edit = ComposerEdit()
         self.edit.setMinimumHeight(44)
-        self.edit.setMaximumHeight(96)
+        self.edit.setMaximumHeight(80)
         self.edit.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Maximum)
         outer.addWidget(self.edit)
         row = QHBoxLayout()

@@ -327,12 +327,21 @@ class EnginePanel(QWidget):
                 text = r.error or (r.probe.verdict(hw) if r.probe else "")
                 item = QTableWidgetItem(text)
                 item.setToolTip("\n".join(r.probe.problems(hw)) if r.probe else r.error)
+                c = theme.current()
                 ok = r.probe is not None and r.probe.usable
-                item.setForeground(QColor(theme.current().ok if ok else theme.current().danger))
+                gpu_gap = r.probe is not None and bool(r.probe.gpu_problems(hw))
+                color = c.danger if not ok else c.warn if gpu_gap else c.ok
+                item.setForeground(QColor(color))
+                for col in (0, 1):
+                    cell = self.engines.item(i, col)
+                    if cell is not None:
+                        cell.setToolTip(cell.text())
                 self.engines.setItem(i, 2, item)
             usable = self.usable()
             self.engines_note.setText(
-                "Ready: an engine that loads Kimi-K3 is installed."
+                "Ready: an engine that loads Kimi-K3 and uses the GPUs is installed."
+                if self.fully_usable()
+                else "An engine loads Kimi-K3 but leaves GPUs unused: build one for them."
                 if usable
                 else "No engine here can run Kimi-K3 yet: build one (about 7 minutes on 2 cores)."
                 if rows
@@ -344,6 +353,14 @@ class EnginePanel(QWidget):
 
     def usable(self) -> bool:
         return any(r.probe is not None and r.probe.usable for r in self.rows)
+
+    def fully_usable(self) -> bool:
+        """An engine that loads Kimi-K3 and uses every GPU of the machine."""
+        hw = self.ctx.controller("hardware").profile
+        return any(
+            r.probe is not None and r.probe.usable and not r.probe.gpu_problems(hw)
+            for r in self.rows
+        )
 
     def build_engine(self) -> None:
         from k3desk.core.engines.install import (
@@ -454,8 +471,8 @@ class EnginePanel(QWidget):
         if not building:
             set_enabled(
                 self.build,
-                not self.usable() or not self.rows,
-                "An engine that can run Kimi-K3 is already installed.",
+                not self.fully_usable() or not self.rows,
+                "An engine that runs Kimi-K3 on this machine is already installed.",
                 "Build llama.cpp for this machine (CPU flags and CUDA architectures)",
             )
 

@@ -183,16 +183,20 @@ class TiersPage(_Page):
             lines.append(f"<p><i>Not recommended: {tv.why_not}</i></p>")
         if tv.plan is not None and tv.plan.notes:
             lines.append("<ul>" + "".join(f"<li>{n}</li>" for n in tv.plan.notes[:4]) + "</ul>")
+        if not t.known:
+            lines.append(
+                "<p><b>The card lists this tier without its exact files and sizes:</b> "
+                "the download takes whatever its patterns match and checks what it can.</p>"
+            )
         if t.quality_caveat:
-            lines.append(f"<p>Quality figures: {t.quality_caveat}</p>")
+            lines.append(f"<p>Quality figures (*): {t.quality_caveat}</p>")
         if t.caveats:
             lines.append("<p>" + " ".join(t.caveats[:2]) + "</p>")
         self.details.setHtml("".join(lines))
         self.completeChanged.emit()
 
     def isComplete(self) -> bool:
-        tv = self.table.current()
-        return tv is not None and tv.tier.known
+        return self.table.current() is not None
 
 
 class WherePage(_Page):

@@ -1,0 +1,248 @@
+"""Save screenshots of the wizard pages, the Engine page and a chat with an image and reasoning.
+
+    python scripts/screenshots.py [--out docs/screenshots] [--hardware FILE]
+
+Runs the real app on a real X display: under ``xvfb-run`` or any $DISPLAY; without
+one it starts ``Xvfb :87`` itself (apt-get install xvfb libxcb-cursor0 ...).  It
+uses a throw-away K3DESK_HOME, the tiny Kimi-K3 served by the real llama-server
+for the chat and engine pictures, and the local Hub stand-in from the test suite
+for the download page.  The chat's text is written into the history directly (the
+tiny model's random weights only produce gibberish); everything else is live.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+CHAT_QUESTION = "What is on this chart, and which tier should I pick for 8x H100?"
+CHAT_REASONING = (
+    "The picture shows two bars: the tier's VRAM need against the machine's VRAM.\n"
+    "With 8x H100 (640 GB VRAM) and 2 TB RAM, the planner keeps attention on the GPUs "
+    "and moves the experts of some layers to RAM. Q3_K_S fits as a hybrid."
+)
+CHAT_ANSWER = """The chart compares **what each tier needs** with **what your machine has**:
+
+- the violet bar is VRAM, the teal one RAM, the amber one disk;
+- a bar drawn in red means the tier does not fit on that resource.
+
+For 8x H100 + 2 TB RAM the best fit is **Q3_K_S (AtomicChat)** as a *hybrid* plan:
+
+| Tier | Verdict | Expected speed |
+|---|---|---|
+| Q3_K_S | hybrid, 46 expert layers on CPU | ~13 tok/s |
+| IQ1_S (GrEarl) | everything on the GPUs | ~26 tok/s |
+
+To start it from a terminal:
+
+```bash
+k3desk serve models/atomicchat-q3ks/Kimi-K3-Q3_K_S-00001-of-00027.gguf --ctx 8192
+```
+"""
+
+
+def ensure_display() -> subprocess.Popen[bytes] | None:
+    if os.environ.get("DISPLAY"):
+        return None
+    xvfb = shutil.which("Xvfb")
+    if xvfb is None:
+        sys.exit("No $DISPLAY and no Xvfb: apt-get install xvfb (see the module docstring).")
+    proc = subprocess.Popen([xvfb, ":87", "-screen", "0", "1600x1000x24", "-nolisten", "tcp"])
+    os.environ["DISPLAY"] = ":87"
+    time.sleep(1.0)
+    return proc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots")
+    ap.add_argument("--hardware", type=Path, default=REPO / "resources/hardware/8xH100-2TB.json")
+    ap.add_argument("--theme", default="light", choices=("light", "dark", "system"))
+    args = ap.parse_args()
+    xvfb = ensure_display()
+    os.environ.setdefault("QT_QPA_PLATFORM", "xcb")
+    home = Path(tempfile.mkdtemp(prefix="k3shots-"))
+    os.environ["K3DESK_HOME"] = str(home)
+    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    try:
+        return shoot(args, home)
+    finally:
+        if xvfb is not None:
+            xvfb.terminate()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def shoot(args: argparse.Namespace, home: Path) -> int:
+    from PySide6.QtCore import QEventLoop, QTimer
+    from PySide6.QtGui import QColor, QImage, QPainter
+    from PySide6.QtWidgets import QApplication, QWidget
+
+    from k3desk.app import Services
+    from k3desk.core.chat.history import HistoryStore
+    from k3desk.core.chat.images import prepare_image
+    from k3desk.core.chat.model import Timings, Usage
+    from k3desk.core.engines.discovery import find_llama_server
+    from k3desk.core.engines.supervisor import LaunchSpec
+    from k3desk.devtools.tinyk3 import write_tiny_k3
+    from k3desk.ui.chat.composer import image_to_png
+    from k3desk.ui.engine.controller import LaunchRequest
+    from k3desk.ui.main import build_window, create_context, parse_args
+    from k3desk.ui.settings import Settings
+
+    app = QApplication([sys.argv[0]])
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    services = Services()
+    services.paths.ensure()
+    ctx = create_context(services, app)
+    ctx.save_settings(Settings(theme=args.theme, wizard_done=True, download_workers=3))
+    ctx.reporter.show_dialogs = False
+
+    def wait(ms: int) -> None:
+        loop = QEventLoop()
+        QTimer.singleShot(ms, loop.quit)
+        loop.exec()
+
+    def until(cond: object, timeout: float = 60.0) -> None:
+        end = time.monotonic() + timeout
+        while not cond() and time.monotonic() < end:  # type: ignore[operator]
+            wait(50)
+
+    def save(widget: QWidget, name: str) -> None:
+        wait(300)
+        path = out / name
+        widget.grab().save(str(path))
+        print(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
+
+    window = build_window(ctx, parse_args(["--hardware", str(args.hardware)]))
+    window.resize(1280, 800)
+    window.show()
+
+    # ---- wizard
+    wiz = window.open_wizard()
+    hw = ctx.controller("hardware")
+    until(lambda: hw.recommendation is not None)
+    save(wiz, "wizard-1-machine.png")
+    wiz.next()
+    save(wiz, "wizard-2-tiers.png")
+    wiz.tiers.table.select_tier(hw.recommendation.best.tier.id)
+    wiz.next()
+    until(lambda: bool(wiz.where.free.text()))
+    save(wiz, "wizard-3-where.png")
+
+    # download from the local Hub stand-in, paused part-way
+    from tests.fixtures.hub import TIER_PATTERNS, manifest_for, tier_files
+    from tests.hubserver import HubServer
+
+    with HubServer() as hub:
+        files = tier_files(shard_size=3_000_000)
+        files["manifest.json"] = manifest_for(files)
+        hub.add_repo("tester/Kimi-K3-Tiny-GGUF", files)
+        hub.throttle_bps = 6_000_000
+        from k3desk.core.hub.model import DownloadRequest
+
+        dl = ctx.controller("downloads")
+        dl.endpoint = hub.endpoint
+        wiz.next()
+        req = DownloadRequest(
+            repo="tester/Kimi-K3-Tiny-GGUF", allow_patterns=TIER_PATTERNS, label="tiny-iq1s"
+        )
+        dl.start(req, home / "models" / "tiny")
+        until(lambda: dl.state is not None and dl.state.fraction > 0.45)
+        save(wiz, "wizard-4-download.png")
+        dl.pause()
+        until(lambda: not dl.running)
+
+    # engine: the tiny model with its projector, served by the real llama-server
+    model = write_tiny_k3(home / "tiny", shards=3, mmproj=True)
+    wiz.next()
+    wiz.engine.panel.shard.setText(str(model.first_part))
+    wiz.engine.panel.mmproj.setText(str(model.mmproj))
+    until(lambda: bool(wiz.engine.panel.rows), 120)
+    save(wiz, "wizard-5-engine.png")
+    wiz.reject()
+
+    exe = find_llama_server(services.paths)
+    engine = ctx.controller("engine")
+    if exe is not None:
+        spec = LaunchSpec(
+            exe,
+            (
+                "-m",
+                str(model.first_part),
+                "--mmproj",
+                str(model.mmproj),
+                "-c",
+                "4096",
+                "--jinja",
+                "-ngl",
+                "0",
+            ),
+            ready_timeout=60,
+        )
+        engine.launch(LaunchRequest(spec, model_name=model.name, vision=True))
+        until(lambda: engine.ready, 60)
+    window.show_page("engine")
+    page = window.page("engine")
+    page.tabs.setCurrentIndex(1)
+    save(window, "engine.png")
+    window.show_page("models")
+    until(lambda: window.page("models").table.rowCount() > 0)
+    save(window, "models.png")
+
+    # chat with an image and reasoning
+    store = HistoryStore(services.paths.history_db)
+    chart = QImage(320, 200, QImage.Format.Format_RGB32)
+    chart.fill(QColor("#ffffff"))
+    p = QPainter(chart)
+    for i, (need, color) in enumerate(((0.72, "#7c3aed"), (0.55, "#0d9488"), (0.9, "#d97706"))):
+        p.fillRect(20, 30 + i * 55, 280, 30, QColor("#e5e7eb"))
+        p.fillRect(20, 30 + i * 55, int(280 * need), 30, QColor(color))
+    p.end()
+    img = prepare_image(image_to_png(chart), name="fit-chart.png")
+    conv = store.create_conversation("Which tier for 8x H100?")
+    store.create_conversation("Summarise the K3 model cards")
+    store.create_conversation("Explain --n-cpu-moe")
+    conv_id = conv.id
+    store.add_message(conv_id, "user", CHAT_QUESTION, images=[img])
+    store.add_message(
+        conv_id,
+        "assistant",
+        CHAT_ANSWER,
+        reasoning=CHAT_REASONING,
+        usage=Usage(412, 268, 680),
+        timings=Timings(412, 350.0, 268, 19800.0, 13.5),
+    )
+    store.close()
+    window.show_page("chat")
+    chat = window.page("chat")
+    chat.chat.refresh_list()
+    until(lambda: chat.list.count() >= 3)
+    for i in range(chat.list.count()):
+        if chat.list.item(i).data(256) == conv_id:
+            chat.list.setCurrentRow(i)
+    until(lambda: len(chat.view.messages()) == 2)
+    chat.chat.last_tps, chat.chat.last_context = 13.5, (680, 8192)
+    chat._update_status()
+    answer = chat.view.messages()[-1]
+    chat.view.toggle_reasoning(answer.id)
+    chat.view.verticalScrollBar().setValue(0)
+    save(window, "chat.png")
+
+    engine.close()
+    ctx.close()
+    ctx.tasks.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
