@@ -198,6 +198,8 @@ class GroupSupervisor:
                 return
             if not self._fault.is_set():
                 self._fault_reason = reason
+            self._endpoint = None  # broken from now on, before the monitor even wakes
+        self._ready.clear()
         self._fault.set()
 
     def _phase(self, message: str, done: int, total: int, detail: str = "") -> None:
