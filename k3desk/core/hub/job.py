@@ -111,6 +111,11 @@ class DownloadJob:
         self._discard = True
         self._user_cancel.cancel()
 
+    @property
+    def discarding(self) -> bool:
+        """True after :meth:`cancel` (partials deleted), False after a pause."""
+        return self._discard
+
     # ------------------------------------------------------------ helpers
     def _emit(self, event: DownloadEvent) -> None:
         self._events.emit(event)

@@ -317,7 +317,8 @@ class Partial:
         try:
             if os.fstat(fd).st_size != len(text):
                 os.ftruncate(fd, 0)
-            os.pwrite(fd, text, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, text)  # < 1 KiB: one write, within one disk block
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -555,3 +555,27 @@ def test_checkpoints_are_made_while_the_transfer_runs(tier_repo: TierRepo, tmp_p
     assert max(seen) >= 512 * 1024  # durable advanced in the background, mid-file
     assert seen == sorted(seen)
     assert not sidecar.exists()
+
+
+def test_token_never_reaches_logs_or_events_even_at_debug_level(
+    tier_repo: TierRepo, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    secret = "hf_DebugLoggingMustNotShowThis987654321"
+    hub = tier_repo.hub
+    hub.valid_tokens.add(secret)
+    hub.add_repo(TIER_REPO, tier_repo.files, private=True, allowed_tokens={secret})
+    caplog.set_level(logging.DEBUG)
+    for name in ("huggingface_hub", "httpx2", "httpcore2", "k3desk"):
+        logging.getLogger(name).setLevel(logging.DEBUG)
+    rec = Recorder()
+    try:
+        DownloadJob(tier_repo.request(), tmp_path, options(hub, token=secret), rec).run()
+    finally:
+        for name in ("huggingface_hub", "httpx2", "httpcore2", "k3desk"):
+            logging.getLogger(name).setLevel(logging.NOTSET)
+    assert caplog.records, "debug logging was on"
+    assert secret not in caplog.text
+    assert secret not in repr(rec.events)
+    assert all(h.token == secret for h in hub.hits if h.server == "hub" and "/api/" in h.path)
