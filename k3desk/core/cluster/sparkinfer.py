@@ -26,13 +26,14 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 import httpx
 
 from k3desk.core.chat.client import ChatEndpoint
+from k3desk.core.chat.model import ChatSettings
 from k3desk.core.cluster.group import (
     EventCallback,
     GroupPolicy,
@@ -155,6 +156,12 @@ def bridge_argv(config: SparkInferConfig) -> list[str]:
         "model": config.model_name,
     }
     return [a.format(**values) for a in config.bridge_argv]
+
+
+def bridge_settings(settings: ChatSettings) -> ChatSettings:
+    """Chat settings for the recipe's bridge, which reads a top-level ``"thinking"`` flag
+    (not the chat template's ``chat_template_kwargs``) and answers greedily."""
+    return replace(settings, extra_body={**settings.extra_body, "thinking": settings.thinking})
 
 
 def describe_launch(config: SparkInferConfig) -> list[tuple[str, str]]:

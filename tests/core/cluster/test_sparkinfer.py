@@ -21,6 +21,7 @@ from k3desk.core.cluster.sparkinfer import (
     GEOMETRY_ERROR,
     SparkInferCluster,
     SparkInferConfig,
+    bridge_settings,
     check_sparkinfer,
     describe_launch,
     explain_card_command,
@@ -197,8 +198,15 @@ def test_start_chat_worker_death_restart_and_stop(sshd: SshServer) -> None:
             )
         assert "hello over three sparks" in result.text
         assert result.model == "kimi-k3-neuron"
+        assert result.reasoning == ""
+        with ChatClient(ep) as client:  # the bridge wants a top-level "thinking" flag
+            thought = client.chat(
+                [ChatMessage("user", "think first")], bridge_settings(ChatSettings(thinking=True))
+            )
+        assert thought.reasoning.startswith("The user wrote")
+        assert "think first" in thought.text
         deadline = time.monotonic() + 5
-        while not sup.stats and time.monotonic() < deadline:
+        while len(sup.stats) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert sup.stats[-1].generated_tokens > 0
         assert sup.stats[-1].decode_tokens_per_s > 0
