@@ -69,7 +69,7 @@ class TierTable(QTableWidget):
         self.setWordWrap(False)
         h = self.horizontalHeader()
         h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        h.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        h.setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
         self.verdicts: list[TierVerdict] = []
         self.recommended: TierVerdict | None = None
         self.itemSelectionChanged.connect(self._selected)
