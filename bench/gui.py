@@ -68,7 +68,8 @@ def cold_start(home: Path) -> dict[str, float]:
             env=env,
             cwd=REPO,
         )
-        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout is not None
+        assert proc.stdin is not None
         ready: dict[str, Any] = {}
         for line in proc.stdout:
             if line.startswith("{"):
@@ -179,7 +180,8 @@ def in_process(home: Path, rate: float) -> dict[str, float]:
         frames.append(t.nsecsElapsed() / 1e6)
 
     buf.batch.connect(on_batch)
-    words = ["The", "planner", "keeps", "attention", "on", "the", "GPUs", "and", "moves", "expert", "layers", "to", "RAM", "when", "VRAM", "runs", "out;"]
+    sentence = "The planner keeps attention on the GPUs and moves expert layers to RAM; "
+    words = sentence.split(" ")
     n_tokens = 6000
     done = threading.Event()
 
