@@ -1,0 +1,83 @@
+"""The Engine page launches the tiny Kimi-K3 through probe, validation, planning and the
+supervisor, and shows its state, plan, memory, log, attempts and API."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from PySide6.QtWidgets import QApplication
+
+from k3desk.ui.engine.page import EnginePage
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+def test_launch_plan_log_attempts_api_and_restart_after_a_crash(  # type: ignore[no-untyped-def]
+    ctx, qtbot, llama_server, tiny_k3, hardware_file
+) -> None:
+    ctx.update_settings(engine_binary=str(llama_server), ctx=2048)
+    ctx.controller("hardware").load_file(hardware_file("no-gpu-laptop-32GB"))
+    qtbot.waitUntil(lambda: ctx.controller("hardware").profile is not None, timeout=30_000)
+    page = EnginePage(ctx)
+    qtbot.addWidget(page)
+    page.resize(1280, 900)
+    page.show()
+    page.activated()
+    qtbot.waitUntil(lambda: bool(page.panel.rows), timeout=120_000)
+    assert page.panel.usable()
+    page.panel.shard.setText(str(tiny_k3.first_part))
+    page.panel.mmproj.setText(str(tiny_k3.mmproj))
+    assert page.panel.launch_btn.isEnabled()
+    page.panel.launch_btn.click()
+    engine = ctx.controller("engine")
+    qtbot.waitUntil(lambda: engine.ready, timeout=120_000)
+    # state, API address and key
+    assert "ready" in page.panel.state.text()
+    ep = engine.endpoint()
+    assert page.url.edit.text() == f"{ep.url}/v1"
+    assert page.key.edit.text() == ep.api_key
+    page.key.copy.click()
+    assert QApplication.clipboard().text() == ep.api_key
+    # the plan: one column per layer in the map, memory per device, argv with the shard
+    req = engine.request
+    assert req.plan is not None
+    assert req.vision
+    assert page.layer_map.plan is req.plan
+    assert len(req.plan.layers) == 6
+    assert page.memory.rowCount() == len(req.plan.devices)
+    assert str(tiny_k3.first_part) in page.argv.edit.text()
+    assert "--mmproj" in page.argv.edit.text()
+    # the live log, filtered
+    qtbot.waitUntil(lambda: "listening" in page.visible_log(), timeout=10_000)
+    page.filter.setText("listening")
+    assert all("listening" in ln.lower() for ln in page.visible_log().splitlines())
+    page.filter.setText("")
+    assert page.attempts.rowCount() == 1
+    assert not page.panel.launch_btn.isEnabled()
+    assert "already running" in page.panel.launch_btn.toolTip()
+    # kill -9: the supervisor restarts it and the attempts table shows both
+    os.kill(engine.supervisor.pid, signal.SIGKILL)
+    qtbot.waitUntil(lambda: page.attempts.rowCount() == 2 and engine.ready, timeout=120_000)
+    first = page.attempts.item(0, 4).text()
+    assert "SIGKILL" in first or "killed" in first.lower()
+    # stop
+    page.panel.stop_btn.click()
+    qtbot.waitUntil(lambda: engine.state_name() == "stopped", timeout=60_000)
+    assert page.url.edit.text() == "Not running"
+    assert page.panel.launch_btn.isEnabled()
+
+
+def test_a_missing_shard_is_refused_with_the_file_named(ctx, qtbot, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    page = EnginePage(ctx)
+    qtbot.addWidget(page)
+    missing = tmp_path / "Kimi-K3-IQ1_S-00001-of-00009.gguf"
+    page.panel.shard.setText(str(missing))
+    page.panel.launch_btn.click()
+    qtbot.waitUntil(lambda: ctx.reporter.last is not None, timeout=30_000)
+    message, hint, unexpected = ctx.reporter.last
+    assert str(missing) in message
+    assert hint
+    assert not unexpected
+    assert page.panel.launch_btn.isEnabled()
