@@ -122,6 +122,7 @@ class HubServer:
         self.page_size = page_size
         self.use_cdn = cdn
         self.throttle_bps = 0  # per connection; 0 = unlimited
+        self.api_delay = 0.0  # seconds every /api/ answer waits (an overloaded Hub)
         self.hits: list[Hit] = []
         self._lock = threading.Lock()
         self._stalls: dict[str, tuple[int, float]] = {}  # file -> (after bytes, seconds)
@@ -357,6 +358,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.command == "POST":
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
+        if path.startswith("/api/") and self.owner.api_delay:
+            self.owner._closing.wait(self.owner.api_delay)
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
         if m and self.command == "GET":
             repo = self._repo(m.group(1))

@@ -99,6 +99,7 @@ class DownloadJob:
         self._refetched: list[str] = []
         self._warnings: list[str] = []
         self._reused = 0
+        self._count_lock = threading.Lock()
         self.listing: Listing | None = None
 
     # ------------------------------------------------------------ control
@@ -139,6 +140,31 @@ class DownloadJob:
     def _dest(self, f: RemoteFile) -> Path:
         return self.target / f.path
 
+    def _count_reused(self) -> None:
+        with self._count_lock:
+            self._reused += 1
+
+    def _interruptible(self, fn: Callable[[], T]) -> T:
+        """Run a blocking Hub call (listing) so that a cancel returns at once."""
+        box: list[T] = []
+        err: list[BaseException] = []
+        finished = threading.Event()
+
+        def work() -> None:
+            try:
+                box.append(fn())
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                err.append(exc)
+            finally:
+                finished.set()
+
+        threading.Thread(target=work, name="download-listing", daemon=True).start()
+        while not finished.wait(0.1):
+            self._stop.raise_if_cancelled()
+        if err:
+            raise err[0]
+        return box[0]
+
     def _mark(self, state: TargetState, f: RemoteFile) -> None:
         assert self.listing is not None
         state.mark_verified(f, self.listing.repo, self.listing.revision)
@@ -162,7 +188,9 @@ class DownloadJob:
         opts = self.options
         endpoint = resolve_endpoint(opts.endpoint)
         self._stop.raise_if_cancelled()
-        listing = list_remote(self.request, endpoint=endpoint, token=opts.token)
+        listing = self._interruptible(
+            lambda: list_remote(self.request, endpoint=endpoint, token=opts.token)
+        )
         self.listing = listing
         self._emit(
             ListingDone(listing.repo, listing.revision, len(listing.files), listing.total_bytes)
@@ -297,6 +325,7 @@ class DownloadJob:
             first = errors[0]
             if isinstance(first, K3Error):
                 raise first
+            log.error("download failed unexpectedly", exc_info=first)
             raise hub_error(first, self._where())
         if self._stop.cancelled:
             raise Cancelled("Paused: partial files are kept; run the same download to resume.")
@@ -376,7 +405,7 @@ class DownloadJob:
             digest = expected_hash(f)[1]
             self._emit(Verified(f.path, True, "state", digest, digest))
             self._emit(FileDone(f.path, f.size, 0, 0.0, "state"))
-            self._reused += 1
+            self._count_reused()
             return
         if it.kind == "existing":
             if self._verify_in_place(f, state, overall):
@@ -418,7 +447,7 @@ class DownloadJob:
         if ok:
             self._mark(state, f)
             self._emit(FileDone(f.path, f.size, 0, time.monotonic() - t0, "existing"))
-            self._reused += 1
+            self._count_reused()
         return ok
 
     def _reuse_cached(
@@ -451,7 +480,7 @@ class DownloadJob:
         log.info("reused %s from the Hugging Face cache (%s)", f.path, how)
         self._mark(state, f)
         self._emit(FileDone(f.path, f.size, 0, time.monotonic() - t0, "hf-cache"))
-        self._reused += 1
+        self._count_reused()
         return True
 
     def _transport_for(self, f: RemoteFile, resumable: int) -> str:

@@ -579,3 +579,18 @@ def test_token_never_reaches_logs_or_events_even_at_debug_level(
     assert secret not in caplog.text
     assert secret not in repr(rec.events)
     assert all(h.token == secret for h in hub.hits if h.server == "hub" and "/api/" in h.path)
+
+
+def test_cancel_while_the_hub_is_slow_to_list_returns_at_once(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    hub = tier_repo.hub
+    hub.api_delay = 20.0
+    token = CancelToken()
+    timer = threading.Timer(0.3, token.cancel)
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(Cancelled):
+        DownloadJob(tier_repo.request(), tmp_path, options(hub), cancel=token).run()
+    assert time.monotonic() - t0 < 1.5
+    timer.join()
