@@ -155,11 +155,13 @@ def run(args: argparse.Namespace, services: Services) -> int:
     )
     out = JsonOut(sys.stdout) if args.json else TextOut(sys.stderr, sys.stdout)
     if not args.json:
-        who = f"token from {tokens.source()}" if token else "no token (anonymous)"
-        print(
-            f"Downloading {request.label or request.repo} from {request.repo} to {target} ({who})",
-            file=sys.stdout,
+        who = f"with the token from {tokens.source()}" if token else "without a token"
+        what = (
+            request.repo
+            if request.label in ("", request.repo)
+            else (f"{request.label} from {request.repo}")
         )
+        print(f"Downloading {what} to {target} ({who})", file=sys.stdout)
     job = DownloadJob(request, target, options, on_event=out.event)
     try:
         with _pause_on_signals(job.pause):
