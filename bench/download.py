@@ -9,6 +9,10 @@ and ``hf download ... --include ... --local-dir ...`` into empty folders, both
 as fresh processes (start-up included).  k3desk's time includes hashing every
 byte (SHA-256, checked against the Hub); hf's plain-HTTP path checks sizes only.
 Prints per-round wall times, the medians and the ratio (goal: <= 1.1x hf).
+
+A second table compares the libraries without process start-up: k3desk's
+``DownloadJob`` against huggingface_hub's ``snapshot_download``, alternating in
+one child process (the stand-in stays in this one).
 """
 
 from __future__ import annotations
@@ -68,12 +72,50 @@ def check(target: Path, files: dict[str, Path]) -> None:
                 sys.exit(f"{got} has the wrong size")
 
 
+def library_child(endpoint: str, rounds: int, parallel: int, work: Path) -> None:
+    """In a child process: DownloadJob vs snapshot_download, alternating; prints JSON."""
+    import json
+
+    from huggingface_hub import snapshot_download
+
+    from k3desk.core.hub.job import DownloadJob
+    from k3desk.core.hub.model import DownloadOptions, DownloadRequest
+
+    times: dict[str, list[float]] = {"k3desk": [], "hf": []}
+    for rnd in range(rounds):
+        for tool in ["k3desk", "hf"] if rnd % 2 == 0 else ["hf", "k3desk"]:
+            target = work / f"lib-{tool}-{rnd}"
+            t0 = time.perf_counter()
+            if tool == "k3desk":
+                opts = DownloadOptions(
+                    endpoint=endpoint, parallel=parallel, margin_bytes=0, use_hf_cache=False
+                )
+                DownloadJob(DownloadRequest(REPO_ID, (PATTERN,)), target, opts).run()
+            else:
+                snapshot_download(
+                    REPO_ID,
+                    allow_patterns=[PATTERN],
+                    local_dir=target,
+                    max_workers=parallel,
+                    endpoint=endpoint,
+                    token=False,
+                )
+            times[tool].append(time.perf_counter() - t0)
+            shutil.rmtree(target)
+    print(json.dumps(times))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shard-mib", type=int, default=48, help="size of each of the 9 shards")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--parallel", type=int, default=8, help="files at once (hf's default is 8)")
+    ap.add_argument("--library-child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.library_child:
+        endpoint, lib_work = args.library_child
+        library_child(endpoint, args.rounds, args.parallel, Path(lib_work))
+        return 0
 
     work = Path(tempfile.mkdtemp(prefix="k3bench-"))
     try:
@@ -121,12 +163,32 @@ def main() -> int:
                         f"({total / seconds / 2**20:6.0f} MiB/s)"
                     )
                     shutil.rmtree(target)
+            child_cmd = [
+                sys.executable, __file__, "--library-child", hub.endpoint, str(work),
+                "--rounds", str(args.rounds), "--parallel", str(args.parallel),
+            ]  # fmt: skip
+            child = subprocess.run(
+                child_cmd,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            if child.returncode != 0:
+                sys.exit(f"library comparison failed:\n{child.stderr[-2000:]}")
+            import json
+
+            lib = json.loads(child.stdout.strip().splitlines()[-1])
+        lib_k3, lib_hf = statistics.median(lib["k3desk"]), statistics.median(lib["hf"])
         k3 = statistics.median(times["k3desk"])
         hf = statistics.median(times["hf"])
         ratio = k3 / hf
         print(f"median: k3desk {k3:.2f} s (SHA-256 verified), hf download {hf:.2f} s (size only)")
         verdict = "met" if ratio <= 1.1 else "NOT met"
         print(f"ratio k3desk/hf = {ratio:.2f}x  (goal <= 1.10x): {verdict}")
+        print(
+            f"libraries, no start-up (median of {args.rounds}): DownloadJob {lib_k3:.2f} s, "
+            f"snapshot_download {lib_hf:.2f} s, ratio {lib_k3 / lib_hf:.2f}x"
+        )
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)

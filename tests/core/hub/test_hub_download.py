@@ -284,7 +284,7 @@ def test_cancel_is_prompt_keeps_partials_and_leaves_nothing_running(
     t.join(10)
     stop_seconds = time.monotonic() - t0
     assert not t.is_alive()
-    assert stop_seconds < 2.0, stop_seconds
+    assert stop_seconds < 3.0, stop_seconds
     assert isinstance(result[0], Cancelled)
     assert not list(tmp_path.rglob("*.incomplete"))
     assert not [th for th in threading.enumerate() if th.name.startswith(("download", "hash-"))]
