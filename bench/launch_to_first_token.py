@@ -45,6 +45,8 @@ REQUEST = {
     "messages": [{"role": "user", "content": "Hello! Who are you?"}],
     "max_tokens": 16,
     "stream": True,
+    "ignore_eos": True,  # random weights may pick end-of-message first
+    "seed": 42,
     "chat_template_kwargs": {"thinking": False},
 }
 

@@ -99,6 +99,9 @@ def chat(ep_url: str, headers: dict[str, str], content: object, **extra: object)
     body = {
         "messages": [{"role": "user", "content": content}],
         "max_tokens": 8,
+        # random weights may pick end-of-message first: always generate, reproducibly
+        "ignore_eos": True,
+        "seed": 42,
         "chat_template_kwargs": {"thinking": False},
         **extra,
     }
