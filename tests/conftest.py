@@ -8,7 +8,6 @@ reads or writes the real user's settings, history or keyring.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,10 +31,12 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
 @pytest.fixture(autouse=True)
-def k3_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def k3_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
     """A fresh K3DESK_HOME (and HF_HOME) for every test."""
     home = tmp_path_factory.mktemp("k3home")
     monkeypatch.setenv("K3DESK_HOME", str(home))
     monkeypatch.setenv("HF_HOME", str(home / "hf"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    yield home
+    return home
