@@ -36,7 +36,17 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_module(name: str) -> str:
+    """The sub-command a module registers: its name, with '-' for '_'."""
+    return name.rsplit(".", 1)[1].replace("_", "-")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; with ``command``, only that sub-command's module is imported.
+
+    Importing every sub-command costs a quarter of a second (numpy, httpx, ...),
+    which a scripted ``k3desk download`` or ``k3desk doctor --json`` should not pay.
+    """
     parser = argparse.ArgumentParser(
         prog="k3desk",
         description="Pick, download, launch and chat with Kimi-K3. "
@@ -44,14 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"k3desk {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    wanted = [m for m in COMMAND_MODULES if _command_module(m) == command] or COMMAND_MODULES
+    for name in wanted:
         importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: Sequence[str], services: Services) -> int:
-    parser = build_parser()
-    args = parser.parse_args(list(argv))
+    argv = list(argv)
+    parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
+    args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
