@@ -361,9 +361,12 @@ class DownloadJob:
         for task in tasks:
             task.abort("cancelled")
 
-    def _new_task(self, f: RemoteFile, overall: Overall, phase: Phase = "download") -> FileTask:
+    def _new_task(
+        self, f: RemoteFile, overall: Overall, phase: Phase = "download", counted: int = 0
+    ) -> FileTask:
+        """``counted``: bytes of ``f`` the overall total already holds (see FileTask)."""
         interval = self.options.progress_interval
-        task = FileTask(f.path, f.size, self._events, overall, interval, phase)
+        task = FileTask(f.path, f.size, self._events, overall, interval, phase, counted)
         with self._tasks_lock:
             self._tasks.add(task)
         return task
@@ -495,7 +498,9 @@ class DownloadJob:
         for round_ in (1, 2):
             t0 = time.monotonic()
             transport = self._transport_for(f, it.resumable if round_ == 1 else 0)
-            task = self._new_task(f, overall)
+            # a file in the preflight's total, or one fetched because a copy was bad
+            counted = f.size - it.resumable if round_ == 1 and it.kind == "fetch" else 0
+            task = self._new_task(f, overall, counted=counted)
             try:
                 if transport == "hub":
                     digest_ok, expected, actual = self._fetch_child(f, ctx, task, overall)

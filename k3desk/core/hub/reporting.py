@@ -15,20 +15,30 @@ WINDOW = 5.0  # seconds of history behind a speed figure
 
 
 class Rate:
-    """Bytes per second over the last few seconds."""
+    """Bytes per second over the last few seconds.
+
+    The clock starts at the first bytes, not when the object is made: time spent
+    before them (connecting, hashing other files) is no part of a transfer rate.
+    Until bytes have arrived over a measurable time the rate is unknown (0).
+    """
 
     def __init__(self) -> None:
-        self._samples: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])
+        self._samples: deque[tuple[float, int]] = deque()
         self._total = 0
 
     def add(self, n: int, now: float) -> None:
         self._total += n
-        if now - self._samples[-1][0] >= 0.1:  # a sample per 0.1 s is plenty
+        if not self._samples:
+            # these first bytes took an unknown time to arrive: measure from after them
+            self._samples.append((now, self._total))
+        elif now - self._samples[-1][0] >= 0.1:  # a sample per 0.1 s is plenty
             self._samples.append((now, self._total))
             while len(self._samples) > 2 and now - self._samples[0][0] > WINDOW:
                 self._samples.popleft()
 
     def speed(self, now: float) -> float:
+        if not self._samples:
+            return 0.0
         t0, b0 = self._samples[0]
         if now - t0 <= 0.001:
             return 0.0
@@ -36,6 +46,7 @@ class Rate:
 
 
 def eta(remaining: int, speed: float) -> float | None:
+    """Seconds left at ``speed``: 0 when nothing remains, None while the speed is unknown."""
     return remaining / speed if speed > 0 and remaining > 0 else (0.0 if remaining <= 0 else None)
 
 
@@ -54,7 +65,12 @@ class Events:
 
 
 class Overall:
-    """Network bytes of the whole job."""
+    """Network bytes of the whole job.
+
+    ``total`` is what the job has to transfer; it grows when bytes must come
+    again (a failed attempt that starts over, a file whose hash did not match).
+    ``done`` is what arrived, so ``total - done`` is always what is left.
+    """
 
     def __init__(self, total: int) -> None:
         self.total = total
@@ -67,6 +83,11 @@ class Overall:
             self.done += n
             self._rate.add(n, now)
             return self.done
+
+    def add_work(self, n: int) -> None:
+        """``n`` more bytes to transfer (negative: fewer than counted)."""
+        with self._lock:
+            self.total += n
 
     def speed(self, now: float) -> float:
         with self._lock:
@@ -89,7 +110,9 @@ class FileTask:
         overall: Overall,
         interval: float,
         phase: Phase = "download",
+        counted: int | None = None,
     ) -> None:
+        """``counted``: bytes of this file already in ``overall.total`` (default: all)."""
         self.path = path
         self.size = size
         self.events = events
@@ -103,6 +126,8 @@ class FileTask:
         self.abort_reason = ""
         self.stalled_for = 0.0
         self._rate = Rate()
+        self._counted = size if counted is None else counted
+        self._started = False
         self._last_emit = 0.0
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
@@ -135,7 +160,18 @@ class FileTask:
 
     # ----------------------------------------------------------- progress
     def start_at(self, offset: int) -> None:
+        """A transfer attempt begins at byte ``offset`` (what is before it is on disk)."""
+        if not self._started:
+            self._started = True
+            self.overall.add_work(self.size - offset - self._counted)
+        else:
+            self._starts_over(offset)
         self.done = offset
+
+    def _starts_over(self, offset: int) -> None:
+        # the bytes from offset to where this file stood have to come again
+        if self.done > offset:
+            self.overall.add_work(self.done - offset)
 
     def add(self, n: int, *, network: bool = True) -> None:
         now = time.monotonic()
@@ -150,7 +186,8 @@ class FileTask:
         if now - self._last_emit >= self.interval or self.done >= self.size:
             self._last_emit = now
             speed = self._rate.speed(now)
-            overall_speed = self.overall.speed(now) if network else 0.0
+            # hashing bytes are not network bytes, but the network keeps going meanwhile
+            overall_speed = self.overall.speed(now)
             self.events.emit(
                 FileProgress(
                     path=self.path,
@@ -168,4 +205,5 @@ class FileTask:
 
     def rewind(self, to: int) -> None:
         """The transfer restarted from ``to`` (the server ignored a Range request)."""
+        self._starts_over(to)
         self.done = to

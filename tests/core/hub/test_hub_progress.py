@@ -1,0 +1,145 @@
+"""Speed and ETA of a download: checked against a clock the test drives at a known byte rate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k3desk.core.hub import reporting
+from k3desk.core.hub.job import DownloadJob
+from k3desk.core.hub.model import DownloadEvent, DownloadOptions, FileProgress
+from k3desk.core.hub.reporting import Events, FileTask, Overall
+from tests.fixtures.hub import TierRepo, shard_name
+
+MB = 1_000_000
+CHUNK = 100_000  # bytes per step
+STEP = 0.1  # seconds per step: 1 MB/s
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(reporting, "time", c)
+    return c
+
+
+def progress_of(events: list[DownloadEvent]) -> list[FileProgress]:
+    return [e for e in events if isinstance(e, FileProgress)]
+
+
+def transfer(task: FileTask, clock: Clock, n_bytes: int, *, network: bool = True) -> None:
+    for _ in range(n_bytes // CHUNK):
+        clock.now += STEP
+        task.add(CHUNK, network=network)
+
+
+def test_eta_is_the_remaining_bytes_at_the_measured_rate(clock: Clock) -> None:
+    events: list[DownloadEvent] = []
+    overall = Overall(10 * MB)
+    task = FileTask("a.gguf", 10 * MB, Events(events.append), overall, 0.0)
+    task.start_at(0)
+    clock.now += 20.0  # connecting, or other files being hashed: no bytes for 20 s
+    transfer(task, clock, 4 * MB)
+    got = progress_of(events)
+    # the first event knows no rate yet: it says so instead of guessing from the idle time
+    assert got[0].overall_eta is None
+    for e in got[5:]:  # from half a second on: 1 MB/s, so (10 MB - done) / 1 MB/s
+        truth = (10 * MB - e.overall_done) / MB
+        assert e.overall_eta == pytest.approx(truth, rel=0.05), e
+        assert e.overall_speed == pytest.approx(MB, rel=0.05)
+    assert got[-1].overall_eta == pytest.approx(6.0, rel=0.05)
+
+
+def test_hashing_a_file_does_not_blank_the_eta_of_a_download_beside_it(clock: Clock) -> None:
+    events: list[DownloadEvent] = []
+    overall = Overall(10 * MB)
+    fetch = FileTask("a.gguf", 10 * MB, Events(events.append), overall, 0.0)
+    check = FileTask("b.gguf", 10 * MB, Events(events.append), overall, 0.0, "verify")
+    fetch.start_at(0)
+    for _ in range(30):  # both move at once for 3 s
+        clock.now += STEP
+        fetch.add(CHUNK)
+        check.add(CHUNK, network=False)
+    late = [e for e in progress_of(events) if e.overall_done >= MB]
+    assert {e.phase for e in late} == {"download", "verify"}
+    for e in late:
+        assert e.overall_eta == pytest.approx((10 * MB - e.overall_done) / MB, rel=0.05), e
+
+
+def test_a_transfer_that_starts_over_puts_its_bytes_back_on_the_eta(clock: Clock) -> None:
+    events: list[DownloadEvent] = []
+    overall = Overall(10 * MB)
+    task = FileTask("a.gguf", 10 * MB, Events(events.append), overall, 0.0)
+    task.start_at(0)
+    transfer(task, clock, 3 * MB)
+    task.start_at(0)  # the attempt failed; the next one starts from byte 0
+    transfer(task, clock, 1 * MB)
+    last = progress_of(events)[-1]
+    assert last.overall_total == 13 * MB
+    assert last.overall_done == 4 * MB  # bytes that really came over the network
+    assert last.overall_eta == pytest.approx(9.0, rel=0.05)  # 9 MB of the file still to come
+
+
+def test_a_resumed_file_counts_only_what_is_left(clock: Clock) -> None:
+    events: list[DownloadEvent] = []
+    overall = Overall(6 * MB)  # 4 MB of the 10 MB file were on disk when the job listed it
+    task = FileTask("a.gguf", 10 * MB, Events(events.append), overall, 0.0, counted=6 * MB)
+    task.start_at(4 * MB)
+    transfer(task, clock, 2 * MB)
+    assert progress_of(events)[-1].overall_total == 6 * MB
+    task.rewind(0)  # the server ignored the Range request: all 10 MB come again
+    transfer(task, clock, 1 * MB)
+    last = progress_of(events)[-1]
+    assert last.overall_total == 6 * MB + 6 * MB  # the resumed 4 MB and the 2 MB, again
+    assert last.overall_eta == pytest.approx(9.0, rel=0.05)
+
+
+def _options(hub: Any, **kw: Any) -> DownloadOptions:
+    base: dict[str, Any] = {
+        "endpoint": hub.endpoint,
+        "margin_bytes": 0,
+        "backoff_base": 0.05,
+        "progress_interval": 0.0,
+    }
+    base.update(kw)
+    return DownloadOptions(**base)
+
+
+def test_a_file_fetched_twice_ends_the_job_at_its_own_total(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    """Corrupted in transit, then fetched again: the bar ends full, the ETA at zero."""
+    hub = tier_repo.hub
+    bad = shard_name(2)
+    hub.corrupt_once(bad, 1_000_000)
+    events: list[DownloadEvent] = []
+    summary = DownloadJob(tier_repo.request(), tmp_path, _options(hub), events.append).run()
+    assert summary.refetched == (bad,)
+    last = max(progress_of(events), key=lambda e: e.overall_done)  # threads race to report
+    assert last.overall_done == last.overall_total == summary.fetched_bytes
+    assert last.overall_eta == 0.0
+
+
+def test_a_file_already_here_but_damaged_adds_its_bytes_to_the_total(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    hub = tier_repo.hub
+    bad = shard_name(3)
+    good = tier_repo.files[bad]
+    (tmp_path / bad).parent.mkdir(parents=True)
+    (tmp_path / bad).write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    events: list[DownloadEvent] = []
+    summary = DownloadJob(tier_repo.request(), tmp_path, _options(hub), events.append).run()
+    assert summary.refetched == (bad,)
+    last = max(progress_of(events), key=lambda e: e.overall_done)
+    assert last.overall_done == last.overall_total == summary.fetched_bytes
