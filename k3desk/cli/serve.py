@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import signal
 import sys
 import threading
@@ -12,25 +11,13 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from k3desk.core.engines.crash import CrashReport
-from k3desk.core.engines.discovery import find_llama_server
-from k3desk.core.engines.probe import probe_engine
-from k3desk.core.engines.supervisor import (
-    Event,
-    LaunchSpec,
-    RestartPolicy,
-    State,
-    Supervisor,
-    bump_n_cpu_moe,
-)
-from k3desk.core.errors import EngineError, K3Error, ValidationError
+from k3desk.core.engines.supervisor import Event, RestartPolicy, State, Supervisor
+from k3desk.core.errors import EngineError, ValidationError
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
     from k3desk.app import Services
-    from k3desk.core.gguf.model import ModelLayout
     from k3desk.core.hardware.profile import HardwareProfile
-    from k3desk.core.planning.model import LaunchPlan, PlanOptions
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,37 +40,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
-def _engine(args: argparse.Namespace, services: Services) -> tuple[Path, bool]:
-    """The engine to use and whether it takes --api-key-file."""
-    exe = find_llama_server(services.paths, configured=args.engine)
-    if exe is None:
-        raise EngineError(
-            "No llama-server found.",
-            "Build one with `k3desk engine install`, or pass --engine PATH.",
-        )
-    result = probe_engine(exe, services.paths)
-    if not result.usable:
-        raise EngineError(f"{exe}: {result.verdict()}", "See `k3desk engine probe` for details.")
-    return exe, result.flags.get("--api-key-file", False)
-
-
-def _layout(shard: Path) -> ModelLayout | None:
-    """The shard set's layout (header-only validation), or None without a validator."""
-    try:
-        validate = importlib.import_module("k3desk.core.gguf.validate")
-    except ImportError:
-        return None
-    layout: ModelLayout = validate.validate_shard_set(shard)
-    return layout
-
-
-def _plan(hw: HardwareProfile, layout: ModelLayout, opts: PlanOptions) -> LaunchPlan:
-    from k3desk.core.planning.plan import make_plan
-
-    return make_plan(hw, layout, opts)
-
-
 def run(args: argparse.Namespace, services: Services) -> int:
+    from k3desk.cli.plan import catalog_tiers
+    from k3desk.core.engines.launch import prepare_launch
+    from k3desk.core.planning.model import PlanOptions
+
     shard = args.shard.expanduser()
     if not shard.is_file():
         raise ValidationError(
@@ -93,74 +54,38 @@ def run(args: argparse.Namespace, services: Services) -> int:
         raise ValidationError(f"Projector file {args.mmproj} does not exist.")
     if args.ctx < 256:
         raise ValidationError(f"--ctx {args.ctx} is too small; use at least 256.")
-    exe, key_file = _engine(args, services)
 
-    layout = _layout(shard)
-    model_bytes = sum(p.stat().st_size for p in shard.parent.glob("*.gguf"))
-    n_layers = 0
-    replan = None
-    if layout is not None:
-        from k3desk.core.planning.model import PlanOptions
+    def hardware() -> HardwareProfile:
+        if args.hardware:
+            return services.load_hardware(args.hardware)
+        return services.detect_hardware(measure_bandwidth=False)
 
-        hw = (
-            services.load_hardware(args.hardware)
-            if args.hardware
-            else services.detect_hardware(measure_bandwidth=False)
-        )
-        opts = PlanOptions(ctx=args.ctx, mmproj=args.mmproj)
-        plan = _plan(hw, layout, opts)
-        if plan.verdict == "no-fit":
-            raise K3Error(
-                f"{shard.name} does not fit this machine: {plan.reason}",
-                "See `k3desk plan` for the numbers, or choose a smaller tier.",
-            )
-        server_args = tuple(plan.server_args)
-        model_bytes = layout.total_file_bytes
-        n_layers = len(layout.layers)
-        print(f"Plan: {plan.reason}")
-        for note in plan.notes:
-            print(f"  - {note}")
-
-        def replan_fn(
-            crash: CrashReport, current: tuple[str, ...]
-        ) -> tuple[tuple[str, ...], str] | None:
-            if crash.recovery != "replan_cpu_moe":
-                return None
-            bumped = bump_n_cpu_moe(current, n_layers)
-            if bumped is None:
-                return None
-            new_n = int(bumped[0][bumped[0].index("--n-cpu-moe") + 1])
-            try:
-                again = _plan(hw, layout, _with_n_cpu_moe(opts, new_n))
-            except K3Error:
-                return bumped
-            return tuple(again.server_args), bumped[1]
-
-        replan = replan_fn
-    else:
-        server_args = ("-m", str(shard), "-c", str(args.ctx), "--jinja")
-        if args.mmproj is not None:
-            server_args += ("--mmproj", str(args.mmproj))
-        print("Plan: planner unavailable; starting with llama-server's own defaults.")
-    print(f"Engine: {exe}")
-    print(f"Model: {shard} ({fmt_bytes(model_bytes)})")
-    print("Arguments: " + " ".join(server_args))
-
-    spec = LaunchSpec(
-        exe,
-        server_args,
-        model_bytes=model_bytes,
-        port=args.port,
-        n_layers=n_layers,
-        api_key_file=key_file,
+    prepared = prepare_launch(
+        shard,
+        mmproj=args.mmproj,
+        hardware=hardware,
+        options=PlanOptions(ctx=args.ctx),
+        paths=services.paths,
+        engine=args.engine,
+        catalog=catalog_tiers(services),
     )
+    plan = prepared.plan
+    print(f"Plan: {plan.reason}")
+    for note in (*plan.notes, *prepared.notes):
+        print(f"  - {note}")
+    exe = prepared.engine
+    spec = prepared.spec(port=args.port)
+    print(f"Engine: {exe}")
+    print(f"Model: {shard} ({fmt_bytes(spec.model_bytes)})")
+    print("Arguments: " + " ".join(spec.args))
+
     printer = _EventPrinter()
     sup = Supervisor(
         spec,
         services.paths,
         policy=RestartPolicy(max_failures=max(1, args.max_restarts)),
         on_event=printer,
-        replan=replan,
+        replan=prepared.replan_after_oom,
     )
     return _foreground(sup)
 
@@ -233,9 +158,3 @@ def _print_history(sup: Supervisor) -> None:
     for a in sup.history:
         what = a.crash.describe() if a.crash else "ok"
         print(f"  attempt {a.number}: {what}" + (f" -> {a.action}" if a.action else ""))
-
-
-def _with_n_cpu_moe(opts: PlanOptions, n: int) -> PlanOptions:
-    from dataclasses import replace
-
-    return replace(opts, n_cpu_moe=n)

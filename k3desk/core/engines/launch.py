@@ -1,0 +1,346 @@
+"""Prepare a launch: the one path every shell takes from "this shard set" to "start this".
+
+:func:`prepare_launch` validates the shard set (header-only), picks an engine and
+probes it, reads or detects the hardware, and plans the launch with the real size
+of the vision projector and the catalog tier's reference ``--n-cpu-moe``.  The
+result, a :class:`PreparedLaunch`, gives the :class:`LaunchSpec` to start and a
+re-planner for the :class:`Supervisor`: after a GPU out-of-memory it moves more
+expert layers to RAM and plans the placement again (split, projector, layers on
+the GPUs), and after the AMX repack assertion it adds ``--no-repack``.
+
+Cheap refusals come first: a broken shard set is reported before any engine is
+started for a probe.  Every refusal is a :class:`K3Error` with a hint:
+:class:`NoEngineError`, :class:`EngineUnusableError`, the validator's own
+:class:`ValidationError`, a :class:`PlanError` from the planner, or
+:class:`DoesNotFitError` (which says how much memory is missing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from k3desk.core.catalog.model import Tier
+from k3desk.core.engines.crash import CrashReport
+from k3desk.core.engines.discovery import SERVER_NAME, discover_engines
+from k3desk.core.engines.probe import ProbeResult, probe_engine
+from k3desk.core.engines.supervisor import LaunchSpec, bump_n_cpu_moe
+from k3desk.core.errors import EngineError, PlanError
+from k3desk.core.gguf.model import ModelLayout
+from k3desk.core.gguf.validate import validate_shard_set
+from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.paths import AppPaths
+from k3desk.core.planning.memory import mmproj_file_bytes
+from k3desk.core.planning.model import LaunchPlan, PlanOptions
+from k3desk.core.planning.plan import make_plan
+from k3desk.core.planning.recommend import options_for
+from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
+from k3desk.core.units import fmt_bytes
+
+INSTALL_HINT = "Build one with `k3desk engine install`, or pass --engine PATH."
+_CPU_MOE_FLAGS = ("--n-cpu-moe", "-ncmoe")
+_ALL_CPU_MOE_FLAGS = ("--cpu-moe", "-cmoe")
+_NO_REPACK_FLAGS = ("--no-repack", "-nr")
+
+HardwareSource = HardwareProfile | Callable[[], HardwareProfile]
+
+
+class NoEngineError(EngineError):
+    """No llama-server executable was found at all."""
+
+
+class EngineUnusableError(EngineError):
+    """llama-server was found, but it cannot run Kimi-K3 here (the probe says why)."""
+
+
+class DoesNotFitError(PlanError):
+    """Even the best plan does not fit this machine; ``plan`` says by how much."""
+
+    def __init__(self, message: str, hint: str, plan: LaunchPlan) -> None:
+        super().__init__(message, hint)
+        self.plan = plan
+
+
+@dataclass(frozen=True)
+class PreparedLaunch:
+    """Everything needed to start llama-server on one shard set, and to re-plan it."""
+
+    engine: Path
+    probe: ProbeResult
+    layout: ModelLayout
+    hardware: HardwareProfile
+    options: PlanOptions  # as planned: projector size and tier reference filled in
+    plan: LaunchPlan
+    tier: Tier | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)  # what the shells should say
+
+    @property
+    def server_args(self) -> tuple[str, ...]:
+        return tuple(self.plan.server_args)
+
+    @property
+    def api_key_file(self) -> bool:
+        """Whether the engine takes the key from a private file (--api-key-file)."""
+        return self.probe.flags.get("--api-key-file", False)
+
+    def spec(
+        self,
+        *,
+        port: int | None = None,
+        api_key: str | None = None,
+        ready_timeout: float | None = None,
+    ) -> LaunchSpec:
+        """What the :class:`Supervisor` starts."""
+        return LaunchSpec(
+            self.engine,
+            self.server_args,
+            model_bytes=self.layout.total_file_bytes,
+            port=port,
+            api_key=api_key,
+            ready_timeout=ready_timeout,
+            n_layers=len(self.layout.layers),
+            api_key_file=self.api_key_file,
+        )
+
+    def replan_after_oom(
+        self, crash: CrashReport, current: tuple[str, ...]
+    ) -> tuple[tuple[str, ...], str] | None:
+        """The Supervisor's re-planner: (new arguments, what changed), or None to give up.
+
+        A GPU out-of-memory keeps the experts of more layers in RAM (about a tenth of the
+        layers per step) and plans the rest again for that ``--n-cpu-moe``; the AMX repack
+        assertion adds ``--no-repack``.  A ``--no-repack`` already added is kept.
+        """
+        if crash.recovery == "no_repack":
+            if any(a in _NO_REPACK_FLAGS for a in current):
+                return None
+            return (*current, "--no-repack"), "added --no-repack (AMX repack assertion)"
+        if crash.recovery != "replan_cpu_moe":
+            return None
+        bumped = bump_n_cpu_moe(current, len(self.layout.layers))
+        if bumped is None:
+            return None
+        bumped_args, what = bumped
+        new_n = _cpu_moe_value(bumped_args)
+        if new_n is None:  # bump_n_cpu_moe always writes one; be safe
+            return bumped
+        try:
+            again = make_plan(self.hardware, self.layout, replace(self.options, n_cpu_moe=new_n))
+        except PlanError:
+            return bumped
+        args = tuple(again.server_args)
+        if any(a in _NO_REPACK_FLAGS for a in current) and not any(
+            a in _NO_REPACK_FLAGS for a in args
+        ):
+            args += ("--no-repack",)
+        return args, what
+
+
+def prepare_launch(
+    shard: Path,
+    *,
+    mmproj: Path | None,
+    hardware: HardwareSource,
+    options: PlanOptions,
+    paths: AppPaths,
+    engine: Path | None = None,
+    configured: str | Path | None = None,
+    catalog: Iterable[Tier] | None = None,
+    cancel: CancelToken | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> PreparedLaunch:
+    """Validate ``shard``'s set, choose and probe an engine, and plan the launch.
+
+    ``engine``: the engine to use and no other (refused if it cannot run Kimi-K3).
+    Without it, the engines :func:`discover_engines` finds are probed in order
+    (``configured`` first) and the first that can run Kimi-K3 is used.
+    ``hardware``: a profile, or a function that detects one (called only once the
+    shard set and the engine have passed).  ``options.extra_args`` are passed on to
+    llama-server; a ``--n-cpu-moe N`` (or ``--cpu-moe``) among them is planned for
+    rather than appended.  ``catalog``: the tiers, for better advice and the tier's
+    reference ``--n-cpu-moe``.
+    """
+    progress = on_progress or no_progress
+    tiers = tuple(catalog) if catalog is not None else ()
+
+    def check() -> None:
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+
+    check()
+    layout = validate_shard_set(shard, tiers=tiers, progress=progress, cancel=cancel)
+    if mmproj is not None:
+        options = replace(options, mmproj=mmproj, mmproj_bytes=mmproj_file_bytes(mmproj))
+    else:
+        options = replace(options, mmproj=None, mmproj_bytes=None)
+    options = _cpu_moe_from_extra_args(options, len(layout.layers))
+    check()
+    exe, probe = choose_engine(
+        paths,
+        engine=engine,
+        configured=configured,
+        vision=mmproj is not None,
+        cancel=cancel,
+        on_progress=progress,
+    )
+    check()
+    hw = hardware if isinstance(hardware, HardwareProfile) else hardware()
+    check()
+    progress(Progress("plan", 0, 1, layout.first_part.name))
+    plan, tier = plan_model(hw, layout, options, tiers)
+    progress(Progress("plan", 1, 1, plan.verdict))
+    if plan.verdict == "no-fit":
+        machine = hw.label or hw.hostname or "this machine"
+        raise DoesNotFitError(
+            f"{layout.first_part.name} does not fit {machine}: it is "
+            f"{fmt_bytes(plan.shortfall)} short of memory. {plan.reason}",
+            f"See `k3desk plan {layout.first_part}` for the numbers, free "
+            f"{fmt_bytes(plan.shortfall)} of RAM, or choose a smaller tier.",
+            plan,
+        )
+    notes: list[str] = []
+    gpu_gap = probe.gpu_problems(hw)
+    if gpu_gap:
+        notes.append(f"The engine {exe}: {gpu_gap[0]}.")
+    return PreparedLaunch(
+        exe, probe, layout, hw, plan_options(options, tier), plan, tier, tuple(notes)
+    )
+
+
+def plan_options(options: PlanOptions, tier: Tier | None) -> PlanOptions:
+    """``options`` as :func:`plan_model` plans with them for ``tier``."""
+    return options_for(tier, options) if tier is not None else options
+
+
+def plan_model(
+    hw: HardwareProfile, layout: ModelLayout, options: PlanOptions, tiers: Sequence[Tier] = ()
+) -> tuple[LaunchPlan, Tier | None]:
+    """The plan for ``layout`` on ``hw`` (what ``k3desk plan`` shows and a launch starts),
+    and the catalog tier the layout is, if any.
+
+    The projector's real size is used when ``options`` name a projector file and do
+    not give its size; the tier card's ``--n-cpu-moe`` becomes the comparison point.
+    """
+    if options.mmproj is not None and options.mmproj_bytes is None:
+        options = replace(options, mmproj_bytes=mmproj_file_bytes(options.mmproj))
+    tier = tier_of(layout, tiers)
+    return make_plan(hw, layout, plan_options(options, tier)), tier
+
+
+def tier_of(layout: ModelLayout, tiers: Iterable[Tier]) -> Tier | None:
+    """The catalog tier whose part 1 is this layout's part 1, by file name."""
+    name = layout.first_part.name
+    for tier in tiers:
+        if Path(tier.first_shard).name == name:
+            return tier
+    return None
+
+
+def choose_engine(
+    paths: AppPaths,
+    *,
+    engine: Path | None = None,
+    configured: str | Path | None = None,
+    vision: bool = False,
+    cancel: CancelToken | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> tuple[Path, ProbeResult]:
+    """The engine to run Kimi-K3 with (and images, with ``vision``) and its probe result
+    (see :func:`prepare_launch`)."""
+    progress = on_progress or no_progress
+    if engine is not None:
+        exe = Path(engine).expanduser()
+        if exe.is_dir():
+            exe = exe / SERVER_NAME
+        result = probe_engine(exe, paths, progress=progress, cancel=cancel)
+        why = _why_not(result, vision)
+        if why:
+            raise EngineUnusableError(
+                f"{exe}: {why}",
+                f"Run `k3desk engine probe {exe}` for the details, or build an engine "
+                "with `k3desk engine install`.",
+            )
+        return exe, result
+    refused: list[str] = []
+    for cand in discover_engines(paths, configured):
+        if not cand.exists:
+            continue
+        result = probe_engine(cand.path, paths, progress=progress, cancel=cancel)
+        why = _why_not(result, vision)
+        if not why:
+            return cand.path, result
+        refused.append(f"{cand.path} ({cand.source}): {why}")
+    if not refused:
+        raise NoEngineError("No llama-server found.", INSTALL_HINT)
+    found = (
+        "The llama-server found cannot"
+        if len(refused) == 1
+        else (f"None of the {len(refused)} llama-server engines found can")
+    )
+    raise EngineUnusableError(
+        f"{found} run Kimi-K3 here: " + " ".join(refused),
+        "Build one for this machine with `k3desk engine install`, or pass --engine PATH.",
+    )
+
+
+def _why_not(result: ProbeResult, vision: bool) -> str:
+    """Why this engine cannot run the launch ("" when it can)."""
+    if not result.usable:
+        return result.verdict()
+    if vision and result.accepts_mmproj is False:
+        problem = result.mmproj_problem.rstrip(". ") or "it refused the canary's projector"
+        return (
+            f"This engine loads Kimi-K3 but cannot take images: {problem}. Leave the projector "
+            "out for text only, or build a newer engine."
+        )
+    return ""
+
+
+def _cpu_moe_value(args: Sequence[str]) -> int | None:
+    """The last ``--n-cpu-moe`` value in ``args`` (the one llama-server uses)."""
+    value: int | None = None
+    for i, a in enumerate(args):
+        if a in _CPU_MOE_FLAGS and i + 1 < len(args):
+            value = int(args[i + 1])
+        elif a.startswith("--n-cpu-moe="):
+            value = int(a.split("=", 1)[1])
+    return value
+
+
+def _cpu_moe_from_extra_args(options: PlanOptions, n_layers: int) -> PlanOptions:
+    """Take ``--n-cpu-moe N`` / ``--cpu-moe`` out of the extra arguments into the plan, so
+    the plan checks it fits and a re-plan after a GPU out-of-memory can raise it."""
+    extra = list(options.extra_args)
+    n_cpu_moe = options.n_cpu_moe
+    kept: list[str] = []
+    i = 0
+    while i < len(extra):
+        a = extra[i]
+        raw: str | None = None
+        if a in _CPU_MOE_FLAGS:
+            if i + 1 >= len(extra):
+                raise PlanError(f"{a} needs a number of layers.", f"For example: {a} 60.")
+            raw = extra[i + 1]
+            i += 2
+        elif a.startswith("--n-cpu-moe="):
+            raw = a.split("=", 1)[1]
+            i += 1
+        elif a in _ALL_CPU_MOE_FLAGS:
+            n_cpu_moe = n_layers
+            i += 1
+            continue
+        else:
+            kept.append(a)
+            i += 1
+            continue
+        try:
+            n_cpu_moe = int(raw)
+        except ValueError:
+            raise PlanError(
+                f"--n-cpu-moe needs a whole number of layers, not {raw!r}.",
+                f"Use a number from 0 to {n_layers}.",
+            ) from None
+    if kept == extra:
+        return options
+    return replace(options, extra_args=tuple(kept), n_cpu_moe=n_cpu_moe)

@@ -1,0 +1,411 @@
+"""Preparing a launch: the shard set, the engine, the hardware and the plan, in one call that
+``k3desk serve``, ``k3desk chat`` and the Engine page share, and the re-plan after a crash."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import k3desk.core.engines.discovery as discovery
+from k3desk.core.engines.crash import CrashReport
+from k3desk.core.engines.launch import (
+    DoesNotFitError,
+    EngineUnusableError,
+    NoEngineError,
+    PreparedLaunch,
+    prepare_launch,
+)
+from k3desk.core.engines.probe import CACHE_FILE
+from k3desk.core.engines.supervisor import RestartPolicy, Supervisor
+from k3desk.core.errors import Cancelled, PlanError, ValidationError
+from k3desk.core.gguf.validate import validate_shard_set
+from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.paths import default_paths
+from k3desk.core.planning.memory import MMPROJ_COMPUTE_BYTES, MMPROJ_DEFAULT_BYTES
+from k3desk.core.planning.model import PlanOptions
+from k3desk.core.planning.plan import make_plan
+from k3desk.core.progress import CancelToken
+from k3desk.core.units import GiB, fmt_bytes
+from k3desk.devtools.tinyk3 import TinyModel
+
+REPO = Path(__file__).resolve().parents[3]
+FAST = RestartPolicy(backoff_initial=0.05, backoff_max=0.2, stop_grace=3.0)
+OOM = CrashReport("gpu_oom", "GPU 0 (CUDA0) ran out of memory", "", "replan_cpu_moe")
+AMX = CrashReport("amx_repack_assert", "weight repacking assertion", "", "no_repack")
+
+
+@pytest.fixture
+def h200(hardware_file: Callable[[str], Path]) -> HardwareProfile:
+    return HardwareProfile.from_json_file(hardware_file("1xH200-141GB"))
+
+
+@pytest.fixture
+def laptop(hardware_file: Callable[[str], Path]) -> HardwareProfile:
+    return HardwareProfile.from_json_file(hardware_file("no-gpu-laptop-32GB"))
+
+
+@pytest.fixture
+def only_these_engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Discovery sees no engine but the ones a test names (no package, nothing on PATH)."""
+    monkeypatch.setattr(discovery, "package_server", lambda: None)
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv(discovery.ENV_VAR, raising=False)
+
+
+@pytest.fixture
+def supervised() -> Iterator[list[Supervisor]]:
+    started: list[Supervisor] = []
+    yield started
+    for sup in started:
+        sup.stop()
+
+
+def prepare(model: TinyModel, hw: HardwareProfile, engine: Path, **kw: object) -> PreparedLaunch:
+    options = kw.pop("options", PlanOptions(ctx=1024))
+    return prepare_launch(
+        model.first_part,
+        mmproj=kw.pop("mmproj", model.mmproj),  # type: ignore[arg-type]
+        hardware=hw,
+        options=options,  # type: ignore[arg-type]
+        paths=default_paths(),
+        engine=engine,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def cpu_moe(args: tuple[str, ...] | list[str]) -> str | None:
+    return args[args.index("--n-cpu-moe") + 1] if "--n-cpu-moe" in args else None
+
+
+def server_args(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """An attempt's argv without the executable and what the supervisor adds."""
+    return argv[1 : argv.index("--host")]
+
+
+# ------------------------------------------------------------------ the plan
+
+
+def test_the_plan_budgets_the_real_projector_file_not_an_assumed_size(
+    fake_engine: Callable[..., Path], tiny_k3: TinyModel, h200: HardwareProfile
+) -> None:
+    assert tiny_k3.mmproj is not None
+    p = prepare(tiny_k3, h200, fake_engine("serve"))
+    size = tiny_k3.mmproj.stat().st_size
+    assert size + MMPROJ_COMPUTE_BYTES < MMPROJ_DEFAULT_BYTES  # tells the two apart
+    holder = [d for d in p.plan.devices if d.other]
+    assert [d.other for d in holder] == [size + MMPROJ_COMPUTE_BYTES]
+    assert any(fmt_bytes(size + MMPROJ_COMPUTE_BYTES) in n for n in p.plan.notes)
+    args = p.spec().args
+    assert args[:2] == ("-m", str(tiny_k3.first_part))
+    assert args[args.index("--mmproj") + 1] == str(tiny_k3.mmproj)
+    assert args[args.index("-c") + 1] == "1024"
+
+
+def test_the_spec_carries_the_model_size_layer_count_and_key_file(
+    fake_engine: Callable[..., Path], tiny_k3_single: TinyModel, laptop: HardwareProfile
+) -> None:
+    exe = fake_engine("serve")
+    p = prepare(tiny_k3_single, laptop, exe)
+    spec = p.spec(port=18123)
+    assert spec.executable == exe
+    assert spec.model_bytes == sum(f.stat().st_size for f in tiny_k3_single.parts)
+    assert spec.n_layers == len(p.layout.layers) == 6
+    assert spec.port == 18123
+    assert spec.api_key_file  # the stand-in lists --api-key-file in its --help
+    assert p.plan.verdict == "cpu"
+    assert "--mmproj" not in spec.args
+
+
+def test_n_cpu_moe_in_the_engine_arguments_is_planned_not_appended(
+    fake_engine: Callable[..., Path], tiny_k3_single: TinyModel, h200: HardwareProfile
+) -> None:
+    extra = ("--n-cpu-moe=3", "--threads", "2")
+    p = prepare(
+        tiny_k3_single, h200, fake_engine("serve"), options=PlanOptions(ctx=1024, extra_args=extra)
+    )
+    args = p.spec().args
+    assert p.plan.n_cpu_moe == 3
+    assert [a for a in args if "cpu-moe" in a] == ["--n-cpu-moe"]
+    assert cpu_moe(args) == "3"
+    assert args[-2:] == ("--threads", "2")
+    with pytest.raises(PlanError, match="whole number of layers, not 'lots'"):
+        prepare(
+            tiny_k3_single,
+            h200,
+            fake_engine("serve"),
+            options=PlanOptions(ctx=1024, extra_args=("-ncmoe", "lots")),
+        )
+
+
+def test_a_model_that_does_not_fit_says_by_how_much(
+    fake_engine: Callable[..., Path], tiny_k3_single: TinyModel, laptop: HardwareProfile
+) -> None:
+    # 8 GiB free and the default 8 GiB kept for the system: nothing is left for the model
+    small = dataclasses.replace(
+        laptop, memory=dataclasses.replace(laptop.memory, available=8 * GiB)
+    )
+    expected = make_plan(
+        small, validate_shard_set(tiny_k3_single.first_part), PlanOptions(ctx=1024)
+    ).shortfall
+    assert expected > 0
+    with pytest.raises(DoesNotFitError) as err:
+        prepare(tiny_k3_single, small, fake_engine("serve"))
+    e = err.value
+    assert isinstance(e, PlanError)
+    assert e.message.startswith(f"{tiny_k3_single.first_part.name} does not fit ")
+    assert f"{fmt_bytes(expected)} short of memory" in e.message
+    assert "smaller tier" in e.hint
+    assert f"k3desk plan {tiny_k3_single.first_part}" in e.hint
+    assert e.plan.verdict == "no-fit"
+    assert e.plan.shortfall == expected
+
+
+def test_a_broken_shard_set_is_refused_as_the_validator_says_before_any_probe(
+    fake_engine: Callable[..., Path],
+    copy_model: Callable[[TinyModel], TinyModel],
+    tiny_k3: TinyModel,
+    laptop: HardwareProfile,
+) -> None:
+    broken = copy_model(tiny_k3)
+    broken.parts[1].unlink()
+    with pytest.raises(ValidationError) as direct:
+        validate_shard_set(broken.first_part)
+    with pytest.raises(ValidationError) as err:
+        prepare(broken, laptop, fake_engine("serve"))
+    assert type(err.value) is type(direct.value)
+    assert (err.value.message, err.value.hint) == (direct.value.message, direct.value.hint)
+    assert broken.parts[1].name in err.value.message
+    assert not (default_paths().cache / CACHE_FILE).exists()  # no engine was started
+
+
+def test_a_projector_file_that_is_gone_is_named(
+    fake_engine: Callable[..., Path],
+    tiny_k3_single: TinyModel,
+    laptop: HardwareProfile,
+    tmp_path: Path,
+) -> None:
+    gone = tmp_path / "mmproj-gone.gguf"
+    with pytest.raises(PlanError, match=f"The projector file {gone} does not exist"):
+        prepare(tiny_k3_single, laptop, fake_engine("serve"), mmproj=gone)
+
+
+# ------------------------------------------------------------------ the engine
+
+
+def test_an_engine_that_cannot_load_kimi_k3_is_refused_with_why(
+    fake_engine: Callable[..., Path], tiny_k3_single: TinyModel, laptop: HardwareProfile
+) -> None:
+    old = fake_engine("old_engine")
+    detected: list[int] = []
+
+    def detect() -> HardwareProfile:
+        detected.append(1)
+        return laptop
+
+    with pytest.raises(EngineUnusableError) as err:
+        prepare_launch(
+            tiny_k3_single.first_part,
+            mmproj=None,
+            hardware=detect,
+            options=PlanOptions(ctx=1024),
+            paths=default_paths(),
+            engine=old,
+        )
+    assert str(old) in err.value.message
+    assert "cannot load Kimi-K3: it predates kimi-k3 support" in err.value.message
+    assert f"k3desk engine probe {old}" in err.value.hint
+    assert "k3desk engine install" in err.value.hint
+    assert detected == []  # the machine is not examined for a launch that cannot happen
+
+
+def test_an_engine_that_refuses_the_projector_is_refused_only_with_one(
+    fake_engine: Callable[..., Path], tiny_k3: TinyModel, laptop: HardwareProfile
+) -> None:
+    exe = fake_engine("bad_projector")
+    with pytest.raises(EngineUnusableError, match=r"cannot take images: .*vision projector"):
+        prepare(tiny_k3, laptop, exe)
+    assert prepare(tiny_k3, laptop, exe, mmproj=None).engine == exe  # text only works
+
+
+@pytest.mark.usefixtures("only_these_engines")
+def test_no_engine_anywhere(tiny_k3_single: TinyModel, laptop: HardwareProfile) -> None:
+    with pytest.raises(NoEngineError) as err:
+        prepare_launch(
+            tiny_k3_single.first_part,
+            mmproj=None,
+            hardware=laptop,
+            options=PlanOptions(ctx=1024),
+            paths=default_paths(),
+        )
+    assert err.value.message == "No llama-server found."
+    assert "k3desk engine install" in err.value.hint
+    assert "--engine PATH" in err.value.hint
+
+
+@pytest.mark.usefixtures("only_these_engines")
+def test_discovery_passes_over_engines_that_cannot_run_kimi_k3(
+    fake_engine: Callable[..., Path],
+    tiny_k3_single: TinyModel,
+    laptop: HardwareProfile,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    old = fake_engine("old_engine")
+
+    def launch() -> PreparedLaunch:
+        return prepare_launch(
+            tiny_k3_single.first_part,
+            mmproj=None,
+            hardware=laptop,
+            options=PlanOptions(ctx=1024),
+            paths=default_paths(),
+            configured=old,
+        )
+
+    with pytest.raises(EngineUnusableError) as err:
+        launch()
+    assert err.value.message.startswith("The llama-server found cannot run Kimi-K3 here: ")
+    assert f"{old} (configured): " in err.value.message
+    assert "predates kimi-k3 support" in err.value.message
+    good = fake_engine("serve")
+    monkeypatch.setenv(discovery.ENV_VAR, str(good))
+    p = launch()
+    assert p.engine == good
+    assert p.probe.usable
+
+
+def test_cancelled_before_anything_runs(
+    fake_engine: Callable[..., Path], tiny_k3_single: TinyModel, laptop: HardwareProfile
+) -> None:
+    token = CancelToken()
+    token.cancel()
+    with pytest.raises(Cancelled):
+        prepare(tiny_k3_single, laptop, fake_engine("serve"), cancel=token)
+    assert not (default_paths().cache / CACHE_FILE).exists()
+
+
+# ------------------------------------------------------------------ re-planning
+
+
+def test_gpu_oom_replans_the_placement_with_more_expert_layers_in_ram(
+    fake_engine: Callable[..., Path],
+    tiny_k3: TinyModel,
+    h200: HardwareProfile,
+    supervised: list[Supervisor],
+) -> None:
+    extra = PlanOptions(ctx=1024, extra_args=("--threads", "2"))
+    p = prepare(tiny_k3, h200, fake_engine("serve"), options=extra)
+    assert p.plan.verdict == "gpu"
+    assert cpu_moe(p.spec().args) is None  # everything on the GPU
+    # the same launch on an engine that runs out of GPU memory below --n-cpu-moe 2
+    oom = fake_engine("gpu_oom", FAKE_OOM_BELOW="2")
+    spec = dataclasses.replace(p.spec(), executable=oom)
+    sup = Supervisor(spec, default_paths(), policy=FAST, replan=p.replan_after_oom)
+    supervised.append(sup)
+    sup.start()
+    ep = sup.wait_ready(30)
+    hist = sup.history
+    assert [a.crash.kind if a.crash else None for a in hist] == ["gpu_oom", "gpu_oom", None]
+    assert [cpu_moe(a.argv) for a in hist] == [None, "1", "2"]
+    assert "--n-cpu-moe 0 -> 1" in hist[0].action
+    assert "--n-cpu-moe 1 -> 2" in hist[1].action
+    for a, n in zip(hist[1:], (1, 2), strict=True):
+        again = make_plan(h200, p.layout, dataclasses.replace(p.options, n_cpu_moe=n))
+        assert server_args(a.argv) == tuple(again.server_args)  # planned, not patched
+        assert server_args(a.argv)[-2:] == ("--threads", "2")
+        assert "--mmproj" in a.argv
+    assert httpx.get(f"{ep.url}/v1/models", headers=ep.headers, timeout=5).status_code == 200
+
+
+def test_amx_assertion_adds_no_repack_once_and_a_replan_keeps_it(
+    fake_engine: Callable[..., Path], tiny_k3_single: TinyModel, h200: HardwareProfile
+) -> None:
+    p = prepare(tiny_k3_single, h200, fake_engine("serve"))
+    first = p.spec().args
+    step = p.replan_after_oom(AMX, first)
+    assert step is not None
+    args, what = step
+    assert args == (*first, "--no-repack")
+    assert "--no-repack" in what
+    assert p.replan_after_oom(AMX, args) is None  # it did not help: give up
+    bumped = p.replan_after_oom(OOM, args)
+    assert bumped is not None
+    assert cpu_moe(bumped[0]) == "1"
+    assert "--no-repack" in bumped[0]
+
+
+def test_gpu_oom_with_every_expert_in_ram_gives_up(
+    fake_engine: Callable[..., Path], tiny_k3_single: TinyModel, h200: HardwareProfile
+) -> None:
+    p = prepare(
+        tiny_k3_single, h200, fake_engine("serve"), options=PlanOptions(ctx=1024, n_cpu_moe=6)
+    )
+    assert cpu_moe(p.spec().args) == "6"
+    assert p.replan_after_oom(OOM, p.spec().args) is None
+    other = CrashReport("exited", "exited", "", "restart")
+    assert p.replan_after_oom(other, p.spec().args) is None
+
+
+def test_the_amx_assertion_is_recovered_through_the_launch_replanner(
+    fake_engine: Callable[..., Path],
+    tiny_k3_single: TinyModel,
+    laptop: HardwareProfile,
+    supervised: list[Supervisor],
+) -> None:
+    p = prepare(tiny_k3_single, laptop, fake_engine("serve"))
+    spec = dataclasses.replace(p.spec(), executable=fake_engine("amx"))
+    sup = Supervisor(spec, default_paths(), policy=FAST, replan=p.replan_after_oom)
+    supervised.append(sup)
+    sup.start()
+    sup.wait_ready(30)
+    first, second = sup.history
+    assert first.crash is not None
+    assert first.crash.kind == "amx_repack_assert"
+    assert "--no-repack" not in first.argv
+    assert "--no-repack" in second.argv
+
+
+# ------------------------------------------------------------------ through k3desk serve
+
+
+def test_serve_prints_the_real_projector_budget(
+    fake_engine: Callable[..., Path], tiny_k3: TinyModel, hardware_file: Callable[[str], Path]
+) -> None:
+    assert tiny_k3.mmproj is not None
+    budget = fmt_bytes(tiny_k3.mmproj.stat().st_size + MMPROJ_COMPUTE_BYTES)
+    argv = ["serve", str(tiny_k3.first_part), "--mmproj", str(tiny_k3.mmproj), "--ctx", "1024"]
+    argv += ["--hardware", str(hardware_file("1xH200-141GB"))]
+    argv += ["--engine", str(fake_engine("serve"))]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    with subprocess.Popen(
+        [sys.executable, "-m", "k3desk", *argv],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
+        seen: list[str] = []
+        try:
+            assert proc.stdout is not None
+            deadline = time.monotonic() + 60
+            while not any(line.startswith("Engine pid:") for line in seen):
+                line = proc.stdout.readline()
+                if not line or time.monotonic() > deadline:
+                    pytest.fail("k3desk serve did not get ready:\n" + "".join(seen))
+                seen.append(line)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    out = "".join(seen)
+    assert f"The projector ({budget} with its buffer)" in out
+    assert fmt_bytes(MMPROJ_DEFAULT_BYTES + MMPROJ_COMPUTE_BYTES) not in out
