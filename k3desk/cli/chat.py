@@ -216,22 +216,26 @@ def _start_engine(
     services: Services,
     cancel: CancelToken,
 ) -> tuple[str, str]:
-    from k3desk.core.engines.discovery import find_llama_server
-    from k3desk.core.engines.supervisor import LaunchSpec, State, Supervisor
-    from k3desk.core.gguf.shards import discover
+    from k3desk.cli.plan import catalog_tiers
+    from k3desk.core.engines.launch import prepare_launch
+    from k3desk.core.engines.supervisor import State, Supervisor
+    from k3desk.core.planning.model import PlanOptions
 
-    exe = find_llama_server(services.paths, configured=args.engine)
-    if exe is None:
-        raise EngineError(
-            "No llama-server found to run the model.",
-            "Build one with `k3desk engine install`, or pass --engine PATH.",
-        )
     quiet = args.json
-    server_args, note = _server_args(shard, args, services)
-    server_args += args.engine_arg
-    if not quiet and note:
-        print(note, file=sys.stderr)
-    model_bytes = sum(p.stat().st_size for p in discover(shard).paths)
+    prepared = prepare_launch(
+        shard,
+        mmproj=args.mmproj,
+        hardware=lambda: services.detect_hardware(measure_bandwidth=False),
+        options=PlanOptions(ctx=args.ctx, extra_args=tuple(args.engine_arg)),
+        paths=services.paths,
+        engine=args.engine,
+        catalog=catalog_tiers(services),
+        cancel=cancel,
+    )
+    if not quiet:
+        print(f"Plan: {prepared.plan.reason}", file=sys.stderr)
+        for note in prepared.notes:
+            print(f"  - {note}", file=sys.stderr)
     last = [-1]
 
     def on_event(ev: Event) -> None:
@@ -245,8 +249,9 @@ def _start_engine(
         elif ev.state is State.CRASHED and ev.message:
             print(f"  engine: {ev.message}", file=sys.stderr)
 
-    spec = LaunchSpec(exe, tuple(server_args), model_bytes=model_bytes)
-    sup = Supervisor(spec, services.paths, on_event=on_event)
+    sup = Supervisor(
+        prepared.spec(), services.paths, on_event=on_event, replan=prepared.replan_after_oom
+    )
     if not quiet:
         print(f"Starting llama-server on {shard.name} ...", file=sys.stderr)
     t0 = time.monotonic()
@@ -260,35 +265,6 @@ def _start_engine(
     if not quiet:
         print(f"Engine ready in {time.monotonic() - t0:.1f} s.", file=sys.stderr)
     return ep.url, ep.api_key
-
-
-def _server_args(
-    shard: Path, args: argparse.Namespace, services: Services
-) -> tuple[list[str], str]:
-    """llama-server's arguments from the launch planner (as ``k3desk serve`` uses), or
-    llama-server's own defaults where the planner is not available."""
-    try:
-        from k3desk.core.gguf.validate import validate_shard_set
-        from k3desk.core.planning.model import PlanOptions
-        from k3desk.core.planning.plan import make_plan
-    except ImportError:
-        plan = None
-    else:
-        layout = validate_shard_set(shard)
-        hw = services.detect_hardware(measure_bandwidth=False)
-        plan = make_plan(hw, layout, PlanOptions(ctx=args.ctx, mmproj=args.mmproj))
-        if plan.verdict == "no-fit":
-            raise K3Error(
-                f"{shard.name} does not fit this machine: {plan.reason}",
-                "See `k3desk plan` for the numbers, or choose a smaller tier.",
-            )
-    if plan is not None:
-        return list(plan.server_args), f"Plan: {plan.reason}"
-    fallback = ["-m", str(shard), "-c", str(args.ctx), "--jinja", "--parallel", "1"]
-    fallback.append("--no-warmup")
-    if args.mmproj is not None:
-        fallback += ["--mmproj", str(args.mmproj)]
-    return fallback, "Plan: planner unavailable; starting with llama-server's own defaults."
 
 
 def _ask(
