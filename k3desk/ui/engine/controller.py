@@ -14,12 +14,20 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from k3desk.core.engines.supervisor import Endpoint, Event, LaunchSpec, State, Supervisor
+from k3desk.core.engines.supervisor import (
+    Endpoint,
+    Event,
+    LaunchSpec,
+    Replanner,
+    State,
+    Supervisor,
+)
 from k3desk.core.errors import EngineError
 from k3desk.ui.bridge import Relay, StreamBuffer
 
 if TYPE_CHECKING:
     from k3desk.core.chat.client import ChatEndpoint
+    from k3desk.core.chat.model import ChatSettings
     from k3desk.core.planning.model import LaunchPlan
     from k3desk.ui.context import AppContext
 
@@ -44,6 +52,7 @@ class LaunchRequest:
     plan: LaunchPlan | None = None
     model_name: str = ""
     vision: bool = False  # started with a projector (--mmproj)
+    replan: Replanner | None = None  # how to re-plan after a GPU out-of-memory
 
 
 class EngineController(QObject):
@@ -75,13 +84,28 @@ class EngineController(QObject):
         self._lines = StreamBuffer(hz=10, parent=self)
         self._lines.batch.connect(self._on_lines)
         self._wait_task: Any = None
+        # a second place the chat can go when no local engine runs (cluster engines,
+        # attached servers: k3desk.ui.cluster.controller.ClusterController)
+        self._external: Any = None
+
+    def set_external(self, source: Any) -> None:
+        """Let ``source`` serve the chat when no local engine runs.
+
+        ``source`` has ``chat_endpoint()``, ``adapt_settings(settings)``, ``state_text()``
+        and a ``changed`` signal; its changes are announced as :attr:`state_changed`.
+        """
+        self._external = source
+        source.changed.connect(lambda: self.state_changed.emit(self._state, self._message))
 
     # ------------------------------------------------------------ state
     def state_name(self) -> str:
         return self._state
 
     def state_text(self) -> str:
-        return STATE_TEXT.get(self._state, f"Engine: {self._state}")
+        text = STATE_TEXT.get(self._state, f"Engine: {self._state}")
+        if self._external is not None and not self.running:
+            return str(self._external.state_text() or text)
+        return text
 
     @property
     def message(self) -> str:
@@ -106,8 +130,19 @@ class EngineController(QObject):
         ep = self.endpoint()
         if ep is not None:
             return ChatEndpoint(ep.url, ep.api_key)
+        if self._external is not None:
+            external: ChatEndpoint | None = self._external.chat_endpoint()
+            if external is not None:
+                return external
         remote = self.ctx.settings.remote_url
         return ChatEndpoint(remote) if remote else None
+
+    def chat_settings(self, settings: ChatSettings) -> ChatSettings:
+        """``settings`` as the server the chat goes to expects them."""
+        if self.endpoint() is None and self._external is not None:
+            adapted: ChatSettings = self._external.adapt_settings(settings)
+            return adapted
+        return settings
 
     def attempts(self) -> list[Any]:
         return self.supervisor.history if self.supervisor is not None else []
@@ -125,6 +160,7 @@ class EngineController(QObject):
             self.ctx.services.paths,
             on_event=self._events,
             on_line=lambda line: self._lines.append("line", line + "\n"),
+            replan=request.replan,
         )
         self.supervisor = sup
         self._set_state(State.STARTING.value, "Starting llama-server…")

@@ -30,7 +30,6 @@ from PySide6.QtWidgets import (
 
 from k3desk.core.engines.discovery import discover_engines
 from k3desk.core.engines.probe import ProbeResult, probe_engine
-from k3desk.core.engines.supervisor import LaunchSpec
 from k3desk.core.errors import EngineError, ValidationError
 from k3desk.core.planning.model import LaunchPlan, PlanOptions
 from k3desk.core.progress import CancelToken, Progress
@@ -141,9 +140,9 @@ class EngineRow:
 def prepare_launch(
     ctx: AppContext, shard: Path, mmproj: Path | None, hw: Any, token: CancelToken
 ) -> LaunchRequest:
-    """Compose core calls into what to start: engine, shard-set check, plan, launch spec."""
-    from k3desk.core.gguf.validate import validate_shard_set
-    from k3desk.core.planning.plan import make_plan
+    """The core's launch preparation (engine, shard-set check, plan), as the views show it."""
+    from k3desk.core.engines.launch import DoesNotFitError, NoEngineError
+    from k3desk.core.engines.launch import prepare_launch as prepare
 
     if not shard.is_file():
         raise ValidationError(
@@ -151,37 +150,34 @@ def prepare_launch(
             "Download a tier first, or choose the first shard (-00001-of-000NN.gguf).",
         )
     s = ctx.settings
-    exe = None
-    for cand in discover_engines(ctx.services.paths, s.engine_binary or None):
-        if not cand.exists:
-            continue
-        result = probe_engine(cand.path, ctx.services.paths, cancel=token)
-        if result.usable:
-            exe = cand.path
-            break
-    if exe is None:
-        raise EngineError(
-            "No llama-server that can run Kimi-K3 was found.",
+    try:
+        prepared = prepare(
+            shard,
+            mmproj=mmproj,
+            hardware=hw or (lambda: ctx.services.detect_hardware(measure_bandwidth=False)),
+            options=PlanOptions(ctx=s.ctx, temperature=s.temperature, top_p=s.top_p),
+            paths=ctx.services.paths,
+            configured=s.engine_binary or None,
+            catalog=ctx.services.catalog,
+            cancel=token,
+        )
+    except NoEngineError as exc:
+        raise NoEngineError(
+            exc.message,
             "Build one with the Build button on the Engine page, or set one in Settings.",
-        )
-    layout = validate_shard_set(shard, tiers=ctx.services.catalog, cancel=token)
-    if hw is None:
-        hw = ctx.services.detect_hardware(measure_bandwidth=False)
-    opts = PlanOptions(ctx=s.ctx, mmproj=mmproj, temperature=s.temperature, top_p=s.top_p)
-    plan = make_plan(hw, layout, opts)
-    if plan.verdict == "no-fit":
-        raise EngineError(
-            f"{shard.name} does not fit this machine: {plan.reason}",
-            "Choose a smaller tier in the wizard.",
-        )
-    spec = LaunchSpec(
-        exe,
-        tuple(plan.server_args),
-        model_bytes=layout.total_file_bytes,
-        n_layers=len(layout.layers),
-    )
+        ) from None
+    except DoesNotFitError as exc:
+        raise DoesNotFitError(
+            exc.message, "Choose a smaller tier in the wizard.", exc.plan
+        ) from None
     name = shard.name.split("-0000")[0].removesuffix(".gguf")
-    return LaunchRequest(spec, plan, name, vision=mmproj is not None)
+    return LaunchRequest(
+        prepared.spec(),
+        prepared.plan,
+        name,
+        vision=mmproj is not None,
+        replan=prepared.replan_after_oom,
+    )
 
 
 def find_model(folder: Path) -> tuple[Path | None, Path | None]:
