@@ -10,14 +10,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from k3desk.core.engines.launch import plan_model
 from k3desk.core.errors import CatalogError
 from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.gguf.validate import validate_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
-from k3desk.core.planning.memory import mmproj_file_bytes
 from k3desk.core.planning.model import LaunchPlan, LayerPlacement, PlanOptions
-from k3desk.core.planning.plan import make_plan
-from k3desk.core.planning.recommend import options_for
 from k3desk.core.units import GiB, fmt_bytes
 
 if TYPE_CHECKING:
@@ -74,29 +72,12 @@ def catalog_tiers(services: Services) -> tuple[Tier, ...]:
     return ()
 
 
-def tier_of(layout: ModelLayout, tiers: Sequence[Tier]) -> Tier | None:
-    """The catalog tier whose part 1 is this layout's part 1, by file name."""
-    name = layout.first_part.name
-    for tier in tiers:
-        if Path(tier.first_shard).name == name:
-            return tier
-    return None
-
-
 def run(args: argparse.Namespace, services: Services) -> int:
     tiers = catalog_tiers(services)
     layout = validate_shard_set(args.shard, tiers=tiers)
     hw = machine(args, services, layout.first_part.parent)
-    opts = PlanOptions(
-        ctx=args.ctx,
-        mmproj=args.mmproj,
-        mmproj_bytes=mmproj_file_bytes(args.mmproj) if args.mmproj is not None else None,
-        n_cpu_moe=args.n_cpu_moe,
-    )
-    tier = tier_of(layout, tiers)
-    if tier is not None:
-        opts = options_for(tier, opts)
-    plan = make_plan(hw, layout, opts)
+    opts = PlanOptions(ctx=args.ctx, mmproj=args.mmproj, n_cpu_moe=args.n_cpu_moe)
+    plan, tier = plan_model(hw, layout, opts, tiers)
     if args.json:
         data: dict[str, Any] = {
             "model": str(layout.first_part),
