@@ -85,3 +85,49 @@ def test_cancel_stops_and_removes_partial_files(ctx, qtbot, panel, tier_repo, tm
     assert not panel.resume_btn.isEnabled()
     partials = [p for p in target.rglob("*") if p.is_file() and "partial" in str(p)]
     assert partials == []
+
+
+def _table_states(panel: DownloadPanel) -> dict[str, str]:
+    t = panel.table
+    return {t.item(r, 0).text(): t.item(r, 3).text() for r in range(t.rowCount())}
+
+
+def test_every_file_of_the_tier_is_listed_from_the_start(  # type: ignore[no-untyped-def]
+    ctx, qtbot, panel, tier_repo, tmp_path
+) -> None:
+    tier_repo.hub.throttle_bps = 1_000_000  # four at a time: the others wait their turn
+    dl = ctx.controller("downloads")
+    dl.start(tier_repo.request(), tmp_path / "models")
+    qtbot.waitUntil(
+        lambda: any(r.state == "downloading" for r in dl.state.files.values()), timeout=30_000
+    )
+    shown = _table_states(panel)
+    assert set(shown) == set(tier_repo.wanted)
+    assert "queued" in shown.values()
+    assert "downloading" in shown.values()
+    panel.pause_btn.click()
+    qtbot.waitUntil(lambda: dl.state.status == "paused", timeout=30_000)
+    assert set(_table_states(panel)) == set(tier_repo.wanted)
+
+
+def test_files_already_here_are_shown_as_reused(  # type: ignore[no-untyped-def]
+    ctx, qtbot, panel, tier_repo, tmp_path
+) -> None:
+    from tests.fixtures.hub import MMPROJ
+
+    target = tmp_path / "models"
+    (target / MMPROJ).parent.mkdir(parents=True)
+    (target / MMPROJ).write_bytes(tier_repo.files[MMPROJ])  # copied in by hand
+    dl = ctx.controller("downloads")
+    dl.start(tier_repo.request(), target)
+    qtbot.waitUntil(lambda: dl.state.status == "done", timeout=60_000)
+    shown = _table_states(panel)
+    assert shown.pop(MMPROJ) == "✓ reused"
+    assert set(shown.values()) == {"✓ verified"}
+    row = next(r for r in range(panel.table.rowCount()) if panel.table.item(r, 0).text() == MMPROJ)
+    assert "sha256 checked" in panel.table.item(row, 3).toolTip()
+
+    dl.start(tier_repo.request(), target)  # again: nothing is fetched, all is reused
+    qtbot.waitUntil(lambda: dl.state.status == "done", timeout=60_000)
+    assert set(_table_states(panel).values()) == {"✓ reused"}
+    assert len(_table_states(panel)) == len(tier_repo.wanted)

@@ -41,12 +41,15 @@ from k3desk.core.hub.model import (
     DownloadRequest,
     DownloadSummary,
     FileDone,
+    FileSource,
     FileStarted,
     HubWarning,
     Listing,
     ListingDone,
     Phase,
     Preflight,
+    Queued,
+    QueuedFile,
     RemoteFile,
     Retrying,
     Stalled,
@@ -218,6 +221,7 @@ class DownloadJob:
         )
 
         items = self._classify(listing, state)
+        self._emit(Queued(tuple(_queued(it) for it in items)))
         needed = 0
         target_dev = os.stat(self.target).st_dev
         for it in items:
@@ -644,6 +648,18 @@ class DownloadJob:
                 log.info("retrying %s in %.1f s: %s", f.path, wait_s, reason)
                 if self._stop.wait(wait_s):
                     raise Cancelled() from exc
+
+
+_SOURCE: dict[Kind, FileSource] = {
+    "trusted": "state",
+    "existing": "existing",
+    "hf-cache": "hf-cache",
+    "fetch": "download",
+}
+
+
+def _queued(it: _Item) -> QueuedFile:
+    return QueuedFile(it.file.path, it.file.size, _SOURCE[it.kind], it.resumable)
 
 
 def _prune_empty_dirs(root: Path) -> None:

@@ -132,6 +132,29 @@ class ListingDone:
 
 
 @dataclass(frozen=True)
+class QueuedFile:
+    """One file of the listing, and how the job means to get it.
+
+    ``source``: ``state`` (verified by an earlier run), ``existing`` or
+    ``hf-cache`` (a copy to check and reuse), ``download`` (to fetch, from
+    ``resume_from`` when part of it is on disk already).
+    """
+
+    path: str
+    size: int
+    source: FileSource
+    resume_from: int = 0
+
+
+@dataclass(frozen=True)
+class Queued:
+    """Every file of the download, in listing order, before any of them starts."""
+
+    files: tuple[QueuedFile, ...]
+    kind: Literal["queued"] = "queued"
+
+
+@dataclass(frozen=True)
 class Preflight:
     target: str
     filesystem: str
@@ -240,6 +263,7 @@ class Done:
 
 DownloadEvent = (
     ListingDone
+    | Queued
     | Preflight
     | FileStarted
     | FileProgress

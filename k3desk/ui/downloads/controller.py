@@ -22,10 +22,12 @@ from k3desk.core.hub.model import (
     HubWarning,
     ListingDone,
     Preflight,
+    Queued,
     Retrying,
     Stalled,
     Verified,
 )
+from k3desk.core.units import fmt_bytes
 from k3desk.ui.bridge import Relay
 
 if TYPE_CHECKING:
@@ -37,7 +39,9 @@ class FileRow:
     path: str
     size: int = 0
     done: int = 0
-    state: str = "queued"  # queued, downloading, verifying, verified, failed, retrying
+    # queued, downloading, verifying, verified (fetched now), reused (already had it),
+    # retrying, failed; paused or cancelled when the job stopped while it was moving
+    state: str = "queued"
     speed: float = 0.0
     note: str = ""
 
@@ -171,6 +175,8 @@ class DownloadsController(QObject):
         if isinstance(ev, ListingDone):
             state.total = ev.total_bytes
             state.status = "running"
+        elif isinstance(ev, Queued):
+            state.files = _queued_rows(ev, state.files)
         elif isinstance(ev, Preflight):
             state.free, state.needed = ev.free_bytes, ev.needed_bytes
         elif isinstance(ev, FileStarted):
@@ -196,16 +202,40 @@ class DownloadsController(QObject):
         elif isinstance(ev, FileDone):
             row = state.files.setdefault(ev.path, FileRow(ev.path, ev.size))
             row.done = row.size = ev.size
-            if row.state != "failed":
-                row.state = "verified"
-            if ev.source != "download":
-                row.note = {
-                    "existing": "already here",
-                    "hf-cache": "from the HF cache",
-                    "state": "already verified",
-                }.get(ev.source, "")
+            if ev.source == "download":
+                row.state, row.note = "verified", ""
+            else:
+                row.state, row.note = "reused", _REUSED[ev.source]
         elif isinstance(ev, HubWarning):
             state.warnings.append(ev.message)
         elif isinstance(ev, Done):
             state.summary = ev.summary
         self.changed.emit(state)
+
+
+_REUSED = {
+    "existing": "already in the folder; sha256 checked",
+    "hf-cache": "from the Hugging Face cache; sha256 checked",
+    "state": "verified by an earlier download",
+}
+
+
+def _queued_rows(ev: Queued, before: dict[str, FileRow]) -> dict[str, FileRow]:
+    """A row for every file of the download, each saying how it will be obtained."""
+    rows: dict[str, FileRow] = {}
+    for q in ev.files:
+        old = before.get(q.path)
+        if old is not None and old.state == "verified" and q.source == "state":
+            rows[q.path] = old  # fetched before a pause in this session: keep saying so
+            continue
+        row = FileRow(q.path, q.size, q.resume_from)
+        if q.source == "download" and q.resume_from:
+            row.note = f"{fmt_bytes(q.resume_from)} already here; resumes from there"
+        elif q.source == "existing":
+            row.note = "already in the folder; its sha256 is checked before it is reused"
+        elif q.source == "hf-cache":
+            row.note = "in the Hugging Face cache; its sha256 is checked before it is reused"
+        elif q.source == "state":
+            row.note = "verified by an earlier download"
+        rows[q.path] = row
+    return rows

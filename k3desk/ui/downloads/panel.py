@@ -31,6 +31,7 @@ STATE_TEXT = {
     "downloading": "downloading",
     "verifying": "verifying sha256",
     "verified": "✓ verified",
+    "reused": "✓ reused",
     "failed": "✗ failed",
     "retrying": "retrying",
     "paused": "paused",

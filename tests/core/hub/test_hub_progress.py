@@ -9,9 +9,15 @@ import pytest
 
 from k3desk.core.hub import reporting
 from k3desk.core.hub.job import DownloadJob
-from k3desk.core.hub.model import DownloadEvent, DownloadOptions, FileProgress
+from k3desk.core.hub.model import (
+    DownloadEvent,
+    DownloadOptions,
+    DownloadRequest,
+    FileProgress,
+    Queued,
+)
 from k3desk.core.hub.reporting import Events, FileTask, Overall
-from tests.fixtures.hub import TierRepo, shard_name
+from tests.fixtures.hub import MMPROJ, TIER_REPO, TierRepo, shard_name
 
 MB = 1_000_000
 CHUNK = 100_000  # bytes per step
@@ -143,3 +149,27 @@ def test_a_file_already_here_but_damaged_adds_its_bytes_to_the_total(
     assert summary.refetched == (bad,)
     last = max(progress_of(events), key=lambda e: e.overall_done)
     assert last.overall_done == last.overall_total == summary.fetched_bytes
+
+
+def test_every_file_is_announced_with_its_plan_before_any_starts(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    """What a per-file list shows from the start: queued, to resume, to check and reuse."""
+    hub = tier_repo.hub
+    DownloadJob(DownloadRequest(TIER_REPO, (shard_name(1),)), tmp_path, _options(hub)).run()
+    (tmp_path / MMPROJ).write_bytes(tier_repo.files[MMPROJ])  # copied here by hand
+    events: list[DownloadEvent] = []
+    DownloadJob(tier_repo.request(), tmp_path, _options(hub), events.append).run()
+    kinds = [e.kind for e in events]
+    queued = events[kinds.index("queued")]
+    assert isinstance(queued, Queued)
+    assert kinds.index("queued") < kinds.index("file_started")
+    plan = {q.path: q.source for q in queued.files}
+    assert set(plan) == set(tier_repo.wanted)
+    assert plan[shard_name(1)] == "state"
+    assert plan[MMPROJ] == "existing"
+    assert sorted(p for p, s in plan.items() if s == "download") == sorted(
+        set(tier_repo.wanted) - {shard_name(1), MMPROJ}
+    )
+    sizes = {q.path: q.size for q in queued.files}
+    assert sizes == {p: len(d) for p, d in tier_repo.wanted.items()}
