@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from k3desk.ui.downloads.panel import DownloadPanel
+from k3desk.ui.downloads.panel import DownloadPanel, fmt_eta
 
 
 @pytest.fixture
@@ -131,3 +131,22 @@ def test_files_already_here_are_shown_as_reused(  # type: ignore[no-untyped-def]
     qtbot.waitUntil(lambda: dl.state.status == "done", timeout=60_000)
     assert set(_table_states(panel).values()) == {"✓ reused"}
     assert len(_table_states(panel)) == len(tier_repo.wanted)
+
+
+def test_eta_never_says_zero_seconds_when_it_does_not_know(  # type: ignore[no-untyped-def]
+    ctx, panel, tier_repo, tmp_path
+) -> None:
+    from k3desk.ui.downloads.controller import DownloadState
+
+    assert fmt_eta(None) == "—"
+    assert fmt_eta(0.0) == "< 1 s"
+    assert fmt_eta(0.4) == "< 1 s"
+    assert fmt_eta(1.0) == "1 s"
+    assert fmt_eta(61) == "1 min 01 s"
+    assert fmt_eta(3 * 3600 + 125) == "3 h 02 min"
+    st = DownloadState(tier_repo.request(), tmp_path, status="running", total=10, done=5)
+    panel.show_state(st)  # no rate measured yet
+    assert "ETA —" in panel.numbers.text()
+    st.speed, st.eta = 2_000_000.0, 0.3
+    panel.show_state(st)
+    assert "ETA < 1 s" in panel.numbers.text()

@@ -40,8 +40,11 @@ STATE_TEXT = {
 
 
 def fmt_eta(seconds: float | None) -> str:
+    """A duration for people: "—" while unknown, "< 1 s" rather than "0 s"."""
     if seconds is None or seconds < 0:
         return "—"
+    if seconds < 1:
+        return "< 1 s"
     s = int(seconds)
     if s >= 3600:
         return f"{s // 3600} h {s % 3600 // 60:02d} min"
