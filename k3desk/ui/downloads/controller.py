@@ -122,7 +122,7 @@ class DownloadsController(QObject):
             self._end(state)
 
         def cancelled() -> None:
-            state.status = "cancelled" if job._discard else "paused"
+            state.status = "cancelled" if job.discarding else "paused"
             self._end(state)
 
         def error(exc: BaseException) -> None:
