@@ -233,29 +233,56 @@ class HistoryStore:
             "or restore it from a backup.",
         )
 
-    def _setup(self, use_fts: bool | None) -> None:
-        con = self._con
-        con.execute("PRAGMA foreign_keys = ON")
-        con.execute("PRAGMA busy_timeout = 10000")
-        mode = con.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            # e.g. a file system without shared memory; the store still works
-            con.execute("PRAGMA journal_mode = DELETE")
-        con.execute("PRAGMA synchronous = NORMAL")
-        version = int(con.execute("PRAGMA user_version").fetchone()[0])
+    def _schema_version(self) -> int:
+        version = int(self._con.execute("PRAGMA user_version").fetchone()[0])
         if version > SCHEMA_VERSION:
             raise HistoryError(
                 f"The chat history {self.path} was written by a newer k3desk "
                 f"(schema {version}; this version reads up to {SCHEMA_VERSION}).",
                 "Update k3desk, or move the file aside to start an empty history.",
             )
-        if version == 0:
+        return version
+
+    def _journal_mode(self, mode: str) -> str:
+        """Switch the journal mode; returns the mode now in force.
+
+        SQLite answers "database is locked" at once, without waiting out the busy
+        timeout, when two connections switch a new file to WAL together (two
+        threads, or two app instances, opening the history for the first time):
+        so retry for as long as the busy timeout would have waited.
+        """
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                row = self._con.execute(f"PRAGMA journal_mode = {mode}").fetchone()
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+                continue
+            return str(row[0]).lower()
+
+    def _setup(self, use_fts: bool | None) -> None:
+        con = self._con
+        con.execute("PRAGMA foreign_keys = ON")
+        con.execute("PRAGMA busy_timeout = 10000")
+        if self._journal_mode("WAL") != "wal":
+            # e.g. a file system without shared memory; the store still works
+            self._journal_mode("DELETE")
+        con.execute("PRAGMA synchronous = NORMAL")
+        version = self._schema_version()
+        if version < SCHEMA_VERSION:
             want_fts = fts5_available() if use_fts is None else use_fts
+            # BEGIN IMMEDIATE: one opener at a time; whoever comes second (another
+            # thread or process opening the same new file) finds the schema made
             with self._tx():
-                for stmt in _split_sql(_SCHEMA_V1 + (_FTS_V1 if want_fts else "")):
-                    con.execute(stmt)
-                con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        # future migrations: `if version < 2: ...` inside one transaction each
+                version = self._schema_version()
+                if version == 0:
+                    for stmt in _split_sql(_SCHEMA_V1 + (_FTS_V1 if want_fts else "")):
+                        con.execute(stmt)
+                    con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                # future migrations go here, on the version read inside this transaction:
+                # `if version < 2: ...`
         self.has_fts = (
             con.execute(
                 "SELECT 1 FROM sqlite_master WHERE type='table' AND name='messages_fts'"

@@ -303,6 +303,46 @@ def test_writes_from_several_threads_at_once(tmp_path: Path) -> None:
             assert [m.content for m in h.branch(c.id)] == [f"q{j}!" for j in range(100)]
 
 
+def _open_at_once(db: Path, n: int, use_fts: bool | None) -> list[HistoryStore]:
+    start = threading.Barrier(n)
+    opened: list[HistoryStore] = []
+    errors: list[BaseException] = []
+
+    def open_it() -> None:
+        start.wait()
+        try:
+            opened.append(HistoryStore(db, use_fts=use_fts))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for h in opened if errors else ():
+        h.close()
+    assert errors == []
+    return opened
+
+
+@pytest.mark.parametrize("use_fts", [None, False])
+def test_threads_opening_a_new_history_at_once_all_get_it(
+    tmp_path: Path, use_fts: bool | None
+) -> None:
+    """The first start: a worker listing conversations and one saving a message race."""
+    for attempt in range(8):
+        db = tmp_path / f"race{attempt}" / "history.sqlite3"
+        opened = _open_at_once(db, 4, use_fts)
+        conv = opened[0].create_conversation("first")
+        for h in opened:  # every store sees the one schema and the same data
+            assert [c.id for c in h.list_conversations()] == [conv.id]
+            h.close()
+        con = sqlite3.connect(db)
+        assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        con.close()
+
+
 def test_newer_schema_and_damaged_files_are_refused_clearly(tmp_path: Path) -> None:
     newer = tmp_path / "newer.sqlite3"
     con = sqlite3.connect(newer)
