@@ -191,9 +191,10 @@ def prepare_launch(
     plan, tier = plan_model(hw, layout, options, tiers)
     progress(Progress("plan", 1, 1, plan.verdict))
     if plan.verdict == "no-fit":
-        machine = hw.label or hw.hostname or "this machine"
+        machine = hw.label or hw.hostname
+        where = f"this machine ({machine})" if machine else "this machine"
         raise DoesNotFitError(
-            f"{layout.first_part.name} does not fit {machine}: it is "
+            f"{layout.first_part.name} does not fit {where}: it is "
             f"{fmt_bytes(plan.shortfall)} short of memory. {plan.reason}",
             f"See `k3desk plan {layout.first_part}` for the numbers, free "
             f"{fmt_bytes(plan.shortfall)} of RAM, or choose a smaller tier.",

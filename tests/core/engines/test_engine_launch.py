@@ -409,3 +409,26 @@ def test_serve_prints_the_real_projector_budget(
     out = "".join(seen)
     assert f"The projector ({budget} with its buffer)" in out
     assert fmt_bytes(MMPROJ_DEFAULT_BYTES + MMPROJ_COMPUTE_BYTES) not in out
+
+
+@pytest.mark.engine
+def test_chat_plans_an_n_cpu_moe_given_as_an_engine_argument(
+    llama_server: Path, tiny_k3_single: TinyModel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # llama-server itself refuses "--n-cpu-moe=3" (invalid argument); planned, it is "--n-cpu-moe 3"
+    from k3desk.app import Services
+    from k3desk.cli import main
+
+    argv = ["chat", str(tiny_k3_single.first_part), "--engine", str(llama_server)]
+    argv += ["--ctx", "1024", "--max-tokens", "2", "--seed", "1", "--no-thinking"]
+    argv += ["--engine-arg=--n-cpu-moe=3", "--engine-arg=--threads", "--engine-arg=1", "Hi"]
+    rc = main(argv, Services())
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "Engine ready in" in err
+    model = str(tiny_k3_single.first_part)
+    logs = sorted(default_paths().logs_dir.glob("llama-server-*.log"))
+    commands = [f.read_text().splitlines()[0] for f in logs]
+    (command,) = [c for c in commands if f"-m {model} " in c]  # not the probe's canary
+    assert "--n-cpu-moe=3" not in command
+    assert " --threads 1 " in command
