@@ -12,6 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from k3desk.core.hub import _hfchild
 from k3desk.core.paths import AppPaths, default_paths
 from k3desk.core.resources import resources_dir
 
@@ -55,6 +56,9 @@ class Services:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == [_hfchild.HUB_CHILD_FLAG]:
+        # a download child of this very program (a frozen build has no `python -m`)
+        return _hfchild.main()
     services = Services()
     if not args or args[0] in ("--gui",) or (args and args[0].startswith("--install-desktop")):
         if args and args[0].startswith("--install-desktop"):

@@ -1,8 +1,12 @@
 """Child process: one ``hf_hub_download`` (hf_xet when offered), progress as JSON lines.
 
-Started by :func:`k3desk.core.hub.transfer.child_attempt`.  Reads one JSON
-line on stdin describing the file; writes ``{"n": bytes}`` lines while bytes
-arrive, then ``{"done": path}`` or ``{"error": ...}``.  The token, if any,
+Started by :func:`k3desk.core.hub.transfer.child_attempt` with :func:`command`:
+``python -m k3desk.core.hub._hfchild``, or, in a frozen (PyInstaller) build
+where ``sys.executable`` is the app itself, the app with the hidden first
+argument ``--hub-child`` (``k3desk.app.main`` hands that straight here).
+
+Reads one JSON line on stdin describing the file; writes ``{"n": bytes}`` lines
+while bytes arrive, then ``{"done": path}`` or ``{"error": ...}``.  The token, if any,
 comes in the ``HF_TOKEN`` environment variable.  When stdin closes (the parent
 went away or wants it gone) the process exits at once.
 """
@@ -15,7 +19,16 @@ import sys
 import threading
 from typing import Any
 
+HUB_CHILD_FLAG = "--hub-child"
+
 _out_lock = threading.Lock()
+
+
+def command() -> list[str]:
+    """The command line that starts this child from the running program."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, HUB_CHILD_FLAG]
+    return [sys.executable, "-m", "k3desk.core.hub._hfchild"]
 
 
 def _say(msg: dict[str, Any]) -> None:

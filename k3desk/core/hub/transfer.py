@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from k3desk.core.errors import Cancelled, HubError
+from k3desk.core.hub import _hfchild
 from k3desk.core.hub.hashing import StreamHasher
 from k3desk.core.hub.model import DownloadOptions, RemoteFile
 from k3desk.core.hub.reporting import FileTask
@@ -302,7 +302,7 @@ def child_attempt(ctx: Context, f: RemoteFile, staging: Path, task: FileTask) ->
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "k3desk.core.hub._hfchild"],
+        _hfchild.command(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
