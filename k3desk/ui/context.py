@@ -76,7 +76,8 @@ class AppContext(QObject):
         self.save_settings(dataclasses.replace(self._settings, **changes))
 
     def controller(self, name: str) -> Any:
-        """A lazily built, app-wide controller (``"engine"``, ``"downloads"``, ``"hardware"``)."""
+        """A lazily built, app-wide controller (``"engine"``, ``"downloads"``, ``"hardware"``,
+        ``"cluster"``)."""
         if name not in self._controllers:
             self._controllers[name] = self._build(name)
         return self._controllers[name]
@@ -97,6 +98,10 @@ class AppContext(QObject):
             from k3desk.ui.downloads.controller import DownloadsController
 
             return DownloadsController(self, self)
+        if name == "cluster":
+            from k3desk.ui.cluster.controller import ClusterController
+
+            return ClusterController(self, self)
         raise KeyError(name)
 
     def close(self) -> None:

@@ -1,4 +1,5 @@
-"""The main window: a sidebar (Chat, Models, Downloads, Engine, Settings) and one page at a time.
+"""The main window: a sidebar (Chat, Models, Downloads, Engine, Settings, Cluster) and one page
+at a time.
 
 Pages are built the first time they are shown, which keeps start-up fast.
 """
@@ -67,6 +68,13 @@ PAGES: tuple[PageSpec, ...] = (
         "k3desk.ui.settings_page:SettingsPage",
         "Folders, engine, chat defaults, token, theme",
     ),
+    PageSpec(
+        "cluster",
+        "Cluster",
+        "cluster",
+        "k3desk.ui.cluster.page:ClusterPage",
+        "Several machines over SSH (SparkInfer, llama.cpp RPC) and attached servers",
+    ),
 )
 
 
@@ -130,6 +138,7 @@ class MainWindow(QMainWindow):
         engine = ctx.controller("engine")
         engine.state_changed.connect(lambda _s, _m: self.set_engine_status(engine.state_text()))
         self.set_engine_status(engine.state_text())
+        ctx.controller("cluster")  # cluster engines and attached servers serve the chat too
 
         self.sidebar.currentRowChanged.connect(self._row_changed)
         for i, spec in enumerate(PAGES):

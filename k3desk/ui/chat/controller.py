@@ -413,7 +413,12 @@ class ChatController(QObject):
             error: ChatError | None = None
             try:
                 with ChatClient(endpoint) as client:
-                    result = client.chat(messages, conv.settings, on_delta=on_delta, cancel=tok)
+                    result = client.chat(
+                        messages,
+                        self.engine.chat_settings(conv.settings),
+                        on_delta=on_delta,
+                        cancel=tok,
+                    )
                     try:
                         caps = client.capabilities()
                         n_ctx = caps.n_ctx

@@ -507,6 +507,10 @@ class EnginePage(QWidget):
         lay.setContentsMargins(0, 0, 10, 0)
         scroll.setWidget(body)
         outer.addWidget(scroll, 1)
+        from k3desk.ui.cluster.engine_view import ClusterEngineView
+
+        self.cluster = ClusterEngineView(ctx)  # shown while a cluster engine runs
+        lay.addWidget(self.cluster)
         self.panel = EnginePanel(ctx)
         lay.addWidget(self.panel)
 

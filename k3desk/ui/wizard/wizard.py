@@ -110,6 +110,12 @@ class MachinePage(_Page):
         self.this.setToolTip("Plan for the machine k3desk runs on")
         row.addWidget(self.this)
         row.addWidget(self.other)
+        self.cluster = QPushButton("Use several machines…")
+        self.cluster.setObjectName("useCluster")
+        self.cluster.setToolTip(
+            "Run Kimi-K3 across machines reached over SSH, or chat with a server that runs it"
+        )
+        row.addWidget(self.cluster)
         card.body.addLayout(row)
         self.lay.addWidget(card)
         self.chart = FitChart()
@@ -120,6 +126,7 @@ class MachinePage(_Page):
         self.lay.addWidget(scroll, 1)
         self.other.clicked.connect(wizard.choose_hardware_file)
         self.this.clicked.connect(lambda: wizard.hardware.detect())
+        self.cluster.clicked.connect(wizard.use_cluster)
 
     def show_profile(self, hw: HardwareProfile) -> None:
         self.summary.setText(machine_html(hw))
@@ -431,6 +438,14 @@ class TierWizard(QWizard):
 
     def selected_tier(self) -> TierVerdict | None:
         return self.tiers.table.current()
+
+    def use_cluster(self) -> None:
+        """Leave the wizard for the Cluster page (several machines, or an attached server)."""
+        window = self.parentWidget()
+        self.reject()
+        show = getattr(window, "show_page", None)
+        if show is not None:
+            show("cluster")
 
     def choose_hardware_file(self) -> None:
         f, _ = QFileDialog.getOpenFileName(

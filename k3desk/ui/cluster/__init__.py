@@ -1,0 +1,1 @@
+"""Several machines: the Cluster page, the cluster engine in the Engine view, attached servers."""

@@ -1,0 +1,519 @@
+"""Clusters, cluster engines and attached servers for the desktop app, over the core.
+
+One app-wide object (``ctx.controller("cluster")``).  The Cluster page edits and
+probes clusters and starts engines through it, the Engine page watches the
+running group through it, and the engine controller asks it where the chat goes
+when no local engine runs: to a ready cluster engine first, else to the attached
+server chosen for chat.  Every ssh, HTTP and keyring call runs in the task
+manager; group events arrive on the group's monitor thread and reach the main
+thread through :mod:`k3desk.ui.bridge` relays.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QObject, Signal
+
+from k3desk.core.cluster.assess import (
+    Assessment,
+    EngineKind,
+    assess_rpc,
+    assess_sparkinfer,
+    rpc_config,
+)
+from k3desk.core.cluster.endpoints import EndpointStatus, EndpointStore, RemoteEndpoint
+from k3desk.core.cluster.group import GroupEvent, GroupState, GroupSupervisor
+from k3desk.core.cluster.members import Member, group_members
+from k3desk.core.cluster.nodes import Cluster, ClusterError, ClusterStore
+from k3desk.core.cluster.probe import NodeReport, ShardSetSpec, probe_cluster
+from k3desk.core.cluster.rpc import DEFAULT_RPC_PORT, RpcCluster
+from k3desk.core.cluster.sparkinfer import (
+    BRIDGE_PORT,
+    COORD_PORT,
+    ENV_PROFILES,
+    SERVE_PORT,
+    ServeStats,
+    SparkInferCluster,
+    SparkInferConfig,
+    bridge_settings,
+)
+from k3desk.core.errors import K3Error
+from k3desk.core.progress import CancelToken, Progress
+from k3desk.ui.bridge import Relay
+
+if TYPE_CHECKING:
+    from k3desk.core.catalog.model import Tier
+    from k3desk.core.chat.client import ChatEndpoint
+    from k3desk.core.chat.model import ChatSettings
+    from k3desk.ui.context import AppContext
+    from k3desk.ui.tasks import Task
+
+log = logging.getLogger(__name__)
+
+SPARKINFER_TIER = "vcruz305-ud-iq1s"
+RECENT_KEY = "chat_endpoint"  # Settings.recent: the attached server the chat uses
+EVENT_LOG = 300
+
+
+@dataclass(frozen=True)
+class LaunchChoice:
+    """What the person picked on the Cluster page for one launch."""
+
+    engine: EngineKind = "sparkinfer"
+    tier_id: str = SPARKINFER_TIER
+    ctx: int = 8192
+    profile: str = "recipe"  # SparkInfer environment preset (ENV_PROFILES)
+    spec_draft: int | None = None
+    coord_port: int = COORD_PORT
+    serve_port: int = SERVE_PORT
+    bridge_port: int = BRIDGE_PORT
+    model: str = ""  # RPC: the first shard on this machine
+    rpc_port: int = DEFAULT_RPC_PORT
+    allow_public: bool = False
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    tier_id: str
+    reports: tuple[NodeReport, ...]
+    finished_at: float
+
+
+class ClusterController(QObject):
+    """Signals:
+    clusters_changed(): the saved clusters changed (added, edited, removed).
+    probe_progress(str, object): cluster name, a core Progress while its nodes are probed.
+    probe_finished(str): the probe of that cluster ended (see :meth:`probe` / ``probe_errors``).
+    group_changed(): a cluster engine was started or stopped, or changed state.
+    group_event(object): a core GroupEvent of the running engine (phases, restarts).
+    stats(object): a ServeStats line of SparkInfer's rank 0 (one per answer).
+    endpoints_changed(): attached servers were added, removed or chosen for chat.
+    changed(): where the chat goes may have changed.
+    """
+
+    clusters_changed = Signal()
+    probe_progress = Signal(str, object)
+    probe_finished = Signal(str)
+    group_changed = Signal()
+    group_event = Signal(object)
+    stats = Signal(object)
+    endpoints_changed = Signal()
+    changed = Signal()
+
+    def __init__(self, ctx: AppContext, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.ctx = ctx
+        paths = ctx.services.paths
+        self.store = ClusterStore(paths)
+        self.endpoints = EndpointStore(paths)
+        self._clusters: list[Cluster] | None = None
+        self.load_error = ""
+        self.probes: dict[str, ProbeRun] = {}
+        self.probe_errors: dict[str, str] = {}
+        self._probe_tasks: dict[str, Task[Any]] = {}
+        self.group: GroupSupervisor | None = None
+        self.group_cluster = ""
+        self.group_title = ""
+        self.launch_choice: LaunchChoice | None = None
+        self.events: list[GroupEvent] = []
+        self.last_progress: Progress | None = None
+        self.last_stats: ServeStats | None = None
+        self._relays: list[Relay] = []
+        self._stopping = False
+        self.active_endpoint = ""
+        self._active_ep: ChatEndpoint | None = None
+        self.endpoint_error = ""
+        ctx.controller("engine").set_external(self)
+        wanted = ctx.settings.recent.get(RECENT_KEY)
+        if isinstance(wanted, str) and wanted:
+            self.use_endpoint(wanted, remember=False)
+
+    # ------------------------------------------------------------ clusters
+    def clusters(self) -> list[Cluster]:
+        if self._clusters is None:
+            try:
+                self._clusters = self.store.load()
+                self.load_error = ""
+            except ClusterError as exc:
+                self._clusters = []
+                self.load_error = f"{exc.message} {exc.hint}".strip()
+        return list(self._clusters)
+
+    def cluster(self, name: str) -> Cluster:
+        for c in self.clusters():
+            if c.name == name:
+                return c
+        return self.store.get(name)  # raises with the known names
+
+    def save_cluster(self, cluster: Cluster, old_name: str | None = None) -> Cluster:
+        """Add ``cluster``, or put it in place of ``old_name`` (ClusterError names the problems)."""
+        if old_name is None:
+            self.store.add(cluster)
+        elif old_name == cluster.name:
+            self.store.add(cluster, replace_existing=True)
+        else:
+            self.store.add(cluster)
+            self.store.remove(old_name)
+            if old_name in self.probes:
+                self.probes[cluster.name] = self.probes.pop(old_name)
+        self._clusters = None
+        self.clusters_changed.emit()
+        return cluster
+
+    def remove_cluster(self, name: str) -> None:
+        if self.group_running and self.group_cluster == name:
+            raise ClusterError(
+                f"An engine runs on cluster {name!r}.", "Stop it on the Engine page first."
+            )
+        self.store.remove(name)
+        self.probes.pop(name, None)
+        self.probe_errors.pop(name, None)
+        self._clusters = None
+        self.clusters_changed.emit()
+
+    # --------------------------------------------------------------- probe
+    def probing(self, name: str) -> bool:
+        task = self._probe_tasks.get(name)
+        return task is not None and task.running
+
+    def probe(self, name: str, tier_id: str = "") -> None:
+        """Probe every node of ``name`` (hardware, engines, the tier's copy) in the background."""
+        if self.probing(name):
+            return
+        cluster = self.cluster(name)
+        tier = self._tier(tier_id) if tier_id else None
+        spec = ShardSetSpec.from_tier(tier) if tier is not None else None
+        relay = Relay(self)
+        relay.fired.connect(lambda p: self.probe_progress.emit(name, p))
+
+        def work(token: CancelToken) -> list[NodeReport]:
+            return probe_cluster(
+                cluster, self.store.known_hosts, spec=spec, progress=relay, cancel=token
+            )
+
+        def done(reports: list[NodeReport]) -> None:
+            self.probes[name] = ProbeRun(tier_id, tuple(reports), time.time())
+            self.probe_errors.pop(name, None)
+
+        def error(exc: BaseException) -> None:
+            self.probe_errors[name] = (
+                f"{exc.message} {exc.hint}".strip() if isinstance(exc, K3Error) else str(exc)
+            )
+
+        def end() -> None:
+            self._probe_tasks.pop(name, None)
+            relay.deleteLater()
+            self.probe_finished.emit(name)
+
+        self.probe_errors.pop(name, None)
+        self._probe_tasks[name] = self.ctx.tasks.run(
+            work, on_done=done, on_error=error, on_finally=end, name=f"probe-{name}"
+        )
+
+    def cancel_probe(self, name: str) -> None:
+        task = self._probe_tasks.get(name)
+        if task is not None:
+            task.cancel()
+
+    def reports(self, name: str, tier_id: str | None = None) -> list[NodeReport]:
+        """The last probe's reports; their copy checks only when probed for ``tier_id``."""
+        run = self.probes.get(name)
+        if run is None:
+            return []
+        if tier_id is not None and run.tier_id != tier_id:
+            return [replace(r, copy=None) for r in run.reports]
+        return list(run.reports)
+
+    # ----------------------------------------------------------- assessment
+    def _tier(self, tier_id: str) -> Tier | None:
+        try:
+            return self.ctx.services.catalog.get(tier_id)
+        except K3Error:
+            return None
+
+    def sparkinfer_config(self, cluster: Cluster, choice: LaunchChoice) -> SparkInferConfig:
+        tier = self._tier(choice.tier_id)
+        base = SparkInferConfig(cluster)
+        model_file = Path(tier.first_shard).name if tier is not None else base.model_file
+        return SparkInferConfig(
+            cluster,
+            model_file=model_file,
+            max_ctx=choice.ctx,
+            spec_draft=choice.spec_draft,
+            env=dict(ENV_PROFILES.get(choice.profile, ENV_PROFILES["recipe"])),
+            coord_port=choice.coord_port,
+            serve_port=choice.serve_port,
+            bridge_port=choice.bridge_port,
+        )
+
+    def assess(self, name: str, choice: LaunchChoice) -> Assessment:
+        """Refusals, warnings and the plan for ``choice`` on cluster ``name`` (no network)."""
+        from k3desk.core.engines.discovery import find_llama_server
+
+        cluster = self.cluster(name)
+        reports = self.reports(name, choice.tier_id)
+        if choice.engine == "sparkinfer":
+            cfg = self.sparkinfer_config(cluster, choice)
+            return assess_sparkinfer(cfg, tier=self._tier(choice.tier_id), reports=reports)
+        model = Path(choice.model.strip()).expanduser() if choice.model.strip() else None
+        server = find_llama_server(
+            self.ctx.services.paths, configured=self.ctx.settings.engine_binary or None
+        )
+        rcfg = rpc_config(
+            cluster,
+            model,
+            server,
+            ctx=choice.ctx,
+            port=choice.rpc_port,
+            allow_public=choice.allow_public,
+        )
+        local = self.ctx.controller("hardware").profile
+        return assess_rpc(rcfg, reports=reports, local=local)
+
+    # --------------------------------------------------------------- engine
+    @property
+    def group_running(self) -> bool:
+        g = self.group
+        return g is not None and g.state not in (GroupState.STOPPED, GroupState.FAILED)
+
+    def members(self) -> list[Member]:
+        return group_members(self.group) if self.group is not None else []
+
+    def start(self, name: str, choice: LaunchChoice) -> GroupSupervisor:
+        """Start ``choice`` on cluster ``name``; refused (ClusterError) while refusals remain."""
+        from k3desk.core.engines.discovery import find_llama_server
+
+        if self.group_running or self._stopping:
+            raise ClusterError(
+                f"{self.group_title} already runs on cluster {self.group_cluster!r}.",
+                "Stop it on the Engine page first.",
+            )
+        verdict = self.assess(name, choice)
+        if not verdict.ok:
+            raise ClusterError(
+                f"{verdict.title} cannot start on {name!r}: " + " ".join(verdict.refusals)
+            )
+        cluster = self.cluster(name)
+        relay = Relay(self)
+        stats = Relay(self)
+        group: GroupSupervisor
+        if choice.engine == "sparkinfer":
+            group = SparkInferCluster(
+                self.sparkinfer_config(cluster, choice),
+                self.ctx.services.paths,
+                self.store.known_hosts,
+                on_event=relay,
+                on_stats=stats,
+            )
+        else:
+            server = find_llama_server(
+                self.ctx.services.paths, configured=self.ctx.settings.engine_binary or None
+            )
+            group = RpcCluster(
+                rpc_config(
+                    cluster,
+                    Path(choice.model.strip()).expanduser(),
+                    server,
+                    ctx=choice.ctx,
+                    port=choice.rpc_port,
+                    allow_public=choice.allow_public,
+                ),
+                self.ctx.services.paths,
+                self.store.known_hosts,
+                on_event=relay,
+            )
+        relay.fired.connect(lambda ev: self._on_event(group, ev))
+        stats.fired.connect(lambda s: self._on_stats(group, s))
+        for old in self._relays:
+            old.deleteLater()
+        self._relays = [relay, stats]
+        self.group = group
+        self.group_cluster = name
+        self.group_title = verdict.title
+        self.launch_choice = choice
+        self.events = []
+        self.last_progress = None
+        self.last_stats = None
+        group.start()
+        self.group_changed.emit()
+        self.changed.emit()
+        return group
+
+    def stop(self, then: Callable[[], None] | None = None) -> None:
+        """Stop every process of the running engine (in the background)."""
+        group = self.group
+        if group is None or self._stopping:
+            return
+        self._stopping = True
+        self.group_changed.emit()
+
+        def end() -> None:
+            self._stopping = False
+            self.group_changed.emit()
+            self.changed.emit()
+            if then is not None:
+                then()
+
+        self.ctx.tasks.run(lambda _t: group.stop(), on_finally=end, name="cluster-stop")
+
+    def restart(self) -> None:
+        """Stop every process, then start the same engine on the same cluster again."""
+        name, choice = self.group_cluster, self.launch_choice
+        if not name or choice is None:
+            return
+
+        def again() -> None:
+            try:
+                self.start(name, choice)
+            except K3Error as exc:
+                self.ctx.reporter.report(exc)
+
+        if self.group is not None and self.group.state is not GroupState.STOPPED:
+            self.stop(then=again)
+        else:
+            again()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def _on_event(self, group: GroupSupervisor, ev: GroupEvent) -> None:
+        if group is not self.group:
+            return
+        self.events.append(ev)
+        del self.events[:-EVENT_LOG]
+        if ev.progress is not None:
+            self.last_progress = ev.progress
+        self.group_event.emit(ev)
+        self.group_changed.emit()
+        if ev.progress is None:
+            self.changed.emit()
+
+    def _on_stats(self, group: GroupSupervisor, s: ServeStats) -> None:
+        if group is self.group:
+            self.last_stats = s
+            self.stats.emit(s)
+
+    # ------------------------------------------------------------- servers
+    def endpoint_list(self) -> list[RemoteEndpoint]:
+        return self.endpoints.load()
+
+    def attach(
+        self,
+        name: str,
+        url: str,
+        *,
+        api_key: str | None = None,
+        key_env: str = "",
+        on_done: Callable[[RemoteEndpoint, str], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        """Attach ``url`` (checked now; the key goes to the keyring) and use it for chat."""
+
+        def work(_t: CancelToken) -> tuple[RemoteEndpoint, str]:
+            return self.endpoints.add(
+                name, url, api_key=api_key, key_env=key_env, check=True, replace_existing=True
+            )
+
+        def done(result: tuple[RemoteEndpoint, str]) -> None:
+            ep, where = result
+            self.endpoints_changed.emit()
+            self.use_endpoint(ep.name)
+            if on_done is not None:
+                on_done(ep, where)
+
+        self.ctx.tasks.run(work, on_done=done, on_error=on_error, name="endpoint-attach")
+
+    def detach(self, name: str) -> None:
+        def done(_ep: RemoteEndpoint) -> None:
+            if self.active_endpoint == name:
+                self._set_active("", None, remember=True)
+            self.endpoints_changed.emit()
+
+        self.ctx.tasks.run(
+            lambda _t: self.endpoints.remove(name), on_done=done, name="endpoint-detach"
+        )
+
+    def use_endpoint(self, name: str, *, remember: bool = True) -> None:
+        """Send the chat to attached server ``name`` ("" = to none) when no engine runs."""
+        if not name:
+            self._set_active("", None, remember=remember)
+            return
+
+        def done(ep: ChatEndpoint) -> None:
+            self.endpoint_error = ""
+            self._set_active(name, ep, remember=remember)
+
+        def error(exc: BaseException) -> None:
+            self.endpoint_error = (
+                f"{exc.message} {exc.hint}".strip() if isinstance(exc, K3Error) else str(exc)
+            )
+            self.endpoints_changed.emit()
+
+        self.ctx.tasks.run(
+            lambda _t: self.endpoints.chat_endpoint(name),
+            on_done=done,
+            on_error=error,
+            name="endpoint-use",
+        )
+
+    def check_endpoint(self, name: str, on_done: Callable[[EndpointStatus], None]) -> None:
+        self.ctx.tasks.run(
+            lambda _t: self.endpoints.status(name), on_done=on_done, name="endpoint-check"
+        )
+
+    def _set_active(self, name: str, ep: ChatEndpoint | None, *, remember: bool) -> None:
+        self.active_endpoint = name
+        self._active_ep = ep
+        if remember:
+            recent = dict(self.ctx.settings.recent)
+            if name:
+                recent[RECENT_KEY] = name
+            else:
+                recent.pop(RECENT_KEY, None)
+            try:
+                self.ctx.update_settings(recent=recent)
+            except K3Error as exc:
+                self.ctx.reporter.report(exc)
+        self.endpoints_changed.emit()
+        self.changed.emit()
+
+    # ---------------------------------------------------------------- chat
+    def chat_endpoint(self) -> ChatEndpoint | None:
+        """A ready cluster engine, else the attached server chosen for chat, else None."""
+        g = self.group
+        if g is not None:
+            ep = g.endpoint
+            if ep is not None:
+                return ep
+        return self._active_ep
+
+    def adapt_settings(self, settings: ChatSettings) -> ChatSettings:
+        """SparkInfer's bridge reads a top-level ``thinking`` flag; others take the settings."""
+        g = self.group
+        if isinstance(g, SparkInferCluster) and g.endpoint is not None:
+            return bridge_settings(settings)
+        return settings
+
+    def state_text(self) -> str:
+        g = self.group
+        if g is not None and (g.state is not GroupState.STOPPED or self._stopping):
+            state = "stopping" if self._stopping else g.state.value
+            return f"{self.group_title} on {self.group_cluster}: {state}"
+        if self._active_ep is not None:
+            return f"Attached server {self.active_endpoint} ({self._active_ep.root})"
+        return ""
+
+    def close(self) -> None:
+        """Stop the cluster engine now (blocking; app exit)."""
+        for task in list(self._probe_tasks.values()):
+            task.cancel()
+        group, self.group = self.group, None
+        if group is not None:
+            group.stop()

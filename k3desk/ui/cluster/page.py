@@ -1,0 +1,710 @@
+"""The Cluster page: clusters of machines reached over SSH, their probe, the engine choice
+with the core's verdict, and attached servers.
+
+Everything shown comes from core: the probe reports (GPUs, memory, free disk, the
+tier's copy on each node), the cross-node plan, SparkInfer's and RPC's refusals
+and warnings (verbatim), and the explanation of the model card's SparkInfer
+command.  Probes and starts run through the task manager and the cluster
+controller; the page only lays the answers out.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QButtonGroup,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGridLayout,
+    QHBoxLayout,
+    QHeaderView,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QRadioButton,
+    QScrollArea,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from k3desk.core.cluster.assess import Assessment
+from k3desk.core.cluster.nodes import Cluster
+from k3desk.core.cluster.probe import NodeReport
+from k3desk.core.cluster.sparkinfer import (
+    BRIDGE_PORT,
+    CARD_COMMAND,
+    COORD_PORT,
+    ENV_PROFILES,
+    SERVE_PORT,
+    describe_launch,
+    explain_card_command,
+)
+from k3desk.core.errors import K3Error
+from k3desk.core.progress import Progress
+from k3desk.core.units import fmt_bytes
+from k3desk.ui import theme
+from k3desk.ui.cluster.controller import SPARKINFER_TIER, ClusterController, LaunchChoice
+from k3desk.ui.cluster.editor import ClusterEditor
+from k3desk.ui.cluster.endpoints import EndpointsPanel
+from k3desk.ui.widgets import Card, PageHeader, label, muted, primary, set_enabled
+
+if TYPE_CHECKING:
+    from k3desk.ui.context import AppContext
+
+NODE_COLUMNS = ("Node", "SSH", "GPUs", "Memory", "Free disk", "Model copy")
+PLAN_COLUMNS = ("Node", "Role", "Needs", "Usable", "Memory", "Disk")
+VERDICT_TEXT = {
+    "fits": "fits",
+    "tight": "fits, tightly",
+    "no-fit": "does not fit",
+    "unknown": "unknown",
+}
+
+
+def gpu_text(rep: NodeReport) -> str:
+    hw = rep.hardware
+    if hw is None:
+        return ""
+    if not hw.gpus:
+        return f"none ({hw.gpu_note})" if hw.gpu_note else "none"
+    names: dict[str, int] = {}
+    for g in hw.gpus:
+        key = f"{g.name.removeprefix('NVIDIA ')} ({g.architecture or '?'}, sm_{g.sm})"
+        names[key] = names.get(key, 0) + 1
+    return ", ".join(f"{n}x {k}" if n > 1 else k for k, n in names.items())
+
+
+def memory_text(rep: NodeReport) -> str:
+    hw = rep.hardware
+    if hw is None:
+        return ""
+    mem = hw.memory
+    unified = any(g.unified_memory for g in hw.gpus)
+    vram = sum(g.vram_total for g in hw.gpus if not g.unified_memory)
+    text = f"{fmt_bytes(mem.usable_total)} {'unified' if unified else 'RAM'}"
+    text += f", {fmt_bytes(mem.available)} free"
+    if vram:
+        text += f"; {fmt_bytes(vram)} VRAM"
+    return text
+
+
+def disk_text(rep: NodeReport) -> str:
+    hw = rep.hardware
+    if hw is None or hw.disk is None:
+        return ""
+    return f"{fmt_bytes(hw.disk.free)} at {hw.disk.probed_path}"
+
+
+def fit_height(table: QTableWidget) -> None:
+    """Size ``table`` to its rows (it lives in a scrolling page: no inner scroll bar)."""
+    rows = sum(table.rowHeight(r) for r in range(table.rowCount()))
+    table.setFixedHeight(table.horizontalHeader().height() + rows + 6)
+
+
+class ClusterPage(QWidget):
+    """Clusters (list, editor, probe, engine choice, verdict, start) and attached servers."""
+
+    def __init__(self, ctx: AppContext, window: QWidget | None = None) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.window_ = window
+        self.controller: ClusterController = ctx.controller("cluster")
+        self.assessment: Assessment | None = None
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(28, 22, 28, 16)
+        outer.addWidget(
+            PageHeader(
+                "Cluster",
+                "Run Kimi-K3 across several machines reached over SSH (keys only), with "
+                "SparkInfer on DGX Sparks or llama.cpp RPC workers, or chat with a server "
+                "that already runs it.",
+            )
+        )
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("clusterTabs")
+        outer.addWidget(self.tabs, 1)
+
+        # ------------------------------------------------------ clusters tab
+        ctab = QWidget()
+        clay = QHBoxLayout(ctab)
+        clay.setContentsMargins(0, 10, 0, 0)
+        left = QVBoxLayout()
+        left.addWidget(label("Clusters", "sectionTitle"))
+        self.list = QListWidget()
+        self.list.setObjectName("clusterList")
+        self.list.setFixedWidth(210)
+        left.addWidget(self.list, 1)
+        self.load_error = label("", "errorText", selectable=True)
+        self.load_error.hide()
+        left.addWidget(self.load_error)
+        lrow = QGridLayout()
+        self.add_btn = primary(QPushButton("Add…"))
+        self.add_btn.setObjectName("addCluster")
+        self.edit_btn = QPushButton("Edit…")
+        self.edit_btn.setObjectName("editCluster")
+        self.remove_btn = QPushButton("Remove")
+        self.remove_btn.setObjectName("removeCluster")
+        lrow.addWidget(self.add_btn, 0, 0)
+        lrow.addWidget(self.edit_btn, 0, 1)
+        lrow.addWidget(self.remove_btn, 1, 0, 1, 2)
+        left.addLayout(lrow)
+        clay.addLayout(left)
+
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        body = QWidget()
+        self.body = QVBoxLayout(body)
+        self.body.setContentsMargins(6, 0, 10, 0)
+        scroll.setWidget(body)
+        clay.addWidget(scroll, 1)
+        self.empty = muted(
+            "No cluster yet. Add one: a name and its nodes (host, SSH user, port, key, and "
+            "the folder that holds the model on each node)."
+        )
+        self.empty.setObjectName("clusterEmpty")
+        self.body.addWidget(self.empty)
+
+        # nodes + probe
+        self.nodes_card = Card()
+        nb = self.nodes_card.body
+        head = QHBoxLayout()
+        self.title = label("", "sectionTitle")
+        head.addWidget(self.title, 1)
+        head.addWidget(muted("Check copies of"))
+        self.tier = QComboBox()
+        self.tier.setObjectName("clusterTier")
+        for t in ctx.services.catalog.tiers:
+            self.tier.addItem(f"{t.publisher} {t.name} ({t.shard_count} shards)", t.id)
+        self.tier.setCurrentIndex(max(0, self.tier.findData(SPARKINFER_TIER)))
+        head.addWidget(self.tier)
+        self.probe_btn = primary(QPushButton("Probe"))
+        self.probe_btn.setObjectName("probeCluster")
+        head.addWidget(self.probe_btn)
+        nb.addLayout(head)
+        self.nodes = QTableWidget(0, len(NODE_COLUMNS))
+        self.nodes.setObjectName("nodeTable")
+        self.nodes.setHorizontalHeaderLabels(NODE_COLUMNS)
+        self.nodes.verticalHeader().setVisible(False)
+        self.nodes.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.nodes.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.nodes.setWordWrap(False)
+        hh = self.nodes.horizontalHeader()
+        for col in range(len(NODE_COLUMNS)):
+            hh.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        hh.setSectionResizeMode(5, QHeaderView.ResizeMode.Stretch)
+        nb.addWidget(self.nodes)
+        self.probe_bar = QProgressBar()
+        self.probe_bar.setObjectName("probeProgress")
+        self.probe_bar.hide()
+        nb.addWidget(self.probe_bar)
+        self.probe_note = label("", selectable=True)
+        self.probe_note.setObjectName("probeNote")
+        nb.addWidget(self.probe_note)
+        self.body.addWidget(self.nodes_card)
+
+        # engine choice + verdict
+        self.engine_card = Card()
+        eb = self.engine_card.body
+        eb.addWidget(label("Engine", "sectionTitle"))
+        erow = QHBoxLayout()
+        self.spark_radio = QRadioButton("SparkInfer (TP3 / TP4 on DGX Spark)")
+        self.spark_radio.setObjectName("engineSparkInfer")
+        self.rpc_radio = QRadioButton("llama.cpp RPC (workers on the nodes, llama-server here)")
+        self.rpc_radio.setObjectName("engineRpc")
+        self.spark_radio.setChecked(True)
+        group = QButtonGroup(self)
+        group.addButton(self.spark_radio)
+        group.addButton(self.rpc_radio)
+        erow.addWidget(self.spark_radio)
+        erow.addWidget(self.rpc_radio)
+        erow.addStretch(1)
+        eb.addLayout(erow)
+
+        opts = QHBoxLayout()
+        form = QFormLayout()
+        self.ctx_size = QSpinBox()
+        self.ctx_size.setRange(512, 1_048_576)
+        self.ctx_size.setSingleStep(1024)
+        self.ctx_size.setValue(ctx.settings.ctx)
+        form.addRow("Context", self.ctx_size)
+        opts.addLayout(form)
+        self.spark_opts = QWidget()
+        sform = QFormLayout(self.spark_opts)
+        sform.setContentsMargins(0, 0, 0, 0)
+        self.profile = QComboBox()
+        for p in ENV_PROFILES:
+            self.profile.addItem(p, p)
+        self.profile.setCurrentIndex(self.profile.findData("recipe"))
+        self.profile.setToolTip(
+            "Environment preset for every rank: recipe = head banding on, KDA fusion off"
+        )
+        sform.addRow("Preset", self.profile)
+        self.spec_draft = QSpinBox()
+        self.spec_draft.setRange(0, 16)
+        self.spec_draft.setSpecialValueText("off")
+        self.spec_draft.setToolTip("--spec-draft K (2-16) on every rank; 'off' to leave it out")
+        sform.addRow("Speculative drafts", self.spec_draft)
+        opts.addWidget(self.spark_opts)
+        self.ports = QWidget()
+        pform = QFormLayout(self.ports)
+        pform.setContentsMargins(0, 0, 0, 0)
+        self.coord_port = self._port(COORD_PORT, "coordinatorPort")
+        self.serve_port = self._port(SERVE_PORT, "servePort")
+        self.bridge_port = self._port(BRIDGE_PORT, "bridgePort")
+        pform.addRow("Coordinator port", self.coord_port)
+        pform.addRow("Serve socket port", self.serve_port)
+        pform.addRow("HTTP bridge port", self.bridge_port)
+        opts.addWidget(self.ports)
+        self.rpc_opts = QWidget()
+        rform = QFormLayout(self.rpc_opts)
+        rform.setContentsMargins(0, 0, 0, 0)
+        mrow = QHBoxLayout()
+        self.model = QLineEdit()
+        self.model.setObjectName("rpcModel")
+        self.model.setPlaceholderText("first shard on this machine: …-00001-of-000NN.gguf")
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse_model)
+        mrow.addWidget(self.model, 1)
+        mrow.addWidget(browse)
+        rform.addRow("Model", mrow)
+        self.rpc_port = self._port(50052, "rpcPort")
+        rform.addRow("Worker port", self.rpc_port)
+        opts.addWidget(self.rpc_opts, 1)
+        opts.addStretch(0)
+        eb.addLayout(opts)
+
+        self.verdict = label("", "sectionTitle", selectable=True)
+        eb.addWidget(self.verdict)
+        self.plan = QTableWidget(0, len(PLAN_COLUMNS))
+        self.plan.setObjectName("planTable")
+        self.plan.setHorizontalHeaderLabels(PLAN_COLUMNS)
+        self.plan.verticalHeader().setVisible(False)
+        self.plan.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.plan.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.plan.setWordWrap(False)
+        ph = self.plan.horizontalHeader()
+        for col in range(len(PLAN_COLUMNS)):
+            ph.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        ph.setSectionResizeMode(5, QHeaderView.ResizeMode.Stretch)
+        eb.addWidget(self.plan)
+        self.refusals = label("", "errorText", selectable=True)
+        self.refusals.setTextFormat(Qt.TextFormat.PlainText)
+        eb.addWidget(self.refusals)
+        self.warnings = label("", "warnText", selectable=True)
+        self.warnings.setTextFormat(Qt.TextFormat.PlainText)
+        eb.addWidget(self.warnings)
+        self.notes = muted("")
+        self.notes.setTextFormat(Qt.TextFormat.PlainText)
+        eb.addWidget(self.notes)
+        srow = QHBoxLayout()
+        self.commands_btn = QToolButton()
+        self.commands_btn.setText("Commands k3desk will run")
+        self.commands_btn.setCheckable(True)
+        self.commands_btn.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.commands_btn.setArrowType(Qt.ArrowType.RightArrow)
+        srow.addWidget(self.commands_btn)
+        srow.addStretch(1)
+        self.start_btn = primary(QPushButton("Start on the cluster"))
+        self.start_btn.setObjectName("startCluster")
+        srow.addWidget(self.start_btn)
+        eb.addLayout(srow)
+        self.commands = QPlainTextEdit()
+        self.commands.setObjectName("clusterCommands")
+        self.commands.setReadOnly(True)
+        self.commands.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        self.commands.setMaximumHeight(130)
+        self.commands.hide()
+        eb.addWidget(self.commands)
+        self.body.addWidget(self.engine_card)
+
+        # the model card's command
+        self.card_card = Card()
+        kb = self.card_card.body
+        self.card_toggle = QToolButton()
+        self.card_toggle.setObjectName("cardToggle")
+        self.card_toggle.setText("Copied the SparkInfer command from the model card?")
+        self.card_toggle.setCheckable(True)
+        self.card_toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.card_toggle.setArrowType(Qt.ArrowType.RightArrow)
+        kb.addWidget(self.card_toggle)
+        self.card_box = QWidget()
+        cl = QVBoxLayout(self.card_box)
+        cl.setContentsMargins(0, 0, 0, 0)
+        cl.addWidget(muted("Paste the command you copied; k3desk says what does not exist."))
+        self.card_input = QPlainTextEdit(CARD_COMMAND)
+        self.card_input.setObjectName("cardCommand")
+        self.card_input.setMaximumHeight(70)
+        cl.addWidget(self.card_input)
+        self.card_explain = QPlainTextEdit()
+        self.card_explain.setObjectName("cardExplanation")
+        self.card_explain.setReadOnly(True)
+        self.card_explain.setMinimumHeight(230)
+        cl.addWidget(self.card_explain)
+        self.card_box.hide()
+        kb.addWidget(self.card_box)
+        self.body.addWidget(self.card_card)
+        self.body.addStretch(1)
+        self.tabs.addTab(ctab, "Clusters")
+
+        # ------------------------------------------------------ servers tab
+        self.servers = EndpointsPanel(ctx, self.controller)
+        self.tabs.addTab(self.servers, "Attached servers")
+
+        # ------------------------------------------------------------ wiring
+        self.list.currentRowChanged.connect(lambda _r: self.refresh())
+        self.add_btn.clicked.connect(self.add_cluster)
+        self.edit_btn.clicked.connect(self.edit_cluster)
+        self.remove_btn.clicked.connect(self.remove_cluster)
+        self.probe_btn.clicked.connect(self.probe)
+        self.tier.currentIndexChanged.connect(lambda _i: self.refresh())
+        for w in (self.spark_radio, self.rpc_radio):
+            w.toggled.connect(lambda _on: self.refresh())
+        for spin in (
+            self.ctx_size,
+            self.spec_draft,
+            self.coord_port,
+            self.serve_port,
+            self.bridge_port,
+            self.rpc_port,
+        ):
+            spin.valueChanged.connect(lambda _v: self.refresh())
+        self.profile.currentIndexChanged.connect(lambda _i: self.refresh())
+        self.model.textChanged.connect(lambda _t: self.refresh())
+        self.commands_btn.toggled.connect(self._toggle_commands)
+        self.card_toggle.toggled.connect(self._toggle_card)
+        self.card_input.textChanged.connect(self._explain)
+        self.start_btn.clicked.connect(self.start)
+        self.controller.clusters_changed.connect(self.reload)
+        self.controller.probe_progress.connect(self._probe_progress)
+        self.controller.probe_finished.connect(lambda _n: self.refresh())
+        self.controller.group_changed.connect(self._buttons)
+        self._explain()
+        self.reload()
+
+    def _port(self, value: int, name: str) -> QSpinBox:
+        spin = QSpinBox()
+        spin.setObjectName(name)
+        spin.setRange(1, 65535)
+        spin.setValue(value)
+        return spin
+
+    def activated(self) -> None:
+        self.refresh()
+
+    # ------------------------------------------------------------ clusters
+    def reload(self, select: str | None = None) -> None:
+        current = select or self.current_name()
+        clusters = self.controller.clusters()
+        self.load_error.setText(self.controller.load_error)
+        self.load_error.setVisible(bool(self.controller.load_error))
+        self.list.blockSignals(True)
+        self.list.clear()
+        for c in clusters:
+            item = QListWidgetItem(
+                f"{c.name}\n{len(c.nodes)} node{'s' if len(c.nodes) != 1 else ''}"
+            )
+            item.setData(Qt.ItemDataRole.UserRole, c.name)
+            item.setToolTip(", ".join(n.label for n in c.nodes))
+            self.list.addItem(item)
+        self.list.blockSignals(False)
+        names = [c.name for c in clusters]
+        if names:
+            self.list.setCurrentRow(names.index(current) if current in names else 0)
+        self.refresh()
+
+    def current_name(self) -> str | None:
+        item = self.list.currentItem()
+        return str(item.data(Qt.ItemDataRole.UserRole)) if item is not None else None
+
+    def current(self) -> Cluster | None:
+        name = self.current_name()
+        if name is None:
+            return None
+        try:
+            return self.controller.cluster(name)
+        except K3Error:
+            return None
+
+    def add_cluster(self) -> ClusterEditor:
+        return self._edit(None)
+
+    def edit_cluster(self) -> ClusterEditor | None:
+        cluster = self.current()
+        return self._edit(cluster) if cluster is not None else None
+
+    def _edit(self, cluster: Cluster | None) -> ClusterEditor:
+        dlg = ClusterEditor(self.controller, cluster, self)
+
+        def done(result: int) -> None:
+            if result and dlg.saved is not None:
+                self.reload(select=dlg.saved.name)
+            dlg.deleteLater()
+
+        dlg.finished.connect(done)
+        dlg.open()
+        return dlg
+
+    def remove_cluster(self) -> None:
+        name = self.current_name()
+        if name is None:
+            return
+        try:
+            self.controller.remove_cluster(name)
+        except K3Error as exc:
+            self.ctx.reporter.report(exc)
+
+    # ---------------------------------------------------------------- probe
+    def probe(self) -> None:
+        name = self.current_name()
+        if name is None:
+            return
+        self.probe_bar.setRange(0, 0)
+        self.probe_bar.setFormat("Connecting to the nodes…")
+        self.probe_bar.show()
+        self.controller.probe(name, self.tier_id())
+        self._buttons()
+
+    def _probe_progress(self, name: str, p: Progress) -> None:
+        if name != self.current_name():
+            return
+        self.probe_bar.show()
+        self.probe_bar.setRange(0, max(1, p.total))
+        self.probe_bar.setValue(p.done)
+        self.probe_bar.setFormat(f"{p.done}/{p.total} · {p.detail}" if p.detail else p.stage)
+
+    # ----------------------------------------------------------------- view
+    def tier_id(self) -> str:
+        return str(self.tier.currentData() or "")
+
+    def choice(self) -> LaunchChoice:
+        k = self.spec_draft.value()
+        return LaunchChoice(
+            engine="sparkinfer" if self.spark_radio.isChecked() else "rpc",
+            tier_id=self.tier_id(),
+            ctx=self.ctx_size.value(),
+            profile=str(self.profile.currentData() or "recipe"),
+            spec_draft=k or None,
+            coord_port=self.coord_port.value(),
+            serve_port=self.serve_port.value(),
+            bridge_port=self.bridge_port.value(),
+            model=self.model.text().strip(),
+            rpc_port=self.rpc_port.value(),
+        )
+
+    def refresh(self) -> None:
+        cluster = self.current()
+        has = cluster is not None
+        self.empty.setVisible(not has)
+        for card in (self.nodes_card, self.engine_card):
+            card.setVisible(has)
+        spark = self.spark_radio.isChecked()
+        self.spark_opts.setVisible(spark)
+        self.ports.setVisible(spark)
+        self.rpc_opts.setVisible(not spark)
+        self.card_card.setVisible(spark or not has)
+        if cluster is None:
+            self.assessment = None
+            self._buttons()
+            return
+        self.title.setText(
+            f"{cluster.name} · {len(cluster.nodes)} node{'s' if len(cluster.nodes) != 1 else ''}"
+        )
+        self._fill_nodes(cluster)
+        try:
+            self.assessment = self.controller.assess(cluster.name, self.choice())
+        except K3Error as exc:
+            self.assessment = None
+            self.verdict.setText(f"{exc.message} {exc.hint}".strip())
+        else:
+            self._show_assessment(self.assessment)
+        if spark:
+            cfg = self.controller.sparkinfer_config(cluster, self.choice())
+            self.commands.setPlainText(
+                "\n".join(f"{node}: {cmd}" for node, cmd in describe_launch(cfg))
+            )
+        else:
+            self.commands.setPlainText(
+                "An rpc-server on every node, bound to the node's address, then llama-server "
+                "--rpc with the workers' addresses on this machine."
+            )
+        self._buttons()
+
+    def _fill_nodes(self, cluster: Cluster) -> None:
+        name = cluster.name
+        reports = {r.node: r for r in self.controller.reports(name, self.tier_id())}
+        run = self.controller.probes.get(name)
+        c = theme.current()
+        self.nodes.setRowCount(len(cluster.nodes))
+        for i, node in enumerate(cluster.nodes):
+            rep = reports.get(node)
+            ssh = f"{node.destination}:{node.port}"
+            if rep is None:
+                cells = [node.label, ssh, "—", "—", "—", "not probed"]
+                colors: list[str | None] = [None] * 6
+            elif not rep.ok:
+                first = rep.error.splitlines()[0] if rep.error else "probe failed"
+                cells = [node.label, ssh, "unreachable", "—", "—", first]
+                colors = [None, None, c.danger, None, None, c.danger]
+            else:
+                copy = rep.copy
+                if copy is not None:
+                    copy_text = copy.summary()
+                elif run is not None and run.tier_id != self.tier_id():
+                    copy_text = "probe again to check this tier"
+                else:
+                    copy_text = "not checked"
+                gpus = gpu_text(rep)
+                cells = [node.label, ssh, gpus, memory_text(rep), disk_text(rep), copy_text]
+                ok = copy is not None and copy.complete
+                colors = [None, None, c.warn if gpus.startswith("none") else None, None, None]
+                colors.append(c.ok if ok else c.danger if copy is not None else None)
+            for j, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                tip = text
+                if rep is not None and j == 5:
+                    tip = (
+                        rep.error
+                        if not rep.ok
+                        else "\n".join([text, *(rep.copy.problems if rep.copy is not None else ())])
+                    )
+                if rep is not None and rep.note and j == 2:
+                    tip = f"{text}\n{rep.note}"
+                item.setToolTip(tip)
+                color = colors[j]
+                if color:
+                    item.setForeground(QColor(color))
+                self.nodes.setItem(i, j, item)
+        fit_height(self.nodes)
+        probing = self.controller.probing(name)
+        self.probe_bar.setVisible(probing)
+        err = self.controller.probe_errors.get(name, "")
+        if err:
+            self.probe_note.setText(f"The probe failed: {err}")
+        elif run is not None:
+            reached = sum(1 for r in run.reports if r.ok)
+            when = run.finished_at
+            self.probe_note.setText(
+                f"Probed {reached} of {len(run.reports)} nodes at "
+                f"{time.strftime('%H:%M:%S', time.localtime(when))}"
+                + (f" for {run.tier_id}." if run.tier_id else ".")
+            )
+        else:
+            self.probe_note.setText(
+                "Not probed yet: Probe logs in to every node and reads its GPUs, memory, free "
+                "disk and the tier's files (GGUF headers)."
+            )
+
+    def _show_assessment(self, a: Assessment) -> None:
+        c = theme.current()
+        plan = a.plan
+        if not a.ok:
+            head, color = f"{a.title}: refused", c.danger
+        elif plan is not None:
+            head = f"{a.title}: {VERDICT_TEXT.get(plan.verdict, plan.verdict)} — {plan.reason}"
+            color = {"fits": c.ok, "tight": c.warn, "no-fit": c.danger}.get(plan.verdict, c.text)
+        else:
+            head, color = f"{a.title}: can start (probe for the memory plan)", c.text
+        self.verdict.setText(head)
+        self.verdict.setStyleSheet(f"color: {color};")
+        rows = plan.nodes if plan is not None else ()
+        self.plan.setVisible(bool(rows))
+        self.plan.setRowCount(len(rows))
+        for i, b in enumerate(rows):
+            cap = fmt_bytes(b.capacity) if b.capacity is not None else "unknown"
+            cells = (b.node, b.role, fmt_bytes(b.need), cap, b.memory_kind, b.disk)
+            for j, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setToolTip("\n".join([text, *b.notes]))
+                if (j == 2 and b.fits is False) or (j == 5 and b.disk_ok is False):
+                    item.setForeground(QColor(c.danger))
+                self.plan.setItem(i, j, item)
+        if rows:
+            fit_height(self.plan)
+        self.refusals.setText("\n".join(f"✗ {r}" for r in a.refusals))
+        self.refusals.setVisible(bool(a.refusals))
+        self.warnings.setText("\n".join(f"! {w}" for w in a.warnings))
+        self.warnings.setVisible(bool(a.warnings))
+        notes = plan.notes if plan is not None else ()
+        self.notes.setText("\n".join(notes))
+        self.notes.setVisible(bool(notes))
+
+    def _buttons(self) -> None:
+        name = self.current_name()
+        has = name is not None
+        set_enabled(self.edit_btn, has, "Add a cluster first.")
+        set_enabled(self.remove_btn, has, "Add a cluster first.")
+        probing = has and self.controller.probing(name or "")
+        set_enabled(
+            self.probe_btn,
+            has and not probing,
+            "The probe is running." if has else "Add a cluster first.",
+            "Log in to every node and read its hardware and model files",
+        )
+        a = self.assessment
+        ctl = self.controller
+        why = (
+            "Add a cluster first."
+            if not has
+            else f"{ctl.group_title} runs on {ctl.group_cluster}: stop it on the Engine page."
+            if ctl.group_running or ctl.stopping
+            else "Nothing to start."
+            if a is None
+            else f"{len(a.refusals)} refusal{'s' if len(a.refusals) != 1 else ''} above."
+            if not a.ok
+            else ""
+        )
+        set_enabled(
+            self.start_btn, not why, why, "Start every process, watch them, restart them together"
+        )
+
+    # ---------------------------------------------------------------- start
+    def start(self) -> None:
+        name = self.current_name()
+        if name is None:
+            return
+        try:
+            self.controller.start(name, self.choice())
+        except K3Error as exc:
+            self.ctx.reporter.report(exc)
+            self.refresh()
+            return
+        show = getattr(self.window_, "show_page", None)
+        if show is not None:
+            show("engine")
+        self._buttons()
+
+    # ----------------------------------------------------------------- misc
+    def _browse_model(self) -> None:
+        f, _ = QFileDialog.getOpenFileName(self, "First shard", "", "GGUF (*.gguf)")
+        if f:
+            self.model.setText(f)
+
+    def _toggle_commands(self, on: bool) -> None:
+        self.commands_btn.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
+        self.commands.setVisible(on)
+
+    def _toggle_card(self, on: bool) -> None:
+        self.card_toggle.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
+        self.card_box.setVisible(on)
+
+    def show_card_explanation(self) -> None:
+        self.card_toggle.setChecked(True)
+
+    def _explain(self) -> None:
+        text = self.card_input.toPlainText().strip()
+        self.card_explain.setPlainText(explain_card_command(text or CARD_COMMAND))
