@@ -14,10 +14,8 @@ this session only, and :meth:`EndpointStore.add` says so.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -32,10 +30,9 @@ from k3desk.core.chat.client import (
 from k3desk.core.cluster.nodes import ClusterError
 from k3desk.core.errors import ChatError
 from k3desk.core.paths import AppPaths
+from k3desk.core.secrets import SERVICE as SERVICE  # where the keyring keeps them
+from k3desk.core.secrets import SecretStore
 
-log = logging.getLogger(__name__)
-
-SERVICE = "k3desk"
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -77,26 +74,11 @@ class EndpointStore:
     ) -> None:
         self.paths = paths
         self.file = paths.config / "endpoints.json"
-        self._keyring = keyring_module
         self._env = env
-        self._session: dict[str, str] = {}
-        self._lock = threading.Lock()
-
-    # ------------------------------------------------------------ keyring
-    def _kr(self) -> Any:
-        if self._keyring is None:
-            import keyring
-
-            self._keyring = keyring
-        return self._keyring
+        self._secrets = SecretStore(keyring_module=keyring_module)
 
     def keyring_usable(self) -> bool:
-        try:
-            backend = self._kr().get_keyring()
-            return bool(getattr(backend, "priority", 0) >= 1)
-        except Exception as exc:  # noqa: BLE001 - any backend failure means "not usable"
-            log.debug("keyring unavailable: %s", type(exc).__name__)
-            return False
+        return self._secrets.keyring_usable()
 
     # ------------------------------------------------------------ file
     def load(self) -> list[RemoteEndpoint]:
@@ -181,16 +163,10 @@ class EndpointStore:
                    "model": model or (caps.model or "")}
             )  # fmt: skip
         if api_key and not key_env:
-            if self.keyring_usable():
-                try:
-                    self._kr().set_password(SERVICE, ep.keyring_user, api_key)
-                    ep = RemoteEndpoint(**{**asdict(ep), "key_in_keyring": True})
-                    where = "API key saved in the system keyring (service 'k3desk')"
-                except Exception as exc:  # noqa: BLE001 - fall back to the session below
-                    log.warning("could not save the key in the keyring (%s)", type(exc).__name__)
-            if not ep.key_in_keyring:
-                with self._lock:
-                    self._session[name] = api_key
+            if self._secrets.set(ep.keyring_user, api_key, what="key") == "keyring":
+                ep = RemoteEndpoint(**{**asdict(ep), "key_in_keyring": True})
+                where = "API key saved in the system keyring (service 'k3desk')"
+            else:
                 where = (
                     "no usable system keyring: the API key is kept for this session only "
                     "(k3desk never writes it to a plain file); use --key-env VAR to read it "
@@ -202,13 +178,7 @@ class EndpointStore:
 
     def remove(self, name: str) -> RemoteEndpoint:
         ep = self.get(name)
-        if ep.key_in_keyring:
-            try:
-                self._kr().delete_password(SERVICE, ep.keyring_user)
-            except Exception as exc:  # noqa: BLE001 - already gone, or the keyring is locked
-                log.debug("keyring delete failed: %s", type(exc).__name__)
-        with self._lock:
-            self._session.pop(name, None)
+        self._secrets.delete(ep.keyring_user)
         self._save([e for e in self.load() if e.name != name])
         return ep
 
@@ -221,17 +191,9 @@ class EndpointStore:
                     f"export {ep.key_env}=... and try again.",
                 )
             return value
-        with self._lock:
-            if ep.name in self._session:
-                return self._session[ep.name]
-        if ep.key_in_keyring and self.keyring_usable():
-            try:
-                value = self._kr().get_password(SERVICE, ep.keyring_user)
-            except Exception as exc:  # noqa: BLE001 - locked keyring: report below
-                log.debug("keyring read failed: %s", type(exc).__name__)
-                value = None
-            if value:
-                return str(value)
+        value = self._secrets.get(ep.keyring_user, keyring=ep.key_in_keyring)
+        if value:
+            return value
         if ep.key_in_keyring:
             raise ClusterError(
                 f"The API key of endpoint {ep.name!r} is not in the keyring any more.",

@@ -12,16 +12,14 @@ then huggingface_hub's own login (``hf auth login`` writes ``$HF_HOME/token``).
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-log = logging.getLogger(__name__)
+from k3desk.core.secrets import SERVICE as SERVICE  # where the keyring keeps them
+from k3desk.core.secrets import SecretStore
 
-SERVICE = "k3desk"
 USERNAME = "huggingface-token"
 
 TokenSource = Literal["HF_TOKEN", "keyring", "session", "huggingface_hub login"]
@@ -50,37 +48,11 @@ class TokenStore:
 
     def __init__(self, *, env: Mapping[str, str] | None = None, keyring_module: Any = None) -> None:
         self._env = env
-        self._keyring = keyring_module
-        self._session: str | None = None
-        self._lock = threading.Lock()
-
-    # -------------------------------------------------------------- keyring
-    def _kr(self) -> Any:
-        if self._keyring is None:
-            import keyring
-
-            self._keyring = keyring
-        return self._keyring
+        self._secrets = SecretStore(keyring_module=keyring_module)
 
     def keyring_usable(self) -> bool:
         """True when a real keyring backend (priority >= 1) is available."""
-        try:
-            kr = self._kr()
-            backend = kr.get_keyring()
-            return bool(getattr(backend, "priority", 0) >= 1)
-        except Exception as exc:  # noqa: BLE001 - any backend failure means "not usable"
-            log.debug("keyring unavailable: %s", type(exc).__name__)
-            return False
-
-    def _keyring_get(self) -> str | None:
-        if not self.keyring_usable():
-            return None
-        try:
-            value = self._kr().get_password(SERVICE, USERNAME)
-        except Exception as exc:  # noqa: BLE001 - locked/failed keyring: treat as empty
-            log.debug("keyring read failed: %s", type(exc).__name__)
-            return None
-        return value or None
+        return self._secrets.keyring_usable()
 
     # -------------------------------------------------------------- public
     def _environ(self) -> Mapping[str, str]:
@@ -90,11 +62,10 @@ class TokenStore:
         env_token = (self._environ().get("HF_TOKEN") or "").strip()
         if env_token:
             return env_token, "HF_TOKEN"
-        with self._lock:
-            session = self._session
+        session = self._secrets.get(USERNAME, keyring=False)
         if session:
             return session, "session"
-        stored = self._keyring_get()
+        stored = self._secrets.get(USERNAME)
         if stored:
             return stored, "keyring"
         hf = _hf_login_token(self._environ())
@@ -119,17 +90,8 @@ class TokenStore:
                 "That is not a Hugging Face token: it is empty or contains spaces.",
                 "Copy a read token from https://huggingface.co/settings/tokens.",
             )
-        if self.keyring_usable():
-            try:
-                self._kr().set_password(SERVICE, USERNAME, token)
-            except Exception as exc:  # noqa: BLE001 - fall back to the session below
-                log.warning("could not save the token in the keyring (%s)", type(exc).__name__)
-            else:
-                with self._lock:
-                    self._session = None
-                return TokenSaved("keyring", "Saved in the system keyring (service 'k3desk').")
-        with self._lock:
-            self._session = token
+        if self._secrets.set(USERNAME, token, what="token") == "keyring":
+            return TokenSaved("keyring", "Saved in the system keyring (service 'k3desk').")
         return TokenSaved(
             "session",
             "No usable system keyring was found, so the token is kept for this session only "
@@ -139,13 +101,7 @@ class TokenStore:
 
     def clear(self) -> None:
         """Forget the token k3desk stored (keyring and session); HF_TOKEN and hf login stay."""
-        with self._lock:
-            self._session = None
-        if self.keyring_usable():
-            try:
-                self._kr().delete_password(SERVICE, USERNAME)
-            except Exception as exc:  # noqa: BLE001 - nothing stored is fine
-                log.debug("keyring delete: %s", type(exc).__name__)
+        self._secrets.delete(USERNAME)
 
 
 def _hf_login_token(env: Mapping[str, str]) -> str | None:
