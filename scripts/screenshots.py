@@ -1,4 +1,6 @@
-"""Save screenshots of the wizard pages, the Engine page and a chat with an image and reasoning.
+"""Save screenshots of the app: wizard, Engine, Models, Cluster, and a chat with an image.
+
+The chat shows an image and reasoning.
 
     python scripts/screenshots.py [--out docs/screenshots] [--hardware FILE]
 
@@ -198,6 +200,28 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
     window.show_page("models")
     until(lambda: window.page("models").table.rowCount() > 0)
     save(window, "models.png")
+
+    # cluster: three DGX Sparks (GB10); no such machines here, so their probe reports are
+    # built from the shipped GB10 hardware file, as the tests do
+    from k3desk.core.cluster.nodes import Cluster, Node
+    from k3desk.ui.cluster.controller import ProbeRun
+    from tests.core.cluster.reports import report
+
+    clusters = ctx.controller("cluster")
+    sparks = Cluster(
+        "sparks",
+        tuple(
+            Node(host=f"spark{i}", user="alice", address=f"10.0.0.{10 + i}",
+                 model_path="/models/k3")
+            for i in (1, 2, 3)
+        ),
+    )  # fmt: skip
+    clusters.save_cluster(sparks)
+    reports = tuple(report(n) for n in sparks.nodes)
+    clusters.probes["sparks"] = ProbeRun("vcruz305-ud-iq1s", reports, time.time())
+    window.show_page("cluster")
+    window.page("cluster").reload(select="sparks")
+    save(window, "cluster.png")
 
     # chat with an image and reasoning
     store = HistoryStore(services.paths.history_db)

@@ -113,7 +113,7 @@ def test_the_page_adds_probes_and_judges_a_cluster_over_ssh(  # type: ignore[no-
     for row in range(3):
         assert page.nodes.item(row, 2).text().startswith("none")  # no NVIDIA GPU here
         assert " free" in page.nodes.item(row, 3).text()
-        assert " at " in page.nodes.item(row, 4).text()
+        assert " free at " in page.nodes.item(row, 4).toolTip()
     # the twins have the tier's headers and names, not its 330 GB: the size check says so
     for row in (0, 1):
         copy = page.nodes.item(row, 5).text()
@@ -223,7 +223,11 @@ def test_sparkinfer_runs_with_phases_ranks_speed_chat_restart_and_stop(  # type:
     page: ClusterPage = window.show_page("cluster")
     page.probe_btn.click()
     qtbot.waitUntil(lambda: "sparks" in ctl.probes, timeout=30_000)
-    assert page.nodes.item(0, 2).text() == "GB10 (Blackwell, sm_121)"
+    assert page.nodes.item(0, 2).text() == "GB10 (sm_121)"
+    assert (
+        "NVIDIA GB10, Blackwell (sm_121), memory unified with RAM"
+        in page.nodes.item(0, 2).toolTip()
+    )
     assert page.nodes.item(0, 5).text() == "complete (9 files, headers checked)"
     assert page.refusals.isHidden()
     assert page.verdict.text().startswith("SparkInfer TP3: fits")
@@ -241,7 +245,7 @@ def test_sparkinfer_runs_with_phases_ranks_speed_chat_restart_and_stop(  # type:
     assert view.isVisible()
     assert view.title.text() == "Cluster engine: SparkInfer TP3 on sparks"
     qtbot.waitUntil(lambda: ctl.chat_endpoint() is not None, timeout=120_000)
-    qtbot.waitUntil(lambda: view.state.text().startswith("ready"), timeout=5_000)
+    qtbot.waitUntil(lambda: view.state.text().startswith("Ready at http://"), timeout=5_000)
 
     # the readiness phases went by as progress, shard by shard
     formats = [f for f, _p, _s in seen]

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 def key_text(ep: RemoteEndpoint) -> str:
     if ep.key_env:
         return f"from ${ep.key_env}"
-    return "in the keyring" if ep.key_in_keyring else "none (or this session only)"
+    return "keyring" if ep.key_in_keyring else "none or this session's"
 
 
 class EndpointsPanel(QWidget):

@@ -47,6 +47,15 @@ def stats_text(s: ServeStats) -> str:
     )
 
 
+def state_line(state: str, message: str) -> str:
+    """ "Ready at http://…", "Restarting: rank 2 … killed by SIGKILL; restarting every member"."""
+    if not message:
+        return state[:1].upper() + state[1:]
+    if message.lower().startswith(state.lower()):
+        return message[:1].upper() + message[1:]
+    return f"{state[:1].upper()}{state[1:]}: {message}"
+
+
 class ClusterEngineView(Card):
     """The running (or last) cluster engine, watched through the cluster controller."""
 
@@ -137,7 +146,7 @@ class ClusterEngineView(Card):
         text = "stopping every process…" if ctl.stopping else state.value
         if state is GroupState.FAILED and group.error is not None:
             message = f"{group.error.message} {group.error.hint}".strip()
-        self.state.setText(f"{text}. {message}".strip() if message else text)
+        self.state.setText(state_line(text, message))
         c = theme.current()
         color = {
             GroupState.READY: c.ok,

@@ -42,7 +42,7 @@ from PySide6.QtWidgets import (
 )
 
 from k3desk.core.cluster.assess import Assessment
-from k3desk.core.cluster.nodes import Cluster
+from k3desk.core.cluster.nodes import Cluster, Node
 from k3desk.core.cluster.probe import NodeReport
 from k3desk.core.cluster.sparkinfer import (
     BRIDGE_PORT,
@@ -69,13 +69,14 @@ NODE_COLUMNS = ("Node", "SSH", "GPUs", "Memory", "Free disk", "Model copy")
 PLAN_COLUMNS = ("Node", "Role", "Needs", "Usable", "Memory", "Disk")
 VERDICT_TEXT = {
     "fits": "fits",
-    "tight": "fits, tightly",
+    "tight": "fits",
     "no-fit": "does not fit",
     "unknown": "unknown",
 }
 
 
 def gpu_text(rep: NodeReport) -> str:
+    """The node's GPUs, short: "GB10 (sm_121)", "8x H100 80GB HBM3 (sm_90)", "none (...)"."""
     hw = rep.hardware
     if hw is None:
         return ""
@@ -83,20 +84,32 @@ def gpu_text(rep: NodeReport) -> str:
         return f"none ({hw.gpu_note})" if hw.gpu_note else "none"
     names: dict[str, int] = {}
     for g in hw.gpus:
-        key = f"{g.name.removeprefix('NVIDIA ')} ({g.architecture or '?'}, sm_{g.sm})"
+        key = f"{g.name.removeprefix('NVIDIA ')} (sm_{g.sm})"
         names[key] = names.get(key, 0) + 1
     return ", ".join(f"{n}x {k}" if n > 1 else k for k, n in names.items())
 
 
+def gpu_detail(rep: NodeReport) -> str:
+    hw = rep.hardware
+    if hw is None or not hw.gpus:
+        return gpu_text(rep)
+    return "\n".join(
+        f"GPU {g.index}: {g.name}, {g.architecture or 'unknown architecture'} (sm_{g.sm}), "
+        + ("memory unified with RAM" if g.unified_memory else f"{fmt_bytes(g.vram_total)} VRAM")
+        for g in hw.gpus
+    )
+
+
 def memory_text(rep: NodeReport) -> str:
+    """ "119.7 GiB unified, 115.0 free" / "2.0 TiB RAM, 1.9 free; 640.0 GiB VRAM"."""
     hw = rep.hardware
     if hw is None:
         return ""
     mem = hw.memory
     unified = any(g.unified_memory for g in hw.gpus)
     vram = sum(g.vram_total for g in hw.gpus if not g.unified_memory)
-    text = f"{fmt_bytes(mem.usable_total)} {'unified' if unified else 'RAM'}"
-    text += f", {fmt_bytes(mem.available)} free"
+    free = fmt_bytes(mem.available).split()[0]
+    text = f"{fmt_bytes(mem.usable_total)} {'unified' if unified else 'RAM'}, {free} free"
     if vram:
         text += f"; {fmt_bytes(vram)} VRAM"
     return text
@@ -106,13 +119,36 @@ def disk_text(rep: NodeReport) -> str:
     hw = rep.hardware
     if hw is None or hw.disk is None:
         return ""
-    return f"{fmt_bytes(hw.disk.free)} at {hw.disk.probed_path}"
+    return fmt_bytes(hw.disk.free)
+
+
+def ssh_text(node: Node) -> str:
+    return f"{node.destination}:{node.port}" if node.port != 22 else node.destination
 
 
 def fit_height(table: QTableWidget) -> None:
     """Size ``table`` to its rows (it lives in a scrolling page: no inner scroll bar)."""
     rows = sum(table.rowHeight(r) for r in range(table.rowCount()))
     table.setFixedHeight(table.horizontalHeader().height() + rows + 6)
+
+
+def fixed_table(columns: tuple[str, ...], name: str, stretch: int) -> QTableWidget:
+    """A read-only table sized to its contents, with column ``stretch`` taking the rest."""
+    table = QTableWidget(0, len(columns))
+    table.setObjectName(name)
+    table.setHorizontalHeaderLabels(columns)
+    table.verticalHeader().setVisible(False)
+    table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+    table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+    table.setWordWrap(False)
+    table.setTextElideMode(Qt.TextElideMode.ElideRight)
+    table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    table.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    hh = table.horizontalHeader()
+    for col in range(len(columns)):
+        hh.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+    hh.setSectionResizeMode(stretch, QHeaderView.ResizeMode.Stretch)
+    return table
 
 
 class ClusterPage(QWidget):
@@ -146,7 +182,7 @@ class ClusterPage(QWidget):
         left.addWidget(label("Clusters", "sectionTitle"))
         self.list = QListWidget()
         self.list.setObjectName("clusterList")
-        self.list.setFixedWidth(210)
+        self.list.setFixedWidth(180)
         left.addWidget(self.list, 1)
         self.load_error = label("", "errorText", selectable=True)
         self.load_error.hide()
@@ -196,17 +232,7 @@ class ClusterPage(QWidget):
         self.probe_btn.setObjectName("probeCluster")
         head.addWidget(self.probe_btn)
         nb.addLayout(head)
-        self.nodes = QTableWidget(0, len(NODE_COLUMNS))
-        self.nodes.setObjectName("nodeTable")
-        self.nodes.setHorizontalHeaderLabels(NODE_COLUMNS)
-        self.nodes.verticalHeader().setVisible(False)
-        self.nodes.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.nodes.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
-        self.nodes.setWordWrap(False)
-        hh = self.nodes.horizontalHeader()
-        for col in range(len(NODE_COLUMNS)):
-            hh.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
-        hh.setSectionResizeMode(5, QHeaderView.ResizeMode.Stretch)
+        self.nodes = fixed_table(NODE_COLUMNS, "nodeTable", stretch=5)
         nb.addWidget(self.nodes)
         self.probe_bar = QProgressBar()
         self.probe_bar.setObjectName("probeProgress")
@@ -220,7 +246,12 @@ class ClusterPage(QWidget):
         # engine choice + verdict
         self.engine_card = Card()
         eb = self.engine_card.body
-        eb.addWidget(label("Engine", "sectionTitle"))
+        ehead = QHBoxLayout()
+        ehead.addWidget(label("Engine", "sectionTitle"), 1)
+        self.start_btn = primary(QPushButton("Start on the cluster"))
+        self.start_btn.setObjectName("startCluster")
+        ehead.addWidget(self.start_btn)
+        eb.addLayout(ehead)
         erow = QHBoxLayout()
         self.spark_radio = QRadioButton("SparkInfer (TP3 / TP4 on DGX Spark)")
         self.spark_radio.setObjectName("engineSparkInfer")
@@ -290,17 +321,7 @@ class ClusterPage(QWidget):
 
         self.verdict = label("", "sectionTitle", selectable=True)
         eb.addWidget(self.verdict)
-        self.plan = QTableWidget(0, len(PLAN_COLUMNS))
-        self.plan.setObjectName("planTable")
-        self.plan.setHorizontalHeaderLabels(PLAN_COLUMNS)
-        self.plan.verticalHeader().setVisible(False)
-        self.plan.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.plan.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
-        self.plan.setWordWrap(False)
-        ph = self.plan.horizontalHeader()
-        for col in range(len(PLAN_COLUMNS)):
-            ph.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
-        ph.setSectionResizeMode(5, QHeaderView.ResizeMode.Stretch)
+        self.plan = fixed_table(PLAN_COLUMNS, "planTable", stretch=5)
         eb.addWidget(self.plan)
         self.refusals = label("", "errorText", selectable=True)
         self.refusals.setTextFormat(Qt.TextFormat.PlainText)
@@ -319,9 +340,6 @@ class ClusterPage(QWidget):
         self.commands_btn.setArrowType(Qt.ArrowType.RightArrow)
         srow.addWidget(self.commands_btn)
         srow.addStretch(1)
-        self.start_btn = primary(QPushButton("Start on the cluster"))
-        self.start_btn.setObjectName("startCluster")
-        srow.addWidget(self.start_btn)
         eb.addLayout(srow)
         self.commands = QPlainTextEdit()
         self.commands.setObjectName("clusterCommands")
@@ -353,7 +371,7 @@ class ClusterPage(QWidget):
         self.card_explain = QPlainTextEdit()
         self.card_explain.setObjectName("cardExplanation")
         self.card_explain.setReadOnly(True)
-        self.card_explain.setMinimumHeight(230)
+        self.card_explain.setMinimumHeight(360)
         cl.addWidget(self.card_explain)
         self.card_box.hide()
         kb.addWidget(self.card_box)
@@ -552,7 +570,7 @@ class ClusterPage(QWidget):
         self.nodes.setRowCount(len(cluster.nodes))
         for i, node in enumerate(cluster.nodes):
             rep = reports.get(node)
-            ssh = f"{node.destination}:{node.port}"
+            ssh = ssh_text(node)
             if rep is None:
                 cells = [node.label, ssh, "—", "—", "—", "not probed"]
                 colors: list[str | None] = [None] * 6
@@ -582,8 +600,11 @@ class ClusterPage(QWidget):
                         if not rep.ok
                         else "\n".join([text, *(rep.copy.problems if rep.copy is not None else ())])
                     )
-                if rep is not None and rep.note and j == 2:
-                    tip = f"{text}\n{rep.note}"
+                if rep is not None and rep.ok and j == 2:
+                    tip = "\n".join(x for x in (gpu_detail(rep), rep.note) if x)
+                if rep is not None and rep.ok and j == 4 and rep.hardware is not None:
+                    disk = rep.hardware.disk
+                    tip = f"{text} free at {disk.probed_path}" if disk is not None else text
                 item.setToolTip(tip)
                 color = colors[j]
                 if color:
@@ -615,7 +636,13 @@ class ClusterPage(QWidget):
         if not a.ok:
             head, color = f"{a.title}: refused", c.danger
         elif plan is not None:
-            head = f"{a.title}: {VERDICT_TEXT.get(plan.verdict, plan.verdict)} — {plan.reason}"
+            word = VERDICT_TEXT.get(plan.verdict, plan.verdict)
+            reason = plan.reason
+            head = (
+                f"{a.title}: {reason}"
+                if reason.startswith(word)
+                else (f"{a.title}: {word} — {reason}")
+            )
             color = {"fits": c.ok, "tight": c.warn, "no-fit": c.danger}.get(plan.verdict, c.text)
         else:
             head, color = f"{a.title}: can start (probe for the memory plan)", c.text
