@@ -15,6 +15,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -405,3 +406,79 @@ def test_an_attached_server_answers_in_the_chat(ctx, qtbot, remote_server: str) 
     servers.detach_btn.click()
     qtbot.waitUntil(lambda: servers.table.rowCount() == 0, timeout=5_000)
     assert ring.store == {}
+
+
+@pytest.mark.engine
+def test_rpc_workers_and_llama_server_start_from_the_page(  # type: ignore[no-untyped-def]
+    ctx, qtbot, sshd: SshServer, llama_server: Path, tiny_k3_single
+) -> None:
+    rpc_bin = llama_server.with_name("ggml-rpc-server")
+    assert rpc_bin.is_file(), f"llama.cpp's RPC worker is not beside {llama_server}"
+    ctx.update_settings(engine_binary=str(llama_server))
+    node = sshd.node("ui-rpc", rpc_server_bin=str(rpc_bin))
+    ctl = ctx.controller("cluster")
+    ctl.save_cluster(Cluster("workers", (node,)))
+    window = MainWindow(ctx)
+    qtbot.addWidget(window)
+    window.show()
+    page: ClusterPage = window.show_page("cluster")
+    page.rpc_radio.click()
+    assert f"✗ {RPC_NEEDS_MODEL}" in page.refusals.text().splitlines()
+    page.model.setText(str(tiny_k3_single.first_part))
+    # a wildcard address is refused until allowed explicitly, and then still warned about
+    ctl.save_cluster(Cluster("workers", (replace(node, address="0.0.0.0"),)), "workers")
+    exposed = (
+        "Node ui-rpc: binding the RPC worker to 0.0.0.0 opens it to every network interface of "
+        "the node, and RPC has no authentication."
+    )
+    assert f"✗ {exposed} Pick the node's private address (bind=...), or allow it explicitly." in (
+        page.refusals.text().splitlines()
+    )
+    page.allow_public.click()
+    assert page.refusals.isHidden()
+    assert f"! {exposed}" in page.warnings.text().splitlines()
+    page.allow_public.click()
+    ctl.save_cluster(Cluster("workers", (node,)), "workers")
+    page.ctx_size.setValue(2048)
+    port = free_port()
+    page.rpc_port.setValue(port)
+    assert page.refusals.isHidden()
+    assert page.warnings.text() == f"! {RPC_WARNING}"
+    assert page.verdict.text() == "llama.cpp RPC (1 worker): can start (probe for the memory plan)"
+    page.start_btn.click()
+    view = window.page("engine").cluster
+    assert view.title.text() == "Cluster engine: llama.cpp RPC (1 worker) on workers"
+    qtbot.waitUntil(lambda: ctl.chat_endpoint() is not None, timeout=120_000)
+    qtbot.waitUntil(lambda: view.members.item(1, 4).text() == "ready", timeout=5_000)
+    rows = [
+        [view.members.item(r, c).text() for c in range(5)] for r in range(view.members.rowCount())
+    ]
+    ep = ctl.chat_endpoint()
+    assert rows == [
+        ["rpc worker", "ui-rpc", f"{sshd.user}@127.0.0.1:{sshd.port}",
+         f"RPC worker at 127.0.0.1:{port}", "running"],
+        ["llama-server", "this machine", ep.root, "main (--rpc)", "ready"],
+    ]  # fmt: skip
+    assert "starting llama-server with --rpc" in view.log.toPlainText()
+    server = ctl.group.server
+    assert server is not None
+    assert f"127.0.0.1:{port}" in server.history[-1].argv
+
+    # the chat answers through llama-server and the worker
+    chat: ChatPage = window.show_page("chat")
+    chat.chat.update_settings(
+        "", ChatSettings(thinking=False, max_tokens=8, seed=1, extra_body={"ignore_eos": True})
+    )
+    chat.composer.edit.setPlainText("Hello")
+    qtbot.keyClick(chat.composer.edit, Qt.Key.Key_Return)
+    qtbot.waitUntil(
+        lambda: len(chat.view.messages()) == 2 and not chat.chat.streaming, timeout=60_000
+    )
+    assert chat.view.messages()[1].content
+
+    worker_pid = ctl.members()[0].pid
+    view.stop_btn.click()
+    qtbot.waitUntil(lambda: not ctl.group_running and not ctl.stopping, timeout=60_000)
+    assert worker_pid is not None
+    assert gone(worker_pid)
+    assert [m.state for m in ctl.members()] == ["stopped", "stopped"]

@@ -18,6 +18,7 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QButtonGroup,
+    QCheckBox,
     QComboBox,
     QFileDialog,
     QFormLayout,
@@ -315,6 +316,11 @@ class ClusterPage(QWidget):
         rform.addRow("Model", mrow)
         self.rpc_port = self._port(50052, "rpcPort")
         rform.addRow("Worker port", self.rpc_port)
+        self.allow_public = QCheckBox(
+            "Let workers listen on public or wildcard addresses (RPC has no authentication)"
+        )
+        self.allow_public.setObjectName("allowPublic")
+        rform.addRow("", self.allow_public)
         opts.addWidget(self.rpc_opts, 1)
         opts.addStretch(0)
         eb.addLayout(opts)
@@ -403,6 +409,7 @@ class ClusterPage(QWidget):
             spin.valueChanged.connect(lambda _v: self.refresh())
         self.profile.currentIndexChanged.connect(lambda _i: self.refresh())
         self.model.textChanged.connect(lambda _t: self.refresh())
+        self.allow_public.toggled.connect(lambda _on: self.refresh())
         self.commands_btn.toggled.connect(self._toggle_commands)
         self.card_toggle.toggled.connect(self._toggle_card)
         self.card_input.textChanged.connect(self._explain)
@@ -522,6 +529,7 @@ class ClusterPage(QWidget):
             bridge_port=self.bridge_port.value(),
             model=self.model.text().strip(),
             rpc_port=self.rpc_port.value(),
+            allow_public=self.allow_public.isChecked(),
         )
 
     def refresh(self) -> None:
