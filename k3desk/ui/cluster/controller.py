@@ -330,9 +330,9 @@ class ClusterController(QObject):
             )
         relay.fired.connect(lambda ev: self._on_event(group, ev))
         stats.fired.connect(lambda s: self._on_stats(group, s))
-        for old in self._relays:
-            old.deleteLater()
-        self._relays = [relay, stats]
+        # an older group's relays stay alive: a monitor that outlived its stop may still call
+        # them, and _on_event ignores what does not come from the current group
+        self._relays += [relay, stats]
         self.group = group
         self.group_cluster = name
         self.group_title = verdict.title
