@@ -371,7 +371,8 @@ class ChatController(QObject):
         if endpoint is None:
             raise ChatError(
                 "No engine is running.",
-                "Start one on the Engine page, or set a remote server in Settings.",
+                "Start one on the Engine page (Ctrl+4), or run Kimi-K3 across machines or "
+                "attach a remote server on the Cluster page (Ctrl+6).",
             )
         token = CancelToken()
 

@@ -206,23 +206,28 @@ class ChatPage(QWidget):
         ep = self.engine.chat_endpoint()
         if ep is None:
             why = (
-                "No engine is running: start Kimi-K3 on the Engine page "
-                "(or set a remote server in Settings)."
+                "No engine is running: start Kimi-K3 on the Engine page (Ctrl+4), or run it "
+                "across machines or attach a remote server on the Cluster page (Ctrl+6)."
             )
             self.composer.set_availability(False, why)
         else:
             self.composer.set_availability(True)
         self._update_status()
         if not self.view.messages():
-            self.view.set_empty_text(self._empty_text())
+            self._show_empty()
 
-    def _empty_text(self) -> str:
+    def _show_empty(self) -> None:
         if self.engine.chat_endpoint() is None:
-            return (
-                "Nothing to chat with yet. Start the engine on the Engine page "
-                "(Ctrl+4), or run the set-up wizard from Settings."
+            self.view.set_empty_text(
+                "Nothing to chat with yet. Start Kimi-K3 on the Engine page (Ctrl+4), run it "
+                "across several machines or attach a remote server on the Cluster page "
+                "(Ctrl+6), or run the set-up wizard from Settings.",
+                links=(("Open the Engine page", "engine"), ("Open the Cluster page", "cluster")),
             )
-        return "Ask Kimi-K3 anything. Attach images with the clip, drop or paste them."
+        else:
+            self.view.set_empty_text(
+                "Ask Kimi-K3 anything. Attach images with the clip, drop or paste them."
+            )
 
     def _update_status(self) -> None:
         parts = [self.engine.state_text()]
@@ -339,7 +344,7 @@ class ChatPage(QWidget):
         if state is None:
             self.title.setText("New chat")
             self.view.set_messages([])
-            self.view.set_empty_text(self._empty_text())
+            self._show_empty()
             return
         self.title.setText(state.conversation.title)
         for key, img in state.thumbs.items():
@@ -360,6 +365,10 @@ class ChatPage(QWidget):
                 self.start_edit(int(mid))
             elif verb == "branch":
                 self.chat.switch_branch(int(mid), arg)
+            elif verb == "page":
+                show = getattr(self.window(), "show_page", None)
+                if show is not None:
+                    show(mid)
         except K3Error as exc:
             self.ctx.reporter.report(exc)
 

@@ -93,11 +93,18 @@ class MessageView(QTextBrowser):
         self.document().setDocumentMargin(18)
 
     # ------------------------------------------------------------ content
-    def set_empty_text(self, text: str) -> None:
+    def set_empty_text(self, text: str, links: tuple[tuple[str, str], ...] = ()) -> None:
+        """Show ``text`` while there are no messages; ``links`` are (title, page key)
+        pairs shown under it that emit ``action("page", key, 0)`` when clicked."""
         c = theme.current()
+        more = "&nbsp;&nbsp;·&nbsp;&nbsp;".join(
+            f'<a href="k3:page/{html.escape(key)}/0">{html.escape(title)}</a>'
+            for title, key in links
+        )
+        more = f"<br/><br/>{more}" if more else ""
         self._empty_html = (
             f'<div align="center" style="color:{c.muted}; font-size:large;">'
-            f"<br/><br/><br/>{html.escape(text)}</div>"
+            f"<br/><br/><br/>{html.escape(text)}{more}</div>"
         )
         if not self._messages:
             self.setHtml(self._empty_html)
