@@ -60,8 +60,21 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def cluster_serve_alias(argv: list[str]) -> list[str]:
+    """``serve --cluster NAME ...`` is ``cluster serve NAME ...`` (one implementation)."""
+    if not argv or argv[0] != "serve":
+        return argv
+    rest = argv[1:]
+    for i, a in enumerate(rest):
+        if a.startswith("--cluster="):
+            return ["cluster", "serve", a.split("=", 1)[1], *rest[:i], *rest[i + 1 :]]
+        if a == "--cluster" and i + 1 < len(rest):
+            return ["cluster", "serve", rest[i + 1], *rest[:i], *rest[i + 2 :]]
+    return argv
+
+
 def main(argv: Sequence[str], services: Services) -> int:
-    argv = list(argv)
+    argv = cluster_serve_alias(list(argv))
     parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)

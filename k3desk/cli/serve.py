@@ -29,6 +29,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "crashes.  Ctrl-C stops it cleanly.",
     )
     p.add_argument("shard", type=Path, help="the model's first shard (...-00001-of-000NN.gguf)")
+    p.add_argument(
+        "--cluster",
+        metavar="NAME",
+        help="run across a cluster instead (no SHARD): `k3desk serve --cluster NAME --engine "
+        "sparkinfer|rpc` is `k3desk cluster serve NAME --engine ...` and takes its options",
+    )
     p.add_argument("--mmproj", type=Path, metavar="FILE", help="vision projector for images")
     p.add_argument("--hardware", type=Path, metavar="FILE", help="plan for this hardware file")
     p.add_argument("--ctx", type=int, default=8192, help="context length (default 8192)")
