@@ -26,8 +26,9 @@ from k3desk.core.engines.crash import CrashReport
 from k3desk.core.engines.discovery import SERVER_NAME, discover_engines
 from k3desk.core.engines.probe import ProbeResult, probe_engine
 from k3desk.core.engines.supervisor import LaunchSpec, bump_n_cpu_moe
-from k3desk.core.errors import EngineError, PlanError
+from k3desk.core.errors import EngineError, PlanError, ValidationError
 from k3desk.core.gguf.model import ModelLayout
+from k3desk.core.gguf.reader import read_header
 from k3desk.core.gguf.validate import validate_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.paths import AppPaths
@@ -171,7 +172,7 @@ def prepare_launch(
     check()
     layout = validate_shard_set(shard, tiers=tiers, progress=progress, cancel=cancel)
     if mmproj is not None:
-        options = replace(options, mmproj=mmproj, mmproj_bytes=mmproj_file_bytes(mmproj))
+        options = replace(options, mmproj=mmproj, mmproj_bytes=projector_bytes(mmproj))
     else:
         options = replace(options, mmproj=None, mmproj_bytes=None)
     options = _cpu_moe_from_extra_args(options, len(layout.layers))
@@ -207,6 +208,39 @@ def prepare_launch(
     return PreparedLaunch(
         exe, probe, layout, hw, plan_options(options, tier), plan, tier, tuple(notes)
     )
+
+
+def projector_bytes(path: Path) -> int:
+    """The size of the vision projector ``path``, once its header shows it is one.
+
+    llama-server would otherwise fail on a wrong file with a message about "the model
+    file", sending the user to re-download shards that are fine.
+    """
+    size = mmproj_file_bytes(path)  # names a missing file or a folder
+    hint = (
+        "Pass the tier's mmproj-*.gguf file (see `k3desk tiers`), or leave the projector "
+        "out to chat without images."
+    )
+    try:
+        header = read_header(path)
+    except ValidationError as exc:
+        raise ValidationError(
+            f"The vision projector {path} cannot be used: {exc.message}", hint
+        ) from exc
+    arch = header.get("general.architecture")
+    if arch != "clip":
+        if arch:
+            what = f"a {arch!r} model file"
+        elif header.get("split.count") is not None:
+            what = "a part of a split model"
+        else:
+            what = "a GGUF file without an architecture"
+        raise ValidationError(
+            f"{path} is not a vision projector: it is {what} "
+            "(a projector's general.architecture is 'clip').",
+            hint,
+        )
+    return size
 
 
 def plan_options(options: PlanOptions, tier: Tier | None) -> PlanOptions:
