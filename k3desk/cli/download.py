@@ -231,8 +231,12 @@ class JsonOut:
 
 
 def _clock(seconds: float | None) -> str:
+    """``h:mm:ss``; ``--:--`` while the rate is unknown and ``< 1 s`` near the end
+    (a bar reading ``0:00:00`` with bytes still to come looks stuck)."""
     if seconds is None:
         return "--:--"
+    if seconds < 1:
+        return "< 1 s"
     s = int(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 

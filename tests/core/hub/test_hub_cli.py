@@ -290,3 +290,39 @@ def test_verify_without_a_record_uses_the_manifest_or_the_gguf_structure(
     assert "by GGUF structure only" in out
     assert f"Checked {len(tiny_k3.parts)} files" in out
     assert "only the GGUF structure was checked" in out
+
+
+class _Terminal:
+    """A text stream that says it is a terminal, so the progress bar is drawn."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("eta", "shown"),
+    [(None, "ETA --:--"), (0.4, "ETA < 1 s"), (0.0, "ETA < 1 s"), (65.2, "ETA 0:01:05")],
+)
+def test_the_progress_bar_never_shows_an_eta_of_zero_while_bytes_remain(
+    eta: float | None, shown: str
+) -> None:
+    from k3desk.cli.download import TextOut
+    from k3desk.core.hub.model import FileProgress
+
+    bar, out = _Terminal(), _Terminal()
+    text = TextOut(bar, out)  # type: ignore[arg-type]
+    text.files_total = 9
+    text.event(FileProgress("a.gguf", 900, 1000, 500.0, eta, 8_900, 9_000, 500.0, eta))
+    line = bar.text.rsplit("\r\033[K", 1)[-1]
+    assert shown in line
+    assert "0:00:00" not in line
