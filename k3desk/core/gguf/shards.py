@@ -24,7 +24,9 @@ class ShardSet:
 
     @property
     def split(self) -> bool:
-        return self.count > 1 or self.given.name != f"{self.prefix}.gguf"
+        # a name without ".gguf" ("model.bin", "notes.txt") is a set of one, not a
+        # split set whose first part would be "notes.txt-00001-of-00001.gguf"
+        return self.count > 1 or SPLIT_RE.fullmatch(self.given.name) is not None
 
     def part_name(self, index: int) -> str:
         """File name of the 0-based part ``index``."""

@@ -36,6 +36,11 @@ def test_discover_unsplit_file() -> None:
     assert not s.split
     assert s.count == 1
     assert s.paths == (Path("/m/kimi-k3-Q2_K.gguf"),)
+    # a file named without .gguf is itself, not part 1 of "<name>-00001-of-00001.gguf"
+    s = discover("/m/notes.txt")
+    assert not s.split
+    assert s.paths == (Path("/m/notes.txt"),)
+    assert s.missing() == [0]
 
 
 def test_twin_is_sparse_and_balanced(twin_factory: TwinFactory, twin_catalog: Catalog) -> None:

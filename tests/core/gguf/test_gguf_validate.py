@@ -222,6 +222,23 @@ def test_invalid_split_names(twin_factory: TwinFactory, tmp_path: Path) -> None:
         validate_shard_set(tmp_path)
 
 
+def test_a_file_not_named_gguf_is_judged_by_its_content(
+    twin_factory: TwinFactory, tmp_path: Path, cli: Cli
+) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello\n")
+    rc, out, err = cli("validate", str(notes))
+    assert out == ""
+    assert rc == 1
+    assert "notes.txt is not a GGUF file" in err
+    assert "missing" not in err
+    lone = tmp_path / "kimi.bin"
+    part2 = twin_factory("vcruz305-ud-iq1s")[1]
+    lone.write_bytes(_head(part2, read_header(part2).data_start))
+    with pytest.raises(ValidationError, match="part of a 9-part set"):
+        validate_shard_set(lone)
+
+
 def test_split_part_renamed_to_an_unsplit_name(twin_factory: TwinFactory, tmp_path: Path) -> None:
     lone = tmp_path / "kimi.gguf"
     part2 = twin_factory("vcruz305-ud-iq1s")[1]
