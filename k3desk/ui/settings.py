@@ -48,7 +48,8 @@ class Settings:
     tier_id: str = ""
     hardware_file: str = ""
     wizard_done: bool = False
-    # a remote OpenAI-compatible server to chat with instead of a local engine ("" = none)
+    # older versions' one remote server; the app moves it into the attached servers
+    # (Cluster page) on start and clears it here ("" = none)
     remote_url: str = ""
     recent: dict[str, Any] = field(default_factory=dict)
 

@@ -104,10 +104,20 @@ class SettingsPage(QWidget):
         e_row.addWidget(self.engine_binary, 1)
         e_row.addWidget(ebrowse)
         eform.addRow("llama-server", e_row)
-        self.remote_url = QLineEdit()
-        self.remote_url.setPlaceholderText("Optional: http://host:port of a running server")
-        eform.addRow("Remote server", self.remote_url)
         engine.body.addLayout(eform)
+        # remote servers are attached in one place only: the Cluster page's Attached servers
+        r_row = QHBoxLayout()
+        self.chat_target = muted("")
+        self.chat_target.setObjectName("settingsChatTarget")
+        r_row.addWidget(self.chat_target, 1)
+        self.servers_btn = QPushButton("Attach a remote server…")
+        self.servers_btn.setObjectName("openAttachedServers")
+        self.servers_btn.setToolTip(
+            "Chat with Kimi-K3 running elsewhere (vLLM, a SparkInfer bridge, another "
+            "llama-server): attach it on the Cluster page"
+        )
+        r_row.addWidget(self.servers_btn)
+        engine.body.addLayout(r_row)
         lay.addWidget(engine)
 
         # ---- chat defaults
@@ -208,8 +218,12 @@ class SettingsPage(QWidget):
         self.token_remove.clicked.connect(self._remove_token)
         self.token_edit.textChanged.connect(self._token_buttons)
         self.model_dirs.currentRowChanged.connect(lambda _r: self._dirty())
-        for w in (self.download_dir, self.engine_binary, self.remote_url):
+        for w in (self.download_dir, self.engine_binary):
             w.textChanged.connect(self._dirty)
+        self.servers_btn.clicked.connect(self.open_attached_servers)
+        engine_ctl = ctx.controller("engine")
+        engine_ctl.state_changed.connect(lambda _s, _m: self._show_chat_target())
+        self._show_chat_target()
         for s in (self.workers, self.ctx_size):
             s.valueChanged.connect(self._dirty)
         for d in (self.temperature, self.top_p):
@@ -231,7 +245,6 @@ class SettingsPage(QWidget):
         self.download_dir.setText(s.download_dir)
         self.workers.setValue(s.download_workers)
         self.engine_binary.setText(s.engine_binary)
-        self.remote_url.setText(s.remote_url)
         self.ctx_size.setValue(s.ctx)
         self.temperature.setValue(s.temperature)
         self.top_p.setValue(s.top_p)
@@ -250,7 +263,6 @@ class SettingsPage(QWidget):
             download_dir=self.download_dir.text().strip(),
             download_workers=self.workers.value(),
             engine_binary=self.engine_binary.text().strip(),
-            remote_url=self.remote_url.text().strip(),
             ctx=self.ctx_size.value(),
             temperature=round(self.temperature.value(), 3),
             top_p=round(self.top_p.value(), 3),
@@ -274,10 +286,6 @@ class SettingsPage(QWidget):
         problems = []
         if new.engine_binary and not Path(new.engine_binary).expanduser().is_file():
             problems.append(f"The engine {new.engine_binary} does not exist.")
-        if new.remote_url and not new.remote_url.startswith(("http://", "https://")):
-            problems.append(
-                f"The remote server {new.remote_url!r} must start with http:// or https://."
-            )
         if problems:
             self.status.setText(" ".join(problems))
             self.status.setObjectName("errorText")
@@ -315,6 +323,27 @@ class SettingsPage(QWidget):
         f, _ = QFileDialog.getOpenFileName(self, "Choose llama-server")
         if f:
             self.engine_binary.setText(f)
+
+    # ----------------------------------------------------- remote servers
+    def _show_chat_target(self) -> None:
+        engine = self.ctx.controller("engine")
+        if engine.endpoint() is not None:
+            text = "The chat uses the engine on this machine."
+        elif engine.chat_endpoint() is not None:
+            text = f"The chat uses {engine.state_text()}."
+        else:
+            text = "No remote server is in use: attach one on the Cluster page."
+        self.chat_target.setText(text)
+
+    def open_attached_servers(self) -> None:
+        """Open the Cluster page on its Attached servers tab."""
+        show = getattr(self.window(), "show_page", None)
+        if show is None:
+            return
+        page = show("cluster")
+        tabs, servers = getattr(page, "tabs", None), getattr(page, "servers", None)
+        if tabs is not None and servers is not None:
+            tabs.setCurrentWidget(servers)
 
     def _open_wizard(self) -> None:
         window = self.window()

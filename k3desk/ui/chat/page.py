@@ -231,8 +231,6 @@ class ChatPage(QWidget):
 
     def _update_status(self) -> None:
         parts = [self.engine.state_text()]
-        if self.engine.endpoint() is None and self.ctx.settings.remote_url:
-            parts = [f"Remote server {self.ctx.settings.remote_url}"]
         if self.chat.last_tps is not None:
             parts.append(f"last answer {self.chat.last_tps:.1f} tok/s")
         if self.chat.last_context is not None:

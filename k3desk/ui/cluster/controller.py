@@ -131,6 +131,8 @@ class ClusterController(QObject):
         self.endpoint_error = ""
         ctx.controller("engine").set_external(self)
         wanted = ctx.settings.recent.get(RECENT_KEY)
+        if ctx.settings.remote_url:
+            wanted = self._adopt_remote_url(ctx.settings.remote_url) or wanted
         if isinstance(wanted, str) and wanted:
             self.use_endpoint(wanted, remember=False)
 
@@ -429,6 +431,35 @@ class ClusterController(QObject):
                 on_done(ep, where)
 
         self.ctx.tasks.run(work, on_done=done, on_error=on_error, name="endpoint-attach")
+
+    def _adopt_remote_url(self, url: str) -> str:
+        """Move the old Settings "Remote server" into the attached servers (one way to attach
+        a server); returns the endpoint's name, or "" when the URL cannot be attached."""
+        try:
+            known = self.endpoints.load()
+            same = next((e for e in known if e.url == url.strip().rstrip("/")), None)
+            if same is not None:
+                name = same.name
+            else:
+                names = {e.name for e in known}
+                name = next(
+                    n for n in ("remote", *(f"remote-{i}" for i in range(2, 1000)))
+                    if n not in names
+                )  # fmt: skip
+                self.endpoints.add(name, url, check=False)
+            recent = {**self.ctx.settings.recent, RECENT_KEY: name}
+            self.ctx.update_settings(remote_url="", recent=recent)
+        except K3Error as exc:
+            self.ctx.reporter.report(
+                K3Error(
+                    f"The remote server {url!r} from the settings file could not be moved to "
+                    f"the attached servers: {exc.message}",
+                    "Attach it on the Cluster page (Attached servers), then remove "
+                    '"remote_url" from the settings file.',
+                )
+            )
+            return ""
+        return name
 
     def detach(self, name: str) -> None:
         def done(_ep: RemoteEndpoint) -> None:

@@ -124,7 +124,8 @@ class EngineController(QObject):
         return sup.endpoint if sup is not None and self.ready else None
 
     def chat_endpoint(self) -> ChatEndpoint | None:
-        """Where the chat sends requests: the local engine when ready, else a remote URL."""
+        """Where the chat sends requests: the local engine when ready, else a cluster engine
+        or the attached server chosen on the Cluster page."""
         from k3desk.core.chat.client import ChatEndpoint
 
         ep = self.endpoint()
@@ -132,10 +133,8 @@ class EngineController(QObject):
             return ChatEndpoint(ep.url, ep.api_key)
         if self._external is not None:
             external: ChatEndpoint | None = self._external.chat_endpoint()
-            if external is not None:
-                return external
-        remote = self.ctx.settings.remote_url
-        return ChatEndpoint(remote) if remote else None
+            return external
+        return None
 
     def chat_settings(self, settings: ChatSettings) -> ChatSettings:
         """``settings`` as the server the chat goes to expects them."""
