@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from k3desk.core.errors import HardwareError
+from k3desk.core.resources import resources_dir
 
 PROFILE_SCHEMA = 1
 
@@ -184,7 +185,13 @@ class HardwareProfile:
         try:
             data = json.loads(p.read_text(encoding="utf-8"))
         except FileNotFoundError as exc:
-            raise HardwareError(f"Hardware file {p} does not exist.") from exc
+            raise HardwareError(
+                f"Hardware file {p} does not exist.", _hardware_file_hint()
+            ) from exc
+        except IsADirectoryError as exc:
+            raise HardwareError(
+                f"Hardware file {p} is a folder, not a JSON file.", _hardware_file_hint()
+            ) from exc
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise HardwareError(
                 f"Hardware file {p} is not valid JSON: {exc}",
@@ -193,6 +200,16 @@ class HardwareProfile:
         if not isinstance(data, dict):
             raise HardwareError(f"Hardware file {p} must hold a JSON object.")
         return cls.from_dict(data, source=str(p))
+
+
+def _hardware_file_hint() -> str:
+    examples = resources_dir() / "hardware"
+    names = sorted(f.name for f in examples.glob("*.json")) if examples.is_dir() else []
+    shown = f" ({', '.join(names[:3])}, ...)" if names else ""
+    return (
+        "Save one on the machine to plan for with `k3desk doctor --json > FILE`, "
+        f"or use an example from {examples}{shown}."
+    )
 
 
 def _check_values(

@@ -129,8 +129,14 @@ def test_not_json_names_the_file(tmp_path: Path) -> None:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(HardwareError, match="does not exist"):
+    with pytest.raises(HardwareError, match="does not exist") as err:
         HardwareProfile.from_json_file(tmp_path / "nope.json")
+    # says how to get one: from the machine itself, or an example shipped with k3desk
+    assert "k3desk doctor --json > FILE" in err.value.hint
+    assert "8xH100-2TB.json" in err.value.hint or "1xH200-141GB.json" in err.value.hint
+    with pytest.raises(HardwareError, match="is a folder") as err:
+        HardwareProfile.from_json_file(tmp_path)
+    assert "k3desk doctor --json" in err.value.hint
 
 
 def test_json_list_is_rejected(tmp_path: Path) -> None:
