@@ -78,6 +78,11 @@ class Node:
         who = f"node {self.label!r}"
         if not self.host or not _HOST_RE.fullmatch(self.host):
             out.append(f"{who}: host {self.host!r} is not a host name or address")
+        elif "[" in self.host or "]" in self.host:  # parse_node_spec strips an IPv6's brackets
+            out.append(
+                f"{who}: host {self.host!r} is not a host name or address "
+                "(an IPv6 address goes in a closed pair of brackets: [fd00::2]:22)"
+            )
         if self.user and not _USER_RE.fullmatch(self.user):
             out.append(f"{who}: user {self.user!r} is not a valid user name")
         if (
