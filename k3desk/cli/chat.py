@@ -34,6 +34,7 @@ from k3desk.core.progress import CancelToken
 if TYPE_CHECKING:
     from k3desk.app import Services
     from k3desk.core.engines.supervisor import Event
+    from k3desk.core.hardware.profile import HardwareProfile
 
 API_KEY_ENV = "K3DESK_API_KEY"
 DIM, RESET = "\x1b[2m", "\x1b[0m"
@@ -99,6 +100,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--ctx", type=int, default=8192, metavar="N", help="context size (SHARD)")
     p.add_argument("--engine", type=Path, metavar="PATH", help="llama-server to use (SHARD)")
     p.add_argument(
+        "--hardware",
+        type=Path,
+        metavar="FILE",
+        help="plan the launch for this hardware file (`k3desk doctor --json`) (SHARD)",
+    )
+    p.add_argument(
         "--engine-arg",
         action="append",
         default=[],
@@ -135,10 +142,10 @@ def _split_positional(args: argparse.Namespace) -> tuple[Path | None, str]:
 
 def run(args: argparse.Namespace, services: Services) -> int:
     shard, prompt = _split_positional(args)
-    if shard is None and (args.mmproj or args.engine or args.engine_arg):
+    if shard is None and (args.mmproj or args.engine or args.engine_arg or args.hardware):
         raise K3Error(
-            "--mmproj, --engine and --engine-arg apply only when k3desk starts the engine "
-            "from a model file.",
+            "--mmproj, --engine, --engine-arg and --hardware apply only when k3desk starts "
+            "the engine from a model file.",
             "The server at --url was started with its own settings.",
         )
     settings = ChatSettings(
@@ -222,10 +229,16 @@ def _start_engine(
     from k3desk.core.planning.model import PlanOptions
 
     quiet = args.json
+
+    def hardware() -> HardwareProfile:
+        if args.hardware:
+            return services.load_hardware(args.hardware)
+        return services.detect_hardware(measure_bandwidth=False)
+
     prepared = prepare_launch(
         shard,
         mmproj=args.mmproj,
-        hardware=lambda: services.detect_hardware(measure_bandwidth=False),
+        hardware=hardware,
         options=PlanOptions(ctx=args.ctx, extra_args=tuple(args.engine_arg)),
         paths=services.paths,
         engine=args.engine,

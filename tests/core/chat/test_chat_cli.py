@@ -217,6 +217,25 @@ def test_chat_on_shard_streams_with_progress(
     assert llama_children() == []
 
 
+@pytest.mark.engine
+def test_chat_on_shard_plans_for_a_hardware_file(
+    k3chat: Run, llama_server: Path, tiny: tuple[Path, Path], hardware_file: Callable[[str], Path]
+) -> None:
+    epyc = hardware_file("epyc9554p-1.5TB-cpu")
+    args = ("--ctx", "1024", "--max-tokens", "2", "--seed", "1", "--hardware", epyc, "Hi")
+    rc, _, err = k3chat(tiny[0], *args)
+    assert rc == 0, err
+    # the plan is made for the 1.5 TB EPYC of the file, not for this machine
+    assert re.search(r"Plan: Runs on the CPU .* of the 1\.4 TiB RAM available", err), err
+    assert llama_children() == []
+    rc, _, err = k3chat(tiny[0], "--hardware", tiny[1].parent / "nope.json", "Hi")
+    assert rc == 1
+    assert "nope.json does not exist" in err
+    rc, _, err = k3chat("--url", "http://127.0.0.1:9", "--hardware", epyc, "Hi")
+    assert rc == 1
+    assert "apply only when k3desk starts the engine" in err
+
+
 def test_ctrl_c_mid_answer_hangs_up_and_exits_130(standin: StandIn) -> None:
     standin.tokens = [("content", f"w{i} ") for i in range(5000)]
     standin.token_delay = 0.005
