@@ -60,7 +60,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a download child of this very program (a frozen build has no `python -m`)
         return _hfchild.main()
     services = Services()
-    if not args or args[0] in ("--gui",) or (args and args[0].startswith("--install-desktop")):
+    # the desktop app's own options (k3desk.ui.main) open it without --gui as well
+    gui_options = ("--gui", "--page", "--wizard", "--no-wizard", "--hardware")
+    if (
+        not args
+        or args[0].split("=", 1)[0] in gui_options
+        or args[0].startswith("--install-desktop")
+    ):
         if args and args[0].startswith("--install-desktop"):
             from k3desk.cli import main as cli_main
 
