@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import logging
 import re
 import signal
 import sys
@@ -164,7 +165,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
         print(f"Downloading {what} to {target} ({who})", file=sys.stdout)
     job = DownloadJob(request, target, options, on_event=out.event)
     try:
-        with _pause_on_signals(job.pause):
+        with _pause_on_signals(job.pause), _events_only():
             summary = job.run()
     except Cancelled:
         out.close()
@@ -177,6 +178,19 @@ def run(args: argparse.Namespace, services: Services) -> int:
     out.close()
     out.done(summary)
     return 0
+
+
+@contextmanager
+def _events_only() -> Iterator[None]:
+    """Warnings reach the user once, as events; the job also logs them, and with no
+    logging configured Python would print each a second time, raw, on stderr."""
+    logger = logging.getLogger("k3desk.core.hub")
+    quiet = logging.NullHandler()
+    logger.addHandler(quiet)
+    try:
+        yield
+    finally:
+        logger.removeHandler(quiet)
 
 
 @contextmanager

@@ -198,14 +198,14 @@ class DownloadJob:
         self._emit(
             ListingDone(listing.repo, listing.revision, len(listing.files), listing.total_bytes)
         )
-        for w in crosscheck(self.request, listing):
-            self._warn(w)
-        if not listing.files:
+        if not listing.files:  # the error says it all; no warning repeating it first
             raise HubError(
                 f"Nothing to download: no file in {listing.repo} at {listing.revision[:12]} "
                 f"matches {', '.join(self.request.allow_patterns)}.",
                 f"Check the include patterns against {listing.repo_url()}/tree/main.",
             )
+        for w in crosscheck(self.request, listing):
+            self._warn(w)
 
         check_writable(self.target, self._where(local=str(self.target)))
         state = TargetState(self.target)

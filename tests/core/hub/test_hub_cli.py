@@ -220,6 +220,36 @@ def test_a_catalog_tier_downloads_by_id_and_size_mismatch_is_reported(
     assert (tmp_path / tier.first_shard).is_file()
 
 
+def test_each_message_is_printed_once(tier_repo: TierRepo, tmp_path: Path) -> None:
+    env = _env(tier_repo.hub)
+    nothing = _k3desk(
+        ["download", "--repo", TIER_REPO, "--include", "nothing-*.gguf", "--to", str(tmp_path)],
+        env,
+    )
+    assert nothing.returncode == 1
+    assert "Traceback" not in nothing.stderr
+    assert nothing.stderr.count("matches nothing-*.gguf") == 1, nothing.stderr
+    assert "error: Nothing to download" in nothing.stderr
+    assert not (tmp_path / ".k3desk").exists()
+
+    # a disagreement with the catalog is a warning: shown once, not also as a raw log line
+    from tests.hubserver import make_bytes
+
+    tier = Services().catalog.get("vcruz305-ud-iq1s")
+    files = {
+        f"Kimi-K3-UD-IQ1_S-{i:05d}-of-00009.gguf": b"GGUF" + make_bytes(2_000, i)
+        for i in range(1, 10)
+    }
+    tier_repo.hub.add_repo(tier.repo, files)
+    r = _k3desk(["download", tier.id, "--to", str(tmp_path / "m"), "--margin", "0"], env)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if "catalog says 307.5 GiB" in ln]
+    # as it happens, and in the summary at the end; never as a bare log line
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("warning: vcruz305-ud-iq1s: the shards total")
+    assert lines[1].startswith("  - vcruz305-ud-iq1s: the shards total")
+
+
 def test_verify_finds_a_damaged_shard_and_download_repairs_only_it(
     tier_repo: TierRepo,
     tmp_path: Path,
