@@ -41,7 +41,9 @@ def run(args: argparse.Namespace, services: Services) -> int:
             )
             sys.stderr.flush()
 
-    report = verify_target(args.path, progress=progress)
+    from k3desk.cli.plan import catalog_tiers
+
+    report = verify_target(args.path, progress=progress, tiers=catalog_tiers(services))
     if tty:
         sys.stderr.write("\r\033[K")
     if args.json:

@@ -9,10 +9,10 @@ structure of the shard set is validated from its headers (no hashes known).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from k3desk.core.errors import HubError
 from k3desk.core.hub.hashing import hash_file
@@ -20,6 +20,9 @@ from k3desk.core.hub.listing import parse_manifest
 from k3desk.core.hub.model import RemoteFile
 from k3desk.core.hub.state import DIRNAME, TargetState
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
+
+if TYPE_CHECKING:
+    from k3desk.core.catalog.model import Tier
 
 Status = Literal["ok", "mismatch", "missing", "wrong-size"]
 Method = Literal["state", "manifest", "gguf"]
@@ -109,8 +112,11 @@ def verify_target(
     *,
     progress: ProgressCallback = no_progress,
     cancel: CancelToken | None = None,
+    tiers: Iterable[Tier] = (),
 ) -> VerifyReport:
-    """Re-check the download ``path`` is (a folder) or belongs to (a shard)."""
+    """Re-check the download ``path`` is (a folder) or belongs to (a shard).
+
+    ``tiers`` (the catalog) lets a structural failure name the tier to download again."""
     path = Path(path)
     if not path.exists():
         raise HubError(
@@ -123,7 +129,7 @@ def verify_target(
     manifest = base / "manifest.json"
     if manifest.is_file():
         return _verify_with_manifest(base, manifest, progress, cancel)
-    return _verify_gguf(path, progress, cancel)
+    return _verify_gguf(path, progress, cancel, tiers)
 
 
 def _verify_with_state(
@@ -195,7 +201,7 @@ def _verify_with_manifest(
 
 
 def _verify_gguf(
-    path: Path, progress: ProgressCallback, cancel: CancelToken | None
+    path: Path, progress: ProgressCallback, cancel: CancelToken | None, tiers: Iterable[Tier]
 ) -> VerifyReport:
     from k3desk.core.gguf.validate import inspect_shard_set
 
@@ -210,7 +216,7 @@ def _verify_gguf(
                 "Give the folder a tier was downloaded to, or one of its shards.",
             )
         target = firsts[0]
-    report = inspect_shard_set(target, progress=progress, cancel=cancel)
+    report = inspect_shard_set(target, tiers=tiers, progress=progress, cancel=cancel)
     base = target.parent
     checks = tuple(
         FileCheck(p.relative_to(base).as_posix() if p.is_relative_to(base) else str(p), "ok")

@@ -322,6 +322,16 @@ def test_verify_without_a_record_uses_the_manifest_or_the_gguf_structure(
     assert "only the GGUF structure was checked" in out
 
 
+def test_verify_of_a_tier_with_a_part_missing_names_the_tier_to_download(
+    broken_twin: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parts, _ = broken_twin("vcruz305-ud-iq1s", "missing-part", tmp_path / "tier")
+    assert cli_main(["verify", str(parts[0].parent)], Services()) == 1
+    err = capsys.readouterr().err
+    assert "Part 00005-of-00009 of Kimi-K3-UD-IQ1_S is missing" in err
+    assert "k3desk download vcruz305-ud-iq1s" in err
+
+
 class _Terminal:
     """A text stream that says it is a terminal, so the progress bar is drawn."""
 
