@@ -555,6 +555,7 @@ def _explain(
         reason = (
             f"Does not fit: the weights read for every token and the buffers need "
             f"{fmt_bytes(always)} of RAM, only {fmt_bytes(ram.capacity)} is available "
+            f"after keeping {fmt_bytes(opts.ram_margin)} free for the system "
             f"(the full model misses by {fmt_bytes(shortfall)})."
         )
 

@@ -19,7 +19,7 @@ from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import LaunchPlan, PlanOptions
 from k3desk.core.planning.plan import make_plan, ram_budget
 from k3desk.core.planning.recommend import options_for
-from k3desk.core.units import GiB
+from k3desk.core.units import GiB, fmt_bytes
 from k3desk.devtools.tinyk3 import TinyModel
 
 Machine = Callable[[str], HardwareProfile]
@@ -238,7 +238,9 @@ def test_laptop_without_gpu_does_not_fit_and_says_by_how_much(
     assert plan.shortfall > 400 * GiB
     assert "Does not fit" in plan.reason
     assert "misses by" in plan.reason
+    # the RAM it names as available is the free RAM less the margin, and it says so
     budget = ram_budget(hw, PlanOptions())
+    assert f"only {fmt_bytes(budget)} is available after keeping 8.0 GiB free" in plan.reason
     assert plan.shortfall == plan.devices[-1].used - budget
 
 
