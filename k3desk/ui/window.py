@@ -139,6 +139,8 @@ class MainWindow(QMainWindow):
         engine.state_changed.connect(lambda _s, _m: self.set_engine_status(engine.state_text()))
         self.set_engine_status(engine.state_text())
         ctx.controller("cluster")  # cluster engines and attached servers serve the chat too
+        if "download" in ctx.settings.recent:
+            ctx.controller("downloads")  # an unfinished download continues at start-up
 
         self.sidebar.currentRowChanged.connect(self._row_changed)
         for i, spec in enumerate(PAGES):

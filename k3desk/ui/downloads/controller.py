@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from k3desk.core.errors import K3Error
 from k3desk.core.hub.job import DownloadJob
@@ -32,6 +32,18 @@ from k3desk.ui.bridge import Relay
 
 if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
+
+
+RECENT_KEY = "download"  # Settings.recent: the unfinished download, resumed on the next start
+
+
+def request_to_json(request: DownloadRequest) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(request).items()}
+
+
+def request_from_json(data: dict[str, Any]) -> DownloadRequest:
+    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    return DownloadRequest(**values)
 
 
 @dataclass
@@ -87,6 +99,41 @@ class DownloadsController(QObject):
         self._task: Any = None
         self._relay = Relay(self)
         self._relay.fired.connect(self._on_event)
+        self._restore()
+
+    # ------------------------------------------------ across app restarts
+    def _restore(self) -> None:
+        """Show the download the app was running (or had paused) when it last closed, and
+        resume it unless the user paused it."""
+        saved = self.ctx.settings.recent.get(RECENT_KEY)
+        if not isinstance(saved, dict):
+            return
+        try:
+            request = request_from_json(saved["request"])
+            target = Path(saved["target"])
+        except (KeyError, TypeError, ValueError):
+            self._remember(None)  # unreadable (an older format): forget it
+            return
+        self.state = DownloadState(request, target, status="paused")
+        if saved.get("resume"):
+            QTimer.singleShot(0, self.resume)
+
+    def _remember(self, state: DownloadState | None, *, resume: bool = False) -> None:
+        recent = dict(self.ctx.settings.recent)
+        if state is None:
+            if RECENT_KEY not in recent:
+                return
+            recent.pop(RECENT_KEY)
+        else:
+            recent[RECENT_KEY] = {
+                "request": request_to_json(state.request),
+                "target": str(state.target),
+                "resume": resume,
+            }
+        try:
+            self.ctx.update_settings(recent=recent)
+        except K3Error as exc:
+            self.ctx.reporter.report(exc)
 
     @property
     def running(self) -> bool:
@@ -110,6 +157,7 @@ class DownloadsController(QObject):
             state.files = old.files  # keep rows while resuming
             state.total, state.done = old.total, old.done
         self.state = state
+        self._remember(state, resume=True)  # even a killed app resumes it next start
         options_token = self.options()
         job = DownloadJob(request, target, options_token, on_event=self._relay)
         self.job = job
@@ -146,6 +194,8 @@ class DownloadsController(QObject):
     def pause(self) -> None:
         if self.job is not None and self.running:
             self.job.pause()
+            if self.state is not None:
+                self._remember(self.state, resume=False)  # paused by the user: stays paused
 
     def resume(self) -> None:
         if self.state is not None and not self.running:
@@ -157,10 +207,15 @@ class DownloadsController(QObject):
 
     def close(self) -> None:
         if self.job is not None and self.running:
-            self.job.pause()  # keep partial data for next time
+            self.job.pause()  # keep partial data for next time (resumed on the next start)
 
     def _end(self, state: DownloadState) -> None:
         self._task = None
+        if state is self.state:
+            if state.status in ("done", "cancelled"):
+                self._remember(None)
+            elif state.status == "failed":
+                self._remember(state, resume=False)
         for row in state.files.values():
             if row.state in ("downloading", "verifying", "retrying") and state.status != "done":
                 row.state = state.status
