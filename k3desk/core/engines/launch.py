@@ -258,7 +258,7 @@ def plan_model(
     not give its size; the tier card's ``--n-cpu-moe`` becomes the comparison point.
     """
     if options.mmproj is not None and options.mmproj_bytes is None:
-        options = replace(options, mmproj_bytes=mmproj_file_bytes(options.mmproj))
+        options = replace(options, mmproj_bytes=projector_bytes(options.mmproj))
     tier = tier_of(layout, tiers)
     return make_plan(hw, layout, plan_options(options, tier)), tier
 

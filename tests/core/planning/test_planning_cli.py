@@ -12,6 +12,7 @@ import pytest
 
 import k3desk.cli
 from k3desk.app import Services
+from k3desk.core.engines.canary import write_mlp_projector
 from k3desk.core.units import GiB
 
 Run = Callable[..., tuple[int, str, str]]
@@ -84,10 +85,16 @@ def test_plan_with_projector_and_errors_name_the_file(
     shard = twin_factory("grearl-iq1s")[0]
     hw = str(hardware_file("8xH100-2TB"))
     mmproj = tmp_path / "mmproj-BF16.gguf"
-    mmproj.write_bytes(b"\0" * 4096)
+    write_mlp_projector(mmproj, 7168)
     rc, out, _ = run("plan", str(shard), "--hardware", hw, "--mmproj", str(mmproj))
     assert rc == 0
     assert f"--mmproj {mmproj}" in out
+
+    # a model shard passed as the projector is named as the wrong file, not planned
+    rc, _, err = run("plan", str(shard), "--hardware", hw, "--mmproj", str(shard))
+    assert rc == 1
+    assert "is not a vision projector" in err
+    assert "Traceback" not in err
 
     rc, _, err = run("plan", str(shard), "--hardware", hw, "--mmproj", str(tmp_path / "gone.gguf"))
     assert rc == 1
