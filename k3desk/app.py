@@ -19,6 +19,7 @@ from k3desk.core.resources import resources_dir
 if TYPE_CHECKING:
     from k3desk.core.catalog.loader import Catalog
     from k3desk.core.hardware.profile import HardwareProfile
+    from k3desk.core.settings import Settings, SettingsStore
 
 
 class Services:
@@ -34,6 +35,29 @@ class Services:
         from k3desk.core.catalog.loader import load_catalog
 
         return load_catalog(self.resources / "catalog.json")
+
+    @cached_property
+    def settings_store(self) -> SettingsStore:
+        from k3desk.core.settings import SettingsStore
+
+        return SettingsStore(self.paths.settings_file)
+
+    def settings(self) -> Settings:
+        """The saved settings, read afresh (the app may have changed them)."""
+        return self.settings_store.load()
+
+    def configured_engine(self) -> str | None:
+        """The llama-server chosen in Settings, if any ('' = find one automatically).
+
+        An unreadable settings file is reported when the app opens; the CLI then
+        simply finds an engine itself.
+        """
+        from k3desk.core.errors import K3Error
+
+        try:
+            return self.settings().engine_binary or None
+        except K3Error:
+            return None
 
     def detect_hardware(
         self, disk_path: Path | None = None, *, measure_bandwidth: bool = True

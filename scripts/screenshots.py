@@ -94,11 +94,11 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
     from k3desk.core.chat.model import Timings, Usage
     from k3desk.core.engines.discovery import find_llama_server
     from k3desk.core.engines.supervisor import LaunchSpec
+    from k3desk.core.settings import Settings
     from k3desk.devtools.tinyk3 import write_tiny_k3
     from k3desk.ui.chat.composer import image_to_png
     from k3desk.ui.engine.controller import LaunchRequest
     from k3desk.ui.main import build_window, create_context, parse_args
-    from k3desk.ui.settings import Settings
 
     app = QApplication([sys.argv[0]])
     out: Path = args.out

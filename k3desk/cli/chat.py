@@ -242,6 +242,7 @@ def _start_engine(
         options=PlanOptions(ctx=args.ctx, extra_args=tuple(args.engine_arg)),
         paths=services.paths,
         engine=args.engine,
+        configured=services.configured_engine(),
         catalog=catalog_tiers(services),
         cancel=cancel,
     )

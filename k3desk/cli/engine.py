@@ -74,7 +74,9 @@ def _hardware(args: argparse.Namespace, services: Services) -> HardwareProfile:
 
 
 def run_list(args: argparse.Namespace, services: Services) -> int:
-    engines = discover_engines(services.paths, configured=args.engine)
+    engines = discover_engines(
+        services.paths, configured=args.engine or services.configured_engine()
+    )
     if not engines:
         print("No llama-server found.")
         print("  Build one with `k3desk engine install`, or set K3DESK_LLAMA_SERVER.")

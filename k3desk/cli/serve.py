@@ -73,6 +73,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
         options=PlanOptions(ctx=args.ctx),
         paths=services.paths,
         engine=args.engine,
+        configured=services.configured_engine(),
         catalog=catalog_tiers(services),
     )
     plan = prepared.plan

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal
 
+from k3desk.core.settings import Settings, SettingsStore
 from k3desk.ui.errors import ErrorReporter
-from k3desk.ui.settings import Settings, SettingsStore
 from k3desk.ui.tasks import TaskManager
 
 if TYPE_CHECKING:

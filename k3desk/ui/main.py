@@ -25,9 +25,9 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
 from k3desk.core.errors import K3Error
+from k3desk.core.settings import Settings
 from k3desk.ui.context import AppContext
 from k3desk.ui.errors import ErrorReporter, setup_logging
-from k3desk.ui.settings import Settings, SettingsStore
 from k3desk.ui.tasks import TaskManager
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def create_context(services: Services, app: QApplication, *, theme: bool = True)
     tasks = TaskManager(app)
     reporter = ErrorReporter(log_file, app)
     tasks.default_error_handler = reporter.report
-    store = SettingsStore(paths.settings_file)
+    store = services.settings_store
     settings_error: K3Error | None = None
     try:
         settings = store.load()

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from k3desk.core.errors import K3Error
-from k3desk.ui.settings import EFFORTS, THEMES, Settings
+from k3desk.core.settings import EFFORTS, THEMES, Settings
 from k3desk.ui.tokens import TokenAccess
 from k3desk.ui.widgets import Card, PageHeader, label, muted, primary, set_enabled
 

@@ -14,8 +14,8 @@ from PySide6.QtCore import QUrl
 from PySide6.QtWidgets import QApplication, QDialog
 
 from k3desk.core.cluster.endpoints import EndpointStore
+from k3desk.core.settings import EFFORTS
 from k3desk.ui.chat.page import ChatPage, ChatSettingsDialog
-from k3desk.ui.settings import EFFORTS
 from tests.core.chat.conftest import StandIn
 from tests.core.chat.conftest import standin as _standin_fixture
 

@@ -11,8 +11,8 @@ import pytest
 
 from k3desk.core.errors import Cancelled, K3Error
 from k3desk.core.progress import CancelToken
+from k3desk.core.settings import Settings, SettingsError, SettingsStore
 from k3desk.ui.bridge import Relay, StreamBuffer, Throttled
-from k3desk.ui.settings import Settings, SettingsError, SettingsStore
 from k3desk.ui.tasks import TaskManager
 
 

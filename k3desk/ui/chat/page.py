@@ -34,11 +34,11 @@ from k3desk.core.chat.history import Conversation
 from k3desk.core.chat.images import PreparedImage
 from k3desk.core.chat.model import ChatSettings
 from k3desk.core.errors import K3Error
+from k3desk.core.settings import EFFORTS
 from k3desk.ui import theme
 from k3desk.ui.chat.composer import Composer
 from k3desk.ui.chat.controller import ChatController, OpenState
 from k3desk.ui.chat.view import MessageView, MessageVM
-from k3desk.ui.settings import EFFORTS
 from k3desk.ui.widgets import label, muted
 
 if TYPE_CHECKING:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -167,3 +168,24 @@ def test_engine_install_dry_run_shows_the_flags(hardware_file: Callable[[str], P
     assert "-DGGML_NATIVE=ON" not in r.stdout
     # with nvcc: CUDA for sm_90; without: a CPU build that says what to install
     assert "-DCMAKE_CUDA_ARCHITECTURES=90" in r.stdout or "no nvcc" in r.stdout
+
+
+def test_cli_uses_the_engine_chosen_in_settings(
+    fake_engine: Callable[..., Path], k3_home: Path
+) -> None:
+    """The app's Settings choose the engine for the CLI too: both shells launch the same one."""
+    old = fake_engine("old_engine")
+    settings = k3_home / "config" / "settings.json"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps({"engine_binary": str(old)}), encoding="utf-8")
+    listed = k3desk("engine", "list")
+    assert listed.returncode == 0
+    first = listed.stdout.splitlines()[0]
+    assert first.startswith(f"* {old}")
+    assert "[configured]" in first
+
+    # an unreadable settings file does not stop the CLI: it finds an engine itself
+    settings.write_text("{not json", encoding="utf-8")
+    listed = k3desk("engine", "list")
+    assert listed.returncode == 0
+    assert str(old) not in listed.stdout

@@ -1,6 +1,7 @@
-"""The desktop app's settings: one JSON file (``AppPaths.settings_file``), read and written whole.
+"""k3desk's settings: one JSON file (``AppPaths.settings_file``), read and written whole.
 
-No Qt here, so the settings can be tested and edited without a display.  The
+The desktop app edits them; the CLI honours the ones that concern it (the engine
+binary, above all), so both shells launch the same engine.  The
 file's absence means "first run" (the app then opens the wizard).  Secrets are
 never stored here: the Hugging Face token lives in the core TokenStore.
 """
