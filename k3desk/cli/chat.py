@@ -97,7 +97,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--top-p", type=float, default=DEFAULT_TOP_P, metavar="P")
     p.add_argument("--max-tokens", type=int, metavar="N", help="stop after N generated tokens")
     p.add_argument("--seed", type=int, help="sampling seed (repeatable answers)")
-    p.add_argument("--ctx", type=int, default=8192, metavar="N", help="context size (SHARD)")
+    p.add_argument(
+        "--ctx",
+        type=int,
+        metavar="N",
+        help="context size (SHARD; default 8192, or the model's trained context if less)",
+    )
     p.add_argument("--engine", type=Path, metavar="PATH", help="llama-server to use (SHARD)")
     p.add_argument(
         "--hardware",
@@ -248,7 +253,9 @@ def _start_engine(
     )
     if not quiet:
         print(f"Plan: {prepared.plan.reason}", file=sys.stderr)
-        for note in prepared.notes:
+        for note in (prepared.plan.ctx_note, *prepared.notes):
+            if not note:
+                continue
             print(f"  - {note}", file=sys.stderr)
     last = [-1]
 

@@ -38,7 +38,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="FILE",
         help="plan for the machine in FILE (`k3desk doctor --json` output) instead of this one",
     )
-    p.add_argument("--ctx", type=int, default=8192, metavar="N", help="context size (default 8192)")
+    p.add_argument(
+        "--ctx",
+        type=int,
+        metavar="N",
+        help="context size (default 8192, or the model's trained context if that is less)",
+    )
     p.add_argument("--mmproj", type=Path, metavar="FILE", help="vision projector to load as well")
     p.add_argument(
         "--n-cpu-moe",

@@ -37,7 +37,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--mmproj", type=Path, metavar="FILE", help="vision projector for images")
     p.add_argument("--hardware", type=Path, metavar="FILE", help="plan for this hardware file")
-    p.add_argument("--ctx", type=int, default=8192, help="context length (default 8192)")
+    p.add_argument(
+        "--ctx",
+        type=int,
+        metavar="N",
+        help="context length (default 8192, or the model's trained context if that is less)",
+    )
     p.add_argument("--engine", type=Path, metavar="PATH", help="llama-server to use")
     p.add_argument("--port", type=int, help="port (default: a free one)")
     p.add_argument(
@@ -58,7 +63,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
         )
     if args.mmproj is not None and not args.mmproj.is_file():
         raise ValidationError(f"Projector file {args.mmproj} does not exist.")
-    if args.ctx < 256:
+    if args.ctx is not None and args.ctx < 256:
         raise ValidationError(f"--ctx {args.ctx} is too small; use at least 256.")
 
     def hardware() -> HardwareProfile:

@@ -8,10 +8,16 @@ from typing import Any, Literal
 
 VerdictKind = Literal["gpu", "hybrid", "cpu", "stream", "no-fit"]
 
+# the context size used when none is asked for (capped at the model's trained length)
+DEFAULT_CTX = 8192
+
 
 @dataclass(frozen=True)
 class PlanOptions:
-    ctx: int = 8192
+    # context size in tokens.  None: not asked for; the plan uses ``default_ctx``, capped
+    # at the model's trained context length (and says so in its notes).  A size asked for
+    # that the model was not trained for is refused.
+    ctx: int | None = None
     mmproj: Path | None = None
     mmproj_on_cpu: bool | None = None  # None = decide from the budget
     kv_type: str = "f16"  # -ctk/-ctv
@@ -39,6 +45,8 @@ class PlanOptions:
     speed_depth: int | None = None
     # a --n-cpu-moe the person insists on (None = the smallest that fits)
     n_cpu_moe: int | None = None
+    # the context size when ``ctx`` is None (e.g. the app's setting), before the cap
+    default_ctx: int = DEFAULT_CTX
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,9 @@ class LaunchPlan:
     mmproj_on_gpu: bool = False
     output_device: str = "RAM"  # where output.weight (and the logits) live
     stream_bytes: int = 0  # RAM-side expert bytes that do not fit the page cache
+    # the note (also in ``notes``) when the default context was capped at the model's
+    # trained context length; "" when it was not
+    ctx_note: str = ""
 
     def argv(self, executable: str = "llama-server") -> list[str]:
         return [executable, *self.server_args]

@@ -37,7 +37,7 @@ which slows image encoding only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from k3desk.core.errors import PlanError
 from k3desk.core.gguf.model import ModelLayout
@@ -88,16 +88,39 @@ def ram_budget(hw: HardwareProfile, opts: PlanOptions) -> int:
     return max(0, avail - opts.ram_margin)
 
 
+def plan_ctx(layout: ModelLayout, opts: PlanOptions) -> tuple[int, str]:
+    """The context size a plan uses, and a note when the default had to be capped.
+
+    A size asked for (``opts.ctx``) is used as given and refused when the model was
+    not trained for it; without one, ``opts.default_ctx`` is capped at the model's
+    trained context length.
+    """
+    trained = layout.hparams.context_length
+    where = layout.first_part if layout.parts else "the model"
+    asked = opts.ctx is not None
+    ctx = opts.ctx if opts.ctx is not None else opts.default_ctx
+    if ctx <= 0:
+        raise PlanError(f"The context size must be a positive number of tokens (got {ctx}).")
+    if ctx <= trained or trained <= 0:
+        return ctx, ""
+    if asked:
+        raise PlanError(
+            f"The context size {ctx} exceeds what {where} supports ({trained} tokens).",
+            f"Use --ctx {trained} or less.",
+        )
+    name = layout.first_part.name if layout.parts else "the model"
+    return trained, (
+        f"Context: {trained} tokens, the most {name} was trained for (the default, {ctx}, is more)."
+    )
+
+
+def _resolved_ctx(opts: PlanOptions) -> int:
+    """The context size of options :func:`make_plan` has resolved with :func:`plan_ctx`."""
+    return opts.ctx if opts.ctx is not None else opts.default_ctx
+
+
 def _check_options(layout: ModelLayout, opts: PlanOptions) -> None:
     where = layout.first_part if layout.parts else "the model"
-    if opts.ctx <= 0:
-        raise PlanError(f"The context size must be a positive number of tokens (got {opts.ctx}).")
-    if opts.ctx > layout.hparams.context_length:
-        raise PlanError(
-            f"The context size {opts.ctx} exceeds what {where} supports "
-            f"({layout.hparams.context_length} tokens).",
-            f"Use --ctx {layout.hparams.context_length} or less.",
-        )
     if opts.parallel < 1:
         raise PlanError(f"--parallel must be at least 1 (got {opts.parallel}).")
     if opts.ubatch < 1:
@@ -171,11 +194,12 @@ def _fmt_ranges(indices: Sequence[int]) -> str:
 
 def make_plan(hw: HardwareProfile, layout: ModelLayout, opts: PlanOptions) -> LaunchPlan:
     """Plan ``layout`` on ``hw`` with ``opts`` (see the module docstring)."""
+    ctx, ctx_note = plan_ctx(layout, opts)
     _check_options(layout, opts)
     hp = layout.hparams
     layers = layout.layers
     n = len(layers)
-    kv = [kv_cache_layer_bytes(hp, i, opts.ctx, opts.kv_type) for i in range(n)]
+    kv = [kv_cache_layer_bytes(hp, i, ctx, opts.kv_type) for i in range(n)]
     state = [recurrent_state_layer_bytes(hp, i, opts.parallel) for i in range(n)]
     output_bytes = layout.global_bytes - layout.token_embd_bytes
     logits = 4 * opts.ubatch * hp.vocab_size
@@ -186,9 +210,9 @@ def make_plan(hw: HardwareProfile, layout: ModelLayout, opts: PlanOptions) -> La
 
     pool = ram_budget(hw, opts)
     unified = [g for g in hw.gpus if g.unified_memory]
-    gpu_compute = compute_buffer_bytes(hp, opts.ctx, ubatch=opts.ubatch, flash_attn=opts.flash_attn)
+    gpu_compute = compute_buffer_bytes(hp, ctx, ubatch=opts.ubatch, flash_attn=opts.flash_attn)
     cpu_compute = compute_buffer_bytes(
-        hp, opts.ctx, ubatch=opts.ubatch, flash_attn=opts.flash_attn, with_output=True
+        hp, ctx, ubatch=opts.ubatch, flash_attn=opts.flash_attn, with_output=True
     )
     gpus: list[_Gpu] = []
     for pos, g in enumerate(hw.gpus):
@@ -255,7 +279,18 @@ def make_plan(hw: HardwareProfile, layout: ModelLayout, opts: PlanOptions) -> La
         if with_mm is not None and (same or forced or bool(unified)):
             chosen = with_mm
     return _build(
-        hw, layout, opts, chosen, usable, pool, kv, state, mmproj, gpu_compute, cpu_compute
+        hw,
+        layout,
+        replace(opts, ctx=ctx),
+        chosen,
+        usable,
+        pool,
+        kv,
+        state,
+        mmproj,
+        gpu_compute,
+        cpu_compute,
+        ctx_note,
     )
 
 
@@ -271,8 +306,10 @@ def _build(
     mmproj: int,
     gpu_compute: int,
     cpu_compute: int,
+    ctx_note: str,
 ) -> LaunchPlan:
     hp = layout.hparams
+    ctx = _resolved_ctx(opts)
     layers = layout.layers
     n = len(layers)
     output_bytes = layout.global_bytes - layout.token_embd_bytes
@@ -353,7 +390,7 @@ def _build(
     ram_other = mmproj if (mmproj and not mmproj_on_gpu) else 0
     ram_compute = compute_buffer_bytes(
         hp,
-        opts.ctx,
+        ctx,
         ubatch=opts.ubatch,
         flash_attn=opts.flash_attn,
         with_output=pl is None,
@@ -405,7 +442,7 @@ def _build(
         layout,
         placements,
         output_device,
-        ctx=opts.ctx,
+        ctx=ctx,
         kv_type=opts.kv_type,
         depth=opts.speed_depth,
         stream_miss=miss,
@@ -433,6 +470,8 @@ def _build(
         mmproj_on_gpu,
         speed.expected_tps,
     )
+    if ctx_note:
+        notes.insert(0, ctx_note)
     return LaunchPlan(
         verdict=verdict,
         reason=reason,
@@ -442,7 +481,7 @@ def _build(
         devices=tuple(devices),
         layers=tuple(placements),
         speed=speed,
-        ctx=opts.ctx,
+        ctx=ctx,
         model_bytes=layout.total_tensor_bytes,
         shortfall=shortfall,
         notes=tuple(notes),
@@ -450,6 +489,7 @@ def _build(
         mmproj_on_gpu=mmproj_on_gpu,
         output_device=output_device,
         stream_bytes=stream_bytes,
+        ctx_note=ctx_note,
     )
 
 
@@ -476,7 +516,8 @@ def _server_args(
             # -ts covers every CUDA device in order; unusable ones get 0
             by_pos = {g.pos: c for g, c in zip(usable, tensor_split, strict=True)}
             args += ["-ts", ",".join(str(by_pos.get(p, 0)) for p in range(len(hw.gpus)))]
-    args += ["-c", str(opts.ctx), "-ctk", opts.kv_type, "-ctv", opts.kv_type]
+    ctx = _resolved_ctx(opts)
+    args += ["-c", str(ctx), "-ctk", opts.kv_type, "-ctv", opts.kv_type]
     args += ["-fa", "on" if opts.flash_attn else "off", "--jinja"]
     if opts.no_warmup:
         args.append("--no-warmup")
@@ -512,6 +553,7 @@ def _explain(
 ) -> tuple[str, list[str]]:
     hp = layout.hparams
     n = len(layout.layers)
+    ctx = _resolved_ctx(opts)
     gpus = [d for d in devices if d.device != "RAM"]
     gpu_used = sum(d.used for d in gpus)
     gpu_cap = sum(d.capacity for d in gpus)
@@ -579,7 +621,7 @@ def _explain(
         )
     kv_total = sum(d.kv_cache for d in devices)
     notes.append(
-        f"KV cache: {fmt_bytes(kv_total)} for {opts.ctx} tokens "
+        f"KV cache: {fmt_bytes(kv_total)} for {ctx} tokens "
         f"({kv_bytes_per_token(hp, opts.kv_type)} bytes per token, MLA layers only); "
         f"KDA state: {fmt_bytes(sum(d.recurrent_state for d in devices))}."
     )

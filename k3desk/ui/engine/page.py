@@ -155,7 +155,7 @@ def prepare_launch(
             shard,
             mmproj=mmproj,
             hardware=hw or (lambda: ctx.services.detect_hardware(measure_bandwidth=False)),
-            options=PlanOptions(ctx=s.ctx, temperature=s.temperature, top_p=s.top_p),
+            options=PlanOptions(default_ctx=s.ctx, temperature=s.temperature, top_p=s.top_p),
             paths=ctx.services.paths,
             configured=s.engine_binary or None,
             catalog=ctx.services.catalog,

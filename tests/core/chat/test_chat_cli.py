@@ -218,6 +218,18 @@ def test_chat_on_shard_streams_with_progress(
 
 
 @pytest.mark.engine
+def test_chat_on_shard_without_ctx_uses_the_context_the_model_was_trained_for(
+    k3chat: Run, llama_server: Path, tiny: tuple[Path, Path]
+) -> None:
+    rc, _, err = k3chat(tiny[0], "--max-tokens", "2", "--seed", "1", "--no-thinking", "Hi")
+    assert rc == 0, err
+    assert "Engine ready in" in err
+    assert re.search(r"\[\d+ prompt tokens, [0-2] generated", err), err
+    assert f"  - Context: 4096 tokens, the most {tiny[0].name} was trained for" in err
+    assert llama_children() == []
+
+
+@pytest.mark.engine
 def test_chat_on_shard_plans_for_a_hardware_file(
     k3chat: Run, llama_server: Path, tiny: tuple[Path, Path], hardware_file: Callable[[str], Path]
 ) -> None:

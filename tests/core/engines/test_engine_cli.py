@@ -130,6 +130,25 @@ def test_serve_stops_cleanly_on_sigterm(llama_server: Path, tiny_k3_single: Tiny
         assert _gone_within(pid, 1.0)
 
 
+def test_serve_without_ctx_uses_the_context_the_model_was_trained_for(
+    fake_engine: Callable[..., Path],
+    tiny_k3_single: TinyModel,
+    hardware_file: Callable[[str], Path],
+) -> None:
+    shard = tiny_k3_single.first_part
+    laptop = str(hardware_file("no-gpu-laptop-32GB"))
+    engine = str(fake_engine("serve"))
+    with serving(str(shard), "--engine", engine, "--hardware", laptop) as (_, facts):
+        out = facts["output"]
+        assert f"  - Context: 4096 tokens, the most {shard.name} was trained for" in out
+        assert " -c 4096 " in facts["Arguments"]
+    # a context asked for is checked, not capped
+    r = k3desk("serve", str(shard), "--engine", engine, "--hardware", laptop, "--ctx", "8192")
+    assert r.returncode == 1
+    assert "The context size 8192 exceeds what" in r.stderr
+    assert "Use --ctx 4096 or less." in r.stderr
+
+
 def test_serve_refuses_missing_files(tmp_path: Path) -> None:
     r = k3desk("serve", str(tmp_path / "Nope-00001-of-00003.gguf"))
     assert r.returncode == 1

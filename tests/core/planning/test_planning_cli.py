@@ -14,6 +14,7 @@ import k3desk.cli
 from k3desk.app import Services
 from k3desk.core.engines.canary import write_mlp_projector
 from k3desk.core.units import GiB
+from k3desk.devtools.tinyk3 import TinyModel
 
 Run = Callable[..., tuple[int, str, str]]
 VERDICTS = {"gpu", "hybrid", "cpu", "stream", "no-fit", "n/a"}
@@ -139,3 +140,20 @@ def test_tiers_json_on_this_machine_gives_every_tier_a_verdict_and_shortfall(run
         assert data["recommended"] is None
         assert all(t["verdict"] in ("no-fit", "stream") for t in tiers)
         assert data["summary"].startswith("No tier fits")
+
+
+def test_plan_without_ctx_fits_the_default_to_the_model_and_an_explicit_ctx_is_checked(
+    run: Run, tiny_k3: TinyModel, hardware_file: Callable[[str], Path]
+) -> None:
+    shard = str(tiny_k3.first_part)
+    hw = str(hardware_file("no-gpu-laptop-32GB"))
+    rc, out, err = run("plan", shard, "--hardware", hw)
+    assert rc == 0, err
+    assert " -c 4096 " in out
+    assert "Memory (GiB), context 4096:" in out
+    assert f"Context: 4096 tokens, the most {tiny_k3.first_part.name} was trained for" in out
+    rc, _, err = run("plan", shard, "--hardware", hw, "--ctx", "8192")
+    assert rc == 1
+    assert "The context size 8192 exceeds what" in err
+    assert "Use --ctx 4096 or less." in err
+    assert "Traceback" not in err

@@ -323,3 +323,44 @@ def test_the_tiny_test_model_plans_like_the_real_one(machine: Machine, tiny_k3: 
     assert "of RAM left for the system" in gb10.reason
     with pytest.raises(PlanError, match=r"8192 exceeds what .*00001-of-00003\.gguf supports"):
         make_plan(machine("no-gpu-laptop-32GB"), layout, PlanOptions(ctx=8192))
+
+
+def test_without_a_context_size_the_default_is_capped_at_what_the_model_was_trained_for(
+    machine: Machine, tiny_k3: TinyModel
+) -> None:
+    hw = machine("no-gpu-laptop-32GB")
+    layout = validate_shard_set(tiny_k3.parts[0])
+    assert layout.hparams.context_length == 4096  # less than the default 8192
+    plan = make_plan(hw, layout, PlanOptions())
+    assert plan.ctx == 4096
+    assert arg(plan, "-c") == "4096"
+    assert plan.ctx_note == (
+        f"Context: 4096 tokens, the most {layout.first_part.name} was trained for "
+        "(the default, 8192, is more)."
+    )
+    assert plan.notes[0] == plan.ctx_note  # said first, where a person reads it
+    assert any("for 4096 tokens" in n for n in plan.notes)  # the KV cache is sized for it
+    # the app's own default (its settings) is capped the same way
+    setting = make_plan(hw, layout, PlanOptions(default_ctx=32768))
+    assert setting.ctx == 4096
+    assert "(the default, 32768, is more)" in setting.ctx_note
+    # a default the model was trained for is used as it is, without a note
+    fits = make_plan(hw, layout, PlanOptions(default_ctx=2048))
+    assert (fits.ctx, fits.ctx_note, arg(fits, "-c")) == (2048, "", "2048")
+    assert not any(n.startswith("Context:") for n in fits.notes)
+    # a size asked for is never changed behind the person's back: refused with the limit
+    with pytest.raises(PlanError, match=r"exceeds what .* supports \(4096 tokens\)") as err:
+        make_plan(hw, layout, PlanOptions(ctx=8192))
+    assert err.value.hint == "Use --ctx 4096 or less."
+    assert make_plan(hw, layout, PlanOptions(ctx=4096)).ctx_note == ""
+
+
+def test_a_real_tier_plans_the_default_context_unchanged(
+    machine: Machine, estimated: Layout
+) -> None:
+    layout = estimated("grearl-iq1s")
+    assert layout.hparams.context_length > 8192
+    plan = make_plan(machine("8xH100-2TB"), layout, PlanOptions())
+    assert plan.ctx == 8192
+    assert arg(plan, "-c") == "8192"
+    assert plan.ctx_note == ""
