@@ -12,7 +12,9 @@ Modes:
   sigill         dies with SIGILL during warm-up (a native build on the wrong CPU)
   sigill_version dies with SIGILL even on --version
   amx            GGML_ASSERT(*cur_backend_id != -1) then abort, unless --no-repack
-  oom_killer     killed with SIGKILL while loading, as the kernel's OOM killer does
+  oom_killer     killed with SIGKILL while loading, as the kernel's OOM killer does; it
+                 leaves the kernel's traces where $FAKE_OOM_EVENTS (a memory.events file:
+                 oom_kill goes up) and $FAKE_KMSG (a kernel log: the OOM report) say
   old_engine     an engine from before kimi-k3 support
   bad_projector  loads the model but refuses the projector
   cuda89         a CUDA build for sm_89 on a machine with an H200
@@ -102,6 +104,25 @@ def loading_preamble() -> None:
         )
     log("llama_model_loader: loaded meta data with 44 key-value pairs and 201 tensors")
     log("load_tensors: loading model tensors, this can take a while... (load_mode = mmap)")
+
+
+def kernel_traces() -> None:
+    """What the kernel records when its OOM killer ends this process (for the fake tree)."""
+    events = os.environ.get("FAKE_OOM_EVENTS")
+    if events:
+        lines = Path(events).read_text().splitlines()
+        bumped = [
+            f"oom_kill {int(x.split()[1]) + 1}" if x.startswith("oom_kill ") else x for x in lines
+        ]
+        Path(events).write_text("\n".join(bumped) + "\n")
+    kmsg = os.environ.get("FAKE_KMSG")
+    if kmsg:
+        with open(kmsg, "a") as f:
+            f.write(
+                f"3,901,{int(time.monotonic() * 1e6)},-;Out of memory: Killed process "
+                f"{os.getpid()} (llama-server) total-vm:431250412kB, anon-rss:20911404kB, "
+                "file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:42000kB oom_score_adj:0\n"
+            )
 
 
 def fail_load(lines: list[str]) -> int:
@@ -227,6 +248,7 @@ def main() -> int:
     elif MODE == "oom_killer":
         log("load_tensors:   CPU_Mapped model buffer size = 412345.00 MiB")
         time.sleep(0.1)
+        kernel_traces()
         os.kill(os.getpid(), signal.SIGKILL)
     elif MODE == "old_engine":
         return fail_load(

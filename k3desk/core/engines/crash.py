@@ -28,6 +28,7 @@ CrashKind = Literal[
     "unsupported_projector",
     "missing_library",
     "oom_killed",
+    "killed",
     "load_timeout",
     "aborted",
     "segfault",
@@ -72,6 +73,8 @@ class CrashReport:
         how = ""
         if self.returncode is not None:
             how = f" ({self.signal_name})" if self.returncode < 0 else f" (exit {self.returncode})"
+        if how and how.strip() in self.summary:  # the summary names it already
+            how = ""
         return f"{self.summary}{how}"
 
 
@@ -184,9 +187,12 @@ def classify_exit(
     *,
     stopped_by_us: bool = False,
     oom_killer_seen: bool = False,
+    oom_evidence: str = "",
 ) -> CrashReport:
-    """Explain an exit.  ``tail``: the last log lines; ``oom_killer_seen``: the cgroup's
-    ``oom_kill`` counter went up while the engine ran."""
+    """Explain an exit.  ``tail``: the last log lines.  ``oom_evidence``: what shows that
+    the kernel's OOM killer ended the engine (:meth:`OomWatch.evidence`), "" when nothing
+    does; ``oom_killer_seen``: the same without the words.  A SIGKILL from outside k3desk
+    is blamed on the OOM killer only with such evidence."""
     lines = [strip_log_prefix(x) for x in tail]
     for rule in _RULES:
         for line in reversed(lines):
@@ -217,18 +223,24 @@ def classify_exit(
                 returncode,
             )
         if sig == signal.SIGKILL and not stopped_by_us:
-            if oom_killer_seen:
-                summary = "The operating system's out-of-memory killer ended the engine."
-            else:
-                summary = (
-                    "The engine was killed (SIGKILL) from outside k3desk, most often by "
-                    "the operating system's out-of-memory killer."
+            if oom_evidence or oom_killer_seen:
+                seen = oom_evidence or "its memory cgroup's oom_kill counter went up"
+                return CrashReport(
+                    "oom_killed",
+                    f"The operating system's out-of-memory killer ended the engine ({seen}).",
+                    "Leave more RAM free (close other programs), use a smaller context, or "
+                    "pick a smaller tier; k3desk restarts it within the retry limit.",
+                    "restart",
+                    returncode,
+                    oom_evidence,
                 )
             return CrashReport(
-                "oom_killed",
-                summary,
-                "Leave more RAM free (close other programs), use a smaller context, or pick "
-                "a smaller tier; k3desk restarts it within the retry limit.",
+                "killed",
+                "The engine was killed by a signal (SIGKILL) from outside k3desk; if memory "
+                "was short, the operating system's out-of-memory killer is the usual cause.",
+                "If memory was short, leave more RAM free (close other programs), use a "
+                "smaller context, or pick a smaller tier; k3desk restarts it within the "
+                "retry limit.",
                 "restart",
                 returncode,
             )

@@ -50,6 +50,7 @@ from typing import IO
 import psutil
 
 from k3desk.core.engines.crash import CrashReport, classify_exit, load_timeout, strip_log_prefix
+from k3desk.core.engines.oom import OomSnapshot, OomWatch
 from k3desk.core.errors import Cancelled, EngineError
 from k3desk.core.paths import AppPaths
 from k3desk.core.progress import CancelToken, Progress
@@ -312,23 +313,6 @@ def _start_watchdog(pgid: int) -> subprocess.Popen[bytes] | None:
     )
 
 
-def _oom_kill_count() -> int | None:
-    """The cgroup v2 ``oom_kill`` counter of this process's cgroup, if readable."""
-    try:
-        rel = ""
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            if line.startswith("0::"):
-                rel = line[3:].strip()
-        events = Path("/sys/fs/cgroup") / rel.lstrip("/") / "memory.events"
-        for line in events.read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-    except (OSError, ValueError):
-        return None
-    return None
-
-
 # ------------------------------------------------------------ the supervisor
 class Supervisor:
     def __init__(
@@ -341,6 +325,7 @@ class Supervisor:
         on_line: LineCallback | None = None,
         replan: Replanner | None = None,
         tail_lines: int = 400,
+        oom_watch: OomWatch | None = None,
     ) -> None:
         self.spec = spec
         self.paths = paths
@@ -348,6 +333,8 @@ class Supervisor:
         self._on_event = on_event
         self._on_line = on_line
         self._replan = replan or self._default_replan
+        # where a SIGKILL's cause is looked up (the kernel's OOM traces)
+        self._oom = oom_watch or OomWatch()
         self.api_key = spec.api_key or secrets.token_urlsafe(24)
         self._lock = threading.Lock()
         self._state = State.STOPPED
@@ -631,7 +618,23 @@ class Supervisor:
         env = dict(os.environ)
         if self.spec.env:
             env.update(self.spec.env)
-        oom_before = _oom_kill_count()
+        oom_before = self._oom.begin()
+        try:
+            return self._spawn(attempt, argv, port, log_path, key_file, env, oom_before)
+        finally:
+            oom_before.close()
+
+    def _spawn(
+        self,
+        attempt: Attempt,
+        argv: tuple[str, ...],
+        port: int,
+        log_path: Path,
+        key_file: Path | None,
+        env: dict[str, str],
+        oom_before: OomSnapshot,
+    ) -> tuple[Attempt, CrashReport | None]:
+        number = attempt.number
         with open(log_path, "wb") as logf:
             logf.write(("$ " + " ".join(attempt.argv) + "\n").encode())
             logf.flush()
@@ -690,14 +693,13 @@ class Supervisor:
         if timed_out:
             crash = load_timeout(self.spec.timeout(), tail)
         else:
-            oom_after = _oom_kill_count()
-            crash = classify_exit(
-                proc.returncode,
-                tail,
-                oom_killer_seen=(
-                    oom_before is not None and oom_after is not None and oom_after > oom_before
-                ),
-            )
+            evidence = ""
+            if proc.returncode == -signal.SIGKILL:
+                try:
+                    evidence = self._oom.evidence(oom_before, proc.pid)
+                except Exception:  # a reader's bug must not hide the crash itself
+                    log.exception("reading the OOM killer's traces failed")
+            crash = classify_exit(proc.returncode, tail, oom_evidence=evidence)
         attempt.crash = crash
         return attempt, crash
 

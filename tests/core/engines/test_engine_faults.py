@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from k3desk.core.engines.oom import OomWatch
 from k3desk.core.engines.supervisor import (
     Event,
     LaunchSpec,
@@ -33,10 +34,18 @@ FAST = RestartPolicy(backoff_initial=0.05, backoff_max=0.2, stop_grace=3.0)
 def supervise(tmp_path: Path) -> Iterator[Callable[..., Supervisor]]:
     started: list[Supervisor] = []
 
-    def make(exe: Path, *args: str, policy: RestartPolicy = FAST, **kw: object) -> Supervisor:
+    def make(
+        exe: Path,
+        *args: str,
+        policy: RestartPolicy = FAST,
+        oom_watch: OomWatch | None = None,
+        **kw: object,
+    ) -> Supervisor:
         events: list[Event] = []
         spec = LaunchSpec(exe, ("-m", str(tmp_path / "model.gguf"), *args), **kw)  # type: ignore[arg-type]
-        sup = Supervisor(spec, default_paths(), policy=policy, on_event=events.append)
+        sup = Supervisor(
+            spec, default_paths(), policy=policy, on_event=events.append, oom_watch=oom_watch
+        )
         sup.events = events  # type: ignore[attr-defined]
         started.append(sup)
         sup.start()
@@ -123,14 +132,22 @@ def test_amx_assertion_is_retried_with_no_repack(
 
 
 def test_oom_killer_restarts_are_bounded(
-    fake_engine: Callable[..., Path], supervise: Callable[..., Supervisor]
+    fake_engine: Callable[..., Path], supervise: Callable[..., Supervisor], tmp_path: Path
 ) -> None:
+    # a fake /sys + /proc whose memory cgroup counts the kills the stand-in "suffers"
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text("0::/k3desk.scope\n")
+    events = tmp_path / "sys/fs/cgroup/k3desk.scope/memory.events"
+    events.parent.mkdir(parents=True)
+    events.write_text("oom 0\noom_kill 0\n")
+    watch = OomWatch(tmp_path / "sys", tmp_path / "proc", None)
+    exe = fake_engine("oom_killer", FAKE_OOM_EVENTS=str(events))
     policy = RestartPolicy(max_failures=3, backoff_initial=0.05, backoff_factor=2.0)
     t0 = time.monotonic()
-    sup = supervise(fake_engine("oom_killer"), policy=policy)
+    sup = supervise(exe, policy=policy, oom_watch=watch)
     with pytest.raises(EngineError, match="after 3 attempts") as err:
         sup.wait_ready(30)
-    assert "out-of-memory killer" in str(err.value)
+    assert "out-of-memory killer ended the engine (the oom_kill counter" in str(err.value)
     hist = sup.history
     assert len(hist) == 3
     assert all(a.crash is not None and a.crash.kind == "oom_killed" for a in hist)
