@@ -1,17 +1,57 @@
-"""The tier table: every catalog tier with its verdict for the machine, speed, size, quality,
-vision and engines; the recommended one is preselected and starred."""
+"""The tier table: every catalog tier with its verdict for the machine (or for a cluster),
+speed, size, quality, vision and engines; the recommended one is preselected and starred."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor, QFont
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem
 
+from k3desk.core.catalog.model import Tier
 from k3desk.core.planning.recommend import Recommendation, TierVerdict
 from k3desk.core.units import fmt_bytes
 from k3desk.ui import theme
 
+if TYPE_CHECKING:
+    from k3desk.ui.cluster.controller import TierOnCluster
+
 COLUMNS = ("Tier", "Verdict", "Speed", "Size", "Quality", "Vision", "Engines")
+SPARKINFER_ONLY = "SparkInfer loads only vcruz305's UD-IQ1_S"
+
+
+def cluster_verdict_text(row: TierOnCluster) -> str:
+    """The verdict cell for a tier on a cluster: the engine's refusal or the memory plan."""
+    from k3desk.core.cluster.sparkinfer import GEOMETRY_ERROR
+
+    a = row.assessment
+    if not a.ok:
+        if any(GEOMETRY_ERROR in r for r in a.refusals):
+            return f"refused: {SPARKINFER_ONLY}"
+        first = a.refusals[0]
+        return "refused: " + (first if len(first) <= 70 else first[:69].rstrip() + "…")
+    plan = a.plan
+    if plan is None:
+        return "can start (probe for the memory plan)"
+    if plan.verdict == "fits":
+        return "fits on the cluster"
+    if plan.verdict == "tight":
+        return "fits, with little room"
+    if plan.verdict == "no-fit":
+        return f"won't fit: {plan.reason}"
+    return f"unknown: {plan.reason}"
+
+
+def cluster_verdict_tip(row: TierOnCluster) -> str:
+    a = row.assessment
+    lines = [f"{a.title}"]
+    if a.plan is not None:
+        lines.append(f"{a.plan.verdict}: {a.plan.reason}")
+    lines += [f"✗ {r}" for r in a.refusals]
+    lines += [f"! {w}" for w in a.warnings]
+    return "\n".join(lines)
 
 
 def verdict_text(tv: TierVerdict) -> str:
@@ -29,15 +69,13 @@ def verdict_text(tv: TierVerdict) -> str:
     return "no plan"
 
 
-def vision_text(tv: TierVerdict) -> str:
-    t = tv.tier
+def vision_text(t: Tier) -> str:
     if not t.mmproj or t.vision == "none":
         return "no"
     return "yes" if t.vision == "upstream" else "yes (fork build)"
 
 
-def quality_text(tv: TierVerdict) -> tuple[str, str]:
-    t = tv.tier
+def quality_text(t: Tier) -> tuple[str, str]:
     if not t.quality:
         return "not published", t.quality_caveat
     q = t.quality[0]
@@ -70,21 +108,80 @@ class TierTable(QTableWidget):
         h = self.horizontalHeader()
         h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         h.setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
-        self.verdicts: list[TierVerdict] = []
-        self.recommended: TierVerdict | None = None
+        self.verdicts: list[TierVerdict | TierOnCluster] = []
+        self.recommended: TierVerdict | TierOnCluster | None = None
         self.itemSelectionChanged.connect(self._selected)
+
+    def _tier_cells(self, tier: Tier) -> tuple[tuple[str, str], ...]:
+        """Size, quality, vision and engines: the tier's own facts (columns 3-6)."""
+        quality, qtip = quality_text(tier)
+        return (
+            (fmt_bytes(tier.size_bytes), f"{tier.shard_count} shards; card: {tier.size_text}"),
+            (quality, qtip),
+            (vision_text(tier), tier.vision_note),
+            (", ".join(tier.engines), ""),
+        )
+
+    def _fill_row(
+        self, r: int, tier: Tier, cells: Sequence[tuple[str, str]], color: str, star: bool
+    ) -> None:
+        for col, (text, tip) in enumerate(cells):
+            item = QTableWidgetItem(text)
+            item.setToolTip(tip)
+            if col == 1:
+                item.setForeground(QColor(color))
+            if star:
+                f = QFont(item.font())
+                f.setBold(True)
+                item.setFont(f)
+            if tier.reference and col == 0:
+                item.setText(text + "  (reference)")
+            self.setItem(r, col, item)
+
+    def set_cluster(self, rows: Sequence[TierOnCluster], recommended: TierOnCluster | None) -> None:
+        """Every tier judged for a cluster (no speed prediction: the engines report it)."""
+        self.verdicts = list(rows)
+        self.recommended = recommended
+        c = theme.current()
+        self.blockSignals(True)
+        self.clearSelection()
+        self.setRowCount(len(rows))
+        for r, row in enumerate(rows):
+            t = row.tier
+            star = row is recommended
+            a = row.assessment
+            plan = a.plan
+            color = (
+                c.danger
+                if not row.runs
+                else c.ok
+                if plan is not None and plan.verdict == "fits"
+                else c.warn
+                if plan is not None and plan.verdict == "tight"
+                else c.text
+            )
+            cells = (
+                (f"{'★ ' if star else ''}{t.name}  ·  {t.publisher}", t.repo),
+                (cluster_verdict_text(row), cluster_verdict_tip(row)),
+                ("—", "No speed prediction for a cluster: the engine reports it per answer."),
+                *self._tier_cells(t),
+            )
+            self._fill_row(r, t, cells, color, star)
+        self.blockSignals(False)
+        if recommended is not None:
+            self.select_tier(recommended.tier.id)
 
     def set_recommendation(self, rec: Recommendation) -> None:
         self.verdicts = list(rec.verdicts)
         self.recommended = rec.best or rec.closest
         c = theme.current()
         self.blockSignals(True)
-        self.setRowCount(len(self.verdicts))
-        for r, tv in enumerate(self.verdicts):
+        self.clearSelection()
+        self.setRowCount(len(rec.verdicts))
+        for r, tv in enumerate(rec.verdicts):
             plan = tv.plan
             star = tv is self.recommended
             name = f"{'★ ' if star else ''}{tv.tier.name}  ·  {tv.tier.publisher}"
-            quality, qtip = quality_text(tv)
             speed = f"{plan.speed.expected_tps:.2g} tok/s" if plan is not None else "—"
             cells = (
                 (name, f"{tv.tier.repo}\n{tv.reason}"),
@@ -101,33 +198,16 @@ class TierTable(QTableWidget):
                     if plan is not None
                     else "",
                 ),
-                (
-                    fmt_bytes(tv.tier.size_bytes),
-                    f"{tv.tier.shard_count} shards; card: {tv.tier.size_text}",
-                ),
-                (quality, qtip),
-                (vision_text(tv), tv.tier.vision_note),
-                (", ".join(tv.tier.engines), ""),
+                *self._tier_cells(tv.tier),
             )
-            for col, (text, tip) in enumerate(cells):
-                item = QTableWidgetItem(text)
-                item.setToolTip(tip)
-                if col == 1:
-                    color = (
-                        c.ok
-                        if tv.verdict in ("gpu", "hybrid", "cpu")
-                        else c.warn
-                        if tv.verdict == "stream"
-                        else c.danger
-                    )
-                    item.setForeground(QColor(color))
-                if star:
-                    f = QFont(item.font())
-                    f.setBold(True)
-                    item.setFont(f)
-                if tv.tier.reference and col == 0:
-                    item.setText(text + "  (reference)")
-                self.setItem(r, col, item)
+            color = (
+                c.ok
+                if tv.verdict in ("gpu", "hybrid", "cpu")
+                else c.warn
+                if tv.verdict == "stream"
+                else c.danger
+            )
+            self._fill_row(r, tv.tier, cells, color, star)
         self.blockSignals(False)
         if self.recommended is not None:
             self.select_tier(self.recommended.tier.id)
@@ -141,7 +221,7 @@ class TierTable(QTableWidget):
                     self.scrollToItem(item, QAbstractItemView.ScrollHint.EnsureVisible)
                 return
 
-    def current(self) -> TierVerdict | None:
+    def current(self) -> TierVerdict | TierOnCluster | None:
         rows = {i.row() for i in self.selectedIndexes()}
         return self.verdicts[min(rows)] if rows else None
 

@@ -228,6 +228,8 @@ class MainWindow(QMainWindow):
                 item.setIcon(theme.icon(spec.icon))
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        if self._wizard is not None:
+            self._wizard.close()  # a wizard left open must not outlive the window
         for page in self._pages.values():
             closing = getattr(page, "closing", None)
             if closing is not None:

@@ -70,11 +70,7 @@ def test_the_page_adds_probes_and_judges_a_cluster_over_ssh(  # type: ignore[no-
     window = MainWindow(ctx)
     qtbot.addWidget(window)
     window.show()
-    # reached from the wizard's first page
-    wizard = window.open_wizard()
-    wizard.machine.cluster.click()
-    assert window.current_page() == "cluster"
-    page: ClusterPage = window.page("cluster")
+    page: ClusterPage = window.show_page("cluster")
     assert page.empty.isVisible()
     assert not page.start_btn.isEnabled()
     assert page.start_btn.toolTip() == "Add a cluster first."

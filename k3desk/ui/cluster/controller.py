@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QObject, Signal
 
 from k3desk.core.cluster.assess import (
+    RPC_NEEDS_MODEL,
     Assessment,
     EngineKind,
     assess_rpc,
@@ -76,6 +77,26 @@ class LaunchChoice:
     model: str = ""  # RPC: the first shard on this machine
     rpc_port: int = DEFAULT_RPC_PORT
     allow_public: bool = False
+
+
+@dataclass(frozen=True)
+class TierOnCluster:
+    """One catalog tier judged for a cluster and an engine (the set-up wizard's tiers step)."""
+
+    tier: Tier
+    assessment: Assessment
+
+    @property
+    def runs(self) -> bool:
+        """Nothing refuses it and no node is known to be short of memory."""
+        a = self.assessment
+        return a.ok and (a.plan is None or a.plan.verdict != "no-fit")
+
+    @property
+    def fits(self) -> bool:
+        """It runs and the probed nodes have room for it."""
+        plan = self.assessment.plan
+        return self.runs and plan is not None and plan.verdict in ("fits", "tight")
 
 
 @dataclass(frozen=True)
@@ -254,8 +275,14 @@ class ClusterController(QObject):
             bridge_port=choice.bridge_port,
         )
 
-    def assess(self, name: str, choice: LaunchChoice) -> Assessment:
-        """Refusals, warnings and the plan for ``choice`` on cluster ``name`` (no network)."""
+    def assess(
+        self, name: str, choice: LaunchChoice, *, model_bytes: int | None = None
+    ) -> Assessment:
+        """Refusals, warnings and the plan for ``choice`` on cluster ``name`` (no network).
+
+        ``model_bytes`` (RPC): judge a model of that size that is not on this machine yet
+        (a tier about to be downloaded) instead of ``choice.model``'s files.
+        """
         from k3desk.core.engines.discovery import find_llama_server
 
         cluster = self.cluster(name)
@@ -269,14 +296,30 @@ class ClusterController(QObject):
         )
         rcfg = rpc_config(
             cluster,
-            model,
+            None if model_bytes is not None else model,
             server,
             ctx=choice.ctx,
             port=choice.rpc_port,
             allow_public=choice.allow_public,
         )
         local = self.ctx.controller("hardware").profile
-        return assess_rpc(rcfg, reports=reports, local=local)
+        if model_bytes is None:
+            return assess_rpc(rcfg, reports=reports, local=local)
+        # the files come with the download: judge the tier's size, not a chosen file
+        a = assess_rpc(replace(rcfg, model_bytes=model_bytes), reports=reports, local=local)
+        return replace(a, refusals=tuple(r for r in a.refusals if r != RPC_NEEDS_MODEL))
+
+    def judge_tiers(
+        self, name: str, choice: LaunchChoice, tiers: Sequence[Tier]
+    ) -> list[TierOnCluster]:
+        """Every tier in ``tiers`` judged for ``choice``'s engine on cluster ``name``: the
+        engine's refusals (SparkInfer loads one tier only) and the cross-node memory plan."""
+        out = []
+        for tier in tiers:
+            pick = replace(choice, tier_id=tier.id)
+            size = tier.size_bytes if choice.engine == "rpc" else None
+            out.append(TierOnCluster(tier, self.assess(name, pick, model_bytes=size)))
+        return out
 
     # --------------------------------------------------------------- engine
     @property

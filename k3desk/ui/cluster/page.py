@@ -13,10 +13,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QButtonGroup,
     QCheckBox,
     QComboBox,
@@ -24,7 +23,6 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGridLayout,
     QHBoxLayout,
-    QHeaderView,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
@@ -34,7 +32,6 @@ from PySide6.QtWidgets import (
     QRadioButton,
     QScrollArea,
     QSpinBox,
-    QTableWidget,
     QTableWidgetItem,
     QTabWidget,
     QToolButton,
@@ -58,6 +55,7 @@ from k3desk.core.errors import K3Error
 from k3desk.core.progress import Progress
 from k3desk.core.units import fmt_bytes
 from k3desk.ui import theme
+from k3desk.ui.cluster.assessment import AssessmentView, fit_height, fixed_table
 from k3desk.ui.cluster.controller import SPARKINFER_TIER, ClusterController, LaunchChoice
 from k3desk.ui.cluster.editor import ClusterEditor
 from k3desk.ui.cluster.endpoints import EndpointsPanel
@@ -67,13 +65,6 @@ if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
 
 NODE_COLUMNS = ("Node", "SSH", "GPUs", "Memory", "Free disk", "Model copy")
-PLAN_COLUMNS = ("Node", "Role", "Needs", "Usable", "Memory", "Disk")
-VERDICT_TEXT = {
-    "fits": "fits",
-    "tight": "fits",
-    "no-fit": "does not fit",
-    "unknown": "unknown",
-}
 
 
 def gpu_text(rep: NodeReport) -> str:
@@ -127,58 +118,49 @@ def ssh_text(node: Node) -> str:
     return f"{node.destination}:{node.port}" if node.port != 22 else node.destination
 
 
-def fit_height(table: QTableWidget) -> None:
-    """Size ``table`` to its rows (it lives in a scrolling page: no inner scroll bar)."""
-    rows = sum(table.rowHeight(r) for r in range(table.rowCount()))
-    table.setFixedHeight(table.horizontalHeader().height() + rows + 6)
-
-
-def fixed_table(columns: tuple[str, ...], name: str, stretch: int) -> QTableWidget:
-    """A read-only table sized to its contents, with column ``stretch`` taking the rest."""
-    table = QTableWidget(0, len(columns))
-    table.setObjectName(name)
-    table.setHorizontalHeaderLabels(columns)
-    table.verticalHeader().setVisible(False)
-    table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-    table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
-    table.setWordWrap(False)
-    table.setTextElideMode(Qt.TextElideMode.ElideRight)
-    table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-    table.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-    hh = table.horizontalHeader()
-    for col in range(len(columns)):
-        hh.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
-    hh.setSectionResizeMode(stretch, QHeaderView.ResizeMode.Stretch)
-    return table
-
-
 class ClusterPage(QWidget):
-    """Clusters (list, editor, probe, engine choice, verdict, start) and attached servers."""
+    """Clusters (list, editor, probe, engine choice, verdict, start) and attached servers.
 
-    def __init__(self, ctx: AppContext, window: QWidget | None = None) -> None:
+    ``embedded``: the clusters part only (no header, no attached servers, no Start
+    button), for the set-up wizard's cluster step, which starts the engine itself.
+
+    Signals:
+        changed(): the cluster shown, the engine choice or the verdict changed.
+    """
+
+    changed = Signal()
+
+    def __init__(
+        self, ctx: AppContext, window: QWidget | None = None, *, embedded: bool = False
+    ) -> None:
         super().__init__()
         self.ctx = ctx
         self.window_ = window
+        self.embedded = embedded
         self.controller: ClusterController = ctx.controller("cluster")
         self.assessment: Assessment | None = None
         outer = QVBoxLayout(self)
-        outer.setContentsMargins(28, 22, 28, 16)
-        outer.addWidget(
-            PageHeader(
-                "Cluster",
-                "Run Kimi-K3 across several machines reached over SSH (keys only), with "
-                "SparkInfer on DGX Sparks or llama.cpp RPC workers, or chat with a server "
-                "that already runs it.",
+        if embedded:
+            outer.setContentsMargins(0, 0, 0, 0)
+        else:
+            outer.setContentsMargins(28, 22, 28, 16)
+            outer.addWidget(
+                PageHeader(
+                    "Cluster",
+                    "Run Kimi-K3 across several machines reached over SSH (keys only), with "
+                    "SparkInfer on DGX Sparks or llama.cpp RPC workers, or chat with a server "
+                    "that already runs it.",
+                )
             )
-        )
-        self.tabs = QTabWidget()
-        self.tabs.setObjectName("clusterTabs")
-        outer.addWidget(self.tabs, 1)
+        self.tabs: QTabWidget | None = None
+        if not embedded:
+            self.tabs = QTabWidget()
+            self.tabs.setObjectName("clusterTabs")
 
         # ------------------------------------------------------ clusters tab
         ctab = QWidget()
         clay = QHBoxLayout(ctab)
-        clay.setContentsMargins(0, 10, 0, 0)
+        clay.setContentsMargins(0, 0 if embedded else 10, 0, 0)
         left = QVBoxLayout()
         left.addWidget(label("Clusters", "sectionTitle"))
         self.list = QListWidget()
@@ -325,19 +307,13 @@ class ClusterPage(QWidget):
         opts.addStretch(0)
         eb.addLayout(opts)
 
-        self.verdict = label("", "sectionTitle", selectable=True)
-        eb.addWidget(self.verdict)
-        self.plan = fixed_table(PLAN_COLUMNS, "planTable", stretch=5)
-        eb.addWidget(self.plan)
-        self.refusals = label("", "errorText", selectable=True)
-        self.refusals.setTextFormat(Qt.TextFormat.PlainText)
-        eb.addWidget(self.refusals)
-        self.warnings = label("", "warnText", selectable=True)
-        self.warnings.setTextFormat(Qt.TextFormat.PlainText)
-        eb.addWidget(self.warnings)
-        self.notes = muted("")
-        self.notes.setTextFormat(Qt.TextFormat.PlainText)
-        eb.addWidget(self.notes)
+        self.verdict_view = AssessmentView()
+        eb.addWidget(self.verdict_view)
+        self.verdict = self.verdict_view.verdict
+        self.plan = self.verdict_view.plan
+        self.refusals = self.verdict_view.refusals
+        self.warnings = self.verdict_view.warnings
+        self.notes = self.verdict_view.notes
         srow = QHBoxLayout()
         self.commands_btn = QToolButton()
         self.commands_btn.setText("Commands k3desk will run")
@@ -383,11 +359,15 @@ class ClusterPage(QWidget):
         kb.addWidget(self.card_box)
         self.body.addWidget(self.card_card)
         self.body.addStretch(1)
-        self.tabs.addTab(ctab, "Clusters")
-
-        # ------------------------------------------------------ servers tab
-        self.servers = EndpointsPanel(ctx, self.controller)
-        self.tabs.addTab(self.servers, "Attached servers")
+        if self.tabs is None:
+            self.start_btn.hide()
+            outer.addWidget(ctab, 1)
+        else:
+            self.tabs.addTab(ctab, "Clusters")
+            # -------------------------------------------------- servers tab
+            self.servers = EndpointsPanel(ctx, self.controller)
+            self.tabs.addTab(self.servers, "Attached servers")
+            outer.addWidget(self.tabs, 1)
 
         # ------------------------------------------------------------ wiring
         self.list.currentRowChanged.connect(lambda _r: self.refresh())
@@ -542,10 +522,11 @@ class ClusterPage(QWidget):
         self.spark_opts.setVisible(spark)
         self.ports.setVisible(spark)
         self.rpc_opts.setVisible(not spark)
-        self.card_card.setVisible(spark or not has)
+        self.card_card.setVisible((spark or not has) and not self.embedded)
         if cluster is None:
             self.assessment = None
             self._buttons()
+            self.changed.emit()
             return
         self.title.setText(
             f"{cluster.name} · {len(cluster.nodes)} node{'s' if len(cluster.nodes) != 1 else ''}"
@@ -555,9 +536,9 @@ class ClusterPage(QWidget):
             self.assessment = self.controller.assess(cluster.name, self.choice())
         except K3Error as exc:
             self.assessment = None
-            self.verdict.setText(f"{exc.message} {exc.hint}".strip())
+            self.verdict_view.show_error(f"{exc.message} {exc.hint}".strip())
         else:
-            self._show_assessment(self.assessment)
+            self.verdict_view.show_assessment(self.assessment)
         if spark:
             cfg = self.controller.sparkinfer_config(cluster, self.choice())
             self.commands.setPlainText(
@@ -569,6 +550,7 @@ class ClusterPage(QWidget):
                 "--rpc with the workers' addresses on this machine."
             )
         self._buttons()
+        self.changed.emit()
 
     def _fill_nodes(self, cluster: Cluster) -> None:
         name = cluster.name
@@ -637,46 +619,6 @@ class ClusterPage(QWidget):
                 "Not probed yet: Probe logs in to every node and reads its GPUs, memory, free "
                 "disk and the tier's files (GGUF headers)."
             )
-
-    def _show_assessment(self, a: Assessment) -> None:
-        c = theme.current()
-        plan = a.plan
-        if not a.ok:
-            head, color = f"{a.title}: refused", c.danger
-        elif plan is not None:
-            word = VERDICT_TEXT.get(plan.verdict, plan.verdict)
-            reason = plan.reason
-            head = (
-                f"{a.title}: {reason}"
-                if reason.startswith(word)
-                else (f"{a.title}: {word} — {reason}")
-            )
-            color = {"fits": c.ok, "tight": c.warn, "no-fit": c.danger}.get(plan.verdict, c.text)
-        else:
-            head, color = f"{a.title}: can start (probe for the memory plan)", c.text
-        self.verdict.setText(head)
-        self.verdict.setStyleSheet(f"color: {color};")
-        rows = plan.nodes if plan is not None else ()
-        self.plan.setVisible(bool(rows))
-        self.plan.setRowCount(len(rows))
-        for i, b in enumerate(rows):
-            cap = fmt_bytes(b.capacity) if b.capacity is not None else "unknown"
-            cells = (b.node, b.role, fmt_bytes(b.need), cap, b.memory_kind, b.disk)
-            for j, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                item.setToolTip("\n".join([text, *b.notes]))
-                if (j == 2 and b.fits is False) or (j == 5 and b.disk_ok is False):
-                    item.setForeground(QColor(c.danger))
-                self.plan.setItem(i, j, item)
-        if rows:
-            fit_height(self.plan)
-        self.refusals.setText("\n".join(f"✗ {r}" for r in a.refusals))
-        self.refusals.setVisible(bool(a.refusals))
-        self.warnings.setText("\n".join(f"! {w}" for w in a.warnings))
-        self.warnings.setVisible(bool(a.warnings))
-        notes = plan.notes if plan is not None else ()
-        self.notes.setText("\n".join(notes))
-        self.notes.setVisible(bool(notes))
 
     def _buttons(self) -> None:
         name = self.current_name()

@@ -1,23 +1,30 @@
-"""The tier-picker wizard: your machine -> tiers -> where and how -> download -> engine.
+"""The tier-picker wizard: your machine -> [your cluster] -> tiers -> where and how ->
+download -> engine.
 
 Every number comes from core (hardware detection, the catalog, the planner's
-recommendation, the download job, engine probes and the supervisor); the pages
-only lay them out.
+recommendation, the cluster's probe and assessment, the download job, engine
+probes and the supervisors); the pages only lay them out.  With "Several
+machines" chosen on the first page, the cluster step embeds the Cluster page's
+editor, probe and verdict, the tiers step judges every tier for that cluster
+and engine, and the engine step starts the engine on the cluster.
 """
 
 from __future__ import annotations
 
+import html
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
+    QButtonGroup,
     QFileDialog,
     QFormLayout,
     QHBoxLayout,
     QLineEdit,
-    QProgressBar,
     QPushButton,
+    QRadioButton,
     QScrollArea,
     QSpinBox,
     QTextBrowser,
@@ -27,20 +34,29 @@ from PySide6.QtWidgets import (
     QWizardPage,
 )
 
+from k3desk.core.errors import K3Error
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.hub.model import DownloadRequest
 from k3desk.core.planning.recommend import Recommendation, TierVerdict
 from k3desk.core.units import fmt_bytes
+from k3desk.ui.cluster.assessment import AssessmentView
+from k3desk.ui.cluster.controller import LaunchChoice, TierOnCluster
 from k3desk.ui.downloads.panel import DownloadPanel
-from k3desk.ui.tiers import TierTable, verdict_text
+from k3desk.ui.tiers import SPARKINFER_ONLY, TierTable, cluster_verdict_text, verdict_text
 from k3desk.ui.tokens import TokenAccess
 from k3desk.ui.widgets import Banner, Card, label, muted, primary, set_enabled
 from k3desk.ui.wizard.fitchart import FitChart
 
 if TYPE_CHECKING:
+    from k3desk.ui.cluster.page import ClusterPage
     from k3desk.ui.context import AppContext
 
-PAGE_KEYS = ("machine", "tiers", "where", "download", "engine")
+MACHINE, CLUSTER, TIERS, WHERE, DOWNLOAD, ENGINE = range(6)
+PAGE_KEYS = ("machine", "cluster", "tiers", "where", "download", "engine")
+CLUSTER_ORDER_RULE = (
+    "Same quality order as for one machine. The verdict is the engine's own refusals and "
+    "the cluster's memory plan from the probe."
+)
 HW_FILTER = "Hardware description (*.json);;All files (*)"
 
 
@@ -110,13 +126,27 @@ class MachinePage(_Page):
         self.this.setToolTip("Plan for the machine k3desk runs on")
         row.addWidget(self.this)
         row.addWidget(self.other)
-        self.cluster = QPushButton("Use several machines…")
-        self.cluster.setObjectName("useCluster")
-        self.cluster.setToolTip(
-            "Run Kimi-K3 across machines reached over SSH, or chat with a server that runs it"
-        )
-        row.addWidget(self.cluster)
         card.body.addLayout(row)
+        run = QHBoxLayout()
+        run.addWidget(label("Run Kimi-K3 on", "sectionTitle", wrap=False))
+        self.one = QRadioButton("One machine")
+        self.one.setObjectName("oneMachine")
+        self.one.setToolTip("This machine, or the one the hardware file describes")
+        self.several = QRadioButton("Several machines over SSH (SparkInfer or llama.cpp RPC)")
+        self.several.setObjectName("useCluster")
+        self.several.setToolTip(
+            "Next: pick or add a cluster, probe it and choose its engine; the tiers are then "
+            "judged for the cluster"
+        )
+        self.one.setChecked(True)
+        choice = QButtonGroup(self)
+        choice.addButton(self.one)
+        choice.addButton(self.several)
+        run.addSpacing(12)
+        run.addWidget(self.one)
+        run.addWidget(self.several)
+        run.addStretch(1)
+        card.body.addLayout(run)
         self.lay.addWidget(card)
         self.chart = FitChart()
         scroll = QScrollArea()
@@ -126,7 +156,6 @@ class MachinePage(_Page):
         self.lay.addWidget(scroll, 1)
         self.other.clicked.connect(wizard.choose_hardware_file)
         self.this.clicked.connect(lambda: wizard.hardware.detect())
-        self.cluster.clicked.connect(wizard.use_cluster)
 
     def show_profile(self, hw: HardwareProfile) -> None:
         self.summary.setText(machine_html(hw))
@@ -142,6 +171,34 @@ class MachinePage(_Page):
 
     def isComplete(self) -> bool:
         return self.wiz.hardware.recommendation is not None
+
+    def nextId(self) -> int:
+        return CLUSTER if self.several.isChecked() else TIERS
+
+
+class ClusterStepPage(_Page):
+    """The Cluster page's clusters part (list, editor, probe, engine choice, verdict)."""
+
+    def __init__(self, ctx: AppContext, wizard: TierWizard) -> None:
+        from k3desk.ui.cluster.page import ClusterPage
+
+        super().__init__(
+            ctx,
+            wizard,
+            "Your machines",
+            "Pick or add the cluster (nodes reached over SSH, keys only), probe it and choose "
+            "the engine. The next steps judge every tier for it and start it there.",
+        )
+        self.view: ClusterPage = ClusterPage(ctx, None, embedded=True)
+        self.view.setObjectName("wizardCluster")
+        self.lay.addWidget(self.view, 1)
+        self.view.changed.connect(self.completeChanged)
+
+    def initializePage(self) -> None:
+        self.view.activated()
+
+    def isComplete(self) -> bool:
+        return self.view.current() is not None
 
 
 class TiersPage(_Page):
@@ -166,20 +223,77 @@ class TiersPage(_Page):
         row = QHBoxLayout()
         self.rule = muted("")
         row.addWidget(self.rule, 1)
-        other = QPushButton("Plan for other hardware…")
-        other.clicked.connect(wizard.choose_hardware_file)
-        row.addWidget(other)
+        self.other = QPushButton("Plan for other hardware…")
+        self.other.clicked.connect(wizard.choose_hardware_file)
+        row.addWidget(self.other)
         self.lay.addLayout(row)
         self.table.tier_selected.connect(self._selected)
+        self.shown = ""  # what the table judges: "machine" or "cluster:<name>:<engine>"
+
+    def initializePage(self) -> None:
+        wiz = self.wiz
+        key = wiz.plan_key()
+        keep = self.table.current() if key == self.shown else None
+        if wiz.cluster_mode:
+            self.setSubTitle(
+                "Every published Kimi-K3 quantization, judged for the cluster and its engine. "
+                "The one that runs best there is preselected."
+            )
+            self.show_cluster()
+        else:
+            self.setSubTitle(
+                "Every published Kimi-K3 quantization, judged for this machine. "
+                "The recommended one is preselected."
+            )
+            rec = wiz.hardware.recommendation
+            if key != self.shown and rec is not None:
+                self.show_recommendation(rec)
+        self.other.setVisible(not wiz.cluster_mode)
+        if keep is not None:
+            self.table.select_tier(keep.tier.id)
 
     def show_recommendation(self, rec: Recommendation) -> None:
+        self.shown = "machine"
         self.reason.setText(rec.summary)
         self.rule.setText(rec.ordering_rule)
         self.rule.setToolTip(rec.ordering_rule)
         self.table.set_recommendation(rec)
         self.completeChanged.emit()
 
-    def _selected(self, tv: TierVerdict) -> None:
+    def show_cluster(self) -> None:
+        """Judge every tier for the wizard's cluster and engine (the core's assessment)."""
+        wiz = self.wiz
+        view = wiz.cluster.view
+        name = view.current_name() or ""
+        choice = view.choice()
+        rec = wiz.hardware.recommendation
+        tiers = (
+            [tv.tier for tv in rec.verdicts]
+            if rec is not None
+            else list(self.ctx.services.catalog.tiers)
+        )
+        self.shown = wiz.plan_key()
+        try:
+            rows = view.controller.judge_tiers(name, choice, tiers)
+        except K3Error as exc:
+            self.reason.setText(f"{exc.message} {exc.hint}".strip())
+            self.table.set_cluster([], None)
+            self.completeChanged.emit()
+            return
+        candidates = [r for r in rows if not r.tier.reference]
+        best = next((r for r in candidates if r.fits), None) or next(
+            (r for r in candidates if r.runs), None
+        )
+        self.table.set_cluster(rows, best)
+        self.reason.setText(cluster_summary(name, choice, rows, best))
+        self.rule.setText(CLUSTER_ORDER_RULE)
+        self.rule.setToolTip(CLUSTER_ORDER_RULE)
+        self.completeChanged.emit()
+
+    def _selected(self, tv: TierVerdict | TierOnCluster) -> None:
+        if isinstance(tv, TierOnCluster):
+            self._selected_on_cluster(tv)
+            return
         t = tv.tier
         lines = [
             f"<b>{t.name}</b> by {t.publisher} · <a href='https://huggingface.co/{t.repo}'>"
@@ -202,8 +316,52 @@ class TiersPage(_Page):
         self.details.setHtml("".join(lines))
         self.completeChanged.emit()
 
+    def _selected_on_cluster(self, row: TierOnCluster) -> None:
+        t = row.tier
+        a = row.assessment
+        esc = html.escape
+        lines = [
+            f"<b>{esc(t.name)}</b> by {esc(t.publisher)} · "
+            f"<a href='https://huggingface.co/{t.repo}'>{esc(t.repo)}</a>",
+            f"<p>{esc(a.title)}: {esc(cluster_verdict_text(row))}</p>",
+        ]
+        if a.refusals:
+            lines.append("<ul>" + "".join(f"<li>✗ {esc(r)}</li>" for r in a.refusals) + "</ul>")
+        if a.warnings:
+            lines.append("<ul>" + "".join(f"<li>! {esc(w)}</li>" for w in a.warnings) + "</ul>")
+        if a.plan is not None:
+            lines.append("<p>" + " ".join(esc(n) for n in a.plan.notes) + "</p>")
+        if t.quality_caveat:
+            lines.append(f"<p>Quality figures (*): {esc(t.quality_caveat)}</p>")
+        self.details.setHtml("".join(lines))
+        # the cluster step checks the copies of the tier chosen here
+        combo = self.wiz.cluster.view.tier
+        combo.setCurrentIndex(max(0, combo.findData(t.id)))
+        self.completeChanged.emit()
+
     def isComplete(self) -> bool:
         return self.table.current() is not None
+
+
+def cluster_summary(
+    name: str, choice: LaunchChoice, rows: list[TierOnCluster], best: TierOnCluster | None
+) -> str:
+    """The tiers step's headline for a cluster: engine, SparkInfer's one tier, the pick."""
+    title = rows[0].assessment.title if rows else choice.engine
+    text = f"Judged for cluster {name} with {title}."
+    if choice.engine == "sparkinfer":
+        text += (
+            f" {SPARKINFER_ONLY} tier (the pruned 9-shard set); run any other tier with "
+            "llama.cpp RPC (choose it on the previous step) or on one machine."
+        )
+    if best is not None:
+        text += f" Preselected: {best.tier.name} by {best.tier.publisher}, "
+        text += f"{cluster_verdict_text(best)}."
+    else:
+        text += " Nothing can start on this cluster yet: each tier's verdict says why."
+    if rows and not rows[0].assessment.probed:
+        text += " Probe the cluster on the previous step for its memory plan."
+    return text
 
 
 class WherePage(_Page):
@@ -243,6 +401,9 @@ class WherePage(_Page):
         self.lay.addLayout(form)
         self.banner = Banner()
         self.lay.addWidget(self.banner)
+        self.cluster_note = Banner()
+        self.cluster_note.setObjectName("clusterNote")
+        self.lay.addWidget(self.cluster_note)
         self.lay.addStretch(1)
         self.tokens = TokenAccess(ctx.token_store)
         browse.clicked.connect(self._browse)
@@ -260,6 +421,29 @@ class WherePage(_Page):
         self.ctx.tasks.run(
             lambda _t: self.tokens.describe(), on_done=self._token_shown, name="token-state"
         )
+        self._cluster_note()
+
+    def _cluster_note(self) -> None:
+        """Where the files must be for the cluster's engine."""
+        wiz = self.wiz
+        cluster = wiz.cluster.view.current() if wiz.cluster_mode else None
+        if cluster is None:
+            self.cluster_note.hide()
+            return
+        if wiz.cluster.view.choice().engine == "sparkinfer":
+            folders = html.escape(
+                ", ".join(f"{n.label}:{n.model_path or '?'}" for n in cluster.nodes)
+            )
+            self.cluster_note.show_text(
+                f"SparkInfer loads the model from each node's own folder ({folders}). Download "
+                "it here and copy the folder to every node, or skip the download on the next "
+                "step when the probe found complete copies."
+            )
+        else:
+            self.cluster_note.show_text(
+                "llama.cpp RPC needs the files on this machine only: llama-server runs here and "
+                "sends the layers to the workers over the network."
+            )
 
     def _token_shown(self, state: tuple[str, str]) -> None:
         self.token_state.setText(state[0] or "No token saved")
@@ -382,6 +566,88 @@ class DownloadPage(_Page):
         return self._skipped or (st is not None and st.status == "done")
 
 
+class ClusterLaunch(QWidget):
+    """The engine step for a cluster: the verdict for the chosen tier, Start, and the
+    running engine's ranks, phases and progress (the Engine page's cluster view)."""
+
+    def __init__(self, ctx: AppContext) -> None:
+        from k3desk.ui.cluster.engine_view import ClusterEngineView
+
+        super().__init__()
+        self.ctx = ctx
+        self.controller = ctx.controller("cluster")
+        self.name = ""
+        self.choice: LaunchChoice | None = None
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        card = Card()
+        head = QHBoxLayout()
+        self.title = label("", "sectionTitle")
+        head.addWidget(self.title, 1)
+        self.start_btn = primary(QPushButton("Start on the cluster"))
+        self.start_btn.setObjectName("wizardStartCluster")
+        head.addWidget(self.start_btn)
+        card.body.addLayout(head)
+        self.model_note = muted("")
+        self.model_note.setObjectName("clusterModel")
+        card.body.addWidget(self.model_note)
+        self.verdict = AssessmentView()
+        card.body.addWidget(self.verdict)
+        lay.addWidget(card)
+        self.view = ClusterEngineView(ctx)
+        lay.addWidget(self.view)
+        lay.addStretch(1)
+        self.start_btn.clicked.connect(self.start)
+        self.controller.group_changed.connect(self._buttons)
+
+    def prepare(self, name: str, choice: LaunchChoice) -> None:
+        self.name, self.choice = name, choice
+        tier = self.ctx.services.catalog.get(choice.tier_id)
+        try:
+            a = self.controller.assess(name, choice)
+        except K3Error as exc:
+            self.verdict.show_error(f"{exc.message} {exc.hint}".strip())
+        else:
+            self.verdict.show_assessment(a)
+        self.title.setText(f"{tier.publisher} {tier.name} on cluster {name}")
+        if choice.engine == "rpc":
+            self.model_note.setText(
+                f"Model: {choice.model}"
+                if choice.model
+                else "No first shard of the tier was found in the download folder."
+            )
+        else:
+            self.model_note.setText(
+                "Every rank loads its own copy of the model from its node's model folder."
+            )
+        self._buttons()
+
+    def _buttons(self) -> None:
+        ctl = self.controller
+        a = self.verdict.assessment
+        why = (
+            f"{ctl.group_title} runs on {ctl.group_cluster}: stop it first."
+            if ctl.group_running or ctl.stopping
+            else "Nothing to start."
+            if a is None or self.choice is None
+            else f"{len(a.refusals)} refusal{'s' if len(a.refusals) != 1 else ''} above."
+            if not a.ok
+            else ""
+        )
+        set_enabled(
+            self.start_btn, not why, why, "Start every process, watch them, restart them together"
+        )
+
+    def start(self) -> None:
+        if self.choice is None:
+            return
+        try:
+            self.controller.start(self.name, self.choice)
+        except K3Error as exc:
+            self.ctx.reporter.report(exc)
+            self.prepare(self.name, self.choice)
+
+
 class EnginePage(_Page):
     def __init__(self, ctx: AppContext, wizard: TierWizard) -> None:
         from k3desk.ui.engine.page import EnginePanel
@@ -395,12 +661,32 @@ class EnginePage(_Page):
         )
         self.panel = EnginePanel(ctx, compact=True)
         self.lay.addWidget(self.panel, 1)
-        self.load = QProgressBar()
-        self.load.hide()
+        self.cluster = ClusterLaunch(ctx)
+        self.cluster_scroll = QScrollArea()
+        self.cluster_scroll.setWidgetResizable(True)
+        self.cluster_scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.cluster_scroll.setWidget(self.cluster)
+        self.cluster_scroll.hide()
+        self.lay.addWidget(self.cluster_scroll, 1)
 
     def initializePage(self) -> None:
+        wiz = self.wiz
+        on_cluster = wiz.cluster_mode
+        self.panel.setVisible(not on_cluster)
+        self.cluster_scroll.setVisible(on_cluster)
+        if on_cluster:
+            self.setSubTitle(
+                "The engine that will run Kimi-K3 on the cluster: checked against the probe, "
+                "then started on every node."
+            )
+            self.cluster.prepare(wiz.cluster.view.current_name() or "", wiz.cluster_choice())
+            return
+        self.setSubTitle(
+            "The llama-server that will run Kimi-K3: found, probed, built if needed, "
+            "and launched with the plan."
+        )
         self.panel.refresh_engines()
-        target = self.wiz.where.target()
+        target = wiz.where.target()
         self.panel.set_model_folder(target)
 
 
@@ -416,12 +702,14 @@ class TierWizard(QWizard):
         self.resize(1100, 760)
         self.hardware = ctx.controller("hardware")
         self.machine = MachinePage(ctx, self)
+        self.cluster = ClusterStepPage(ctx, self)
         self.tiers = TiersPage(ctx, self)
         self.where = WherePage(ctx, self)
         self.download = DownloadPage(ctx, self)
         self.engine = EnginePage(ctx, self)
-        for page in (self.machine, self.tiers, self.where, self.download, self.engine):
-            self.addPage(page)
+        pages = (self.machine, self.cluster, self.tiers, self.where, self.download, self.engine)
+        for page_id, page in enumerate(pages):
+            self.setPage(page_id, page)
         self.hardware.changed.connect(self._profile)
         self.hardware.recommended.connect(self._recommended)
         if self.hardware.profile is not None:
@@ -432,20 +720,39 @@ class TierWizard(QWizard):
         self.accepted.connect(self._done)
 
     def current_key(self) -> str:
-        ids = self.pageIds()
         cur = self.currentId()
-        return PAGE_KEYS[ids.index(cur)] if cur in ids else ""
+        return PAGE_KEYS[cur] if 0 <= cur < len(PAGE_KEYS) else ""
 
-    def selected_tier(self) -> TierVerdict | None:
+    @property
+    def cluster_mode(self) -> bool:
+        """ "Several machines" is chosen: the later steps are about the cluster step's cluster."""
+        return self.machine.several.isChecked()
+
+    def plan_key(self) -> str:
+        """What the tiers are judged for: "machine" or "cluster:<name>:<engine>"."""
+        if not self.cluster_mode:
+            return "machine"
+        view = self.cluster.view
+        return f"cluster:{view.current_name()}:{view.choice().engine}"
+
+    def selected_tier(self) -> TierVerdict | TierOnCluster | None:
         return self.tiers.table.current()
 
-    def use_cluster(self) -> None:
-        """Leave the wizard for the Cluster page (several machines, or an attached server)."""
-        window = self.parentWidget()
-        self.reject()
-        show = getattr(window, "show_page", None)
-        if show is not None:
-            show("cluster")
+    def cluster_choice(self) -> LaunchChoice:
+        """The cluster step's engine choice for the tier picked on the tiers step; for
+        llama.cpp RPC the model is the first shard in the download folder unless one was
+        chosen on the cluster step."""
+        from k3desk.ui.engine.page import find_model
+
+        choice = self.cluster.view.choice()
+        tv = self.selected_tier()
+        if tv is not None:
+            choice = replace(choice, tier_id=tv.tier.id)
+        if choice.engine == "rpc" and not choice.model:
+            shard, _proj = find_model(self.where.target())
+            if shard is not None:
+                choice = replace(choice, model=str(shard))
+        return choice
 
     def choose_hardware_file(self) -> None:
         f, _ = QFileDialog.getOpenFileName(
@@ -464,7 +771,12 @@ class TierWizard(QWizard):
         hw = self.hardware.profile
         if hw is not None:
             self.machine.show_recommendation(rec, hw)
-        self.tiers.show_recommendation(rec)
+        if not self.cluster_mode:
+            self.tiers.show_recommendation(rec)
+        elif self.currentId() == TIERS:
+            self.tiers.show_cluster()
+        else:
+            self.tiers.shown = ""  # judged again when the tiers step is shown
 
     def _done(self) -> None:
         tv = self.selected_tier()
