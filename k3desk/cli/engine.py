@@ -90,7 +90,7 @@ def run_list(args: argparse.Namespace, services: Services) -> int:
             continue
         cached = cached_probe(c.path, services.paths)
         if cached is None:
-            print("    not probed yet: `k3desk engine probe`")
+            print("    not probed yet (run `k3desk engine probe`)")
         else:
             print(f"    {cached.verdict()}")
     return 0

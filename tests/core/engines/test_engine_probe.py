@@ -84,9 +84,10 @@ def test_engine_from_before_kimi_k3(fake_engine: Callable[..., Path]) -> None:
     assert r.build_number == 4000
     assert r.loads_k3 is False
     assert r.verdict() == (
-        "This engine cannot load Kimi-K3: it predates kimi-k3 support; "
-        "install one with `k3desk engine install`."
+        "This engine cannot load Kimi-K3: it predates kimi-k3 support. "
+        "`k3desk engine install` builds one that can."
     )
+    assert r.reason() == "cannot load Kimi-K3: it predates kimi-k3 support"
     problems = r.problems()
     assert "it lacks --fit: it has no automatic memory fitting" in problems
     assert any(p.startswith("it lacks --rpc") for p in problems)
@@ -96,9 +97,12 @@ def test_engine_from_before_kimi_k3(fake_engine: Callable[..., Path]) -> None:
 def test_engine_built_for_another_cpu(fake_engine: Callable[..., Path]) -> None:
     r = probe_engine(fake_engine("sigill_version"), default_paths())
     assert not r.runs
-    assert r.run_problem == "illegal instruction: built for another CPU"
+    assert r.run_problem == "it dies with an illegal instruction (built for another CPU)"
     assert r.loads_k3 is None
-    assert "does not run here" in r.verdict()
+    assert r.verdict() == (
+        "This engine does not run on this machine: it dies with an illegal instruction "
+        "(built for another CPU). `k3desk engine install` builds one that runs here."
+    )
 
 
 def test_engine_dying_of_sigill_while_loading(fake_engine: Callable[..., Path]) -> None:
