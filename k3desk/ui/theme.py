@@ -111,6 +111,7 @@ DARK = Colors(
 
 
 _current: list[Colors] = [LIGHT]
+STYLE_PROPERTY = "k3deskStyle"
 
 
 def system_prefers_dark() -> bool:
@@ -176,7 +177,11 @@ class ThemeManager(QObject):
         self._app = app
         self.theme = theme
         self.colors = resolve(theme)
-        app.setStyle("Fusion")
+        if app.property(STYLE_PROPERTY) != "Fusion":
+            # once per application: Qt crashes when the style is replaced while a QWizard
+            # is open (a second context, as in tests, would do that)
+            app.setStyle("Fusion")
+            app.setProperty(STYLE_PROPERTY, "Fusion")
         QGuiApplication.styleHints().colorSchemeChanged.connect(self._system_changed)
         self.apply(theme)
 
