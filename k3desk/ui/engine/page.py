@@ -35,7 +35,7 @@ from k3desk.core.planning.model import LaunchPlan, PlanOptions
 from k3desk.core.progress import CancelToken, Progress
 from k3desk.core.units import fmt_bytes
 from k3desk.ui import theme
-from k3desk.ui.bridge import Throttled
+from k3desk.ui.bridge import StreamBuffer, Throttled
 from k3desk.ui.engine.controller import EngineController, LaunchRequest
 from k3desk.ui.widgets import Card, CopyField, PageHeader, label, muted, primary, set_enabled
 
@@ -234,6 +234,17 @@ class EnginePanel(QWidget):
         self.build_bar.setObjectName("buildProgress")
         self.build_bar.hide()
         eng.body.addWidget(self.build_bar)
+        self.build_log = QPlainTextEdit()
+        self.build_log.setObjectName("buildLog")
+        self.build_log.setReadOnly(True)
+        self.build_log.setMaximumBlockCount(2000)
+        self.build_log.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        self.build_log.setMaximumHeight(140)
+        mono = self.build_log.font()
+        mono.setFamily("monospace")
+        self.build_log.setFont(mono)
+        self.build_log.hide()
+        eng.body.addWidget(self.build_log)
         lay.addWidget(eng)
 
         # model + launch
@@ -279,6 +290,8 @@ class EnginePanel(QWidget):
 
         self._build_progress = Throttled(hz=10, parent=self)
         self._build_progress.fired.connect(self._show_build_progress)
+        self._build_lines = StreamBuffer(hz=10, parent=self)
+        self._build_lines.batch.connect(self._show_build_lines)
         self.reprobe.clicked.connect(lambda: self.refresh_engines(use_cache=False))
         self.build.clicked.connect(self.build_engine)
         browse.clicked.connect(self._browse_shard)
@@ -367,29 +380,71 @@ class EnginePanel(QWidget):
         )
 
         paths = self.ctx.services.paths
-        hw = self.ctx.controller("hardware").profile
+        hw_ctl = self.ctx.controller("hardware")
+        # the engine runs here: build for this machine, not for a hardware file planned for
+        hw = hw_ctl.profile if hw_ctl.from_file is None else None
+        lines = self._build_lines
 
         def work(token: CancelToken) -> Any:
             profile = hw or self.ctx.services.detect_hardware(measure_bandwidth=False)
             nvcc = find_nvcc()
             config = choose_build(profile, nvcc, nvcc_version(nvcc) if nvcc else None)
-            return install_engine(paths, config, progress=self._build_progress, cancel=token)
+            lines.append("log", f"CMAKE_ARGS={config.cmake_env}\n")
+            for note in config.notes:
+                lines.append("log", f"  - {note}\n")
+            return install_engine(
+                paths,
+                config,
+                progress=self._build_progress,
+                cancel=token,
+                on_line=lambda line: lines.append("log", line + "\n"),
+            )
 
+        self.build_log.clear()
+        self.build_log.show()
         self.build_bar.show()
         self.build_bar.setRange(0, 0)
+        self.build_bar.setFormat("starting the build…")
         self.build.setText("Cancel build")
         self.build.clicked.disconnect()
         self.build.clicked.connect(self._cancel_build)
 
+        def done(engine: Any) -> None:
+            self._build_note(f"Installed {engine.server}\nThe build log: {engine.log_file}")
+
+        def failed(exc: BaseException) -> None:
+            self._build_note(f"✗ {getattr(exc, 'message', str(exc))} {getattr(exc, 'hint', '')}")
+            self.ctx.reporter.report(exc)
+
+        def cancelled() -> None:
+            self._build_note("Build cancelled; nothing was installed.")
+
         def finish() -> None:
             self._build_task = None
+            self._build_progress.flush()
             self.build_bar.hide()
             self.build.setText("Build an engine")
             self.build.clicked.disconnect()
             self.build.clicked.connect(self.build_engine)
             self.refresh_engines(use_cache=False)
 
-        self._build_task = self.ctx.tasks.run(work, on_finally=finish, name="engine-build")
+        self._build_task = self.ctx.tasks.run(
+            work,
+            on_done=done,
+            on_error=failed,
+            on_cancelled=cancelled,
+            on_finally=finish,
+            name="engine-build",
+        )
+
+    def _build_note(self, text: str) -> None:
+        self._build_lines.flush()
+        self.build_log.appendPlainText(text.strip())
+
+    def _show_build_lines(self, batch: dict[str, Any]) -> None:
+        text = str(batch.get("log", ""))
+        if text:
+            self.build_log.appendPlainText(text.rstrip("\n"))
 
     def _cancel_build(self) -> None:
         if self._build_task is not None:
