@@ -106,6 +106,9 @@ def run(args: argparse.Namespace, services: Services) -> int:
 
 
 class _EventPrinter:
+    """Each state change on one line; starts and crashes carry the attempt's number, what
+    changed from the attempt before, and why."""
+
     def __init__(self) -> None:
         self._last = ""
         self._lock = threading.Lock()
@@ -113,8 +116,12 @@ class _EventPrinter:
     def __call__(self, e: Event) -> None:
         if e.state is State.LOADING and e.progress is not None:
             line = f"loading: {e.progress.done:3d}% {e.progress.detail}"
+        elif e.state is State.STARTING:
+            line = f"attempt {e.attempt}: starting" + (f" ({e.message})" if e.message else "")
         elif e.state is State.CRASHED:
-            line = f"crashed: {e.message}"
+            line = f"attempt {e.attempt}: crashed: {e.message}"
+        elif e.state is State.READY:
+            line = f"attempt {e.attempt}: {e.message or 'ready'}"
         else:
             line = f"{e.state.value}" + (f": {e.message}" if e.message else "")
         with self._lock:
@@ -134,11 +141,7 @@ def _foreground(sup: Supervisor) -> int:
         sup.start()
         shown_pid = 0
         while True:
-            try:
-                ep = sup.wait_ready()
-            except EngineError:
-                _print_history(sup)
-                raise
+            ep = sup.wait_ready()
             pid = sup.pid or 0
             if pid != shown_pid:
                 shown_pid = pid
@@ -149,7 +152,6 @@ def _foreground(sup: Supervisor) -> int:
                 print(f"Log: {sup.log_file}", flush=True)
                 print("Press Ctrl-C to stop.", flush=True)
             if sup.wait_stopped(0.5):
-                _print_history(sup)
                 crash = sup.last_crash
                 raise EngineError(
                     "llama-server stopped: " + (crash.describe() if crash else "unknown reason"),
@@ -165,11 +167,29 @@ def _foreground(sup: Supervisor) -> int:
         return 0
     finally:
         sup.stop()
+        _print_history(sup)
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
 
 
 def _print_history(sup: Supervisor) -> None:
-    for a in sup.history:
-        what = a.crash.describe() if a.crash else "ok"
-        print(f"  attempt {a.number}: {what}" + (f" -> {a.action}" if a.action else ""))
+    """Every attempt, at exit: what changed, how far it got, how it ended, what followed."""
+    history = sup.history
+    if not history:
+        return
+    print("Attempts:", flush=True)
+    for a in history:
+        facts = []
+        if a.changes:
+            facts.append(f"changed: {a.changes}")
+        elif a.number > 1:
+            facts.append("the same command again")
+        if a.ready_seconds is not None:
+            facts.append(f"ready after {a.ready_seconds:.1f} s")
+        if a.crash is not None:
+            facts.append(a.crash.describe())
+        if a.action:
+            facts.append(a.action)
+        elif a.crash is None:
+            facts.append("running" if a.ended_at is None else "ended")
+        print(f"  attempt {a.number}: " + "; ".join(facts), flush=True)

@@ -8,7 +8,8 @@ is the real one (exit code 1, SIGILL, SIGABRT, SIGKILL).
 Modes:
   serve          answer /health, /props, /v1/models, /v1/chat/completions (Bearer key)
   gpu_oom        CUDA out of memory while loading; serves instead when
-                 --n-cpu-moe >= $FAKE_OOM_BELOW (to exercise re-planning)
+                 --n-cpu-moe >= $FAKE_OOM_BELOW (to exercise re-planning), or when
+                 the model's path lacks $FAKE_OOM_MODEL (so that a probe's canary loads)
   sigill         dies with SIGILL during warm-up (a native build on the wrong CPU)
   sigill_version dies with SIGILL even on --version
   amx            GGML_ASSERT(*cur_backend_id != -1) then abort, unless --no-repack
@@ -221,7 +222,8 @@ def main() -> int:
     loading_preamble()
     if MODE == "gpu_oom":
         below = int(os.environ.get("FAKE_OOM_BELOW", "1000000"))
-        if int(arg("--n-cpu-moe", "0") or 0) < below:
+        model = os.environ.get("FAKE_OOM_MODEL", "")
+        if int(arg("--n-cpu-moe", "0") or 0) < below and model in (arg("-m") or ""):
             log(
                 "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 61440.00 MiB on device 0: "
                 "cudaMalloc failed: out of memory",

@@ -70,12 +70,14 @@ class CrashReport:
             return f"signal {-self.returncode}"
 
     def describe(self) -> str:
+        """The summary with how it ended, as a clause without a final period:
+        "The engine aborted: ... (SIGABRT)"."""
         how = ""
         if self.returncode is not None:
             how = f" ({self.signal_name})" if self.returncode < 0 else f" (exit {self.returncode})"
         if how and how.strip() in self.summary:  # the summary names it already
             how = ""
-        return f"{self.summary}{how}"
+        return f"{self.summary.strip().rstrip('.')}{how}"
 
 
 @dataclass(frozen=True)

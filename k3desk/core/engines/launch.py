@@ -25,7 +25,7 @@ from k3desk.core.catalog.model import Tier
 from k3desk.core.engines.crash import CrashReport
 from k3desk.core.engines.discovery import SERVER_NAME, discover_engines
 from k3desk.core.engines.probe import ProbeResult, as_clause, probe_engine
-from k3desk.core.engines.supervisor import LaunchSpec, bump_n_cpu_moe
+from k3desk.core.engines.supervisor import LaunchSpec, arg_changes, bump_n_cpu_moe
 from k3desk.core.errors import EngineError, PlanError, ValidationError
 from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.gguf.reader import read_header
@@ -139,6 +139,10 @@ class PreparedLaunch:
             a in _NO_REPACK_FLAGS for a in args
         ):
             args += ("--no-repack",)
+        # the new plan may move more than the experts (the split, the projector): say so
+        more = [c for c in arg_changes(bumped_args, args) if "--n-cpu-moe" not in c]
+        if more:
+            what += "; the new plan also changes " + ", ".join(more)
         return args, what
 
 

@@ -146,6 +146,8 @@ class Attempt:
     returncode: int | None = None
     crash: CrashReport | None = None
     action: str = ""  # what the supervisor did next, in words
+    # how this attempt's command differs from the one before ("" for the first)
+    changes: str = ""
 
     @property
     def ready_seconds(self) -> float | None:
@@ -449,7 +451,7 @@ class Supervisor:
         attempts = len(self.history)
         tries = f" after {attempts} attempts" if attempts > 1 else ""
         return EngineError(
-            f"llama-server failed{tries}: {crash.describe()}",
+            f"llama-server failed{tries}: {crash.describe()}.",
             f"{crash.fix} {where}".strip(),
         )
 
@@ -480,6 +482,7 @@ class Supervisor:
     def _run(self) -> None:
         args = tuple(self.spec.args)
         port = self.spec.port or free_port()
+        previous: tuple[tuple[str, ...], int] | None = None
         failures = 0  # consecutive failed attempts that changed nothing
         replans = 0  # restarts with changed arguments (each one gets further)
         number = 0
@@ -487,7 +490,9 @@ class Supervisor:
         try:
             while not self._stop.is_set():
                 number += 1
-                attempt, crash = self._one_attempt(number, args, port)
+                changes = "" if previous is None else describe_changes(*previous, args, port)
+                previous = (args, port)
+                attempt, crash = self._one_attempt(number, args, port, changes)
                 if crash is None:  # stopped on request
                     break
                 if attempt.ready_at is not None and (
@@ -508,7 +513,7 @@ class Supervisor:
                 args, port, action = decision
                 delay = self.policy.backoff(1 if replanned else failures)
                 attempt.action = f"{action}; restarting in {delay:.1f} s"
-                self._set_state(State.CRASHED, number, f"{crash.describe()} {attempt.action}")
+                self._set_state(State.CRASHED, number, f"{crash.describe()}; {attempt.action}")
                 if self._stop.wait(delay):
                     break
         except Exception as exc:  # report instead of dying silently
@@ -559,7 +564,7 @@ class Supervisor:
                 if self._history:
                     self._history[-1].action = f"gave up: {give_up}"
             self._set_state(
-                State.CRASHED, number, f"{crash.describe()} Gave up: {give_up}.", final=True
+                State.CRASHED, number, f"{crash.describe()}. Gave up: {give_up}.", final=True
             )
             return None
         return new_args, new_port, action
@@ -576,7 +581,7 @@ class Supervisor:
         return None
 
     def _one_attempt(
-        self, number: int, args: tuple[str, ...], port: int
+        self, number: int, args: tuple[str, ...], port: int, changes: str = ""
     ) -> tuple[Attempt, CrashReport | None]:
         log_path = self._new_log_file(number)
         key_file = self._write_key_file(log_path) if self.spec.api_key_file else None
@@ -591,7 +596,7 @@ class Supervisor:
             *key_args,
         )
         try:
-            return self._launch(number, argv, port, log_path, key_file)
+            return self._launch(number, argv, port, log_path, key_file, changes)
         finally:
             if key_file is not None:
                 key_file.unlink(missing_ok=True)
@@ -606,15 +611,24 @@ class Supervisor:
         return path
 
     def _launch(
-        self, number: int, argv: tuple[str, ...], port: int, log_path: Path, key_file: Path | None
+        self,
+        number: int,
+        argv: tuple[str, ...],
+        port: int,
+        log_path: Path,
+        key_file: Path | None,
+        changes: str = "",
     ) -> tuple[Attempt, CrashReport | None]:
-        attempt = Attempt(number, redact(argv, self.api_key), port, log_path)
+        attempt = Attempt(number, redact(argv, self.api_key), port, log_path, changes=changes)
         with self._lock:
             self._history.append(attempt)
             self._endpoint = None
         self._progress = LoadProgressParser()
         self._ready.clear()
-        self._set_state(State.STARTING, number)
+        started = ""
+        if number > 1:
+            started = f"changed: {changes}" if changes else "the same command again"
+        self._set_state(State.STARTING, number, started)
         env = dict(os.environ)
         if self.spec.env:
             env.update(self.spec.env)
@@ -863,5 +877,61 @@ def bump_n_cpu_moe(
     return (
         tuple(out),
         f"re-planned after GPU out-of-memory: --n-cpu-moe {current} -> {new} "
-        f"(expert weights of {new - current} more layers kept in RAM)",
+        f"(expert weights of {new - current} more layer{'s' if new - current > 1 else ''} "
+        "kept in RAM)",
     )
+
+
+_NUMBER = re.compile(r"-\d")
+
+
+def _options(args: Sequence[str]) -> dict[str, str | None]:
+    """``-c 4096 -fa on --jinja`` -> {"-c": "4096", "-fa": "on", "--jinja": None}."""
+    out: dict[str, str | None] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("-") or _NUMBER.match(a):
+            out[f"argument {i + 1}"] = a  # a stray positional
+            i += 1
+        elif a.startswith("--") and "=" in a:
+            key, value = a.split("=", 1)
+            out[key] = value
+            i += 1
+        elif i + 1 < len(args) and (
+            not args[i + 1].startswith("-") or _NUMBER.match(args[i + 1]) is not None
+        ):
+            out[a] = args[i + 1]
+            i += 2
+        else:
+            out[a] = None
+            i += 1
+    return out
+
+
+def arg_changes(old: Sequence[str], new: Sequence[str]) -> list[str]:
+    """How ``new`` llama-server arguments differ from ``old``, one item per option:
+    ``["--n-cpu-moe 2 -> 4", "added --no-mmproj-offload"]``."""
+    a, b = _options(old), _options(new)
+
+    def said(key: str, value: str | None) -> str:
+        return key if value is None else f"{key} {value}"
+
+    out: list[str] = []
+    for key, value in b.items():
+        if key not in a:
+            out.append(f"added {said(key, value)}")
+        elif a[key] != value:
+            out.append(f"{key} {a[key] or 'on'} -> {value or 'on'}")
+    out += [f"removed {said(key, value)}" for key, value in a.items() if key not in b]
+    return out
+
+
+def describe_changes(
+    old_args: Sequence[str], old_port: int, new_args: Sequence[str], new_port: int
+) -> str:
+    """What differs between two launches, in words ("" when nothing does)."""
+    out = arg_changes(old_args, new_args)
+    if new_port != old_port:
+        out.append(f"port {old_port} -> {new_port}")
+    return ", ".join(out)

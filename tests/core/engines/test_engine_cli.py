@@ -149,6 +149,42 @@ def test_serve_without_ctx_uses_the_context_the_model_was_trained_for(
     assert "Use --ctx 4096 or less." in r.stderr
 
 
+def test_serve_prints_every_attempt_as_it_happens_and_at_exit(
+    fake_engine: Callable[..., Path], tiny_k3: TinyModel, hardware_file: Callable[[str], Path]
+) -> None:
+    # an engine that runs out of GPU memory below --n-cpu-moe 2 (its probe canary loads)
+    shard = str(tiny_k3.first_part)
+    exe = fake_engine("gpu_oom", FAKE_OOM_BELOW="2", FAKE_OOM_MODEL=shard)
+    h200 = str(hardware_file("1xH200-141GB"))
+    with serving(shard, "--ctx", "1024", "--hardware", h200, "--engine", str(exe)) as (
+        proc,
+        facts,
+    ):
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    oom = "GPU 0 (CUDA0) ran out of memory while loading or running the model (exit 1)"
+    replan = "re-planned after GPU out-of-memory: --n-cpu-moe {} -> {} (expert weights of 1 more "
+    replan += "layer kept in RAM)"
+    # as it happens: each attempt's number, what changed and why, in order
+    live = [ln for ln in facts["output"].splitlines() if ln.startswith("attempt ")]
+    assert live[0] == "attempt 1: starting"
+    assert live[1].startswith(f"attempt 1: crashed: {oom}; {replan.format(0, 1)}")
+    assert live[1].endswith("; restarting in 1.0 s")
+    assert live[2] == "attempt 2: starting (changed: added --n-cpu-moe 1)"
+    assert live[3].startswith(f"attempt 2: crashed: {oom}; {replan.format(1, 2)}")
+    assert live[4] == "attempt 3: starting (changed: --n-cpu-moe 1 -> 2)"
+    assert live[5] == f"attempt 3: ready at {facts['URL'].removesuffix('/v1')}"
+    assert len(live) == 6
+    # at exit: the whole history
+    history = rest[rest.index("Attempts:\n") :].splitlines()[1:4]
+    assert history[0].startswith(f"  attempt 1: {oom}; {replan.format(0, 1)}")
+    assert history[1].startswith(f"  attempt 2: changed: added --n-cpu-moe 1; {oom}; ")
+    assert replan.format(1, 2) in history[1]
+    assert history[2].startswith("  attempt 3: changed: --n-cpu-moe 1 -> 2; ready after ")
+    assert history[2].endswith("; stopped on request")
+
+
 def test_serve_refuses_missing_files(tmp_path: Path) -> None:
     r = k3desk("serve", str(tmp_path / "Nope-00001-of-00003.gguf"))
     assert r.returncode == 1
