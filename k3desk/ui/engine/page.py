@@ -609,9 +609,10 @@ class EnginePage(QWidget):
         self.filter.setObjectName("logFilter")
         self.filter.setPlaceholderText("Filter the log (e.g. error, CUDA, tensor)")
         self.filter.setClearButtonEnabled(True)
-        copy = QPushButton("Copy log")
+        self.copy_log = QPushButton("Copy log")
+        self.copy_log.setObjectName("copyLog")
         frow.addWidget(self.filter, 1)
-        frow.addWidget(copy)
+        frow.addWidget(self.copy_log)
         ll.addLayout(frow)
         self.log = QPlainTextEdit()
         self.log.setObjectName("engineLog")
@@ -636,12 +637,15 @@ class EnginePage(QWidget):
         lay.addWidget(self.tabs)
 
         self._lines: list[str] = []
-        copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.visible_log()))
+        self.copy_log.clicked.connect(
+            lambda: QGuiApplication.clipboard().setText(self.visible_log())
+        )
         self.filter.textChanged.connect(lambda _t: self._render_log())
         self.engine.log_lines.connect(self._append_log)
         self.engine.state_changed.connect(lambda _s, _m: self._update())
         self.engine.attempts_changed.connect(self._attempts)
         self.engine.launched.connect(self._launched)
+        self._copy_state()
         self._update()
         if self.engine.request is not None:
             self._launched(self.engine.request)
@@ -664,10 +668,26 @@ class EnginePage(QWidget):
         shown = [ln for ln in new if needle in ln.lower()] if needle else new
         if shown:
             self.log.appendPlainText("\n".join(shown))
+        self._copy_state()
 
     def _render_log(self) -> None:
         self.log.setPlainText(self.visible_log())
         self.log.moveCursor(self.log.textCursor().MoveOperation.End)
+        self._copy_state()
+
+    def _copy_state(self) -> None:
+        empty = not self.log.document().toPlainText()
+        why = (
+            "The engine has not written a log line yet."
+            if not self._lines
+            else f"No line contains {self.filter.text().strip()!r}."
+        )
+        set_enabled(
+            self.copy_log,
+            not empty,
+            why,
+            "Copy the lines shown (all of them, or those the filter keeps)",
+        )
 
     def visible_log(self) -> str:
         needle = self.filter.text().strip().lower()
