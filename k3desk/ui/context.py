@@ -106,6 +106,8 @@ class AppContext(QObject):
 
     def close(self) -> None:
         """Stop what the app started (engine, downloads) before exit."""
+        if self.theme is not None:
+            self.theme.close()
         for ctl in reversed(list(self._controllers.values())):
             close = getattr(ctl, "close", None)
             if close is not None:

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QObject, QSize, Qt
+from PySide6.QtCore import QByteArray, QObject, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPalette, QPixmap
 from PySide6.QtSvg import QSvgRenderer
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QAbstractButton, QApplication
 
 from k3desk.core.resources import resources_dir
 
@@ -112,6 +112,8 @@ DARK = Colors(
 
 _current: list[Colors] = [LIGHT]
 STYLE_PROPERTY = "k3deskStyle"
+_manager: list[ThemeManager | None] = [None]  # the one that follows the system
+ICON_PROPERTY = "themeIcon"  # a button's line icon, drawn again in a new theme's colours
 
 
 def system_prefers_dark() -> bool:
@@ -119,12 +121,15 @@ def system_prefers_dark() -> bool:
     return bool(hints.colorScheme() == Qt.ColorScheme.Dark)
 
 
-def resolve(theme: str) -> Colors:
+def resolve(theme: str, system_dark: bool | None = None) -> Colors:
+    """The colours for ``theme`` ("system", "dark", "light"); ``system_dark``: the system's
+    scheme when known (None: ask Qt)."""
     if theme == "dark":
         return DARK
     if theme == "light":
         return LIGHT
-    return DARK if system_prefers_dark() else LIGHT
+    dark = system_prefers_dark() if system_dark is None else system_dark
+    return DARK if dark else LIGHT
 
 
 def palette_for(c: Colors) -> QPalette:
@@ -170,32 +175,64 @@ def style_sheet(c: Colors, resources: Path | None = None) -> str:
 
 
 class ThemeManager(QObject):
-    """Applies a theme to the application and re-applies it when the system scheme changes."""
+    """Applies a theme to the application and re-applies it when the system scheme changes.
+
+    Signals:
+        changed(object): the :class:`Colors` now in use, after they were applied.
+    """
+
+    changed = Signal(object)
 
     def __init__(self, app: QApplication, theme: str = "system") -> None:
         super().__init__(app)
         self._app = app
         self.theme = theme
-        self.colors = resolve(theme)
+        hints = QGuiApplication.styleHints()
+        self.system_dark = hints.colorScheme() == Qt.ColorScheme.Dark
+        self.colors = resolve(theme, self.system_dark)
         if app.property(STYLE_PROPERTY) != "Fusion":
             # once per application: Qt crashes when the style is replaced while a QWizard
             # is open (a second context, as in tests, would do that)
             app.setStyle("Fusion")
             app.setProperty(STYLE_PROPERTY, "Fusion")
-        QGuiApplication.styleHints().colorSchemeChanged.connect(self._system_changed)
+        previous = _manager[0]
+        if previous is not None:
+            previous.close()  # one theme manager per application: the newest context's
+        _manager[0] = self
+        hints.colorSchemeChanged.connect(self._system_changed)
+        self._following = True
         self.apply(theme)
 
     def apply(self, theme: str) -> None:
         self.theme = theme
-        self.colors = resolve(theme)
+        self.colors = resolve(theme, self.system_dark)
         _current[0] = self.colors
         self._app.setPalette(palette_for(self.colors))
         self._app.setStyleSheet(style_sheet(self.colors))
         icon.cache_clear()
+        for widget in self._app.allWidgets():
+            name = widget.property(ICON_PROPERTY)
+            if isinstance(name, str) and isinstance(widget, QAbstractButton):
+                widget.setIcon(icon(name))
+        self.changed.emit(self.colors)
 
-    def _system_changed(self, _scheme: Qt.ColorScheme) -> None:
+    def _system_changed(self, scheme: Qt.ColorScheme) -> None:
+        # the signal carries the new scheme (colorScheme() may lag behind on some platforms)
+        self.system_dark = scheme == Qt.ColorScheme.Dark
         if self.theme == "system":
             self.apply("system")
+
+    def close(self) -> None:
+        """Stop following the system (the app context is closing)."""
+        if self._following:
+            self._following = False
+            QGuiApplication.styleHints().colorSchemeChanged.disconnect(self._system_changed)
+
+
+def set_icon(button: QAbstractButton, name: str) -> None:
+    """Give ``button`` the line icon ``name``, drawn again whenever the theme changes."""
+    button.setProperty(ICON_PROPERTY, name)
+    button.setIcon(icon(name))
 
 
 def current() -> Colors:

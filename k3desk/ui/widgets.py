@@ -133,7 +133,7 @@ class Card(QFrame):
 
 def copy_button(get_text: Callable[[], str], tip: str = "Copy") -> QToolButton:
     btn = QToolButton()
-    btn.setIcon(theme.icon("copy"))
+    theme.set_icon(btn, "copy")
     btn.setToolTip(tip)
     btn.setCursor(Qt.CursorShape.PointingHandCursor)
 

@@ -146,7 +146,8 @@ class MainWindow(QMainWindow):
         for i, spec in enumerate(PAGES):
             sc = QShortcut(QKeySequence(f"Ctrl+{i + 1}"), self)
             sc.activated.connect(self._goto(spec.key))
-        ctx.settings_changed.connect(self._settings_changed)
+        if ctx.theme is not None:
+            ctx.theme.changed.connect(self._theme_changed)
 
     # ------------------------------------------------------------- pages
     def _goto(self, key: str) -> Callable[[], None]:
@@ -221,7 +222,7 @@ class MainWindow(QMainWindow):
     def _busy(self, n: int) -> None:
         self.status_tasks.setText(f"{n} task{'s' if n != 1 else ''} running" if n else "")
 
-    def _settings_changed(self, _settings: object) -> None:
+    def _theme_changed(self, _colors: object) -> None:
         for i, spec in enumerate(PAGES):
             item = self.sidebar.item(i)
             if item is not None:

@@ -131,7 +131,7 @@ class ChatPage(QWidget):
         llay.setContentsMargins(10, 12, 6, 10)
         self.new_btn = QPushButton("New chat")
         self.new_btn.setObjectName("newChat")
-        self.new_btn.setIcon(theme.icon("plus"))
+        theme.set_icon(self.new_btn, "plus")
         llay.addWidget(self.new_btn)
         self.search = QLineEdit()
         self.search.setObjectName("chatSearch")
@@ -197,6 +197,8 @@ class ChatPage(QWidget):
         self.chat.status.connect(lambda _s: self._update_status())
         self.engine.state_changed.connect(lambda _s, _m: self._engine_changed())
         ctx.settings_changed.connect(lambda _s: self._engine_changed())
+        if ctx.theme is not None:
+            ctx.theme.changed.connect(self._restyle)
         self._engine_changed()
         self.chat.refresh_list()
         self.chat.new_conversation()
@@ -214,6 +216,13 @@ class ChatPage(QWidget):
             self.composer.set_availability(True)
         self._update_status()
         if not self.view.messages():
+            self._show_empty()
+
+    def _restyle(self, _colors: object) -> None:
+        """Draw the conversation again in the theme's colours (text, code, links)."""
+        if self.view.messages():
+            self.view.restyle()
+        else:
             self._show_empty()
 
     def _show_empty(self) -> None:

@@ -118,6 +118,10 @@ class MessageView(QTextBrowser):
     def messages(self) -> list[MessageVM]:
         return list(self._messages)
 
+    def restyle(self) -> None:
+        """Render every shown message again (the theme changed)."""
+        self._rebuild(keep_scroll=True)
+
     def show_earlier(self) -> None:
         self._shown_from = max(0, self._shown_from - self.page_size)
         self._rebuild(keep_scroll=False)
