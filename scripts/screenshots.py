@@ -1,4 +1,4 @@
-"""Save screenshots of the app: wizard, Engine, Models, Cluster, and a chat with an image.
+"""Save screenshots of the app: the wizard (one machine, a cluster), Engine, Models, Cluster, chat.
 
 The chat shows an image and reasoning.
 
@@ -222,6 +222,17 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
     window.show_page("cluster")
     window.page("cluster").reload(select="sparks")
     save(window, "cluster.png")
+
+    # the wizard with several machines: its cluster step, then every tier judged for them
+    wiz = window.open_wizard()
+    until(lambda: wiz.machine.isComplete())
+    wiz.machine.several.click()
+    wiz.next()
+    wiz.cluster.view.reload(select="sparks")
+    save(wiz, "wizard-cluster.png")
+    wiz.next()
+    save(wiz, "wizard-cluster-tiers.png")
+    wiz.reject()
 
     # chat with an image and reasoning
     store = HistoryStore(services.paths.history_db)

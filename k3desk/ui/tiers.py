@@ -29,7 +29,7 @@ def cluster_verdict_text(row: TierOnCluster) -> str:
     a = row.assessment
     if not a.ok:
         if any(GEOMETRY_ERROR in r for r in a.refusals):
-            return f"refused: {SPARKINFER_ONLY}"
+            return "refused: SparkInfer cannot load it"
         first = a.refusals[0]
         return "refused: " + (first if len(first) <= 70 else first[:69].rstrip() + "…")
     plan = a.plan

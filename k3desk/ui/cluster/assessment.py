@@ -78,8 +78,7 @@ class AssessmentView(QWidget):
         super().__init__(parent)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        self.verdict = label("", "sectionTitle", selectable=True)
-        self.verdict.setObjectName("clusterVerdict")
+        self.verdict = label("", "sectionTitle", selectable=True)  # the name styles it
         lay.addWidget(self.verdict)
         self.plan = fixed_table(PLAN_COLUMNS, "planTable", stretch=5)
         lay.addWidget(self.plan)
