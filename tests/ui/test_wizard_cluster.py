@@ -9,6 +9,8 @@ reports.py``), as in ``test_cluster_ui.py``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from PySide6.QtWidgets import QDialogButtonBox, QWizard
 
@@ -50,8 +52,12 @@ def open_wizard(ctx, qtbot, hardware_file, name: str = "1xRTX5090-256GB"):  # ty
 
 
 def test_the_wizard_probes_a_cluster_judges_tiers_for_it_and_starts_sparkinfer_there(  # type: ignore[no-untyped-def]
-    ctx, qtbot, hardware_file, sshd: SshServer, gb10_probe: None
+    ctx, qtbot, hardware_file, sshd: SshServer, gb10_probe: None, monkeypatch
 ) -> None:
+    from k3desk.core.hardware import detect
+
+    real_disk = detect.detect_disk  # this machine has 10 GiB free for the download
+    monkeypatch.setattr(detect, "detect_disk", lambda p: replace(real_disk(p), free=10 * 2**30))
     ctl = ctx.controller("cluster")
     ctl.save_cluster(Cluster("sparks", tuple(spark_nodes(sshd, "wiz-spark"))))
     _window, wiz = open_wizard(ctx, qtbot, hardware_file)
@@ -127,6 +133,10 @@ def test_the_wizard_probes_a_cluster_judges_tiers_for_it_and_starts_sparkinfer_t
     note = wiz.where.cluster_note
     assert note.isVisible()
     assert "SparkInfer loads the model from each node's own folder (wiz-spark0:" in note.text.text()
+    # too little room here does not stop a cluster whose nodes hold their own copies
+    qtbot.waitUntil(lambda: "not enough here" in wiz.where.free.text(), timeout=10_000)
+    assert "SparkInfer reads the nodes' own copies" in wiz.where.free.text()
+    assert wiz.button(NEXT).isEnabled()
     wiz.next()
     assert wiz.current_key() == "download"
     wiz.download.have.click()  # the probe found complete copies on every node

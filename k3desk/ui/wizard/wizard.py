@@ -478,19 +478,35 @@ class WherePage(_Page):
 
         def done(disk: Any) -> None:
             short = disk.free < need
+            optional = self.download_optional()
             text = f"{fmt_bytes(disk.free)} free on {disk.probed_path}"
             if need:
                 text += f"; the tier needs {fmt_bytes(need)}"
-            self.free.setText(text + (" (not enough)" if short else ""))
-            self.free.setObjectName("errorText" if short else "muted")
+            if short:
+                text += (
+                    " (not enough here; SparkInfer reads the nodes' own copies, so the "
+                    "download may be skipped)"
+                    if optional
+                    else " (not enough)"
+                )
+            self.free.setText(text)
+            self.free.setObjectName(
+                "muted" if not short else "warnText" if optional else "errorText"
+            )
             self.free.style().polish(self.free)
             self._short = short
             self.completeChanged.emit()
 
         self.ctx.tasks.run(lambda _t: detect_disk(path), on_done=done, name="disk")
 
+    def download_optional(self) -> bool:
+        """SparkInfer on a cluster reads each node's own copy: a download here is optional."""
+        wiz = self.wiz
+        return wiz.cluster_mode and wiz.cluster.view.choice().engine == "sparkinfer"
+
     def isComplete(self) -> bool:
-        return bool(self.folder.text().strip()) and not getattr(self, "_short", False)
+        short = getattr(self, "_short", False) and not self.download_optional()
+        return bool(self.folder.text().strip()) and not short
 
     def validatePage(self) -> bool:
         folder = self.folder.text().strip()
