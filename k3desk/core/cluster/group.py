@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from k3desk.core.chat.client import ChatEndpoint
+from k3desk.core.cluster.ssh import RemoteProcess
 from k3desk.core.errors import Cancelled, EngineError
 from k3desk.core.progress import CancelToken, Progress
 
@@ -325,3 +326,17 @@ class GroupSupervisor:
             self._error = err
         self._set_state(GroupState.FAILED, err.message, final=True)
         self._done.set()
+
+
+def stop_remote_processes(procs: list[RemoteProcess], grace: float) -> None:
+    """Stop every process of a group at once (each gets ``grace`` seconds to exit).
+
+    In parallel, so a set of four ranks does not take four grace periods to stop.
+    """
+    for p in procs:
+        p.stopping = True
+    threads = [threading.Thread(target=p.stop, args=(grace,), daemon=True) for p in procs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(grace + 10)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from k3desk.core.cluster.group import (
     GroupPolicy,
     GroupSupervisor,
     LaunchFailure,
+    stop_remote_processes,
 )
 from k3desk.core.cluster.nodes import Cluster, ClusterError, Node
 from k3desk.core.cluster.ssh import RemoteProcess, SshClient, classify_ssh_failure
@@ -309,13 +309,4 @@ class RpcCluster(GroupSupervisor):
             self._server, self._workers = None, []
         if server is not None:
             server.stop()
-        for w in workers:
-            w.stopping = True
-        threads = [
-            threading.Thread(target=w.stop, args=(self.policy.stop_grace,), daemon=True)
-            for w in workers
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(self.policy.stop_grace + 10)
+        stop_remote_processes(workers, self.policy.stop_grace)

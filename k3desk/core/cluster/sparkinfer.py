@@ -39,6 +39,7 @@ from k3desk.core.cluster.group import (
     GroupPolicy,
     GroupSupervisor,
     LaunchFailure,
+    stop_remote_processes,
 )
 from k3desk.core.cluster.nodes import Cluster, ClusterError, Node, is_ipv4_literal
 from k3desk.core.cluster.ssh import RemoteProcess, SshClient, classify_ssh_failure
@@ -664,14 +665,4 @@ class SparkInferCluster(GroupSupervisor):
             bridge = self._bridge
             self._procs = []
             self._bridge = None
-        order = ([bridge] if bridge else []) + procs
-        for p in order:
-            p.stopping = True
-        threads = [
-            threading.Thread(target=p.stop, args=(self.policy.stop_grace,), daemon=True)
-            for p in order
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(self.policy.stop_grace + 10)
+        stop_remote_processes(([bridge] if bridge else []) + procs, self.policy.stop_grace)
