@@ -123,8 +123,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sv.add_argument(
         "--bridge-cmd",
         metavar="ARGV",
-        help="SparkInfer bridge command line (placeholders {python} {workdir} {engine} "
-        "{host} {port} {model})",
+        help="SparkInfer bridge command line instead of the recipe's api-server/run-api.sh "
+        "(placeholders {python} {workdir} {recipe} {engine} {host} {port} {model} {ctx} "
+        "{tokenizer} {template}; the K3_* environment is set as for run-api.sh)",
+    )
+    sv.add_argument(
+        "--recipe-dir",
+        metavar="DIR",
+        help="SparkInfer: the recipe's clone on rank 0 "
+        "(default <rank 0 workdir>/kimi-k3-neuron-tp3-dgxspark-recipe)",
+    )
+    sv.add_argument(
+        "--tokenizer-dir",
+        metavar="DIR",
+        help="SparkInfer: the model's tokenizer folder on rank 0 (default <model>/tokenizer)",
+    )
+    sv.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="SparkInfer: k3_chat_template.jinja on rank 0 "
+        "(default <model>/k3_chat_template.jinja)",
     )
     sv.add_argument("--rpc-port", type=int, default=50052, help="RPC worker port (default 50052)")
     sv.add_argument("--bind", action="append", default=[], metavar="NODE=ADDR")
@@ -402,6 +420,9 @@ def _sparkinfer(
         serve_port=args.serve_port,
         bridge_port=args.bridge_port,
         bridge_argv=bridge,
+        recipe_dir=args.recipe_dir or "",
+        tokenizer_dir=args.tokenizer_dir or "",
+        chat_template=args.chat_template or "",
         load_timeout=args.timeout,
     )
     if args.dry_run:

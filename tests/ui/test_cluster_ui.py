@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -34,6 +33,7 @@ from k3desk.ui.cluster.page import ClusterPage
 from k3desk.ui.window import MainWindow
 from tests.core.cluster.reports import report
 from tests.core.cluster.twin import write_recipe_twin
+from tests.fakes.sparkinfer.stand_in import install_recipe, write_model_extras
 from tests.fixtures.hub import FakeKeyringModule, MemoryKeyring
 from tests.fixtures.sshd import SshServer
 
@@ -179,6 +179,14 @@ def test_the_page_adds_probes_and_judges_a_cluster_over_ssh(  # type: ignore[no-
     # the commands k3desk would run are the verified ones
     page.commands_btn.click()
     assert "--rank 0 --world 3 --listen" in page.commands.toPlainText()
+    bridge_line = page.commands.toPlainText().splitlines()[-1]  # the recipe's bridge, last
+    assert bridge_line.startswith(
+        f"ui-n0: env K3_TOKENIZER_DIR={nodes[0].model_path}/tokenizer "
+        f"K3_CHAT_TEMPLATE={nodes[0].model_path}/k3_chat_template.jinja "
+    )
+    assert bridge_line.endswith(
+        f" bash {nodes[0].workdir}/kimi-k3-neuron-tp3-dgxspark-recipe/api-server/run-api.sh"
+    )
 
     page.remove_btn.click()
     assert page.list.count() == 0
@@ -196,8 +204,9 @@ def spark_nodes(sshd: SshServer, tag: str) -> list[Node]:
             python="/usr/bin/python3",
         )
         write_recipe_twin(Path(node.model_path))
+        write_model_extras(node.model_path)  # tokenizer/ and the chat template, as downloaded
         nodes.append(node)
-    shutil.copy(FAKES / "k3_bridge.py", Path(nodes[0].workdir) / "k3_bridge.py")
+    install_recipe(nodes[0].workdir)  # the recipe's clone with its api-server
     return nodes
 
 

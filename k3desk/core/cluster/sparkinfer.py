@@ -7,14 +7,19 @@ patch chain) runs one ``kimi_k3_dist_generate`` process per node::
                           --model <shard 1 .gguf> --max-ctx N [--serve IP:PORT] [--spec-draft K]
 
 Rank 0 listens (``--listen``) and the workers connect to it (``--coord``); with
-``--serve`` rank 0 opens a line-protocol socket that the recipe's FastAPI bridge,
-started beside rank 0, turns into OpenAI-compatible HTTP (port 8000, model
-``kimi-k3-neuron``).  The model card's command (``sparkinfer --tp 3 --ctx-len
---jdba-band``, port 9000, a directory as ``--model``) does not exist:
-:func:`explain_card_command` tells a person who copied it what to use instead.
+``--serve`` rank 0 opens a line-protocol socket (one TCP connection per request:
+``prompt_ids=…;n_predict=N;stop_ids=…;stream=0|1``, answered by ``tok=ID`` lines and
+one final ``ok=1;generated_ids=…;stop_reason=…`` or ``ok=0;error=…`` line).  The
+recipe's FastAPI bridge (``api-server/run-api.sh`` -> ``server.py``), started beside
+rank 0, tokenizes with the model's own tokenizer and chat template and turns that
+socket into OpenAI-compatible HTTP (port 8000, model ``kimi-k3-neuron``).  The model
+card's command (``sparkinfer --tp 3 --ctx-len --jdba-band``, port 9000, a directory
+as ``--model``) does not exist: :func:`explain_card_command` tells a person who
+copied it what to use instead.
 
 :class:`SparkInferCluster` starts rank 0, then the workers over SSH, then the
-bridge; follows rank 0's log phases and the bridge's ``/readyz``; watches every
+bridge; follows rank 0's log phases and the bridge's ``/readyz`` (older bridges have
+none: then ``/healthz`` plus a connect to the serve port on rank 0); watches every
 rank (a dead worker is noticed at once through its ssh connection, not at the
 next request as rank 0 would); and restarts all ranks together.
 """
@@ -42,7 +47,12 @@ from k3desk.core.cluster.group import (
     stop_remote_processes,
 )
 from k3desk.core.cluster.nodes import Cluster, ClusterError, Node, is_ipv4_literal
-from k3desk.core.cluster.ssh import RemoteProcess, SshClient, classify_ssh_failure
+from k3desk.core.cluster.ssh import (
+    RemoteProcess,
+    SshClient,
+    classify_ssh_failure,
+    remote_command,
+)
 from k3desk.core.hardware.profile import GpuInfo, HardwareProfile
 from k3desk.core.paths import AppPaths
 from k3desk.core.progress import CancelToken
@@ -76,19 +86,14 @@ ENV_PROFILES: dict[str, dict[str, str]] = {
     },
 }
 
-# The bridge beside rank 0.  Placeholders: {python} {workdir} {engine} {host} {port} {model}.
-DEFAULT_BRIDGE = (
-    "{python}",
-    "{workdir}/k3_bridge.py",
-    "--engine",
-    "{engine}",
-    "--host",
-    "{host}",
-    "--port",
-    "{port}",
-    "--model-name",
-    "{model}",
-)
+# The recipe's HTTP bridge beside rank 0: ``api-server/run-api.sh`` reads its settings
+# from the environment (see :func:`bridge_env`) and execs ``server.py``.  Placeholders
+# (also for ``--bridge-cmd``): {python} {workdir} {recipe} {engine} {host} {port} {model}
+# {ctx} {tokenizer} {template}.
+DEFAULT_BRIDGE = ("bash", "{recipe}/api-server/run-api.sh")
+RECIPE_DIRNAME = "kimi-k3-neuron-tp3-dgxspark-recipe"  # the recipe's clone, in rank 0's workdir
+TOKENIZER_DIRNAME = "tokenizer"  # beside the shards, as the model card's download lays it out
+CHAT_TEMPLATE_NAME = "k3_chat_template.jinja"
 
 # Steps 6 and 7 of the model card's launch procedure, as printed there.
 CARD_COMMAND = (
@@ -110,6 +115,9 @@ class SparkInferConfig:
     bridge_host: str = ""  # "" = rank 0's address
     bridge_argv: tuple[str, ...] = DEFAULT_BRIDGE
     model_name: str = MODEL_NAME
+    recipe_dir: str = ""  # on rank 0; "" = <rank 0 workdir>/kimi-k3-neuron-tp3-dgxspark-recipe
+    tokenizer_dir: str = ""  # on rank 0; "" = <rank 0 model folder>/tokenizer
+    chat_template: str = ""  # on rank 0; "" = <rank 0 model folder>/k3_chat_template.jinja
     connect_timeout: float = 180.0  # workers reaching rank 0
     load_timeout: float = 3600.0  # the recipe reports ~5m45s per rank
     ready_timeout: float = 120.0  # serve socket and bridge
@@ -131,6 +139,36 @@ class SparkInferConfig:
     def url(self) -> str:
         return f"http://{self.bridge_host or self.rank0.engine_address}:{self.bridge_port}"
 
+    @property
+    def recipe_path(self) -> str:
+        if self.recipe_dir:
+            return self.recipe_dir
+        workdir = self.rank0.workdir
+        return str(PurePosixPath(workdir) / RECIPE_DIRNAME) if workdir else RECIPE_DIRNAME
+
+    def _beside_model(self, explicit: str, name: str) -> str:
+        if explicit:
+            return explicit
+        folder = self.rank0.model_path
+        return str(PurePosixPath(folder) / name) if folder else ""
+
+    @property
+    def tokenizer_path(self) -> str:
+        """The model's native tokenizer folder on rank 0 ('' when not known)."""
+        return self._beside_model(self.tokenizer_dir, TOKENIZER_DIRNAME)
+
+    @property
+    def chat_template_path(self) -> str:
+        """The recipe's chat template on rank 0 ('' when not known)."""
+        return self._beside_model(self.chat_template, CHAT_TEMPLATE_NAME)
+
+    @property
+    def bridge_needs_tokenizer(self) -> bool:
+        """Whether the bridge command is the recipe's (which exits without them)."""
+        return any(
+            "run-api.sh" in a or "{tokenizer}" in a or "{template}" in a for a in self.bridge_argv
+        )
+
 
 def rank_argv(config: SparkInferConfig, rank: int) -> list[str]:
     """The verified command line of ``rank`` (0 = coordinator)."""
@@ -151,12 +189,31 @@ def bridge_argv(config: SparkInferConfig) -> list[str]:
     values = {
         "python": node.python,
         "workdir": node.workdir or ".",
+        "recipe": config.recipe_path,
         "engine": f"127.0.0.1:{config.serve_port}",
         "host": config.bridge_host or node.engine_address,
         "port": str(config.bridge_port),
         "model": config.model_name,
+        "ctx": str(config.max_ctx),
+        "tokenizer": config.tokenizer_path,
+        "template": config.chat_template_path,
     }
     return [a.format(**values) for a in config.bridge_argv]
+
+
+def bridge_env(config: SparkInferConfig) -> dict[str, str]:
+    """What ``api-server/run-api.sh`` reads (it refuses to start without the first two)."""
+    env = {
+        "K3_TOKENIZER_DIR": config.tokenizer_path,
+        "K3_CHAT_TEMPLATE": config.chat_template_path,
+        "K3_API_HOST": config.bridge_host or config.rank0.engine_address,
+        "K3_API_PORT": str(config.bridge_port),
+        "K3_SERVE_HOST": "127.0.0.1",
+        "K3_SERVE_PORT": str(config.serve_port),
+        "K3_MODEL_NAME": config.model_name,
+        "K3_MAX_CONTEXT_TOKENS": str(config.max_ctx),
+    }
+    return {k: v for k, v in env.items() if v}
 
 
 def bridge_settings(settings: ChatSettings) -> ChatSettings:
@@ -167,12 +224,10 @@ def bridge_settings(settings: ChatSettings) -> ChatSettings:
 
 def describe_launch(config: SparkInferConfig) -> list[tuple[str, str]]:
     """(node, command) for every process, in start order, as a person would type them."""
-    from k3desk.core.cluster.ssh import remote_command
-
     out = []
     for rank, node in enumerate(config.cluster.nodes):
         out.append((node.label, remote_command(rank_argv(config, rank), config.env)))
-    out.append((config.rank0.label, remote_command(bridge_argv(config))))
+    out.append((config.rank0.label, remote_command(bridge_argv(config), bridge_env(config))))
     return out
 
 
@@ -232,7 +287,12 @@ def explain_card_command(command: str = CARD_COMMAND) -> str:
         f"  rank 1:  {BINARY} --rank 1 --world 3 --coord 10.0.0.11:29500 "
         "--model /models/k3/Kimi-K3-UD-IQ1_S-00001-of-00009.gguf --max-ctx 8192",
         "  rank 2:  the same with --rank 2",
-        "  then the recipe's HTTP bridge beside rank 0 (port 8000, model kimi-k3-neuron).",
+        "  then the recipe's HTTP bridge beside rank 0 (port 8000, model kimi-k3-neuron):",
+        "           K3_TOKENIZER_DIR=/models/k3/tokenizer "
+        f"K3_CHAT_TEMPLATE=/models/k3/{CHAT_TEMPLATE_NAME} K3_SERVE_PORT=29600 "
+        "K3_MAX_CONTEXT_TOKENS=8192 api-server/run-api.sh",
+        "  (the tokenizer folder and the chat template come with the model card's download, "
+        "beside the shards).",
         "Every node needs its own complete copy of the 9 shards at the same path.  "
         "`--spec-draft K` (2..16) must be on every rank, with SPARKINFER_K3_PREFILL_CHUNK >= K.",
         "`k3desk cluster serve NAME --engine sparkinfer` runs all of this for you.",
@@ -331,6 +391,23 @@ def check_sparkinfer(
                     f"--spec-draft {k} needs {PREFILL_CHUNK_ENV} >= {k} on every rank "
                     f"(it is {chunk or 'unset'})."
                 )
+    if config.bridge_needs_tokenizer and world:
+        missing = [
+            what
+            for what, value in (
+                ("tokenizer folder (K3_TOKENIZER_DIR)", config.tokenizer_path),
+                ("chat template (K3_CHAT_TEMPLATE)", config.chat_template_path),
+            )
+            if not value
+        ]
+        if missing:
+            refusals.append(
+                f"The recipe's HTTP bridge (api-server/run-api.sh) needs the model's "
+                f"{' and its '.join(missing)}, and rank 0 ({config.rank0.label}) has no model "
+                f"folder to find them in: set model=FOLDER for that node (the model card's "
+                f"download puts {TOKENIZER_DIRNAME}/ and {CHAT_TEMPLATE_NAME} beside the "
+                "shards) or give --tokenizer-dir and --chat-template."
+            )
     for node in nodes:
         profile = (profiles or {}).get(node.label)
         if profile is None:
@@ -518,6 +595,7 @@ class SparkInferCluster(GroupSupervisor):
             self._client(cfg.rank0),
             bridge_argv(cfg),
             name="bridge",
+            env=bridge_env(cfg),
             cwd=cfg.rank0.workdir,
             log_path=self._log_path(attempt, "bridge"),
             on_exit=self._member_exit,
@@ -527,8 +605,8 @@ class SparkInferCluster(GroupSupervisor):
             self._bridge = bridge
         bridge.start()
         self._started(bridge, cancel)
-        self._await_readyz(cfg.url, cfg.ready_timeout, cancel)
-        self._phase(PHASE_TEXT[6], 7, total, cfg.url)
+        how = self._await_bridge(cfg.url, cfg.ready_timeout, cancel)
+        self._phase(PHASE_TEXT[6], 7, total, f"{cfg.url} ({how})")
         return ChatEndpoint(cfg.url, None, cfg.model_name)
 
     def _started(self, proc: RemoteProcess, cancel: CancelToken) -> None:
@@ -562,25 +640,60 @@ class SparkInferCluster(GroupSupervisor):
             f"See the rank logs under {self.paths.logs_dir / 'cluster' / self.config.cluster.name}",
         )
 
-    def _await_readyz(self, url: str, timeout: float, cancel: CancelToken) -> None:
+    def _serve_port_open(self) -> bool:
+        """Whether rank 0's serve socket accepts a connection (it binds 127.0.0.1 there)."""
+        node = self.config.rank0
+        probe = (
+            "import socket; socket.create_connection(('127.0.0.1', "
+            f"{int(self.config.serve_port)}), 3).close()"
+        )
+        try:
+            result = self._client(node).run(
+                remote_command([node.python, "-c", probe]), timeout=self._connect_timeout + 10
+            )
+        except ClusterError:
+            return False
+        return result.returncode == 0
+
+    def _await_bridge(self, url: str, timeout: float, cancel: CancelToken) -> str:
+        """Wait until the bridge can answer; how that was told, for the progress line.
+
+        ``/readyz`` says so where the bridge has it.  Older bridges answer it with 404:
+        then ready means ``/healthz`` answers and rank 0's serve port accepts.
+        """
         deadline = time.monotonic() + timeout
         last = "no answer"
+        legacy = False
         with httpx.Client(timeout=3.0) as http:
             while True:
+                if self._fault.is_set():
+                    raise self._failure()
                 self._check_running(cancel)
                 try:
-                    r = http.get(f"{url}/readyz")
-                    if r.status_code == 200:
-                        return
-                    last = f"HTTP {r.status_code}"
+                    if not legacy:
+                        r = http.get(f"{url}/readyz")
+                        if r.status_code == 200:
+                            return "/readyz"
+                        legacy = r.status_code == 404
+                        last = f"/readyz: HTTP {r.status_code}"
+                    if legacy:
+                        h = http.get(f"{url}/healthz")
+                        last = f"no /readyz; /healthz: HTTP {h.status_code}"
+                        if h.status_code == 200:
+                            if self._serve_port_open():
+                                return "no /readyz: /healthz and the serve port answer"
+                            last = (
+                                f"no /readyz; /healthz answers but 127.0.0.1:"
+                                f"{self.config.serve_port} on {self.config.rank0.label} "
+                                "does not accept"
+                            )
                 except httpx.HTTPError as exc:
                     last = type(exc).__name__
                 if time.monotonic() > deadline:
                     raise LaunchFailure(
-                        f"the bridge at {url} did not report ready within {timeout:.0f} s "
-                        f"(/readyz: {last})"
+                        f"the bridge at {url} did not report ready within {timeout:.0f} s ({last})"
                     )
-                self._sleep(0.1, cancel)
+                self._sleep(0.5 if legacy else 0.1, cancel)
 
     def _failure(self) -> LaunchFailure:
         """Why the launch failed, from the members that ended (fatal when a restart can't help)."""
@@ -609,6 +722,17 @@ class SparkInferCluster(GroupSupervisor):
                     f"Install {BINARY} on {p.node.label} or set sparkinfer=PATH for that node."
                     if p.exit_status == 127
                     else "Fix workdir= for that node.",
+                    fatal=True,
+                )
+            if p.exit_status == 2 and p is self.bridge:
+                last = p.tail(1)[0] if p.tail(1) else ""
+                return LaunchFailure(
+                    f"the recipe's HTTP bridge on {p.node.label} refused to start: {last}",
+                    "It needs the model's tokenizer folder and k3_chat_template.jinja on "
+                    f"{p.node.label} (the model card's download puts both beside the shards; "
+                    f"k3desk passed {self.config.tokenizer_path or '(none)'} and "
+                    f"{self.config.chat_template_path or '(none)'}), and the recipe's "
+                    f"api-server in {self.config.recipe_path}.",
                     fatal=True,
                 )
             if p.exit_status == 2:

@@ -15,6 +15,7 @@ from k3desk.core.cluster.nodes import ClusterStore
 from k3desk.core.engines.discovery import package_server
 from k3desk.core.paths import default_paths
 from tests.core.cluster.twin import write_recipe_twin
+from tests.fakes.sparkinfer.stand_in import install_recipe, write_model_extras
 from tests.fixtures.sshd import SshServer
 
 FAKES = Path(__file__).resolve().parents[2] / "fakes" / "sparkinfer"
@@ -101,12 +102,12 @@ def test_serve_sparkinfer_check_and_dry_run(
     nodes = [spec(sshd, f"s{i}", sparkinfer=binary, python="/usr/bin/python3") for i in range(3)]
     for i in range(3):
         write_recipe_twin(Path(sshd.node(f"s{i}").model_path))
+        write_model_extras(sshd.node(f"s{i}").model_path)
+    recipe = install_recipe(sshd.node("s0").workdir)
     assert k3("cluster", "add", "spark", *[a for n in nodes for a in ("--node", n)]) == 0
     capsys.readouterr()
-    bridge = (
-        f"/usr/bin/python3 {FAKES / 'k3_bridge.py'} --engine {{engine}} --host {{host}} "
-        "--port {port} --model-name {model}"
-    )
+    # a bridge command of one's own: here the recipe's, as an older bridge without /readyz
+    bridge = "bash {recipe}/api-server/run-api.sh --no-readyz"
     ports = ["--coord-port", str(free_port()), "--serve-port", str(free_port()),
              "--bridge-port", str(free_port())]  # fmt: skip
     assert k3("cluster", "serve", "spark", "--engine", "sparkinfer", "--dry-run", *ports) == 0
@@ -114,6 +115,10 @@ def test_serve_sparkinfer_check_and_dry_run(
     assert len(out) == 4
     assert out[0].startswith(f"s0: env SPARKINFER_K3_DIST_HEAD_BAND=1 SPARKINFER_K3_KDA_FUSE=0 "
                              f"{binary} --rank 0 --world 3 --listen 127.0.0.1:")  # fmt: skip
+    model_dir = sshd.node("s0").model_path
+    assert out[3].startswith(f"s0: env K3_TOKENIZER_DIR={model_dir}/tokenizer "
+                             f"K3_CHAT_TEMPLATE={model_dir}/k3_chat_template.jinja ")  # fmt: skip
+    assert out[3].endswith(f" bash {recipe}/api-server/run-api.sh")
     # a probe would show no GB10 here: refused, with the reason
     assert k3("cluster", "serve", "spark", "--engine", "sparkinfer", *ports) == 1
     err = capsys.readouterr().err

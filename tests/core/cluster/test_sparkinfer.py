@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pytest
 
 from k3desk.core.chat.client import ChatClient, ChatMessage, EngineUnavailableError
@@ -17,6 +17,7 @@ from k3desk.core.cluster.group import GroupEvent, GroupPolicy, GroupState
 from k3desk.core.cluster.nodes import Cluster, ClusterError, ClusterStore, Node
 from k3desk.core.cluster.probe import ShardSetSpec, probe_cluster
 from k3desk.core.cluster.sparkinfer import (
+    DEFAULT_BRIDGE,
     ENV_PROFILES,
     GEOMETRY_ERROR,
     SparkInferCluster,
@@ -31,6 +32,7 @@ from k3desk.core.errors import EngineError
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.paths import default_paths
 from tests.core.cluster.twin import RECIPE_NAMES, write_recipe_twin
+from tests.fakes.sparkinfer.stand_in import install_recipe, write_model_extras
 from tests.fixtures.sshd import SshServer
 
 FAKES = Path(__file__).resolve().parents[2] / "fakes" / "sparkinfer"
@@ -44,7 +46,7 @@ def free_port() -> int:
 
 
 def spark_nodes(sshd: SshServer, tag: str, n: int = 3, expert_ff: int = 1536) -> list[Node]:
-    """n loopback nodes, each with its own model copy and the bridge in rank 0's workdir."""
+    """n loopback nodes, each with its own model copy; the recipe's clone in rank 0's workdir."""
     nodes = []
     for i in range(n):
         node = sshd.node(
@@ -53,8 +55,9 @@ def spark_nodes(sshd: SshServer, tag: str, n: int = 3, expert_ff: int = 1536) ->
             python="/usr/bin/python3",
         )
         write_recipe_twin(Path(node.model_path), expert_feed_forward_length=expert_ff)
+        write_model_extras(node.model_path)  # tokenizer/ and the chat template, as downloaded
         nodes.append(node)
-    shutil.copy(FAKES / "k3_bridge.py", Path(nodes[0].workdir) / "k3_bridge.py")
+    install_recipe(nodes[0].workdir)
     return nodes
 
 
@@ -102,19 +105,63 @@ def test_verified_argv_not_the_cards() -> None:
     commands = describe_launch(cfg)
     assert [n for n, _ in commands] == ["spark0", "spark1", "spark2", "spark0"]
     assert commands[1][1].startswith("env SPARKINFER_K3_DIST_HEAD_BAND=1 ")
-    assert "--port 8000 --model-name kimi-k3-neuron" in commands[3][1]
+    assert commands[3][1] == (
+        "env K3_TOKENIZER_DIR=/models/k3/tokenizer "
+        "K3_CHAT_TEMPLATE=/models/k3/k3_chat_template.jinja K3_API_HOST=10.0.0.11 "
+        "K3_API_PORT=8000 K3_SERVE_HOST=127.0.0.1 K3_SERVE_PORT=29600 "
+        "K3_MODEL_NAME=kimi-k3-neuron K3_MAX_CONTEXT_TOKENS=8192 "
+        "bash kimi-k3-neuron-tp3-dgxspark-recipe/api-server/run-api.sh"
+    )
+    placed = replace(
+        cfg,
+        cluster=Cluster("spark", (replace(nodes[0], workdir="/srv/k3"), *nodes[1:])),
+        tokenizer_dir="/hf/Kimi-K3",
+        max_ctx=4096,
+    )
+    bridge = describe_launch(placed)[3][1]
+    assert "K3_TOKENIZER_DIR=/hf/Kimi-K3 " in bridge
+    assert "K3_CHAT_TEMPLATE=/models/k3/k3_chat_template.jinja " in bridge
+    assert "K3_MAX_CONTEXT_TOKENS=4096 " in bridge
+    assert bridge.endswith(" bash /srv/k3/kimi-k3-neuron-tp3-dgxspark-recipe/api-server/run-api.sh")
     assert check_sparkinfer(cfg).ok
     text = explain_card_command()
     for wrong in ("`sparkinfer`", "--tp", "--ctx-len", "--jdba-band", "9000", "first shard file"):
         assert wrong in text, wrong
     assert "kimi_k3_dist_generate --rank 0 --world 3 --listen" in text
+    assert "K3_TOKENIZER_DIR=/models/k3/tokenizer" in text
+    assert "api-server/run-api.sh" in text
+
+
+def test_bridge_without_tokenizer_or_template_is_refused() -> None:
+    bare = tuple(Node(host=f"10.0.0.{11 + i}") for i in range(3))  # no model folder anywhere
+    cfg = SparkInferConfig(Cluster("bare", bare))
+    refusals = check_sparkinfer(cfg).refusals
+    assert refusals == (
+        "The recipe's HTTP bridge (api-server/run-api.sh) needs the model's tokenizer folder "
+        "(K3_TOKENIZER_DIR) and its chat template (K3_CHAT_TEMPLATE), and rank 0 (10.0.0.11) "
+        "has no model folder to find them in: set model=FOLDER for that node (the model "
+        "card's download puts tokenizer/ and k3_chat_template.jinja beside the shards) or "
+        "give --tokenizer-dir and --chat-template.",
+    )
+    with pytest.raises(ClusterError, match="needs the model's tokenizer folder"):
+        check_sparkinfer(cfg).raise_if_refused()
+    # one of the two given: the other is still named
+    half = check_sparkinfer(replace(cfg, tokenizer_dir="/hf/tok")).refusals
+    assert len(half) == 1
+    assert "needs the model's chat template (K3_CHAT_TEMPLATE), and" in half[0]
+    assert check_sparkinfer(replace(cfg, tokenizer_dir="/hf/tok", chat_template="/t.jinja")).ok
+    # a bridge of one's own that needs neither
+    assert check_sparkinfer(replace(cfg, bridge_argv=("my-bridge", "--port", "{port}"))).ok
+    # workers without a model folder do not matter: only rank 0 runs the bridge
+    ranked = (Node(host="10.0.0.11", model_path="/models/k3"), *bare[1:])
+    assert check_sparkinfer(SparkInferConfig(Cluster("r", ranked))).ok
 
 
 def test_refusals_name_the_reason(catalog_tiers: dict[str, object]) -> None:
     gb10 = HardwareProfile.from_json_file(HARDWARE / "3xGB10-node.json")
     h200 = HardwareProfile.from_json_file(HARDWARE / "1xH200-141GB.json")
     rtx5090 = HardwareProfile.from_json_file(HARDWARE / "1xRTX5090-256GB.json")
-    nodes = tuple(Node(host=f"10.0.0.{i}") for i in range(1, 4))
+    nodes = tuple(Node(host=f"10.0.0.{i}", model_path="/models/k3") for i in range(1, 4))
     cfg = SparkInferConfig(Cluster("c", nodes))
     good = {n.label: gb10 for n in nodes}
     assert check_sparkinfer(cfg, tier=catalog_tiers["vcruz305-ud-iq1s"], profiles=good).ok
@@ -139,10 +186,11 @@ def test_refusals_name_the_reason(catalog_tiers: dict[str, object]) -> None:
     assert "TP4 is experimental" in tp4_check.warnings[0]
     assert not check_sparkinfer(SparkInferConfig(Cluster("c2", nodes[:2]))).ok
 
-    named = SparkInferConfig(Cluster("n", (Node(host="spark1"), *nodes[1:])))
+    named = SparkInferConfig(Cluster("n", (replace(nodes[0], host="spark1"), *nodes[1:])))
     assert "IPv4 literals only" in check_sparkinfer(named).refusals[0]
     assert "'spark1' is a host name" in check_sparkinfer(named).refusals[0]
-    v6 = SparkInferConfig(Cluster("v6", (Node(host="s", address="fd00::2"), *nodes[1:])))
+    v6_node = replace(nodes[0], host="s", address="fd00::2")
+    v6 = SparkInferConfig(Cluster("v6", (v6_node, *nodes[1:])))
     assert "is an IPv6 address" in check_sparkinfer(v6).refusals[0]
 
     too_big = check_sparkinfer(replace(cfg, spec_draft=17)).refusals
@@ -260,8 +308,6 @@ def test_rank0_alone_only_notices_at_the_next_request(sshd: SshServer) -> None:
         assert worker.remote_pid is not None
         os.kill(worker.remote_pid, 9)
         worker.wait(5)
-        import httpx
-
         assert httpx.get(f"{ep.root}/readyz").status_code == 200  # still "ready"
         with pytest.raises(Exception, match="prefill failed"), ChatClient(ep) as client:
             client.chat([ChatMessage("user", "hi")])
@@ -310,3 +356,125 @@ def test_unknown_arg_and_missing_binary_are_fatal(sshd: SshServer) -> None:
     with pytest.raises(EngineError, match="was not found on the node") as err:
         sup2.wait_ready(30)
     assert "sparkinfer=PATH" in err.value.hint
+
+
+def test_bridge_without_readyz_is_ready_by_healthz_and_the_serve_port(sshd: SshServer) -> None:
+    """Older bridges answer /readyz with 404: k3desk does not wait for it forever."""
+    nodes = spark_nodes(sshd, "old-")
+    cfg = config_for(nodes, "old", bridge_argv=(*DEFAULT_BRIDGE, "--no-readyz"))
+    events: list[GroupEvent] = []
+    sup = supervisor(cfg, events)
+    sup.start()
+    try:
+        ep = sup.wait_ready(60)
+        assert httpx.get(f"{ep.root}/readyz").status_code == 404
+        assert httpx.get(f"{ep.root}/healthz").status_code == 200
+        ready = [e.progress for e in events if e.progress and e.progress.stage == "bridge ready"]
+        assert ready[-1].detail == f"{cfg.url} (no /readyz: /healthz and the serve port answer)"
+        with ChatClient(ep) as client:
+            result = client.chat([ChatMessage("user", "hello old bridge")])
+        assert "hello old bridge" in result.text
+    finally:
+        sup.stop()
+
+
+def test_bridge_without_its_chat_template_fails_once_and_says_what_is_missing(
+    sshd: SshServer,
+) -> None:
+    nodes = spark_nodes(sshd, "tmpl-")
+    template = Path(nodes[0].model_path) / "k3_chat_template.jinja"
+    template.unlink()
+    sup = supervisor(config_for(nodes, "tmpl"))
+    sup.start()
+    with pytest.raises(EngineError) as err:
+        sup.wait_ready(60)
+    assert err.value.message == (
+        "The SparkInfer cluster failed: the recipe's HTTP bridge on tmpl-0 refused to start: "
+        f"run-api.sh: "
+        f"K3_CHAT_TEMPLATE={template} does not exist"
+    )
+    assert "the model card's download puts both beside the shards" in err.value.hint
+    assert len(sup.attempts) == 1
+    assert sup.state is GroupState.FAILED
+    sup.stop()
+
+
+def _serve(port: int, line: str) -> list[str]:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(line.encode())
+        return s.makefile("r").read().splitlines()
+
+
+def test_serve_socket_speaks_the_recipe_line_protocol(tmp_path: Path) -> None:
+    """The stand-in engine's socket, as the recipe's bridge talks to it (no ssh here)."""
+    import json
+    import subprocess
+    import sys
+
+    model = write_recipe_twin(tmp_path / "m")[0]
+    write_model_extras(tmp_path / "m")
+    vocab = json.loads((tmp_path / "m" / "tokenizer" / "vocab.json").read_text())
+    coord, serve = free_port(), free_port()
+    common = ["--world", "3", "--model", str(model), "--max-ctx", "64"]
+    binary = [sys.executable, str(FAKES / "kimi_k3_dist_generate")]
+    env = {**os.environ, "FAKE_SPARKINFER_SHARD_DELAY_S": "0"}
+    rank0 = subprocess.Popen(
+        [*binary, "--rank", "0", "--listen", f"127.0.0.1:{coord}",
+         "--serve", f"127.0.0.1:{serve}", *common],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    workers = [
+        subprocess.Popen(
+            [*binary, "--rank", str(r), "--coord", f"127.0.0.1:{coord}", *common],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        for r in (1, 2)
+    ]
+    try:
+        assert rank0.stdout is not None
+        for line in rank0.stdout:
+            if "serve mode listening" in line:
+                break
+        user, end, think, sp = (vocab[k] for k in ("<|im_user|>", "<|im_end|>", "<think>", "▁"))
+        words = [vocab["hello"], sp, vocab["over"], sp, vocab["three"], sp, vocab["sparks"]]
+        prompt = [user, *words, end, vocab["<|im_assistant|>"], think]
+        ids = ",".join(map(str, prompt))
+
+        streamed = _serve(serve, f"prompt_ids={ids};n_predict=200;stop_ids={end};stream=1\n")
+        toks = [int(x.removeprefix("tok=")) for x in streamed[:-1]]
+        assert all(x.startswith("tok=") for x in streamed[:-1])
+        final = dict(kv.split("=", 1) for kv in streamed[-1].split(";"))
+        assert final["ok"] == "1"
+        assert final["stop_reason"] == "stop"
+        assert [int(x) for x in final["generated_ids"].split(",")] == toks
+        assert toks.index(vocab["</think>"]) > 0  # reasoning first: the prompt left <think> open
+        assert toks[-len(words) :] == words  # the user's words, echoed
+        assert end not in toks  # the stop id ends the answer and is not part of it
+
+        plain = _serve(serve, f"prompt_ids={ids};n_predict=3;stop_ids={end};stream=0\n")
+        assert len(plain) == 1  # no tok= lines without stream
+        assert plain[0].startswith("ok=1;generated_ids=")
+        assert ";stop_reason=length" in plain[0]
+        assert plain[0].split(";")[1] == "generated_ids=" + ",".join(map(str, toks[:3]))
+
+        too_long = ",".join(["7"] * 65)
+        assert _serve(serve, f"prompt_ids={too_long};n_predict=4;stop_ids=;stream=0\n") == [
+            "ok=0;error=prompt of 65 tokens exceeds --max-ctx 64"
+        ]
+        assert _serve(serve, "prompt_ids=a,b;n_predict=4;stream=1\n") == [
+            "ok=0;error=bad request: prompt_ids must be comma-separated token ids"
+        ]
+
+        workers[0].kill()
+        workers[0].wait(5)
+        assert _serve(serve, f"prompt_ids={ids};n_predict=4;stop_ids={end};stream=1\n") == [
+            "ok=0;error=prefill failed"
+        ]
+    finally:
+        for p in (rank0, *workers):
+            p.kill()
+            p.wait(5)
+        if rank0.stdout is not None:
+            rank0.stdout.close()
