@@ -60,8 +60,10 @@ def test_launch_plan_log_attempts_api_and_restart_after_a_crash(  # type: ignore
     # kill -9: the supervisor restarts it and the attempts table shows both
     os.kill(engine.supervisor.pid, signal.SIGKILL)
     qtbot.waitUntil(lambda: page.attempts.rowCount() == 2 and engine.ready, timeout=120_000)
-    first = page.attempts.item(0, 4).text()
+    first = page.attempts.item(0, 5).text()
     assert "SIGKILL" in first or "killed" in first.lower()
+    # the restart ran the very same command, and the Changed column says so
+    assert [page.attempts.item(i, 4).text() for i in range(2)] == ["—", "the same command again"]
     # stop
     page.panel.stop_btn.click()
     qtbot.waitUntil(lambda: engine.state_name() == "stopped", timeout=60_000)

@@ -36,13 +36,19 @@ def test_the_attempts_table_shows_each_replan_and_why(  # type: ignore[no-untype
     engine = ctx.controller("engine")
     engine.launch(LaunchRequest(spec, prepared.plan, "Tiny", replan=prepared.replan_after_oom))
     qtbot.waitUntil(lambda: engine.ready and page.attempts.rowCount() == 3, timeout=60_000)
-    rows = [page.attempts.item(i, 4).text() for i in range(3)]
+    column = {
+        page.attempts.horizontalHeaderItem(j).text(): j for j in range(page.attempts.columnCount())
+    }
+    rows = [page.attempts.item(i, column["What happened"]).text() for i in range(3)]
     oom_said = "GPU 0 (CUDA0) ran out of memory while loading or running the model (exit 1)."
     for row, (old, new) in zip(rows, ((0, 1), (1, 2)), strict=False):
         assert row.startswith(oom_said), row
         assert f"re-planned after GPU out-of-memory: --n-cpu-moe {old} -> {new} " in row
         assert "restarting in" in row
     assert rows[2] == "running"
+    # a visible column says how each command differs from the one before it
+    changed = [page.attempts.item(i, column["Changed"]).text() for i in range(3)]
+    assert changed == ["—", "added --n-cpu-moe 1", "--n-cpu-moe 1 -> 2"]
     # each row's tooltip has the command it ran: the re-planned --n-cpu-moe
     assert "--n-cpu-moe 2" in page.attempts.item(2, 0).toolTip()
     assert "--n-cpu-moe" not in page.attempts.item(0, 0).toolTip()

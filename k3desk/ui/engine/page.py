@@ -625,14 +625,14 @@ class EnginePage(QWidget):
         ll.addWidget(self.log)
         self.tabs.addTab(log_w, "Log")
         # attempts
-        self.attempts = QTableWidget(0, 5)
+        self.attempts = QTableWidget(0, 6)
         self.attempts.setObjectName("attemptsTable")
         self.attempts.setHorizontalHeaderLabels(
-            ["#", "Started", "Ready after", "Ended", "What happened"]
+            ["#", "Started", "Ready after", "Ended", "Changed", "What happened"]
         )
         self.attempts.verticalHeader().setVisible(False)
         self.attempts.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.attempts.horizontalHeader().setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
+        self.attempts.horizontalHeader().setSectionResizeMode(5, QHeaderView.ResizeMode.Stretch)
         self.tabs.addTab(self.attempts, "Attempts")
         lay.addWidget(self.tabs)
 
@@ -745,9 +745,17 @@ class EnginePage(QWidget):
                 time.strftime("%H:%M:%S", time.localtime(a.started_at)),
                 f"{a.ready_seconds:.1f} s" if a.ready_seconds is not None else "—",
                 time.strftime("%H:%M:%S", time.localtime(a.ended_at)) if a.ended_at else "—",
+                _changed(a.number, a.changes),
                 what,
             )
             for j, v in enumerate(vals):
                 item = QTableWidgetItem(v)
                 item.setToolTip(f"{' '.join(a.argv)}\nlog: {a.log_file}")
                 self.attempts.setItem(i, j, item)
+
+
+def _changed(number: int, changes: str) -> str:
+    """How an attempt's command differs from the one before it, for the Attempts table."""
+    if number <= 1:
+        return "—"
+    return changes or "the same command again"
