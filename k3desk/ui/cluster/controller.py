@@ -77,6 +77,9 @@ class LaunchChoice:
     model: str = ""  # RPC: the first shard on this machine
     rpc_port: int = DEFAULT_RPC_PORT
     allow_public: bool = False
+    # SparkInfer's bridge, on rank 0; "" = beside the shards, as the card's download puts them
+    tokenizer_dir: str = ""
+    chat_template: str = ""
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,8 @@ class ClusterController(QObject):
             coord_port=choice.coord_port,
             serve_port=choice.serve_port,
             bridge_port=choice.bridge_port,
+            tokenizer_dir=choice.tokenizer_dir.strip(),
+            chat_template=choice.chat_template.strip(),
         )
 
     def assess(

@@ -45,9 +45,11 @@ from k3desk.core.cluster.probe import NodeReport
 from k3desk.core.cluster.sparkinfer import (
     BRIDGE_PORT,
     CARD_COMMAND,
+    CHAT_TEMPLATE_NAME,
     COORD_PORT,
     ENV_PROFILES,
     SERVE_PORT,
+    SparkInferConfig,
     describe_launch,
     explain_card_command,
 )
@@ -273,6 +275,21 @@ class ClusterPage(QWidget):
         self.spec_draft.setSpecialValueText("off")
         self.spec_draft.setToolTip("--spec-draft K (2-16) on every rank; 'off' to leave it out")
         sform.addRow("Speculative drafts", self.spec_draft)
+        self.tokenizer_dir = QLineEdit()
+        self.tokenizer_dir.setObjectName("tokenizerDir")
+        self.tokenizer_dir.setToolTip(
+            "The model's tokenizer folder on rank 0, for the HTTP bridge (K3_TOKENIZER_DIR); "
+            "empty = tokenizer/ beside the shards, where the model card's download puts it"
+        )
+        sform.addRow("Tokenizer folder", self.tokenizer_dir)
+        self.chat_template = QLineEdit()
+        self.chat_template.setObjectName("chatTemplate")
+        self.chat_template.setToolTip(
+            "The chat template on rank 0, for the HTTP bridge (K3_CHAT_TEMPLATE); "
+            f"empty = {CHAT_TEMPLATE_NAME} beside the shards, where the model card's "
+            "download puts it"
+        )
+        sform.addRow("Chat template", self.chat_template)
         opts.addWidget(self.spark_opts)
         self.ports = QWidget()
         pform = QFormLayout(self.ports)
@@ -389,6 +406,8 @@ class ClusterPage(QWidget):
             spin.valueChanged.connect(lambda _v: self.refresh())
         self.profile.currentIndexChanged.connect(lambda _i: self.refresh())
         self.model.textChanged.connect(lambda _t: self.refresh())
+        for edit in (self.tokenizer_dir, self.chat_template):
+            edit.textChanged.connect(lambda _t: self.refresh())
         self.allow_public.toggled.connect(lambda _on: self.refresh())
         self.commands_btn.toggled.connect(self._toggle_commands)
         self.card_toggle.toggled.connect(self._toggle_card)
@@ -510,6 +529,8 @@ class ClusterPage(QWidget):
             model=self.model.text().strip(),
             rpc_port=self.rpc_port.value(),
             allow_public=self.allow_public.isChecked(),
+            tokenizer_dir=self.tokenizer_dir.text().strip(),
+            chat_template=self.chat_template.text().strip(),
         )
 
     def refresh(self) -> None:
@@ -541,6 +562,10 @@ class ClusterPage(QWidget):
             self.verdict_view.show_assessment(self.assessment)
         if spark:
             cfg = self.controller.sparkinfer_config(cluster, self.choice())
+            default = SparkInferConfig(cluster)
+            unknown = "on rank 0 (its model folder is not set)"
+            self.tokenizer_dir.setPlaceholderText(default.tokenizer_path or unknown)
+            self.chat_template.setPlaceholderText(default.chat_template_path or unknown)
             self.commands.setPlainText(
                 "\n".join(f"{node}: {cmd}" for node, cmd in describe_launch(cfg))
             )
