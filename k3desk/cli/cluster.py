@@ -298,6 +298,8 @@ def _describe(rep: NodeReport) -> list[str]:
         lines.append("    engines: " + ", ".join(f"{k} ({v})" for k, v in rep.engines.items()))
     if rep.copy is not None:
         lines.append(f"    model copy: {rep.copy.summary()}")
+    if rep.paths:
+        lines.append("    files: " + ", ".join(f"{k} ({v})" for k, v in rep.paths.items()))
     if rep.note:
         lines.append(f"    note: {rep.note}")
     return lines
@@ -331,12 +333,18 @@ def run_probe(args: argparse.Namespace, services: Services) -> int:
             "checking headers and sizes only.",
             file=sys.stderr,
         )
+    bridge: tuple[str, ...] = ()
+    if args.engine == "sparkinfer":  # rank 0 also needs the bridge's tokenizer and template
+        from k3desk.core.cluster.sparkinfer import SparkInferConfig
+
+        bridge = SparkInferConfig(cluster).bridge_paths
     reports = probe_cluster(
         cluster,
         store.known_hosts,
         spec=spec,
         check_sha256=args.sha256,
         progress=_progress if not args.json else lambda p: None,
+        rank0_paths=bridge,
     )
     plan = (
         _plan(args.engine, reports, tier.size_bytes, args.ctx, services)
@@ -433,7 +441,12 @@ def _sparkinfer(
     store = _store(services)
     if not args.no_probe:
         print("Probing the nodes...", file=sys.stderr)
-        reports = probe_cluster(cluster, store.known_hosts, spec=ShardSetSpec.from_tier(tier))
+        reports = probe_cluster(
+            cluster,
+            store.known_hosts,
+            spec=ShardSetSpec.from_tier(tier),
+            rank0_paths=config.bridge_paths,
+        )
         for r in reports:
             if not r.ok:
                 raise ClusterError(f"Node {r.node.label} cannot be probed: {r.error}")

@@ -125,6 +125,12 @@ def test_the_page_adds_probes_and_judges_a_cluster_over_ssh(  # type: ignore[no-
     assert "Node ui-n0 has no NVIDIA GPU: SparkInfer's recipe runs on GB10 / DGX Spark" in text
     assert "Node ui-n0 has no complete copy of the model (incomplete: the parts add up" in text
     assert "Node ui-n2 has no complete copy of the model (not there" in text
+    # the probe looked on rank 0 for what the bridge reads: the twins came without them
+    assert (
+        f"Rank 0 (ui-n0) has no tokenizer folder (K3_TOKENIZER_DIR) at "
+        f"{nodes[0].model_path}/tokenizer: there is nothing there." in text
+    )
+    assert f"{nodes[0].model_path}/k3_chat_template.jinja: there is nothing there." in text
     assert page.verdict.text() == "SparkInfer TP3: refused"
     assert page.plan.rowCount() == 3
     assert page.plan.item(0, 1).text() == "rank 0 (coordinator, bridge)"

@@ -480,6 +480,25 @@ def engines(cfg: dict[str, Any]) -> dict[str, str]:
     return found
 
 
+def path_kinds(paths: list[str]) -> dict[str, str]:
+    """What is at each path: "dir", "empty dir", "file", "other" or "missing"."""
+    out: dict[str, str] = {}
+    for path in paths:
+        p = os.path.expanduser(path)
+        if os.path.isdir(p):
+            try:
+                out[path] = "dir" if os.listdir(p) else "empty dir"
+            except OSError:
+                out[path] = "unreadable dir"
+        elif os.path.isfile(p):
+            out[path] = "file" if os.access(p, os.R_OK) else "unreadable file"
+        elif os.path.lexists(p):
+            out[path] = "other"
+        else:
+            out[path] = "missing"
+    return out
+
+
 def main(argv: list[str]) -> int:
     cfg = json.loads(argv[1]) if len(argv) > 1 else {}
     out: dict[str, Any] = {"python": sys.version.split()[0]}
@@ -496,6 +515,8 @@ def main(argv: list[str]) -> int:
             out["hardware_error"] = str(exc)
     out["hardware"] = hw
     out["engines"] = engines(cfg)
+    if cfg.get("paths"):
+        out["paths"] = path_kinds([str(p) for p in cfg["paths"]])
     spec = cfg.get("spec")
     if spec:
         copy = check_copy(spec, disk_path or ".", cfg.get("ggml_sizes") or {})

@@ -170,6 +170,9 @@ class NodeReport:
     python: str = ""
     elapsed_s: float = 0.0
     note: str = ""  # e.g. why k3desk doctor on the node was not used
+    # path as asked -> what is there: "dir", "empty dir", "file", "missing", ... (see
+    # node_probe.path_kinds); only the paths the probe was asked about
+    paths: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -179,6 +182,7 @@ class NodeReport:
             "error": self.error,
             "method": self.method,
             "engines": self.engines,
+            "paths": self.paths,
             "python": self.python,
             "note": self.note,
             "elapsed_s": round(self.elapsed_s, 3),
@@ -266,8 +270,13 @@ def probe_node(
     connect_timeout: int = 10,
     timeout: float = 180.0,
     cancel: CancelToken | None = None,
+    paths: Sequence[str] = (),
 ) -> NodeReport:
-    """Probe one node; never raises for an unreachable or broken node (see ``error``)."""
+    """Probe one node; never raises for an unreachable or broken node (see ``error``).
+
+    ``paths``: files or folders on the node to look for too (what is there comes back in
+    :attr:`NodeReport.paths`), in the same round trip.
+    """
     t0 = time.monotonic()
     client = SshClient(node, known_hosts, connect_timeout=connect_timeout)
     config: dict[str, Any] = {
@@ -275,6 +284,8 @@ def probe_node(
         "model_path": node.model_path,
         "binaries": node_binaries(node),
     }
+    if paths:
+        config["paths"] = list(dict.fromkeys(p for p in paths if p))
     if spec is not None:
         config["spec"] = spec.to_wire(check_sha256)
         config["ggml_sizes"] = _ggml_sizes()
@@ -330,6 +341,7 @@ def probe_node(
         python=str(data.get("python", "")),
         elapsed_s=elapsed,
         note=str(data.get("k3desk_note", "")),
+        paths={str(k): str(v) for k, v in (data.get("paths") or {}).items()},
     )
 
 
@@ -342,8 +354,13 @@ def probe_cluster(
     progress: ProgressCallback = no_progress,
     cancel: CancelToken | None = None,
     connect_timeout: int = 10,
+    rank0_paths: Sequence[str] = (),
 ) -> list[NodeReport]:
-    """Probe every node in parallel; reports come back in the cluster's node order."""
+    """Probe every node in parallel; reports come back in the cluster's node order.
+
+    ``rank0_paths``: files or folders the first node must hold (SparkInfer's bridge runs
+    there and reads the tokenizer folder and the chat template); see ``NodeReport.paths``.
+    """
     if not cluster.nodes:
         raise ClusterError(f"Cluster {cluster.name!r} has no nodes to probe.")
     reports: dict[int, NodeReport] = {}
@@ -359,6 +376,7 @@ def probe_cluster(
             check_sha256=check_sha256,
             connect_timeout=connect_timeout,
             cancel=cancel,
+            paths=rank0_paths if i == 0 else (),
         )
         with lock:
             reports[i] = rep

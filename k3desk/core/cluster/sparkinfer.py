@@ -163,6 +163,12 @@ class SparkInferConfig:
         return self._beside_model(self.chat_template, CHAT_TEMPLATE_NAME)
 
     @property
+    def bridge_paths(self) -> tuple[str, ...]:
+        """What the bridge reads on rank 0 (the tokenizer folder, the chat template), for the
+        probe to look for; empty when rank 0 has no model folder and none were given."""
+        return tuple(p for p in (self.tokenizer_path, self.chat_template_path) if p)
+
+    @property
     def bridge_needs_tokenizer(self) -> bool:
         """Whether the bridge command is the recipe's (which exits without them)."""
         return any(
@@ -408,6 +414,10 @@ def check_sparkinfer(
                 f"download puts {TOKENIZER_DIRNAME}/ and {CHAT_TEMPLATE_NAME} beside the "
                 "shards) or give --tokenizer-dir and --chat-template."
             )
+        else:
+            bad, unchecked = _bridge_files(config, reports)
+            refusals += bad
+            warnings += unchecked
     for node in nodes:
         profile = (profiles or {}).get(node.label)
         if profile is None:
@@ -451,6 +461,60 @@ def check_sparkinfer(
                 "every rank loads its own copy from the same path."
             )
     return SparkInferCheck(tuple(refusals), tuple(warnings))
+
+
+_BRIDGE_FILES = (
+    # what, the kind it must be, where to set it
+    ("tokenizer folder (K3_TOKENIZER_DIR)", "dir", "Tokenizer folder / --tokenizer-dir"),
+    ("chat template (K3_CHAT_TEMPLATE)", "file", "Chat template / --chat-template"),
+)
+
+
+def _what_is_there(found: str, wanted: str) -> str:
+    """Why ``found`` (a probe's ``paths`` value) is not the ``wanted`` kind, in words."""
+    if wanted == "file" and found.endswith("dir"):
+        return "it is a folder, not a file"
+    if wanted == "dir" and found.endswith("file"):
+        return "it is a file, not a folder"
+    return {
+        "missing": "there is nothing there",
+        "empty dir": "it is empty",
+        "unreadable dir": "it cannot be read",
+        "unreadable file": "it cannot be read",
+    }.get(found, "it is neither a file nor a folder")
+
+
+def _bridge_files(
+    config: SparkInferConfig, reports: Sequence[NodeReport]
+) -> tuple[list[str], list[str]]:
+    """Refusals for a tokenizer folder or chat template the probe found missing on rank 0,
+    and warnings for those it did not look for (chosen after it ran)."""
+    rank0 = config.rank0
+    rep = next((r for r in reports if r.node == rank0 and r.ok), None)
+    if rep is None:  # not probed, or unreachable (refused for that already)
+        return [], []
+    refusals: list[str] = []
+    warnings: list[str] = []
+    folder = rank0.model_path or "the folder that holds the shards"
+    for (what, kind, setting), path in zip(
+        _BRIDGE_FILES, (config.tokenizer_path, config.chat_template_path), strict=True
+    ):
+        found = rep.paths.get(path)
+        if found is None:
+            warnings.append(
+                f"Rank 0 ({rank0.label}): the last probe did not look for the "
+                f"{what.split(' (')[0]} {path}; probe again to check it is there."
+            )
+        elif found != kind:
+            refusals.append(
+                f"Rank 0 ({rank0.label}) has no {what} at {path}: "
+                f"{_what_is_there(found, kind)}. The "
+                f"recipe's HTTP bridge (api-server/run-api.sh) exits without it; the model "
+                f"card's download puts {TOKENIZER_DIRNAME}/ and {CHAT_TEMPLATE_NAME} beside "
+                f"the shards: copy them into {folder} on {rank0.label}, or set where they are "
+                f"({setting}), then probe again."
+            )
+    return refusals, warnings
 
 
 # ------------------------------------------------------------------ supervision

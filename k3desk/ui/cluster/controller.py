@@ -208,19 +208,31 @@ class ClusterController(QObject):
         task = self._probe_tasks.get(name)
         return task is not None and task.running
 
-    def probe(self, name: str, tier_id: str = "") -> None:
-        """Probe every node of ``name`` (hardware, engines, the tier's copy) in the background."""
+    def probe(self, name: str, tier_id: str = "", choice: LaunchChoice | None = None) -> None:
+        """Probe every node of ``name`` (hardware, engines, the tier's copy) in the background.
+
+        Rank 0 is also asked for the SparkInfer bridge's tokenizer folder and chat template:
+        ``choice``'s paths and the defaults beside the shards.
+        """
         if self.probing(name):
             return
         cluster = self.cluster(name)
         tier = self._tier(tier_id) if tier_id else None
         spec = ShardSetSpec.from_tier(tier) if tier is not None else None
+        bridge = SparkInferConfig(cluster).bridge_paths
+        if choice is not None:
+            bridge = self.sparkinfer_config(cluster, choice).bridge_paths + bridge
         relay = Relay(self)
         relay.fired.connect(lambda p: self.probe_progress.emit(name, p))
 
         def work(token: CancelToken) -> list[NodeReport]:
             return probe_cluster(
-                cluster, self.store.known_hosts, spec=spec, progress=relay, cancel=token
+                cluster,
+                self.store.known_hosts,
+                spec=spec,
+                progress=relay,
+                cancel=token,
+                rank0_paths=bridge,
             )
 
         def done(reports: list[NodeReport]) -> None:

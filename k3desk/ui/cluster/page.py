@@ -500,7 +500,7 @@ class ClusterPage(QWidget):
         self.probe_bar.setRange(0, 0)
         self.probe_bar.setFormat("Connecting to the nodes…")
         self.probe_bar.show()
-        self.controller.probe(name, self.tier_id())
+        self.controller.probe(name, self.tier_id(), self.choice())
         self._buttons()
 
     def _probe_progress(self, name: str, p: Progress) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from k3desk.core.cluster.nodes import Node
 from k3desk.core.cluster.probe import CopyCheck, FileCheck, NodeReport
+from k3desk.core.cluster.sparkinfer import CHAT_TEMPLATE_NAME, TOKENIZER_DIRNAME
 from k3desk.core.hardware.profile import HardwareProfile
 from tests.core.cluster.twin import RECIPE_NAMES
 
@@ -42,11 +43,18 @@ def recipe_copy(
 def report(
     node: Node, hardware: str | None = "3xGB10-node", *, complete: bool = True, error: str = ""
 ) -> NodeReport:
-    """A probe report for ``node``: the hardware file's profile and a copy of the recipe tier."""
+    """A probe report for ``node``: the hardware file's profile and a copy of the recipe tier,
+    with the tokenizer folder and chat template beside it (as the card's download lays them
+    out, and as the app's probe reports them for rank 0)."""
     if error:
         return NodeReport(node, False, error=error)
     hw = profile(hardware) if hardware else None
     folder = node.model_path or "/models/k3"
+    paths = (
+        {f"{folder}/{TOKENIZER_DIRNAME}": "dir", f"{folder}/{CHAT_TEMPLATE_NAME}": "file"}
+        if node.model_path
+        else {}
+    )
     return NodeReport(
         node,
         True,
@@ -55,4 +63,5 @@ def report(
         engines={node.sparkinfer_bin: f"/usr/local/bin/{Path(node.sparkinfer_bin).name}"},
         copy=recipe_copy(folder, complete=complete),
         python="3.12.3",
+        paths=paths,
     )

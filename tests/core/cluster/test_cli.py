@@ -68,11 +68,19 @@ def test_add_list_probe_remove(sshd: SshServer, capsys: pytest.CaptureFixture[st
     assert all(f["present"] is False for f in c1["copy"]["files"])
     assert report["plan"]["engine"] == "sparkinfer"
     assert report["plan"]["verdict"] == "no-fit"  # no GB10 here, and no copies
+    # rank 0 was also asked for the bridge's tokenizer folder and chat template
+    m0 = sshd.node("c0").model_path
+    assert c0["paths"] == {
+        f"{m0}/tokenizer": "missing",
+        f"{m0}/k3_chat_template.jinja": "missing",
+    }
+    assert c1["paths"] == {}
 
     assert k3("cluster", "probe", "lab") == 0
     text = capsys.readouterr().out
     assert "c0 (" in text
     assert "RAM:" in text
+    assert "files:" not in text  # no engine named: no bridge files looked for
 
     assert k3("cluster", "remove", "lab") == 0
     assert k3("cluster", "remove", "lab") == 1
