@@ -49,7 +49,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
 
 
 def _exact(t: Tier) -> bool:
-    return t.known and bool(getattr(t, "size_exact", True))
+    return t.known and t.size_exact
 
 
 def _quality(tv: TierVerdict) -> str:
@@ -81,7 +81,7 @@ def render(rec: Recommendation, machine_name: str) -> str:
     for tv in rec.verdicts:
         t = tv.tier
         experts = f"{t.experts_kept}x{t.expert_quant}"
-        if getattr(t, "expert_feed_forward_length", 3072) != 3072:
+        if t.expert_feed_forward_length != 3072:
             experts += f" (w{t.expert_feed_forward_length})"
         name = t.name + (" (ref)" if t.reference else "")
         rows.append(

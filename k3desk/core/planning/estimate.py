@@ -16,7 +16,6 @@ matters because they are read in full for every token.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -71,17 +70,15 @@ def storable_type(shape: tuple[int, ...], qtype: GGMLQuantizationType) -> GGMLQu
 
 def tier_shape(tier: Tier) -> K3Shape:
     """The Kimi-K3 shape of ``tier``: the real model with its expert count and width."""
-    width = getattr(tier, "expert_feed_forward_length", REAL_K3.n_ff_expert) or REAL_K3.n_ff_expert
-    return replace(REAL_K3, n_expert=tier.experts_kept, n_ff_expert=int(width))
+    width = tier.expert_feed_forward_length or REAL_K3.n_ff_expert
+    return replace(REAL_K3, n_expert=tier.experts_kept, n_ff_expert=width)
 
 
 def _type_name(tier: Tier, spec: TensorSpec) -> str:
-    type_for = getattr(tier, "type_for", None)
-    if callable(type_for):
-        try:
-            return str(type_for(spec.name, spec.role))
-        except KeyError:
-            pass
+    try:
+        return tier.type_for(spec.name, spec.role)
+    except KeyError:
+        pass
     if spec.role in tier.tensor_types:
         return tier.tensor_types[spec.role]
     if spec.role in _DEFAULT_TYPES:
@@ -115,18 +112,7 @@ def hparams_of(shape: K3Shape) -> K3HParams:
 
 
 def _shard_paths(tier: Tier) -> tuple[Path, ...]:
-    names: list[str]
-    shard_names = getattr(tier, "shard_names", None)
-    if callable(shard_names):
-        names = [str(n) for n in shard_names()]
-    else:
-        m = re.fullmatch(r"(.*)-00001-of-(\d{5})\.gguf", tier.first_shard)
-        if m is None:
-            names = [tier.first_shard]
-        else:
-            count = int(m.group(2))
-            names = [f"{m.group(1)}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
-    return tuple(Path(n) for n in names)
+    return tuple(Path(n) for n in tier.shard_names())
 
 
 def estimate_layout(tier: Tier) -> ModelLayout:
