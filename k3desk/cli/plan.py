@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import json
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,17 +58,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def machine(args: argparse.Namespace, services: Services, disk: Path | None) -> HardwareProfile:
     """The --hardware file, or this machine detected once."""
     if args.hardware is not None:
-        load: Callable[[Path], HardwareProfile] | None = getattr(services, "load_hardware", None)
-        if load is not None:
-            return load(args.hardware)
-        return HardwareProfile.from_json_file(args.hardware)
-    detect = getattr(services, "detect_hardware", None)
-    if detect is not None:
-        profile: HardwareProfile = detect(disk)
-        return profile
-    from k3desk.core.hardware.detect import detect_hardware
-
-    return detect_hardware(disk)
+        return services.load_hardware(args.hardware)
+    return services.detect_hardware(disk)
 
 
 def catalog_tiers(services: Services) -> tuple[Tier, ...]:

@@ -107,7 +107,7 @@ _CARD_N = re.compile(r"--n-cpu-moe\s+(\d+)")
 def card_reference(tier: Tier) -> tuple[int | None, str]:
     """The --n-cpu-moe the tier's own card runs with, if it states one."""
     for s in tier.speeds:
-        if getattr(s, "subject", ""):
+        if s.subject:
             continue
         m = _CARD_N.search(s.conditions)
         if m:
