@@ -13,6 +13,7 @@ from PySide6.QtCore import QObject, Signal
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import PlanOptions
 from k3desk.core.planning.recommend import Recommendation, recommend
+from k3desk.ui.errors import describe
 
 if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
@@ -78,7 +79,7 @@ class HardwareController(QObject):
 
         def error(exc: BaseException) -> None:
             if gen == self._gen:
-                self.failed.emit(getattr(exc, "message", str(exc)))
+                self.failed.emit(describe(exc)[0])
                 self.ctx.reporter.report(exc)
 
         self.ctx.tasks.run(work, on_done=done, on_error=error, name="hardware")

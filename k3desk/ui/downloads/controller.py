@@ -29,6 +29,7 @@ from k3desk.core.hub.model import (
 )
 from k3desk.core.units import fmt_bytes
 from k3desk.ui.bridge import Relay
+from k3desk.ui.errors import describe
 
 if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
@@ -175,10 +176,8 @@ class DownloadsController(QObject):
 
         def error(exc: BaseException) -> None:
             state.status = "failed"
-            state.error = getattr(exc, "message", str(exc))
-            hint = getattr(exc, "hint", "")
-            if hint:
-                state.error += f" {hint}"
+            message, hint = describe(exc)
+            state.error = f"{message} {hint}" if hint else message
             self._end(state)
             self.ctx.reporter.report(exc)
 

@@ -37,6 +37,7 @@ from k3desk.core.units import fmt_bytes
 from k3desk.ui import theme
 from k3desk.ui.bridge import StreamBuffer, Throttled
 from k3desk.ui.engine.controller import EngineController, LaunchRequest
+from k3desk.ui.errors import describe
 from k3desk.ui.widgets import Card, CopyField, PageHeader, label, muted, primary, set_enabled
 
 if TYPE_CHECKING:
@@ -413,7 +414,8 @@ class EnginePanel(QWidget):
             self._build_note(f"Installed {engine.server}\nThe build log: {engine.log_file}")
 
         def failed(exc: BaseException) -> None:
-            self._build_note(f"✗ {getattr(exc, 'message', str(exc))} {getattr(exc, 'hint', '')}")
+            message, hint = describe(exc)
+            self._build_note(f"✗ {message} {hint}".rstrip())
             self.ctx.reporter.report(exc)
 
         def cancelled() -> None:
@@ -489,7 +491,7 @@ class EnginePanel(QWidget):
         def error(exc: BaseException) -> None:
             self._prep_task = None
             self._buttons()
-            self.state.setText(getattr(exc, "message", str(exc)))
+            self.state.setText(describe(exc)[0])
             self.ctx.reporter.report(exc)
 
         self._prep_task = self.ctx.tasks.run(
