@@ -15,3 +15,5 @@ python -m pytest -q -p tests.noqt -p no:pytest-qt \
   -W "ignore:Unknown config option:pytest.PytestConfigWarning" tests/core tests/test_layering.py
 echo "== UI and end-to-end tests"
 python -m pytest -q tests --ignore=tests/core --deselect tests/test_layering.py
+echo "== the wheel, installed into a clean venv"
+bash scripts/check_wheel.sh
