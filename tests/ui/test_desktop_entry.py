@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,29 @@ def test_install_writes_entry_icons_and_metainfo_that_start_k3desk(tmp_path: Pat
     root = meta.getroot()
     assert root.get("type") == "desktop-application"
     assert root.findtext("launchable") == "k3desk.desktop"
+    # the freedesktop and AppStream validators accept both files as installed
+    for argv in (
+        ["desktop-file-validate", str(data / "applications" / "k3desk.desktop")],
+        [
+            "appstreamcli",
+            "validate",
+            "--no-net",
+            "--pedantic",
+            str(data / "metainfo" / "io.github.k3desk.k3desk.metainfo.xml"),
+        ],
+    ):
+        assert shutil.which(argv[0]), f"{argv[0]} is missing: scripts/setup.sh --test installs it"
+        check = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        report = (check.stdout + check.stderr).strip()
+        assert check.returncode == 0, report
+        # hints count too (e.g. two main categories: the app would show twice in menus)
+        assert argv[0] != "desktop-file-validate" or not report, report
+    categories = [c for c in fields["Categories"].split(";") if c]
+    main_categories = {"AudioVideo", "Audio", "Video", "Development", "Education", "Game",
+                       "Graphics", "Network", "Office", "Science", "Settings", "System",
+                       "Utility"}  # fmt: skip
+    assert len(main_categories.intersection(categories)) == 1, categories
+    assert [c.text for c in root.iter("category")] == categories
     # uninstall removes what install wrote
     proc = run_k3desk("desktop-entry", "uninstall", env=env)
     assert proc.returncode == 0
