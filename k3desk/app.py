@@ -104,4 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def gui_main() -> int:
-    return main([])
+    """``k3desk-gui``: the desktop app, with its own options (``k3desk-gui --help``)."""
+    args = sys.argv[1:]
+    if args[:1] == [_hfchild.HUB_CHILD_FLAG]:
+        return _hfchild.main()
+    from k3desk.ui.main import run_gui  # lazily: Qt only for the GUI
+
+    return run_gui(Services(), args, prog="k3desk-gui")

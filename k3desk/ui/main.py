@@ -37,14 +37,41 @@ if TYPE_CHECKING:
 APP_ID = "k3desk"
 
 
-def parse_args(args: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="k3desk", add_help=False)
-    parser.add_argument("--gui", action="store_true")
-    parser.add_argument("--page", default="")
-    parser.add_argument("--wizard", action="store_true")
-    parser.add_argument("--no-wizard", action="store_true")
-    parser.add_argument("--hardware", default="")
-    ns, _unknown = parser.parse_known_args(list(args))
+def gui_parser(prog: str = "k3desk-gui") -> argparse.ArgumentParser:
+    """The desktop app's options; ``--help`` prints them (and opens no window)."""
+    from k3desk.ui.window import PAGES
+
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Open the k3desk desktop app: pick, download, launch and chat with "
+        "Kimi-K3 on this machine.",
+        epilog="Every capability is also a command: run `k3desk --help`. Qt's own options "
+        "(e.g. -platform offscreen) are passed on to Qt.",
+    )
+    parser.add_argument("--gui", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--page", default="", choices=[p.key for p in PAGES], help="open on this page"
+    )
+    parser.add_argument(
+        "--wizard", action="store_true", help="open the tier-picker wizard even after the first run"
+    )
+    parser.add_argument(
+        "--no-wizard", action="store_true", help="never open the wizard automatically"
+    )
+    parser.add_argument(
+        "--hardware",
+        default="",
+        metavar="FILE",
+        help="plan for the machine described in FILE (`k3desk doctor --json` output) "
+        "instead of this one",
+    )
+    return parser
+
+
+def parse_args(args: Sequence[str], prog: str = "k3desk-gui") -> argparse.Namespace:
+    """Parse the app's options; unknown ones are left for Qt.  ``--help`` and bad
+    values print a message and exit, before any window exists."""
+    ns, _unknown = gui_parser(prog).parse_known_args(list(args))
     return ns
 
 
@@ -97,9 +124,9 @@ def build_window(ctx: AppContext, ns: argparse.Namespace | None = None) -> MainW
     return window
 
 
-def run_gui(services: Services, args: Sequence[str]) -> int:
+def run_gui(services: Services, args: Sequence[str], prog: str = "k3desk") -> int:
     t0 = time.perf_counter()
-    ns = parse_args(args)
+    ns = parse_args(args, prog)
     app = ensure_app()
     ctx = create_context(services, app)
     ctx.reporter.install_hooks(ctx.tasks.run_on_main)
