@@ -6,6 +6,7 @@ desktop app (Qt is imported only then, lazily).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from functools import cached_property
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from k3desk.core.hub import _hfchild
-from k3desk.core.paths import AppPaths, default_paths
+from k3desk.core.paths import AppPaths, default_paths, legacy_paths, migrate_legacy
 from k3desk.core.resources import resources_dir
 
 if TYPE_CHECKING:
@@ -26,7 +27,11 @@ class Services:
     """Every long-lived core object, built lazily and shared by the CLI and the GUI."""
 
     def __init__(self, paths: AppPaths | None = None) -> None:
-        self.paths = paths or default_paths()
+        if paths is None:
+            paths = default_paths()
+            if not os.environ.get("K3DESK_HOME"):
+                migrate_legacy(paths, legacy_paths())  # once: the folders of older versions
+        self.paths = paths
         self.resources = resources_dir()
         self._hardware: dict[tuple[str, bool], HardwareProfile] = {}
 
