@@ -77,7 +77,8 @@ def test_on_macos_everything_moves_to_library_and_settings_follow(user: Path) ->
     support = user / "Library" / "Application Support" / "k3desk"
     assert (new.config, new.data, new.logs_dir) == (support, support, user / "Library/Logs/k3desk")
     moves = migrate_legacy(new, legacy_paths())
-    assert moves and not [m for m in moves if m.kept]
+    assert moves
+    assert not [m for m in moves if m.kept]
     assert (new.models_dir / "tiny" / "K3-00001-of-00002.gguf").read_bytes() == b"GGUF"
     assert new.history_db.read_bytes().startswith(b"SQLite")
     assert (new.logs_dir / "k3desk.log").is_file()

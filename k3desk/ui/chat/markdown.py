@@ -1,11 +1,22 @@
-"""Markdown to the HTML subset QTextBrowser renders, fast enough for live streams.
+"""Markdown as GitHub renders it, to the HTML subset QTextBrowser shows; fast while streaming.
 
-Block by block: fenced code (highlighted with Pygments when it is installed,
-each with a copy link), headings, lists, block quotes, tables, rules and
-paragraphs; inline code, bold, italic, strike-through and links.  Rendered
-blocks are cached by their text, so re-rendering a growing answer 30 times a
-second only does real work for the block that is still changing.  An unclosed
-code fence (mid-stream) renders as code up to the end.
+Parsing is markdown-it-py's CommonMark parser with the GFM extensions GitHub's
+cmark-gfm has (tables, strike-through with one or two tildes, task lists, bare
+``www.``/``https://``/e-mail autolinks: mdit-py-plugins' ``gfm_autolink``, adjusted
+in :mod:`k3desk.ui.chat.autolink`).
+``tests/ui/test_markdown_oracle.py`` checks the structure against cmark-gfm itself on a
+corpus; :data:`QT_EXCEPTIONS` lists what is shown differently and why.
+
+The output is what Qt's rich text understands: code blocks are framed tables with a
+language label and a Copy link, highlighted with Pygments; block quotes are tables with
+a bar; raw HTML is shown as text, never interpreted; links open outside the app only
+for http(s) and mailto targets.
+
+Streaming: a document is split into its top-level blocks.  When the new text extends
+the text rendered last (a growing answer), only the last block and what follows it
+are parsed again, and every block's HTML is cached by its source, so 30 updates a
+second only do real work for the block that is still changing.  An unclosed code
+fence renders as code up to the end, as CommonMark says.
 
 No Qt here: the output is a string.
 """
@@ -15,18 +26,49 @@ from __future__ import annotations
 import html
 import re
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-try:  # optional: plain monospace without it
-    from pygments import highlight as _pyg_highlight  # type: ignore[import-untyped]
-    from pygments.formatters import HtmlFormatter  # type: ignore[import-untyped]
-    from pygments.lexers import get_lexer_by_name  # type: ignore[import-untyped]
-    from pygments.util import ClassNotFound  # type: ignore[import-untyped]
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
+from pygments import highlight as _pyg_highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import get_lexer_by_name
+from pygments.style import Style
+from pygments.token import Comment, Keyword, Name, Number, Operator, String
+from pygments.util import ClassNotFound
 
-    HAVE_PYGMENTS = True
-except ImportError:  # pragma: no cover - depends on the environment
-    HAVE_PYGMENTS = False
+from k3desk.ui.chat.autolink import use_gfm_autolinks
+
+# Where the HTML differs from GitHub's because Qt's rich text (or the app's safety)
+# cannot show the construct as a browser does: (construct, what the user sees instead).
+QT_EXCEPTIONS: tuple[tuple[str, str], ...] = (
+    (
+        "raw HTML (blocks and inline tags)",
+        "the HTML source as text; GitHub interprets a safe subset of it, k3desk never "
+        "interprets HTML from an answer",
+    ),
+    (
+        "images ![alt](url)",
+        "a link '🖼 alt' that opens the image outside the app; the chat loads nothing "
+        "from the network by itself",
+    ),
+    (
+        "links to anything but http(s):// and mailto: (relative paths, file:, k3:, "
+        "javascript: ...)",
+        "the link's text without a link: there is nothing outside the app to open, and an "
+        "answer must not reach the app's own k3: actions",
+    ),
+)
+
+# Heading sizes inside a chat message (a browser's h1 is too large there).
+HEADING_SIZES = {1: "x-large", 2: "large", 3: "medium", 4: "medium", 5: "small", 6: "small"}
+SAFE_SCHEMES = ("http://", "https://", "mailto:")
+
+# classes on the wrappers Qt shows in place of GitHub's elements (Qt ignores them; the
+# oracle test reads them back)
+CODE_CLASS, QUOTE_CLASS, RAW_CLASS, IMAGE_CLASS = "k3-code", "k3-quote", "k3-raw", "k3-image"
 
 
 @dataclass(frozen=True)
@@ -45,83 +87,37 @@ class CodeColors:
     border: str = "#d8dce3"
 
 
-_FENCE = re.compile(r"^(\s{0,3})(`{3,}|~{3,})\s*([\w+#.-]*)")
-_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-_ULIST = re.compile(r"^(\s*)[-*+]\s+(.*)")
-_OLIST = re.compile(r"^(\s*)(\d{1,9})[.)]\s+(.*)")
-_RULE = re.compile(r"^\s{0,3}([-*_])(\s*\1){2,}\s*$")
-_TABLE_SEP = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$")
+def make_parser() -> MarkdownIt:
+    """CommonMark plus the GFM extensions cmark-gfm has (the GFM spec's, no footnotes).
 
-_INLINE_CODE = re.compile(r"(`+)(.+?)\1")
-_LINK = re.compile(r"\[([^\]]+)\]\((\S+?)(?:\s+\"[^\"]*\")?\)")
-_AUTOLINK = re.compile(r"(?<![\"'=>])\b(https?://[^\s<>\"')\]]+)")
-_BOLD = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
-_ITALIC = re.compile(
-    r"(?<![*\w])\*(?=\S)(.+?)(?<=\S)\*(?!\*)|(?<![_\w])_(?=\S)(.+?)(?<=\S)_(?![_\w])"
-)
-_STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
+    Raw HTML is recognised (so block structure is GitHub's) and then shown as text.
+    Every link target is accepted by the parser, as cmark-gfm does; :func:`safe_href`
+    decides at render time which ones become links.
+    """
+    md = MarkdownIt("commonmark", {"html": True})
+    md.enable(["table", "strikethrough"])
+    md.options["tasklists"] = True  # markdown-it-py >= 4.1 (see mdit_py_plugins.gfm)
+    md.options["strikethrough_single_tilde"] = True
+    use_gfm_autolinks(md)
+    md.validateLink = lambda url: True  # type: ignore[method-assign]
+    return md
 
 
-def _safe_url(url: str) -> str:
+def safe_href(url: str) -> str:
+    """``url`` when the app may open it outside (http, https, mailto), else ''."""
     url = url.strip()
-    if re.match(r"^(https?|mailto):", url, re.I):
-        return html.escape(url, quote=True)
-    return ""
-
-
-def inline(text: str, colors: CodeColors) -> str:
-    """Inline Markdown to HTML (escapes everything else)."""
-    codes: list[str] = []
-
-    def keep_code(m: re.Match[str]) -> str:
-        codes.append(
-            f'<code style="background:{colors.background};">'
-            f"{html.escape(m.group(2).strip())}</code>"
-        )
-        return f"\x00{len(codes) - 1}\x00"
-
-    text = _INLINE_CODE.sub(keep_code, text)
-    links: list[str] = []
-
-    def keep_link(m: re.Match[str]) -> str:
-        url = _safe_url(m.group(2))
-        label = html.escape(m.group(1))
-        links.append(f'<a href="{url}">{label}</a>' if url else label)
-        return f"\x01{len(links) - 1}\x01"
-
-    text = _LINK.sub(keep_link, text)
-    out = html.escape(text, quote=False)
-    out = _AUTOLINK.sub(lambda m: f'<a href="{html.escape(m.group(1))}">{m.group(1)}</a>', out)
-    out = _BOLD.sub(r"<b>\2</b>", out)
-    out = _ITALIC.sub(lambda m: f"<i>{m.group(1) or m.group(2)}</i>", out)
-    out = _STRIKE.sub(r"<s>\1</s>", out)
-    out = re.sub("\x01(\\d+)\x01", lambda m: links[int(m.group(1))], out)
-    return re.sub("\x00(\\d+)\x00", lambda m: codes[int(m.group(1))], out)
+    return url if url.lower().startswith(SAFE_SCHEMES) else ""
 
 
 # ------------------------------------------------------------------ code
 
 
-def _pygments_html(code: str, lang: str, colors: CodeColors) -> str | None:
-    if not HAVE_PYGMENTS or not lang:
-        return None
-    try:
-        lexer = get_lexer_by_name(lang, stripnl=False)
-    except ClassNotFound:
-        return None
-    formatter = HtmlFormatter(nowrap=True, noclasses=True, style=_style_for(colors))
-    return str(_pyg_highlight(code, lexer, formatter))
+_STYLE_CACHE: dict[CodeColors, type[Style]] = {}
 
 
-_STYLE_CACHE: dict[CodeColors, type] = {}
-
-
-def _style_for(colors: CodeColors) -> type:
+def _style_for(colors: CodeColors) -> type[Style]:
     """A Pygments style class built from the theme's code colours."""
     if colors not in _STYLE_CACHE:
-        from pygments.style import Style  # type: ignore[import-untyped]
-        from pygments.token import Comment, Keyword, Name, Number, Operator, String  # type: ignore[import-untyped]
-
         styles = {
             Comment: f"italic {colors.comment}",
             Keyword: f"bold {colors.keyword}",
@@ -135,29 +131,197 @@ def _style_for(colors: CodeColors) -> type:
             Operator.Word: colors.keyword,
         }
         _STYLE_CACHE[colors] = type(
-            "K3CodeStyle",
-            (Style,),
-            {"styles": styles, "background_color": colors.background},
+            "K3CodeStyle", (Style,), {"styles": styles, "background_color": colors.background}
         )
     return _STYLE_CACHE[colors]
 
 
+def _highlighted(code: str, lang: str, colors: CodeColors) -> str | None:
+    """Pygments' HTML for ``code``, or None (unknown language, or a lexer that would not
+    show the code exactly: some drop a last line without a newline)."""
+    if not lang:
+        return None
+    try:
+        lexer = get_lexer_by_name(lang, stripnl=False)
+    except ClassNotFound:
+        return None
+    formatter = HtmlFormatter(nowrap=True, noclasses=True, style=_style_for(colors))
+    out = str(_pyg_highlight(code + "\n", lexer, formatter)).removesuffix("\n")
+    if html.unescape(_TAG.sub("", out)) != code:
+        return None
+    return out
+
+
+_TAG = re.compile(r"<[^>]*>")
+
+
 def code_block(code: str, lang: str, colors: CodeColors, copy_href: str = "") -> str:
-    code = code.rstrip("\n")
-    body = _pygments_html(code, lang, colors) or html.escape(code)
+    """A framed code block: language label, Copy link, highlighted code."""
+    body = _highlighted(code, lang, colors) or html.escape(code)
     head = html.escape(lang) if lang else "code"
     copy = (
         f' &nbsp;<a href="{copy_href}" style="color:{colors.link}; text-decoration:none;">Copy</a>'
         if copy_href
         else ""
     )
+    lang_attr = f' lang="{html.escape(lang)}"' if lang else ""
     return (
-        f'<table width="100%" cellspacing="0" cellpadding="8" '
+        f'<table class="{CODE_CLASS}" width="100%" cellspacing="0" cellpadding="8" '
         f'style="background:{colors.background}; border:1px solid {colors.border}; '
         f'margin-top:4px; margin-bottom:6px;">'
         f'<tr><td style="color:{colors.muted}; font-size:small;">{head}{copy}</td></tr>'
-        f'<tr><td><pre style="margin:0; color:{colors.text};">{body}</pre></td></tr></table>'
+        f'<tr><td><pre{lang_attr} style="margin:0; color:{colors.text};">{body}</pre>'
+        f"</td></tr></table>"
     )
+
+
+# ------------------------------------------------------------------ tokens to HTML
+
+
+class _HtmlWriter:
+    """Walks markdown-it tokens of one top-level block and writes Qt's HTML subset."""
+
+    def __init__(
+        self, colors: CodeColors, copy_href: Callable[[int], str] | None, first_code: int
+    ) -> None:
+        self.colors = colors
+        self.copy_href = copy_href
+        self.codes: list[str] = []
+        self.first_code = first_code
+        self.out: list[str] = []
+
+    def blocks(self, tokens: Sequence[Token]) -> str:
+        c = self.colors
+        out = self.out
+        for tok in tokens:
+            t = tok.type
+            if t == "inline":
+                out.append(self.inline(tok.children or []))
+            elif t == "paragraph_open":
+                if not tok.hidden:
+                    out.append("<p>")
+            elif t == "paragraph_close":
+                if not tok.hidden:
+                    out.append("</p>")
+            elif t == "heading_open":
+                level = int(tok.tag[1])
+                out.append(f'<{tok.tag} style="font-size:{HEADING_SIZES[level]};">')
+            elif t == "heading_close":
+                out.append(f"</{tok.tag}>")
+            elif t == "bullet_list_open":
+                out.append("<ul>")
+            elif t == "ordered_list_open":
+                start = tok.attrs.get("start")
+                out.append(f'<ol start="{int(start)}">' if start is not None else "<ol>")
+            elif t in ("bullet_list_close", "ordered_list_close"):
+                out.append(f"</{tok.tag}>")
+            elif t == "list_item_open":
+                checked = tok.meta.get("checked") if tok.meta else None
+                if checked is None:
+                    out.append("<li>")
+                else:  # Qt draws a checkbox for these (QTextBlockFormat.MarkerType)
+                    out.append(f'<li class="{"checked" if checked else "unchecked"}">')
+            elif t == "list_item_close":
+                out.append("</li>")
+            elif t == "blockquote_open":
+                out.append(
+                    f'<table class="{QUOTE_CLASS}" cellspacing="0" cellpadding="6" '
+                    f'style="margin:4px 0;"><tr>'
+                    f'<td style="background:{c.border};" width="3"></td>'
+                    f'<td style="color:{c.muted};">'
+                )
+            elif t == "blockquote_close":
+                out.append("</td></tr></table>")
+            elif t in ("fence", "code_block"):
+                self.code(tok)
+            elif t == "hr":
+                out.append("<hr/>")
+            elif t == "html_block":
+                text = html.escape(tok.content.rstrip("\n")).replace("\n", "<br/>")
+                out.append(
+                    f'<p class="{RAW_CLASS}" style="color:{c.muted}; font-family:monospace;">'
+                    f"{text}</p>"
+                )
+            elif t == "table_open":
+                out.append(
+                    f'<table cellspacing="0" cellpadding="5" border="1" '
+                    f'style="border-collapse:collapse; border-color:{c.border}; margin:4px 0;">'
+                )
+            elif t in ("table_close", "tr_open", "tr_close", "th_close", "td_close"):
+                out.append(f"<{'/' if t.endswith('close') else ''}{tok.tag}>")
+            elif t in ("th_open", "td_open"):
+                style = str(tok.attrs.get("style", ""))
+                align = style.removeprefix("text-align:") if style else ""
+                out.append(f'<{tok.tag} align="{align}">' if align else f"<{tok.tag}>")
+            # thead/tbody: Qt needs neither
+        return "".join(out)
+
+    def code(self, tok: Token) -> None:
+        code = tok.content.removesuffix("\n")
+        lang = tok.info.strip().split(maxsplit=1)[0] if tok.info.strip() else ""
+        index = self.first_code + len(self.codes)
+        self.codes.append(code)
+        href = self.copy_href(index) if self.copy_href else ""
+        self.out.append(code_block(code, lang, self.colors, href))
+
+    def inline(self, children: Sequence[Token]) -> str:
+        c = self.colors
+        out: list[str] = []
+        links: list[bool] = []  # per open link: was an <a> written
+        for tok in children:
+            t = tok.type
+            if t == "text":
+                out.append(html.escape(tok.content, quote=False))
+            elif t == "softbreak":
+                out.append("\n")
+            elif t == "hardbreak":
+                out.append("<br/>")
+            elif t == "code_inline":
+                out.append(
+                    f'<code style="background:{c.background};">'
+                    f"{html.escape(tok.content, quote=False)}</code>"
+                )
+            elif t in ("em_open", "strong_open", "s_open"):
+                out.append({"em_open": "<i>", "strong_open": "<b>", "s_open": "<s>"}[t])
+            elif t in ("em_close", "strong_close", "s_close"):
+                out.append({"em_close": "</i>", "strong_close": "</b>", "s_close": "</s>"}[t])
+            elif t == "link_open":
+                href = safe_href(str(tok.attrs.get("href", "")))
+                links.append(bool(href))
+                if href:
+                    out.append(f'<a href="{html.escape(href, quote=True)}">')
+            elif t == "link_close":
+                if links and links.pop():
+                    out.append("</a>")
+            elif t == "image":
+                alt = html.escape(_plain(tok.children or []), quote=False)
+                src = safe_href(str(tok.attrs.get("src", "")))
+                if src:
+                    out.append(
+                        f'<a class="{IMAGE_CLASS}" href="{html.escape(src, quote=True)}">'
+                        f"🖼 {alt}</a>"
+                    )
+                else:
+                    out.append(f'<span class="{IMAGE_CLASS}">🖼 {alt}</span>')
+            elif t == "html_inline":
+                out.append(
+                    f'<span class="{RAW_CLASS}" style="color:{c.muted};">'
+                    f"{html.escape(tok.content, quote=False)}</span>"
+                )
+        return "".join(out)
+
+
+def _plain(children: Sequence[Token]) -> str:
+    """The text of inline tokens (an image's alt text is its label's plain text)."""
+    parts: list[str] = []
+    for tok in children:
+        if tok.type in ("text", "code_inline", "html_inline"):
+            parts.append(tok.content)
+        elif tok.type in ("softbreak", "hardbreak"):
+            parts.append(" ")
+        elif tok.type == "image":
+            parts.append(_plain(tok.children or []))
+    return "".join(parts)
 
 
 # ------------------------------------------------------------------ blocks
@@ -165,224 +329,148 @@ def code_block(code: str, lang: str, colors: CodeColors, copy_href: str = "") ->
 
 @dataclass
 class _Block:
-    kind: str  # "code", "text"
-    text: str
-    lang: str = ""
-    closed: bool = True
+    """One top-level block: its source lines and tokens."""
+
+    start: int  # first source line (0-based)
+    end: int  # one past its last line
+    tokens: list[Token]
+    source: str = ""
+    refs: tuple[tuple[str, str, str], ...] = ()
 
 
-def split_blocks(source: str) -> list[_Block]:
-    """Split Markdown into code fences and runs of other lines (separated by blank lines)."""
+@dataclass
+class _Parsed:
+    source: str
+    lines: list[str]
+    blocks: list[_Block]
+    refs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RenderedBlock:
+    """A top-level block's HTML and the code of its fenced blocks (in order)."""
+
+    key: tuple[object, ...]
+    html: str
+    codes: tuple[str, ...]
+
+
+def _split(tokens: list[Token], offset: int) -> list[_Block]:
+    """Group tokens into top-level blocks (level 0 open...close), lines shifted by offset."""
     blocks: list[_Block] = []
-    lines = source.split("\n")
-    buf: list[str] = []
-    i = 0
-
-    def flush() -> None:
-        if buf:
-            blocks.append(_Block("text", "\n".join(buf)))
-            buf.clear()
-
-    while i < len(lines):
-        line = lines[i]
-        m = _FENCE.match(line)
-        if m:
-            flush()
-            fence = m.group(2)
-            lang = m.group(3).lower()
-            code: list[str] = []
-            i += 1
-            closed = False
-            while i < len(lines):
-                if (
-                    lines[i].strip().startswith(fence[0] * len(fence))
-                    and not lines[i].strip(fence[0]).strip()
-                ):
-                    closed = True
-                    break
-                code.append(lines[i])
-                i += 1
-            blocks.append(_Block("code", "\n".join(code), lang, closed))
-            i += 1
-            continue
-        if not line.strip():
-            flush()
-        else:
-            buf.append(line)
-        i += 1
-    flush()
+    depth = 0
+    current: list[Token] = []
+    start = 0
+    for tok in tokens:
+        if depth == 0:
+            current = []
+            start = tok.map[0] if tok.map else 0
+        current.append(tok)
+        depth += tok.nesting
+        if depth == 0:
+            end = next((t.map[1] for t in current if t.map), start + 1)
+            blocks.append(_Block(start + offset, end + offset, current))
     return blocks
 
 
-def _text_block(text: str, colors: CodeColors) -> str:
-    lines = text.split("\n")
-    out: list[str] = []
-    para: list[str] = []
-    list_stack: list[str] = []  # "ul"/"ol"
-
-    def end_para() -> None:
-        if para:
-            out.append(f"<p>{inline(' '.join(s.strip() for s in para), colors)}</p>")
-            para.clear()
-
-    def close_lists(depth: int = 0) -> None:
-        while len(list_stack) > depth:
-            out.append(f"</{list_stack.pop()}>")
-
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if _RULE.match(line):
-            end_para()
-            close_lists()
-            out.append("<hr/>")
-            i += 1
-            continue
-        h = _HEADING.match(line)
-        if h:
-            end_para()
-            close_lists()
-            level = min(6, len(h.group(1)) + 1)  # h1 is too large inside a chat bubble
-            out.append(f"<h{level}>{inline(h.group(2), colors)}</h{level}>")
-            i += 1
-            continue
-        if line.lstrip().startswith(">"):
-            end_para()
-            close_lists()
-            quoted = []
-            while i < len(lines) and lines[i].lstrip().startswith(">"):
-                quoted.append(lines[i].lstrip()[1:].lstrip())
-                i += 1
-            inner = _text_block("\n".join(quoted), colors)
-            out.append(
-                f'<table cellspacing="0" cellpadding="6" style="margin:4px 0;"><tr>'
-                f'<td style="background:{colors.border};" width="3"></td>'
-                f'<td style="color:{colors.muted};">{inner}</td></tr></table>'
-            )
-            continue
-        if "|" in line and i + 1 < len(lines) and _TABLE_SEP.match(lines[i + 1]):
-            end_para()
-            close_lists()
-            rows = [line]
-            i += 2
-            while i < len(lines) and "|" in lines[i]:
-                rows.append(lines[i])
-                i += 1
-            out.append(_table(rows, colors))
-            continue
-        ul, ol = _ULIST.match(line), _OLIST.match(line)
-        if ul or ol:
-            end_para()
-            m = ul or ol
-            assert m is not None
-            depth = len(m.group(1).replace("\t", "    ")) // 2 + 1
-            kind = "ul" if ul else "ol"
-            if len(list_stack) < depth:
-                while len(list_stack) < depth:
-                    start = f' start="{ol.group(2)}"' if ol and ol.group(2) != "1" else ""
-                    out.append(f"<{kind}{start}>")
-                    list_stack.append(kind)
-            else:
-                close_lists(depth)
-                if list_stack and list_stack[-1] != kind:
-                    out.append(f"</{list_stack.pop()}>")
-                    out.append(f"<{kind}>")
-                    list_stack.append(kind)
-            item = m.group(2) if ul else m.group(3)
-            # continuation lines (indented, not a new item)
-            i += 1
-            while (
-                i < len(lines)
-                and lines[i].startswith(("  ", "\t"))
-                and not _ULIST.match(lines[i])
-                and not _OLIST.match(lines[i])
-            ):
-                item += " " + lines[i].strip()
-                i += 1
-            out.append(f"<li>{inline(item, colors)}</li>")
-            continue
-        if list_stack and line.startswith(("  ", "\t")):
-            out.append(f"<p>{inline(line.strip(), colors)}</p>")
-            i += 1
-            continue
-        close_lists()
-        para.append(line)
-        i += 1
-    end_para()
-    close_lists()
-    return "".join(out)
-
-
-def _table(rows: list[str], colors: CodeColors) -> str:
-    def cells(row: str) -> list[str]:
-        row = row.strip()
-        if row.startswith("|"):
-            row = row[1:]
-        if row.endswith("|"):
-            row = row[:-1]
-        return [c.strip() for c in row.split("|")]
-
-    head = cells(rows[0])
-    parts = [
-        f'<table cellspacing="0" cellpadding="5" border="1" '
-        f'style="border-collapse:collapse; border-color:{colors.border}; margin:4px 0;"><tr>'
-    ]
-    parts += [f"<th>{inline(c, colors)}</th>" for c in head]
-    parts.append("</tr>")
-    for row in rows[1:]:
-        parts.append("<tr>" + "".join(f"<td>{inline(c, colors)}</td>" for c in cells(row)))
-        parts.append("</tr>")
-    parts.append("</table>")
-    return "".join(parts)
+def _refs_key(refs: dict[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    return tuple(
+        sorted((k, str(v.get("href", "")), str(v.get("title", ""))) for k, v in refs.items())
+    )
 
 
 class MarkdownRenderer:
-    """Renders Markdown to HTML, caching each finished block (text or code) by content."""
+    """Renders Markdown to HTML, caching each top-level block's HTML by its source."""
 
     def __init__(self, colors: CodeColors | None = None, cache_size: int = 4096) -> None:
         self.colors = colors or CodeColors()
-        self._cache: OrderedDict[tuple[str, str, str, bool], str] = OrderedDict()
+        self.md = make_parser()
+        self._cache: OrderedDict[tuple[object, ...], RenderedBlock] = OrderedDict()
         self._cache_size = cache_size
+        self._last: _Parsed | None = None
+        self.full_parses = 0  # how often a whole document was parsed (the bench reads it)
 
     def set_colors(self, colors: CodeColors) -> None:
         if colors != self.colors:
             self.colors = colors
             self._cache.clear()
 
+    # -------------------------------------------------------------- parsing
+    def _parse(self, source: str) -> _Parsed:
+        last = self._last
+        lines = source.split("\n")
+        if last is not None and last.blocks and source.startswith(last.source):
+            # a growing text: blocks before the last one are closed, parse from there on
+            restart = last.blocks[-1].start
+            kept = last.blocks[:-1]
+            env: dict[str, Any] = {
+                "references": {
+                    k: v for k, v in last.refs.items() if v.get("map", [0])[0] < restart
+                }
+            }
+            tokens = self.md.parse("\n".join(lines[restart:]), env)
+            blocks = kept + _split(tokens, restart)
+            refs = env.get("references", {})
+            if _refs_key(refs) != _refs_key(last.refs) and kept:
+                # a new link reference definition can change any earlier paragraph
+                return self._parse_all(source, lines)
+        else:
+            return self._parse_all(source, lines)
+        parsed = _Parsed(source, lines, blocks, refs)
+        self._finish(parsed)
+        return parsed
+
+    def _parse_all(self, source: str, lines: list[str]) -> _Parsed:
+        env: dict[str, Any] = {}
+        tokens = self.md.parse(source, env)
+        self.full_parses += 1
+        parsed = _Parsed(source, lines, _split(tokens, 0), env.get("references", {}))
+        self._finish(parsed)
+        return parsed
+
+    def _finish(self, parsed: _Parsed) -> None:
+        refs = _refs_key(parsed.refs)
+        for b in parsed.blocks:
+            if not b.source:
+                b.source = "\n".join(parsed.lines[b.start : b.end])
+                b.refs = refs
+        self._last = parsed
+
+    # -------------------------------------------------------------- rendering
+    def render_blocks(
+        self, source: str, copy_href: Callable[[int], str] | None = None
+    ) -> list[RenderedBlock]:
+        """Each top-level block of ``source`` rendered (cached by source, code index, links)."""
+        parsed = self._parse(source)
+        out: list[RenderedBlock] = []
+        n_codes = 0
+        for b in parsed.blocks:
+            href0 = copy_href(n_codes) if copy_href else ""
+            key = (b.source, b.refs, n_codes, href0, b.tokens[0].type)
+            done = self._cache.get(key)
+            if done is None:
+                writer = _HtmlWriter(self.colors, copy_href, n_codes)
+                done = RenderedBlock(key, writer.blocks(b.tokens), tuple(writer.codes))
+                self._cache[key] = done
+                if len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(key)
+            n_codes += len(done.codes)
+            out.append(done)
+        return out
+
     def render(
         self, source: str, copy_href: Callable[[int], str] | None = None
     ) -> tuple[str, list[str]]:
-        """(HTML, the code of each fenced block in order) for ``source``.
+        """(HTML, the code of each fenced or indented block in order) for ``source``.
 
         ``copy_href(i)`` gives the link target of block i's copy link.
         """
-        parts: list[str] = []
-        codes: list[str] = []
-        for block in split_blocks(source):
-            if block.kind == "code":
-                href = copy_href(len(codes)) if copy_href else ""
-                codes.append(block.text)
-                key = ("code", block.lang, block.text + "\x00" + href, block.closed)
-                html_ = self._cache.get(key)
-                if html_ is None:
-                    html_ = code_block(block.text, block.lang, self.colors, href)
-                    self._remember(key, html_)
-                parts.append(html_)
-            else:
-                key = ("text", "", block.text, True)
-                html_ = self._cache.get(key)
-                if html_ is None:
-                    html_ = _text_block(block.text, self.colors)
-                    self._remember(key, html_)
-                parts.append(html_)
-        return "".join(parts), codes
-
-    def _remember(self, key: tuple[str, str, str, bool], value: str) -> None:
-        self._cache[key] = value
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        blocks = self.render_blocks(source, copy_href)
+        return "".join(b.html for b in blocks), [code for b in blocks for code in b.codes]
 
 
-def to_plain_markdown_codes(source: str) -> list[str]:
-    """The code of each fenced block (for copy links), without rendering."""
-    return [b.text for b in split_blocks(source) if b.kind == "code"]
+def code_blocks(source: str) -> list[str]:
+    """The code of each code block of ``source``, exactly as a Copy link copies it."""
+    return MarkdownRenderer().render(source)[1]
