@@ -151,3 +151,43 @@ def test_the_chat_view_copies_code_from_a_nested_list(qtbot: QtBot) -> None:
     view.set_messages([MessageVM("a1", "assistant", src)])
     view._anchor(QUrl("k3:copy-code/a1/0"))
     assert QGuiApplication.clipboard().text() == "def f():\n    return 1"
+
+
+@pytest.mark.gui
+def test_a_streamed_answer_shows_what_the_finished_answer_shows(qtbot: QtBot) -> None:
+    text = _long_answer()
+    streamed = MessageView()
+    qtbot.addWidget(streamed)
+    streamed.set_messages([MessageVM("u1", "user", "Which tier?")])
+    vm = MessageVM("a1", "assistant", streaming=True)
+    streamed.begin_stream(vm)
+    for end in range(0, len(text), 97):
+        vm.content = text[:end]
+        streamed.update_stream(vm)
+    vm.content = text
+    streamed.update_stream(vm)
+    vm.streaming = False
+    streamed.end_stream(vm)
+    finished = MessageView()
+    qtbot.addWidget(finished)
+    finished.set_messages(
+        [MessageVM("u1", "user", "Which tier?"), MessageVM("a1", "assistant", text)]
+    )
+    assert streamed.toPlainText() == finished.toPlainText()
+    assert len(tables(streamed.document())) == len(tables(finished.document()))
+
+
+@pytest.mark.gui
+def test_while_streaming_settled_blocks_are_not_inserted_again(qtbot: QtBot) -> None:
+    view = MessageView()
+    qtbot.addWidget(view)
+    vm = MessageVM("a1", "assistant", streaming=True)
+    view.set_messages([MessageVM("u1", "user", "hi")])
+    view.begin_stream(vm)
+    vm.content = "\n\n".join(f"Paragraph {i} with **bold**." for i in range(50))
+    view.update_stream(vm)
+    settled = view._frozen_end
+    vm.content += " More words"
+    view.update_stream(vm)
+    assert view._frozen_end == settled  # only the last paragraph and the footer changed
+    assert view.toPlainText().count("Paragraph 49 with bold. More words") == 1

@@ -15,7 +15,15 @@ import time
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QImage, QTextCursor, QTextDocument
+from PySide6.QtGui import (
+    QDesktopServices,
+    QGuiApplication,
+    QImage,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocument,
+)
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
 from k3desk.ui import theme
@@ -88,6 +96,8 @@ class MessageView(QTextBrowser):
         self._codes: dict[str, list[str]] = {}
         self._html_cache: dict[str, tuple[tuple[object, ...], str]] = {}
         self._stream_pos: int | None = None
+        self._frozen: list[object] = []  # keys of the streaming message's settled parts
+        self._frozen_end = 0  # the document position after them
         self._empty_html = ""
         self.last_render_s = 0.0
         self.document().setDocumentMargin(18)
@@ -182,10 +192,17 @@ class MessageView(QTextBrowser):
         if cursor.block().length() > 1:  # start the answer in a block of its own
             cursor.insertBlock()
         self._stream_pos = cursor.position()
+        self._frozen, self._frozen_end = [], self._stream_pos
         self.update_stream(vm)
 
     def update_stream(self, vm: MessageVM) -> None:
-        """Replace the streaming message's HTML with ``vm``'s (fast path, 30 Hz)."""
+        """Show ``vm``'s new text (fast path, 30 Hz).
+
+        Parts of the message that can no longer change (the header, and every Markdown
+        block but the last) are inserted once and then left alone; each update only
+        replaces what follows them, so a 20,000-token answer costs what its last
+        block costs.
+        """
         if self._stream_pos is None:
             self.begin_stream(vm)
             return
@@ -193,16 +210,38 @@ class MessageView(QTextBrowser):
         self._messages[-1] = vm
         bar = self.verticalScrollBar()
         at_bottom = bar.value() >= bar.maximum() - 4
+        parts = self._message_parts(vm)
+        # the last Markdown block and the footer may still change while streaming
+        live_from = max(1, len(parts) - 2) if vm.streaming else len(parts)
+        n = len(self._frozen)
+        if self._frozen != [k for k, _h in parts[:n]]:
+            self._frozen, self._frozen_end, n = [], self._stream_pos, 0
         cursor = QTextCursor(self.document())
-        cursor.setPosition(self._stream_pos)
+        cursor.setPosition(self._frozen_end)
         cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
         cursor.beginEditBlock()
         cursor.removeSelectedText()
-        cursor.insertHtml(self._message_html(vm))
+        freeze = parts[n:live_from]
+        if freeze:
+            self._new_block(cursor)
+            cursor.insertHtml("".join(h for _k, h in freeze))
+            self._frozen += [k for k, _h in freeze]
+            self._frozen_end = cursor.position()
+        live = parts[max(n, live_from) :]
+        if live:
+            self._new_block(cursor)
+            cursor.insertHtml("".join(h for _k, h in live))
         cursor.endEditBlock()
         if at_bottom:
             bar.setValue(bar.maximum())
         self.last_render_s = time.perf_counter() - t0
+
+    @staticmethod
+    def _new_block(cursor: QTextCursor) -> None:
+        """Start a fresh, plain block unless the cursor's block is empty (so inserted HTML
+        never merges into the text, list or heading before it)."""
+        if cursor.block().length() > 1:
+            cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
 
     def end_stream(self, vm: MessageVM) -> None:
         vm.streaming = False
@@ -245,6 +284,11 @@ class MessageView(QTextBrowser):
         return out
 
     def _render_message(self, m: MessageVM) -> str:
+        return "".join(h for _k, h in self._message_parts(m))
+
+    def _message_parts(self, m: MessageVM) -> list[tuple[object, str]]:
+        """``m`` as (key, HTML) parts: the header, each top-level Markdown block, the
+        footer.  A part whose key is unchanged has unchanged HTML (streaming uses it)."""
         c = theme.current()
         mid = html.escape(m.id)
         who = {"user": "You", "assistant": "Kimi-K3", "system": "System prompt"}.get(m.role, m.role)
@@ -270,37 +314,47 @@ class MessageView(QTextBrowser):
             if m.stats
             else ""
         )
-        parts = [
+        head = [
             f'<a name="msg-{mid}"></a>'
             f'<p style="margin-top:14px; margin-bottom:2px;"><b style="color:{color};">{who}</b>'
             f'{stats} &nbsp;&nbsp;<span style="font-size:small;">{meta}</span></p>'
         ]
         if m.reasoning:
-            parts.append(self._reasoning_html(m))
+            head.append(self._reasoning_html(m))
         if m.images:
             imgs = " ".join(
                 f'<img src="k3img:{html.escape(i.key)}" height="96" title="{html.escape(i.name)}"/>'
                 for i in m.images
             )
-            parts.append(f"<p>{imgs}</p>")
+            head.append(f"<p>{imgs}</p>")
+        head_key = (
+            "head", m.role, m.id, m.reasoning, m.streaming and not m.content, m.stats,
+            m.branch, m.streaming, m.id in self._expanded, tuple(i.key for i in m.images),
+        )  # fmt: skip
+        parts: list[tuple[object, str]] = [(head_key, "".join(head))]
         if m.role == "system":
-            parts.append(f'<p style="color:{c.muted};"><i>{html.escape(m.content)}</i></p>')
+            text = f'<p style="color:{c.muted};"><i>{html.escape(m.content)}</i></p>'
+            parts.append((("system", m.content), text))
         elif m.content:
-            body, codes = self.renderer.render(m.content, lambda i: f"k3:copy-code/{mid}/{i}")
-            self._codes[m.id] = codes
-            parts.append(body)
-        elif m.streaming and not m.reasoning:
-            parts.append(f'<p style="color:{c.muted};"><i>Waiting for the first token…</i></p>')
+            blocks = self.renderer.render_blocks(
+                m.content, lambda i: f"k3:copy-code/{mid}/{i}"
+            )
+            self._codes[m.id] = [code for b in blocks for code in b.codes]
+            parts += [(b.key, b.html) for b in blocks]
+        tail: list[str] = []
+        if m.streaming and not m.content and not m.reasoning:
+            tail.append(f'<p style="color:{c.muted};"><i>Waiting for the first token…</i></p>')
         if m.streaming:
-            parts.append(f'<p style="color:{c.muted};">▍</p>')
+            tail.append(f'<p style="color:{c.muted};">▍</p>')
         if m.partial:
             note = m.partial_note or "The answer was cut short."
-            parts.append(
+            tail.append(
                 f'<p style="color:{c.warn};"><i>⚠ Partial answer: {html.escape(note)}</i></p>'
             )
         if m.error:
-            parts.append(f'<p style="color:{c.danger};">{html.escape(m.error)}</p>')
-        return "".join(parts)
+            tail.append(f'<p style="color:{c.danger};">{html.escape(m.error)}</p>')
+        parts.append((("tail", m.streaming, m.partial, m.partial_note, m.error), "".join(tail)))
+        return parts
 
     def _reasoning_html(self, m: MessageVM) -> str:
         c = theme.current()
