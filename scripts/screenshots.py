@@ -1,6 +1,7 @@
 """Save screenshots of the app: the wizard (one machine, a cluster), Engine, Models, Cluster, chat.
 
-The chat shows an image and reasoning.
+The chat shows an image and reasoning, and an answer with a table, a nested list
+holding code and a task list.
 
     python scripts/screenshots.py [--out docs/screenshots] [--hardware FILE]
 
@@ -49,6 +50,37 @@ To start it from a terminal:
 ```bash
 k3desk serve models/atomicchat-q3ks/Kimi-K3-Q3_K_S-00001-of-00027.gguf --ctx 8192
 ```
+"""
+
+
+MARKDOWN_QUESTION = "How do I start Q3_K_S on two machines, and what is left to do?"
+MARKDOWN_ANSWER = """1. On **each** machine, build llama.cpp with RPC:
+
+   ```bash
+   cmake -B build -DGGML_RPC=ON -DGGML_CUDA=ON
+   cmake --build build -j
+   ```
+
+2. Then start the servers:
+   - on the second machine, the RPC worker:
+
+     ```bash
+     rpc-server --host 10.0.0.12 --port 50052
+     ```
+
+   - on the first, `llama-server` with `--rpc 10.0.0.12:50052`.
+
+| Step | Where | Time |
+|---|---|--:|
+| build (`cmake`) | both | ~7 min |
+| copy shards | first | ~40 min |
+
+Still to do:
+
+- [x] download the 27 shards
+- [x] verify every SHA-256
+- [ ] open port `50052` between the two
+- [ ] launch and ask a first question
 """
 
 
@@ -272,6 +304,28 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
     chat.view.toggle_reasoning(answer.id)
     chat.view.verticalScrollBar().setValue(0)
     save(window, "chat.png")
+
+    # chat: an answer with a nested list holding code, a table and a task list
+    store = HistoryStore(services.paths.history_db)
+    md_conv = store.create_conversation("Two machines over RPC")
+    store.add_message(md_conv.id, "user", MARKDOWN_QUESTION)
+    store.add_message(
+        md_conv.id,
+        "assistant",
+        MARKDOWN_ANSWER,
+        usage=Usage(96, 310, 406),
+        timings=Timings(96, 80.0, 310, 23000.0, 13.5),
+    )
+    store.close()
+    chat.chat.refresh_list()
+    until(lambda: chat.list.count() >= 4)
+    for i in range(chat.list.count()):
+        if chat.list.item(i).data(256) == md_conv.id:
+            chat.list.setCurrentRow(i)
+    until(lambda: len(chat.view.messages()) == 2 and chat.view.messages()[0].role == "user"
+          and chat.view.messages()[0].content == MARKDOWN_QUESTION)  # fmt: skip
+    chat.view.verticalScrollBar().setValue(0)
+    save(window, "chat-markdown.png")
 
     engine.close()
     ctx.close()
