@@ -560,15 +560,13 @@ def run_serve(args: argparse.Namespace, services: Services) -> int:
 def _smoke(group: GroupSupervisor) -> int:
     from k3desk.core.chat.client import ChatClient, ChatMessage
     from k3desk.core.chat.model import ChatSettings
-    from k3desk.core.cluster.sparkinfer import SparkInferCluster, bridge_settings
+    from k3desk.core.cluster.sparkinfer import SparkInferCluster
 
     ep = group.endpoint
     assert ep is not None
     seen = len(group.stats) if isinstance(group, SparkInferCluster) else 0
     with ChatClient(ep) as client:
         settings = ChatSettings(thinking=False, max_tokens=16)
-        if isinstance(group, SparkInferCluster):
-            settings = bridge_settings(settings)
         result = client.chat([ChatMessage("user", "Say hello in five words.")], settings)
     speed = ""
     stats = group.wait_stats(seen + 1, 5.0) if isinstance(group, SparkInferCluster) else None

@@ -416,7 +416,7 @@ class ChatController(QObject):
                 with ChatClient(endpoint) as client:
                     result = client.chat(
                         messages,
-                        self.engine.chat_settings(conv.settings),
+                        conv.settings,
                         on_delta=on_delta,
                         cancel=tok,
                     )

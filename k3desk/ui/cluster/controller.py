@@ -42,7 +42,6 @@ from k3desk.core.cluster.sparkinfer import (
     ServeStats,
     SparkInferCluster,
     SparkInferConfig,
-    bridge_settings,
 )
 from k3desk.core.errors import K3Error
 from k3desk.core.progress import CancelToken, Progress
@@ -51,7 +50,6 @@ from k3desk.ui.bridge import Relay
 if TYPE_CHECKING:
     from k3desk.core.catalog.model import Tier
     from k3desk.core.chat.client import ChatEndpoint
-    from k3desk.core.chat.model import ChatSettings
     from k3desk.ui.context import AppContext
     from k3desk.ui.tasks import Task
 
@@ -584,13 +582,6 @@ class ClusterController(QObject):
             if ep is not None:
                 return ep
         return self._active_ep
-
-    def adapt_settings(self, settings: ChatSettings) -> ChatSettings:
-        """SparkInfer's bridge reads a top-level ``thinking`` flag; others take the settings."""
-        g = self.group
-        if isinstance(g, SparkInferCluster) and g.endpoint is not None:
-            return bridge_settings(settings)
-        return settings
 
     def state_text(self) -> str:
         g = self.group
