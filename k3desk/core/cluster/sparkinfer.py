@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from k3desk.core.chat.client import ChatEndpoint
+from k3desk.core.chat.dialects import Limits
 from k3desk.core.cluster.bridge_env import require_bridge_env
 from k3desk.core.cluster.group import (
     EventCallback,
@@ -674,7 +675,9 @@ class SparkInferCluster(GroupSupervisor):
         self._started(bridge, cancel)
         how = self._await_bridge(cfg.url, cfg.ready_timeout, cancel)
         self._phase(PHASE_TEXT[6], 7, total, f"{cfg.url} ({how})")
-        return ChatEndpoint(cfg.url, None, cfg.model_name)
+        # the bridge does not say its context; k3desk set it (K3_MAX_CONTEXT_TOKENS)
+        told = Limits(context=cfg.max_ctx or None, source="K3_MAX_CONTEXT_TOKENS as launched")
+        return ChatEndpoint(cfg.url, None, cfg.model_name, "sparkinfer-bridge", told)
 
     def _started(self, proc: RemoteProcess, cancel: CancelToken) -> None:
         deadline = time.monotonic() + self._connect_timeout + 20
