@@ -223,6 +223,11 @@ class ChatClient:
             self._caps = caps
         return caps
 
+    def cached_capabilities(self) -> Capabilities | None:
+        """What is already known (no request)."""
+        with self._lock:
+            return self._caps
+
     def server(self) -> ServerInfo:
         """What the server is and allows (found once; see :meth:`capabilities`)."""
         return self.capabilities().server

@@ -41,9 +41,14 @@ is read from the environment, as the real one does).
   Requests go one at a time.  Stop ids: ``generation_config.json``'s ``eos_token_id``
   and the tokenizer's eos.
 
-The tokenizer is ``DIR/vocab.json`` (see tests/fakes/sparkinfer/stand_in.py): the
-special tokens and listed words are pieces of their own, other words their UTF-8 bytes
-as ``<0xNN>`` pieces, ``▁`` between words.
+Like the real one it loads ``transformers.AutoTokenizer`` from the tokenizer folder at
+start (so it needs transformers in its Python) and renders every request with
+``apply_chat_template(..., chat_template=K3_CHAT_TEMPLATE, add_generation_prompt=True,
+thinking=..., tokenize=True)``, refusing it when that is not a token-id list (as with
+transformers 5.x).  The ids it sends rank 0 come from the stand-ins' own tokenizer,
+``DIR/vocab.json`` (see tests/fakes/sparkinfer/stand_in.py): the special tokens and listed
+words are pieces of their own, other words their UTF-8 bytes as ``<0xNN>`` pieces, ``▁``
+between words; rank 0's stand-in reads the same file.
 """
 
 from __future__ import annotations
@@ -169,6 +174,9 @@ class Bridge:
         if a.default_max_tokens > a.max_tokens:
             raise ValueError("K3_DEFAULT_MAX_TOKENS cannot exceed K3_MAX_TOKENS")
         folder = Path(a.tokenizer_dir)
+        from transformers import AutoTokenizer  # server.py imports it at the top
+
+        self.hf = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=True)
         self.tok = Tokenizer(folder)
         self.template = Path(a.chat_template).read_text()
         self.engine = (a.engine_host, a.engine_port)
@@ -435,7 +443,13 @@ def prompt_ids_for_request(req: dict[str, Any]) -> list[int]:
         elif not isinstance(content, str):
             raise ValueError("message content must be a string or text-part array")
         messages.append({"role": msg.get("role"), "content": content})
-    return BRIDGE.tok.render(messages, req["thinking"])
+    ids = BRIDGE.hf.apply_chat_template(
+        messages, chat_template=BRIDGE.template, add_generation_prompt=True,
+        thinking=req["thinking"], tokenize=True,
+    )  # fmt: skip
+    if not isinstance(ids, list) or not all(isinstance(token, int) for token in ids):
+        raise ValueError("tokenizer did not return a token-id list")
+    return BRIDGE.tok.render(messages, req["thinking"])  # the stand-in engine's own ids
 
 
 def validate_request(req: dict[str, Any], prompt: list[int]) -> int:
@@ -485,8 +499,8 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     try:
         BRIDGE = Bridge(a)
-    except (OSError, ValueError, KeyError) as exc:
-        sys.stderr.write(f"RuntimeError: {exc}\n")
+    except Exception as exc:  # noqa: BLE001  (as uvicorn's failed startup: the reason, exit 1)
+        sys.stderr.write(f"ERROR:    {type(exc).__name__}: {exc}\n")
         return 1
     httpd = ThreadingHTTPServer((a.host, a.port), Handler)
     sys.stderr.write(
