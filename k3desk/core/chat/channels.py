@@ -18,7 +18,7 @@ every marker, holding back only the few characters that could be the start of on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 Kind = Literal["content", "reasoning"]
@@ -50,13 +50,25 @@ class ChannelSplitter:
     kind: Kind = "content"
     ended: bool = False  # <|end_of_msg|> or </message> seen: the rest is not the answer
     seen_marker: bool = False
-    # reasoning that arrived as content before a closing think tag showed what it was
-    moved_to_reasoning: str = ""
+    # how many characters of content, from the start, were reasoning after all (a closing
+    # think tag came before any opening one); the reader moves them
+    moved_to_reasoning: int = 0
     _buf: str = ""
     _header: str | None = None  # inside <|open|>... or <|close|>... until <|sep|>
     _closing: bool = False
     _implicit: bool = True  # no opening tag seen yet: the prompt opened the section
-    _pending_content: list[str] = field(default_factory=list)
+    _pending: int = 0  # characters of content shown while _implicit
+
+    def plain(self, text: str) -> bool:
+        """Whether ``text`` (content) can be shown as it is: no marker in it or pending.
+        The fast path of a stream from a server that parses K3's format itself."""
+        if self._buf or self._header is not None or self.ended or self.kind != "content":
+            return False
+        if "<" in text or "[" in text:
+            return False
+        if self._implicit:
+            self._pending += len(text)
+        return True
 
     def feed(self, text: str, kind: Kind = "content") -> list[tuple[Kind, str]]:
         """Pieces of ``text`` (which the server labelled ``kind``) ready to show."""
@@ -85,7 +97,7 @@ class ChannelSplitter:
         if not text or self.ended:
             return []
         if kind == "content" and self._implicit:
-            self._pending_content.append(text)
+            self._pending += len(text)
         return [(kind, text)]
 
     def _drain(self, *, final: bool) -> list[tuple[Kind, str]]:
@@ -133,20 +145,20 @@ class ChannelSplitter:
         out: list[tuple[Kind, str]] = []
         if closing:
             if tag in REASONING_TAGS:
-                if self._implicit and self._pending_content:
+                if self._implicit and self._pending:
                     # the prompt had opened <think>: what came so far was reasoning
-                    self.moved_to_reasoning += "".join(self._pending_content)
+                    self.moved_to_reasoning += self._pending
                 self._implicit = False
-                self._pending_content.clear()
+                self._pending = 0
                 self.kind = "content"
             elif tag == "message":
                 self.ended = True
             else:
                 self._implicit = False
-                self._pending_content.clear()
+                self._pending = 0
             return out
         self._implicit = False
-        self._pending_content.clear()
+        self._pending = 0
         if tag in REASONING_TAGS:
             self.kind = "reasoning"
         elif tag != "message":

@@ -53,6 +53,10 @@ class AuthError(ChatError):
     """The server refused the API key (or wanted one)."""
 
 
+class UndescribedError(ChatError):
+    """The server answers but does not say what it is or serves (no /props, no models)."""
+
+
 class ContextOverflowError(ChatError):
     """The conversation does not fit in the engine's context window."""
 
@@ -200,6 +204,7 @@ class ChatClient:
             headers=endpoint.headers(),
         )
         self._caps: Capabilities | None = None
+        self._undescribed = False  # asked once, and it would not say: the common form
         self._lock = threading.Lock()
 
     def __enter__(self) -> ChatClient:
@@ -269,7 +274,7 @@ class ChatClient:
         models = self._get_json("/v1/models")
         data = models.get("data") if isinstance(models, dict) else None
         if not isinstance(data, list) or not data or not isinstance(data[0], dict):
-            raise ChatError(
+            raise UndescribedError(
                 f"{ep.root} did not describe itself: neither /props nor /v1/models answered "
                 "with a model.",
                 "Check that the URL points at an OpenAI-compatible server "
@@ -459,11 +464,15 @@ class ChatClient:
         if any(m.images for m in messages):
             caps = self.capabilities()
             ensure_vision(caps.vision, where=self.endpoint.root)
-        elif self._caps is None:
+        elif self._caps is None and not self._undescribed:
             # the server's kind decides the request's form; a server that does not answer
             # these questions gets the common one (and the request says what is wrong)
-            with contextlib.suppress(ChatError):
+            try:
                 self.capabilities()
+            except UndescribedError:
+                self._undescribed = True  # not asked again by this client
+            except ChatError:
+                pass
         s = settings or ChatSettings()
         body = self.build_body(messages, s)
         info = self.known_server()
@@ -684,11 +693,10 @@ class ChatStream:
         moved = self._splitter.moved_to_reasoning
         if moved:
             # the first marker was a closing </think>: the "content" so far was reasoning
-            self._splitter.moved_to_reasoning = ""
+            self._splitter.moved_to_reasoning = 0
             text = "".join(self._text)
-            if text.startswith(moved):
-                self._text = [text[len(moved) :]] if len(text) > len(moved) else []
-                self._reasoning.insert(0, moved)
+            self._text = [text[moved:]] if len(text) > moved else []
+            self._reasoning.insert(0, text[:moved])
         for kind, text in pieces:
             if kind == "content" and self._cutter is not None:
                 text = self._cutter.feed(text)
@@ -807,12 +815,20 @@ class ChatStream:
                     self._t_piece1 = now
                     if self._t_piece0 is None:
                         self._t_piece0 = now
-                pieces = []
-                if r and isinstance(r, str):
-                    pieces += self._splitter.feed(r, "reasoning")
-                if c and isinstance(c, str):
-                    pieces += self._splitter.feed(c, "content")
-                out += self._take(pieces)
+                plain = isinstance(c, str) and c and not r and self._cutter is None
+                if plain and self._splitter.plain(c):
+                    # the common case: content from a server that parsed K3's format itself
+                    self._text.append(c)
+                    out.append(ChatDelta("content", c))
+                    if self._t_first is None:
+                        self._t_first = time.monotonic()
+                else:
+                    pieces = []
+                    if r and isinstance(r, str):
+                        pieces += self._splitter.feed(r, "reasoning")
+                    if c and isinstance(c, str):
+                        pieces += self._splitter.feed(c, "content")
+                    out += self._take(pieces)
             fr = choice.get("finish_reason")
             if fr and not self._stopped_here:
                 self._finish_reason = fr
