@@ -85,12 +85,9 @@ class ChannelSplitter:
     def flush(self) -> list[tuple[Kind, str]]:
         """What is left at the end of the answer (a held-back partial marker is text)."""
         out = self._drain(final=True)
-        if self._header is not None:
-            lead = CLOSE if self._closing else OPEN
-            tail = self._header
-            self._header = None
-            if not self.ended and tail:
-                out += self._emit(self.kind, strip_markers(lead + tail))
+        if self._header is not None:  # a tag that never closed: its words are text
+            tail, self._header = self._header, None
+            out += self._emit(self.kind, tail)
         return out
 
     def _emit(self, kind: Kind, text: str) -> list[tuple[Kind, str]]:
@@ -105,17 +102,22 @@ class ChannelSplitter:
         while self._buf:
             if self._header is not None:
                 j = self._buf.find(SEP)
+                k, other = _first_marker(self._buf)
+                if other is not None and other != SEP and k < (j if j >= 0 else len(self._buf)):
+                    # another marker before <|sep|>: this was no tag; its words are text
+                    out += self._emit(self.kind, self._header + self._buf[:k])
+                    self._header = None
+                    self._buf = self._buf[k:]
+                    continue
                 if j < 0:
-                    if len(self._header) + len(self._buf) > MAX_HEADER:
-                        self._header += self._buf
-                        self._buf = ""
-                        lead = CLOSE if self._closing else OPEN
-                        out += self._emit(self.kind, lead + self._header)
+                    keep = 0 if final else _partial_marker_at_end(self._buf)
+                    self._header += self._buf[: len(self._buf) - keep]
+                    self._buf = self._buf[len(self._buf) - keep :]
+                    if len(self._header) > MAX_HEADER or final:
+                        # too long for a tag header: the marker goes, the words are text
+                        out += self._emit(self.kind, self._header)
                         self._header = None
                         continue
-                    if final:
-                        self._header += self._buf
-                        self._buf = ""
                     break
                 self._header += self._buf[:j]
                 self._buf = self._buf[j + len(SEP) :]

@@ -228,8 +228,8 @@ class ChatController(QObject):
             return
 
         def work(_t: CancelToken) -> ServerInfo | None:
-            try:
-                return self.client(endpoint).server()
+            try:  # asked again: an engine restarted on the same port may differ now
+                return self.client(endpoint).capabilities(refresh=True).server
             except ChatError:
                 return None
 
