@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,23 @@ class Target:
     endpoint: ChatEndpoint
     llama: RealServer | None = None
     bridge: LocalBridge | None = None
+    seen: int = 0  # the bridge's requests read so far (rank 0's lines)
+
+    def __post_init__(self) -> None:
+        if self.bridge is not None:
+            self.seen = len(self.bridge.serve_lines())
+
+    def next_request(self) -> tuple[int, int]:
+        """The bridge's next request as rank 0 logged it (after it answered: waits)."""
+        assert self.bridge is not None
+        deadline = time.monotonic() + 10
+        while len(lines := self.bridge.serve_lines()) <= self.seen:
+            assert time.monotonic() < deadline, "rank 0 logged no request"
+            time.sleep(0.02)
+        m = SERVE.search(lines[self.seen])
+        assert m is not None
+        self.seen += 1
+        return int(m.group(1)), int(m.group(2))
 
     def client(self, *, key: bool = True) -> ChatClient:
         ep = self.endpoint
@@ -70,14 +88,14 @@ class Target:
     def prompt_tokens(self, result: ChatResult) -> int:
         """How long the prompt of the last answer was, by the engine's own count."""
         if self.bridge is not None:
-            return self.engine_requests()[-1][0]
+            return self.next_request()[0]
         assert result.usage is not None
         assert not result.usage.estimated
         return result.usage.prompt_tokens
 
     def generated(self, result: ChatResult) -> int:
         if self.bridge is not None:
-            return self.engine_requests()[-1][1]
+            return self.next_request()[1]
         assert result.usage is not None
         return result.usage.completion_tokens
 
@@ -275,8 +293,8 @@ def test_speed_and_tokens_are_shown_and_say_who_measured_them(target: Target) ->
         # no usage and no timings in the bridge's stream: k3desk measured them
         assert result.timings.by_client
         assert result.usage.estimated
-        prompt, generated = target.engine_requests()[-1]
-        logged = target.bridge.serve_lines()[-1]
+        prompt, generated = target.next_request()
+        logged = target.bridge.serve_lines()[target.seen - 1]
         decode_s = float(re.search(r"decode_s=([\d.]+)", logged).group(1))  # type: ignore[union-attr]
         rate = generated / decode_s
         assert 0.2 * rate < result.timings.predicted_per_second < 1.5 * rate
