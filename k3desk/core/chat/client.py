@@ -1,9 +1,14 @@
 """A streaming client for OpenAI-compatible ``/v1/chat/completions`` servers.
 
-It talks to the llama-server k3desk starts and, the same way, to any remote
-OpenAI-compatible URL (vLLM, a SparkInfer bridge, a hosted API).  Answers stream
-as server-sent events; content and reasoning deltas are delivered as they arrive,
-through an iterator (:meth:`ChatClient.stream`) or callbacks (:meth:`ChatClient.chat`).
+It talks to the llama-server k3desk starts and to any remote OpenAI-compatible URL
+(vLLM, a SparkInfer bridge, a hosted API), each in its own dialect: the first request
+finds out what the server is (:meth:`ChatClient.capabilities`, unless the endpoint says),
+and every request is then built the way that server reads it
+(:mod:`k3desk.core.chat.dialects`).  Answers stream as server-sent events; content and
+reasoning deltas are delivered as they arrive, through an iterator
+(:meth:`ChatClient.stream`) or callbacks (:meth:`ChatClient.chat`).  K3 channel markers a
+server hands through are taken out (:mod:`k3desk.core.chat.channels`), and where a server
+reports no usage or timings the client measures them (marked ``by_client``/``estimated``).
 
 Cancelling (a :class:`CancelToken`, from any thread) shuts the socket down, which
 wakes the reading thread at once and tells llama-server to stop generating.
@@ -20,12 +25,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Literal
 
 import httpx
 
+from k3desk.core.chat import dialects
+from k3desk.core.chat.channels import ChannelSplitter, StopCutter
+from k3desk.core.chat.dialects import Limits, ServerInfo
 from k3desk.core.chat.images import PreparedImage, ensure_vision
 from k3desk.core.chat.model import ChatSettings, Role, Timings, Usage
 from k3desk.core.errors import ChatError
@@ -43,6 +51,10 @@ class EngineUnavailableError(ChatError):
 
 class AuthError(ChatError):
     """The server refused the API key (or wanted one)."""
+
+
+class UndescribedError(ChatError):
+    """The server answers but does not say what it is or serves (no /props, no models)."""
 
 
 class ContextOverflowError(ChatError):
@@ -74,6 +86,9 @@ class ChatEndpoint:
     base_url: str
     api_key: str | None = None
     model: str | None = None  # sent as "model"; None = ask the server once
+    # the server's kind (dialects.DIALECT_IDS); None = find out on first use
+    dialect: str | None = None
+    limits: Limits | None = None  # what the user says the server allows (None: find out)
 
     @property
     def root(self) -> str:
@@ -92,6 +107,9 @@ class ChatEndpoint:
         return h
 
 
+GENERIC = ServerInfo("openai")
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What the server says about itself (``/props``, else ``/v1/models``)."""
@@ -99,7 +117,8 @@ class Capabilities:
     vision: bool | None  # None: the server does not say
     n_ctx: int | None
     model: str | None
-    source: Literal["props", "models"]
+    source: Literal["props", "models", "healthz"]
+    server: ServerInfo = GENERIC
 
 
 @dataclass(frozen=True)
@@ -185,6 +204,7 @@ class ChatClient:
             headers=endpoint.headers(),
         )
         self._caps: Capabilities | None = None
+        self._undescribed = False  # asked once, and it would not say: the common form
         self._lock = threading.Lock()
 
     def __enter__(self) -> ChatClient:
@@ -208,29 +228,53 @@ class ChatClient:
             self._caps = caps
         return caps
 
+    def cached_capabilities(self) -> Capabilities | None:
+        """What is already known (no request)."""
+        with self._lock:
+            return self._caps
+
+    def server(self) -> ServerInfo:
+        """What the server is and allows (found once; see :meth:`capabilities`)."""
+        return self.capabilities().server
+
     def _probe(self) -> Capabilities:
         ep = self.endpoint
         props = self._get_json("/props")
-        if isinstance(props, dict) and (
-            "modalities" in props or "default_generation_settings" in props
-        ):
+        info = dialects.from_props(props)
+        if info is not None:
             modalities = props.get("modalities") or {}
-            dgs = props.get("default_generation_settings") or {}
-            n_ctx = dgs.get("n_ctx") if isinstance(dgs, dict) else None
             model = props.get("model_alias") or None
             if not model and props.get("model_path"):
                 model = str(props["model_path"]).replace("\\", "/").rsplit("/", 1)[-1]
             vision = modalities.get("vision") if isinstance(modalities, dict) else None
-            return Capabilities(
-                vision=None if vision is None else bool(vision),
-                n_ctx=int(n_ctx) if isinstance(n_ctx, int) and n_ctx > 0 else None,
-                model=model,
-                source="props",
+            return self._finish(
+                Capabilities(
+                    vision=None if vision is None else bool(vision),
+                    n_ctx=info.limits.context,
+                    model=model,
+                    source="props",
+                    server=info,
+                )
             )
+        _status, health = self._get("/healthz")
+        if dialects.is_bridge_health(health):
+            ready_status, ready = self._get("/readyz")
+            bridge = dialects.from_bridge(health, ready_status, ready)
+            assert bridge is not None
+            return self._finish(
+                Capabilities(
+                    vision=False,  # server.py: "only text message content is supported"
+                    n_ctx=bridge.limits.context,
+                    model=ep.model or str(health["model"]),
+                    source="healthz",
+                    server=bridge,
+                )
+            )
+        _status, version = self._get("/version")
         models = self._get_json("/v1/models")
         data = models.get("data") if isinstance(models, dict) else None
         if not isinstance(data, list) or not data or not isinstance(data[0], dict):
-            raise ChatError(
+            raise UndescribedError(
                 f"{ep.root} did not describe itself: neither /props nor /v1/models answered "
                 "with a model.",
                 "Check that the URL points at an OpenAI-compatible server "
@@ -249,12 +293,96 @@ class ChatClient:
         vision_m: bool | None = None
         if isinstance(arch, dict) and isinstance(arch.get("input_modalities"), list):
             vision_m = "image" in arch["input_modalities"]
-        return Capabilities(
-            vision=vision_m,
-            n_ctx=int(n_ctx_raw) if isinstance(n_ctx_raw, int) and n_ctx_raw > 0 else None,
-            model=str(first["id"]) if first.get("id") is not None else None,
-            source="models",
+        n_ctx = int(n_ctx_raw) if isinstance(n_ctx_raw, int) and n_ctx_raw > 0 else None
+        info = dialects.from_version(version) or dialects.from_models(models)
+        if n_ctx is not None:
+            info = replace(info, limits=Limits(context=n_ctx, source="/v1/models"))
+        return self._finish(
+            Capabilities(
+                vision=vision_m,
+                n_ctx=n_ctx,
+                model=str(first["id"]) if first.get("id") is not None else None,
+                source="models",
+                server=info,
+            )
         )
+
+    def _finish(self, caps: Capabilities) -> Capabilities:
+        """Apply what the endpoint says (the user's kind and limits) and learn the bridge's."""
+        ep = self.endpoint
+        info = caps.server
+        if ep.dialect and ep.dialect != info.dialect:
+            kind = dialects.dialect(ep.dialect)
+            base = dialects.BRIDGE_LIMITS if kind.id == "sparkinfer-bridge" else info.limits
+            info = ServerInfo(
+                kind.id,
+                detail=f"k3desk found {info.kind.label}",
+                limits=base,
+                overridden=True,
+            )
+        elif ep.dialect:
+            info = replace(info, overridden=True)
+        told = ep.limits
+        if info.dialect == "sparkinfer-bridge" and (told is None or told.max_tokens is None):
+            info = self._learn_bridge_limits(info, caps.model)
+        if told is not None:
+            lim = info.limits
+            info = replace(
+                info,
+                limits=Limits(
+                    told.max_tokens if told.max_tokens is not None else lim.max_tokens,
+                    told.default_max_tokens
+                    if told.default_max_tokens is not None
+                    else lim.default_max_tokens,
+                    told.context if told.context is not None else lim.context,
+                    told.source or "set by you",
+                ),
+            )
+        n_ctx = info.limits.context if info.limits.context is not None else caps.n_ctx
+        vision = False if info.kind.images is False else caps.vision
+        return replace(caps, server=info, n_ctx=n_ctx, vision=vision)
+
+    def _learn_bridge_limits(self, info: ServerInfo, model: str | None) -> ServerInfo:
+        """Ask the bridge for more tokens than any limit: its refusal names K3_MAX_TOKENS.
+
+        server.py validates before it reaches the engine (validate_request), so nothing is
+        generated; a bridge that cannot render prompts says so here too.
+        """
+        body = {
+            "model": model or dialects.BRIDGE_MODEL,
+            "messages": [{"role": "user", "content": "k3desk limit check"}],
+            "max_tokens": dialects.LIMIT_PROBE_TOKENS,
+            "stream": False,
+        }
+        try:
+            resp = self._http.post(self.endpoint.url("/v1/chat/completions"), json=body)
+        except httpx.TransportError as exc:
+            raise _transport_error(self.endpoint, exc, before_answer=True) from None
+        if resp.status_code in (401, 403):
+            path = "/v1/chat/completions"
+            raise _status_error(self.endpoint, resp.status_code, resp.content, path)
+        try:
+            parsed = resp.json()
+        except ValueError:
+            return info
+        err = parsed.get("error") if isinstance(parsed, dict) else None
+        if not err:
+            return info
+        msg, _etype = _error_text(err)
+        code = str(err.get("code") or "") if isinstance(err, dict) else ""
+        limits, problem = dialects.learn_bridge_limits(info.limits, resp.status_code, (msg, code))
+        return replace(info, limits=limits, problem=problem or info.problem)
+
+    def _get(self, path: str) -> tuple[int, Any]:
+        """(status, parsed JSON or None); raises only when the server cannot be reached."""
+        try:
+            resp = self._http.get(self.endpoint.url(path))
+        except httpx.TransportError as exc:
+            raise _transport_error(self.endpoint, exc, before_answer=True) from None
+        try:
+            return resp.status_code, resp.json()
+        except ValueError:
+            return resp.status_code, None
 
     def _get_json(self, path: str) -> Any:
         url = self.endpoint.url(path)
@@ -275,40 +403,51 @@ class ChatClient:
 
     # ---------------------------------------------------------- chat
 
+    def known_server(self) -> ServerInfo:
+        """What is known of the server without asking it (the endpoint's word, else generic)."""
+        with self._lock:
+            caps = self._caps
+        if caps is not None:
+            return caps.server
+        ep = self.endpoint
+        if ep.dialect:
+            kind = dialects.dialect(ep.dialect)
+            limits = ep.limits or (
+                dialects.BRIDGE_LIMITS if kind.id == "sparkinfer-bridge" else Limits()
+            )
+            return ServerInfo(kind.id, limits=limits, overridden=True)
+        return ServerInfo("openai")
+
     def build_body(
         self, messages: Sequence[ChatMessage], settings: ChatSettings | None = None
     ) -> dict[str, Any]:
-        """The JSON request for ``messages`` (validates the settings first)."""
+        """The JSON request for ``messages``, in the server's dialect.
+
+        Validates the settings first, and raises :class:`ChatError` for a request the
+        server is known to refuse (a limit it has), before anything is sent.
+        """
         s = settings or ChatSettings()
         if s.thinking_effort is not None and s.thinking_effort not in THINKING_EFFORTS:
             raise ChatError(
                 f"Unknown thinking effort {s.thinking_effort!r}.",
                 f"Use one of: {', '.join(THINKING_EFFORTS)}.",
             )
+        if s.max_tokens is not None and s.max_tokens < 1:
+            raise ChatError(
+                f"Max tokens must be at least 1, not {s.max_tokens}.",
+                "Leave it empty for as much as the server allows.",
+            )
         if not messages:
             raise ChatError("There is no message to send.")
-        kwargs: dict[str, Any] = {"thinking": s.thinking}
-        if s.thinking and s.thinking_effort:
-            kwargs["thinking_effort"] = s.thinking_effort
-        body: dict[str, Any] = {
-            "messages": [m.to_openai() for m in messages],
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "chat_template_kwargs": kwargs,
-        }
-        if s.max_tokens is not None:
-            body["max_tokens"] = s.max_tokens
-        if s.seed is not None:
-            body["seed"] = s.seed
+        info = self.known_server()
+        wire = [m.to_openai() for m in messages]
+        dialects.check_request(info, wire, s)
         model = self.endpoint.model
         if model is None and self._caps is not None:
             model = self._caps.model
-        if model:
-            body["model"] = model
-        body.update(s.extra_body)
-        return body
+        if model is None and info.dialect == "sparkinfer-bridge":
+            model = dialects.BRIDGE_MODEL  # server.py refuses any other name with 404
+        return dialects.request_body(info, wire, s, model)
 
     def stream(
         self,
@@ -325,12 +464,25 @@ class ChatClient:
         if any(m.images for m in messages):
             caps = self.capabilities()
             ensure_vision(caps.vision, where=self.endpoint.root)
-        elif self.endpoint.model is None and self._caps is None:
-            # servers other than llama-server need the model id; ask once
-            with contextlib.suppress(ChatError):
+        elif self._caps is None and not self._undescribed:
+            # the server's kind decides the request's form; a server that does not answer
+            # these questions gets the common one (and the request says what is wrong)
+            try:
                 self.capabilities()
-        body = self.build_body(messages, settings)
-        return ChatStream(self, body, cancel)
+            except UndescribedError:
+                self._undescribed = True  # not asked again by this client
+            except ChatError:
+                pass
+        s = settings or ChatSettings()
+        body = self.build_body(messages, s)
+        info = self.known_server()
+        return ChatStream(
+            self,
+            body,
+            cancel,
+            stop=s.stop if info.kind.stop == "client" else (),
+            prompt_estimate=dialects.estimate_prompt(body["messages"]),
+        )
 
     def chat(
         self,
@@ -356,7 +508,13 @@ class ChatStream:
     """One streaming answer.  Iterate it for :class:`ChatDelta`; then read ``result``."""
 
     def __init__(
-        self, client: ChatClient, body: Mapping[str, Any], cancel: CancelToken | None
+        self,
+        client: ChatClient,
+        body: Mapping[str, Any],
+        cancel: CancelToken | None,
+        *,
+        stop: tuple[str, ...] = (),
+        prompt_estimate: int | None = None,
     ) -> None:
         self._client = client
         self._body = body
@@ -376,6 +534,15 @@ class ChatStream:
         self._model: str | None = None
         self._t0 = 0.0
         self._t_first: float | None = None
+        # K3 markers a server hands through; stop sequences the server does not take
+        self._splitter = ChannelSplitter()
+        self._cutter = StopCutter(stop) if stop else None
+        self._stopped_here = False  # the answer reached a stop sequence (cut by k3desk)
+        # what the client measures, for servers that report no usage or timings
+        self._prompt_estimate = prompt_estimate
+        self._pieces = 0
+        self._t_piece0: float | None = None
+        self._t_piece1: float | None = None
 
     def __enter__(self) -> ChatStream:
         return self
@@ -439,8 +606,8 @@ class ChatStream:
             text="".join(self._text),
             reasoning="".join(self._reasoning),
             finish_reason=self._finish_reason,
-            usage=self._usage,
-            timings=self._timings,
+            usage=self._usage or self._measured_usage(),
+            timings=self._timings or self._measured_timings(),
             model=self._model,
             partial=partial,
             cancelled=cancelled,
@@ -501,6 +668,59 @@ class ChatStream:
             with contextlib.suppress(httpx.HTTPError, OSError):
                 resp.close()
 
+    def _measured_timings(self) -> Timings | None:
+        """Generation speed from when the answer's pieces arrived (a piece is about a token)."""
+        t0, t1, n = self._t_piece0, self._t_piece1, self._pieces
+        if t0 is None or t1 is None or n < 2 or t1 <= t0:
+            return None
+        return Timings(
+            prompt_n=self._prompt_estimate or 0,
+            prompt_ms=(t0 - self._t0) * 1000.0,
+            predicted_n=n,
+            predicted_ms=(t1 - t0) * 1000.0,
+            predicted_per_second=(n - 1) / (t1 - t0),
+            by_client=True,
+        )
+
+    def _measured_usage(self) -> Usage | None:
+        if not self._pieces:
+            return None
+        prompt = self._prompt_estimate or 0
+        return Usage(prompt, self._pieces, prompt + self._pieces, estimated=True)
+
+    def _take(self, pieces: list[tuple[Literal["content", "reasoning"], str]]) -> list[ChatDelta]:
+        out: list[ChatDelta] = []
+        moved = self._splitter.moved_to_reasoning
+        if moved:
+            # the first marker was a closing </think>: the "content" so far was reasoning
+            self._splitter.moved_to_reasoning = 0
+            text = "".join(self._text)
+            self._text = [text[moved:]] if len(text) > moved else []
+            self._reasoning.insert(0, text[:moved])
+        for kind, text in pieces:
+            if kind == "content" and self._cutter is not None:
+                text = self._cutter.feed(text)
+                if self._cutter.stopped and not self._stopped_here:
+                    self._stopped_here = True
+                    self._finish_reason = "stop"
+            if not text:
+                continue
+            (self._text if kind == "content" else self._reasoning).append(text)
+            out.append(ChatDelta(kind, text))
+        if out and self._t_first is None:
+            self._t_first = time.monotonic()
+        return out
+
+    def _drain(self) -> list[ChatDelta]:
+        """What the splitter and the stop cutter still hold, at the end of the answer."""
+        out = self._take(self._splitter.flush())
+        if self._cutter is not None and not self._cutter.stopped:
+            rest = self._cutter.flush()
+            if rest:
+                self._text.append(rest)
+                out.append(ChatDelta("content", rest))
+        return out
+
     def _read(self, resp: httpx.Response) -> Iterator[ChatDelta]:
         ep = self._client.endpoint
         data_lines: list[str] = []
@@ -525,7 +745,9 @@ class ChatStream:
                 deltas = self._handle(payload)
                 if deltas:
                     yield from deltas
-            if data_lines and not done:
+                if self._stopped_here:
+                    break  # k3desk cut the answer at a stop sequence: hang up
+            if data_lines and not done and not self._stopped_here:
                 payload = "\n".join(data_lines)
                 if payload == "[DONE]":
                     done = True
@@ -535,6 +757,7 @@ class ChatStream:
             if self._aborted:
                 self.result = self._snapshot(partial=True, cancelled=True)
                 return
+            yield from self._drain()
             result = self._snapshot(partial=True)
             raise ChatStreamError(
                 _cut_message(ep, result, str(exc) or type(exc).__name__),
@@ -544,6 +767,10 @@ class ChatStream:
             ) from None
         if self._aborted:
             self.result = self._snapshot(partial=True, cancelled=True)
+            return
+        yield from self._drain()
+        if self._stopped_here:
+            self.result = self._snapshot(partial=False)
             return
         if not done and self._finish_reason is None:
             result = self._snapshot(partial=True)
@@ -581,17 +808,29 @@ class ChatStream:
             delta = choice.get("delta")
             if delta:
                 r = delta.get("reasoning_content") or delta.get("reasoning")
-                if r:
-                    self._reasoning.append(r)
-                    out.append(ChatDelta("reasoning", r))
                 c = delta.get("content")
-                if c:
+                if (r or c) and not self._stopped_here:
+                    now = time.monotonic()
+                    self._pieces += 1
+                    self._t_piece1 = now
+                    if self._t_piece0 is None:
+                        self._t_piece0 = now
+                plain = isinstance(c, str) and c and not r and self._cutter is None
+                if plain and self._splitter.plain(c):
+                    # the common case: content from a server that parsed K3's format itself
                     self._text.append(c)
                     out.append(ChatDelta("content", c))
-                if out and self._t_first is None:
-                    self._t_first = time.monotonic()
+                    if self._t_first is None:
+                        self._t_first = time.monotonic()
+                else:
+                    pieces = []
+                    if r and isinstance(r, str):
+                        pieces += self._splitter.feed(r, "reasoning")
+                    if c and isinstance(c, str):
+                        pieces += self._splitter.feed(c, "content")
+                    out += self._take(pieces)
             fr = choice.get("finish_reason")
-            if fr:
+            if fr and not self._stopped_here:
                 self._finish_reason = fr
         usage = obj.get("usage")
         if usage and isinstance(usage, dict):

@@ -18,9 +18,10 @@ DEFAULT_TOP_P = 0.95
 class ChatSettings:
     """Sampling and template options for one request (and stored per conversation).
 
-    ``thinking`` and ``thinking_effort`` go to the Kimi-K3 chat template through
-    ``chat_template_kwargs``.  ``extra_body`` is merged into the request as is,
-    for servers that want fields of their own.
+    ``thinking`` and ``thinking_effort`` go to the Kimi-K3 chat template, in the field the
+    server reads (:mod:`k3desk.core.chat.dialects`).  ``max_tokens`` None: as much as the
+    server allows.  ``stop``: sequences that end the answer.  ``extra_body`` is merged into
+    the request as is, for servers that want fields of their own.
     """
 
     temperature: float = DEFAULT_TEMPERATURE
@@ -29,6 +30,7 @@ class ChatSettings:
     seed: int | None = None
     thinking: bool = True
     thinking_effort: str | None = None
+    stop: tuple[str, ...] = ()
     extra_body: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -39,6 +41,7 @@ class ChatSettings:
             "seed": self.seed,
             "thinking": self.thinking,
             "thinking_effort": self.thinking_effort,
+            "stop": list(self.stop),
             "extra_body": dict(self.extra_body),
         }
 
@@ -47,6 +50,7 @@ class ChatSettings:
         """Build settings from a stored dict; unknown keys are ignored, missing ones defaulted."""
         d = cls()
         extra = data.get("extra_body") or {}
+        stop = data.get("stop") or ()
         return cls(
             temperature=float(data.get("temperature", d.temperature)),
             top_p=float(data.get("top_p", d.top_p)),
@@ -56,6 +60,7 @@ class ChatSettings:
             thinking_effort=(
                 str(data["thinking_effort"]) if data.get("thinking_effort") is not None else None
             ),
+            stop=tuple(str(x) for x in stop if x) if isinstance(stop, list | tuple) else (),
             extra_body=dict(extra) if isinstance(extra, Mapping) else {},
         )
 
@@ -66,28 +71,38 @@ def _opt_int(value: Any) -> int | None:
 
 @dataclass(frozen=True)
 class Usage:
+    """Token counts; ``estimated``: counted by k3desk, the server reported none."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    estimated: bool = False
 
-    def to_dict(self) -> dict[str, int]:
-        return {
+    def to_dict(self) -> dict[str, int | bool]:
+        out: dict[str, int | bool] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
         }
+        if self.estimated:
+            out["estimated"] = True
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Usage:
         prompt = int(data.get("prompt_tokens") or 0)
         completion = int(data.get("completion_tokens") or 0)
         total = int(data.get("total_tokens") or prompt + completion)
-        return cls(prompt, completion, total)
+        return cls(prompt, completion, total, estimated=data.get("estimated") is True)
 
 
 @dataclass(frozen=True)
 class Timings:
-    """llama-server's per-request timings (absent from most other servers)."""
+    """llama-server's per-request timings (absent from most other servers).
+
+    ``by_client``: measured by k3desk from when the answer's pieces arrived, for a server
+    that reports no timings.
+    """
 
     prompt_n: int
     prompt_ms: float
@@ -96,9 +111,10 @@ class Timings:
     predicted_per_second: float
     prompt_per_second: float = 0.0
     cache_n: int = 0
+    by_client: bool = False
 
-    def to_dict(self) -> dict[str, float | int]:
-        return {
+    def to_dict(self) -> dict[str, float | int | bool]:
+        out: dict[str, float | int | bool] = {
             "prompt_n": self.prompt_n,
             "prompt_ms": self.prompt_ms,
             "predicted_n": self.predicted_n,
@@ -107,6 +123,9 @@ class Timings:
             "prompt_per_second": self.prompt_per_second,
             "cache_n": self.cache_n,
         }
+        if self.by_client:
+            out["by_client"] = True
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Timings:
@@ -118,4 +137,5 @@ class Timings:
             predicted_per_second=float(data.get("predicted_per_second") or 0.0),
             prompt_per_second=float(data.get("prompt_per_second") or 0.0),
             cache_n=int(data.get("cache_n") or 0),
+            by_client=data.get("by_client") is True,
         )

@@ -2,8 +2,12 @@
 
 A person attaches a URL (a vLLM TP3 server, a SparkInfer bridge, another
 machine's llama-server, a hosted API) with an optional API key; k3desk asks it
-what it is (``/props``, else ``/v1/models``), remembers it in
-``<config>/endpoints.json`` and chats with it through the core chat client.
+what it is (llama-server's ``/props``, the SparkInfer bridge's ``/healthz`` and
+``/readyz``, vLLM's ``/version``, else a generic OpenAI-compatible server: see
+:mod:`k3desk.core.chat.dialects`), remembers that with it in ``<config>/endpoints.json``
+and chats with it through the core chat client, in that server's dialect.  The person
+can say what it is instead (``server``), and what it allows (``max_tokens_limit``,
+``context_limit``), where k3desk cannot find out.
 
 API keys never go into that file: they are kept in the OS keyring (service
 ``k3desk``) or read from an environment variable the endpoint names
@@ -13,20 +17,23 @@ this session only, and :meth:`EndpointStore.add` says so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from k3desk.core.chat import dialects
 from k3desk.core.chat.client import (
     Capabilities,
     ChatClient,
     ChatEndpoint,
     EngineUnavailableError,
 )
+from k3desk.core.chat.dialects import Limits
 from k3desk.core.cluster.nodes import ClusterError
 from k3desk.core.errors import ChatError
 from k3desk.core.paths import AppPaths
@@ -47,10 +54,31 @@ class RemoteEndpoint:
     n_ctx: int | None = None
     vision: bool | None = None
     added: str = ""
+    # what kind of server it is (dialects.DIALECT_IDS); "" = not known yet
+    server: str = ""
+    server_set: bool = False  # the person said so (k3desk does not look again)
+    server_detail: str = ""  # how it was told, in words
+    server_problem: str = ""  # it answers but cannot chat, and why
+    # limits the person gave (None: as the server says, or the recipe's defaults)
+    max_tokens_limit: int | None = None
+    context_limit: int | None = None
 
     @property
     def keyring_user(self) -> str:
         return f"endpoint:{self.name}"
+
+    @property
+    def limits(self) -> Limits | None:
+        if self.max_tokens_limit is None and self.context_limit is None:
+            return None
+        return Limits(self.max_tokens_limit, None, self.context_limit, "set by you")
+
+    def server_text(self) -> str:
+        """What kind of server it is, in words ("" when not known)."""
+        if not self.server:
+            return ""
+        text = self.server_detail or dialects.DIALECTS[self.server].label  # type: ignore[index]
+        return text + (f" — {self.server_problem}" if self.server_problem else "")
 
 
 @dataclass(frozen=True)
@@ -124,10 +152,14 @@ class EndpointStore:
         model: str = "",
         check: bool = True,
         replace_existing: bool = False,
+        server: str | None = None,
+        max_tokens_limit: int | None = None,
+        context_limit: int | None = None,
     ) -> tuple[RemoteEndpoint, str]:
         """Attach ``url`` as ``name``; returns the endpoint and where its key went (in words).
 
-        With ``check`` the server must answer now (its capabilities are recorded).
+        With ``check`` the server must answer now (what it is and can do is recorded).
+        ``server``: what kind of server it is (None or "auto": k3desk finds out).
         """
         if not _NAME_RE.fullmatch(name):
             raise ClusterError(
@@ -138,6 +170,13 @@ class EndpointStore:
                 f"{url!r} is not an http(s) URL.",
                 "Example: http://10.0.0.21:8008 (with or without /v1).",
             )
+        if server == "auto":
+            server = None
+        if server is not None:
+            dialects.dialect(server)  # a clear error for an unknown kind
+        for what, value in (("max tokens", max_tokens_limit), ("context", context_limit)):
+            if value is not None and value < 1:
+                raise ClusterError(f"The {what} limit must be a positive number, not {value}.")
         existing = [e for e in self.load() if e.name == name]
         if existing and not replace_existing:
             raise ClusterError(
@@ -150,6 +189,10 @@ class EndpointStore:
             model=model,
             key_env=key_env,
             added=time.strftime("%Y-%m-%d %H:%M:%S"),
+            server=server or "",
+            server_set=server is not None,
+            max_tokens_limit=max_tokens_limit,
+            context_limit=context_limit,
         )
         where = "no API key"
         if key_env:
@@ -158,10 +201,7 @@ class EndpointStore:
                 api_key = self._environ().get(key_env) or None
         if check:
             caps = self._capabilities(ep, api_key)
-            ep = RemoteEndpoint(
-                **{**asdict(ep), "n_ctx": caps.n_ctx, "vision": caps.vision,
-                   "model": model or (caps.model or "")}
-            )  # fmt: skip
+            ep = _with_capabilities(ep, caps, model=model or (caps.model or ""))
         if api_key and not key_env:
             if self._secrets.set(ep.keyring_user, api_key, what="key") == "keyring":
                 ep = RemoteEndpoint(**{**asdict(ep), "key_in_keyring": True})
@@ -175,6 +215,29 @@ class EndpointStore:
         others = [e for e in self.load() if e.name != name]
         self._save([*others, ep])
         return ep, where
+
+    def set_server(self, name: str, server: str | None) -> RemoteEndpoint:
+        """Say what kind of server ``name`` is (None: let k3desk find out again)."""
+        if server is not None:
+            dialects.dialect(server)
+        ep = self.get(name)
+        ep = replace(
+            ep,
+            server=server or "",
+            server_set=server is not None,
+            server_detail="" if server is not None else ep.server_detail,
+            server_problem="",
+        )
+        if server is None:
+            ep = replace(ep, server="", server_detail="")
+        self._save([e if e.name != name else ep for e in self.load()])
+        return ep
+
+    def remember(self, name: str, caps: Capabilities) -> RemoteEndpoint:
+        """Keep what a check found (the kind of server, its context, images)."""
+        ep = _with_capabilities(self.get(name), caps, model=None)
+        self._save([e if e.name != name else ep for e in self.load()])
+        return ep
 
     def remove(self, name: str) -> RemoteEndpoint:
         ep = self.get(name)
@@ -202,8 +265,7 @@ class EndpointStore:
         return None
 
     def chat_endpoint(self, name: str) -> ChatEndpoint:
-        ep = self.get(name)
-        return ChatEndpoint(ep.url, self.api_key(ep), ep.model or None)
+        return _chat_endpoint(self.get(name), self.api_key(self.get(name)))
 
     def client(self, name: str) -> ChatClient:
         """A chat client for the attached endpoint ``name`` (close it when done)."""
@@ -217,14 +279,17 @@ class EndpointStore:
             caps = self._capabilities(ep, self.api_key(ep))
         except ChatError as exc:
             return EndpointStatus(ep, False, error=str(exc), latency_s=time.monotonic() - t0)
-        return EndpointStatus(ep, True, caps, latency_s=time.monotonic() - t0)
+        latency = time.monotonic() - t0
+        with contextlib.suppress(ClusterError, OSError):  # unwritable: the check still tells
+            ep = self.remember(name, caps)
+        return EndpointStatus(ep, True, caps, latency_s=latency)
 
     # ------------------------------------------------------------ internals
     def _environ(self) -> Mapping[str, str]:
         return os.environ if self._env is None else self._env
 
     def _capabilities(self, ep: RemoteEndpoint, api_key: str | None) -> Capabilities:
-        with ChatClient(ChatEndpoint(ep.url, api_key, ep.model or None), timeout=10.0) as c:
+        with ChatClient(_chat_endpoint(ep, api_key), timeout=10.0) as c:
             try:
                 return c.capabilities()
             except EngineUnavailableError as exc:
@@ -233,3 +298,29 @@ class EndpointStore:
                     "Check that the server is running and reachable from this machine; "
                     "if it moved, attach it again with the new URL.",
                 ) from None
+
+
+def _chat_endpoint(ep: RemoteEndpoint, api_key: str | None) -> ChatEndpoint:
+    """How the chat client reaches ``ep``: the kind the person set (else found per client)."""
+    return ChatEndpoint(
+        ep.url,
+        api_key,
+        ep.model or None,
+        dialect=ep.server if ep.server_set and ep.server else None,
+        limits=ep.limits,
+    )
+
+
+def _with_capabilities(
+    ep: RemoteEndpoint, caps: Capabilities, *, model: str | None
+) -> RemoteEndpoint:
+    info = caps.server
+    return replace(
+        ep,
+        n_ctx=caps.n_ctx,
+        vision=caps.vision,
+        model=ep.model if model is None else model,
+        server=info.dialect,
+        server_detail=info.describe(),
+        server_problem=info.problem,
+    )

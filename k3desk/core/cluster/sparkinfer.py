@@ -31,14 +31,15 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 import httpx
 
 from k3desk.core.chat.client import ChatEndpoint
-from k3desk.core.chat.model import ChatSettings
+from k3desk.core.chat.dialects import Limits
+from k3desk.core.cluster.bridge_env import require_bridge_env
 from k3desk.core.cluster.group import (
     EventCallback,
     GroupPolicy,
@@ -220,12 +221,6 @@ def bridge_env(config: SparkInferConfig) -> dict[str, str]:
         "K3_MAX_CONTEXT_TOKENS": str(config.max_ctx),
     }
     return {k: v for k, v in env.items() if v}
-
-
-def bridge_settings(settings: ChatSettings) -> ChatSettings:
-    """Chat settings for the recipe's bridge, which reads a top-level ``"thinking"`` flag
-    (not the chat template's ``chat_template_kwargs``) and answers greedily."""
-    return replace(settings, extra_body={**settings.extra_body, "thinking": settings.thinking})
 
 
 def describe_launch(config: SparkInferConfig) -> list[tuple[str, str]]:
@@ -640,6 +635,15 @@ class SparkInferCluster(GroupSupervisor):
             self._flags = set()
         self._shards = (0, 0)
         self._phase(PHASE_TEXT[0], 0, total, cfg.rank0.label)
+        if attempt == 1:  # before minutes of loading: can the recipe's bridge work there?
+            require_bridge_env(
+                self._client(cfg.rank0),
+                bridge_argv=bridge_argv(cfg),
+                recipe_dir=cfg.recipe_path,
+                env=bridge_env(cfg),
+                where=f"rank 0 ({cfg.rank0.label})",
+                cancel=cancel,
+            )
         rank0 = self._start(0, attempt)
         self._started(rank0, cancel)
         self._await("listening", 60.0, cancel)
@@ -671,7 +675,9 @@ class SparkInferCluster(GroupSupervisor):
         self._started(bridge, cancel)
         how = self._await_bridge(cfg.url, cfg.ready_timeout, cancel)
         self._phase(PHASE_TEXT[6], 7, total, f"{cfg.url} ({how})")
-        return ChatEndpoint(cfg.url, None, cfg.model_name)
+        # the bridge does not say its context; k3desk set it (K3_MAX_CONTEXT_TOKENS)
+        told = Limits(context=cfg.max_ctx or None, source="K3_MAX_CONTEXT_TOKENS as launched")
+        return ChatEndpoint(cfg.url, None, cfg.model_name, "sparkinfer-bridge", told)
 
     def _started(self, proc: RemoteProcess, cancel: CancelToken) -> None:
         deadline = time.monotonic() + self._connect_timeout + 20

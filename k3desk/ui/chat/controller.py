@@ -22,13 +22,15 @@ from PySide6.QtGui import QImage
 
 from k3desk.core.chat.client import (
     ChatClient,
+    ChatEndpoint,
     ChatMessage,
     ChatResult,
     ChatStreamError,
 )
+from k3desk.core.chat.dialects import ServerInfo
 from k3desk.core.chat.history import Conversation, HistoryStore, Message
 from k3desk.core.chat.images import PreparedImage, ensure_vision, load_image, prepare_image
-from k3desk.core.chat.model import ChatSettings
+from k3desk.core.chat.model import ChatSettings, Timings
 from k3desk.core.errors import ChatError
 from k3desk.core.progress import CancelToken
 from k3desk.ui.bridge import StreamBuffer
@@ -64,12 +66,28 @@ class StreamState:
     pieces: int = 0
 
 
+MEASURED = "measured by k3desk"  # said of figures the server did not report
+
+
+def tps_text(timings: Timings | None) -> str:
+    """"42.1 tok/s", or "≈ 11.8 tok/s (measured by k3desk)" where the server said none."""
+    if timings is None or timings.predicted_per_second <= 0:
+        return ""
+    if timings.by_client:
+        return f"≈ {timings.predicted_per_second:.1f} tok/s ({MEASURED})"
+    return f"{timings.predicted_per_second:.1f} tok/s"
+
+
 def stats_text(m: Message) -> str:
     parts = []
-    if m.timings is not None and m.timings.predicted_per_second > 0:
-        parts.append(f"{m.timings.predicted_per_second:.1f} tok/s")
+    tps = tps_text(m.timings)
+    if tps:
+        parts.append(tps)
     if m.usage is not None and m.usage.completion_tokens:
-        parts.append(f"{m.usage.completion_tokens} tokens")
+        about = "≈ " if m.usage.estimated else ""
+        parts.append(f"{about}{m.usage.completion_tokens} tokens")
+    if m.finish_reason == "length" and not m.partial:
+        parts.append("stopped at the token limit")
     return " · ".join(parts)
 
 
@@ -144,8 +162,12 @@ class ChatController(QObject):
         self._buffer = StreamBuffer(hz=30, parent=self)
         self._buffer.batch.connect(self._on_batch)
         self.page_size = 150
-        self.last_tps: float | None = None
+        self.last_timings: Timings | None = None
         self.last_context: tuple[int, int | None] | None = None
+        self.last_context_estimated = False
+        # one client per chat target, so what the server is is found out once
+        self._client: ChatClient | None = None
+        self._client_lock = threading.Lock()
         self.search_text = ""
         self._pending_settings: tuple[str, ChatSettings] | None = None
 
@@ -160,6 +182,10 @@ class ChatController(QObject):
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        with self._client_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
         if self._store is not None:
             self._store.close()
             self._store = None
@@ -167,6 +193,66 @@ class ChatController(QObject):
     @property
     def streaming(self) -> bool:
         return self.stream is not None
+
+    @property
+    def last_tps(self) -> float | None:
+        t = self.last_timings
+        return t.predicted_per_second if t is not None and t.predicted_per_second > 0 else None
+
+    def client(self, endpoint: ChatEndpoint) -> ChatClient:
+        """The chat client for ``endpoint`` (kept while the chat goes there)."""
+        with self._client_lock:
+            old = self._client
+            if old is not None and old.endpoint == endpoint:
+                return old
+            self._client = ChatClient(endpoint)
+            client = self._client
+        if old is not None:
+            old.close()
+        return client
+
+    def server(self) -> ServerInfo | None:
+        """What the chat's server is, when already found out (else None)."""
+        endpoint = self.engine.chat_endpoint()
+        with self._client_lock:
+            client = self._client
+        if endpoint is None or client is None or client.endpoint != endpoint:
+            return None
+        caps = client.cached_capabilities()
+        return caps.server if caps is not None else None
+
+    def find_server(self, on_done: Any = None) -> None:
+        """Find out what the chat's server is (in the background); ``on_done(ServerInfo)``."""
+        endpoint = self.engine.chat_endpoint()
+        if endpoint is None:
+            return
+
+        def work(_t: CancelToken) -> ServerInfo | None:
+            try:  # asked again: an engine restarted on the same port may differ now
+                return self.client(endpoint).capabilities(refresh=True).server
+            except ChatError:
+                return None
+
+        def done(info: ServerInfo | None) -> None:
+            if on_done is not None and info is not None:
+                on_done(info)
+
+        self.ctx.tasks.run(work, on_done=done, name="chat-server")
+
+    def answer_stats(self) -> list[str]:
+        """The last answer's speed and the context it used, for the status line."""
+        parts = []
+        tps = tps_text(self.last_timings)
+        if tps:
+            parts.append(f"last answer {tps}")
+        if self.last_context is not None:
+            used, total = self.last_context
+            about = "≈ " if self.last_context_estimated else ""
+            text = f"context {about}{used:,} / {total:,}" if total else f"context {about}{used:,}"
+            if self.last_context_estimated:
+                text += " (estimated by k3desk)"
+            parts.append(text)
+        return parts
 
     # ------------------------------------------------------ conversations
     def refresh_list(self) -> None:
@@ -413,18 +499,12 @@ class ChatController(QObject):
             note = ""
             error: ChatError | None = None
             try:
-                with ChatClient(endpoint) as client:
-                    result = client.chat(
-                        messages,
-                        self.engine.chat_settings(conv.settings),
-                        on_delta=on_delta,
-                        cancel=tok,
-                    )
-                    try:
-                        caps = client.capabilities()
-                        n_ctx = caps.n_ctx
-                    except ChatError:
-                        n_ctx = None
+                client = self.client(endpoint)
+                result = client.chat(messages, conv.settings, on_delta=on_delta, cancel=tok)
+                try:
+                    n_ctx = client.capabilities().n_ctx
+                except ChatError:
+                    n_ctx = None
             except ChatStreamError as exc:
                 result, note, error = exc.result, NOTE_BROKEN, exc
                 n_ctx = None
@@ -455,11 +535,10 @@ class ChatController(QObject):
                 model=result.model,
             )
             if result.timings is not None and result.timings.predicted_per_second > 0:
-                self.last_tps = result.timings.predicted_per_second
-            elif result.usage is not None and result.elapsed_s > 0:
-                self.last_tps = result.usage.completion_tokens / result.elapsed_s
+                self.last_timings = result.timings
             if result.usage is not None:
                 self.last_context = (result.usage.total_tokens, n_ctx)
+                self.last_context_estimated = result.usage.estimated
             if error is not None:
                 log.warning("answer cut short: %s", error.message)
             return final
@@ -552,10 +631,4 @@ class ChatController(QObject):
         self.busy.emit(False)
 
     def _emit_status(self) -> None:
-        parts = []
-        if self.last_tps is not None:
-            parts.append(f"last answer {self.last_tps:.1f} tok/s")
-        if self.last_context is not None:
-            used, total = self.last_context
-            parts.append(f"context {used:,} / {total:,}" if total else f"context {used:,} tokens")
-        self.status.emit(" · ".join(parts))
+        self.status.emit(" · ".join(self.answer_stats()))

@@ -25,11 +25,13 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QPlainTextEdit,
     QPushButton,
+    QSpinBox,
     QSplitter,
     QVBoxLayout,
     QWidget,
 )
 
+from k3desk.core.chat.dialects import ServerInfo
 from k3desk.core.chat.history import Conversation
 from k3desk.core.chat.images import PreparedImage
 from k3desk.core.chat.model import ChatSettings
@@ -59,9 +61,17 @@ def when(ts: float) -> str:
 
 
 class ChatSettingsDialog(QDialog):
-    """System prompt, sampling and thinking for one conversation."""
+    """System prompt, sampling, thinking, answer length and stop sequences for one
+    conversation.  With ``server`` known, what that server does not take is shown
+    disabled, with the reason, and its limits bound the answer length."""
 
-    def __init__(self, prompt: str, s: ChatSettings, parent: QWidget | None = None) -> None:
+    def __init__(
+        self,
+        prompt: str,
+        s: ChatSettings,
+        parent: QWidget | None = None,
+        server: ServerInfo | None = None,
+    ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Conversation settings")
         self.setMinimumWidth(460)
@@ -88,8 +98,25 @@ class ChatSettingsDialog(QDialog):
             self.effort.addItem(e or "Template default", e)
         self.effort.setCurrentIndex(max(0, self.effort.findData(s.thinking_effort or "")))
         form.addRow("Effort", self.effort)
-        self.thinking.toggled.connect(self.effort.setEnabled)
-        self.effort.setEnabled(s.thinking)
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setObjectName("maxTokens")
+        limit = server.limits.max_tokens if server is not None else None
+        self.max_tokens.setRange(0, limit or 1_000_000)
+        self.max_tokens.setSpecialValueText("As many as the server allows")
+        self.max_tokens.setValue(min(s.max_tokens or 0, self.max_tokens.maximum()))
+        form.addRow("Max tokens", self.max_tokens)
+        self.stop = QPlainTextEdit("\n".join(s.stop))
+        self.stop.setObjectName("stopSequences")
+        self.stop.setPlaceholderText("Optional: end the answer where one of these lines would come")
+        self.stop.setMaximumHeight(60)
+        form.addRow("Stop at", self.stop)
+        self._server = server
+        self.server_note = muted("")
+        self.server_note.setObjectName("serverNote")
+        self.server_note.setWordWrap(True)
+        form.addRow(self.server_note)
+        self.thinking.toggled.connect(lambda _on: self._enable())
+        self._enable()
         self._base = s
         box = QDialogButtonBox(
             QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
@@ -98,15 +125,46 @@ class ChatSettingsDialog(QDialog):
         box.rejected.connect(self.reject)
         form.addRow(box)
 
+    def _enable(self) -> None:
+        """What the server cannot take is disabled, and the note says why (and its limits)."""
+        server = self._server
+        kind = server.kind if server is not None else None
+        effort_ok = kind is None or kind.effort
+        sampling_ok = kind is None or kind.sampling
+        self.effort.setEnabled(self.thinking.isChecked() and effort_ok)
+        self.temperature.setEnabled(sampling_ok)
+        self.top_p.setEnabled(sampling_ok)
+        if server is None or kind is None:
+            self.server_note.setText("")
+            return
+        notes = [f"This chat goes to a {kind.label}."]
+        if not effort_ok:
+            why = f"The {kind.label} takes no thinking effort (its template's default applies)."
+            self.effort.setToolTip(why)
+            notes.append(why)
+        if not sampling_ok:
+            why = f"The {kind.label} decodes greedily: temperature and top-p have no effect."
+            for w in (self.temperature, self.top_p):
+                w.setToolTip(why)
+            notes.append(why)
+        if kind.stop == "client":
+            notes.append("It takes no stop sequences: k3desk ends the answer there itself.")
+        limits = server.limits_text()
+        if limits:
+            notes.append(f"It allows {limits}.")
+        self.server_note.setText(" ".join(notes))
+
     def values(self) -> tuple[str, ChatSettings]:
         effort = str(self.effort.currentData() or "") or None
+        stops = tuple(x for x in self.stop.toPlainText().splitlines() if x)
         return self.prompt.toPlainText().strip(), ChatSettings(
             temperature=round(self.temperature.value(), 3),
             top_p=round(self.top_p.value(), 3),
-            max_tokens=self._base.max_tokens,
+            max_tokens=self.max_tokens.value() or None,
             seed=self._base.seed,
             thinking=self.thinking.isChecked(),
             thinking_effort=effort if self.thinking.isChecked() else None,
+            stop=stops,
             extra_body=self._base.extra_body,
         )
 
@@ -214,6 +272,8 @@ class ChatPage(QWidget):
             self.composer.set_availability(False, why)
         else:
             self.composer.set_availability(True)
+            # what it is decides how requests are built and what the settings offer
+            self.chat.find_server(lambda _info: self._update_status())
         self._update_status()
         if not self.view.messages():
             self._show_empty()
@@ -239,13 +299,12 @@ class ChatPage(QWidget):
             )
 
     def _update_status(self) -> None:
-        parts = [self.engine.state_text()]
-        if self.chat.last_tps is not None:
-            parts.append(f"last answer {self.chat.last_tps:.1f} tok/s")
-        if self.chat.last_context is not None:
-            used, total = self.chat.last_context
-            parts.append(f"context {used:,} / {total:,}" if total else f"context {used:,}")
-        self.status.setText("  ·  ".join(parts))
+        server = self.chat.server()
+        where = self.engine.state_text()
+        if server is not None and self.engine.endpoint() is None:
+            where += f": {server.kind.label}"
+        parts = [where, *self.chat.answer_stats()]
+        self.status.setText("  ·  ".join(p for p in parts if p))
 
     # ------------------------------------------------------ conversations
     def new_chat(self) -> None:
@@ -341,7 +400,7 @@ class ChatPage(QWidget):
 
     def edit_settings(self) -> None:
         prompt, s = self.chat.conversation_settings()
-        dlg = ChatSettingsDialog(prompt, s, self)
+        dlg = ChatSettingsDialog(prompt, s, self, server=self.chat.server())
         if dlg.exec() == QDialog.DialogCode.Accepted:
             self.chat.update_settings(*dlg.values())
 

@@ -42,7 +42,6 @@ from k3desk.core.cluster.sparkinfer import (
     ServeStats,
     SparkInferCluster,
     SparkInferConfig,
-    bridge_settings,
 )
 from k3desk.core.errors import K3Error
 from k3desk.core.progress import CancelToken, Progress
@@ -51,7 +50,6 @@ from k3desk.ui.bridge import Relay
 if TYPE_CHECKING:
     from k3desk.core.catalog.model import Tier
     from k3desk.core.chat.client import ChatEndpoint
-    from k3desk.core.chat.model import ChatSettings
     from k3desk.ui.context import AppContext
     from k3desk.ui.tasks import Task
 
@@ -473,15 +471,19 @@ class ClusterController(QObject):
         *,
         api_key: str | None = None,
         key_env: str = "",
+        server: str | None = None,
         on_done: Callable[[RemoteEndpoint, str], None] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
-        """Attach ``url`` (checked now; the key goes to the keyring) and use it for chat."""
+        """Attach ``url`` (checked now; the key goes to the keyring) and use it for chat.
+
+        ``server``: what kind of server it is (None: k3desk finds out)."""
 
         def work(_t: CancelToken) -> tuple[RemoteEndpoint, str]:
             return self.endpoints.add(
-                name, url, api_key=api_key, key_env=key_env, check=True, replace_existing=True
-            )
+                name, url, api_key=api_key, key_env=key_env, check=True, replace_existing=True,
+                server=server,
+            )  # fmt: skip
 
         def done(result: tuple[RemoteEndpoint, str]) -> None:
             ep, where = result
@@ -521,6 +523,27 @@ class ClusterController(QObject):
             return ""
         return name
 
+    def set_server(
+        self,
+        name: str,
+        server: str | None,
+        on_done: Callable[[EndpointStatus], None] | None = None,
+    ) -> None:
+        """Say what kind of server ``name`` is (None: find out again), then check it."""
+
+        def work(_t: CancelToken) -> EndpointStatus:
+            self.endpoints.set_server(name, server)
+            return self.endpoints.status(name)
+
+        def done(st: EndpointStatus) -> None:
+            self.endpoints_changed.emit()
+            if self.active_endpoint == name:
+                self.use_endpoint(name)  # the chat speaks the new dialect from now on
+            if on_done is not None:
+                on_done(st)
+
+        self.ctx.tasks.run(work, on_done=done, name="endpoint-kind")
+
     def detach(self, name: str) -> None:
         def done(_ep: RemoteEndpoint) -> None:
             if self.active_endpoint == name:
@@ -555,8 +578,12 @@ class ClusterController(QObject):
         )
 
     def check_endpoint(self, name: str, on_done: Callable[[EndpointStatus], None]) -> None:
+        def done(st: EndpointStatus) -> None:
+            self.endpoints_changed.emit()  # what the check found is kept with the endpoint
+            on_done(st)
+
         self.ctx.tasks.run(
-            lambda _t: self.endpoints.status(name), on_done=on_done, name="endpoint-check"
+            lambda _t: self.endpoints.status(name), on_done=done, name="endpoint-check"
         )
 
     def _set_active(self, name: str, ep: ChatEndpoint | None, *, remember: bool) -> None:
@@ -584,13 +611,6 @@ class ClusterController(QObject):
             if ep is not None:
                 return ep
         return self._active_ep
-
-    def adapt_settings(self, settings: ChatSettings) -> ChatSettings:
-        """SparkInfer's bridge reads a top-level ``thinking`` flag; others take the settings."""
-        g = self.group
-        if isinstance(g, SparkInferCluster) and g.endpoint is not None:
-            return bridge_settings(settings)
-        return settings
 
     def state_text(self) -> str:
         g = self.group

@@ -1,19 +1,23 @@
 """Attached servers: any OpenAI-compatible URL (a vLLM TP3 server, a SparkInfer bridge,
 another machine's llama-server) that the chat then talks to like the local engine.
 
-The URL is checked when attached; the key goes through the core's endpoint store
+The URL is checked when attached, and what kind of server it is (llama-server, a
+SparkInfer bridge, vLLM, another OpenAI-compatible one) is found out, shown and kept
+with it; the person can say otherwise.  The key goes through the core's endpoint store
 (the system keyring, or an environment variable the endpoint names), never into
 a settings file.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QComboBox,
     QFormLayout,
     QHBoxLayout,
     QHeaderView,
@@ -25,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from k3desk.core.chat.dialects import DIALECT_IDS, DIALECTS
 from k3desk.core.cluster.endpoints import EndpointStatus, RemoteEndpoint
 from k3desk.core.errors import K3Error
 from k3desk.ui import theme
@@ -33,6 +38,27 @@ from k3desk.ui.widgets import Card, label, muted, primary, set_enabled
 if TYPE_CHECKING:
     from k3desk.ui.cluster.controller import ClusterController
     from k3desk.ui.context import AppContext
+
+
+AUTO = "Found by k3desk"
+
+
+def server_box(name: str) -> QComboBox:
+    """Auto, then every kind of server k3desk speaks to (the data is the kind's id)."""
+    box = QComboBox()
+    box.setObjectName(name)
+    box.addItem(AUTO, "")
+    for d in DIALECT_IDS:
+        box.addItem(DIALECTS[d].label, d)
+        box.setItemData(box.count() - 1, DIALECTS[d].differs, Qt.ItemDataRole.ToolTipRole)
+    return box
+
+
+def server_text(ep: RemoteEndpoint) -> str:
+    text = ep.server_text()
+    if not text:
+        return "not checked yet"
+    return text
 
 
 def key_text(ep: RemoteEndpoint) -> str:
@@ -77,8 +103,11 @@ class EndpointsPanel(QWidget):
         self.key_env.setPlaceholderText("or the name of an environment variable holding it")
         form.addRow("Name", self.name)
         form.addRow("URL", self.url)
+        self.server = server_box("endpointServer")
+        self.server.setToolTip("What kind of server it is; k3desk finds out when left alone.")
         form.addRow("API key", self.key)
         form.addRow("Key variable", self.key_env)
+        form.addRow("Server", self.server)
         add.body.addLayout(form)
         row = QHBoxLayout()
         self.result = label("", selectable=True)
@@ -92,15 +121,16 @@ class EndpointsPanel(QWidget):
 
         have = Card()
         have.body.addWidget(label("Attached servers", "sectionTitle"))
-        self.table = QTableWidget(0, 5)
+        self.table = QTableWidget(0, 6)
         self.table.setObjectName("endpointTable")
-        self.table.setHorizontalHeaderLabels(["Name", "URL", "Model", "API key", "Chat"])
+        self.table.setHorizontalHeaderLabels(["Name", "URL", "Server", "Model", "API key", "Chat"])
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         hh = self.table.horizontalHeader()
         hh.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        hh.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
         self.table.setMinimumHeight(150)
         have.body.addWidget(self.table)
         brow = QHBoxLayout()
@@ -116,6 +146,18 @@ class EndpointsPanel(QWidget):
         for b in (self.check_btn, self.use_btn, self.unuse_btn, self.detach_btn):
             brow.addWidget(b)
         have.body.addLayout(brow)
+        krow = QHBoxLayout()
+        krow.addWidget(muted("The selected server is"))
+        self.kind = server_box("endpointKind")
+        self.kind.setToolTip(
+            "How k3desk talks to the selected server; leave it to k3desk unless it is wrong."
+        )
+        krow.addWidget(self.kind)
+        self.kind_note = muted("")
+        self.kind_note.setObjectName("endpointKindNote")
+        self.kind_note.setWordWrap(True)
+        krow.addWidget(self.kind_note, 1)
+        have.body.addLayout(krow)
         lay.addWidget(have)
         lay.addStretch(1)
 
@@ -125,6 +167,8 @@ class EndpointsPanel(QWidget):
         self.check_btn.clicked.connect(lambda: self._with_selected(self._check))
         self.detach_btn.clicked.connect(lambda: self._with_selected(self.controller.detach))
         self.table.itemSelectionChanged.connect(self._buttons)
+        self.table.itemSelectionChanged.connect(self._show_kind)
+        self.kind.activated.connect(lambda _i: self._set_kind())
         for edit in (self.name, self.url):
             edit.textChanged.connect(lambda _t: self._buttons())
         controller.endpoints_changed.connect(self.refresh)
@@ -145,12 +189,15 @@ class EndpointsPanel(QWidget):
         c = theme.current()
         for i, ep in enumerate(rows):
             using = ep.name == self.controller.active_endpoint
-            vals = (ep.name, ep.url, ep.model or "—", key_text(ep), "in use" if using else "")
+            vals = (ep.name, ep.url, server_text(ep), ep.model or "—", key_text(ep),
+                    "in use" if using else "")  # fmt: skip
             for j, v in enumerate(vals):
                 item = QTableWidgetItem(v)
                 item.setToolTip(v)
-                if j == 4 and using:
+                if j == 5 and using:
                     item.setForeground(QColor(c.ok))
+                if j == 2 and ep.server_problem:
+                    item.setForeground(QColor(c.danger))
                 self.table.setItem(i, j, item)
             if ep.name == selected:
                 self.table.selectRow(i)
@@ -158,6 +205,7 @@ class EndpointsPanel(QWidget):
             self.table.selectRow(0)
         self._chat_state()
         self._buttons()
+        self._show_kind()
 
     def selected(self) -> str | None:
         rows = self.table.selectionModel().selectedRows() if self.table.selectionModel() else []
@@ -170,11 +218,38 @@ class EndpointsPanel(QWidget):
         if name is not None and callable(fn):
             fn(name)
 
+    def _endpoint(self, name: str | None) -> RemoteEndpoint | None:
+        return next((e for e in self._rows if e.name == name), None)
+
+    def _show_kind(self) -> None:
+        """The selected server's kind: who said so, and what differs about it."""
+        ep = self._endpoint(self.selected())
+        self.kind.blockSignals(True)
+        self.kind.setCurrentIndex(
+            max(0, self.kind.findData(ep.server if ep is not None and ep.server_set else ""))
+        )
+        self.kind.blockSignals(False)
+        if ep is None or not ep.server:
+            self.kind_note.setText("")
+            return
+        how = "you said so" if ep.server_set else "k3desk found it"
+        differs = DIALECTS[ep.server].differs  # type: ignore[index]
+        self.kind_note.setText(f"{DIALECTS[ep.server].label} ({how}): {differs}.")  # type: ignore[index]
+
+    def _set_kind(self) -> None:
+        name = self.selected()
+        if name is None:
+            return
+        kind = str(self.kind.currentData() or "") or None
+        self.result.setText(f"Checking {name}…")
+        self.controller.set_server(name, kind, self._checked(name))
+
     def _buttons(self) -> None:
         sel = self.selected()
         none = "Select an attached server first."
         for b in (self.use_btn, self.check_btn, self.detach_btn):
             set_enabled(b, sel is not None, none)
+        set_enabled(self.kind, sel is not None, none)
         set_enabled(
             self.unuse_btn, bool(self.controller.active_endpoint), "No attached server is in use."
         )
@@ -211,7 +286,10 @@ class EndpointsPanel(QWidget):
             if ep.vision is not None:
                 what.append("images" if ep.vision else "text only")
             extra = f" ({', '.join(what)})" if what else ""
-            self._show(f"Attached {ep.name} at {ep.url}{extra}; {where}.", ok=True)
+            kind = f" It is a {ep.server_text()}." if ep.server else ""
+            self._show(
+                f"Attached {ep.name} at {ep.url}{extra}; {where}.{kind}", ok=not ep.server_problem
+            )
             self.key.clear()
             self._buttons()
 
@@ -220,25 +298,34 @@ class EndpointsPanel(QWidget):
             self._show(text, ok=False)
             self._buttons()
 
+        server = str(self.server.currentData() or "") or None
         self.controller.attach(
-            name, url, api_key=key, key_env=key_env, on_done=done, on_error=error
+            name, url, api_key=key, key_env=key_env, server=server, on_done=done, on_error=error
         )
 
     def _check(self, name: str) -> None:
         self.result.setText(f"Checking {name}…")
+        self.controller.check_endpoint(name, self._checked(name))
 
+    def _checked(self, name: str) -> Callable[[EndpointStatus], None]:
         def done(st: EndpointStatus) -> None:
             if not st.up:
                 self._show(f"{name} is down: {st.error}", ok=False)
                 return
             caps = st.capabilities
-            model = f", model {caps.model}" if caps is not None and caps.model else ""
-            self._show(
-                f"{name} is up at {st.endpoint.url}{model} ({st.latency_s * 1000:.0f} ms).",
-                ok=True,
+            assert caps is not None
+            model = f", model {caps.model}" if caps.model else ""
+            server = caps.server
+            limits = server.limits_text()
+            text = (
+                f"{name} is up at {st.endpoint.url}{model} ({st.latency_s * 1000:.0f} ms): "
+                f"{server.describe()}" + (f"; {limits}" if limits else "") + "."
             )
+            if server.problem:
+                text += f" It cannot chat: {server.problem}."
+            self._show(text, ok=not server.problem)
 
-        self.controller.check_endpoint(name, done)
+        return done
 
     def _show(self, text: str, *, ok: bool) -> None:
         self.result.setText(text)

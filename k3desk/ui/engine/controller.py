@@ -27,7 +27,6 @@ from k3desk.ui.bridge import Relay, StreamBuffer
 
 if TYPE_CHECKING:
     from k3desk.core.chat.client import ChatEndpoint
-    from k3desk.core.chat.model import ChatSettings
     from k3desk.core.planning.model import LaunchPlan
     from k3desk.ui.context import AppContext
 
@@ -91,8 +90,8 @@ class EngineController(QObject):
     def set_external(self, source: Any) -> None:
         """Let ``source`` serve the chat when no local engine runs.
 
-        ``source`` has ``chat_endpoint()``, ``adapt_settings(settings)``, ``state_text()``
-        and a ``changed`` signal; its changes are announced as :attr:`state_changed`.
+        ``source`` has ``chat_endpoint()``, ``state_text()`` and a ``changed`` signal; its
+        changes are announced as :attr:`state_changed`.
         """
         self._external = source
         source.changed.connect(lambda: self.state_changed.emit(self._state, self._message))
@@ -135,13 +134,6 @@ class EngineController(QObject):
             external: ChatEndpoint | None = self._external.chat_endpoint()
             return external
         return None
-
-    def chat_settings(self, settings: ChatSettings) -> ChatSettings:
-        """``settings`` as the server the chat goes to expects them."""
-        if self.endpoint() is None and self._external is not None:
-            adapted: ChatSettings = self._external.adapt_settings(settings)
-            return adapted
-        return settings
 
     def attempts(self) -> list[Any]:
         return self.supervisor.history if self.supervisor is not None else []

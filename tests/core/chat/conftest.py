@@ -63,6 +63,7 @@ class StandIn:
     pings: bool = False
     props: Any = None  # dict, or None for a 404 (not llama-server)
     models: Any = None
+    version: Any = None  # GET /version (vLLM answers {"version": ...}); None for a 404
     # observations
     requests: list[dict[str, Any]] = field(default_factory=list)
     auth_headers: list[str | None] = field(default_factory=list)
@@ -138,6 +139,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, st.props)
         elif self.path == "/v1/models" and st.models is not None:
             self._json(200, st.models)
+        elif self.path == "/version" and st.version is not None:
+            self._json(200, st.version)
         else:
             self._json(
                 404,

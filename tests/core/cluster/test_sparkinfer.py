@@ -22,7 +22,6 @@ from k3desk.core.cluster.sparkinfer import (
     GEOMETRY_ERROR,
     SparkInferCluster,
     SparkInferConfig,
-    bridge_settings,
     check_sparkinfer,
     describe_launch,
     explain_card_command,
@@ -247,10 +246,8 @@ def test_start_chat_worker_death_restart_and_stop(sshd: SshServer) -> None:
         assert "hello over three sparks" in result.text
         assert result.model == "kimi-k3-neuron"
         assert result.reasoning == ""
-        with ChatClient(ep) as client:  # the bridge wants a top-level "thinking" flag
-            thought = client.chat(
-                [ChatMessage("user", "think first")], bridge_settings(ChatSettings(thinking=True))
-            )
+        with ChatClient(ep) as client:  # the client sends the bridge its top-level "thinking"
+            thought = client.chat([ChatMessage("user", "think first")], ChatSettings(thinking=True))
         assert thought.reasoning.startswith("The user wrote")
         assert "think first" in thought.text
         deadline = time.monotonic() + 5
@@ -388,12 +385,13 @@ def test_bridge_without_its_chat_template_fails_once_and_says_what_is_missing(
     sup.start()
     with pytest.raises(EngineError) as err:
         sup.wait_ready(60)
+    # the bridge's environment check renders one prompt before rank 0 loads for minutes
     assert err.value.message == (
-        "The SparkInfer cluster failed: the recipe's HTTP bridge on tmpl-0 refused to start: "
-        f"run-api.sh: "
-        f"K3_CHAT_TEMPLATE={template} does not exist"
+        "The SparkInfer cluster failed: The recipe's bridge on rank 0 (tmpl-0) has no chat "
+        f"template (K3_CHAT_TEMPLATE) {template}: run-api.sh stops with 'Tokenizer directory "
+        "or chat-template file does not exist.'"
     )
-    assert "the model card's download puts both beside the shards" in err.value.hint
+    assert "puts tokenizer/ and k3_chat_template.jinja beside the shards" in err.value.hint
     assert len(sup.attempts) == 1
     assert sup.state is GroupState.FAILED
     sup.stop()
@@ -437,9 +435,13 @@ def test_serve_socket_speaks_the_recipe_line_protocol(tmp_path: Path) -> None:
         for line in rank0.stdout:
             if "serve mode listening" in line:
                 break
-        user, end, think, sp = (vocab[k] for k in ("<|im_user|>", "<|im_end|>", "<think>", "▁"))
+        o, c, sep, end, sp = (vocab[k] for k in ("<|open|>", "<|close|>", "<|sep|>",
+                                                 "<|end_of_msg|>", "▁"))  # fmt: skip
         words = [vocab["hello"], sp, vocab["over"], sp, vocab["three"], sp, vocab["sparks"]]
-        prompt = [user, *words, end, vocab["<|im_assistant|>"], think]
+        user = [o, vocab["message"], sp, vocab['role="user"'], sep]
+        assistant = [o, vocab["message"], sp, vocab['role="assistant"'], sep]
+        # the K3 template's rendering of one user turn, then the generation prompt (think)
+        prompt = [*user, *words, c, vocab["message"], sep, end, *assistant, o, vocab["think"], sep]
         ids = ",".join(map(str, prompt))
 
         streamed = _serve(serve, f"prompt_ids={ids};n_predict=200;stop_ids={end};stream=1\n")
@@ -449,8 +451,13 @@ def test_serve_socket_speaks_the_recipe_line_protocol(tmp_path: Path) -> None:
         assert final["ok"] == "1"
         assert final["stop_reason"] == "stop"
         assert [int(x) for x in final["generated_ids"].split(",")] == toks
-        assert toks.index(vocab["</think>"]) > 0  # reasoning first: the prompt left <think> open
-        assert toks[-len(words) :] == words  # the user's words, echoed
+        # reasoning first (the prompt left think open), then K3's switch to the response
+        switch = [c, vocab["think"], sep, o, vocab["response"], sep]
+        at = next(i for i in range(len(toks)) if toks[i : i + len(switch)] == switch)
+        assert at > 0
+        closing = [c, vocab["response"], sep, c, vocab["message"], sep]
+        assert toks[-len(closing) :] == closing  # the message closed; <|end_of_msg|> stops it
+        assert toks[-len(closing) - len(words) : -len(closing)] == words  # the words, echoed
         assert end not in toks  # the stop id ends the answer and is not part of it
 
         plain = _serve(serve, f"prompt_ids={ids};n_predict=3;stop_ids={end};stream=0\n")
