@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from k3desk.core.private import private_dir
+
 
 @dataclass(frozen=True)
 class AppPaths:
@@ -36,7 +38,7 @@ class AppPaths:
 
     def ensure(self) -> AppPaths:
         for p in (self.config, self.data, self.cache, self.state):
-            p.mkdir(parents=True, exist_ok=True)
+            private_dir(p)
         return self
 
 
