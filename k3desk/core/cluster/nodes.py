@@ -18,6 +18,7 @@ from typing import Any
 from k3desk.core.errors import K3Error
 from k3desk.core.paths import AppPaths
 from k3desk.core.private import write_private
+from k3desk.core.safepaths import display_name
 
 CLUSTERS_SCHEMA = 1
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -99,6 +100,8 @@ class Node:
             value = getattr(self, attr)
             if "\n" in value or "\0" in value:
                 out.append(f"{who}: {attr} contains a line break")
+            elif display_name(value) != value:  # escape sequences, undecodable bytes
+                out.append(f"{who}: {attr} contains control characters or undecodable bytes")
         return out
 
     def to_dict(self) -> dict[str, Any]:
