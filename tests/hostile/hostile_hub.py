@@ -29,7 +29,7 @@ import zlib
 from typing import Any
 from urllib.parse import urlsplit
 
-from tests.hubserver import Hit, HubFile, HubServer, _Handler, _QuietServer
+from tests.hubserver import Hit, HubFile, HubServer, _Handler
 
 _BOMBS: dict[int, bytes] = {}
 
@@ -57,17 +57,6 @@ class HostileHub(HubServer):
         self.api_redirect = False
         self.get_redirect: set[str] = set()
         super().__init__(**kw)
-
-    def _make_server(self, name: str) -> Any:
-        hub = self
-
-        class Handler(_HostileHandler):
-            server_name_ = name
-            owner = hub
-
-        srv = _QuietServer(("127.0.0.1", 0), Handler)
-        srv.daemon_threads = True
-        return srv
 
     def file_at(self, url_path: str) -> tuple[str, str] | None:
         """(repo, file) whose resolve URL, as a client builds and normalises it, is this."""
@@ -158,3 +147,6 @@ class _HostileHandler(_Handler):
         self.end_headers()
         self.wfile.write(block)
         self.owner._log(Hit(self.server_name_, "GET", self.path, "", 200, None, 0, False, None))
+
+
+HostileHub.handler = _HostileHandler

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -118,19 +118,10 @@ def test_kill_9_during_history_writes_loses_nothing_committed(tmp_path: Path) ->
 
 
 @pytest.fixture
-def full_disk(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    """A real 8 MiB tmpfs, and a file that fills it (delete it to free the space)."""
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip() or r.returncode}")
-    try:
-        yield mnt, mnt / "filler"
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+def full_disk(tmpfs: Callable[[int], Path]) -> tuple[Path, Path]:
+    """A real 8 MiB filesystem, and the file that will fill it (delete it to free the space)."""
+    mnt = tmpfs(8)
+    return mnt, mnt / "filler"
 
 
 def fill(mnt: Path, filler: Path) -> None:

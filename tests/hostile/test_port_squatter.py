@@ -6,7 +6,6 @@ every Authorization header it is sent.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from k3desk.core.engines.supervisor import (
     RestartPolicy,
     State,
     Supervisor,
+    free_port,
 )
 from k3desk.core.errors import EngineError
 from k3desk.core.paths import default_paths
@@ -67,20 +67,6 @@ def squatting(port: int) -> Iterator[Squatter]:
         yield s
     finally:
         s.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def supervised() -> Iterator[list[Supervisor]]:
-    started: list[Supervisor] = []
-    yield started
-    for sup in started:
-        sup.stop()
 
 
 def start(
