@@ -999,7 +999,7 @@ def _authorized_status(pids: set[int], port: int, api_key: str) -> int | None:
         while not any(c.raddr and (c.raddr.ip, c.raddr.port) == mine for c in _connections(pids)):
             if time.monotonic() > deadline:
                 return None  # never seen accepted by our server: the key stays here
-            time.sleep(0.01)
+            time.sleep(0.002)
         conn.request("GET", "/v1/models", headers={"Authorization": f"Bearer {api_key}"})
         return conn.getresponse().status
     except (OSError, http.client.HTTPException):
