@@ -354,3 +354,52 @@ def test_kill_9_mid_download_keeps_what_was_verified_and_writes_nowhere_else(
         assert hostile_hub.bytes_sent(path) == 0, path
     assert landed(target, files)
     assert not list(target.rglob("*.k3part"))
+
+
+# ------------------------------------------------------------------ records in the folder
+
+
+def test_verify_does_not_follow_a_manifest_out_of_the_folder(tmp_path: Path) -> None:
+    """A publisher's manifest.json (or one planted in the folder) names the files to hash."""
+    import hashlib
+
+    secret = tmp_path / "secret.key"
+    secret.write_bytes(b"not yours to hash")
+    folder = tmp_path / "models" / "k3"
+    folder.mkdir(parents=True)
+    (folder / "K3-00001-of-00001.gguf").write_bytes(GOOD[sorted(GOOD)[0]])
+    entries = [
+        {"name": "../../secret.key", "sha256": hashlib.sha256(secret.read_bytes()).hexdigest()},
+        {"name": "*", "sha256": "0" * 64},
+    ]
+    (folder / "manifest.json").write_text(json.dumps({"parts": entries}))
+
+    r = run_k3desk("verify", folder)
+
+    out = r.stdout.decode()
+    assert r.returncode == 1, out
+    no_traceback(r.stderr)
+    assert "BAD  ../../secret.key: not checked: it climbs out of its folder with '..'" in out
+    assert "BAD  *: missing" in out  # a name, not a pattern that matches every file
+
+
+def test_verify_does_not_follow_a_forged_download_record_out_of_the_folder(
+    hostile_hub: HostileHub, tmp_path: Path
+) -> None:
+    hostile_hub.add_repo(REPO_ID, GOOD)
+    target = tmp_path / "models"
+    assert download(hostile_hub, target).error is None
+    state_file = target / ".k3desk" / "state.json"
+    state = json.loads(state_file.read_text())
+    record = next(iter(state["files"].values()))
+    state["files"]["../outside.gguf"] = record
+    next(iter(state["downloads"].values()))["files"].append("../outside.gguf")
+    state_file.write_text(json.dumps(state))
+    (tmp_path / "outside.gguf").write_bytes(GOOD[sorted(GOOD)[0]])
+
+    r = run_k3desk("verify", target)
+
+    out = r.stdout.decode()
+    assert r.returncode == 1, out
+    assert "BAD  ../outside.gguf: not checked: it climbs out of its folder with '..'" in out
+    assert out.count("BAD") == 1  # the real files are fine
