@@ -9,11 +9,12 @@ export QT_QPA_PLATFORM=offscreen PYTHONDONTWRITEBYTECODE=1
 echo "== ruff";          ruff check .
 echo "== mypy";          mypy
 echo "== import-linter"; lint-imports
-echo "== core tests, with Qt made unimportable"
+echo "== core and hostile-input tests, with Qt made unimportable"
 # (pytest-qt is switched off there: its qt_api setting is then unknown, hence the -W)
 python -m pytest -q -p tests.noqt -p no:pytest-qt \
-  -W "ignore:Unknown config option:pytest.PytestConfigWarning" tests/core tests/test_layering.py
+  -W "ignore:Unknown config option:pytest.PytestConfigWarning" \
+  tests/core tests/hostile tests/test_layering.py
 echo "== UI and end-to-end tests"
-python -m pytest -q tests --ignore=tests/core --deselect tests/test_layering.py
+python -m pytest -q tests --ignore=tests/core --ignore=tests/hostile --deselect tests/test_layering.py
 echo "== the wheel, installed into a clean venv"
 bash scripts/check_wheel.sh

@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.fixtures.hardware",
     "tests.fixtures.hub",
     "tests.fixtures.sshd",
+    "tests.fixtures.disk",
 ]
 
 REPO = Path(__file__).resolve().parents[1]

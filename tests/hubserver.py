@@ -116,6 +116,8 @@ class Hit:
 class HubServer:
     """Start with ``with HubServer() as hub:``; point clients at ``hub.endpoint``."""
 
+    handler: type[_Handler]  # the request handler (set below, where it is defined)
+
     def __init__(self, *, cdn: bool = False, page_size: int = 50) -> None:
         self.repos: dict[str, HubRepo] = {}
         self.valid_tokens: set[str] = set()
@@ -221,13 +223,8 @@ class HubServer:
 
     # ------------------------------------------------------------------ HTTP
     def _make_server(self, name: str) -> http.server.ThreadingHTTPServer:
-        hub = self
-
-        class Handler(_Handler):
-            server_name_ = name
-            owner = hub
-
-        srv = _QuietServer(("127.0.0.1", 0), Handler)
+        handler = type("Handler", (self.handler,), {"server_name_": name, "owner": self})
+        srv = _QuietServer(("127.0.0.1", 0), handler)
         srv.daemon_threads = True
         return srv
 
@@ -580,3 +577,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(404, b"")
             return
         self._serve(f, {"ETag": f'"{f.sha256}"', "Accept-Ranges": "bytes"})
+
+
+HubServer.handler = _Handler

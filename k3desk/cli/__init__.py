@@ -9,7 +9,10 @@ a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -73,7 +76,48 @@ def cluster_serve_alias(argv: list[str]) -> list[str]:
     return argv
 
 
+# 128 + SIGPIPE: what a shell reports for `yes | head`'s `yes`
+EXIT_BROKEN_PIPE = 141
+
+
+def _tolerant_output() -> None:
+    """Undecodable bytes of file names (lone surrogates, PEP 383) are printed as
+    escapes instead of ending the command with UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(ValueError, OSError, io.UnsupportedOperation):
+                reconfigure(errors="backslashreplace")
+
+
+def _reader_gone() -> int:
+    """stdout's reader went away (`k3desk validate ... | head`): end quietly.
+
+    stdout is pointed at /dev/null so that Python's final flush at exit does not
+    fail a second time on the closed pipe.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE
+
+
+def _say(*lines: str) -> None:
+    with contextlib.suppress(OSError, ValueError):  # stderr may be a closed pipe too
+        for line in lines:
+            print(line, file=sys.stderr)
+
+
 def main(argv: Sequence[str], services: Services) -> int:
+    _tolerant_output()
+    try:
+        return _run(argv, services)
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _run(argv: Sequence[str], services: Services) -> int:
     argv = cluster_serve_alias(list(argv))
     parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
     args = parser.parse_args(argv)
@@ -83,14 +127,14 @@ def main(argv: Sequence[str], services: Services) -> int:
         return 2
     try:
         return int(handler(args, services))
+    except BrokenPipeError:
+        return _reader_gone()
     except Cancelled:
-        print("Cancelled.", file=sys.stderr)
+        _say("Cancelled.")
         return 130
     except KeyboardInterrupt:
-        print("Interrupted.", file=sys.stderr)
+        _say("Interrupted.")
         return 130
     except K3Error as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"  {exc.hint}", file=sys.stderr)
+        _say(f"error: {exc.message}", *([f"  {exc.hint}"] if exc.hint else []))
         return 1

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -31,6 +32,7 @@ from k3desk.core.chat.images import ImageError, PreparedImage, load_image
 from k3desk.core.chat.model import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ChatSettings
 from k3desk.core.errors import ChatError, EngineError, K3Error
 from k3desk.core.progress import CancelToken
+from k3desk.core.safepaths import has_undecodable, scrub, what_is
 
 if TYPE_CHECKING:
     from k3desk.app import Services
@@ -160,14 +162,36 @@ def _split_positional(args: argparse.Namespace) -> tuple[Path | None, str]:
             )
         shard, prompt = Path(pos[0]), pos[1]
     if prompt == "-":
-        prompt = sys.stdin.read()
+        prompt = _read_stdin()
+    prompt = _text(prompt, "The prompt")
     if not prompt.strip() and not args.image:
         raise K3Error("The prompt is empty.", "Type a question, or pass '-' to read stdin.")
     return shard, prompt
 
 
+def _read_stdin() -> str:
+    """stdin as text, whatever its bytes (undecodable ones become lone surrogates and are
+    replaced by :func:`_text`): the locale's strict decoder would end in a traceback."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:
+        return sys.stdin.read()
+    return bytes(buffer.read()).decode("utf-8", "surrogateescape")
+
+
+def _text(value: str, what: str) -> str:
+    """``value`` with undecodable bytes replaced by U+FFFD, saying so on stderr."""
+    if not has_undecodable(value):
+        return value
+    print(
+        f"note: {what} has bytes that are not UTF-8; each was replaced with U+FFFD (\ufffd).",
+        file=sys.stderr,
+    )
+    return scrub(value)
+
+
 def run(args: argparse.Namespace, services: Services) -> int:
     shard, prompt = _split_positional(args)
+    system = _text(args.system, "The system prompt") if args.system else ""
     if shard is not None and args.server != "auto":
         raise K3Error(
             "--server applies to --url only: with a model file k3desk starts llama-server.",
@@ -200,12 +224,20 @@ def run(args: argparse.Namespace, services: Services) -> int:
             )
     images = tuple(load_image(p) for p in args.image)
     messages: list[ChatMessage] = []
-    if args.system:
-        messages.append(ChatMessage("system", args.system))
+    if system:
+        messages.append(ChatMessage("system", system))
     messages.append(ChatMessage("user", prompt, images))
 
     cancel = CancelToken()
     with ExitStack() as stack:
+        saver = None
+        if args.save:
+            # the question is committed before the engine starts: whatever happens to this
+            # process later (Ctrl-C, kill -9, a crash), the prompt is in the history
+            model = shard.name if shard is not None else str(args.url)
+            saver = stack.enter_context(
+                _Saver(services, prompt, images, settings, system, model, quiet=args.json)
+            )
         key: str | None
         if shard is not None:
             url, key = _start_engine(stack, shard, args, services, cancel)
@@ -215,9 +247,12 @@ def run(args: argparse.Namespace, services: Services) -> int:
         client = stack.enter_context(ChatClient(ChatEndpoint(url, key, args.model, server)))
         if shard is None:
             _describe_server(client, settings, quiet=args.json)
-        result, error = _ask(client, messages, settings, cancel, as_json=args.json)
-    if args.save:
-        _save(services, prompt, images, settings, args, result, shard)
+        on_delta = saver.delta if saver is not None else None
+        result, error = _ask(
+            client, messages, settings, cancel, as_json=args.json, on_delta=on_delta
+        )
+        if saver is not None:
+            saver.finish(result)
     if args.json:
         out = result.to_dict()
         if error is not None:
@@ -245,14 +280,25 @@ def _describe_server(client: ChatClient, settings: ChatSettings, *, quiet: bool)
 def _check_shard(shard: Path) -> None:
     from k3desk.core.gguf.shards import discover
 
-    if not shard.is_file():
+    what = what_is(shard)
+    if what == "missing":
         raise EngineError(f"The model file {shard} does not exist.", "Check the path.")
+    if what:
+        raise EngineError(f"{shard} is {what}, not a model file.", "Pass the model's .gguf file.")
     parts = discover(shard)
     if parts.given_index != 0:
         raise EngineError(
             f"{shard.name} is part {parts.given_index + 1} of {parts.count}; llama-server "
             "must be given part 1.",
             f"Use {parts.paths[0]}.",
+        )
+    odd = parts.not_files()
+    if odd:
+        i, what = odd[0]
+        raise EngineError(
+            f"Part {parts.part_label(i)} of {parts.prefix} is {what}, not a file: "
+            f"{parts.paths[i]}.",
+            "Put the part itself there (a regular file), under its published name.",
         )
     missing = parts.missing()
     if missing:
@@ -338,11 +384,14 @@ def _ask(
     cancel: CancelToken,
     *,
     as_json: bool,
+    on_delta: Callable[[ChatDelta], None] | None = None,
 ) -> tuple[ChatResult, ChatStreamError | None]:
     printer = None if as_json else _Printer(sys.stdout, sys.stderr)
     try:
         with client.stream(messages, settings, cancel) as st:
             for delta in st:
+                if on_delta is not None:
+                    on_delta(delta)
                 if printer is not None:
                     printer.delta(delta)
     except ChatStreamError as exc:
@@ -415,30 +464,84 @@ class _Printer:
             self.err.flush()
 
 
-def _save(
-    services: Services,
-    prompt: str,
-    images: tuple[PreparedImage, ...],
-    settings: ChatSettings,
-    args: argparse.Namespace,
-    result: ChatResult,
-    shard: Path | None,
-) -> None:
-    from k3desk.core.chat.history import HistoryStore
+class _Saver:
+    """``chat --save``: the exchange in the chat history, kept as it happens.
 
-    title = " ".join(prompt.split())[:60] or "Image"
-    with HistoryStore(services.paths.history_db) as h:
-        conv = h.create_conversation(
-            title,
-            system_prompt=args.system or "",
-            settings=settings,
-            model=result.model or (shard.name if shard else args.url),
+    The conversation and the question are committed when it opens, the answer is
+    written as it streams (at most once a second, marked partial) and completed by
+    :meth:`finish`.  A process killed mid-answer leaves the prompt and the answer
+    up to its last second in the history.
+    """
+
+    INTERVAL = 1.0
+
+    def __init__(
+        self,
+        services: Services,
+        prompt: str,
+        images: tuple[PreparedImage, ...],
+        settings: ChatSettings,
+        system: str,
+        model: str,
+        *,
+        quiet: bool,
+    ) -> None:
+        from k3desk.core.chat.history import HistoryStore
+
+        self.quiet = quiet
+        self.path = services.paths.history_db
+        self.store = HistoryStore(self.path)
+        try:
+            title = " ".join(prompt.split())[:60] or "Image"
+            conv = self.store.create_conversation(
+                title, system_prompt=system, settings=settings, model=model
+            )
+            self.conversation = conv.id
+            self.question = self.store.add_message(conv.id, "user", prompt, images=images).id
+        except BaseException:
+            self.store.close()
+            raise
+        self.reply: int | None = None  # the answer's message, once a word of it arrived
+        self._text: list[str] = []
+        self._reasoning: list[str] = []
+        self._last = time.monotonic()
+        self._finished = False
+
+    def __enter__(self) -> _Saver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if not self._finished and (self._text or self._reasoning):
+                self._write(partial=True)  # interrupted: keep what arrived, marked partial
+        finally:
+            self.store.close()
+
+    def delta(self, d: ChatDelta) -> None:
+        (self._reasoning if d.kind == "reasoning" else self._text).append(d.text)
+        if time.monotonic() - self._last >= self.INTERVAL:
+            self._last = time.monotonic()
+            self._write(partial=True)
+
+    def _reply(self) -> int:
+        if self.reply is None:
+            self.reply = self.store.add_message(
+                self.conversation, "assistant", "", parent_id=self.question, partial=True
+            ).id
+        return self.reply
+
+    def _write(self, *, partial: bool) -> None:
+        self.store.update_message(
+            self._reply(),
+            content="".join(self._text),
+            reasoning="".join(self._reasoning),
+            partial=partial,
         )
-        h.add_message(conv.id, "user", prompt, images=images)
-        h.add_message(
-            conv.id,
-            "assistant",
-            result.text,
+
+    def finish(self, result: ChatResult) -> None:
+        self.store.update_message(
+            self._reply(),
+            content=result.text,
             reasoning=result.reasoning,
             usage=result.usage,
             timings=result.timings,
@@ -446,5 +549,8 @@ def _save(
             finish_reason=result.finish_reason,
             model=result.model,
         )
-    if not args.json:
-        print(f"Saved as conversation {conv.id} in {services.paths.history_db}.", file=sys.stderr)
+        if result.model:
+            self.store.update_conversation(self.conversation, model=result.model)
+        self._finished = True
+        if not self.quiet:
+            print(f"Saved as conversation {self.conversation} in {self.path}.", file=sys.stderr)

@@ -11,8 +11,15 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from k3desk.core.engines.supervisor import Event, RestartPolicy, State, Supervisor
+from k3desk.core.engines.supervisor import (
+    Event,
+    RestartPolicy,
+    State,
+    Supervisor,
+    check_port,
+)
 from k3desk.core.errors import EngineError, ValidationError
+from k3desk.core.safepaths import what_is
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -57,9 +64,14 @@ def run(args: argparse.Namespace, services: Services) -> int:
     from k3desk.core.planning.model import PlanOptions
 
     shard = args.shard.expanduser()
-    if not shard.is_file():
+    what = what_is(shard)
+    if what == "missing":
         raise ValidationError(
             f"Model file {shard} does not exist.", "Pass the first shard (-00001-of-000NN.gguf)."
+        )
+    if what:  # a folder, a FIFO (which would block whoever opens it)...
+        raise ValidationError(
+            f"{shard} is {what}, not a model file.", "Pass the first shard (-00001-of-000NN.gguf)."
         )
     if args.mmproj is not None and not args.mmproj.is_file():
         raise ValidationError(
@@ -68,6 +80,8 @@ def run(args: argparse.Namespace, services: Services) -> int:
         )
     if args.ctx is not None and args.ctx < 256:
         raise ValidationError(f"--ctx {args.ctx} is too small; use at least 256.")
+    if args.port is not None:  # before the minutes a plan and a load can take
+        check_port(args.port)
 
     def hardware() -> HardwareProfile:
         if args.hardware:
@@ -139,17 +153,23 @@ def _foreground(sup: Supervisor) -> int:
     started = time.monotonic()
     try:
         sup.start()
-        shown_pid = 0
+        shown = 0  # the attempt whose endpoint was printed last
         while True:
             ep = sup.wait_ready()
-            pid = sup.pid or 0
-            if pid != shown_pid:
-                shown_pid = pid
-                print(f"Ready in {time.monotonic() - started:.1f} s", flush=True)
+            if ep.attempt != shown:
+                # the facts of the attempt that is ready (the endpoint carries them), not of
+                # whichever process happens to run now: after a restart, its own start
+                attempt = next(a for a in sup.history if a.number == ep.attempt)
+                if shown == 0:
+                    print(f"Ready in {time.monotonic() - started:.1f} s", flush=True)
+                else:
+                    took = attempt.ready_seconds or 0.0
+                    print(f"Ready again in {took:.1f} s (attempt {ep.attempt})", flush=True)
+                shown = ep.attempt
                 print(f"URL: {ep.url}/v1", flush=True)
                 print(f"API key: {ep.api_key}", flush=True)
-                print(f"Engine pid: {pid}", flush=True)
-                print(f"Log: {sup.log_file}", flush=True)
+                print(f"Engine pid: {ep.pid}", flush=True)
+                print(f"Log: {attempt.log_file}", flush=True)
                 print("Press Ctrl-C to stop.", flush=True)
             if sup.wait_stopped(0.5):
                 crash = sup.last_crash

@@ -64,6 +64,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
             "missing": "missing",
             "wrong-size": f"wrong size ({f.actual}, expected {f.expected})",
             "mismatch": f"content differs (sha {f.actual[:16]}…, expected {f.expected[:16]}…)",
+            "refused": f"not checked: {f.actual}",
         }.get(f.status, f.status)
         print(f"  BAD  {f.path}: {detail}")
     if report.ok:

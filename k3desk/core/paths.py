@@ -22,6 +22,8 @@ from pathlib import Path
 import platformdirs
 from platformdirs.api import PlatformDirsABC
 
+from k3desk.core.private import private_dir, write_private
+
 APP_NAME = "k3desk"
 MIGRATED_MARKER = "moved-from-old-folders"
 log = logging.getLogger(__name__)
@@ -56,8 +58,8 @@ class AppPaths:
         return self.data / "history.sqlite3"
 
     def ensure(self) -> AppPaths:
-        for p in (self.config, self.data, self.cache, self.state):
-            p.mkdir(parents=True, exist_ok=True)
+        for p in (self.config, self.data, self.cache, self.state, self.logs_dir):
+            private_dir(p)
         return self
 
 
@@ -138,7 +140,7 @@ def migrate_legacy(paths: AppPaths, legacy: AppPaths) -> list[Move]:
                 moves.append(Move(entry, target, kept=True, why="already exists at the new place"))
                 continue
             try:
-                new.mkdir(parents=True, exist_ok=True)
+                private_dir(new)
                 shutil.move(str(entry), str(target))
             except OSError as exc:
                 moves.append(Move(entry, target, kept=True, why=exc.strerror or str(exc)))
@@ -148,8 +150,8 @@ def migrate_legacy(paths: AppPaths, legacy: AppPaths) -> list[Move]:
             old.rmdir()  # only when empty
     # if the marker cannot be written it is tried again next time; nothing moves twice
     with contextlib.suppress(OSError):
-        paths.state.mkdir(parents=True, exist_ok=True)
-        marker.write_text("old folders moved; see k3desk/core/paths.py\n", encoding="utf-8")
+        private_dir(paths.state)
+        write_private(marker, "old folders moved; see k3desk/core/paths.py\n")
     moved = [m for m in moves if not m.kept]
     if moved:
         _rewrite_settings(paths.settings_file, moved)
@@ -187,6 +189,4 @@ def _rewrite_settings(settings_file: Path, moved: list[Move]) -> None:
 
     fixed = fix(data)
     if fixed != data:
-        tmp = settings_file.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(fixed, indent=2), encoding="utf-8")
-        os.replace(tmp, settings_file)
+        write_private(settings_file, json.dumps(fixed, indent=2))

@@ -9,13 +9,13 @@ never stored here: the Hugging Face token lives in the core TokenStore.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
 from k3desk.core.chat.client import THINKING_EFFORTS
 from k3desk.core.errors import K3Error
+from k3desk.core.private import write_private
 
 Theme = Literal["system", "light", "dark"]
 THEMES: tuple[Theme, ...] = ("system", "light", "dark")
@@ -139,7 +139,4 @@ class SettingsStore:
         data = asdict(settings)
         data["model_dirs"] = list(settings.model_dirs)
         data["schema"] = SETTINGS_SCHEMA
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path)
+        write_private(self.path, json.dumps(data, indent=2) + "\n")

@@ -16,23 +16,33 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from PySide6.QtCore import QObject, QUrl, Signal
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 from k3desk.core.errors import Cancelled, K3Error
+from k3desk.core.private import private_dir, private_file
 
 log = logging.getLogger("k3desk")
 
 
+class _PrivateLogFile(logging.handlers.RotatingFileHandler):
+    """A rotating log whose every file is created 0600 (see k3desk.core.private)."""
+
+    def _open(self) -> Any:
+        private_file(Path(self.baseFilename))
+        return super()._open()
+
+
 def setup_logging(logs_dir: Path) -> Path:
-    """Log to ``logs_dir/k3desk.log`` (rotated at 2 MB, 3 kept); return the file."""
-    logs_dir.mkdir(parents=True, exist_ok=True)
+    """Log to ``logs_dir/k3desk.log`` (rotated at 2 MB, 3 kept, all private); return the file."""
+    private_dir(logs_dir)
     path = logs_dir / "k3desk.log"
     root = logging.getLogger()
     if not any(getattr(h, "baseFilename", None) == str(path) for h in root.handlers):
-        handler = logging.handlers.RotatingFileHandler(
+        handler = _PrivateLogFile(
             path, maxBytes=2_000_000, backupCount=3, encoding="utf-8"
         )
         handler.setFormatter(

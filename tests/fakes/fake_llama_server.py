@@ -20,6 +20,9 @@ Modes:
   bad_projector  loads the model but refuses the projector
   cuda89         a CUDA build for sm_89 on a machine with an H200
   ignore_term    serves, and ignores SIGTERM (the supervisor must SIGKILL it)
+  wrong_key      serves, but expects an API key other than the one it was given
+$FAKE_BIND_DELAY (seconds) makes any serving mode wait that long before it binds its port,
+as a large model's load does (another program can take the port meanwhile).
 Only the standard library is used: this runs outside the project's venv too.
 """
 
@@ -145,7 +148,10 @@ def serve() -> int:
     key_file = arg("--api-key-file")
     if key_file:
         key = Path(key_file).read_text().split()[0]
+    if MODE == "wrong_key":
+        key = "a-key-nobody-gave-it"
     has_mmproj = arg("--mmproj") is not None
+    time.sleep(float(os.environ.get("FAKE_BIND_DELAY", "0")))
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: object) -> None:

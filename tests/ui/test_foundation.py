@@ -167,3 +167,33 @@ def test_unexpected_errors_are_logged_not_shown_as_tracebacks(ctx, qtbot) -> Non
     assert "Traceback" in log_text
     assert "ZeroDivisionError" in log_text
     assert expected[:2] == ("Shard 2 is missing", "Download it")
+
+
+def test_the_app_log_and_its_rotations_are_private(tmp_path: Path) -> None:
+    """The log can hold prompts and paths: 0600 in a 0700 folder, whatever the umask."""
+    import logging
+    import os
+    import stat
+
+    from k3desk.ui.errors import setup_logging
+
+    old = os.umask(0)
+    root = logging.getLogger()
+    try:
+        path = setup_logging(tmp_path / "logs")
+        handler = next(h for h in root.handlers if getattr(h, "baseFilename", "") == str(path))
+        handler.maxBytes = 200  # type: ignore[attr-defined]
+        for i in range(20):
+            logging.getLogger("k3desk.test").warning("line %d of a private log", i)
+        handler.flush()
+    finally:
+        os.umask(old)
+        for h in [
+            h for h in root.handlers if getattr(h, "baseFilename", "").startswith(str(tmp_path))
+        ]:
+            root.removeHandler(h)
+            h.close()
+    files = sorted((tmp_path / "logs").iterdir())
+    assert len(files) > 1  # rotated at least once
+    assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o600}
+    assert stat.S_IMODE((tmp_path / "logs").stat().st_mode) == 0o700

@@ -38,6 +38,7 @@ from k3desk.core.chat.images import PreparedImage, ensure_vision
 from k3desk.core.chat.model import ChatSettings, Role, Timings, Usage
 from k3desk.core.errors import ChatError
 from k3desk.core.progress import CancelToken
+from k3desk.core.safepaths import scrub
 
 THINKING_EFFORTS = ("low", "high", "max")  # what the Kimi-K3 chat template accepts
 
@@ -128,11 +129,13 @@ class ChatMessage:
     images: tuple[PreparedImage, ...] = ()
 
     def to_openai(self) -> dict[str, Any]:
+        # undecodable bytes (lone surrogates) cannot go into a UTF-8 request body
+        content = scrub(self.content)
         if not self.images:
-            return {"role": self.role, "content": self.content}
+            return {"role": self.role, "content": content}
         parts: list[dict[str, Any]] = [img.content_part() for img in self.images]
-        if self.content:
-            parts.append({"type": "text", "text": self.content})
+        if content:
+            parts.append({"type": "text", "text": content})
         return {"role": self.role, "content": parts}
 
 

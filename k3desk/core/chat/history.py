@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
 import re
 import shutil
 import sqlite3
@@ -30,6 +29,8 @@ from typing import Any, Final, cast
 from k3desk.core.chat.images import EXTENSION, MIME, ImageFormat, PreparedImage
 from k3desk.core.chat.model import ROLES, ChatSettings, Role, Timings, Usage
 from k3desk.core.errors import ChatError
+from k3desk.core.private import make_private, private_dir, private_file, write_private
+from k3desk.core.safepaths import display_name, scrub
 
 SCHEMA_VERSION: Final = 1
 IMAGES_DIRNAME: Final = "history-images"
@@ -204,11 +205,14 @@ class HistoryStore:
         self._lock = threading.RLock()
         self._depth = 0
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # private conversations: the file (SQLite gives its -wal and -shm files the
+            # same mode) and the folders are the user's alone
+            private_file(self.path)
+            for extra in ("-wal", "-shm"):
+                make_private(self.path.with_name(self.path.name + extra))
         except OSError as exc:
             raise HistoryError(
-                f"Cannot create the folder for the chat history {self.path.parent}: "
-                f"{exc.strerror or exc}.",
+                f"Cannot create the chat history {self.path}: {exc.strerror or exc}.",
                 "Check that the folder is writable (or set K3DESK_HOME elsewhere).",
             ) from None
         try:
@@ -226,7 +230,19 @@ class HistoryStore:
             self._con.close()
             raise
 
+    def _disk_full(self) -> bool:
+        """SQLite says "disk I/O error" when it cannot even make its -wal/-shm files."""
+        try:
+            return shutil.disk_usage(self.path.parent).free < 1024 * 1024
+        except OSError:
+            return False
+
     def _open_error(self, exc: sqlite3.Error) -> HistoryError:
+        if self._disk_full():
+            return HistoryError(
+                f"Cannot open the chat history {self.path}: the disk holding it is full ({exc}).",
+                "Free some disk space and try again; what was saved before is kept.",
+            )
         return HistoryError(
             f"Cannot open the chat history {self.path}: {exc}.",
             "If the file is damaged, move it aside (k3desk then starts an empty history) "
@@ -308,21 +324,44 @@ class HistoryStore:
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: all of it is committed, or none of it (and what was
+        committed before stays).  SQLite's failures (a full disk, a read-only or damaged
+        file) become a :class:`HistoryError` that says so."""
         with self._lock:
             outer = self._depth == 0
-            if outer:
-                self._con.execute("BEGIN IMMEDIATE")
-            self._depth += 1
             try:
-                yield self._con
-            except BaseException:
+                if outer:
+                    self._con.execute("BEGIN IMMEDIATE")
+                self._depth += 1
+                try:
+                    yield self._con
+                except BaseException:
+                    self._depth -= 1
+                    if outer:
+                        with contextlib.suppress(sqlite3.Error):
+                            self._con.execute("ROLLBACK")
+                    raise
                 self._depth -= 1
                 if outer:
-                    self._con.execute("ROLLBACK")
-                raise
-            self._depth -= 1
-            if outer:
-                self._con.execute("COMMIT")
+                    try:
+                        self._con.execute("COMMIT")
+                    except sqlite3.Error:
+                        with contextlib.suppress(sqlite3.Error):
+                            self._con.execute("ROLLBACK")
+                        raise
+            except sqlite3.Error as exc:
+                raise self._write_error(exc) from None
+
+    def _write_error(self, exc: sqlite3.Error) -> HistoryError:
+        text = str(exc)
+        if "full" in text or self._disk_full():
+            text = f"the disk holding it is full ({text})"
+            hint = "Free some disk space and try again; what was saved before is kept."
+        elif "readonly" in text or "read-only" in text:
+            hint = "Check the file's and the folder's permissions."
+        else:
+            hint = "If the file is damaged, move it aside (k3desk then starts an empty history)."
+        return HistoryError(f"Cannot write to the chat history {self.path}: {text}.", hint)
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[HistoryStore]:
@@ -347,13 +386,13 @@ class HistoryStore:
                 "INSERT INTO conversations (title, created, updated, system_prompt, settings, "
                 "tier, model) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
-                    title,
+                    scrub(title),
                     now,
                     now,
-                    system_prompt,
+                    scrub(system_prompt),
                     json.dumps((settings or ChatSettings()).to_dict()),
-                    tier,
-                    model,
+                    _scrub_opt(tier),
+                    _scrub_opt(model),
                 ),
             )
             cid = int(cur.lastrowid or 0)
@@ -404,7 +443,7 @@ class HistoryStore:
         ):
             if not isinstance(val, _Keep):
                 sets.append(f"{col} = ?")
-                values.append(val)
+                values.append(_scrub_opt(val))
         if isinstance(settings, ChatSettings):
             sets.append("settings = ?")
             values.append(json.dumps(settings.to_dict()))
@@ -443,6 +482,8 @@ class HistoryStore:
                 is None
             ]
         for sha in orphans:
+            if not _SHA256.fullmatch(sha):
+                continue  # a damaged or forged row names no file of ours
             for p in self.images_dir.glob(f"{sha[:2]}/{sha}.*"):
                 with contextlib.suppress(OSError):
                     p.unlink()
@@ -468,6 +509,7 @@ class HistoryStore:
         if role not in ROLES:
             raise HistoryError(f"Unknown message role {role!r}; use one of {', '.join(ROLES)}.")
         stored = [self._store_image(img) for img in images]
+        content, reasoning, model = scrub(content), scrub(reasoning), _scrub_opt(model)
         now = time.time()
         with self._tx() as con:
             conv = con.execute(
@@ -549,10 +591,10 @@ class HistoryStore:
         values: list[Any] = []
         if not isinstance(content, _Keep):
             sets.append("content = ?")
-            values.append(content)
+            values.append(scrub(content))
         if not isinstance(reasoning, _Keep):
             sets.append("reasoning = ?")
-            values.append(reasoning)
+            values.append(scrub(reasoning))
         if not isinstance(usage, _Keep):
             sets.append("usage = ?")
             values.append(json.dumps(usage.to_dict()) if usage else None)
@@ -567,7 +609,7 @@ class HistoryStore:
             values.append(finish_reason)
         if not isinstance(model, _Keep):
             sets.append("model = ?")
-            values.append(model)
+            values.append(_scrub_opt(model))
         if sets:
             with self._tx() as con:
                 cur = con.execute(
@@ -822,18 +864,20 @@ class HistoryStore:
         if conv.system_prompt:
             out += ["## System", "", conv.system_prompt, ""]
         if assets_dir is not None:
-            assets_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(assets_dir)
         for m in msgs:
             out += [f"## {m.role.capitalize()}", ""]
             for i, img in enumerate(m.images, 1):
                 if assets_dir is not None:
+                    # the stored file's own name (its hash and extension), never the name
+                    # the picture had when it was attached
                     target = assets_dir / img.path.name
                     if not target.exists():
-                        shutil.copyfile(img.path, target)
+                        write_private(target, img.read_bytes())
                     link = f"{assets_dir.name}/{img.path.name}"
                 else:
                     link = img.path.as_uri()
-                out += [f"![{img.name or f'image {i}'}]({link})", ""]
+                out += [f"![{_md_label(img.name) or f'image {i}'}]({link})", ""]
             if m.reasoning:
                 out += [
                     "<details><summary>Reasoning</summary>",
@@ -862,9 +906,7 @@ class HistoryStore:
         else:
             raise HistoryError(f"Unknown export format {fmt!r}; use md or json.")
         try:
-            tmp = target.with_name(target.name + ".part")
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, target)
+            write_private(target, text)  # a copy of private conversations: private too
         except OSError as exc:
             raise HistoryError(
                 f"Cannot write the export {target}: {exc.strerror or exc}.",
@@ -879,10 +921,8 @@ class HistoryStore:
         path = self.images_dir / sha[:2] / f"{sha}.{EXTENSION[img.format]}"
         if not path.exists():
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-                tmp.write_bytes(img.data)
-                os.replace(tmp, path)
+                private_dir(self.images_dir)
+                write_private(path, img.data)
             except OSError as exc:
                 raise HistoryError(
                     f"Cannot store the image {img.name or sha} in {self.images_dir}: "
@@ -890,7 +930,13 @@ class HistoryStore:
                     "Check free disk space and permissions.",
                 ) from None
         return StoredImage(
-            sha, img.format, img.width, img.height, len(img.data), path, Path(img.name).name
+            sha,
+            img.format,
+            img.width,
+            img.height,
+            len(img.data),
+            path,
+            display_name(Path(img.name).name),
         )
 
     def _images_for(self, ids: Sequence[int]) -> dict[int, list[StoredImage]]:
@@ -905,6 +951,8 @@ class HistoryStore:
                 f"FROM message_images WHERE message_id IN ({marks}) ORDER BY message_id, position",
                 chunk,
             ):
+                if not isinstance(sha, str) or not _SHA256.fullmatch(sha) or fmt not in EXTENSION:
+                    continue  # a damaged or forged row: it names no file of ours
                 f = cast(ImageFormat, fmt)
                 out.setdefault(int(mid), []).append(
                     StoredImage(
@@ -981,6 +1029,19 @@ def _split_sql(script: str) -> list[str]:
     if buf:
         out.append("\n".join(buf))
     return out
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _scrub_opt(value: Any) -> Any:
+    return scrub(value) if isinstance(value, str) else value
+
+
+def _md_label(name: str) -> str:
+    """An image's name as Markdown link text (no line breaks, brackets escaped)."""
+    text = display_name(name)
+    return text.replace("\\", "\\\\").replace("[", "\\[").replace("]", "\\]")
 
 
 def _like_escape(word: str) -> str:

@@ -159,6 +159,9 @@ def prepare_image(
         )
     too_big = max(info.width, info.height) > max_side or len(data) > max_send_bytes
     if not too_big and info.format != "webp":
+        # sent as it is: decode it here first, so that a truncated or damaged picture is
+        # refused with its name rather than by the engine, mid-request
+        _check_decodes(data, info, name)
         return PreparedImage(data, info.format, info.width, info.height, name, len(data))
     # WebP that needs no shrinking is converted losslessly (PNG)
     return _reencode(data, info, name, max_side, max_send_bytes, lossless=not too_big)
@@ -194,9 +197,9 @@ def ensure_vision(
 # ----------------------------------------------------------------- internals
 
 
-def _damaged(name: str, fmt: ImageFormat, why: str) -> ImageError:
+def _damaged(name: str, fmt: ImageFormat, why: str, where: str = "its header") -> ImageError:
     return ImageError(
-        f"{name} starts like a {fmt.upper()} image but its header is damaged ({why}).",
+        f"{name} starts like a {fmt.upper()} image but {where} is damaged ({why}).",
         "Open it in an image viewer and save it again, then attach the new file.",
     )
 
@@ -267,6 +270,24 @@ def _webp_size(data: bytes) -> tuple[int, int]:
 _DIMENSIONS = {"png": _png_size, "jpeg": _jpeg_size, "gif": _gif_size, "webp": _webp_size}
 
 
+def _check_decodes(data: bytes, info: ImageInfo, name: str) -> None:
+    """Decode every pixel of ``data`` (at most ``MAX_SIDE`` squared: the caller sends
+    only small pictures unchanged), or raise the damaged-image error naming ``name``."""
+    try:
+        from PIL import Image, ImageFile, UnidentifiedImageError
+    except ImportError:  # pragma: no cover - Pillow is a dependency
+        return
+    if ImageFile.LOAD_TRUNCATED_IMAGES:  # someone asked Pillow to pad truncated images
+        raise ImageError(f"{name} cannot be checked: Pillow is set to accept truncated images.")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if (img.width, img.height) != (info.width, info.height):
+                raise ValueError(f"it decodes as {img.width}x{img.height}")
+            img.load()
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
+        raise _damaged(name, info.format, f"it cannot be decoded: {exc}", "it") from None
+
+
 def _reencode(
     data: bytes,
     info: ImageInfo,
@@ -288,10 +309,15 @@ def _reencode(
         ) from None
     try:
         with Image.open(io.BytesIO(data)) as img:
+            if info.format == "jpeg":  # decoded at 1/2 to 1/8 scale: a fraction of the memory
+                img.draft("RGB", (max_side, max_side))
             img.load()
-            frame = img.convert("RGBA") if _has_alpha(img) else img.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise _damaged(name, info.format, f"it cannot be decoded: {exc}") from None
+            alpha = _has_alpha(img)
+            # shrink first, in place: the copies below are of a small picture, not a big one
+            img.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+            frame = img.convert("RGBA") if alpha else img.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
+        raise _damaged(name, info.format, f"it cannot be decoded: {exc}", "it") from None
     side = max_side
     while True:
         scaled = frame.copy()

@@ -37,6 +37,7 @@ from k3desk.core.chat.dialects import Limits
 from k3desk.core.cluster.nodes import ClusterError
 from k3desk.core.errors import ChatError
 from k3desk.core.paths import AppPaths
+from k3desk.core.private import write_private
 from k3desk.core.secrets import SERVICE as SERVICE  # where the keyring keeps them
 from k3desk.core.secrets import SecretStore
 
@@ -123,11 +124,8 @@ class EndpointStore:
             ) from exc
 
     def _save(self, endpoints: list[RemoteEndpoint]) -> None:
-        self.paths.config.mkdir(parents=True, exist_ok=True)
-        tmp = self.file.with_suffix(".json.tmp")
         body = {"schema": 1, "endpoints": [asdict(e) for e in endpoints]}
-        tmp.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, self.file)
+        write_private(self.file, json.dumps(body, indent=2) + "\n")
 
     def get(self, name: str) -> RemoteEndpoint:
         for e in self.load():

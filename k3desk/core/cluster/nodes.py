@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -18,6 +17,8 @@ from typing import Any
 
 from k3desk.core.errors import K3Error
 from k3desk.core.paths import AppPaths
+from k3desk.core.private import write_private
+from k3desk.core.safepaths import display_name
 
 CLUSTERS_SCHEMA = 1
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -99,6 +100,8 @@ class Node:
             value = getattr(self, attr)
             if "\n" in value or "\0" in value:
                 out.append(f"{who}: {attr} contains a line break")
+            elif display_name(value) != value:  # escape sequences, undecodable bytes
+                out.append(f"{who}: {attr} contains control characters or undecodable bytes")
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -274,11 +277,8 @@ class ClusterStore:
         return [Cluster.from_dict(c, where) for c in data["clusters"] if isinstance(c, dict)]
 
     def save(self, clusters: Iterable[Cluster]) -> None:
-        self.paths.config.mkdir(parents=True, exist_ok=True)
         body = {"schema": CLUSTERS_SCHEMA, "clusters": [c.to_dict() for c in clusters]}
-        tmp = self.file.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, self.file)
+        write_private(self.file, json.dumps(body, indent=2) + "\n")
 
     def names(self) -> list[str]:
         return [c.name for c in self.load()]

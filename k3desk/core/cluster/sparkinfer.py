@@ -57,6 +57,7 @@ from k3desk.core.cluster.ssh import (
 from k3desk.core.hardware.profile import GpuInfo, HardwareProfile
 from k3desk.core.paths import AppPaths
 from k3desk.core.progress import CancelToken
+from k3desk.core.safepaths import file_name_problem
 
 if TYPE_CHECKING:
     from k3desk.core.catalog.model import Tier
@@ -367,7 +368,13 @@ def check_sparkinfer(
         why = check_tier(tier)
         if why:
             refusals.append(why)
-    if not config.model_file.endswith(".gguf"):
+    named = file_name_problem(config.model_file)  # joined to every node's model folder
+    if named:
+        refusals.append(
+            f"--model must be shard 1's file name in each node's model folder, not "
+            f"{config.model_file!r}: {named}."
+        )
+    elif not config.model_file.endswith(".gguf"):
         refusals.append(
             f"--model must be the first shard file (…-00001-of-00009.gguf), not "
             f"{config.model_file!r}."

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO
 
 from k3desk.core.cluster.nodes import ClusterError, Node
+from k3desk.core.private import open_private, private_dir
 from k3desk.core.progress import CancelToken
 
 
@@ -197,7 +198,7 @@ class SshClient:
         cancel: CancelToken | None = None,
     ) -> SshResult:
         """Run ``command`` on the node; raise :class:`SshError` if ssh itself fails."""
-        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.known_hosts.parent)
         proc = subprocess.Popen(
             self.argv(command),
             stdin=subprocess.PIPE,
@@ -338,11 +339,10 @@ class RemoteProcess:
                 *self.argv,
             ]
         )
-        self.client.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.client.known_hosts.parent)
         log: IO[str] | None = None
         if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = self.log_path.open("a", encoding="utf-8")
+            log = open_private(self.log_path, "a")
             log.write(
                 f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {self.node.label}: {self.command_line}\n"
             )

@@ -111,7 +111,8 @@ class PreparedLaunch:
     def replan_after_oom(
         self, crash: CrashReport, current: tuple[str, ...]
     ) -> tuple[tuple[str, ...], str] | None:
-        """The Supervisor's re-planner: (new arguments, what changed), or None to give up.
+        """The Supervisor's re-planner: (new arguments, what changed), or None to give up
+        (also when the new plan is the command that just failed).
 
         A GPU out-of-memory keeps the experts of more layers in RAM (about a tenth of the
         layers per step) and plans the rest again for that ``--n-cpu-moe``; the AMX repack
@@ -139,6 +140,9 @@ class PreparedLaunch:
             a in _NO_REPACK_FLAGS for a in args
         ):
             args += ("--no-repack",)
+        if args == tuple(current):
+            # e.g. a CPU-only plan, where --n-cpu-moe means nothing: not a re-plan at all
+            return None
         # the new plan may move more than the experts (the split, the projector): say so
         more = [c for c in arg_changes(bumped_args, args) if "--n-cpu-moe" not in c]
         if more:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import http.client
 import logging
 import math
@@ -53,6 +54,7 @@ from k3desk.core.engines.crash import CrashReport, classify_exit, load_timeout, 
 from k3desk.core.engines.oom import OomSnapshot, OomWatch
 from k3desk.core.errors import Cancelled, EngineError
 from k3desk.core.paths import AppPaths
+from k3desk.core.private import open_private, private_dir
 from k3desk.core.progress import CancelToken, Progress
 from k3desk.core.units import fmt_bytes
 
@@ -77,6 +79,10 @@ class Endpoint:
     host: str
     port: int
     api_key: str
+    # the server process behind it and the attempt that started it (not part of what a
+    # client connects to: a restart on the same port and key is the same endpoint)
+    pid: int = field(default=0, compare=False)
+    attempt: int = field(default=0, compare=False)
 
     @property
     def url(self) -> str:
@@ -173,6 +179,68 @@ def free_port(host: str = LOOPBACK) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def port_problem(port: object, host: str = LOOPBACK) -> tuple[str, str]:
+    """(what is wrong, what to do) when llama-server cannot listen on ``port``; ("", "") if
+    it can.  Checked before every launch: a port that is out of range or already taken is
+    refused then, instead of trusting whatever answers on it."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        return (
+            f"Port {port} is out of range: a TCP port is a number from 1 to 65535.",
+            "Pass a free port with --port, or leave --port out to use a free one.",
+        )
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as llama-server binds (SO_REUSEADDR, server-http.cpp): connections of an earlier
+        # server still in TIME_WAIT do not count, a listening socket does
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except PermissionError:
+            return (
+                f"Port {port} on {host} needs administrator rights (ports below 1024 are "
+                "privileged).",
+                "Use a port from 1024 up, or leave --port out to use a free one.",
+            )
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return (f"Port {port} on {host} cannot be used: {exc.strerror or exc}.", "")
+            who = _listener_names(port)
+            return (
+                f"Port {port} on {host} is already in use{' by ' + who if who else ''}.",
+                "Stop that program, choose another port with --port, or leave --port out to "
+                "use a free one.",
+            )
+    return "", ""
+
+
+def check_port(port: int, host: str = LOOPBACK) -> None:
+    """Raise :class:`EngineError` when llama-server could not listen on ``port``."""
+    problem, hint = port_problem(port, host)
+    if problem:
+        raise EngineError(problem, hint)
+
+
+def _listeners(port: int) -> list[int | None]:
+    """Pids of the processes listening on TCP ``port`` (None: one this user cannot see)."""
+    try:
+        conns = psutil.net_connections("tcp")
+    except (psutil.AccessDenied, OSError):
+        return []
+    return [c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+
+
+def _listener_names(port: int) -> str:
+    names = []
+    for pid in _listeners(port):
+        if pid is None:
+            names.append("a process of another user")
+            continue
+        try:
+            names.append(f"{psutil.Process(pid).name()} (pid {pid})")
+        except psutil.Error:
+            names.append(f"pid {pid}")
+    return ", ".join(dict.fromkeys(names))
 
 
 def redact(argv: Sequence[str], secret: str) -> tuple[str, ...]:
@@ -389,9 +457,15 @@ class Supervisor:
         return lines if n is None else lines[-n:]
 
     def start(self) -> None:
-        """Launch in the background; follow with :meth:`wait_ready`."""
+        """Launch in the background; follow with :meth:`wait_ready`.
+
+        A port given in the spec is checked first: out of range or already taken is an
+        :class:`EngineError` here, before anything is started.
+        """
         if self._thread is not None:
             raise EngineError("This server was already started; create a new supervisor.")
+        if self.spec.port is not None:
+            check_port(self.spec.port)
         self._thread = threading.Thread(target=self._run, name="llama-server-monitor", daemon=True)
         self._thread.start()
 
@@ -474,7 +548,7 @@ class Supervisor:
             log.exception("engine event listener failed")
 
     def _new_log_file(self, attempt: int) -> Path:
-        self.paths.logs_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.paths.logs_dir)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         base = f"llama-server-{stamp}-{os.getpid()}-{id(self) & 0xFFFF:04x}-a{attempt}"
         return self.paths.logs_dir / f"{base}.log"
@@ -493,6 +567,10 @@ class Supervisor:
                 changes = "" if previous is None else describe_changes(*previous, args, port)
                 previous = (args, port)
                 attempt, crash = self._one_attempt(number, args, port, changes)
+                # that server is gone: nobody may be handed its endpoint any more
+                self._ready.clear()
+                with self._lock:
+                    self._endpoint = None
                 if crash is None:  # stopped on request
                     break
                 if attempt.ready_at is not None and (
@@ -550,6 +628,8 @@ class Supervisor:
                 give_up = f"port {port} was chosen explicitly"
             else:
                 new_port = free_port()
+                while new_port == port:
+                    new_port = free_port()
                 action = f"port {port} was taken, using {new_port}"
         elif crash.recovery in _REPLANS:
             plan = self._replan(crash, args)
@@ -557,6 +637,9 @@ class Supervisor:
                 give_up = "no plan with less GPU memory is left"
                 if crash.recovery == "no_repack":
                     give_up = "--no-repack did not help"
+            elif tuple(plan[0]) == tuple(args):
+                # not a re-plan: the same command would fail the same way
+                give_up = "re-planning left the command unchanged, so it would fail again"
             else:
                 new_args, action = plan
         if give_up:
@@ -602,11 +685,8 @@ class Supervisor:
                 key_file.unlink(missing_ok=True)
 
     def _write_key_file(self, log_path: Path) -> Path:
-        folder = self.paths.state / "run"
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / (log_path.stem + ".key")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
+        path = self.paths.state / "run" / (log_path.stem + ".key")
+        with open_private(path, "w") as f:
             f.write(self.api_key + "\n")
         return path
 
@@ -629,6 +709,13 @@ class Supervisor:
         if number > 1:
             started = f"changed: {changes}" if changes else "the same command again"
         self._set_state(State.STARTING, number, started)
+        problem, hint = port_problem(port)
+        if problem:  # taken since it was chosen: start nothing that would trust it
+            with open_private(log_path, "wb") as logf:
+                logf.write(f"not started: {problem}\n".encode())
+            attempt.ended_at = time.time()
+            attempt.crash = CrashReport("port_in_use", problem, hint, "new_port")
+            return attempt, attempt.crash
         env = dict(os.environ)
         if self.spec.env:
             env.update(self.spec.env)
@@ -649,8 +736,9 @@ class Supervisor:
         oom_before: OomSnapshot,
     ) -> tuple[Attempt, CrashReport | None]:
         number = attempt.number
-        with open(log_path, "wb") as logf:
-            logf.write(("$ " + " ".join(attempt.argv) + "\n").encode())
+        with open_private(log_path, "wb") as logf:
+            # a path may hold undecodable bytes (lone surrogates): the log says them as escapes
+            logf.write(("$ " + " ".join(attempt.argv) + "\n").encode("utf-8", "backslashreplace"))
             logf.flush()
             try:
                 proc = subprocess.Popen(
@@ -704,7 +792,9 @@ class Supervisor:
             attempt.action = "stopped on request"
             return attempt, None
         tail = self.tail(60)
-        if timed_out:
+        if attempt.crash is not None:  # found while watching (see _verify)
+            crash = attempt.crash
+        elif timed_out:
             crash = load_timeout(self.spec.timeout(), tail)
         else:
             evidence = ""
@@ -732,12 +822,19 @@ class Supervisor:
                 return True, False
             if attempt.ready_at is None:
                 status = _health(port)
-                if status == 200:
+                verdict = self._verify(proc, port) if status == 200 else None
+                if isinstance(verdict, CrashReport):  # not ours, or our key is refused
+                    attempt.crash = verdict
+                    self._terminate(proc)
+                    return False, False
+                if verdict is True:
                     attempt.ready_at = time.time()
                     if key_file is not None:  # read at start-up; do not leave it lying around
                         key_file.unlink(missing_ok=True)
                     with self._lock:
-                        self._endpoint = Endpoint(LOOPBACK, port, self.api_key)
+                        self._endpoint = Endpoint(
+                            LOOPBACK, port, self.api_key, proc.pid, attempt.number
+                        )
                     self._set_state(
                         State.READY, attempt.number, f"ready at http://{LOOPBACK}:{port}"
                     )
@@ -758,6 +855,41 @@ class Supervisor:
             else:
                 self._stop.wait(0.2)
         return self._stop.is_set(), False
+
+    def _verify(self, proc: subprocess.Popen[bytes], port: int) -> bool | CrashReport | None:
+        """Is what answered /health on ``port`` our server, and does it take our key?
+
+        True: the listening socket belongs to our child (or its descendants) and our
+        key was accepted on a connection that child is seen to hold.  None: not yet
+        (listening is still to come; look again).  A CrashReport: something else
+        listens there, or our server refuses the key; nobody is handed the endpoint.
+        The key is only ever sent over a connection our child has accepted.
+        """
+        ours = _family(proc.pid)
+        foreign = [pid for pid in _listeners(port) if pid not in ours]
+        if foreign:
+            who = _listener_names(port)
+            return CrashReport(
+                "port_in_use",
+                f"Another program listens on port {port} as well ({who}): what answers "
+                "there is not only the engine k3desk started",
+                "Stop that program, or let k3desk choose the port (leave --port out).",
+                "new_port",
+            )
+        if not _owns_listener(ours, port):
+            return None
+        status = _authorized_status(ours, port, self.api_key)
+        if status == 200:
+            return True
+        if status in (401, 403):
+            return CrashReport(
+                "exited",
+                f"llama-server on port {port} refused the API key k3desk gave it (HTTP {status})",
+                "Check --api-key/--api-key-file among the engine arguments; k3desk passes "
+                "its own key.",
+                "none",
+            )
+        return None
 
     def _terminate(self, proc: subprocess.Popen[bytes]) -> None:
         """SIGTERM to the server's process group, wait, then SIGKILL."""
@@ -829,6 +961,51 @@ def bytes_loaded(pid: int) -> int:
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return 0
     return max(rss, read)
+
+
+def _family(pid: int) -> set[int]:
+    """``pid`` and its descendants (a wrapper script may start the real server)."""
+    out = {pid}
+    with contextlib.suppress(psutil.Error):
+        out |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    return out
+
+
+def _connections(pids: set[int]) -> list[psutil._common.pconn]:
+    conns: list[psutil._common.pconn] = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            conns += psutil.Process(pid).net_connections("tcp")
+    return conns
+
+
+def _owns_listener(pids: set[int], port: int) -> bool:
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in _connections(pids))
+
+
+def _authorized_status(pids: set[int], port: int, api_key: str) -> int | None:
+    """HTTP status of an authenticated GET /v1/models on ``port``, sent only once one of
+    ``pids`` is seen holding the other end of the connection (None otherwise).
+
+    /v1/models is not among llama-server's public endpoints (/health, /v1/health:
+    server-http.cpp in b11434), so a 200 means the key was accepted.
+    """
+    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=2.0)
+    try:
+        conn.connect()
+        assert conn.sock is not None
+        mine = conn.sock.getsockname()[:2]
+        deadline = time.monotonic() + 2.0
+        while not any(c.raddr and (c.raddr.ip, c.raddr.port) == mine for c in _connections(pids)):
+            if time.monotonic() > deadline:
+                return None  # never seen accepted by our server: the key stays here
+            time.sleep(0.002)
+        conn.request("GET", "/v1/models", headers={"Authorization": f"Bearer {api_key}"})
+        return conn.getresponse().status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
 
 
 def _health(port: int) -> int | None:

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from k3desk.core.safepaths import what_is
+
 SPLIT_RE = re.compile(r"(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
 
 
@@ -42,7 +44,13 @@ class ShardSet:
         return tuple(self.directory / self.part_name(i) for i in range(self.count))
 
     def missing(self) -> list[int]:
-        return [i for i, p in enumerate(self.paths) if not p.is_file()]
+        return [i for i, p in enumerate(self.paths) if what_is(p) == "missing"]
+
+    def not_files(self) -> list[tuple[int, str]]:
+        """Parts that exist but are no regular file: (index, "a folder" / "a named pipe
+        (FIFO)" / ...).  Nothing is opened (a FIFO would block the reader)."""
+        found = [(i, what_is(p)) for i, p in enumerate(self.paths)]
+        return [(i, what) for i, what in found if what not in ("", "missing")]
 
 
 def discover(path: Path | str) -> ShardSet:

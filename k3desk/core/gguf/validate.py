@@ -28,6 +28,7 @@ from k3desk.core.gguf.reader import INT32, UINT16, VALUE_TYPE_NAMES, GGUFHeader,
 from k3desk.core.gguf.shards import ShardSet, discover
 from k3desk.core.k3arch import REAL_K3, K3Shape, is_expert_tensor, layer_of, tensor_specs
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
+from k3desk.core.safepaths import what_is
 
 ARCH = "kimi-k3"
 _P = ARCH + "."
@@ -117,11 +118,16 @@ class _Checker:
     # ------------------------------------------------------------------ checks
     def check_names(self) -> None:
         s = self.shards
-        if not s.given.exists():
+        what = what_is(s.given)
+        if what == "missing":
             raise ValidationError(f"{s.given} does not exist.", "Check the path.")
-        if s.given.is_dir():
+        if what == "a folder":
             raise ValidationError(
                 f"{s.given} is a folder.", "Pass the first .gguf part of the model in it."
+            )
+        if what:
+            raise ValidationError(
+                f"{s.given} is {what}, not a model file.", "Pass the model's .gguf file."
             )
         if s.split:
             m_no, m_count = s.given_index + 1, s.count
@@ -130,6 +136,14 @@ class _Checker:
                     f"{s.given.name} has an invalid split file name: part {m_no} of {m_count}.",
                     "Keep the parts under their published names (<name>-00001-of-000NN.gguf).",
                 )
+        odd = s.not_files()
+        if odd:
+            i, what = odd[0]
+            raise self.fail(
+                f"{self.label(i)} is {what}, not a file: {s.paths[i]}.",
+                i,
+                "Put the part itself there (a regular file), under its published name.",
+            )
         missing = s.missing()
         if missing:
             labels = ", ".join(s.part_label(i) for i in missing[:5])

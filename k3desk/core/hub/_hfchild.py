@@ -88,6 +88,10 @@ def main() -> int:
     threading.Thread(target=_watch_stdin, daemon=True).start()
     from huggingface_hub import hf_hub_download
 
+    from k3desk.core.hub.session import guard_session
+
+    guard_session()  # a redirect's body is read whole: bounded, as in the parent
+
     try:
         path = hf_hub_download(
             spec["repo"],

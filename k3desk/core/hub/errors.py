@@ -53,6 +53,28 @@ TRANSPORT_ERRORS = frozenset(
 )
 
 
+# The server answered, but not in HTTP (or not as it promised): its fault, not the network's.
+PROTOCOL_ERRORS = frozenset(
+    {
+        "RemoteProtocolError",
+        "LocalProtocolError",
+        "ProtocolError",
+        "DecodingError",
+        "TooManyRedirects",
+        "BodyTooLong",
+    }
+)
+
+
+# httpx reports a connection that closed mid-answer as a protocol error; it is a drop
+_DROPPED = ("peer closed connection", "incomplete chunked read", "server disconnected")
+
+
+def _dropped(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return bool(_names(exc) & {"RemoteProtocolError"}) and any(d in text for d in _DROPPED)
+
+
 def _names(exc: BaseException) -> set[str]:
     """Class names of ``exc`` (a child process reports its error by name)."""
     child = getattr(exc, "child_error", None)
@@ -213,6 +235,21 @@ def hub_error(exc: BaseException, where: Where) -> HubError:
         return HubError(
             f"The server refused the byte range asked for {where.path} (416).",
             "Run the download again; the partial file will be re-checked.",
+        )
+    if "ShortRead" in names or _dropped(exc):
+        return HubError(
+            f"The transfer of {where.path or where.repo} from {where.endpoint} kept breaking off "
+            f"({_plain(exc)}).",
+            "Check the network connection; partial files are kept and the download resumes "
+            "when run again.",
+        )
+    if names & PROTOCOL_ERRORS:
+        return HubError(
+            f"The server at {where.endpoint} broke the HTTP protocol while sending "
+            f"{where.path or where.repo}: {_plain(exc)}.",
+            "The server, or a proxy between you and it, misbehaves: check HF_ENDPOINT and "
+            "proxy settings (HTTPS_PROXY). Partial files are kept; the download resumes when "
+            "run again.",
         )
     if names & TRANSPORT_ERRORS:
         return HubError(

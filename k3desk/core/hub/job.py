@@ -60,6 +60,7 @@ from k3desk.core.hub.reporting import Events, FileTask, Overall
 from k3desk.core.hub.state import Partial, TargetState, expected_hash, meta_dir
 from k3desk.core.hub.transfer import Context, Offsets, child_attempt, http_attempt, xet_usable
 from k3desk.core.progress import CancelToken
+from k3desk.core.safepaths import UnsafeName, confined
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class DownloadJob:
         self._warnings: list[str] = []
         self._reused = 0
         self._count_lock = threading.Lock()
+        self._refused: list[tuple[str, str]] = []  # (listed name, why it is not written)
         self.listing: Listing | None = None
 
     # ------------------------------------------------------------ control
@@ -141,7 +143,20 @@ class DownloadJob:
         )
 
     def _dest(self, f: RemoteFile) -> Path:
-        return self.target / f.path
+        """Where ``f`` goes: inside the target folder, or :class:`UnsafeName`."""
+        return confined(self.target, f.path, what="The listed file")
+
+    def _place(self, src: Path, f: RemoteFile) -> Path:
+        """Move a verified ``src`` to ``f``'s place (checked again around the mkdir, so
+        that a link planted meanwhile cannot lead it out of the target folder)."""
+        self._dest(f).parent.mkdir(parents=True, exist_ok=True)
+        dest = self._dest(f)
+        os.replace(src, dest)
+        return dest
+
+    def _refuse(self, name: str, why: str) -> None:
+        self._refused.append((name, why))
+        self._warn(f"{name!r} is listed by the Hub but was refused: {why}.", name)
 
     def _count_reused(self) -> None:
         with self._count_lock:
@@ -204,6 +219,8 @@ class DownloadJob:
                 f"matches {', '.join(self.request.allow_patterns)}.",
                 f"Check the include patterns against {listing.repo_url()}/tree/main.",
             )
+        for name, why in listing.refused:
+            self._refuse(name, why)
         for w in crosscheck(self.request, listing):
             self._warn(w)
 
@@ -221,6 +238,8 @@ class DownloadJob:
         )
 
         items = self._classify(listing, state)
+        if not items:  # every listed file was refused
+            raise self._refused_error(listing)
         self._emit(Queued(tuple(_queued(it) for it in items)))
         needed = 0
         target_dev = os.stat(self.target).st_dev
@@ -233,7 +252,7 @@ class DownloadJob:
                         needed += it.file.size
         fetch_items = [it for it in items if it.kind == "fetch"]
         fetch_bytes = sum(it.file.size - it.resumable for it in fetch_items)
-        largest = max(f.size for f in listing.files)
+        largest = max(it.file.size for it in items)
         check, fs_warnings = check_space(
             self.target, needed, opts.margin_bytes, largest, self._where(local=str(self.target))
         )
@@ -281,6 +300,8 @@ class DownloadJob:
         finally:
             self._monitor_done = True
             monitor.join(timeout=5)
+        if self._refused:
+            raise self._refused_error(listing)
 
         seconds = time.monotonic() - started
         summary = DownloadSummary(
@@ -297,6 +318,26 @@ class DownloadJob:
         )
         self._emit(Done(summary))
         return summary
+
+    def _refused_error(self, listing: Listing) -> HubError:
+        names = ", ".join(repr(n) for n, _ in self._refused[:5])
+        more = f" and {len(self._refused) - 5} more" if len(self._refused) > 5 else ""
+        n = len(self._refused)
+        rest = len(listing.files) - sum(
+            1 for name, _ in self._refused if any(f.path == name for f in listing.files)
+        )
+        done = (
+            f"The other {rest} file{'s' if rest != 1 else ''} were downloaded and verified "
+            f"in {self.target}. "
+            if rest
+            else "Nothing was written. "
+        )
+        return HubError(
+            f"{listing.repo} at {listing.revision[:12]} lists {n} file{'s' if n != 1 else ''} "
+            f"k3desk will not write ({names}{more}): {self._refused[0][1]}.",
+            done + "A repository (or an HF_ENDPOINT mirror) that lists such files is broken "
+            "or hostile: check HF_ENDPOINT and tell the repository's owner.",
+        )
 
     def _run_pool(
         self, items: list[_Item], ctx: Context, state: TargetState, overall: Overall
@@ -384,8 +425,12 @@ class DownloadJob:
         cache = hf_cache_dir(self.options.hf_cache_dir) if self.options.use_hf_cache else None
         items = []
         for i, f in enumerate(listing.files):
-            dest = self._dest(f)
-            partial = Partial(self.target, f, listing.repo, listing.revision)
+            try:
+                dest = self._dest(f)
+                partial = Partial(self.target, f, listing.repo, listing.revision)
+            except UnsafeName as exc:
+                self._refuse(f.path, exc.reason)
+                continue
             if state.is_trusted(f):
                 items.append(_Item(i, f, "trusted"))
                 continue
@@ -462,7 +507,7 @@ class DownloadJob:
     ) -> bool:
         t0 = time.monotonic()
         dest = self._dest(f)
-        tmp = meta_dir(self.target) / "partial" / (f.path + ".from-cache")
+        tmp = confined(meta_dir(self.target) / "partial", f.path + ".from-cache")
         tmp.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -477,8 +522,7 @@ class DownloadJob:
             self._emit(Verified(f.path, ok, "hf-cache", expected, actual))
             if not ok:
                 return False
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, dest)
+            self._place(tmp, f)
         except OSError as exc:
             raise disk_error(exc, self._where(f.path, str(dest))) from exc
         finally:
@@ -562,8 +606,7 @@ class DownloadJob:
             partial.discard()
             return False, expected, actual
         try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(partial.data, dest)
+            self._place(partial.data, f)
         except OSError as exc:
             raise disk_error(exc, where) from exc
         partial.discard()
@@ -582,10 +625,15 @@ class DownloadJob:
 
         try:
             got = self._with_retries(f, task, attempt, None)
+            if not os.path.realpath(got).startswith(os.path.realpath(staging) + os.sep):
+                raise HubError(
+                    f"The download process put {f.path} at {got}, outside its scratch "
+                    f"folder {staging}; it was not used.",
+                    "Run the download again with --transport http.",
+                )
             ok, expected, actual = self._hash_with_progress(got, f, overall, "verify")
             if ok:
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(got, dest)
+                self._place(got, f)
             return ok, expected, actual
         except OSError as exc:
             raise disk_error(exc, self._where(f.path, str(dest))) from exc
@@ -598,14 +646,17 @@ class DownloadJob:
         """Run ``attempt`` until it succeeds, retrying stalls and transient failures.
 
         Waits double per failed attempt (``backoff_base`` .. ``backoff_max``);
-        a 429 waits at least its Retry-After.  An attempt that moved bytes
-        resets the count, so a long download on a flaky line keeps going.
+        a 429 waits at least its Retry-After.  An attempt that got further into
+        the file than any before resets the count, so a long download on a
+        flaky line keeps going; one that only moved bytes again (a server that
+        ignores Range and drops the connection at the same place each time)
+        does not, so a hostile or broken server cannot keep it going forever.
         """
         opts = self.options
         failures = 0
+        furthest = task.done
         while True:
             self._stop.raise_if_cancelled()
-            before = task.fetched
             try:
                 return attempt()
             except Cancelled:
@@ -625,7 +676,8 @@ class DownloadJob:
                     raise disk_error(exc, where, kept=kept) from exc
                 else:
                     raise hub_error(exc, where) from exc
-                if task.fetched > before:
+                if task.done > furthest:
+                    furthest = task.done
                     failures = 0
                 failures += 1
                 if failures > opts.max_retries:

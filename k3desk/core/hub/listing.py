@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 from typing import Any
 
+from k3desk.core.errors import HubError
 from k3desk.core.hub.errors import Where, hub_error
 from k3desk.core.hub.model import DownloadRequest, Listing, RemoteFile
+from k3desk.core.hub.session import guard_session
+from k3desk.core.safepaths import name_problem
 from k3desk.core.units import fmt_bytes
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -44,6 +48,7 @@ def list_remote(
     where = Where(repo=request.repo, endpoint=ep, revision=request.revision, has_token=bool(token))
     # token=False, not None: huggingface_hub would otherwise pick up a token on its own
     api = HfApi(endpoint=ep, token=token or False)
+    guard_session()
     try:
         info = api.model_info(request.repo, revision=request.revision)
         sha = info.sha
@@ -55,32 +60,76 @@ def list_remote(
             for e in api.list_repo_tree(request.repo, recursive=True, revision=sha)
             if isinstance(e, RepoFile)
         ]
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+        # huggingface_hub met an answer that is not what the Hub sends
+        raise HubError(
+            f"The Hub at {ep} answered the listing of {request.repo} with something that is "
+            f"not a Hub listing ({type(exc).__name__}: {exc}).",
+            "Check HF_ENDPOINT (a mirror or proxy may be broken), then run it again.",
+        ) from exc
     except Exception as exc:  # every failure becomes a HubError
         raise hub_error(exc, where) from exc
 
     by_path = {e.path: e for e in entries}
     chosen = select(by_path, request.allow_patterns)
     files = []
+    refused: list[tuple[str, str]] = []
     for path in chosen:
         e = by_path[path]
         lfs = e.lfs
         sha256 = lfs.sha256 if lfs is not None else None
-        files.append(
-            RemoteFile(
-                path=path,
-                size=int(lfs.size if lfs is not None else e.size),
-                sha256=sha256,
-                git_sha1=e.blob_id,
-                xet_hash=getattr(e, "xet_hash", None),
-            )
+        f = RemoteFile(
+            path=path,
+            size=_size(lfs.size if lfs is not None else e.size),
+            sha256=sha256.lower() if isinstance(sha256, str) else None,
+            git_sha1=str(e.blob_id or "").lower(),
+            xet_hash=getattr(e, "xet_hash", None),
         )
+        problem = listed_file_problem(f)
+        if problem:
+            refused.append((path, problem))
+        else:
+            files.append(f)
     return Listing(
         repo=request.repo,
         revision=sha,
         requested_revision=request.revision,
         files=tuple(files),
         endpoint=ep,
+        refused=tuple(refused),
     )
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_GIT_OID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # SHA-1, or SHA-256 object ids
+
+
+def _size(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return -1
+    try:
+        return int(value)
+    except ValueError:
+        return -1
+
+
+def listed_file_problem(f: RemoteFile) -> str:
+    """Why k3desk will not download ``f`` as listed ("" when it will).
+
+    The listing comes from the server: its names become paths under the target
+    folder (see :mod:`k3desk.core.safepaths`), its hashes name blobs in the Hugging
+    Face cache and decide what is trusted, its size what is fetched.
+    """
+    problem = name_problem(f.path)
+    if problem:
+        return f"the name would not stay inside the target folder ({problem})"
+    if f.size < 0:
+        return "the listing gives it no valid size"
+    if f.sha256 is not None and not _SHA256.fullmatch(f.sha256):
+        return "the listing gives it a SHA-256 that is not one"
+    if not _GIT_OID.fullmatch(f.git_sha1) and f.sha256 is None:
+        return "the listing gives it no valid hash"
+    return ""
 
 
 def crosscheck(request: DownloadRequest, listing: Listing) -> list[str]:

@@ -107,6 +107,9 @@ class Listing:
     requested_revision: str
     files: tuple[RemoteFile, ...]
     endpoint: str
+    # (name, why) for listed files k3desk will not write: a name that would land outside
+    # the target folder, or a size or hash that is no size or hash
+    refused: tuple[tuple[str, str], ...] = ()
 
     @property
     def total_bytes(self) -> int:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from k3desk.core.hub.model import RemoteFile
+from k3desk.core.safepaths import confined
 
 DIRNAME = ".k3desk"
 FORMAT = 1
@@ -234,7 +235,8 @@ class Partial:
         self.file = f
         self.repo = repo
         self.revision = revision
-        self.data = meta_dir(target) / "partial" / (f.path + ".k3part")
+        # confined: the name comes from the Hub's listing
+        self.data = confined(meta_dir(target) / "partial", f.path + ".k3part")
         self.sidecar = self.data.with_name(self.data.name + ".json")
 
     def _matches(self, raw: Any) -> bool:

@@ -40,6 +40,7 @@ from k3desk.core.hub import _hfchild
 from k3desk.core.hub.hashing import StreamHasher
 from k3desk.core.hub.model import DownloadOptions, RemoteFile
 from k3desk.core.hub.reporting import FileTask
+from k3desk.core.hub.session import BodyTooLong, guard_session
 from k3desk.core.hub.state import Partial
 from k3desk.core.progress import CancelToken
 
@@ -155,6 +156,7 @@ def http_attempt(
     from huggingface_hub import get_hf_file_metadata, get_session, hf_hub_url, hf_raise_for_status
     from huggingface_hub.utils._headers import build_hf_headers
 
+    guard_session()
     url = hf_hub_url(ctx.repo, f.path, revision=ctx.revision, endpoint=ctx.endpoint)
     meta = get_hf_file_metadata(
         url, token=ctx.token or False, timeout=ctx.options.timeout, endpoint=ctx.endpoint
@@ -212,7 +214,7 @@ def http_attempt(
                 n = len(chunk)
                 at = offsets.written
                 if at + n > f.size:
-                    raise ShortRead(f"the server sent more than {f.size:,} bytes")
+                    raise BodyTooLong(f"it sent more than the {f.size:,} bytes listed for {f.path}")
                 _write_all(fd, memoryview(chunk))
                 hasher.feed(chunk, at)
                 offsets.written = at + n

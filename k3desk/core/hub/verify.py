@@ -8,6 +8,7 @@ structure of the shard set is validated from its headers (no hashes known).
 
 from __future__ import annotations
 
+import glob
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -20,11 +21,13 @@ from k3desk.core.hub.listing import parse_manifest
 from k3desk.core.hub.model import RemoteFile
 from k3desk.core.hub.state import DIRNAME, TargetState
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
+from k3desk.core.safepaths import UnsafeName, confined
 
 if TYPE_CHECKING:
     from k3desk.core.catalog.model import Tier
 
-Status = Literal["ok", "mismatch", "missing", "wrong-size"]
+# "refused": the record names a file outside the folder (see k3desk.core.safepaths)
+Status = Literal["ok", "mismatch", "missing", "wrong-size", "refused"]
 Method = Literal["state", "manifest", "gguf"]
 
 
@@ -75,7 +78,11 @@ def _hash_files(
     done = 0
     checks = []
     for path, size, kind, want in expected:
-        p = folder / path
+        try:  # the names come from a file in the folder: a manifest or a state record
+            p = confined(folder, path, what="The recorded file")
+        except UnsafeName as exc:
+            checks.append(FileCheck(path, "refused", "", exc.reason))
+            continue
         if not p.is_file():
             checks.append(FileCheck(path, "missing", want))
             if on_bad:
@@ -190,7 +197,8 @@ def _verify_with_manifest(
     expected: list[tuple[str, int | None, str, str]] = []
     notes = []
     for name, (size, sha) in sorted(entries.items()):
-        found = [p for p in base.rglob(Path(name).name) if ".k3desk" not in p.parts]
+        pattern = glob.escape(Path(name).name)  # a name, not a pattern ("*" would match all)
+        found = [p for p in base.rglob(pattern) if ".k3desk" not in p.parts] if pattern else []
         rel = found[0].relative_to(base).as_posix() if found else name
         if sha:
             expected.append((rel, size, "sha256", sha))

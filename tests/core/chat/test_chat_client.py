@@ -26,9 +26,10 @@ from tests.core.chat.conftest import StandIn
 HELLO = [ChatMessage("user", "Hello")]
 
 # a 1x1 PNG
+# one red RGBA pixel (a PNG that decodes: images are checked before they are sent)
 PNG_1x1 = bytes.fromhex(
     "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c4"
-    "890000000d49444154789c6360f8ffff3f0005fe02fea7d6a4a30000000049454e44ae426082"
+    "890000000d49444154789c63f8cfc0f01f00050001ff89993d1d0000000049454e44ae426082"
 )
 
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -60,14 +60,6 @@ def only_these_engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
     monkeypatch.delenv(discovery.ENV_VAR, raising=False)
-
-
-@pytest.fixture
-def supervised() -> Iterator[list[Supervisor]]:
-    started: list[Supervisor] = []
-    yield started
-    for sup in started:
-        sup.stop()
 
 
 def prepare(model: TinyModel, hw: HardwareProfile, engine: Path, **kw: object) -> PreparedLaunch:

@@ -336,20 +336,18 @@ def test_bad_inputs_are_classified_without_pointless_restarts(
     assert sup.state is State.CRASHED
 
 
-def test_port_in_use_is_classified(
-    llama_server: Path, tiny_k3_single: TinyModel, supervise: Callable[..., Supervisor]
+def test_a_port_in_use_is_refused_before_anything_starts(
+    llama_server: Path, tiny_k3_single: TinyModel
 ) -> None:
+    """Whatever listens there would otherwise answer /health and be trusted."""
     with _free_listening_socket() as busy:
         port = busy.getsockname()[1]
-        sup = supervise(
-            llama_server, ["-m", str(tiny_k3_single.first_part), "-c", "512"], port=port
-        )
-        with pytest.raises(EngineError, match="already in use"):
-            sup.wait_ready(60)
-    crash = sup.last_crash
-    assert crash is not None
-    assert crash.kind == "port_in_use"
-    assert f"port {port} was chosen explicitly" in sup.history[-1].action
+        spec = LaunchSpec(llama_server, ("-m", str(tiny_k3_single.first_part)), port=port)
+        sup = Supervisor(spec, default_paths(), policy=FAST)
+        with pytest.raises(EngineError, match=f"Port {port} on 127.0.0.1 is already in use by "):
+            sup.start()
+    assert sup.history == []  # nothing was launched
+    assert sup.pid is None
 
 
 def test_kill_9_of_the_server_is_restarted(

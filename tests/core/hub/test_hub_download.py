@@ -453,18 +453,8 @@ def test_permission_denied_on_the_target(
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Any:
-    import subprocess
-
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip() or r.returncode}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+def small_tmpfs(tmpfs: Callable[[int], Path]) -> Path:
+    return tmpfs(6)
 
 
 def test_disk_full_mid_transfer_keeps_the_partial_and_resumes(

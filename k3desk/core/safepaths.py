@@ -1,0 +1,156 @@
+"""Names that come from outside, turned into paths only when they stay where they belong.
+
+A Hub listing, a mirror behind ``HF_ENDPOINT``, a history database, a cluster
+setting or a command line all hand k3desk text that ends up joined to a folder.
+``folder / name`` is only as safe as ``name``: ``../../x``, ``/abs/x`` or a
+drive letter puts the file anywhere.  The rule applied everywhere:
+
+* a name is a relative POSIX path of normal segments: no ``..`` or ``.``, no
+  empty segment (``a//b``, a leading or trailing ``/``), no backslash, no drive
+  letter (``C:``), no control character, no undecodable byte;
+* and the folder it lands in, with symbolic links resolved, is inside the
+  folder it was meant for.
+
+(huggingface_hub's own downloader refuses the traversal cases too:
+``_validate_relative_filename`` in ``huggingface_hub/_local_folder.py``, 2.4.)
+
+Also here: what a path that should be a regular file actually is, so that a
+folder or a named pipe given as a model file is called that, not "missing".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+from k3desk.core.errors import K3Error
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+class UnsafeName(K3Error):
+    """A name from outside would put a file outside its folder (or is no file name)."""
+
+    def __init__(self, message: str, hint: str, name: str, reason: str) -> None:
+        super().__init__(message, hint)
+        self.name = name
+        self.reason = reason
+
+
+def name_problem(name: str) -> str:
+    """Why ``name`` is not a safe relative path of normal segments ("" when it is)."""
+    if not name:
+        return "it is empty"
+    if _SURROGATE.search(name):
+        return "it contains bytes that are not UTF-8"
+    if _CONTROL.search(name):
+        return "it contains control characters"
+    if "\\" in name:
+        return "it contains a backslash"
+    if name.startswith("/"):
+        return "it is an absolute path"
+    for segment in name.split("/"):
+        if segment == "":
+            return "it has an empty path segment"
+        if segment == "..":
+            return "it climbs out of its folder with '..'"
+        if segment == ".":
+            return "it has a '.' path segment"
+        if _DRIVE.match(segment):
+            return "it names a drive"
+    return ""
+
+
+def file_name_problem(name: str) -> str:
+    """Why ``name`` is not one plain file name, without any folder ("" when it is)."""
+    problem = name_problem(name)
+    if problem:
+        return problem
+    if "/" in name:
+        return "it names a folder as well as a file"
+    return ""
+
+
+def _inside(real: str, real_root: str) -> bool:
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def confined(root: Path, name: str, *, what: str = "The file name") -> Path:
+    """``root / name``, or :class:`UnsafeName` when it would not be inside ``root``.
+
+    The folder the file goes into is resolved (symbolic links followed, as far as
+    it exists), so a link planted inside ``root`` cannot lead the file elsewhere.
+    The file itself may be a link: k3desk replaces files by renaming onto them,
+    which replaces a link rather than writing through it.
+    """
+    problem = name_problem(name)
+    if problem:
+        raise UnsafeName(
+            f"{what} {name!r} was refused: {problem}.",
+            f"Only plain relative names are written, and only inside {root}.",
+            name,
+            problem,
+        )
+    dest = root.joinpath(*name.split("/"))
+    if not _inside(os.path.realpath(dest.parent), os.path.realpath(root)):
+        problem = "a symbolic link on its way leads out of the folder"
+        raise UnsafeName(
+            f"{what} {name!r} was refused: {problem} ({dest.parent} -> "
+            f"{os.path.realpath(dest.parent)}).",
+            f"Remove the link from {root}, or choose another folder.",
+            name,
+            problem,
+        )
+    return dest
+
+
+def scrub(text: str) -> str:
+    """``text`` with every undecodable byte (a lone surrogate) as U+FFFD.
+
+    Python hands undecodable bytes of arguments, stdin and file names over as
+    lone surrogates (PEP 383); they cannot be encoded as UTF-8, so JSON, SQLite
+    and HTTP would fail on them.
+    """
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def has_undecodable(text: str) -> bool:
+    return _SURROGATE.search(text) is not None
+
+
+def display_name(name: str) -> str:
+    """A name fit to show and to store as a label: undecodable bytes replaced,
+    control characters (line breaks, escape sequences) dropped."""
+    return _CONTROL.sub("", scrub(name))
+
+
+def what_is(path: Path) -> str:
+    """What ``path`` is when it is not a regular file, in words ("" for a regular file).
+
+    ``"missing"``, ``"a folder"``, ``"a named pipe (FIFO)"``, ``"a socket"``,
+    ``"a device"``, or ``"unreadable (...)"``.  Symbolic links are followed.
+    Nothing is opened: opening a FIFO would block until something writes to it.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    except NotADirectoryError:
+        return "missing"
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return ""
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"

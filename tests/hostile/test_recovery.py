@@ -1,0 +1,116 @@
+"""Recovery that recovers: every restart changes the command or waits for a reason, a
+"re-plan" that changes nothing is not one, and what is printed after a restart is true."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from k3desk.core.engines.crash import CrashReport
+from k3desk.core.engines.supervisor import LaunchSpec, RestartPolicy, Supervisor
+from k3desk.core.errors import EngineError
+from k3desk.core.paths import default_paths
+from k3desk.devtools.tinyk3 import TinyModel
+from tests.conftest import REPO
+from tests.hostile.conftest import bounded, k3desk_env, no_traceback, run_k3desk
+
+FAST = RestartPolicy(backoff_initial=0.05, backoff_max=0.2, stop_grace=3.0)
+
+
+def test_a_replan_that_gives_the_same_command_is_not_a_replan(
+    fake_engine: Callable[..., Path], tmp_path: Path
+) -> None:
+    def same(crash: CrashReport, args: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+        return args, "re-planned after GPU out-of-memory: --n-cpu-moe 0 -> 1"
+
+    spec = LaunchSpec(fake_engine("gpu_oom"), ("-m", str(tmp_path / "m.gguf"), "-c", "512"))
+    with Supervisor(spec, default_paths(), policy=FAST, replan=same) as sup:
+        sup.start()
+        run = bounded(lambda: sup.wait_ready(60), 60)
+    assert isinstance(run.error, EngineError)
+    assert "ran out of memory" in run.error.message
+    assert len(sup.history) == 1
+    assert sup.history[0].action == (
+        "gave up: re-planning left the command unchanged, so it would fail again"
+    )
+
+
+def test_serve_on_a_cpu_plan_does_not_rerun_the_same_failing_command(
+    fake_engine: Callable[..., Path],
+    tiny_k3: TinyModel,
+    hardware_file: Callable[[str], Path],
+) -> None:
+    shard = tiny_k3.first_part
+    exe = fake_engine("gpu_oom", FAKE_OOM_MODEL=str(shard))  # its probe canary still loads
+    t0 = time.monotonic()
+    r = run_k3desk(
+        "serve",
+        shard,
+        "--engine",
+        exe,
+        "--hardware",
+        hardware_file("no-gpu-laptop-32GB"),
+        timeout=120,
+    )
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert r.returncode == 1, out + err
+    no_traceback(r.stderr)
+    attempts = re.findall(r"^attempt (\d+): starting", out, re.MULTILINE)
+    assert attempts == ["1"], out
+    assert "--n-cpu-moe 0 -> 1" not in out
+    assert "gave up: no plan with less GPU memory is left" in out
+    assert "ran out of memory" in err
+    assert time.monotonic() - t0 < 60
+
+
+def test_serve_after_a_restart_prints_the_new_engine_and_its_own_start(
+    fake_engine: Callable[..., Path],
+    tiny_k3_single: TinyModel,
+    hardware_file: Callable[[str], Path],
+) -> None:
+    argv = ["serve", str(tiny_k3_single.first_part), "--engine", str(fake_engine("serve"))]
+    argv += ["--hardware", str(hardware_file("no-gpu-laptop-32GB"))]
+    with subprocess.Popen(
+        [sys.executable, "-m", "k3desk", *argv],
+        cwd=REPO,
+        env=k3desk_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        lines: list[str] = []
+
+        def until(pattern: str) -> re.Match[str]:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                line = proc.stdout.readline()  # type: ignore[union-attr]
+                if not line:
+                    break
+                lines.append(line)
+                m = re.match(pattern, line)
+                if m:
+                    return m
+            pytest.fail("".join(lines))
+
+        try:
+            first = int(until(r"Engine pid: (\d+)").group(1))
+            time.sleep(1.0)  # a moment of uptime that the next start must not count
+            os.kill(first, signal.SIGKILL)
+            again = until(r"Ready again in ([\d.]+) s \(attempt 2\)")
+            second = int(until(r"Engine pid: (\d+)").group(1))
+            assert second not in (0, first)
+            assert "fake_llama_server.py" in " ".join(psutil.Process(second).cmdline())
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+    assert float(again.group(1)) < 5.0  # its own start, not the time since serve began
