@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 SPLIT_RE = re.compile(r"(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
@@ -37,7 +38,7 @@ class ShardSet:
     def part_label(self, index: int) -> str:
         return f"{index + 1:05d}-of-{self.count:05d}" if self.split else self.given.name
 
-    @property
+    @cached_property
     def paths(self) -> tuple[Path, ...]:
         return tuple(self.directory / self.part_name(i) for i in range(self.count))
 
