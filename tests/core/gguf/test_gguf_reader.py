@@ -32,7 +32,11 @@ def test_ggml_type_table_matches_gguf_package() -> None:
     for qt, (block, size) in gguf.GGML_QUANT_SIZES.items():
         assert BY_ID[int(qt)].name == qt.name
         assert (BY_ID[int(qt)].block_size, BY_ID[int(qt)].type_size) == (block, size)
-    assert len(BY_ID) == len(gguf.GGML_QUANT_SIZES)
+    # the engine (b11434) has one type the gguf package on PyPI does not know yet;
+    # tests/oracle compares the whole table with the engine's own gguf-py
+    extra = {i: (t.name, t.block_size, t.type_size) for i, t in BY_ID.items()
+             if i not in {int(q) for q in gguf.GGML_QUANT_SIZES}}  # fmt: skip
+    assert extra == {42: ("Q2_0", 64, 18)}
 
 
 def _fields(reader: gguf.GGUFReader) -> dict[str, Any]:
