@@ -53,12 +53,14 @@ _SCALAR = {t: struct.Struct(f) for t, f in _SCALAR_FMT.items()}
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _HEADER = struct.Struct("<4sIQQ")
+_DIMS = [struct.Struct(f"<{n}Q") for n in range(5)]
+_TYPE_OFFSET = struct.Struct("<IQ")
 
 # Arrays up to this many elements are decoded eagerly (head_count_kv has 93).
 EAGER_ARRAY_LIMIT = 4096
 # Strings longer than this are not decoded (a StringRef stands for them).
 DECODED_STRING_LIMIT = 1 << 20
-_FIRST_READ = 64 * 1024
+_FIRST_READ = 16 * 1024
 _MAX_READ = 1 << 20
 
 # Limits on what a header may claim.  llama.cpp's own caps are far higher
@@ -68,7 +70,7 @@ MAX_KV = 65_536  # a Kimi-K3 part 1 has about 50 keys
 MAX_TENSORS = 65_536  # per file; the whole Kimi-K3 has 2,573
 MAX_STRING = 64 << 20  # one string; the longest real ones (chat templates) are KiB
 MAX_KEY = 65_536  # one key name
-MAX_STRING_ARRAY = 1 << 22  # elements of a string array; the K3 vocabulary has 163,840
+MAX_STRING_ARRAY = 1 << 21  # elements of a string array; the K3 vocabulary has 163,840
 MAX_ARRAY = 1 << 30  # GGUF_MAX_ARRAY_ELEMENTS (gguf.cpp)
 GGML_MAX_DIMS = 4  # ggml.h; gguf.cpp refuses more
 GGML_MAX_NAME = 64  # ggml.h; gguf.cpp refuses tensor names of this length or more
@@ -411,24 +413,33 @@ def _parse(f: BinaryIO, p: Path, size: int, eager_array_limit: int) -> GGUFHeade
         raise _corrupt(p, f"general.alignment is {alignment!r}, not a power of two")
 
     raw_infos: list[tuple[str, tuple[int, ...], int, int]] = []
+    r.what = f"the tensor infos ({n_tensors:,} tensors)"
     for i in range(n_tensors):
-        r.what = f"tensor info {i + 1} of {n_tensors}"
-        name, pos = r.string(pos, MAX_KEY)
-        if not isinstance(name, str) or len(name.encode("utf-8")) >= GGML_MAX_NAME:
-            length = name.length if isinstance(name, StringRef) else len(name.encode("utf-8"))
+        # name length, name, n_dims, dims, type, offset: the lengths are checked first
+        rel = r.need(pos, 12)
+        length = _U64.unpack_from(r.buf, rel)[0]
+        if length >= GGML_MAX_NAME:
             raise _corrupt(
                 p,
                 f"tensor {i + 1} has a name of {length:,} bytes (ggml allows {GGML_MAX_NAME - 1})",
             )
-        n_dims, pos = r.u32(pos)
+        rel = r.need(pos, 12 + length)
+        n_dims = _U32.unpack_from(r.buf, rel + 8 + length)[0]
         if n_dims > GGML_MAX_DIMS:
+            name = bytes(r.buf[rel + 8 : rel + 8 + length]).decode("utf-8", "replace")
             raise _corrupt(
                 p, f"tensor '{name}' has {n_dims:,} dimensions (ggml has {GGML_MAX_DIMS})"
             )
-        rel = r.need(pos, 8 * n_dims + 12)
-        dims = struct.unpack_from(f"<{n_dims}Q", r.buf, rel)
-        gtype, rel_offset = struct.unpack_from("<IQ", r.buf, rel + 8 * n_dims)
-        pos += 8 * n_dims + 12
+        info_bytes = 24 + length + 8 * n_dims
+        rel = r.need(pos, info_bytes)
+        buf = r.buf
+        try:
+            name = str(buf[rel + 8 : rel + 8 + length], "utf-8")
+        except UnicodeDecodeError:
+            raise _corrupt(p, f"invalid UTF-8 in the name of tensor {i + 1}") from None
+        dims = _DIMS[n_dims].unpack_from(buf, rel + 12 + length)
+        gtype, rel_offset = _TYPE_OFFSET.unpack_from(buf, rel + 12 + length + 8 * n_dims)
+        pos += info_bytes
         n = 1
         for d in dims:
             if d > _INT64_MAX:

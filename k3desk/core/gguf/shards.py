@@ -7,6 +7,7 @@ name in one folder.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -43,7 +44,13 @@ class ShardSet:
         return tuple(self.directory / self.part_name(i) for i in range(self.count))
 
     def missing(self) -> list[int]:
-        return [i for i, p in enumerate(self.paths) if not p.is_file()]
+        """The 0-based indices of the parts not in the folder (one directory listing)."""
+        try:
+            with os.scandir(self.directory) as it:
+                present = {e.name for e in it if e.is_file()}
+        except OSError:
+            present = set()
+        return [i for i in range(self.count) if self.part_name(i) not in present]
 
 
 def discover(path: Path | str) -> ShardSet:

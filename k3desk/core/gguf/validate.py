@@ -249,7 +249,7 @@ class _Checker:
             raise self.fail(
                 f"{what.capitalize()} {labels}{more} of {s.prefix} "
                 f"{'is' if len(missing) == 1 else 'are'} missing "
-                f"({len(missing)} of {s.count}; expected {s.paths[missing[0]]}).",
+                f"({len(missing)} of {s.count}; expected {s.directory / s.part_name(missing[0])}).",
                 missing[0],
                 self.download_hint(missing[0], together=True),
             )
@@ -813,7 +813,7 @@ def inspect_shard_set(
     shards = discover(path)
     chk = _Checker(shards, tiers)
     chk.check_names()
-    if not shards.paths[0].is_file():
+    if not (shards.directory / shards.part_name(0)).is_file():
         chk.check_missing()  # part 1 is what llama.cpp opens first
 
     def read(i: int) -> GGUFHeader:
