@@ -13,5 +13,8 @@ echo "== core tests, with Qt made unimportable"
 # (pytest-qt is switched off there: its qt_api setting is then unknown, hence the -W)
 python -m pytest -q -p tests.noqt -p no:pytest-qt \
   -W "ignore:Unknown config option:pytest.PytestConfigWarning" tests/core tests/test_layering.py
+echo "== llama.cpp as the oracle: sets its tools write, and its loader's verdicts"
+python -m pytest -q -p tests.noqt -p no:pytest-qt \
+  -W "ignore:Unknown config option:pytest.PytestConfigWarning" tests/oracle
 echo "== UI and end-to-end tests"
-python -m pytest -q tests --ignore=tests/core --deselect tests/test_layering.py
+python -m pytest -q tests --ignore=tests/core --ignore=tests/oracle --deselect tests/test_layering.py
