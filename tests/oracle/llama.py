@@ -148,6 +148,20 @@ def _split(bin_dir: Path, src: Path, out_dir: Path, stem: str, *args: str) -> li
     return parts
 
 
+def _quantize(bin_dir: Path, src: Path, root: Path, qtype: str, imatrix: Path | None) -> Path:
+    q = root / qtype / f"{STEM}-{qtype}.gguf"
+    q.parent.mkdir(parents=True, exist_ok=True)
+    im = ["--imatrix", imatrix] if imatrix is not None else []
+    _run([tool(bin_dir, "llama-quantize"), *im, src, q, qtype])
+    return q
+
+
+def split_by_size(bin_dir: Path, q: Path, out_dir: Path) -> list[Path]:
+    """``q`` cut by ``llama-gguf-split --split-max-size`` into about three parts."""
+    mib = max(1, q.stat().st_size // (3 << 20))
+    return _split(bin_dir, q, out_dir, q.stem, "--split-max-size", f"{mib}M")
+
+
 def build_sets(bin_dir: Path, root: Path) -> OracleSets:
     """Write the tiny wide model and let llama.cpp's tools quantize and split it."""
     base = write_tiny_k3(root / "f16", mmproj=True, name=f"{STEM}-F16", wide=True)
@@ -161,18 +175,22 @@ def build_sets(bin_dir: Path, root: Path) -> OracleSets:
     ])  # fmt: skip
     sets = OracleSets(root, base.first_part, base.mmproj, imatrix)
     for t in QUANT_TYPES:
-        q = root / t / f"{STEM}-{t}.gguf"
-        q.parent.mkdir(parents=True, exist_ok=True)
-        _run([tool(bin_dir, "llama-quantize"), "--imatrix", imatrix, base.first_part, q, t])
+        q = _quantize(bin_dir, base.first_part, root, t, imatrix)
         sets.quantized[t] = q
         sets.by_count[t] = _split(
-            bin_dir, q, root / t / "by-count", f"{STEM}-{t}", "--split-max-tensors", "64"
+            bin_dir, q, root / t / "by-count", q.stem, "--split-max-tensors", "64"
         )
-        mib = max(1, q.stat().st_size // (3 << 20))
-        sets.by_size[t] = _split(
-            bin_dir, q, root / t / "by-size", f"{STEM}-{t}", "--split-max-size", f"{mib}M"
-        )
+        sets.by_size[t] = split_by_size(bin_dir, q, root / t / "by-size")
     return sets
+
+
+def one_set(bin_dir: Path, root: Path, qtype: str = "Q4_K_M") -> tuple[list[Path], Path]:
+    """One llama.cpp-written set (``qtype`` without an imatrix, split by size) and its
+    projector, for tests that need only one."""
+    base = write_tiny_k3(root / "f16", mmproj=True, name=f"{STEM}-F16", wide=True)
+    assert base.mmproj is not None
+    q = _quantize(bin_dir, base.first_part, root, qtype, None)
+    return split_by_size(bin_dir, q, root / qtype / "by-size"), base.mmproj
 
 
 def load_sets(root: Path) -> OracleSets:

@@ -819,7 +819,7 @@ def inspect_shard_set(
     def read(i: int) -> GGUFHeader:
         if cancel is not None:
             cancel.raise_if_cancelled()
-        p = shards.paths[i]
+        p = shards.directory / shards.part_name(i)
         progress(Progress("Reading headers", i, shards.count, p.name))
         try:
             return read_header(p)
