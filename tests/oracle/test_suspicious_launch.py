@@ -28,7 +28,7 @@ def suspicious(oracle_sets: OracleSets, tmp_path_factory: pytest.TempPathFactory
 
 
 def test_validate_flags_it_and_says_it_can_still_be_launched(suspicious: Path) -> None:
-    out = k3desk("validate", suspicious)
+    out = k3desk("validate", str(suspicious))
     assert out.returncode == 3
     assert "Tensors:      157" in out.stdout  # the layout is still shown
     lines = out.stderr.splitlines()
@@ -43,15 +43,18 @@ def test_validate_flags_it_and_says_it_can_still_be_launched(suspicious: Path) -
 def test_an_engine_that_loads_it_serves_it_with_the_warning_shown(
     suspicious: Path, fake_engine: Callable[..., Path]
 ) -> None:
-    with serving(suspicious, "--ctx", "1024", "--engine", fake_engine("serve")) as facts:
+    with serving(str(suspicious), "--ctx", "1024", "--engine", str(fake_engine("serve"))) as (
+        _,
+        facts,
+    ):
         assert facts["URL"].startswith("http://127.0.0.1:")
         assert f"  - Warning: Tiny-K3-Q4_K_M.gguf {FINDING}" in facts["output"]
 
 
 @pytest.mark.engine
 def test_llama_cpp_b11434_refuses_it_itself(suspicious: Path, llama_server: Path) -> None:
-    out = k3desk("serve", suspicious, "--ctx", "1024", "--engine", llama_server,
-                 "--max-restarts", "1")  # fmt: skip
+    args = ("--ctx", "1024", "--engine", str(llama_server), "--max-restarts", "1")
+    out = k3desk("serve", str(suspicious), *args)
     assert out.returncode == 1
     assert f"  - Warning: Tiny-K3-Q4_K_M.gguf {FINDING}" in out.stdout
     assert "error: llama-server failed" in out.stderr

@@ -115,8 +115,8 @@ def test_serve_a_split_set_and_chat_with_an_image_over_http(
     oracle_sets: OracleSets, llama_server: Path, picture: Path
 ) -> None:
     parts = oracle_sets.by_size["IQ2_XXS"]
-    with serving(parts[0], "--mmproj", oracle_sets.mmproj, "--ctx", "1024", "--engine",
-                 llama_server) as facts:  # fmt: skip
+    with serving(str(parts[0]), "--mmproj", str(oracle_sets.mmproj), "--ctx", "1024",
+                 "--engine", str(llama_server)) as (_, facts):  # fmt: skip
         url, key = facts["URL"], facts["API key"]
         image = "data:image/png;base64," + base64.b64encode(picture.read_bytes()).decode()
         content = [

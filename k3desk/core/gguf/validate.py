@@ -155,6 +155,16 @@ _OTHER_KEYS: tuple[tuple[str, Kind, bool], ...] = (
         "prefix", "suffix", "middle",
     )),
 )  # fmt: skip
+# Optional keys whose defaults (load_hparams, load_arch_hparams) change tensor shapes
+_SHAPING_KEYS = (
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "rope.dimension_count",
+    "leading_dense_block_count",
+    "expert_latent_length",
+    "expert_count",
+)
 _KIND_TYPE = {"u32": UINT32, "u32s": UINT32, "f32": FLOAT32, "bool": BOOL, "str": STRING}
 # get_arr into std::array<uint32_t, N> (llama-model-loader.cpp) takes these elements
 _LAYER_ARRAY_TYPES = (UINT32, INT32, BOOL)
@@ -687,7 +697,8 @@ class _Checker:
                 raise self.fail(
                     f"{self.label(i)}: tensor '{spec.name}' has shape {list(t.shape)}, but the "
                     f"file's own hyper-parameters call for {list(spec.shape)} "
-                    f"(expert_count {shape.n_expert}, embedding_length {shape.n_embd}).",
+                    f"(expert_count {shape.n_expert}, embedding_length {shape.n_embd})"
+                    f"{self.defaulted(headers[0])}.",
                     i,
                     "The file is inconsistent (an expert pruning that missed a tensor or a "
                     "key?): llama.cpp will refuse it. Download it again or pick another tier.",
@@ -715,6 +726,16 @@ class _Checker:
                 "(wrong number of tensors). A vision tower or another model mixed in?"
             )
         self.check_graph(created, shape)
+
+    @staticmethod
+    def defaulted(h: GGUFHeader) -> str:
+        """", with X absent (llama.cpp takes its default)" for absent keys that shape tensors."""
+        absent = [_P + k for k in _SHAPING_KEYS if _P + k not in h.kv]
+        if not absent:
+            return ""
+        return f"; {', '.join(absent)} {'is' if len(absent) == 1 else 'are'} absent, so " + (
+            "llama.cpp takes its default" if len(absent) == 1 else "llama.cpp takes defaults"
+        )
 
     def check_graph(self, created: set[str], shape: K3Shape) -> None:
         """Tensors the loader takes as optional but b11434's kimi-k3 graph
