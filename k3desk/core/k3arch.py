@@ -320,10 +320,39 @@ def _written(s: K3Shape) -> Has:
     return has
 
 
+# The order converters write a layer's tensors in (and the tiny models, whose random
+# weights are drawn in this order: a different order would be a different model).
+_WRITE_SUFFIXES = (
+    "attn_norm.weight", "ffn_norm.weight", "attn_res_score.weight", "ffn_res_score.weight",
+    "ssm_conv1d_q.weight", "ssm_conv1d_k.weight", "ssm_conv1d_v.weight",
+    "attn_kv_a_norm.weight", "attn_q_a_norm.weight", "attn_q_a.weight", "attn_q_b.weight",
+    "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_kv_a_mqa.weight",
+    "attn_k_b.weight", "attn_v_b.weight", "attn_gate.weight",
+    "ssm_f_a.weight", "ssm_f_b.weight", "ssm_beta.weight", "ssm_a", "ssm_dt.bias",
+    "ssm_g.weight", "ssm_norm.weight", "attn_output.weight",
+    "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+    "ffn_gate_inp.weight", "exp_probs_b.bias", "ffn_gate_exps.weight", "ffn_up_exps.weight",
+    "ffn_down_exps.weight", "ffn_routed_down.weight", "ffn_routed_up.weight",
+    "ffn_routed_norm.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+    "ffn_down_shexp.weight",
+)  # fmt: skip
+_WRITE_ORDER = {suffix: i for i, suffix in enumerate(_WRITE_SUFFIXES)}
+_FIRST, _LAST = ("token_embd.weight",), ("output_norm.weight", "output.weight")
+
+
+def _write_key(spec: TensorSpec) -> tuple[int, int]:
+    if spec.layer is not None:
+        return (spec.layer + 1, _WRITE_ORDER[spec.name.split(".", 2)[2]])
+    if spec.name in _FIRST:
+        return (0, 0)
+    return (1 << 30, _LAST.index(spec.name) if spec.name in _LAST else len(_LAST))
+
+
 def tensor_specs(s: K3Shape) -> Iterator[TensorSpec]:
-    """Every tensor of a kimi-k3 model with shape ``s`` as a converter writes it:
-    what :func:`loader_tensors` asks for, with the converter's optional tensors."""
-    return loader_tensors(s, _written(s))
+    """Every tensor of a kimi-k3 model with shape ``s`` as a converter writes it: what
+    :func:`loader_tensors` asks for, with the converter's optional tensors, in the
+    converter's order (token_embd, the layers, then the output tensors)."""
+    return iter(sorted(loader_tensors(s, _written(s)), key=_write_key))
 
 
 def quantize_order(names: list[str]) -> list[str]:
