@@ -55,6 +55,7 @@ from k3desk.core.gguf.reader import (
     UINT32,
     VALUE_TYPE_NAMES,
     GGUFHeader,
+    StringRef,
     TensorInfo,
     read_header,
 )
@@ -445,10 +446,16 @@ class _Checker:
             raise self.fail(
                 f"{self.label(0)} has no general.architecture key: it is not a model file.", 0
             )
-        if h.kv_types["general.architecture"] != STRING or not isinstance(arch, str):
+        if h.kv_types["general.architecture"] != STRING:
             raise self.fail(
                 f"{self.label(0)} stores general.architecture as "
                 f"{_vtype(h, 'general.architecture')}, not a string: it is corrupt.",
+                0,
+            )
+        if isinstance(arch, StringRef):  # too long to be an architecture's name
+            raise self.fail(
+                f"{self.label(0)}: general.architecture is a string of {arch.length:,} bytes: "
+                "it is corrupt.",
                 0,
             )
         if arch != ARCH:
