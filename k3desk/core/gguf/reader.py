@@ -23,7 +23,9 @@ bytes or more, a ``general.alignment`` that is not a UINT32 power of two.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,6 +197,19 @@ def _corrupt(path: Path, what: str) -> ValidationError:
     )
 
 
+_RUN = 256  # strings per regular-expression match in skip_strings
+
+
+@functools.cache
+def _short_strings() -> re.Pattern[bytes]:
+    """Exactly ``_RUN`` strings of under 256 bytes: a length byte, 7 zero bytes, the bytes.
+
+    The common lengths come first, as the alternatives are tried in order."""
+    lengths = [*range(1, 33), 0, *range(33, 256)]
+    one = b"|".join(re.escape(bytes([n])) + b"\\x00{7}.{%d}" % n for n in lengths)
+    return re.compile(b"(?s)(?:" + one + b"){%d}" % _RUN)
+
+
 class _Window:
     """A window on the file: ``buf`` holds bytes [base, base + len(buf)).
 
@@ -267,7 +282,26 @@ class _Window:
             raise _corrupt(self.path, f"invalid UTF-8 in a string at offset {pos:,}") from None
 
     def skip_strings(self, pos: int, count: int) -> int:
-        """Walk over ``count`` length-prefixed strings without decoding them."""
+        """Walk over ``count`` length-prefixed strings without decoding them.
+
+        Runs of short strings (under 256 bytes: every token and merge of a real
+        vocabulary) are matched :data:`_RUN` at a time by one regular expression,
+        in C; whatever it cannot match is walked prefix by prefix."""
+        run = _short_strings()
+        remaining = count
+        while remaining:
+            if remaining >= _RUN:
+                rel = self.need(pos, 8)
+                m = run.match(self.buf, rel)
+                if m is not None:
+                    pos = self.base + m.end()
+                    remaining -= _RUN
+                    continue
+            pos = self._walk(pos, min(remaining, _RUN))
+            remaining -= min(remaining, _RUN)
+        return pos
+
+    def _walk(self, pos: int, count: int) -> int:
         unpack = _U64.unpack_from
         remaining = count
         while remaining:
