@@ -532,16 +532,8 @@ class _Checker:
             return [int(v)] * n_layer
 
         # block_count first: load_hparams asserts its range before reading arrays
-        for name in ("context_length", "embedding_length", "block_count"):
-            key = _P + name
-            if key not in h.kv_types:
-                raise self.fail(
-                    f"{self.label(0)} lacks the key {key}, which llama.cpp needs to load "
-                    "a kimi-k3 model.",
-                    0,
-                    _CONVERTER_HINT,
-                )
-            self.key_type(h, key, "u32")
+        first = ("context_length", "embedding_length", "block_count")
+        self.check_keys(h, (k for k in _HPARAM_KEYS if k[0] in first), 0, _P)
         n_layer = u32("block_count")
         if not 0 < n_layer <= LLAMA_MAX_LAYERS:
             raise self.fail(
