@@ -14,7 +14,11 @@ echo "== core and hostile-input tests, with Qt made unimportable"
 python -m pytest -q -p tests.noqt -p no:pytest-qt \
   -W "ignore:Unknown config option:pytest.PytestConfigWarning" \
   tests/core tests/hostile tests/test_layering.py
+echo "== llama.cpp as the oracle: sets its tools write, and its loader's verdicts"
+python -m pytest -q -p tests.noqt -p no:pytest-qt \
+  -W "ignore:Unknown config option:pytest.PytestConfigWarning" tests/oracle
 echo "== UI and end-to-end tests"
-python -m pytest -q tests --ignore=tests/core --ignore=tests/hostile --deselect tests/test_layering.py
+python -m pytest -q tests --ignore=tests/core --ignore=tests/hostile --ignore=tests/oracle \
+  --deselect tests/test_layering.py
 echo "== the wheel, installed into a clean venv"
 bash scripts/check_wheel.sh

@@ -6,14 +6,15 @@ import argparse
 import contextlib
 import json
 import shlex
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from k3desk.core.engines.launch import plan_model
+from k3desk.core.engines.launch import plan_model, suspicious_note
 from k3desk.core.errors import CatalogError
 from k3desk.core.gguf.model import ModelLayout
-from k3desk.core.gguf.validate import validate_shard_set
+from k3desk.core.gguf.validate import inspect_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import LaunchPlan, LayerPlacement, PlanOptions
 from k3desk.core.units import GiB, fmt_bytes
@@ -70,7 +71,10 @@ def catalog_tiers(services: Services) -> tuple[Tier, ...]:
 
 def run(args: argparse.Namespace, services: Services) -> int:
     tiers = catalog_tiers(services)
-    layout = validate_shard_set(args.shard, tiers=tiers)
+    report = inspect_shard_set(args.shard, tiers=tiers)
+    layout = report.layout
+    for finding in report.suspicious:  # planned all the same: the engine decides
+        print(suspicious_note(finding), file=sys.stderr)
     hw = machine(args, services, layout.first_part.parent)
     opts = PlanOptions(ctx=args.ctx, mmproj=args.mmproj, n_cpu_moe=args.n_cpu_moe)
     plan, tier = plan_model(hw, layout, opts, tiers)
@@ -81,6 +85,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
             "tier": tier.id if tier else None,
             "hardware": hw.label or hw.hostname or hw.source,
             "command": shlex.join(plan.argv()),
+            "suspicious": list(report.suspicious),
             **plan.to_dict(),
         }
         print(json.dumps(data, indent=2, default=str))

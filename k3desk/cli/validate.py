@@ -1,16 +1,23 @@
-"""``k3desk validate SHARD [--json]``: check a downloaded shard set from its headers."""
+"""``k3desk validate SHARD [--json]``: check a downloaded shard set from its headers.
+
+Exit status: 0 when llama.cpp b11434 loads the set; 1 when no llama.cpp build can
+(a missing or cut part, a corrupt header, a file that contradicts itself); 3 when
+b11434 refuses a set whose files are whole ("suspicious": an engine built from
+another llama.cpp checkout may load it, and ``k3desk serve`` still starts it).
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from k3desk.core.errors import CatalogError, ValidationError
 from k3desk.core.gguf.model import ModelLayout
-from k3desk.core.gguf.validate import inspect_shard_set
+from k3desk.core.gguf.validate import REFERENCE, inspect_shard_set
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -18,13 +25,18 @@ if TYPE_CHECKING:
     from k3desk.core.catalog.model import Tier
 
 
+SUSPICIOUS = 3  # exit status of a set the reference engine refuses though its files are whole
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "validate",
         help="check a Kimi-K3 GGUF shard set (headers only) and show its layout",
         description="Check every part of a Kimi-K3 GGUF shard set by reading only its "
-        "headers (a few megabytes, under a second), and show its layer layout. "
-        "Any one part, or an unsplit .gguf, will do.",
+        "headers (a few megabytes, under a second) against the rules of llama.cpp b11434's "
+        "loader, and show its layer layout. Any one part, or an unsplit .gguf, will do. "
+        "Exit status: 0 loads, 1 broken, 3 suspicious (b11434 refuses it, another "
+        "engine may not).",
     )
     p.add_argument("shard", type=Path, help="any part of the set, e.g. ...-00001-of-00094.gguf")
     p.add_argument("--json", action="store_true", help="print the layout as JSON")
@@ -44,14 +56,30 @@ def run(args: argparse.Namespace, services: Services) -> int:
         print(json.dumps({"ok": False, "error": exc.message, "hint": exc.hint}, indent=2))
         return 1
     if args.json:
-        data = {"ok": True, **layout_json(report.layout), "notes": list(report.notes)}
+        data = {
+            "ok": report.loads_in_reference,
+            **layout_json(report.layout),
+            "notes": list(report.notes),
+            "suspicious": list(report.suspicious),
+        }
         print(json.dumps(data, indent=2))
-        return 0
+        return 0 if report.loads_in_reference else SUSPICIOUS
     for line in summary_lines(report.layout):
         print(line)
     for note in report.notes:
         print(f"note: {note}")
-    print("OK: every part is present and consistent; llama.cpp should load this set.")
+    if report.suspicious:
+        for finding in report.suspicious:
+            print(f"warning: {finding}", file=sys.stderr)
+        print(
+            f"SUSPICIOUS: every part is whole, but {REFERENCE} refuses this set for the "
+            "reason above. An engine built from another llama.cpp checkout may load it: "
+            "`k3desk serve` starts it anyway, shows this warning, and the engine's own load "
+            "decides.",
+            file=sys.stderr,
+        )
+        return SUSPICIOUS
+    print(f"OK: every part is present and consistent; {REFERENCE} loads this set.")
     return 0
 
 

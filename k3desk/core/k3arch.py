@@ -1,8 +1,21 @@
 """The Kimi-K3 (``kimi-k3``) tensor layout as llama.cpp b11434 loads it.
 
-One description serves three purposes: the tiny random-weight test models,
-the sparse "twins" of published tiers, and layout estimates for tiers not yet
-downloaded.  Shapes are in ggml order (ne0 first), as GGUF stores them.
+One description serves four purposes: the tiny random-weight test models, the
+sparse "twins" of published tiers, layout estimates for tiers not yet
+downloaded, and the validator's rules.  :func:`loader_tensors` follows
+``llama_model_kimi_k3::load_arch_tensors`` in ``src/models/kimi-k3.cpp`` of
+b11434 line by line: the tensors it creates, in its order, with the
+``create_tensor`` flag each carries (0 = required, ``TENSOR_NOT_REQUIRED`` =
+optional) and the alternatives it accepts.  :func:`tensor_specs` is the same
+walk with the choices a converter makes, so what the writers write is what
+the loader asks for, by construction.
+
+Shapes are in ggml order (ne0 first), as GGUF stores them, and as ggml's
+writer stores them: ``ggml_n_dims`` dimensions, trailing 1s dropped (the
+convolutions are ``[d_conv, 1, d_inner]``).  The loader compares shapes
+padded to 4 dimensions with 1s (``llama_model_loader::check_tensor_dims``),
+so ``[4, 1, 64]`` and ``[4, 1, 64, 1]`` are the same shape: use
+:func:`same_shape`.
 
 The real model's counts check out against GrEarl's card: 93 layers, 69 KDA +
 24 MLA (every fourth layer and the last), 1 dense lead + 92 MoE layers, 2,573
@@ -12,8 +25,8 @@ tensors of which 1,112 F32 / 117 F16 (ssm_f_b, attn_k_b, attn_v_b) /
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from typing import Literal
 
 # What a tensor is, for choosing its quantization type and its placement.
@@ -32,6 +45,7 @@ Role = Literal[
 ]
 
 EXPERT_SUFFIXES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+GGML_MAX_DIMS = 4  # ggml.h
 
 
 @dataclass(frozen=True)
@@ -53,22 +67,55 @@ class K3Shape:
     n_expert: int = 896
     n_expert_used: int = 16
     n_ff_expert: int = 3072
-    n_latent: int = 3584
+    n_latent: int = 3584  # 0 = no latent MoE: experts at n_embd, no ffn_routed_*
     # two shared experts of width 3072: makes the Q4_K share of GrEarl's tier
     # come out at its published 28.6 GiB (one would leave 6 G parameters missing)
     n_expert_shared: int = 2
-    n_ff_shexp: int = 3072
     n_vocab: int = 163840
-    attn_gate: bool = True
+    attn_gate: bool = True  # the optional MLA output gate is written
     context_length: int = 1048576
     # every `mla_every`-th layer (1-based) and the last layer use MLA; the rest KDA
     mla_every: int = 4
+    # the MLA layers as a file's head_count_kv gives them (None: the pattern above)
+    mla_layers: frozenset[int] | None = None
+    attn_res: bool = True  # attn_res.block_size > 0: the residual-attention scores
 
     def is_mla(self, layer: int) -> bool:
+        if self.mla_layers is not None:
+            return layer in self.mla_layers
         return (layer + 1) % self.mla_every == 0 or layer == self.n_layer - 1
 
     def head_count_kv(self) -> list[int]:
         return [1 if self.is_mla(i) else 0 for i in range(self.n_layer)]
+
+    @property
+    def n_ff_shexp(self) -> int:
+        """Width of the shared experts: llama.cpp derives it, there is no key for it
+        (``n_ff_exp * (n_expert_shared > 0 ? n_expert_shared : 1)``, kimi-k3.cpp)."""
+        return self.n_ff_expert * (self.n_expert_shared if self.n_expert_shared > 0 else 1)
+
+    def with_experts(self, n_expert: int, n_ff_expert: int) -> K3Shape:
+        """This shape with ``n_expert`` routed experts of width ``n_ff_expert`` (a pruned
+        or narrowed tier), its shared experts unchanged.
+
+        llama.cpp derives the shared experts' width from the routed width (see
+        :attr:`n_ff_shexp`), as the HF modeling code does, so a checkpoint whose routed
+        experts were narrowed but whose shared experts were kept can only say so by
+        raising ``expert_shared_count``: 2 x 3072 stays 4 x 1536.
+        """
+        shared = self.n_ff_shexp
+        count = shared // n_ff_expert if n_ff_expert and shared % n_ff_expert == 0 else 0
+        return replace(
+            self,
+            n_expert=n_expert,
+            n_ff_expert=n_ff_expert,
+            n_expert_shared=count or self.n_expert_shared,
+        )
+
+    @property
+    def n_embd_latent(self) -> int:
+        """Width the routed experts work at (kimi-k3.cpp: n_embd without latent MoE)."""
+        return self.n_latent if self.n_latent > 0 else self.n_embd
 
 
 REAL_K3 = K3Shape()
@@ -91,7 +138,32 @@ TINY_K3 = K3Shape(
     n_ff_expert=32,
     n_latent=32,
     n_expert_shared=1,
-    n_ff_shexp=32,
+    n_vocab=512,
+    context_length=4096,
+    mla_every=3,
+)
+
+# The tiny model with rows of 256 values wherever K3 has a wide row, so that
+# llama-quantize's k-quants and i-quants (blocks of 256) apply to it instead of
+# falling back to Q5_0/Q8_0 as they do on TINY_K3's 64-wide rows.  The tests
+# quantize it with the engine's own tools (about 15 MB at F16).
+TINY_K3_WIDE = K3Shape(
+    n_embd=256,
+    n_layer=6,
+    n_head=4,
+    head_dim_kda=64,
+    q_lora_rank=0,
+    kv_lora_rank=64,
+    rope_dim=8,
+    key_length_mla=32,
+    value_length_mla=16,
+    n_ff_dense=256,
+    n_dense_lead=1,
+    n_expert=4,
+    n_expert_used=2,
+    n_ff_expert=256,
+    n_latent=256,
+    n_expert_shared=1,
     n_vocab=512,
     context_length=4096,
     mla_every=3,
@@ -101,94 +173,211 @@ TINY_K3 = K3Shape(
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # ggml order, trailing 1s dropped
     role: Role
     layer: int | None  # None for global tensors
+    # the create_tensor flag: False for TENSOR_NOT_REQUIRED (absent is fine, but a
+    # present tensor must still have this shape: check_tensor_dims throws otherwise)
+    required: bool = True
 
 
-def tensor_specs(s: K3Shape) -> Iterator[TensorSpec]:
-    """Every tensor of a kimi-k3 model with shape ``s``, in file order."""
+def padded(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` as ggml holds it: ``GGML_MAX_DIMS`` dimensions, missing ones 1."""
+    return tuple(shape) + (1,) * (GGML_MAX_DIMS - len(shape))
+
+
+def same_shape(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """True when ggml sees one shape (``check_tensor_dims``: trailing 1s do not count)."""
+    return padded(a) == padded(b)
+
+
+Has = Callable[[str], bool]
+
+
+def loader_tensors(s: K3Shape, has: Has) -> Iterator[TensorSpec]:
+    """The tensors llama.cpp b11434 creates for a kimi-k3 model of shape ``s``.
+
+    ``has(name)`` says whether the file holds a tensor; it decides the branches
+    the loader takes (an optional tensor present, or one form instead of
+    another).  Every tensor yielded is one the loader asks for: a required one
+    (``spec.required``) must be in the file, an optional one is yielded only when
+    present.  A file tensor never yielded is one the loader does not use, and
+    ``llama_model_loader::done_getting_tensors`` refuses the file for it ("wrong
+    number of tensors").  Widths that may be per-layer arrays in a file
+    (feed_forward_length, expert_feed_forward_length) are layer 0's for every
+    layer, as ``hparams.n_ff()`` and ``n_ff_exp()`` give them.
+    """
     e = s.n_embd
     yield TensorSpec("token_embd.weight", (e, s.n_vocab), "token_embd", None)
-    for i in range(s.n_layer):
-        yield from _layer_specs(s, i)
     yield TensorSpec("output_norm.weight", (e,), "norm", None)
     yield TensorSpec("output.weight", (e, s.n_vocab), "output", None)
-    yield TensorSpec("output_res_score.weight", (e,), "norm", None)
+    if s.attn_res:  # if (hparams.attn_res_block_size > 0)
+        yield TensorSpec("output_res_score.weight", (e,), "norm", None)
+    for i in range(s.n_layer):
+        yield from _layer_tensors(s, i, has)
 
 
-def _layer_specs(s: K3Shape, i: int) -> Iterator[TensorSpec]:
-    e = s.n_embd
+def _layer_tensors(s: K3Shape, i: int, has: Has) -> Iterator[TensorSpec]:
+    e, n_ff = s.n_embd, s.n_ff_dense
     p = f"blk.{i}."
 
-    def t(name: str, shape: tuple[int, ...], role: Role) -> TensorSpec:
-        return TensorSpec(p + name, shape, role, i)
+    def t(name: str, shape: tuple[int, ...], role: Role, required: bool = True) -> TensorSpec:
+        return TensorSpec(p + name, shape, role, i, required)
+
+    def opt(name: str, shape: tuple[int, ...], role: Role) -> Iterator[TensorSpec]:
+        if has(p + name):
+            yield t(name, shape, role, required=False)
 
     yield t("attn_norm.weight", (e,), "norm")
     yield t("ffn_norm.weight", (e,), "norm")
-    yield t("attn_res_score.weight", (e,), "norm")
-    yield t("ffn_res_score.weight", (e,), "norm")
-    if s.is_mla(i):
+    if s.attn_res:
+        yield t("attn_res_score.weight", (e,), "norm")
+        yield t("ffn_res_score.weight", (e,), "norm")
+
+    if not s.is_mla(i):  # hparams.is_recr(i): head_count_kv[i] == 0 marks a KDA layer
+        d = s.n_head * s.head_dim_kda
+        # conv1d "may be stored 4D [d_conv, 1, d_inner, 1] or 3D": one shape to ggml
+        for x in ("q", "k", "v"):
+            yield t(f"ssm_conv1d_{x}.weight", (s.conv_kernel, 1, d), "conv")
+        # create_tensor_qkv (llama-model.cpp): a fused attn_qkv may stand for q, k, v
+        if has(p + "attn_qkv.weight"):
+            yield t("attn_qkv.weight", (e, 3 * d), "attn", required=False)
+            if has(p + "attn_qkv.bias"):
+                yield t("attn_qkv.bias", (3 * d,), "norm", required=False)
+            else:
+                for x in ("q", "k", "v"):
+                    yield from opt(f"attn_{x}.bias", (d,), "norm")
+        else:
+            for x in ("q", "k", "v"):
+                yield t(f"attn_{x}.weight", (e, d), "attn")
+            for x in ("q", "k", "v"):
+                yield from opt(f"attn_{x}.bias", (d,), "norm")
+        yield t("ssm_f_a.weight", (e, s.head_dim_kda), "attn")
+        yield t("ssm_f_b.weight", (s.head_dim_kda, d), "odd_row")
+        yield t("ssm_beta.weight", (e, s.n_head), "attn")
+        yield t("ssm_a", (s.n_head,), "norm")  # LLM_TENSOR_SSM_A_NOSCAN: no ".weight"
+        yield t("ssm_dt.bias", (d,), "norm")
+        yield t("ssm_g.weight", (e, d), "attn")
+        yield t("ssm_norm.weight", (s.head_dim_kda,), "norm")
+        yield t("attn_output.weight", (d, e), "attn")
+    else:
         h = s.n_head
-        nope = s.key_length_mla - s.rope_dim
+        nope = s.key_length_mla - s.rope_dim  # qk_nope_head_dim = n_embd_head_k - n_rot
+        yield from opt("attn_q_a_norm.weight", (s.q_lora_rank,), "norm")
         yield t("attn_kv_a_norm.weight", (s.kv_lora_rank,), "norm")
-        if s.q_lora_rank:
-            yield t("attn_q_a_norm.weight", (s.q_lora_rank,), "norm")
+        if has(p + "attn_q_a_norm.weight"):
             yield t("attn_q_a.weight", (e, s.q_lora_rank), "attn")
             yield t("attn_q_b.weight", (s.q_lora_rank, h * s.key_length_mla), "attn")
         else:
             yield t("attn_q.weight", (e, h * s.key_length_mla), "attn")
         yield t("attn_kv_a_mqa.weight", (e, s.kv_lora_rank + s.rope_dim), "attn")
-        yield t("attn_k_b.weight", (nope, s.kv_lora_rank, h), "odd_row")
-        yield t("attn_v_b.weight", (s.kv_lora_rank, s.value_length_mla, h), "odd_row")
-        if s.attn_gate:
-            yield t("attn_gate.weight", (e, h * s.value_length_mla), "attn")
+        # TENSOR_NOT_REQUIRED | TENSOR_SKIP_IF_VIRTUAL; without it, k_b and v_b
+        kv_b = (s.kv_lora_rank, h * (nope + s.value_length_mla))
+        if has(p + "attn_kv_b.weight"):
+            yield t("attn_kv_b.weight", kv_b, "attn", required=False)
+        else:
+            yield t("attn_k_b.weight", (nope, s.kv_lora_rank, h), "odd_row")
+            yield t("attn_v_b.weight", (s.kv_lora_rank, s.value_length_mla, h), "odd_row")
+        yield from opt("attn_gate.weight", (e, h * s.value_length_mla), "attn")
         yield t("attn_output.weight", (h * s.value_length_mla, e), "attn")
-    else:
-        d = s.n_head * s.head_dim_kda
-        for x in ("q", "k", "v"):
-            yield t(f"ssm_conv1d_{x}.weight", (s.conv_kernel, 1, d, 1), "conv")
-        for x in ("q", "k", "v"):
-            yield t(f"attn_{x}.weight", (e, d), "attn")
-        yield t("ssm_f_a.weight", (e, s.head_dim_kda), "attn")
-        yield t("ssm_f_b.weight", (s.head_dim_kda, d), "odd_row")
-        yield t("ssm_beta.weight", (e, s.n_head), "attn")
-        yield t("ssm_a", (s.n_head,), "norm")
-        yield t("ssm_dt.bias", (d,), "norm")
-        yield t("ssm_g.weight", (e, d), "attn")
-        yield t("ssm_norm.weight", (s.head_dim_kda,), "norm")
-        yield t("attn_output.weight", (d, e), "attn")
+
     if i < s.n_dense_lead:
-        yield t("ffn_gate.weight", (e, s.n_ff_dense), "dense_ffn")
-        yield t("ffn_up.weight", (e, s.n_ff_dense), "dense_ffn")
-        yield t("ffn_down.weight", (s.n_ff_dense, e), "dense_ffn")
+        yield t("ffn_gate.weight", (e, n_ff), "dense_ffn")
+        yield t("ffn_down.weight", (n_ff, e), "dense_ffn")
+        yield t("ffn_up.weight", (e, n_ff), "dense_ffn")
     else:
-        n, lat, ff = s.n_expert, s.n_latent, s.n_ff_expert
+        n, lat, ff = s.n_expert, s.n_embd_latent, s.n_ff_expert
         yield t("ffn_gate_inp.weight", (e, n), "router")
         yield t("exp_probs_b.bias", (n,), "norm")
         yield t("ffn_gate_exps.weight", (lat, ff, n), "experts")
-        yield t("ffn_up_exps.weight", (lat, ff, n), "experts")
         yield t("ffn_down_exps.weight", (ff, lat, n), "experts")
-        yield t("ffn_routed_down.weight", (e, lat), "latent")
-        yield t("ffn_routed_up.weight", (lat, e), "latent")
-        yield t("ffn_routed_norm.weight", (lat,), "norm")
-        sh = s.n_ff_shexp * s.n_expert_shared
-        yield t("ffn_gate_shexp.weight", (e, sh), "shexp")
-        yield t("ffn_up_shexp.weight", (e, sh), "shexp")
-        yield t("ffn_down_shexp.weight", (sh, e), "shexp")
+        yield t("ffn_up_exps.weight", (lat, ff, n), "experts")
+        if s.n_latent > 0:  # if (hparams.n_expert_latent > 0)
+            yield t("ffn_routed_down.weight", (e, lat), "latent")
+            yield t("ffn_routed_up.weight", (lat, e), "latent")
+            yield from opt("ffn_routed_norm.weight", (lat,), "norm")
+        sh = s.n_ff_shexp
+        yield from opt("ffn_gate_shexp.weight", (e, sh), "shexp")
+        yield from opt("ffn_down_shexp.weight", (sh, e), "shexp")
+        yield from opt("ffn_up_shexp.weight", (e, sh), "shexp")
+
+
+def _written(s: K3Shape) -> Has:
+    """The optional tensors a converter writes for ``s`` (conversion/kimi_k3.py)."""
+
+    def has(name: str) -> bool:
+        suffix = name.split(".", 2)[-1] if name.startswith("blk.") else name
+        if suffix == "attn_q_a_norm.weight":
+            return s.q_lora_rank > 0
+        if suffix == "attn_gate.weight":
+            return s.attn_gate
+        if suffix == "ffn_routed_norm.weight":
+            return True
+        if suffix.endswith("_shexp.weight"):
+            return s.n_expert_shared > 0
+        return False  # attn_kv_b, a fused attn_qkv and q/k/v biases are not written
+
+    return has
+
+
+# The order converters write a layer's tensors in (and the tiny models, whose random
+# weights are drawn in this order: a different order would be a different model).
+_WRITE_SUFFIXES = (
+    "attn_norm.weight", "ffn_norm.weight", "attn_res_score.weight", "ffn_res_score.weight",
+    "ssm_conv1d_q.weight", "ssm_conv1d_k.weight", "ssm_conv1d_v.weight",
+    "attn_kv_a_norm.weight", "attn_q_a_norm.weight", "attn_q_a.weight", "attn_q_b.weight",
+    "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_kv_a_mqa.weight",
+    "attn_k_b.weight", "attn_v_b.weight", "attn_gate.weight",
+    "ssm_f_a.weight", "ssm_f_b.weight", "ssm_beta.weight", "ssm_a", "ssm_dt.bias",
+    "ssm_g.weight", "ssm_norm.weight", "attn_output.weight",
+    "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+    "ffn_gate_inp.weight", "exp_probs_b.bias", "ffn_gate_exps.weight", "ffn_up_exps.weight",
+    "ffn_down_exps.weight", "ffn_routed_down.weight", "ffn_routed_up.weight",
+    "ffn_routed_norm.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+    "ffn_down_shexp.weight",
+)  # fmt: skip
+_WRITE_ORDER = {suffix: i for i, suffix in enumerate(_WRITE_SUFFIXES)}
+_FIRST, _LAST = ("token_embd.weight",), ("output_norm.weight", "output.weight")
+
+
+def _write_key(spec: TensorSpec) -> tuple[int, int]:
+    if spec.layer is not None:
+        return (spec.layer + 1, _WRITE_ORDER[spec.name.split(".", 2)[2]])
+    if spec.name in _FIRST:
+        return (0, 0)
+    return (1 << 30, _LAST.index(spec.name) if spec.name in _LAST else len(_LAST))
+
+
+def tensor_specs(s: K3Shape) -> Iterator[TensorSpec]:
+    """Every tensor of a kimi-k3 model with shape ``s`` as a converter writes it: what
+    :func:`loader_tensors` asks for, with the converter's optional tensors, in the
+    converter's order (token_embd, the layers, then the output tensors)."""
+    return iter(sorted(loader_tensors(s, _written(s)), key=_write_key))
+
+
+def quantize_order(names: list[str]) -> list[str]:
+    """``names`` in the order llama-quantize and llama-gguf-split write tensors.
+
+    llama-quantize walks ``llama_model_loader::weights_map``, a map ordered by
+    ``weight_name_comparer`` (llama-model-loader.h): by layer number (tensors
+    outside any ``blk.N`` count as layer -1), then by name.
+    """
+
+    def key(name: str) -> tuple[int, str]:
+        layer = layer_of(name)
+        return (-1 if layer is None else layer, name)
+
+    return sorted(names, key=key)
 
 
 def is_expert_tensor(name: str) -> bool:
     """True for the routed-expert tensors ``--n-cpu-moe`` keeps in RAM."""
-    return any(name.endswith(sfx + ".weight") for sfx in EXPERT_SUFFIXES) or any(
-        name.endswith(sfx) for sfx in ("_exps.weight", "_chexps.weight")
-    )
+    return name.endswith(("_exps.weight", "_chexps.weight"))
 
 
 def layer_of(name: str) -> int | None:
     if not name.startswith("blk."):
         return None
-    try:
-        return int(name.split(".", 2)[1])
-    except (IndexError, ValueError):
-        return None
+    end = name.find(".", 4)
+    digits = name[4:end] if end > 0 else ""
+    return int(digits) if digits.isdigit() else None

@@ -1,11 +1,15 @@
 """Tiny random-weight Kimi-K3 models that the real llama-server serves.
 
-``python -m k3desk.devtools tiny-k3 DIR [--shards N] [--mmproj]`` writes a
-kimi-k3 GGUF of well under 1 MiB (6 layers, 8 routed experts, KDA + MLA
+``python -m k3desk.devtools tiny-k3 DIR [--shards N] [--mmproj] [--wide]`` writes
+a kimi-k3 GGUF of well under 1 MiB (6 layers, 8 routed experts, KDA + MLA
 attention, latent MoE, a 512-token byte-level BPE vocabulary and the Kimi-K3
 chat template), optionally split into N parts and with a tiny LLaVA-style
 vision projector.  Weights are random (seeded): the output is gibberish, but
 every code path from loading to streaming a chat answer is the real one.
+
+``--wide`` writes the same model with rows of 256 values (``TINY_K3_WIDE``,
+about 15 MB at F16), so that llama.cpp's ``llama-quantize`` turns it into real
+k-quant and i-quant files instead of falling back to other types.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3desk.core.engines.canary import write_k3_gguf, write_mlp_projector
-from k3desk.core.k3arch import TINY_K3
+from k3desk.core.k3arch import TINY_K3, TINY_K3_WIDE
 
 TEMPLATE_FILE = Path(__file__).with_name("templates") / "Kimi-K3.jinja"
 DEFAULT_NAME = "Tiny-K3-IQ1_S"
@@ -48,15 +52,17 @@ def write_tiny_k3(
     mmproj: bool = False,
     name: str = DEFAULT_NAME,
     seed: int = 0,
+    wide: bool = False,
 ) -> TinyModel:
     """Write the tiny model (and optionally its projector) into ``directory``."""
     d = Path(directory)
+    shape = TINY_K3_WIDE if wide else TINY_K3
     parts = write_k3_gguf(
-        d, name, shape=TINY_K3, shards=shards, chat_template=kimi_k3_template(), seed=seed
+        d, name, shape=shape, shards=shards, chat_template=kimi_k3_template(), seed=seed
     )
     proj = None
     if mmproj:
-        proj = write_mlp_projector(d / f"mmproj-{name}-F16.gguf", TINY_K3.n_embd, seed=seed + 1)
+        proj = write_mlp_projector(d / f"mmproj-{name}-F16.gguf", shape.n_embd, seed=seed + 1)
     return TinyModel(name=name, parts=parts, mmproj=proj)
 
 
@@ -72,12 +78,22 @@ def main(argv: list[str] | None = None) -> int:
         "--name", default=DEFAULT_NAME, help=f"file name stem (default {DEFAULT_NAME})"
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="rows of 256 values (about 15 MB), so llama-quantize's k- and i-quants apply",
+    )
     args = parser.parse_args(argv)
     if args.shards < 1:
         parser.error("--shards must be at least 1")
     try:
         model = write_tiny_k3(
-            args.dir, shards=args.shards, mmproj=args.mmproj, name=args.name, seed=args.seed
+            args.dir,
+            shards=args.shards,
+            mmproj=args.mmproj,
+            name=args.name,
+            seed=args.seed,
+            wide=args.wide,
         )
     except (OSError, ValueError) as exc:
         parser.exit(1, f"error: {exc}\n")

@@ -8,6 +8,14 @@ and tensor types) and a stand-in tokenizer of the real vocabulary size.  The
 tensor data is a hole: each part is extended with ``truncate``, so a 530 GiB twin
 takes a few megabytes of disk and writes in about a second.
 
+The layout is the one the published tiers have, because they were made by
+llama.cpp's own tools: tensors in llama-quantize's order (by layer, then by
+name), shapes with trailing 1s dropped (3-D convolutions), part 1's keys as
+llama-quantize leaves them (``general.quantization_version`` last) followed by
+the ``split.*`` keys in the order llama-gguf-split writes them, and only the
+``split.*`` keys in the other parts.  A test compares a twin's structure with
+what llama-gguf-split writes for the same tensors.
+
 Twins exercise everything that reads headers (validation, layouts, planning, the
 downloader's size checks) at the real scale.  Nothing can run on them: the
 weights read back as zeros.
@@ -19,7 +27,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -27,7 +35,7 @@ from typing import Literal
 from k3desk.core.catalog.model import Tier
 from k3desk.core.gguf.reader import ARRAY, BOOL, FLOAT32, INT32, STRING, UINT16, UINT32
 from k3desk.core.gguf.writer import KV, TensorDef, encode_header, encode_kv
-from k3desk.core.k3arch import REAL_K3, K3Shape, tensor_specs
+from k3desk.core.k3arch import REAL_K3, K3Shape, quantize_order, tensor_specs
 
 # Token ids of the Kimi-K3 tokenizer (GrEarl's card; K2's tiktoken vocabulary).
 BOS_ID, EOS_ID, END_OF_MSG_ID, EOT_ID = 163584, 163585, 163586, 163593
@@ -52,7 +60,7 @@ BROKEN_KINDS: tuple[BrokenKind, ...] = (
     "missing-part",  # one part deleted
     "truncated",  # one part cut short inside its last tensor (an unfinished download)
     "truncated-header",  # one part cut short inside its header
-    "split-count",  # one part's split.count disagrees with its name
+    "split-count",  # part 1's split.count disagrees with its name
     "wrong-arch",  # general.architecture is not kimi-k3
     "not-gguf",  # one part is an HTML error page
     "duplicate-tensor",  # one tensor stored in two parts (counts adjusted to match)
@@ -63,14 +71,15 @@ BROKEN_KINDS: tuple[BrokenKind, ...] = (
 
 def twin_shape(tier: Tier) -> K3Shape:
     """The real Kimi-K3 shape with the tier's expert count and expert width."""
-    return replace(REAL_K3, n_expert=tier.experts_kept, n_ff_expert=tier.expert_feed_forward_length)
+    return REAL_K3.with_experts(tier.experts_kept, tier.expert_feed_forward_length)
 
 
 def twin_tensors(tier: Tier) -> list[TensorDef]:
-    """Every tensor of the tier, in file order, with the tier's type for it."""
+    """Every tensor of the tier, in llama-quantize's order, with the tier's type for it."""
+    specs = {s.name: s for s in tensor_specs(twin_shape(tier))}
     return [
-        TensorDef(s.name, s.shape, tier.type_for(s.name, s.role))
-        for s in tensor_specs(twin_shape(tier))
+        TensorDef(name, specs[name].shape, tier.type_for(name, specs[name].role))
+        for name in quantize_order(list(specs))
     ]
 
 
@@ -113,8 +122,6 @@ def _k3_kvs(tier: Tier, s: K3Shape, arch: str) -> list[KV | bytes]:
     kvs: list[KV | bytes] = [
         KV("general.architecture", STRING, arch),
         KV("general.name", STRING, f"Kimi-K3 {tier.name} (sparse twin of {tier.repo})"),
-        KV("general.quantization_version", u32, 2),
-        KV("general.alignment", u32, ALIGNMENT),
         KV(k + "context_length", u32, s.context_length),
         KV(k + "embedding_length", u32, s.n_embd),
         KV(k + "block_count", u32, s.n_layer),
@@ -158,6 +165,7 @@ def _k3_kvs(tier: Tier, s: K3Shape, arch: str) -> list[KV | bytes]:
         KV("tokenizer.ggml.eot_token_id", u32, EOT_ID),
         KV("tokenizer.ggml.add_bos_token", BOOL, False),
         KV("tokenizer.chat_template", STRING, _STAND_IN_TEMPLATE),
+        KV("general.quantization_version", u32, 2),  # llama-quantize adds it last
     ]
     return kvs
 
@@ -190,11 +198,12 @@ def _tokenizer_entries(n_vocab: int) -> tuple[bytes, bytes, bytes]:
 
 
 def _split_kvs(no: int, count: int, n_tensors: int) -> list[KV | bytes]:
-    # the types llama.cpp's split loader insists on (gguf-split writes them so)
+    # the types llama.cpp's split loader insists on, in the order llama-gguf-split
+    # leaves them (it sets split.count last, once it knows it: gguf-split.cpp)
     return [
         KV("split.no", UINT16, no),
-        KV("split.count", UINT16, count),
         KV("split.tensors.count", INT32, n_tensors),
+        KV("split.count", UINT16, count),
     ]
 
 
@@ -207,9 +216,8 @@ def _plan(tier: Tier, directory: Path, arch: str = "kimi-k3") -> list[_Part]:
     for i, (name, group) in enumerate(zip(names, groups, strict=True)):
         kvs: list[KV | bytes] = _k3_kvs(tier, s, arch) if i == 0 else []
         if len(names) > 1:
-            split = _split_kvs(i, len(names), len(tensors))
-            # llama-gguf-split puts general.* first, then split.*, in part 1
-            kvs = [*kvs[:4], *split, *kvs[4:]] if i == 0 else split
+            # llama-gguf-split appends split.* to part 1's keys; the others have only these
+            kvs = [*kvs, *_split_kvs(i, len(names), len(tensors))]
         parts.append(_Part(directory / name, group, kvs))
     return parts
 
@@ -255,16 +263,17 @@ def write_broken_twin(
     """A twin with one defect; returns (all part paths, the path that was broken).
 
     ``part`` (0-based) picks the damaged part; by default the middle one, or part 1
-    for ``wrong-arch`` (only part 1 carries the architecture).
+    for the defects only part 1 can have (its keys are the model's).
     """
     d = Path(directory)
     parts = _plan(tier, d, arch="kimi-k9" if kind == "wrong-arch" else "kimi-k3")
-    at_first = kind in ("wrong-arch", "missing-key", "expert-count")
+    # only part 1's split.count counts for llama.cpp (a later part's is not read)
+    at_first = kind in ("wrong-arch", "missing-key", "expert-count", "split-count")
     idx = (0 if at_first else len(parts) // 2) if part is None else part
     n_tensors = len(twin_tensors(tier))
     if kind == "split-count":
         count = len(parts)
-        wrong = _split_kvs(idx, count - 1 if count > 1 else 2, n_tensors)[1]
+        wrong = KV("split.count", UINT16, count - 1 if count > 1 else 2)
         parts[idx] = _patch_kv(parts[idx], "split.count", wrong)
     elif kind == "duplicate-tensor":
         dup = parts[idx - 1].tensors[0] if idx > 0 else parts[idx].tensors[-1]

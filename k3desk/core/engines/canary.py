@@ -6,8 +6,10 @@ models are written with the same code.  Everything is deterministic for a
 given seed: the same arguments give byte-identical files.
 
 Keys are written by their literal ``kimi-k3.*`` names because the ``gguf``
-package on PyPI has no ``MODEL_ARCH.KIMI_K3`` constants; the result is the
-same file llama.cpp's own converter would write.
+package on PyPI has no ``MODEL_ARCH.KIMI_K3`` constants.  Tensors follow
+``k3arch.tensor_specs``, with the shapes ggml's own writer stores (trailing 1s
+dropped): ``llama-quantize ... COPY`` rewrites these files unchanged (a test in
+tests/oracle checks it).
 """
 
 from __future__ import annotations

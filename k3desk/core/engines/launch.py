@@ -9,7 +9,11 @@ expert layers to RAM and plans the placement again (split, projector, layers on
 the GPUs), and after the AMX repack assertion it adds ``--no-repack``.
 
 Cheap refusals come first: a broken shard set is reported before any engine is
-started for a probe.  Every refusal is a :class:`K3Error` with a hint:
+started for a probe.  A set the validator only finds *suspicious* (whole files
+that llama.cpp b11434 refuses, which a fork may load) is not refused: the
+probe's canary load says whether the engine runs Kimi-K3 at all, the findings
+travel in :attr:`PreparedLaunch.notes` for the shells to show, and the engine's
+own load of the set is the final word.  Every refusal is a :class:`K3Error` with a hint:
 :class:`NoEngineError`, :class:`EngineUnusableError`, the validator's own
 :class:`ValidationError`, a :class:`PlanError` from the planner, or
 :class:`DoesNotFitError` (which says how much memory is missing).
@@ -29,7 +33,7 @@ from k3desk.core.engines.supervisor import LaunchSpec, arg_changes, bump_n_cpu_m
 from k3desk.core.errors import EngineError, PlanError, ValidationError
 from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.gguf.reader import read_header
-from k3desk.core.gguf.validate import validate_shard_set
+from k3desk.core.gguf.validate import inspect_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.paths import AppPaths
 from k3desk.core.planning.memory import mmproj_file_bytes
@@ -182,7 +186,8 @@ def prepare_launch(
             cancel.raise_if_cancelled()
 
     check()
-    layout = validate_shard_set(shard, tiers=tiers, progress=progress, cancel=cancel)
+    report = inspect_shard_set(shard, tiers=tiers, progress=progress, cancel=cancel)
+    layout = report.layout
     if mmproj is not None:
         options = replace(options, mmproj=mmproj, mmproj_bytes=projector_bytes(mmproj))
     else:
@@ -213,12 +218,20 @@ def prepare_launch(
             f"{fmt_bytes(plan.shortfall)} of RAM, or choose a smaller tier.",
             plan,
         )
-    notes: list[str] = []
+    notes = [suspicious_note(finding) for finding in report.suspicious]
     gpu_gap = probe.gpu_problems(hw)
     if gpu_gap:
         notes.append(f"The engine {exe} loads Kimi-K3, but {gpu_gap[0]}.")
     return PreparedLaunch(
         exe, probe, layout, hw, plan_options(options, tier), plan, tier, tuple(notes)
+    )
+
+
+def suspicious_note(finding: str) -> str:
+    """How a suspicious finding is shown when the set is launched anyway."""
+    return (
+        f"Warning: {finding} Starting it anyway: the engine may be built from another "
+        "llama.cpp checkout that loads it; if it does not, its own message says why."
     )
 
 

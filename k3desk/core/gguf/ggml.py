@@ -2,7 +2,10 @@
 
 Kept here rather than imported from the ``gguf`` package so header inspection does
 not pull in numpy and the package's reader (about 0.1 s of import time).
-A test checks this table against ``gguf.GGML_QUANT_SIZES``.
+A test checks this table against ``gguf.GGML_QUANT_SIZES``.  The table holds
+exactly the types llama.cpp b11434 reads (``enum ggml_type`` in ggml.h, up to
+``GGML_TYPE_COUNT`` = 43, less the removed ids 4, 5, 31-33 and 36-38): any other
+id is refused by that build's ``gguf_init_from_reader``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ _TABLE = (
     (26, "I32", 1, 4), (27, "I64", 1, 8), (28, "F64", 1, 8), (29, "IQ1_M", 256, 56),
     (30, "BF16", 1, 2), (34, "TQ1_0", 256, 54), (35, "TQ2_0", 256, 66),
     (39, "MXFP4", 32, 17), (40, "NVFP4", 64, 36), (41, "Q1_0", 128, 18),
+    (42, "Q2_0", 64, 18),  # QK2_0 64, block_q2_0 = half + 16 bytes (ggml-common.h, b11434)
 )  # fmt: skip
 
 BY_ID: dict[int, GGMLType] = {t[0]: GGMLType(*t) for t in _TABLE}

@@ -1,20 +1,31 @@
 """A header-only GGUF reader: metadata and tensor infos, never tensor data.
 
-It reads the header region with a few buffered reads (64 KiB first, growing only
-as far as the header goes) and decodes it with ``struct``.  Large arrays are not
+It walks the header through a small window on the file (64 KiB first, growing
+to 1 MiB per read) and decodes it with ``struct``.  Large arrays are not
 decoded: numeric ones are skipped by arithmetic, and string arrays (the 163,840
-tokenizer tokens and 163,328 merges of a Kimi-K3 part 1) are walked over length
-prefixes without building a single Python string.  Their position is kept, so a
-caller that really wants them can still decode them (:meth:`GGUFHeader.array`).
+tokenizer tokens and 163,328 merges of a Kimi-K3 part 1) are walked over their
+length prefixes without building a single Python string.  Their position is
+kept, so a caller that really wants them can still decode them
+(:meth:`GGUFHeader.array`).  Compared to ``gguf.GGUFReader``, which
+memory-maps the file and builds numpy views for every field and tensor, this
+is what makes checking a 94-part set take a fraction of a second.
 
-Compared to ``gguf.GGUFReader``, which memory-maps the file and builds numpy views
-for every field and tensor, this is what makes checking a 94-part set take a
-fraction of a second.
+A header is hostile input: every count it states (keys, tensors, array
+lengths, string lengths, dimensions) is checked against the bytes the file
+really has and against the limits below *before* anything is allocated or
+walked, so a corrupt or malicious file is refused in milliseconds and a few
+megabytes of memory, whatever it claims.  The checks llama.cpp's own reader
+makes (``gguf_init_from_reader`` in ``ggml/src/gguf.cpp`` of b11434) are made
+here too, with the same outcome: empty or duplicate keys, unknown value types,
+more than 4 dimensions, negative or overflowing dimensions, tensor names of 64
+bytes or more, a ``general.alignment`` that is not a UINT32 power of two.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +33,7 @@ from typing import BinaryIO
 
 from k3desk.core.errors import ValidationError
 from k3desk.core.gguf.ggml import BY_ID, type_name
+from k3desk.core.units import fmt_bytes
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -43,19 +55,36 @@ _SCALAR = {t: struct.Struct(f) for t, f in _SCALAR_FMT.items()}
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _HEADER = struct.Struct("<4sIQQ")
+_DIMS = [struct.Struct(f"<{n}Q") for n in range(5)]
+_TYPE_OFFSET = struct.Struct("<IQ")
 
 # Arrays up to this many elements are decoded eagerly (head_count_kv has 93).
 EAGER_ARRAY_LIMIT = 4096
-_FIRST_READ = 64 * 1024
-_MAX_STEP = 4 * 1024 * 1024
-# Sanity limits: a header bigger than this is corrupt, whatever its counts say.
-_MAX_HEADER = 1 << 30
-_MAX_DIMS = 8
+# Strings longer than this are not decoded (a StringRef stands for them).
+DECODED_STRING_LIMIT = 1 << 20
+_FIRST_READ = 16 * 1024
+_MAX_READ = 1 << 20
+
+# Limits on what a header may claim.  llama.cpp's own caps are far higher
+# (1 GiB strings and 2^30-element arrays, gguf.cpp), which lets a small sparse
+# file ask for gigabytes; these are far above anything a Kimi-K3 part holds.
+MAX_KV = 65_536  # a Kimi-K3 part 1 has about 50 keys
+MAX_TENSORS = 65_536  # per file; the whole Kimi-K3 has 2,573
+MAX_STRING = 64 << 20  # one string; the longest real ones (chat templates) are KiB
+MAX_KEY = 65_536  # one key name
+MAX_STRING_ARRAY = 1 << 21  # elements of a string array; the K3 vocabulary has 163,840
+MAX_ARRAY = 1 << 30  # GGUF_MAX_ARRAY_ELEMENTS (gguf.cpp)
+GGML_MAX_DIMS = 4  # ggml.h; gguf.cpp refuses more
+GGML_MAX_NAME = 64  # ggml.h; gguf.cpp refuses tensor names of this length or more
+_INT64_MAX = (1 << 63) - 1
+# the smallest bytes a key/value and a tensor info can take (for counts vs. file size)
+_MIN_KV_BYTES = 8 + 1 + 4 + 1
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
 
 Scalar = int | float | bool | str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ArrayRef:
     """A metadata array left undecoded: its element type, length and file position."""
 
@@ -68,13 +97,21 @@ class ArrayRef:
         return VALUE_TYPE_NAMES[self.elem_type]
 
 
-Value = Scalar | list[Scalar] | ArrayRef
+@dataclass(frozen=True, slots=True)
+class StringRef:
+    """A metadata string too long to decode: its length and file position."""
+
+    length: int
+    offset: int
 
 
-@dataclass(frozen=True)
+Value = Scalar | list[Scalar] | ArrayRef | StringRef
+
+
+@dataclass(frozen=True, slots=True)
 class TensorInfo:
     name: str
-    shape: tuple[int, ...]  # ggml order (ne0 first)
+    shape: tuple[int, ...]  # ggml order (ne0 first), as stored (trailing 1s dropped)
     ggml_type: int
     rel_offset: int  # relative to the data section, as stored
     offset: int  # absolute offset in the file
@@ -107,9 +144,17 @@ class GGUFHeader:
     data_start: int  # absolute offset of the data section
     header_bytes: int  # bytes of header parsed (before alignment padding)
     file_size: int
+    elem_types: dict[str, int] | None = None  # array key -> element type
 
     def get(self, key: str, default: Value | None = None) -> Value | None:
         return self.kv.get(key, default)
+
+    def elem_type(self, key: str) -> int | None:
+        """The element type of the array ``key`` (None if it is not an array)."""
+        v = self.kv.get(key)
+        if isinstance(v, ArrayRef):
+            return v.elem_type
+        return (self.elem_types or {}).get(key)
 
     def array(self, key: str) -> list[Scalar]:
         """Decode an array value fully, even one left undecoded while reading."""
@@ -118,10 +163,9 @@ class GGUFHeader:
             return v
         if not isinstance(v, ArrayRef):
             raise TypeError(f"{key} is not an array")
-        with open(self.path, "rb") as f:
-            f.seek(v.offset)
-            r = _Buffer(f, self.path, v.offset, self.file_size)
-            out, _ = r.read_array_items(v.offset, v.elem_type, v.count)
+        with self.path.open("rb") as f:
+            r = _Window(f, self.path, self.file_size)
+            out, _ = r.read_array_items(v.offset, v.elem_type, v.count, key)
             return out
 
     def array_len(self, key: str) -> int | None:
@@ -153,101 +197,154 @@ def _corrupt(path: Path, what: str) -> ValidationError:
     )
 
 
-class _Buffer:
-    """A growing window on the start of a file; ``base`` is the file offset of buf[0]."""
+_RUN = 256  # strings per regular-expression match in skip_strings
 
-    def __init__(self, f: BinaryIO, path: Path, base: int, file_size: int) -> None:
+
+@functools.cache
+def _short_strings() -> re.Pattern[bytes]:
+    """Exactly ``_RUN`` strings of under 256 bytes: a length byte, 7 zero bytes, the bytes.
+
+    The common lengths come first, as the alternatives are tried in order."""
+    lengths = [*range(1, 33), 0, *range(33, 256)]
+    one = b"|".join(re.escape(bytes([n])) + b"\\x00{7}.{%d}" % n for n in lengths)
+    return re.compile(b"(?s)(?:" + one + b"){%d}" % _RUN)
+
+
+class _Window:
+    """A window on the file: ``buf`` holds bytes [base, base + len(buf)).
+
+    Parsing moves forward only, so the window slides: a read replaces what was
+    held, and memory stays at one read (at most ``max(_MAX_READ, n)`` bytes for
+    an item of n bytes; items are at most ``DECODED_STRING_LIMIT`` or a few KiB).
+    """
+
+    def __init__(self, f: BinaryIO, path: Path, file_size: int) -> None:
         self.f = f
         self.path = path
-        self.base = base
         self.file_size = file_size
-        self.buf = bytearray()
+        self.base = 0
+        self.buf = b""
+        self.step = _FIRST_READ
         self.what = "header"
 
-    def ensure(self, pos: int, n: int) -> None:
-        """Make absolute bytes [pos, pos+n) available."""
-        end = pos + n - self.base
-        have = len(self.buf)
-        if end <= have:
-            return
+    def need(self, pos: int, n: int) -> int:
+        """Make bytes [pos, pos+n) available; return their offset in ``buf``."""
+        rel = pos - self.base
+        if rel >= 0 and rel + n <= len(self.buf):
+            return rel
         if pos + n > self.file_size:
             raise _truncated(self.path, f"reading {self.what}", self.file_size)
-        if pos + n - self.base > _MAX_HEADER:
-            raise _corrupt(self.path, f"{self.what} would extend past {_MAX_HEADER:,} bytes")
-        # grow geometrically (capped) so long headers take few reads
-        want = max(end - have, min(have, _MAX_STEP), _FIRST_READ)
-        chunk = self.f.read(want)
-        self.buf += chunk
-        if len(self.buf) < end:
+        want = min(max(n, self.step), self.file_size - pos)
+        self.step = min(self.step * 2, _MAX_READ)
+        self.f.seek(pos)
+        data = self.f.read(want)
+        if len(data) < n:
             raise _truncated(self.path, f"reading {self.what}", self.file_size)
+        self.base, self.buf = pos, data
+        return 0
 
     def scalar(self, pos: int, vtype: int) -> tuple[Scalar, int]:
         s = _SCALAR[vtype]
-        self.ensure(pos, s.size)
-        return s.unpack_from(self.buf, pos - self.base)[0], pos + s.size
+        rel = self.need(pos, s.size)
+        return s.unpack_from(self.buf, rel)[0], pos + s.size
 
     def u32(self, pos: int) -> tuple[int, int]:
-        self.ensure(pos, 4)
-        return _U32.unpack_from(self.buf, pos - self.base)[0], pos + 4
+        rel = self.need(pos, 4)
+        return _U32.unpack_from(self.buf, rel)[0], pos + 4
 
     def u64(self, pos: int) -> tuple[int, int]:
-        self.ensure(pos, 8)
-        return _U64.unpack_from(self.buf, pos - self.base)[0], pos + 8
+        rel = self.need(pos, 8)
+        return _U64.unpack_from(self.buf, rel)[0], pos + 8
 
-    def raw_string(self, pos: int) -> tuple[bytes, int]:
-        n, pos = self.u64(pos)
-        if n > self.file_size:
-            raise _corrupt(self.path, f"a string of {n:,} bytes at offset {pos - 8:,}")
-        self.ensure(pos, n)
-        start = pos - self.base
-        return bytes(self.buf[start : start + n]), pos + n
+    def string_length(self, pos: int, limit: int = MAX_STRING) -> tuple[int, int]:
+        """The length of the string at ``pos`` (checked) and where its bytes start."""
+        n, start = self.u64(pos)
+        if n > limit:
+            raise _corrupt(
+                self.path,
+                f"{self.what} claims a string of {fmt_bytes(n)} ({n:,} bytes) at offset "
+                f"{pos:,}; no Kimi-K3 GGUF holds one over {fmt_bytes(limit)}",
+            )
+        if start + n > self.file_size:
+            raise _truncated(
+                self.path, f"{self.what}, a string of {n:,} bytes at offset {pos:,}", self.file_size
+            )
+        return n, start
 
-    def string(self, pos: int) -> tuple[str, int]:
-        raw, end = self.raw_string(pos)
+    def string(self, pos: int, limit: int = MAX_STRING) -> tuple[str | StringRef, int]:
+        n, start = self.string_length(pos, limit)
+        if n > DECODED_STRING_LIMIT:
+            return StringRef(n, start), start + n
+        rel = self.need(start, n)
         try:
-            return raw.decode("utf-8"), end
+            return str(self.buf[rel : rel + n], "utf-8"), start + n
         except UnicodeDecodeError:
             raise _corrupt(self.path, f"invalid UTF-8 in a string at offset {pos:,}") from None
 
     def skip_strings(self, pos: int, count: int) -> int:
-        """Walk over ``count`` length-prefixed strings without decoding them."""
+        """Walk over ``count`` length-prefixed strings without decoding them.
+
+        Runs of short strings (under 256 bytes: every token and merge of a real
+        vocabulary) are matched :data:`_RUN` at a time by one regular expression,
+        in C; whatever it cannot match is walked prefix by prefix."""
+        run = _short_strings()
+        remaining = count
+        while remaining:
+            if remaining >= _RUN:
+                rel = self.need(pos, 8)
+                m = run.match(self.buf, rel)
+                if m is not None:
+                    pos = self.base + m.end()
+                    remaining -= _RUN
+                    continue
+            pos = self._walk(pos, min(remaining, _RUN))
+            remaining -= min(remaining, _RUN)
+        return pos
+
+    def _walk(self, pos: int, count: int) -> int:
         unpack = _U64.unpack_from
         remaining = count
         while remaining:
-            buf, base = self.buf, self.base
-            end = base + len(buf)
-            while remaining and pos + 8 <= end:
-                npos = pos + 8 + unpack(buf, pos - base)[0]
-                if npos > end:
-                    break
-                pos = npos
-                remaining -= 1
-            if remaining:
-                need = 8
-                if pos + 8 <= end:
-                    n = unpack(buf, pos - base)[0]
-                    if n > self.file_size:
-                        raise _corrupt(self.path, f"a string of {n:,} bytes at offset {pos:,}")
-                    need += n
-                self.ensure(pos, need)
+            rel = self.need(pos, 8)
+            buf = self.buf
+            p = rel
+            done = remaining
+            i = 0
+            try:
+                for i in range(remaining):  # noqa: B007 - i says where a prefix was cut
+                    p += 8 + unpack(buf, p)[0]
+            except struct.error:  # the next length prefix lies past the window
+                done = i
+            # the last string walked may jump past the window: bound it
+            if p - len(buf) > MAX_STRING:
+                raise _corrupt(
+                    self.path,
+                    f"{self.what} claims a string of over {fmt_bytes(MAX_STRING)} near offset "
+                    f"{self.base + len(buf):,}",
+                )
+            pos = self.base + p
+            if pos > self.file_size:
+                raise _truncated(self.path, f"reading {self.what}", self.file_size)
+            remaining -= done
         return pos
 
-    def read_array_items(self, pos: int, etype: int, count: int) -> tuple[list[Scalar], int]:
+    def read_array_items(
+        self, pos: int, etype: int, count: int, key: str
+    ) -> tuple[list[Scalar], int]:
         if etype == STRING:
             out: list[Scalar] = []
             for _ in range(count):
-                s, pos = self.string(pos)
+                s, pos = self.string(pos, DECODED_STRING_LIMIT)
+                assert isinstance(s, str)  # the limit keeps every element decoded
                 out.append(s)
             return out, pos
-        if etype == ARRAY:
-            raise _corrupt(self.path, "nested arrays are not supported")
         st = _SCALAR.get(etype)
         if st is None:
-            raise _corrupt(self.path, f"unknown array element type {etype}")
+            raise _corrupt(self.path, f"'{key}' has unknown array element type {etype}")
         n = st.size * count
-        self.ensure(pos, n)
+        rel = self.need(pos, n)
         fmt = f"<{count}{_SCALAR_FMT[etype][1:]}"
-        vals = list(struct.unpack_from(fmt, self.buf, pos - self.base))
+        vals = list(struct.unpack_from(fmt, self.buf, rel))
         return vals, pos + n
 
 
@@ -255,7 +352,7 @@ def read_header(path: Path | str, eager_array_limit: int = EAGER_ARRAY_LIMIT) ->
     """Read the metadata and tensor infos of one GGUF file.
 
     Raises :class:`ValidationError` naming the file for a bad magic, an unsupported
-    version, a truncated or corrupt header.
+    version, a truncated or corrupt header, or counts the file cannot hold.
     """
     p = Path(path)
     try:
@@ -267,101 +364,137 @@ def read_header(path: Path | str, eager_array_limit: int = EAGER_ARRAY_LIMIT) ->
     except OSError as exc:
         raise ValidationError(f"Cannot open {p}: {exc.strerror}.") from None
     with f:
-        size = _file_size(f)
-        r = _Buffer(f, p, 0, size)
-        if size < 4:
-            raise ValidationError(
-                f"{p.name} is not a GGUF file: it has only {size} bytes.",
-                f"Delete {p} and download it again.",
-            )
-        r.ensure(0, min(_HEADER.size, size))
-        magic = bytes(r.buf[:4])
-        if magic != GGUF_MAGIC:
-            raise ValidationError(
-                f"{p.name} is not a GGUF file: it starts with {magic!r}, not b'GGUF'.",
-                f"Delete {p} and download it again (a partial or error-page download "
-                "looks like this).",
-            )
-        r.what = "the header"
-        r.ensure(0, _HEADER.size)
-        _, version, n_tensors, n_kv = _HEADER.unpack_from(r.buf, 0)
-        if version not in SUPPORTED_VERSIONS:
-            swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
-            detail = (
-                "it is a big-endian file"
-                if swapped in SUPPORTED_VERSIONS
-                else f"it is GGUF version {version}"
-            )
-            raise ValidationError(
-                f"{p.name} cannot be read: {detail}; k3desk and llama.cpp read little-endian "
-                "GGUF versions 2 and 3.",
-                "Download a current conversion of the model.",
-            )
-        if n_tensors > 1_000_000 or n_kv > 1_000_000:
-            raise _corrupt(p, f"it claims {n_tensors:,} tensors and {n_kv:,} metadata keys")
-        pos = _HEADER.size
-        kv: dict[str, Value] = {}
-        kv_types: dict[str, int] = {}
-        for i in range(n_kv):
-            r.what = f"metadata entry {i + 1} of {n_kv}"
-            key, pos = r.string(pos)
-            vtype, pos = r.u32(pos)
-            r.what = f"metadata value of '{key}'"
-            value: Value
-            if vtype == STRING:
-                value, pos = r.string(pos)
-            elif vtype == ARRAY:
-                etype, pos = r.u32(pos)
-                count, pos = r.u64(pos)
-                if etype > FLOAT64:
-                    raise _corrupt(p, f"'{key}' has unknown array element type {etype}")
-                if count <= eager_array_limit:
-                    value, pos = r.read_array_items(pos, etype, count)
-                else:
-                    value = ArrayRef(etype, count, pos)
-                    if etype == STRING:
-                        pos = r.skip_strings(pos, count)
-                    elif etype == ARRAY:
-                        raise _corrupt(p, f"'{key}' is a nested array")
-                    else:
-                        pos += _SCALAR[etype].size * count
-                        if pos > size:
-                            raise _truncated(p, f"reading '{key}'", size)
-            elif vtype in _SCALAR:
-                value, pos = r.scalar(pos, vtype)
-            else:
-                raise _corrupt(p, f"'{key}' has unknown value type {vtype}")
-            kv[key] = value
-            kv_types[key] = vtype
+        size = os.fstat(f.fileno()).st_size
+        return _parse(f, p, size, eager_array_limit)
 
-        alignment = kv.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-            raise _corrupt(p, f"general.alignment is {alignment!r}, not a power of two")
 
-        raw_infos: list[tuple[str, tuple[int, ...], int, int]] = []
-        for i in range(n_tensors):
-            r.what = f"tensor info {i + 1} of {n_tensors}"
-            name, pos = r.string(pos)
-            n_dims, pos = r.u32(pos)
-            if n_dims == 0 or n_dims > _MAX_DIMS:
-                raise _corrupt(p, f"tensor '{name}' has {n_dims} dimensions")
-            r.ensure(pos, 8 * n_dims + 12)
-            dims = struct.unpack_from(f"<{n_dims}Q", r.buf, pos)
-            pos += 8 * n_dims
-            gtype, pos = r.u32(pos)
-            rel, pos = r.u64(pos)
-            raw_infos.append((name, tuple(dims), gtype, rel))
-        header_bytes = pos
-        data_start = -(-pos // alignment) * alignment
+def _parse(f: BinaryIO, p: Path, size: int, eager_array_limit: int) -> GGUFHeader:
+    r = _Window(f, p, size)
+    if size < 4:
+        raise ValidationError(
+            f"{p.name} is not a GGUF file: it has only {size} bytes.",
+            f"Delete {p} and download it again.",
+        )
+    rel = r.need(0, 4)
+    magic = bytes(r.buf[rel : rel + 4])
+    if magic != GGUF_MAGIC:
+        raise ValidationError(
+            f"{p.name} is not a GGUF file: it starts with {magic!r}, not b'GGUF'.",
+            f"Delete {p} and download it again (a partial or error-page download looks like this).",
+        )
+    r.what = "the header"
+    rel = r.need(0, _HEADER.size)
+    _, version, n_tensors, n_kv = _HEADER.unpack_from(r.buf, rel)
+    if version not in SUPPORTED_VERSIONS:
+        swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
+        detail = (
+            "it is a big-endian file"
+            if swapped in SUPPORTED_VERSIONS
+            else f"it is GGUF version {version}"
+        )
+        raise ValidationError(
+            f"{p.name} cannot be read: {detail}; k3desk and llama.cpp read little-endian "
+            "GGUF versions 2 and 3.",
+            "Download a current conversion of the model.",
+        )
+    if n_kv > MAX_KV or n_tensors > MAX_TENSORS:
+        raise _corrupt(
+            p,
+            f"it claims {n_tensors:,} tensors and {n_kv:,} metadata keys, beyond any "
+            f"Kimi-K3 file (at most {MAX_TENSORS:,} of each)",
+        )
+    least = _HEADER.size + n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_INFO_BYTES
+    if least > size:
+        raise _truncated(
+            p, f"{n_tensors:,} tensors and {n_kv:,} keys need at least {least:,} bytes", size
+        )
+    pos = _HEADER.size
+    kv: dict[str, Value] = {}
+    kv_types: dict[str, int] = {}
+    elem_types: dict[str, int] = {}
+    for i in range(n_kv):
+        r.what = f"metadata entry {i + 1} of {n_kv}"
+        key, pos = r.string(pos, MAX_KEY)
+        if not isinstance(key, str) or not key:
+            raise _corrupt(p, f"metadata entry {i + 1} has an empty key")  # gguf.cpp refuses
+        if key in kv:
+            raise _corrupt(p, f"the metadata key '{key}' appears twice")  # gguf.cpp refuses
+        vtype, pos = r.u32(pos)
+        r.what = f"the metadata value of '{key}'"
+        value: Value
+        if vtype == STRING:
+            value, pos = r.string(pos)
+        elif vtype == ARRAY:
+            etype, pos = r.u32(pos)
+            count, pos = r.u64(pos)
+            value, pos = _array(r, p, key, etype, count, pos, eager_array_limit)
+            elem_types[key] = etype
+        elif vtype in _SCALAR:
+            value, pos = r.scalar(pos, vtype)
+        else:
+            raise _corrupt(p, f"'{key}' has unknown value type {vtype}")
+        kv[key] = value
+        kv_types[key] = vtype
+
+    alignment = kv.get("general.alignment", DEFAULT_ALIGNMENT)
+    if "general.alignment" in kv and kv_types["general.alignment"] != UINT32:
+        raise _corrupt(
+            p,
+            "general.alignment is stored as "
+            f"{VALUE_TYPE_NAMES[kv_types['general.alignment']]}, not UINT32",
+        )
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise _corrupt(p, f"general.alignment is {alignment!r}, not a power of two")
+
+    raw_infos: list[tuple[str, tuple[int, ...], int, int]] = []
+    r.what = f"the tensor infos ({n_tensors:,} tensors)"
+    for i in range(n_tensors):
+        # name length, name, n_dims, dims, type, offset: the lengths are checked first
+        rel = r.need(pos, 12)
+        length = _U64.unpack_from(r.buf, rel)[0]
+        if length >= GGML_MAX_NAME:
+            raise _corrupt(
+                p,
+                f"tensor {i + 1} has a name of {length:,} bytes (ggml allows {GGML_MAX_NAME - 1})",
+            )
+        rel = r.need(pos, 12 + length)
+        n_dims = _U32.unpack_from(r.buf, rel + 8 + length)[0]
+        if n_dims > GGML_MAX_DIMS:
+            name = bytes(r.buf[rel + 8 : rel + 8 + length]).decode("utf-8", "replace")
+            raise _corrupt(
+                p, f"tensor '{name}' has {n_dims:,} dimensions (ggml has {GGML_MAX_DIMS})"
+            )
+        info_bytes = 24 + length + 8 * n_dims
+        rel = r.need(pos, info_bytes)
+        buf = r.buf
+        try:
+            name = str(buf[rel + 8 : rel + 8 + length], "utf-8")
+        except UnicodeDecodeError:
+            raise _corrupt(p, f"invalid UTF-8 in the name of tensor {i + 1}") from None
+        dims = _DIMS[n_dims].unpack_from(buf, rel + 12 + length)
+        gtype, rel_offset = _TYPE_OFFSET.unpack_from(buf, rel + 12 + length + 8 * n_dims)
+        pos += info_bytes
+        n = 1
+        for d in dims:
+            if d > _INT64_MAX:
+                raise _corrupt(p, f"tensor '{name}' has a negative dimension")
+            n *= d
+        if n > _INT64_MAX:
+            raise _corrupt(p, f"tensor '{name}' has {n:,} elements, more than ggml can count")
+        raw_infos.append((name, dims, gtype, rel_offset))
+    header_bytes = pos
+    data_start = -(-pos // alignment) * alignment
+    if n_tensors and data_start > size:
+        raise _truncated(p, "before its tensor data starts", size)
 
     tensors = []
-    for name, dims, gtype, rel in raw_infos:
+    for name, dims, gtype, rel_offset in raw_infos:
         n = 1
         for d in dims:
             n *= d
         t = BY_ID.get(gtype)
         nbytes = n // t.block_size * t.type_size if t is not None else -1
-        tensors.append(TensorInfo(name, dims, gtype, rel, data_start + rel, nbytes))
+        tensors.append(TensorInfo(name, dims, gtype, rel_offset, data_start + rel_offset, nbytes))
     return GGUFHeader(
         path=p,
         version=version,
@@ -372,8 +505,31 @@ def read_header(path: Path | str, eager_array_limit: int = EAGER_ARRAY_LIMIT) ->
         data_start=data_start,
         header_bytes=header_bytes,
         file_size=size,
+        elem_types=elem_types,
     )
 
 
-def _file_size(f: BinaryIO) -> int:
-    return os.fstat(f.fileno()).st_size
+def _array(
+    r: _Window, p: Path, key: str, etype: int, count: int, pos: int, eager: int
+) -> tuple[Value, int]:
+    """Read (small) or skip (large) the array ``key`` of ``count`` elements at ``pos``."""
+    if etype == ARRAY or (etype not in _SCALAR and etype != STRING):
+        what = "nested arrays" if etype == ARRAY else f"unknown element type {etype}"
+        raise _corrupt(p, f"'{key}' is an array of {what}")  # gguf.cpp refuses both
+    elem = 8 if etype == STRING else _SCALAR[etype].size  # a string takes >= 8 bytes
+    limit = MAX_STRING_ARRAY if etype == STRING else MAX_ARRAY
+    if count > limit:
+        raise _corrupt(
+            p, f"'{key}' claims {count:,} elements, beyond any Kimi-K3 file (at most {limit:,})"
+        )
+    if pos + count * elem > r.file_size:
+        raise _truncated(
+            p,
+            f"'{key}' has {count:,} elements, which need at least {count * elem:,} bytes",
+            r.file_size,
+        )
+    if count <= eager:
+        return r.read_array_items(pos, etype, count, key)
+    if etype == STRING:
+        return ArrayRef(etype, count, pos), r.skip_strings(pos, count)
+    return ArrayRef(etype, count, pos), pos + elem * count

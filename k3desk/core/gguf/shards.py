@@ -7,8 +7,10 @@ name in one folder.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from k3desk.core.safepaths import what_is
@@ -39,12 +41,19 @@ class ShardSet:
     def part_label(self, index: int) -> str:
         return f"{index + 1:05d}-of-{self.count:05d}" if self.split else self.given.name
 
-    @property
+    @cached_property
     def paths(self) -> tuple[Path, ...]:
         return tuple(self.directory / self.part_name(i) for i in range(self.count))
 
     def missing(self) -> list[int]:
-        return [i for i, p in enumerate(self.paths) if what_is(p) == "missing"]
+        """The 0-based indices of the parts not in the folder at all (one directory listing;
+        a part that is there but no regular file is named by :meth:`not_files`)."""
+        try:
+            with os.scandir(self.directory) as it:
+                present = {e.name for e in it}
+        except OSError:
+            present = set()
+        return [i for i in range(self.count) if self.part_name(i) not in present]
 
     def not_files(self) -> list[tuple[int, str]]:
         """Parts that exist but are no regular file: (index, "a folder" / "a named pipe

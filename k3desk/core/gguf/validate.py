@@ -1,16 +1,36 @@
 """Check a Kimi-K3 GGUF shard set from its headers alone, and describe its layout.
 
-:func:`validate_shard_set` takes any one part (or an unsplit ``.gguf``), finds the
+:func:`inspect_shard_set` takes any one part (or an unsplit ``.gguf``), finds the
 others by name, reads every header (never tensor data) and checks what llama.cpp
-will check when it loads the set, so problems surface before a multi-minute load
-fails: every part present, ``split.*`` keys consistent, tensor counts adding up,
-no duplicate tensors, every part long enough for its tensors, the ``kimi-k3``
-architecture with the hyper-parameters the loader needs, and exactly the tensors
-(names and shapes) a kimi-k3 model of those hyper-parameters has.
+b11434, the engine k3desk is tested against, checks when it loads the set, so
+problems surface before a multi-minute load fails.  Each rule follows the
+engine's own source and says where it comes from:
 
-The first problem found is raised as one :class:`ValidationError` that names the
-file and says what to do.  On success it returns the :class:`ModelLayout`
-planning works from.
+* ``ggml/src/gguf.cpp`` (``gguf_init_from_reader``): the container -- checked by
+  :mod:`k3desk.core.gguf.reader`, and here: rows a whole number of blocks,
+  tensors at the offsets the sizes before them give;
+* ``src/llama-model-loader.cpp``: the split set (``split.*`` keys, part names,
+  tensor counts), duplicate tensors, tensor data within its file, and the types
+  keys must have (``GGUFMeta::GKV::get_kv`` refuses a UINT32 key stored as
+  anything else);
+* ``src/llama-model.cpp`` (``load_hparams``) and ``src/models/kimi-k3.cpp``
+  (``load_arch_hparams``): which keys are required, their defaults, per-layer
+  arrays, the asserts on layer and expert counts;
+* ``src/llama-vocab.cpp``: the tokenizer keys;
+* ``src/models/kimi-k3.cpp`` (``load_arch_tensors``, :func:`k3arch.loader_tensors`):
+  the tensors, required or optional, their alternatives and their shapes, which
+  compare as ggml compares them (padded to 4 dimensions with 1s), and the
+  tensors the graph cannot do without.
+
+Findings come in three kinds.  A :class:`ValidationError` (raised) is a set no
+llama.cpp build can load, or whose layout cannot be known: a missing or cut
+part, a corrupt header, split keys that disagree, shapes that contradict the
+file's own hyper-parameters.  ``suspicious`` findings (in the report) are sets
+whose files are whole and consistent but which b11434's kimi-k3 loader
+refuses: tensors it requires missing, tensors it does not use, tensor types it
+does not know.  A llama.cpp fork may load those (that is what forks change),
+so such a set can still be launched, with the finding shown; the engine's own
+load is the final word.  ``notes`` are oddities llama.cpp does not mind.
 """
 
 from __future__ import annotations
@@ -19,53 +39,145 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from k3desk.core.catalog.model import Tier
 from k3desk.core.errors import ValidationError
 from k3desk.core.gguf.ggml import BY_ID
 from k3desk.core.gguf.model import K3HParams, LayerLayout, ModelLayout, TensorEntry
-from k3desk.core.gguf.reader import INT32, UINT16, VALUE_TYPE_NAMES, GGUFHeader, read_header
+from k3desk.core.gguf.reader import (
+    ARRAY,
+    BOOL,
+    FLOAT32,
+    INT32,
+    STRING,
+    UINT16,
+    UINT32,
+    VALUE_TYPE_NAMES,
+    GGUFHeader,
+    StringRef,
+    TensorInfo,
+    read_header,
+)
 from k3desk.core.gguf.shards import ShardSet, discover
-from k3desk.core.k3arch import REAL_K3, K3Shape, is_expert_tensor, layer_of, tensor_specs
+from k3desk.core.k3arch import K3Shape, is_expert_tensor, layer_of, loader_tensors, same_shape
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 from k3desk.core.safepaths import what_is
 
 ARCH = "kimi-k3"
 _P = ARCH + "."
+REFERENCE = "llama.cpp b11434"
+LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h; load_hparams asserts 0 < block_count <= it
+LLAMA_MAX_EXPERTS = 1024  # src/llama-hparams.h ("Kimi K3"); load_hparams asserts it
 
-# Keys whose absence makes llama.cpp refuse the file, or the layout unknowable.
-REQUIRED_KEYS = (
-    "context_length",
-    "embedding_length",
-    "block_count",
+Kind = Literal["u32", "u32s", "f32", "bool", "str"]  # u32s: a UINT32 or a per-layer array
+
+# Every kimi-k3.* key llama.cpp reads, in the order it reads them, with the type it
+# insists on and whether the file must have it.  load_hparams (llama-model.cpp):
+_HPARAM_KEYS: tuple[tuple[str, Kind, bool], ...] = (
+    ("context_length", "u32", True),
+    ("embedding_length", "u32", True),
+    ("embedding_length_out", "u32", False),
+    ("attention.causal", "bool", False),
+    ("pooling_type", "u32", False),
+    ("classifier.pooling_type", "u32", False),
+    ("block_count", "u32", True),
+    ("nextn_predict_layers", "u32", False),
+    ("expert_count", "u32", False),
+    ("expert_used_count", "u32s", False),
+    ("expert_group_count", "u32", False),
+    ("expert_group_used_count", "u32", False),
+    ("feed_forward_length", "u32s", False),
+    ("attention.head_count", "u32s", False),
+    ("attention.head_count_kv", "u32s", False),
+    ("rope.scaling.finetuned", "bool", False),
+    ("rope.scaling.original_context_length", "u32", False),
+    ("rope.freq_base", "f32", False),
+    ("rope.scaling.type", "str", False),
+    ("rope.scaling.factor", "f32", False),
+    ("rope.scale_linear", "f32", False),
+    ("rope.scaling.attn_factor", "f32", False),
+    ("rope.scaling.alpha", "f32", False),
+    # read only when attention.head_count > 0 (see _hparams)
+    ("attention.key_length", "u32", False),
+    ("attention.value_length", "u32", False),
+    ("rope.dimension_count", "u32", False),
+    ("attention.key_length_swa", "u32", False),
+    ("attention.value_length_swa", "u32", False),
+    ("rope.dimension_count_swa", "u32", False),
+    # load_arch_hparams (src/models/kimi-k3.cpp):
+    ("attention.layer_norm_rms_epsilon", "f32", True),
+    ("attention.key_length_mla", "u32", True),
+    ("attention.value_length_mla", "u32", True),
+    ("attention.q_lora_rank", "u32", False),
+    ("attention.kv_lora_rank", "u32", True),
+    ("ssm.conv_kernel", "u32", True),
+    ("kda.head_dim", "u32", True),
+    ("kda.gate_lower_bound", "f32", False),
+    ("expert_feed_forward_length", "u32s", True),
+    ("expert_shared_count", "u32", True),
+    ("leading_dense_block_count", "u32", False),
+    ("expert_weights_scale", "f32", False),
+    ("expert_weights_norm", "bool", False),
+    ("expert_gating_func", "u32", True),
+    ("expert_latent_length", "u32", False),
+    ("attn_res.block_size", "u32", True),
+    ("activation.situ_beta", "f32", True),
+    ("activation.situ_linear_beta", "f32", True),
+)
+_HEAD_KEYS = frozenset(
+    (
+        "attention.key_length",
+        "attention.value_length",
+        "rope.dimension_count",
+        "attention.key_length_swa",
+        "attention.value_length_swa",
+        "rope.dimension_count_swa",
+    )
+)
+# Keys outside kimi-k3.* that the loader and the vocabulary read (general.file_type:
+# llama-model-loader.cpp; the rest: llama_vocab::impl::load, llama-vocab.cpp).
+_OTHER_KEYS: tuple[tuple[str, Kind, bool], ...] = (
+    ("general.name", "str", False),
+    ("general.file_type", "u32", False),
+    ("tokenizer.ggml.model", "str", True),
+    ("tokenizer.ggml.pre", "str", False),
+    ("tokenizer.ggml.token_type_count", "u32", False),
+    ("tokenizer.ggml.add_space_prefix", "bool", False),
+    ("tokenizer.ggml.remove_extra_whitespaces", "bool", False),
+    ("tokenizer.ggml.add_bos_token", "bool", False),
+    ("tokenizer.ggml.add_eos_token", "bool", False),
+    ("tokenizer.ggml.add_sep_token", "bool", False),
+    ("tokenizer.ggml.normalizer.lowercase", "bool", False),
+    ("tokenizer.ggml.normalizer.strip_accents", "bool", False),
+    # the special token ids (special_token_types in llama-vocab.cpp); "seperator" sic
+    *((f"tokenizer.ggml.{name}_token_id", "u32", False) for name in (
+        "bos", "eos", "eot", "eom", "unknown", "seperator", "padding", "cls", "mask",
+        "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep",
+        "prefix", "suffix", "middle",
+    )),
+)  # fmt: skip
+# Optional keys whose defaults (load_hparams, load_arch_hparams) change tensor shapes
+_SHAPING_KEYS = (
     "feed_forward_length",
     "attention.head_count",
     "attention.head_count_kv",
-    "attention.kv_lora_rank",
-    "attention.key_length",
-    "attention.value_length",
-    "attention.key_length_mla",
-    "attention.value_length_mla",
     "rope.dimension_count",
-    "ssm.conv_kernel",
-    "kda.head_dim",
-    "expert_count",
-    "expert_used_count",
-    "expert_feed_forward_length",
-    "expert_shared_count",
-    "expert_latent_length",
     "leading_dense_block_count",
-    "attn_res.block_size",
+    "expert_latent_length",
+    "expert_count",
 )
-# Keys the converters write and the loader reads, but whose absence may be covered
-# by defaults in some llama.cpp builds: reported as notes, not failures.
-EXPECTED_KEYS = (
-    "attention.layer_norm_rms_epsilon",
-    "expert_weights_scale",
-    "expert_weights_norm",
-    "expert_gating_func",
-    "activation.situ_beta",
-    "activation.situ_linear_beta",
+_KIND_TYPE = {"u32": UINT32, "u32s": UINT32, "f32": FLOAT32, "bool": BOOL, "str": STRING}
+# get_arr into std::array<uint32_t, N> (llama-model-loader.cpp) takes these elements
+_LAYER_ARRAY_TYPES = (UINT32, INT32, BOOL)
+# Tensors b11434 uses as the second operand of ggml_mul / ggml_add / ggml_ssm_conv,
+# which its CPU kernels take as F32 only: ggml-cpu/binary-ops.cpp aborts with
+# "unsupported types", ggml-cpu/ops.cpp (ssm_conv) asserts src1 is F32.
+_F32_ROLES = ("norm", "conv")
+F32_ID = 0
+_CONVERTER_HINT = (
+    "The file comes from an incompatible or outdated converter: use a current "
+    "conversion (see `k3desk tiers`)."
 )
 
 
@@ -73,16 +185,22 @@ EXPECTED_KEYS = (
 class ValidationReport:
     layout: ModelLayout
     notes: tuple[str, ...]  # findings that do not stop llama.cpp from loading the set
+    # findings on which llama.cpp b11434 refuses the set although its files are whole:
+    # an engine built from another llama.cpp checkout may still load it
+    suspicious: tuple[str, ...] = ()
+
+    @property
+    def loads_in_reference(self) -> bool:
+        """Whether llama.cpp b11434 loads this set (it refuses every suspicious one)."""
+        return not self.suspicious
 
 
-@dataclass(frozen=True)
-class _FileShape(K3Shape):
-    """A K3Shape whose MLA layers come from the file's head_count_kv."""
-
-    mla_layers: frozenset[int] = frozenset()
-
-    def is_mla(self, layer: int) -> bool:
-        return layer in self.mla_layers
+def _vtype(h: GGUFHeader, key: str) -> str:
+    t = h.kv_types[key]
+    if t == ARRAY:
+        e = h.elem_type(key)
+        return f"an array of {VALUE_TYPE_NAMES[e] if e is not None else '?'}"
+    return VALUE_TYPE_NAMES[t]
 
 
 class _Checker:
@@ -90,6 +208,7 @@ class _Checker:
         self.shards = shards
         self.tiers = tuple(tiers)
         self.notes: list[str] = []
+        self.suspicious: list[str] = []
 
     # ------------------------------------------------------------------ messages
     def label(self, i: int) -> str:
@@ -115,7 +234,7 @@ class _Checker:
     def fail(self, message: str, i: int | None = None, hint: str | None = None) -> ValidationError:
         return ValidationError(message, hint if hint is not None else self.download_hint(i))
 
-    # ------------------------------------------------------------------ checks
+    # ------------------------------------------------------------------ the set
     def check_names(self) -> None:
         s = self.shards
         what = what_is(s.given)
@@ -136,6 +255,9 @@ class _Checker:
                     f"{s.given.name} has an invalid split file name: part {m_no} of {m_count}.",
                     "Keep the parts under their published names (<name>-00001-of-000NN.gguf).",
                 )
+
+    def check_missing(self) -> None:
+        s = self.shards
         odd = s.not_files()
         if odd:
             i, what = odd[0]
@@ -152,79 +274,128 @@ class _Checker:
             raise self.fail(
                 f"{what.capitalize()} {labels}{more} of {s.prefix} "
                 f"{'is' if len(missing) == 1 else 'are'} missing "
-                f"({len(missing)} of {s.count}; expected {s.paths[missing[0]]}).",
+                f"({len(missing)} of {s.count}; expected {s.directory / s.part_name(missing[0])}).",
                 missing[0],
                 self.download_hint(missing[0], together=True),
             )
 
-    def check_split_keys(self, headers: list[GGUFHeader]) -> None:
+    def split_count(self, h0: GGUFHeader) -> int:
+        """How many parts part 1's header says the set has (llama_model_loader: the
+        other parts are only read when part 1's split.count is above 1)."""
         s = self.shards
-        if not s.split:
-            count = headers[0].get("split.count")
-            if isinstance(count, int) and count > 1:
-                raise ValidationError(
-                    f"{s.given.name} is part of a {count}-part set (split.count = {count}) "
-                    "but its name lacks the -NNNNN-of-NNNNN.gguf suffix llama.cpp needs "
-                    "to find the other parts.",
-                    "Keep the parts under their published names.",
+        count = h0.get("split.count")
+        if count is None:
+            n = 1
+        elif h0.kv_types["split.count"] != UINT16 or not isinstance(count, int):
+            raise self.fail(
+                f"{self.label(0)} stores split.count as {_vtype(h0, 'split.count')}; "
+                "llama.cpp reads it as UINT16 and refuses the file.",
+                0,
+                "The set was written by a broken splitter: download it again or "
+                "re-split it with llama-gguf-split.",
+            )
+        else:
+            n = count
+        if n <= 1:
+            if s.split and s.count > 1:
+                self.notes.append(
+                    f"{s.given.name} is named as part of a {s.count}-part set, but its "
+                    "header says it is the whole model: llama.cpp loads it alone."
                 )
-            return
+            return 1
+        if not s.split:
+            raise ValidationError(
+                f"{s.given.name} is part of a {n}-part set (split.count = {n}) "
+                "but its name lacks the -NNNNN-of-NNNNN.gguf suffix llama.cpp needs "
+                "to find the other parts.",
+                "Keep the parts under their published names.",
+            )
+        if n != s.count:
+            raise self.fail(
+                f"{self.label(0)} says split.count = {n}, but its name and the set say "
+                f"{s.count} parts: llama.cpp derives the other parts' names from part 1's "
+                "name and its split.count, and refuses the set (invalid split file name). "
+                "The set mixes files from different uploads, or parts were renamed.",
+                0,
+            )
+        return n
+
+    def check_split_keys(self, headers: list[GGUFHeader]) -> None:
+        """The split keys llama_model_loader reads: split.no of every part (part 1's
+        with get_key, the others' with gguf_get_val_u16, which asserts UINT16) and
+        split.tensors.count of part 1 (an INT32)."""
+        s = self.shards
         for i, h in enumerate(headers):
-            for key, want in (("split.count", s.count), ("split.no", i)):
-                v = h.get(key)
-                if v is None:
-                    raise self.fail(
-                        f"{self.label(i)} has no {key} key: it is not a part of a split set.",
-                        i,
-                    )
-                if h.kv_types[key] != UINT16 or not isinstance(v, int):
-                    raise self.fail(
-                        f"{self.label(i)} stores {key} as "
-                        f"{VALUE_TYPE_NAMES[h.kv_types[key]]}; llama.cpp requires UINT16.",
-                        i,
-                        "The set was written by a broken splitter: download it again or "
-                        "re-split it with llama-gguf-split.",
-                    )
-                if v != want:
-                    said = (
-                        f"split.no = {v} (part {v + 1}), but its name says part {want + 1}"
-                        if key == "split.no"
-                        else f"split.count = {v}, but its name and the set say {want} parts"
-                    )
-                    raise self.fail(
-                        f"{self.label(i)} says {said}: the set mixes files from different "
-                        "uploads, or parts were renamed.",
-                        i,
-                    )
-        declared = headers[0].get("split.tensors.count")
-        if not isinstance(declared, int) or isinstance(declared, bool):
-            raise self.fail(f"{self.label(0)} has no split.tensors.count key.", 0)
-        for i, h in enumerate(headers[1:], start=1):
-            other = h.get("split.tensors.count")
-            if other is not None and other != declared:
+            v = h.get("split.no")
+            if v is None:
                 raise self.fail(
-                    f"{self.label(i)} says split.tensors.count = {other}, part 1 says "
-                    f"{declared}: the parts come from different uploads.",
+                    f"{self.label(i)} has no split.no key: it is not a part of a split set.",
                     i,
                 )
+            if h.kv_types["split.no"] != UINT16 or not isinstance(v, int):
+                raise self.fail(
+                    f"{self.label(i)} stores split.no as {_vtype(h, 'split.no')}; "
+                    "llama.cpp requires UINT16.",
+                    i,
+                    "The set was written by a broken splitter: download it again or "
+                    "re-split it with llama-gguf-split.",
+                )
+            if v != i:
+                raise self.fail(
+                    f"{self.label(i)} says split.no = {v} (part {v + 1}), but its name says "
+                    f"part {i + 1}: the set mixes files from different uploads, or parts "
+                    "were renamed.",
+                    i,
+                )
+            if i == 0:
+                continue
+            count = h.get("split.count")
+            if count is not None and count != s.count:
+                self.notes.append(
+                    f"{self.label(i)} says split.count = {count} (the set has {s.count} "
+                    "parts); llama.cpp reads split.count from part 1 only."
+                )
+            other = h.get("split.tensors.count")
+            if other is not None and other != headers[0].get("split.tensors.count"):
+                self.notes.append(
+                    f"{self.label(i)} says split.tensors.count = {other}, part 1 says "
+                    f"{headers[0].get('split.tensors.count')}; llama.cpp reads part 1's only."
+                )
+        h0 = headers[0]
+        declared = h0.get("split.tensors.count")
+        if declared is None:
+            raise self.fail(f"{self.label(0)} has no split.tensors.count key.", 0)
+        if h0.kv_types["split.tensors.count"] != INT32 or not isinstance(declared, int):
+            raise self.fail(
+                f"{self.label(0)} stores split.tensors.count as "
+                f"{_vtype(h0, 'split.tensors.count')}; llama.cpp reads it as INT32 and "
+                "refuses the set.",
+                0,
+                "The set was written by a broken splitter: download it again or re-split "
+                "it with llama-gguf-split.",
+            )
         total = sum(len(h.tensors) for h in headers)
         if total != declared:
             raise self.fail(
                 f"The {s.count} parts of {s.prefix} hold {total} tensors between them, but "
-                f"split.tensors.count says {declared}: llama.cpp will refuse the set.",
+                f"split.tensors.count says {declared}: llama.cpp refuses the set "
+                "(corrupted model).",
                 None,
             )
-        if headers[0].kv_types.get("split.tensors.count") not in (INT32, UINT16):
-            self.notes.append(
-                "split.tensors.count is not stored as INT32 (gguf-split writes INT32)."
-            )
 
-    def check_tensors(self, headers: list[GGUFHeader]) -> None:
+    # ------------------------------------------------------------------ tensors
+    def check_tensors(self, headers: list[GGUFHeader]) -> dict[str, int]:
+        """Container rules for every tensor; returns the bytes each one takes (for a
+        type k3desk does not know, the distance to the next tensor)."""
         seen: dict[str, int] = {}
+        sizes: dict[str, int] = {}
         trailing = 0
+        unknown: list[str] = []
         for i, h in enumerate(headers):
             expected_rel = 0
-            for t in h.tensors:
+            known = True  # offsets can be checked while every type so far is known
+            tensors = h.tensors
+            for j, t in enumerate(tensors):
                 if t.name in seen:
                     where = (
                         "twice in this part"
@@ -239,28 +410,29 @@ class _Checker:
                 seen[t.name] = i
                 gt = BY_ID.get(t.ggml_type)
                 if gt is None:
-                    raise self.fail(
-                        f"{self.label(i)}: tensor '{t.name}' has ggml type {t.ggml_type}, "
-                        "which this version of k3desk (and likely of llama.cpp) does not know.",
-                        i,
-                        "Update k3desk and llama.cpp, or pick a tier with standard types.",
-                    )
-                if t.shape[0] % gt.block_size:
+                    # gguf.cpp refuses a type id >= GGML_TYPE_COUNT or with no block
+                    # size (a removed type); a fork may define it
+                    unknown.append(f"'{t.name}' (type id {t.ggml_type})")
+                    nxt = tensors[j + 1].offset if j + 1 < len(tensors) else h.file_size
+                    sizes[t.name] = max(0, nxt - t.offset)
+                    known = False
+                    continue
+                sizes[t.name] = t.nbytes
+                if t.shape and t.shape[0] % gt.block_size:
                     raise self.fail(
                         f"{self.label(i)}: tensor '{t.name}' has rows of {t.shape[0]} values, "
                         f"not a multiple of {gt.block_size} as {gt.name} requires: the file "
-                        "is corrupt.",
+                        "is corrupt (llama.cpp refuses it).",
                         i,
                     )
-                if t.rel_offset != expected_rel:
+                if known and t.rel_offset != expected_rel:
                     raise self.fail(
                         f"{self.label(i)}: tensor '{t.name}' starts at data offset "
                         f"{t.rel_offset:,}, expected {expected_rel:,}: the tensor table is "
-                        "corrupt.",
+                        "corrupt (llama.cpp refuses it).",
                         i,
                     )
                 expected_rel = -(-(t.rel_offset + t.nbytes) // h.alignment) * h.alignment
-            for t in h.tensors:
                 if t.end > h.file_size:
                     raise self.fail(
                         f"{self.label(i)} is truncated: it has {h.file_size:,} bytes, but "
@@ -270,10 +442,17 @@ class _Checker:
                         self.download_hint(i).replace("Download it", "Delete it and download it"),
                     )
             trailing += max(0, h.file_size - h.data_end - h.alignment)
+        if unknown:
+            more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+            self.suspicious.append(
+                f"Tensor {unknown[0]}{more} has a ggml type {REFERENCE} does not know; "
+                "it refuses the set (an engine built for that type may load it)."
+            )
         if trailing:
             self.notes.append(
                 f"{trailing:,} bytes follow the last tensor of some parts; llama.cpp ignores them."
             )
+        return sizes
 
     def check_arch(self, h: GGUFHeader) -> None:
         arch = h.get("general.architecture")
@@ -281,180 +460,326 @@ class _Checker:
             raise self.fail(
                 f"{self.label(0)} has no general.architecture key: it is not a model file.", 0
             )
+        if h.kv_types["general.architecture"] != STRING:
+            raise self.fail(
+                f"{self.label(0)} stores general.architecture as "
+                f"{_vtype(h, 'general.architecture')}, not a string: it is corrupt.",
+                0,
+            )
+        if isinstance(arch, StringRef):  # too long to be an architecture's name
+            raise self.fail(
+                f"{self.label(0)}: general.architecture is a string of {arch.length:,} bytes: "
+                "it is corrupt.",
+                0,
+            )
         if arch != ARCH:
             raise ValidationError(
                 f"{self.label(0)} is a '{arch}' model, not Kimi-K3 ('{ARCH}').",
                 "k3desk runs Kimi-K3 GGUF files only: pick one of the tiers `k3desk tiers` lists.",
             )
 
-    def hparams(self, h: GGUFHeader) -> tuple[K3HParams, _FileShape]:
-        def get_int(key: str) -> int:
-            v = h.get(_P + key)
-            if v is None:
+    # ------------------------------------------------------------------ keys
+    def key_type(self, h: GGUFHeader, key: str, kind: Kind, n_layer: int = 0) -> None:
+        """Refuse ``key`` stored with a type llama.cpp's getter does not take."""
+        t = h.kv_types[key]
+        if kind == "u32s" and t == ARRAY:
+            n = h.array_len(key)
+            if h.elem_type(key) not in _LAYER_ARRAY_TYPES:
                 raise self.fail(
-                    f"{self.label(0)} lacks the key {_P}{key}, which llama.cpp needs to load "
-                    "a kimi-k3 model.",
+                    f"{self.label(0)}: {key} is {_vtype(h, key)}; llama.cpp takes a UINT32 "
+                    "or an array of UINT32/INT32 per layer, and refuses the file.",
                     0,
-                    "The file comes from an incompatible or outdated converter: use a "
-                    "current conversion (see `k3desk tiers`).",
+                    _CONVERTER_HINT,
                 )
-            if isinstance(v, bool) or not isinstance(v, int | list):
-                raise self.fail(f"{self.label(0)}: {_P}{key} is {v!r}, not an integer.", 0)
-            if isinstance(v, list):
-                raise self.fail(f"{self.label(0)}: {_P}{key} is an array, not an integer.", 0)
-            return v
-
-        for key in REQUIRED_KEYS:
-            if key != "attention.head_count_kv":
-                get_int(key)
-        n_layer = get_int("block_count")
-        hkv_raw = h.get(_P + "attention.head_count_kv")
-        if isinstance(hkv_raw, int) and not isinstance(hkv_raw, bool):
-            hkv = [hkv_raw] * n_layer
-        elif isinstance(hkv_raw, list) and all(isinstance(x, int) for x in hkv_raw):
-            hkv = [int(x) for x in hkv_raw]
-        else:
-            raise self.fail(
-                f"{self.label(0)} lacks a usable {_P}attention.head_count_kv "
-                "(one entry per layer: 0 = KDA, >0 = MLA).",
-                0,
-            )
-        if len(hkv) != n_layer:
-            raise self.fail(
-                f"{self.label(0)}: {_P}attention.head_count_kv has {len(hkv)} entries for "
-                f"{n_layer} layers.",
-                0,
-            )
-        missing_soft = [k for k in EXPECTED_KEYS if _P + k not in h.kv]
-        if missing_soft:
-            self.notes.append(
-                "Keys some llama.cpp builds need are absent: "
-                + ", ".join(_P + k for k in missing_soft)
-                + "."
-            )
-        by_name = {t.name: t for t in h.tensors}
-        embd = by_name.get("token_embd.weight")
-        n_vocab = embd.shape[1] if embd is not None and len(embd.shape) == 2 else 0
-        q_lora = h.get(_P + "attention.q_lora_rank", 0)
-        n_expert = get_int("expert_count")
-        n_shared = get_int("expert_shared_count")
-        n_dense = get_int("leading_dense_block_count")
-        hp = K3HParams(
-            context_length=get_int("context_length"),
-            embedding_length=get_int("embedding_length"),
-            block_count=n_layer,
-            head_count=get_int("attention.head_count"),
-            head_count_kv=tuple(hkv),
-            kv_lora_rank=get_int("attention.kv_lora_rank"),
-            key_length_mla=get_int("attention.key_length_mla"),
-            value_length_mla=get_int("attention.value_length_mla"),
-            rope_dimension_count=get_int("rope.dimension_count"),
-            ssm_conv_kernel=get_int("ssm.conv_kernel"),
-            kda_head_dim=get_int("kda.head_dim"),
-            expert_count=n_expert,
-            expert_used_count=get_int("expert_used_count"),
-            expert_feed_forward_length=get_int("expert_feed_forward_length"),
-            expert_shared_count=n_shared,
-            expert_latent_length=get_int("expert_latent_length"),
-            leading_dense_block_count=n_dense,
-            vocab_size=n_vocab,
-        )
-        if hp.expert_used_count > n_expert:
-            raise self.fail(
-                f"{self.label(0)}: expert_used_count {hp.expert_used_count} exceeds "
-                f"expert_count {n_expert}.",
-                0,
-            )
-        return hp, self._shape(hp, q_lora if isinstance(q_lora, int) else 0)
-
-    def _shape(self, hp: K3HParams, q_lora: int) -> _FileShape:
-        return _FileShape(
-            n_embd=hp.embedding_length,
-            n_layer=hp.block_count,
-            n_head=hp.head_count,
-            head_dim_kda=hp.kda_head_dim,
-            conv_kernel=hp.ssm_conv_kernel,
-            q_lora_rank=q_lora,
-            kv_lora_rank=hp.kv_lora_rank,
-            rope_dim=hp.rope_dimension_count,
-            key_length_mla=hp.key_length_mla,
-            value_length_mla=hp.value_length_mla,
-            n_ff_dense=0,  # filled in by the caller
-            n_dense_lead=hp.leading_dense_block_count,
-            n_expert=hp.expert_count,
-            n_expert_used=hp.expert_used_count,
-            n_ff_expert=hp.expert_feed_forward_length,
-            n_latent=hp.expert_latent_length,
-            n_expert_shared=hp.expert_shared_count,
-            n_ff_shexp=REAL_K3.n_ff_shexp,  # replaced from the tensors below
-            n_vocab=hp.vocab_size,
-            context_length=hp.context_length,
-            mla_layers=frozenset(i for i, v in enumerate(hp.head_count_kv) if v > 0),
-        )
-
-    def check_tensor_set(self, headers: list[GGUFHeader], shape: _FileShape) -> None:
-        tensors = {t.name: (i, t) for i, h in enumerate(headers) for t in h.tensors}
-        # widths that are not keys of their own: read them from the tensors
-        first_moe = shape.n_dense_lead
-        sh = tensors.get(f"blk.{first_moe}.ffn_gate_shexp.weight")
-        n_ff_shexp = (
-            sh[1].shape[1] // max(shape.n_expert_shared, 1)
-            if sh and len(sh[1].shape) == 2
-            else shape.n_ff_shexp
-        )
-        first_mla = min(shape.mla_layers, default=-1)
-        gate = first_mla >= 0 and f"blk.{first_mla}.attn_gate.weight" in tensors
-        ff_dense = headers[0].get(_P + "feed_forward_length")
-        full = replace(
-            shape,
-            n_ff_shexp=n_ff_shexp,
-            attn_gate=gate,
-            n_ff_dense=ff_dense if isinstance(ff_dense, int) else 0,
-        )
-        expected = {s.name: s for s in tensor_specs(full)}
-        missing = [n for n in expected if n not in tensors]
-        if missing:
-            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise self.fail(
-                f"{self.shards.prefix} lacks tensor '{missing[0]}'{more}, which a kimi-k3 "
-                f"model with these hyper-parameters has: llama.cpp will refuse to load it.",
-                None,
-                "The set is incomplete or was made by an incompatible converter. "
-                + self.download_hint(),
-            )
-        extra = [n for n in tensors if n not in expected]
-        if extra:
-            i, _ = tensors[extra[0]]
-            more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-            raise self.fail(
-                f"{self.label(i)} holds tensor '{extra[0]}'{more}, which kimi-k3 does not "
-                "have: llama.cpp refuses files with tensors it does not use.",
-                i,
-                "This is not a plain Kimi-K3 conversion (a vision tower or a different model "
-                "mixed in?): use the text-model files of a tier from `k3desk tiers`.",
-            )
-        for name, spec in expected.items():
-            i, t = tensors[name]
-            if t.shape != spec.shape:
+            if n != n_layer:
                 raise self.fail(
-                    f"{self.label(i)}: tensor '{name}' has shape {list(t.shape)}, but the "
+                    f"{self.label(0)}: {key} has {n:,} entries for {n_layer} layers "
+                    "(block_count): llama.cpp refuses the file (wrong array length).",
+                    0,
+                    _CONVERTER_HINT,
+                )
+            return
+        if t != _KIND_TYPE[kind]:
+            raise self.fail(
+                f"{self.label(0)} stores {key} as {_vtype(h, key)}; llama.cpp reads it as "
+                f"{VALUE_TYPE_NAMES[_KIND_TYPE[kind]]} and refuses the file (wrong type).",
+                0,
+                _CONVERTER_HINT,
+            )
+
+    def check_keys(
+        self, h: GGUFHeader, keys: Iterable[tuple[str, Kind, bool]], n_layer: int, prefix: str
+    ) -> None:
+        for name, kind, required in keys:
+            key = prefix + name
+            if key not in h.kv_types:
+                if required:
+                    raise self.fail(
+                        f"{self.label(0)} lacks the key {key}, which llama.cpp needs to load "
+                        "a kimi-k3 model.",
+                        0,
+                        _CONVERTER_HINT,
+                    )
+                continue
+            self.key_type(h, key, kind, n_layer)
+
+    def hparams(self, h: GGUFHeader) -> tuple[K3HParams, K3Shape]:
+        """The hyper-parameters as llama.cpp b11434 computes them from the keys,
+        defaults included (the vocabulary size is filled in by :meth:`vocab_size`)."""
+
+        def u32(name: str, default: int | None = None) -> int:
+            v = h.get(_P + name)
+            if v is None:
+                if default is None:  # the key is required: check_keys has refused it
+                    raise AssertionError(name)
+                return default
+            assert isinstance(v, int)
+            return int(v)
+
+        def per_layer(name: str, default: list[int]) -> list[int]:
+            v = h.get(_P + name)
+            if v is None:
+                return default
+            if isinstance(v, list):
+                return [int(x) for x in v]
+            assert isinstance(v, int)
+            return [int(v)] * n_layer
+
+        # block_count first: load_hparams asserts its range before reading arrays
+        first = ("context_length", "embedding_length", "block_count")
+        self.check_keys(h, (k for k in _HPARAM_KEYS if k[0] in first), 0, _P)
+        n_layer = u32("block_count")
+        if not 0 < n_layer <= LLAMA_MAX_LAYERS:
+            raise self.fail(
+                f"{self.label(0)}: {_P}block_count is {n_layer:,}; llama.cpp loads 1 to "
+                f"{LLAMA_MAX_LAYERS} layers (Kimi-K3 has 93): the header is corrupt.",
+                0,
+            )
+        n_embd = u32("embedding_length")
+        self.check_keys(h, (k for k in _HPARAM_KEYS if k[0] not in _HEAD_KEYS), n_layer, _P)
+        n_expert = u32("expert_count", 0)
+        used = per_layer("expert_used_count", [0] * n_layer)
+        if (
+            n_expert > LLAMA_MAX_EXPERTS
+            or max(used) > n_expert
+            or ((n_expert > 0) != (max(used) > 0))
+        ):
+            raise self.fail(
+                f"{self.label(0)}: {_P}expert_count is {n_expert:,} and expert_used_count "
+                f"{max(used):,}: llama.cpp needs 1 to {LLAMA_MAX_EXPERTS} experts with "
+                "1 to expert_count of them used per token, and aborts on this file.",
+                0,
+                _CONVERTER_HINT,
+            )
+        n_ff = per_layer("feed_forward_length", [0] * n_layer)
+        heads = per_layer("attention.head_count", [0] * n_layer)
+        hkv = per_layer("attention.head_count_kv", heads)  # defaults to head_count
+        n_head = heads[0]
+        key_length = value_length = 0
+        if n_head > 0:  # load_hparams reads these only for models with attention heads
+            self.check_keys(h, (k for k in _HPARAM_KEYS if k[0] in _HEAD_KEYS), n_layer, _P)
+            key_length = u32("attention.key_length", n_embd // n_head)
+            value_length = u32("attention.value_length", n_embd // n_head)
+        n_rot = u32("rope.dimension_count", key_length)
+        kv_lora = u32("attention.kv_lora_rank")
+        n_ff_exp = per_layer("expert_feed_forward_length", [0] * n_layer)[0]
+        attn_res = u32("attn_res.block_size") > 0
+        latent = u32("expert_latent_length", 0)
+        del value_length  # kimi-k3 sets the MLA value width to kv_lora_rank itself
+        per_token = kv_lora + n_rot  # what an MLA layer caches: the latent and the rope part
+        widths = sorted({key_length * v for v in hkv if v != 0})
+        if n_head > 0 and widths and widths != [per_token]:
+            # the K cache is n_embd_head_k * n_head_kv wide (llama-kv-cache.cpp), and
+            # ggml_set_rows asserts the rows written into it fit (ggml.c)
+            absent = _P + "attention.key_length" not in h.kv
+            self.suspicious.append(
+                f"{_P}attention.key_length is {key_length}"
+                + (" (absent: llama.cpp takes n_embd / head_count)" if absent else "")
+                + f", which makes the MLA layers' cache {widths[-1]} values wide, but they "
+                f"store kv_lora_rank + rope.dimension_count = {per_token} per token: "
+                f"{REFERENCE} aborts on it."
+            )
+        shape = K3Shape(
+            n_embd=n_embd,
+            n_layer=n_layer,
+            n_head=n_head,
+            head_dim_kda=u32("kda.head_dim"),
+            conv_kernel=u32("ssm.conv_kernel"),
+            q_lora_rank=u32("attention.q_lora_rank", 0),
+            kv_lora_rank=kv_lora,
+            rope_dim=n_rot,
+            key_length_mla=u32("attention.key_length_mla"),
+            value_length_mla=u32("attention.value_length_mla"),
+            n_ff_dense=n_ff[0],
+            n_dense_lead=u32("leading_dense_block_count", 0),
+            n_expert=n_expert,
+            n_expert_used=max(used),
+            n_ff_expert=n_ff_exp,
+            n_latent=latent,
+            n_expert_shared=u32("expert_shared_count"),
+            n_vocab=0,  # from the vocabulary, below
+            context_length=u32("context_length"),
+            mla_layers=frozenset(i for i, v in enumerate(hkv) if v != 0),
+            attn_res=attn_res,
+        )
+        hp = K3HParams(
+            context_length=shape.context_length,
+            embedding_length=n_embd,
+            block_count=n_layer,
+            head_count=n_head,
+            head_count_kv=tuple(hkv),
+            kv_lora_rank=kv_lora,
+            key_length_mla=shape.key_length_mla,
+            value_length_mla=shape.value_length_mla,
+            rope_dimension_count=n_rot,
+            ssm_conv_kernel=shape.conv_kernel,
+            kda_head_dim=shape.head_dim_kda,
+            expert_count=n_expert,
+            expert_used_count=max(used),
+            expert_feed_forward_length=n_ff_exp,
+            expert_shared_count=shape.n_expert_shared,
+            expert_latent_length=latent,
+            leading_dense_block_count=shape.n_dense_lead,
+            vocab_size=0,
+        )
+        return hp, shape
+
+    def vocab_size(self, h: GGUFHeader) -> int:
+        """The number of tokens, after the checks llama_vocab::impl::load makes."""
+        self.check_keys(h, _OTHER_KEYS, 0, "")
+        model = h.get("tokenizer.ggml.model")
+        pre = h.get("tokenizer.ggml.pre")
+
+        def array_of(key: str, types: tuple[int, ...], required: bool) -> int | None:
+            if key not in h.kv_types:
+                if required:
+                    raise self.fail(
+                        f"{self.label(0)} lacks {key}: llama.cpp cannot load the tokenizer.",
+                        0,
+                        _CONVERTER_HINT,
+                    )
+                return None
+            if h.kv_types[key] != ARRAY or h.elem_type(key) not in types:
+                raise self.fail(
+                    f"{self.label(0)} stores {key} as {_vtype(h, key)}; llama.cpp refuses "
+                    "the tokenizer (invalid gguf type).",
+                    0,
+                    _CONVERTER_HINT,
+                )
+            return h.array_len(key)
+
+        # a "gpt2" vocabulary needs its merges, except Kimi-K2's (is_kimi_k2)
+        array_of(
+            "tokenizer.ggml.merges",
+            (STRING,),
+            model in ("gpt2", "hybriddna", "whitespace") and pre != "kimi-k2",
+        )
+        n = array_of("tokenizer.ggml.tokens", (STRING,), True) or 0
+        for key, types in (
+            ("tokenizer.ggml.scores", (INT32, FLOAT32)),
+            ("tokenizer.ggml.token_type", (INT32,)),
+        ):
+            m = array_of(key, types, False)
+            if m is not None and m < n:
+                raise self.fail(
+                    f"{self.label(0)}: {key} has {m:,} entries for {n:,} tokens; llama.cpp "
+                    "refuses the tokenizer.",
+                    0,
+                    _CONVERTER_HINT,
+                )
+        return n
+
+    def check_tensor_set(self, headers: list[GGUFHeader], shape: K3Shape) -> None:
+        tensors: dict[str, tuple[int, TensorInfo]] = {
+            t.name: (i, t) for i, h in enumerate(headers) for t in h.tensors
+        }
+        created: set[str] = set()
+        missing: list[str] = []
+        not_f32: list[str] = []
+        for spec in loader_tensors(shape, tensors.__contains__):
+            found = tensors.get(spec.name)
+            if found is None:
+                if spec.required:
+                    missing.append(spec.name)
+                continue
+            created.add(spec.name)
+            i, t = found
+            if spec.role in _F32_ROLES and t.ggml_type != F32_ID:
+                not_f32.append(f"'{spec.name}' ({t.type_name})")
+            if not same_shape(t.shape, spec.shape):
+                raise self.fail(
+                    f"{self.label(i)}: tensor '{spec.name}' has shape {list(t.shape)}, but the "
                     f"file's own hyper-parameters call for {list(spec.shape)} "
-                    f"(expert_count {shape.n_expert}, embedding_length {shape.n_embd}).",
+                    f"(expert_count {shape.n_expert}, embedding_length {shape.n_embd})"
+                    f"{self.defaulted(headers[0])}.",
                     i,
                     "The file is inconsistent (an expert pruning that missed a tensor or a "
                     "key?): llama.cpp will refuse it. Download it again or pick another tier.",
                 )
-        tok = headers[0].array_len("tokenizer.ggml.tokens")
-        if tok is not None and tok != shape.n_vocab:
-            raise self.fail(
-                f"{self.label(0)}: the tokenizer has {tok:,} tokens but token_embd has "
-                f"{shape.n_vocab:,} rows.",
-                0,
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            self.suspicious.append(
+                f"{self.shards.prefix} lacks tensor '{missing[0]}'{more}, which {REFERENCE}'s "
+                "kimi-k3 loader requires for these hyper-parameters: it refuses the set."
             )
+        if not_f32:
+            more = f" (and {len(not_f32) - 1} more)" if len(not_f32) > 1 else ""
+            self.suspicious.append(
+                f"Tensor {not_f32[0]}{more} is not F32: {REFERENCE} takes norms, scores, "
+                "biases and convolutions as F32 only (its CPU kernels abort on other types) "
+                "and fails on the set."
+            )
+        extra = [n for n in tensors if n not in created]
+        if extra:
+            i, _ = tensors[extra[0]]
+            more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+            self.suspicious.append(
+                f"{self.label(i)} holds tensor '{extra[0]}'{more}, which {REFERENCE}'s "
+                "kimi-k3 loader does not use: it refuses files with tensors it does not use "
+                "(wrong number of tensors). A vision tower or another model mixed in?"
+            )
+        self.check_graph(created, shape)
+
+    @staticmethod
+    def defaulted(h: GGUFHeader) -> str:
+        """", with X absent (llama.cpp takes its default)" for absent keys that shape tensors."""
+        absent = [_P + k for k in _SHAPING_KEYS if _P + k not in h.kv]
+        if not absent:
+            return ""
+        return f"; {', '.join(absent)} {'is' if len(absent) == 1 else 'are'} absent, so " + (
+            "llama.cpp takes its default" if len(absent) == 1 else "llama.cpp takes defaults"
+        )
+
+    def check_graph(self, created: set[str], shape: K3Shape) -> None:
+        """Tensors the loader takes as optional but b11434's kimi-k3 graph
+        (``llama_model_kimi_k3::graph``) cannot run without."""
+        for i in range(shape.n_layer):
+            p = f"blk.{i}."
+            need: list[tuple[str, str]] = []
+            if p + "ffn_gate_shexp.weight" in created:  # the shared expert uses all three
+                need += [
+                    (p + "ffn_up_shexp.weight", "with ffn_gate_shexp"),
+                    (p + "ffn_down_shexp.weight", "with ffn_gate_shexp"),
+                ]
+            if not shape.is_mla(i) and p + "attn_qkv.weight" in created:
+                need.append((p + "attn_q.weight", "(the KDA layers read attn_q/k/v)"))
+            if shape.is_mla(i) and p + "attn_kv_b.weight" in created:
+                need.append((p + "attn_k_b.weight", "(the MLA cache of K3 needs k_b/v_b)"))
+            for name, why in need:
+                if name not in created:
+                    self.suspicious.append(
+                        f"Layer {i} lacks '{name}' {why}: {REFERENCE}'s kimi-k3 graph "
+                        "cannot run without it."
+                    )
+                    return
 
 
 def _layout(
-    shards: ShardSet, headers: list[GGUFHeader], hp: K3HParams, shape: _FileShape
+    shards: ShardSet,
+    headers: list[GGUFHeader],
+    hp: K3HParams,
+    shape: K3Shape,
+    sizes: dict[str, int],
 ) -> ModelLayout:
     entries: list[TensorEntry] = []
     expert = [0] * hp.block_count
@@ -462,20 +787,22 @@ def _layout(
     global_bytes = 0
     token_embd = 0
     types: Counter[str] = Counter()
+    n_layer = hp.block_count
     for i, h in enumerate(headers):
         for t in h.tensors:
             tname = t.type_name
+            nbytes = sizes[t.name]
             types[tname] += 1
-            entries.append(TensorEntry(t.name, t.shape, t.ggml_type, tname, t.offset, t.nbytes, i))
+            entries.append(TensorEntry(t.name, t.shape, t.ggml_type, tname, t.offset, nbytes, i))
             layer = layer_of(t.name)
-            if layer is None or not 0 <= layer < hp.block_count:
-                global_bytes += t.nbytes
+            if layer is None or not 0 <= layer < n_layer:
+                global_bytes += nbytes
                 if t.name == "token_embd.weight":
-                    token_embd = t.nbytes
+                    token_embd = nbytes
             elif is_expert_tensor(t.name):
-                expert[layer] += t.nbytes
+                expert[layer] += nbytes
             else:
-                other[layer] += t.nbytes
+                other[layer] += nbytes
     layers = tuple(
         LayerLayout(
             index=i,
@@ -484,7 +811,7 @@ def _layout(
             expert_bytes=expert[i],
             other_bytes=other[i],
         )
-        for i in range(hp.block_count)
+        for i in range(n_layer)
     )
     name = headers[0].get("general.name", "")
     return ModelLayout(
@@ -509,33 +836,50 @@ def inspect_shard_set(
     progress: ProgressCallback = no_progress,
     cancel: CancelToken | None = None,
 ) -> ValidationReport:
-    """Validate the set ``path`` belongs to; return its layout and non-fatal notes.
+    """Validate the set ``path`` belongs to; return its layout and findings.
 
-    ``tiers`` (the catalog) only improves the advice in error messages: a part
-    recognised as a tier's gets "download it again with `k3desk download <tier>`".
+    Raises :class:`ValidationError` for a set no llama.cpp build can load; a
+    set llama.cpp b11434 refuses but whose files are whole comes back with
+    ``suspicious`` findings.  ``tiers`` (the catalog) only improves the advice
+    in error messages: a part recognised as a tier's gets "download it again
+    with `k3desk download <tier>`".
     """
     shards = discover(path)
     chk = _Checker(shards, tiers)
     chk.check_names()
-    headers: list[GGUFHeader] = []
-    for i, p in enumerate(shards.paths):
+    if not (shards.directory / shards.part_name(0)).is_file():
+        chk.check_missing()  # part 1 is what llama.cpp opens first
+
+    def read(i: int) -> GGUFHeader:
         if cancel is not None:
             cancel.raise_if_cancelled()
+        p = shards.directory / shards.part_name(i)
         progress(Progress("Reading headers", i, shards.count, p.name))
         try:
-            headers.append(read_header(p))
+            return read_header(p)
         except ValidationError as exc:
             raise ValidationError(
                 f"Part {shards.part_label(i)}: {exc.message}" if shards.split else exc.message,
                 chk.download_hint(i).replace("Download it", "Delete it and download it"),
             ) from None
+
+    headers = [read(0)]
+    n_split = chk.split_count(headers[0])
+    if n_split > 1:
+        chk.check_missing()
+        headers += [read(i) for i in range(1, n_split)]
     progress(Progress("Reading headers", shards.count, shards.count))
-    chk.check_split_keys(headers)
+    if n_split > 1:
+        chk.check_split_keys(headers)
     chk.check_arch(headers[0])
-    chk.check_tensors(headers)
+    sizes = chk.check_tensors(headers)
     hp, shape = chk.hparams(headers[0])
+    n_vocab = chk.vocab_size(headers[0])
+    hp, shape = replace(hp, vocab_size=n_vocab), replace(shape, n_vocab=n_vocab)
     chk.check_tensor_set(headers, shape)
-    return ValidationReport(_layout(shards, headers, hp, shape), tuple(chk.notes))
+    return ValidationReport(
+        _layout(shards, headers, hp, shape, sizes), tuple(chk.notes), tuple(chk.suspicious)
+    )
 
 
 def validate_shard_set(
@@ -545,5 +889,6 @@ def validate_shard_set(
     progress: ProgressCallback = no_progress,
     cancel: CancelToken | None = None,
 ) -> ModelLayout:
-    """The layout of the shard set ``path`` belongs to; ValidationError if it is unusable."""
+    """The layout of the shard set ``path`` belongs to; ValidationError if no llama.cpp
+    build can load it (see :func:`inspect_shard_set` for the suspicious kind)."""
     return inspect_shard_set(path, tiers=tiers, progress=progress, cancel=cancel).layout

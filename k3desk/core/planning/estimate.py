@@ -16,7 +16,6 @@ matters because they are read in full for every token.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from pathlib import Path
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -71,7 +70,7 @@ def storable_type(shape: tuple[int, ...], qtype: GGMLQuantizationType) -> GGMLQu
 def tier_shape(tier: Tier) -> K3Shape:
     """The Kimi-K3 shape of ``tier``: the real model with its expert count and width."""
     width = tier.expert_feed_forward_length or REAL_K3.n_ff_expert
-    return replace(REAL_K3, n_expert=tier.experts_kept, n_ff_expert=width)
+    return REAL_K3.with_experts(tier.experts_kept, width)
 
 
 def _type_name(tier: Tier, spec: TensorSpec) -> str:

@@ -52,6 +52,7 @@ class LaunchRequest:
     model_name: str = ""
     vision: bool = False  # started with a projector (--mmproj)
     replan: Replanner | None = None  # how to re-plan after a GPU out-of-memory
+    notes: tuple[str, ...] = ()  # warnings the launch carries (a suspicious shard set)
 
 
 class EngineController(QObject):

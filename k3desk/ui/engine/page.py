@@ -178,6 +178,7 @@ def prepare_launch(
         name,
         vision=mmproj is not None,
         replan=prepared.replan_after_oom,
+        notes=prepared.notes,
     )
 
 
@@ -707,8 +708,13 @@ class EnginePage(QWidget):
             return
         s = plan.speed
         self.plan_reason.setText(
-            f"{plan.reason} Expected about {s.expected_tps:.2g} tok/s "
-            f"({s.low_tps:.2g}-{s.high_tps:.2g}); bottleneck: {s.bottleneck}."
+            "\n".join(
+                [
+                    f"{plan.reason} Expected about {s.expected_tps:.2g} tok/s "
+                    f"({s.low_tps:.2g}-{s.high_tps:.2g}); bottleneck: {s.bottleneck}.",
+                    *(f"⚠ {n}" for n in req.notes),
+                ]
+            )
         )
         self.memory.setRowCount(len(plan.devices))
         for i, d in enumerate(plan.devices):

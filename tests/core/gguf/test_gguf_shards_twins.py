@@ -54,11 +54,14 @@ def test_twin_is_sparse_and_balanced(twin_factory: TwinFactory, twin_catalog: Ca
     mean = sum(sizes) / len(sizes)
     assert max(sizes) < 1.5 * mean
     assert min(sizes) > 0.5 * mean
-    # tensors are split in file order
+    # tensors are split in llama-quantize's order: globals, then by layer and name
     names = [t.name for p in parts for t in read_header(p).tensors]
-    assert names[0] == "token_embd.weight"
-    assert names[-1] == "output_res_score.weight"
+    assert names[:4] == [
+        "output.weight", "output_norm.weight", "output_res_score.weight", "token_embd.weight"
+    ]  # fmt: skip
+    assert names[-1] == "blk.92.ffn_up_shexp.weight"
     assert names.index("blk.10.attn_norm.weight") < names.index("blk.11.attn_norm.weight")
+    assert names.index("blk.9.ssm_g.weight") < names.index("blk.10.attn_norm.weight")
 
 
 def test_twin_parts_carry_split_keys(twin_factory: TwinFactory) -> None:
