@@ -45,21 +45,41 @@ class ShardSet:
     def paths(self) -> tuple[Path, ...]:
         return tuple(self.directory / self.part_name(i) for i in range(self.count))
 
-    def missing(self) -> list[int]:
-        """The 0-based indices of the parts not in the folder at all (one directory listing;
-        a part that is there but no regular file is named by :meth:`not_files`)."""
+    def _listing(self) -> dict[str, os.DirEntry[str]]:
+        """The folder's entries by name (one directory listing; no file is opened)."""
         try:
             with os.scandir(self.directory) as it:
-                present = {e.name for e in it}
+                return {e.name: e for e in it}
         except OSError:
-            present = set()
+            return {}
+
+    def missing(self) -> list[int]:
+        """The 0-based indices of the parts not in the folder at all (a part that is there
+        but no regular file is named by :meth:`not_files`)."""
+        present = self._listing()
         return [i for i in range(self.count) if self.part_name(i) not in present]
 
     def not_files(self) -> list[tuple[int, str]]:
         """Parts that exist but are no regular file: (index, "a folder" / "a named pipe
-        (FIFO)" / ...).  Nothing is opened (a FIFO would block the reader)."""
-        found = [(i, what_is(p)) for i, p in enumerate(self.paths)]
-        return [(i, what) for i, what in found if what not in ("", "missing")]
+        (FIFO)" / ...).  Nothing is opened (a FIFO would block the reader); only the
+        entries the listing does not call a file are looked at more closely."""
+        entries = self._listing()
+        odd: list[tuple[int, str]] = []
+        for i in range(self.count):
+            entry = entries.get(self.part_name(i))
+            if entry is None or _is_file(entry):
+                continue
+            what = what_is(self.directory / entry.name)
+            if what not in ("", "missing"):
+                odd.append((i, what))
+        return odd
+
+
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_file()  # follows symbolic links, like the loader's open()
+    except OSError:
+        return False
 
 
 def discover(path: Path | str) -> ShardSet:
