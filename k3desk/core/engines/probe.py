@@ -28,6 +28,7 @@ from k3desk.core.engines.canary import write_k3_gguf, write_mlp_projector
 from k3desk.core.engines.crash import classify_exit
 from k3desk.core.engines.supervisor import LaunchSpec, RestartPolicy, Supervisor
 from k3desk.core.errors import Cancelled, EngineError
+from k3desk.core.hardware.nvidia import launch_env
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.k3arch import TINY_K3
 from k3desk.core.paths import AppPaths
@@ -270,6 +271,7 @@ def _run(argv: Sequence[str], timeout: float) -> tuple[int | None, str]:
             stderr=subprocess.STDOUT,
             timeout=timeout,
             check=False,
+            env={**os.environ, **launch_env()},  # --list-devices in NVML's order
         )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode("utf-8", "replace") if isinstance(exc.stdout, bytes) else ""

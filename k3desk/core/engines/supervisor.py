@@ -52,6 +52,7 @@ import psutil
 from k3desk.core.engines.crash import CrashReport, classify_exit, load_timeout, strip_log_prefix
 from k3desk.core.engines.oom import OomSnapshot, OomWatch
 from k3desk.core.errors import Cancelled, EngineError
+from k3desk.core.hardware.nvidia import launch_env
 from k3desk.core.paths import AppPaths
 from k3desk.core.progress import CancelToken, Progress
 from k3desk.core.units import fmt_bytes
@@ -629,9 +630,7 @@ class Supervisor:
         if number > 1:
             started = f"changed: {changes}" if changes else "the same command again"
         self._set_state(State.STARTING, number, started)
-        env = dict(os.environ)
-        if self.spec.env:
-            env.update(self.spec.env)
+        env = {**os.environ, **launch_env(self.spec.env)}
         oom_before = self._oom.begin()
         try:
             return self._spawn(attempt, argv, port, log_path, key_file, env, oom_before)
