@@ -3,8 +3,10 @@
 - :func:`install_recipe` puts the stand-in recipe clone (``api-server/run-api.sh`` and
   ``server.py``, with ``api-server/.venv/bin/python``) where k3desk looks by default:
   ``<rank 0 workdir>/kimi-k3-neuron-tp3-dgxspark-recipe``;
-- :func:`write_model_extras` writes what the model card's download puts beside the
-  shards: ``tokenizer/`` (here a word/byte ``vocab.json``) and ``k3_chat_template.jinja``.
+- :func:`write_model_extras` writes what the recipe's step 1 puts on a node:
+  ``k3_chat_template.jinja`` beside the shards (downloaded with them) and ``tokenizer/``
+  beside the model folder ($K3_HOME/tokenizer, fetched from moonshotai/Kimi-K3; here a
+  word/byte ``vocab.json``).
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ def install_recipe(workdir: Path | str) -> Path:
 
 
 def write_model_extras(model_dir: Path | str) -> tuple[Path, Path]:
-    """``tokenizer/vocab.json`` and ``k3_chat_template.jinja`` in ``model_dir``."""
+    """``../tokenizer/vocab.json`` and ``k3_chat_template.jinja`` for ``model_dir``."""
     folder = Path(model_dir)
-    tokenizer = folder / TOKENIZER_DIRNAME
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = folder.parent / TOKENIZER_DIRNAME
     tokenizer.mkdir(parents=True, exist_ok=True)
     pieces = [*SPECIALS, *(f"<0x{b:02X}>" for b in range(256)), *WORDS]
     (tokenizer / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}))

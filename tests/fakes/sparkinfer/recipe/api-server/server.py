@@ -16,6 +16,9 @@
   ``prompt_ids=..;n_predict=N;stop_ids=..;stream=0|1``; ``tok=ID`` lines back while
   streaming; one final ``ok=1;generated_ids=..;stop_reason=stop|length`` or
   ``ok=0;error=..`` line.  Requests go one at a time.
+- ``K3_API_KEY`` (or ``--api-key``) guards ``/v1/*`` with ``Authorization: Bearer KEY``
+  (401 otherwise); a request for more than ``--max-tokens`` or whose prompt plus
+  completion exceeds ``--max-context-tokens`` is refused with 400, as the recipe's does.
 - ``GET /healthz``; ``GET /readyz`` (503 until the serve port accepts; absent with
   ``--no-readyz``, as in older bridges); ``GET /v1/models``; ``POST /v1/chat/completions``
   (SSE with ``stream``; reasoning as ``reasoning_content`` only with top-level
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
 import threading
@@ -137,8 +141,27 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _error(self, status: int, message: str, kind: str, code: str | None = None) -> None:
+        """The bridge's OpenAI error envelope (``openai_error`` and its exception handler)."""
+        detail = {"message": message, "type": kind, **({"code": code} if code else {})}
+        self._json(status, {"error": detail})
+
+    def _authorized(self) -> bool:
+        """``_optional_bearer_auth``: with K3_API_KEY set, /v1/* needs ``Bearer KEY``;
+        the health checks stay open."""
+        key = BRIDGE.args.api_key
+        if not key or not self.path.startswith("/v1/"):
+            return True
+        if self.headers.get("authorization") == f"Bearer {key}":
+            return True
+        self._error(401, "missing or invalid bearer token", "authentication_error",
+                    "invalid_api_key")  # fmt: skip
+        return False
+
     def do_GET(self) -> None:
         b = BRIDGE
+        if not self._authorized():
+            return
         if self.path == "/healthz":
             self._json(200, {"status": "ok"})
         elif self.path == "/readyz" and not b.args.no_readyz:
@@ -154,6 +177,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         b = BRIDGE
+        if not self._authorized():
+            return
         if self.path != "/v1/chat/completions":
             self._json(404, {"detail": "Not Found"})
             return
@@ -175,16 +200,25 @@ class Handler(BaseHTTPRequestHandler):
             flat.append({"role": m.get("role"), "content": content})
         thinking = bool(body.get("thinking", False))
         prompt = b.render(flat, thinking)
-        if len(prompt) > b.args.max_context_tokens:
-            self._json(
-                400,
-                {
-                    "detail": f"prompt is {len(prompt)} tokens; the limit is "
-                    f"{b.args.max_context_tokens}"
-                },
-            )
+        # requested_token_count / validate_request in the recipe's server.py: too many
+        # tokens asked for, or prompt + completion beyond the context, is refused (400)
+        asked = body.get("max_completion_tokens", body.get("max_tokens"))
+        n = int(asked) if asked is not None else b.args.default_max_tokens
+        limit = b.args.max_context_tokens
+        if n > b.args.max_tokens:
+            self._error(400, "requested completion exceeds server limit of "
+                        f"{b.args.max_tokens} tokens", "invalid_request_error",
+                        "max_tokens_exceeded")  # fmt: skip
             return
-        n = min(int(body.get("max_tokens") or b.args.default_max_tokens), b.args.max_tokens)
+        if len(prompt) > limit:
+            self._error(400, f"prompt exceeds server context limit of {limit} tokens",
+                        "invalid_request_error", "context_length_exceeded")  # fmt: skip
+            return
+        if len(prompt) + n > limit:
+            self._error(400, "prompt plus requested completion exceeds server context limit "
+                        f"of {limit} tokens", "invalid_request_error",
+                        "context_length_exceeded")  # fmt: skip
+            return
         with ONE_AT_A_TIME:
             self._generate(prompt, n, thinking, bool(body.get("stream")))
 
@@ -302,6 +336,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-tokens", type=int, required=True)
     p.add_argument("--max-context-tokens", type=int, required=True)
     p.add_argument("--engine-timeout-s", type=float, required=True)
+    p.add_argument("--api-key", default=os.environ.get("K3_API_KEY", ""))
     p.add_argument("--no-readyz", action="store_true", help="behave like a bridge without /readyz")
     a = p.parse_args(argv)
     try:
