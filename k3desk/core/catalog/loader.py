@@ -203,7 +203,15 @@ def _sub(f: _Fields, name: str, cls: type, parse: Callable[[_Fields], Any]) -> t
 
 
 def _parse_quality(f: _Fields) -> QualityFigure:
-    return QualityFigure(f.nonempty("metric"), f.nonempty("value"), f.str_("conditions"))
+    scope = f.str_("scope", "end-to-end")
+    if scope not in ("end-to-end", "weight-space"):
+        raise f.fail("scope", f"expected 'end-to-end' or 'weight-space', got {scope!r}")
+    return QualityFigure(
+        f.nonempty("metric"),
+        f.nonempty("value"),
+        f.str_("conditions"),
+        "weight-space" if scope == "weight-space" else "end-to-end",
+    )
 
 
 def _parse_speed(f: _Fields) -> SpeedReport:
