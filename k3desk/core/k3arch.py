@@ -63,6 +63,10 @@ class K3Shape:
     context_length: int = 1048576
     # every `mla_every`-th layer (1-based) and the last layer use MLA; the rest KDA
     mla_every: int = 4
+    # `attn_res.block_size`: every this-many layers (from layer 0) the AttnRes stack
+    # banks a checkpoint (`il % res_bs == 0` in src/models/kimi-k3.cpp, b11434);
+    # 12 in moonshotai/Kimi-K3's config.json (`attn_res_block_size`)
+    attn_res_block_size: int = 12
 
     def is_mla(self, layer: int) -> bool:
         return (layer + 1) % self.mla_every == 0 or layer == self.n_layer - 1
@@ -95,6 +99,7 @@ TINY_K3 = K3Shape(
     n_vocab=512,
     context_length=4096,
     mla_every=3,
+    attn_res_block_size=2,
 )
 
 

@@ -344,6 +344,7 @@ class _Checker:
             expert_latent_length=get_int("expert_latent_length"),
             leading_dense_block_count=n_dense,
             vocab_size=n_vocab,
+            attn_res_block_size=get_int("attn_res.block_size"),
         )
         if hp.expert_used_count > n_expert:
             raise self.fail(
