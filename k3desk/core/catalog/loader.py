@@ -318,8 +318,12 @@ def _parse_tier(item: object, where: str) -> Tier:
         expert_feed_forward_length=f.int_("expert_feed_forward_length", 3072, minimum=1),
         tensor_overrides=_sub(f, "tensor_overrides", TensorOverride, _parse_override),
         tensor_types_note=f.str_("tensor_types_note", ""),
+        vision_engine=f.str_("vision_engine", ""),
+        mmproj_type=f.str_("mmproj_type", ""),
     )
     _check_shard_naming(tier, f)
+    if tier.vision == "fork" and not tier.vision_engine:
+        raise f.fail("vision_engine", "a tier whose vision needs a fork names that fork")
     if tier.experts_kept > 896:
         raise f.fail("experts_kept", f"Kimi-K3 has 896 routed experts, not {tier.experts_kept}")
     if tier.manifest and tier.manifest not in tier.extra_files:

@@ -116,6 +116,11 @@ class Tier:
     expert_feed_forward_length: int = 3072
     tensor_overrides: tuple[TensorOverride, ...] = ()
     tensor_types_note: str = ""  # which of tensor_types the card states, which are assumed
+    # vision: the llama.cpp fork its card builds for images (a k3desk engine source, e.g.
+    # "unsloth", "atomicchat"), and the projector type of its mmproj (clip.projector_type;
+    # "" when no source says)
+    vision_engine: str = ""
+    mmproj_type: str = ""
 
     @property
     def files_guessed(self) -> str:

@@ -273,11 +273,17 @@ def _run_build(
     cancel: CancelToken,
     kill_grace: float,
     on_line: Callable[[str], None] | None = None,
+    *,
+    append: bool = False,
+    what: str = f"Building {PACKAGE}",
 ) -> None:
+    """Run one build step in its own process group (``append``: add to the log of the
+    steps before it); ``what`` names the step in the error a failure raises."""
     tail: deque[str] = deque(maxlen=40)
-    with open(log_file, "w", encoding="utf-8", errors="replace") as log:
+    with open(log_file, "a" if append else "w", encoding="utf-8", errors="replace") as log:
         log.write("$ " + " ".join(argv) + "\n")
-        log.write(f"CMAKE_ARGS={env.get('CMAKE_ARGS', '')}\n")
+        if "CMAKE_ARGS" in env:
+            log.write(f"CMAKE_ARGS={env.get('CMAKE_ARGS', '')}\n")
         log.flush()
         try:
             proc = subprocess.Popen(
@@ -341,18 +347,21 @@ def _run_build(
     if rc != 0:
         reason = _error_line(list(tail))
         raise EngineError(
-            f"Building {PACKAGE} failed (exit {rc})" + (f": {reason}" if reason else "."),
+            f"{what} failed (exit {rc})" + (f": {reason}" if reason else "."),
             f"Nothing was installed; the full build log is {log_file}.",
         )
 
 
 _ERR = re.compile(r"\berror\b|failed|fatal|not found|could not", re.IGNORECASE)
+# what a compiler, CMake or git says about the cause, before make's "*** [...] Error 2"
+_CAUSE = re.compile(r"(fatal )?error:|CMake Error|^fatal:", re.IGNORECASE)
 
 
 def _error_line(lines: Sequence[str]) -> str:
-    for line in reversed(lines):
-        if _ERR.search(line):
-            return line.strip()[:300]
+    for pattern in (_CAUSE, _ERR):
+        for line in reversed(lines):
+            if pattern.search(line.strip()):
+                return line.strip()[:300]
     return lines[-1].strip()[:300] if lines else ""
 
 
