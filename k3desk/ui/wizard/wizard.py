@@ -703,9 +703,11 @@ class EnginePage(_Page):
             "The llama-server that will run Kimi-K3: found, probed, built if needed, "
             "and launched with the plan."
         )
-        self.panel.refresh_engines()
+        tv = wiz.selected_tier()
+        self.panel.set_tier(tv.tier if tv is not None else None)
         target = wiz.where.target()
         self.panel.set_model_folder(target)
+        self.panel.refresh_engines()
 
 
 class TierWizard(QWizard):
