@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -233,8 +233,7 @@ def install_engine(
             "PYTHONUNBUFFERED": "1",
         }
     )
-    staging.mkdir(parents=True)
-    try:
+    with staged(staging, log_file):
         progress(Progress("configure", 0, 100, f"CMAKE_ARGS={config.cmake_env}"))
         _run_build(argv, env, log_file, progress, cancel, kill_grace, on_line)
         server = _finish(target, python, log_file)
@@ -252,15 +251,6 @@ def install_engine(
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
         cancel.raise_if_cancelled()
         _swap_into_place(staging, final)
-    except BaseException as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, Cancelled | EngineError | KeyboardInterrupt):
-            raise
-        if isinstance(exc, OSError):
-            raise EngineError(
-                f"Installing the engine failed: {exc}", f"See the log: {log_file}"
-            ) from exc
-        raise
     progress(Progress("install", 100, 100, f"installed {final.name}"))
     return InstalledEngine(final, final / server.relative_to(staging), config, version, log_file)
 
@@ -389,6 +379,12 @@ def _finish(target: Path, python: str, log_file: Path) -> Path:
             f"The built package does not import: {link.stderr.strip()[-300:]}",
             f"See the log: {log_file}",
         )
+    check_runs(server, log_file)
+    return server
+
+
+def check_runs(server: Path, log_file: Path) -> None:
+    """Refuse a freshly built llama-server that does not even print its version."""
     run = subprocess.run(
         [str(server), "--version"], capture_output=True, text=True, timeout=60, check=False
     )
@@ -399,7 +395,22 @@ def _finish(target: Path, python: str, log_file: Path) -> Path:
             else ((run.stdout + run.stderr).strip()[-300:] or f"exit {run.returncode}")
         )
         raise EngineError(f"The built llama-server does not run: {why}", f"See the log: {log_file}")
-    return server
+
+
+@contextlib.contextmanager
+def staged(staging: Path, log_file: Path) -> Iterator[Path]:
+    """A staging folder for a build: gone again unless the block completes (it renames
+    it into place); an OSError in the block becomes an EngineError naming the log."""
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise EngineError(
+                f"Installing the engine failed: {exc}", f"See the log: {log_file}"
+            ) from exc
+        raise
 
 
 def _swap_into_place(staging: Path, final: Path) -> None:

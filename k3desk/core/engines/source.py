@@ -43,9 +43,11 @@ from k3desk.core.engines.install import (
     InstalledEngine,
     _run_build,
     _swap_into_place,
+    check_runs,
+    staged,
 )
 from k3desk.core.engines.probe import probe_projector
-from k3desk.core.errors import Cancelled, EngineError, K3Error
+from k3desk.core.errors import EngineError, K3Error
 from k3desk.core.gguf.reader import read_header
 from k3desk.core.paths import AppPaths
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
@@ -230,8 +232,7 @@ def install_from_git(
         if p is not None and not cancel.cancelled:
             progress(p)
 
-    staging.mkdir(parents=True)
-    try:
+    with staged(staging, log_file):
         progress(Progress("fetch", 0, 0, f"fetching {source.label}"))
         src.mkdir()
         run([str(git), "init", "-q", str(src)], "git init", on_line)
@@ -265,7 +266,7 @@ def install_from_git(
         )  # fmt: skip
         _collect(build, bindir, log_file)
         server = bindir / SERVER_NAME
-        _check_runs(server, log_file)
+        check_runs(server, log_file)
         cancel.raise_if_cancelled()
         final = root / source_folder_name(source, commit or "unknown", config)
         version = f"git {commit[:12]}" if commit else "git"
@@ -287,15 +288,6 @@ def install_from_git(
         shutil.rmtree(build, ignore_errors=True)
         cancel.raise_if_cancelled()
         _swap_into_place(staging, final)
-    except BaseException as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, Cancelled | EngineError | KeyboardInterrupt):
-            raise
-        if isinstance(exc, OSError):
-            raise EngineError(
-                f"Installing the engine failed: {exc}", f"See the log: {log_file}"
-            ) from exc
-        raise
     progress(Progress("install", 100, 100, f"installed {final.name}"))
     return InstalledEngine(final, final / "bin" / SERVER_NAME, config, version, log_file)
 
@@ -331,19 +323,6 @@ def _collect(build: Path, bindir: Path, log_file: Path) -> None:
     for f in out.iterdir():
         if f.is_file() and (os.access(f, os.X_OK) or ".so" in f.name):
             shutil.copy2(f, bindir / f.name)
-
-
-def _check_runs(server: Path, log_file: Path) -> None:
-    run = subprocess.run(
-        [str(server), "--version"], capture_output=True, text=True, timeout=60, check=False
-    )
-    if run.returncode != 0:
-        why = (
-            "illegal instruction (built for another CPU)"
-            if run.returncode == -4
-            else ((run.stdout + run.stderr).strip()[-300:] or f"exit {run.returncode}")
-        )
-        raise EngineError(f"The built llama-server does not run: {why}", f"See the log: {log_file}")
 
 
 # ------------------------------------------------------------------ vision
