@@ -136,8 +136,9 @@ class TierTable(QTableWidget):
                 item.setFont(f)
             if tier.reference and col == 0:
                 text += "  (reference)"
-            if not tier.known and col == 0:
-                text += "  · files guessed"
+            if not tier.known and col in (0, 3):  # the name's tooltip, and the size column
+                if col == 3:
+                    text += " · guessed"
                 tip = f"{tip}\n{tier.files_guessed[:1].upper()}{tier.files_guessed[1:]}."
             item.setText(text)
             item.setToolTip(tip)

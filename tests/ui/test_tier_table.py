@@ -20,9 +20,12 @@ def test_guessed_files_and_the_basis_of_each_rank_are_in_the_table(qtbot) -> Non
     rows = {table.verdicts[r].tier.id: r for r in range(table.rowCount())}
 
     q3 = table.item(rows["atomicchat-q3ks"], 0)
-    assert q3.text() == "★ Q3_K_S  ·  AtomicChat  · files guessed"  # recommended, but guessed
+    assert q3.text() == "★ Q3_K_S  ·  AtomicChat"  # recommended, but its files are guessed:
     assert "Its files are guessed: the card does not list them" in q3.toolTip()
-    known = table.item(rows["6block-iq1s-xs"], 0)
+    size = table.item(rows["atomicchat-q3ks"], 3)
+    assert size.text().endswith(" · guessed")
+    assert "Its files are guessed" in size.toolTip()
+    known = table.item(rows["6block-iq1s-xs"], 3)
     assert "guessed" not in known.text()
     grearl = table.item(rows["grearl-iq1s"], 0).toolTip()
     assert "rests on: IQ1_S experts (1.56 bpw)" in grearl

@@ -366,7 +366,7 @@ def vision_check(
     if tier.vision == "none" or not (tier.mmproj or mmproj is not None):
         return None
     build = FORKS.get(tier.vision_engine)
-    fork = f"the {build.name} fork ({build.note})" if build else "a fork with its vision tower"
+    fork = f"the {build.name} fork" if build else "a fork with its vision tower"
     ptype = projector_type_of(tier, mmproj)
     who = f"{tier.name} ({tier.publisher})"
     if ptype:
@@ -384,7 +384,7 @@ def vision_check(
         return VisionCheck(True, f"This engine was built from {fork}, which {who}'s card names.")
     return VisionCheck(
         False,
-        f"{who}'s card does not say which projector type its mmproj has, and this engine was "
-        f"not built from {fork}, which the card names for images.",
+        f"{who}'s card does not name its projector type, and this engine was not built "
+        f"from {fork}, which the card names for images.",
         build,
     )
