@@ -20,6 +20,7 @@ from k3desk.core.resources import resources_dir
 if TYPE_CHECKING:
     from k3desk.core.catalog.loader import Catalog
     from k3desk.core.hardware.profile import HardwareProfile
+    from k3desk.core.secrets import SecretStore
     from k3desk.core.settings import Settings, SettingsStore
 
 
@@ -46,6 +47,13 @@ class Services:
         from k3desk.core.settings import SettingsStore
 
         return SettingsStore(self.paths.settings_file)
+
+    @cached_property
+    def secrets(self) -> SecretStore:
+        """The one secret store (keyring, else this session) every shell uses."""
+        from k3desk.core.secrets import SecretStore
+
+        return SecretStore()
 
     def settings(self) -> Settings:
         """The saved settings, read afresh (the app may have changed them)."""

@@ -75,8 +75,13 @@ def _fit_text(tv: TierVerdict) -> str:
     return f"no-fit: misses by {fmt_bytes(tv.shortfall)}"
 
 
+def _imatrix(t: Tier) -> str:
+    return {True: "yes", False: "no", None: "?"}[t.imatrix]
+
+
 def render(rec: Recommendation, machine_name: str) -> str:
-    head = ("#", "tier", "publisher", "size", "experts", "vision", "engines", "fit on this machine")
+    head = ("#", "tier", "publisher", "files", "size", "experts", "imatrix", "vision", "engines",
+            "fit on this machine")  # fmt: skip
     rows: list[tuple[str, ...]] = [head]
     for tv in rec.verdicts:
         t = tv.tier
@@ -89,8 +94,10 @@ def render(rec: Recommendation, machine_name: str) -> str:
                 str(tv.rank),
                 name,
                 t.publisher,
+                "card" if t.known else "GUESSED",
                 fmt_bytes(t.size_bytes) + ("" if _exact(t) else "?"),
                 experts,
+                _imatrix(t),
                 t.vision,
                 ",".join(t.engines),
                 _fit_text(tv),
@@ -105,6 +112,10 @@ def render(rec: Recommendation, machine_name: str) -> str:
     lines += ["", "Quality figures (as each card publishes them; not comparable across cards):"]
     for tv in rec.verdicts:
         lines.append(f"  {tv.tier.name:<16} {_quality(tv)}")
+    lines += ["", "What each rank rests on:"]
+    for tv in rec.verdicts:
+        if tv.basis is not None:
+            lines.append(f"  #{tv.rank:<3} {tv.tier.name:<16} {tv.basis.text()}")
     lines += ["", rec.summary]
     lines += [f"  Note: {n}" for n in rec.notes]
     chosen = rec.best or rec.closest
@@ -113,7 +124,12 @@ def render(rec: Recommendation, machine_name: str) -> str:
             lines.append(f"  - {tv.why_not}")
     if rec.best is not None and rec.best.plan is not None:
         lines.append(f"  Plan: {rec.best.plan.reason}")
-    lines += ["", rec.ordering_rule, "'?' = size approximate (the card gives no exact files)."]
+    lines += [
+        "",
+        rec.ordering_rule,
+        "files GUESSED = the card does not list the tier's files: names and shard count are "
+        "derived; '?' = size approximate (the card gives no exact files).",
+    ]
     return "\n".join(lines)
 
 
@@ -134,8 +150,14 @@ def to_json(rec: Recommendation, machine_name: str) -> dict[str, Any]:
             "vision": t.vision,
             "engines": list(t.engines),
             "reference": t.reference,
+            "known": t.known,
+            "files_guessed": t.files_guessed,
+            "imatrix": t.imatrix,
+            "quality_basis": tv.basis.text() if tv.basis else "",
+            "quality_shortcomings": list(tv.basis.shortcomings) if tv.basis else [],
             "quality": [
-                {"metric": q.metric, "value": q.value, "conditions": q.conditions}
+                {"metric": q.metric, "value": q.value, "conditions": q.conditions,
+                 "scope": q.scope}
                 for q in t.quality
             ],
             "rank": tv.rank,

