@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from k3desk.core.app.chat_turn import TurnRecord, run_turn
 from k3desk.core.chat.client import (
     THINKING_EFFORTS,
     ChatClient,
@@ -24,7 +25,6 @@ from k3desk.core.chat.client import (
     ChatEndpoint,
     ChatMessage,
     ChatResult,
-    ChatStreamError,
 )
 from k3desk.core.chat.dialects import DIALECT_IDS, ignored_settings
 from k3desk.core.chat.images import ImageError, PreparedImage, load_image
@@ -33,9 +33,8 @@ from k3desk.core.errors import ChatError, EngineError, K3Error
 from k3desk.core.progress import CancelToken
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
     from k3desk.core.engines.supervisor import Event
-    from k3desk.core.hardware.profile import HardwareProfile
 
 API_KEY_ENV = "K3DESK_API_KEY"
 DIM, RESET = "\x1b[2m", "\x1b[0m"
@@ -206,6 +205,12 @@ def run(args: argparse.Namespace, services: Services) -> int:
 
     cancel = CancelToken()
     with ExitStack() as stack:
+        record = None
+        if args.save:
+            # the question is in the history before the engine starts: whatever happens
+            # later (Ctrl-C, a crash), the prompt is kept, and the answer as it streams
+            model = shard.name if shard is not None else str(args.url)
+            record = _record(stack, services, prompt, images, settings, args.system, model)
         key: str | None
         if shard is not None:
             url, key = _start_engine(stack, shard, args, services, cancel)
@@ -215,9 +220,12 @@ def run(args: argparse.Namespace, services: Services) -> int:
         client = stack.enter_context(ChatClient(ChatEndpoint(url, key, args.model, server)))
         if shard is None:
             _describe_server(client, settings, quiet=args.json)
-        result, error = _ask(client, messages, settings, cancel, as_json=args.json)
-    if args.save:
-        _save(services, prompt, images, settings, args, result, shard)
+        result, error = _ask(client, messages, settings, cancel, as_json=args.json, record=record)
+    if record is not None and not args.json:
+        print(
+            f"Saved as conversation {record.conversation.id} in {services.paths.history_db}.",
+            file=sys.stderr,
+        )
     if args.json:
         out = result.to_dict()
         if error is not None:
@@ -271,29 +279,23 @@ def _start_engine(
     services: Services,
     cancel: CancelToken,
 ) -> tuple[str, str]:
-    from k3desk.cli.plan import catalog_tiers
-    from k3desk.core.engines.launch import prepare_launch
+    from k3desk.core.app.launch import LocalLaunchRequest, prepare_local_launch
     from k3desk.core.engines.supervisor import State, Supervisor
-    from k3desk.core.planning.model import PlanOptions
 
     quiet = args.json
-
-    def hardware() -> HardwareProfile:
-        if args.hardware:
-            return services.load_hardware(args.hardware)
-        return services.detect_hardware(measure_bandwidth=False)
-
-    prepared = prepare_launch(
-        shard,
-        mmproj=args.mmproj,
-        hardware=hardware,
-        options=PlanOptions(ctx=args.ctx, extra_args=tuple(args.engine_arg)),
-        paths=services.paths,
-        engine=args.engine,
-        configured=services.configured_engine(),
-        catalog=catalog_tiers(services),
+    prepared = prepare_local_launch(
+        services,
+        LocalLaunchRequest(
+            shard,
+            mmproj=args.mmproj,
+            ctx=args.ctx,
+            extra_args=tuple(args.engine_arg),
+            engine=args.engine,
+            configured_engine=services.configured_engine(),
+            hardware_file=args.hardware,
+        ),
         cancel=cancel,
-    )
+    ).prepared
     if not quiet:
         print(f"Plan: {prepared.plan.reason}", file=sys.stderr)
         for note in (prepared.plan.ctx_note, *prepared.notes):
@@ -338,26 +340,27 @@ def _ask(
     cancel: CancelToken,
     *,
     as_json: bool,
-) -> tuple[ChatResult, ChatStreamError | None]:
+    record: TurnRecord | None = None,
+) -> tuple[ChatResult, ChatError | None]:
     printer = None if as_json else _Printer(sys.stdout, sys.stderr)
     try:
-        with client.stream(messages, settings, cancel) as st:
-            for delta in st:
-                if printer is not None:
-                    printer.delta(delta)
-    except ChatStreamError as exc:
-        if printer is not None:
-            printer.end(exc.result)
-        return exc.result, exc
+        outcome = run_turn(
+            client,
+            messages,
+            settings,
+            cancel=cancel,
+            on_delta=printer.delta if printer is not None else None,
+            record=record,
+        )
     except KeyboardInterrupt:
         cancel.cancel()
         if printer is not None:
             printer.end(None)
         raise
-    assert st.result is not None
+    assert outcome.result is not None
     if printer is not None:
-        printer.end(st.result)
-    return st.result, None
+        printer.end(outcome.result)
+    return outcome.result, outcome.error
 
 
 class _Printer:
@@ -415,36 +418,20 @@ class _Printer:
             self.err.flush()
 
 
-def _save(
+def _record(
+    stack: ExitStack,
     services: Services,
     prompt: str,
     images: tuple[PreparedImage, ...],
     settings: ChatSettings,
-    args: argparse.Namespace,
-    result: ChatResult,
-    shard: Path | None,
-) -> None:
+    system: str | None,
+    model: str,
+) -> TurnRecord:
+    """``--save``: a new conversation in the chat history holding the question (committed
+    now); :func:`run_turn` keeps the answer in it as it streams."""
     from k3desk.core.chat.history import HistoryStore
 
-    title = " ".join(prompt.split())[:60] or "Image"
-    with HistoryStore(services.paths.history_db) as h:
-        conv = h.create_conversation(
-            title,
-            system_prompt=args.system or "",
-            settings=settings,
-            model=result.model or (shard.name if shard else args.url),
-        )
-        h.add_message(conv.id, "user", prompt, images=images)
-        h.add_message(
-            conv.id,
-            "assistant",
-            result.text,
-            reasoning=result.reasoning,
-            usage=result.usage,
-            timings=result.timings,
-            partial=result.partial,
-            finish_reason=result.finish_reason,
-            model=result.model,
-        )
-    if not args.json:
-        print(f"Saved as conversation {conv.id} in {services.paths.history_db}.", file=sys.stderr)
+    store = stack.enter_context(HistoryStore(services.paths.history_db))
+    return TurnRecord.new_conversation(
+        store, prompt, images=images, system_prompt=system or "", settings=settings, model=model
+    )

@@ -21,7 +21,7 @@ from k3desk.core.errors import EngineError
 from k3desk.core.progress import CancelToken, Progress
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
     from k3desk.core.hardware.profile import HardwareProfile
 
 
