@@ -42,7 +42,7 @@ For 8x H100 + 2 TB RAM the best fit is **Q3_K_S (AtomicChat)** as a *hybrid* pla
 
 | Tier | Verdict | Expected speed |
 |---|---|---|
-| Q3_K_S | hybrid, 46 expert layers on CPU | ~13 tok/s |
+| Q3_K_S | hybrid, 45 expert layers on CPU | ~13 tok/s |
 | IQ1_S (GrEarl) | everything on the GPUs | ~26 tok/s |
 
 To start it from a terminal:
