@@ -362,6 +362,8 @@ class EnginePanel(QWidget):
             usable = self.usable()
             self.engines_note.setText(
                 "Ready: an engine that loads Kimi-K3 and uses the GPUs is installed."
+                if self.fully_usable() and hw.gpus
+                else "Ready: an engine that loads Kimi-K3 on this machine's CPU is installed."
                 if self.fully_usable()
                 else "An engine loads Kimi-K3 but leaves GPUs unused: build one for them."
                 if usable
