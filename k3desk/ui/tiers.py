@@ -13,7 +13,8 @@ from PySide6.QtCore import Signal
 from PySide6.QtGui import QColor, QFont
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem
 
-from k3desk.core.app.tiers import ClusterTierRow, TierJudgement, TierRow
+from k3desk.core.app.cluster_tiers import ClusterTierRow
+from k3desk.core.app.tiers import TierJudgement, TierRow
 from k3desk.core.catalog.model import Tier
 from k3desk.core.units import fmt_bytes
 from k3desk.ui import theme

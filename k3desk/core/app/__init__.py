@@ -10,6 +10,7 @@ use-case                               module
 the composition root (``Services``)    :mod:`k3desk.core.app.services`
 which machine is judged                :mod:`k3desk.core.app.subject`
 judge the tiers for hardware H         :mod:`k3desk.core.app.tiers`
+judge the tiers for a cluster          :mod:`k3desk.core.app.cluster_tiers`
 plan a shard set for hardware H        :mod:`k3desk.core.app.shardplan`
 find the model in a folder             :mod:`k3desk.core.app.models`
 prepare a local launch                 :mod:`k3desk.core.app.launch`

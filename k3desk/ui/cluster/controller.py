@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal
 
-from k3desk.core.app.tiers import ClusterTierRow
+from k3desk.core.app.cluster_tiers import ClusterTierRow
 from k3desk.core.cluster.assess import (
     RPC_NEEDS_MODEL,
     Assessment,

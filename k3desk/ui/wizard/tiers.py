@@ -8,14 +8,9 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtWidgets import QHBoxLayout, QTextBrowser
 
+from k3desk.core.app.cluster_tiers import SPARKINFER_ONLY, ClusterTierRow, cluster_pick
 from k3desk.core.app.subject import Subject
-from k3desk.core.app.tiers import (
-    SPARKINFER_ONLY,
-    ClusterTierRow,
-    TierJudgement,
-    TierRow,
-    cluster_pick,
-)
+from k3desk.core.app.tiers import TierJudgement, TierRow
 from k3desk.core.errors import K3Error
 from k3desk.ui.judged import JudgedBar
 from k3desk.ui.tiers import TierTable

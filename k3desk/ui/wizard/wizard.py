@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtWidgets import QWidget, QWizard
 
+from k3desk.core.app.cluster_tiers import ClusterTierRow
 from k3desk.core.app.models import find_model
 from k3desk.core.app.subject import Subject
-from k3desk.core.app.tiers import ClusterTierRow, TierJudgement, TierRow
+from k3desk.core.app.tiers import TierJudgement, TierRow
 from k3desk.ui.wizard.base import Step
 from k3desk.ui.wizard.cluster import ClusterStepPage
 from k3desk.ui.wizard.download import DownloadPage
