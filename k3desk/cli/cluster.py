@@ -32,7 +32,7 @@ from k3desk.core.progress import Progress
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
     from k3desk.core.catalog.model import Tier
     from k3desk.core.cluster.plan import ClusterPlan
 

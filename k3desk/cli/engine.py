@@ -29,7 +29,7 @@ from k3desk.core.errors import EngineError
 from k3desk.core.progress import CancelToken, Progress
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
     from k3desk.core.catalog.model import Tier
     from k3desk.core.engines.source import GitSource, VisionCheck
     from k3desk.core.hardware.profile import HardwareProfile

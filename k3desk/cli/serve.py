@@ -23,8 +23,7 @@ from k3desk.core.safepaths import what_is
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
-    from k3desk.core.hardware.profile import HardwareProfile
+    from k3desk.core.app.services import Services
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -59,9 +58,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace, services: Services) -> int:
-    from k3desk.cli.plan import catalog_tiers
-    from k3desk.core.engines.launch import prepare_launch
-    from k3desk.core.planning.model import PlanOptions
+    from k3desk.core.app.launch import LocalLaunchRequest, prepare_local_launch
 
     shard = args.shard.expanduser()
     what = what_is(shard)
@@ -83,21 +80,17 @@ def run(args: argparse.Namespace, services: Services) -> int:
     if args.port is not None:  # before the minutes a plan and a load can take
         check_port(args.port)
 
-    def hardware() -> HardwareProfile:
-        if args.hardware:
-            return services.load_hardware(args.hardware)
-        return services.detect_hardware(measure_bandwidth=False)
-
-    prepared = prepare_launch(
-        shard,
-        mmproj=args.mmproj,
-        hardware=hardware,
-        options=PlanOptions(ctx=args.ctx),
-        paths=services.paths,
-        engine=args.engine,
-        configured=services.configured_engine(),
-        catalog=catalog_tiers(services),
-    )
+    prepared = prepare_local_launch(
+        services,
+        LocalLaunchRequest(
+            shard,
+            mmproj=args.mmproj,
+            ctx=args.ctx,
+            engine=args.engine,
+            configured_engine=services.configured_engine(),
+            hardware_file=args.hardware,
+        ),
+    ).prepared
     plan = prepared.plan
     print(f"Plan: {plan.reason}")
     for note in (*plan.notes, *prepared.notes):

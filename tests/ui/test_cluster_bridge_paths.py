@@ -24,7 +24,7 @@ def test_custom_tokenizer_and_template_paths_reach_the_bridge_env(ctx, qtbot) ->
         Node(f"10.0.0.{11 + i}", user="k3", model_path=f"/models/k3-{i}", workdir="/srv/k3")
         for i in range(3)
     )
-    ctx.controller("cluster").save_cluster(Cluster("sparks", nodes))
+    ctx.cluster.save_cluster(Cluster("sparks", nodes))
     page = ClusterPage(ctx)
     qtbot.addWidget(page)
     page.show()
@@ -54,7 +54,7 @@ def test_custom_tokenizer_and_template_paths_reach_the_bridge_env(ctx, qtbot) ->
     # ranks are unaffected; only the bridge reads them
     assert "/opt/k3" not in "\n".join(page.commands.toPlainText().splitlines()[:-1])
     choice = page.choice()
-    ctl = ctx.controller("cluster")
+    ctl = ctx.cluster
     cfg = ctl.sparkinfer_config(ctl.cluster("sparks"), choice)
     assert (cfg.tokenizer_path, cfg.chat_template_path) == ("/opt/k3/tok", "/opt/k3/chat.jinja")
 

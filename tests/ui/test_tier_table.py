@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from k3desk.core.app.subject import Subject
+from k3desk.core.app.tiers import TierRequest, judge_tiers
 from k3desk.core.catalog.loader import load_catalog
 from k3desk.core.hardware.profile import HardwareProfile
-from k3desk.core.planning.recommend import recommend
 from k3desk.core.resources import resources_dir
 from k3desk.ui.tiers import TierTable
 
@@ -12,12 +13,13 @@ from k3desk.ui.tiers import TierTable
 def test_guessed_files_and_the_basis_of_each_rank_are_in_the_table(qtbot) -> None:  # type: ignore[no-untyped-def]
     res = resources_dir()
     catalog = load_catalog(res / "catalog.json")
-    hw = HardwareProfile.from_json_file(res / "hardware" / "8xH100-2TB.json")
-    rec = recommend(hw, catalog.tiers)
+    path = res / "hardware" / "8xH100-2TB.json"
+    hw = HardwareProfile.from_json_file(path)
+    judged = judge_tiers(TierRequest(hw, Subject.hardware_file(path, hw)), catalog.tiers)
     table = TierTable()
     qtbot.addWidget(table)
-    table.set_recommendation(rec)
-    rows = {table.verdicts[r].tier.id: r for r in range(table.rowCount())}
+    table.set_judgement(judged)
+    rows = {table.rows[r].tier.id: r for r in range(table.rowCount())}
 
     q3 = table.item(rows["atomicchat-q3ks"], 0)
     assert q3.text() == "★ Q3_K_S  ·  AtomicChat"  # recommended, but its files are guessed:

@@ -358,9 +358,14 @@ def _why_not(
     return f"{_label(tv)} would need {fmt_bytes(tv.shortfall)} more RAM"
 
 
+def sentence(clause: str) -> str:
+    """'Clause.' from 'clause', or '' for none."""
+    return f"{clause[:1].upper()}{clause[1:]}." if clause else ""
+
+
 def _sentence(clause: str) -> str:
     """' Clause.' (with a leading space), or '' for none."""
-    return f" {clause[:1].upper()}{clause[1:]}." if clause else ""
+    return f" {sentence(clause)}" if clause else ""
 
 
 def _summary(hw: HardwareProfile, best: TierVerdict | None, closest: TierVerdict | None) -> str:

@@ -1,6 +1,6 @@
 """Clusters, cluster engines and attached servers for the desktop app, over the core.
 
-One app-wide object (``ctx.controller("cluster")``).  The Cluster page edits and
+One app-wide object (``ctx.cluster``).  The Cluster page edits and
 probes clusters and starts engines through it, the Engine page watches the
 running group through it, and the engine controller asks it where the chat goes
 when no local engine runs: to a ready cluster engine first, else to the attached
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal
 
+from k3desk.core.app.cluster_tiers import ClusterTierRow
 from k3desk.core.cluster.assess import (
     RPC_NEEDS_MODEL,
     Assessment,
@@ -82,26 +83,6 @@ class LaunchChoice:
 
 
 @dataclass(frozen=True)
-class TierOnCluster:
-    """One catalog tier judged for a cluster and an engine (the set-up wizard's tiers step)."""
-
-    tier: Tier
-    assessment: Assessment
-
-    @property
-    def runs(self) -> bool:
-        """Nothing refuses it and no node is known to be short of memory."""
-        a = self.assessment
-        return a.ok and (a.plan is None or a.plan.verdict != "no-fit")
-
-    @property
-    def fits(self) -> bool:
-        """It runs and the probed nodes have room for it."""
-        plan = self.assessment.plan
-        return self.runs and plan is not None and plan.verdict in ("fits", "tight")
-
-
-@dataclass(frozen=True)
 class ProbeRun:
     tier_id: str
     reports: tuple[NodeReport, ...]
@@ -152,7 +133,7 @@ class ClusterController(QObject):
         self.active_endpoint = ""
         self._active_ep: ChatEndpoint | None = None
         self.endpoint_error = ""
-        ctx.controller("engine").set_external(self)
+        ctx.engine.set_external(self)
         wanted = ctx.settings.recent.get(RECENT_KEY)
         if ctx.settings.remote_url:
             wanted = self._adopt_remote_url(ctx.settings.remote_url) or wanted
@@ -318,7 +299,9 @@ class ClusterController(QObject):
             port=choice.rpc_port,
             allow_public=choice.allow_public,
         )
-        local = self.ctx.controller("hardware").profile
+        # llama-server runs here: the plan counts this machine, never a hardware file the
+        # pages may be judging (detected here if the pages have not needed it yet: once)
+        local = self.ctx.hardware.machine or self.ctx.hardware.this_machine()
         if model_bytes is None:
             return assess_rpc(rcfg, reports=reports, local=local)
         # the files come with the download: judge the tier's size, not a chosen file
@@ -327,14 +310,14 @@ class ClusterController(QObject):
 
     def judge_tiers(
         self, name: str, choice: LaunchChoice, tiers: Sequence[Tier]
-    ) -> list[TierOnCluster]:
+    ) -> list[ClusterTierRow]:
         """Every tier in ``tiers`` judged for ``choice``'s engine on cluster ``name``: the
         engine's refusals (SparkInfer loads one tier only) and the cross-node memory plan."""
         out = []
         for tier in tiers:
             pick = replace(choice, tier_id=tier.id)
             size = tier.size_bytes if choice.engine == "rpc" else None
-            out.append(TierOnCluster(tier, self.assess(name, pick, model_bytes=size)))
+            out.append(ClusterTierRow(tier, self.assess(name, pick, model_bytes=size)))
         return out
 
     # --------------------------------------------------------------- engine

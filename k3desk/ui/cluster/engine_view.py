@@ -62,7 +62,7 @@ class ClusterEngineView(Card):
     def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.ctx = ctx
-        self.controller: ClusterController = ctx.controller("cluster")
+        self.controller: ClusterController = ctx.cluster
         self._stages: list[str] = []
         self._group: object = None
         b = self.body

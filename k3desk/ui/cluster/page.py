@@ -61,6 +61,7 @@ from k3desk.ui.cluster.assessment import AssessmentView, fit_height, fixed_table
 from k3desk.ui.cluster.controller import SPARKINFER_TIER, ClusterController, LaunchChoice
 from k3desk.ui.cluster.editor import ClusterEditor
 from k3desk.ui.cluster.endpoints import EndpointsPanel
+from k3desk.ui.pages import Navigator, Page, PageKey
 from k3desk.ui.widgets import Card, PageHeader, label, muted, primary, set_enabled
 
 if TYPE_CHECKING:
@@ -100,8 +101,8 @@ def memory_text(rep: NodeReport) -> str:
     if hw is None:
         return ""
     mem = hw.memory
-    unified = any(g.unified_memory for g in hw.gpus)
-    vram = sum(g.vram_total for g in hw.gpus if not g.unified_memory)
+    unified = hw.has_unified_memory
+    vram = hw.total_vram
     free = fmt_bytes(mem.available).split()[0]
     text = f"{fmt_bytes(mem.usable_total)} {'unified' if unified else 'RAM'}, {free} free"
     if vram:
@@ -120,7 +121,7 @@ def ssh_text(node: Node) -> str:
     return f"{node.destination}:{node.port}" if node.port != 22 else node.destination
 
 
-class ClusterPage(QWidget):
+class ClusterPage(Page):
     """Clusters (list, editor, probe, engine choice, verdict, start) and attached servers.
 
     ``embedded``: the clusters part only (no header, no attached servers, no Start
@@ -133,13 +134,13 @@ class ClusterPage(QWidget):
     changed = Signal()
 
     def __init__(
-        self, ctx: AppContext, window: QWidget | None = None, *, embedded: bool = False
+        self, ctx: AppContext, window: Navigator | None = None, *, embedded: bool = False
     ) -> None:
         super().__init__()
         self.ctx = ctx
-        self.window_ = window
+        self.nav = window
         self.embedded = embedded
-        self.controller: ClusterController = ctx.controller("cluster")
+        self.controller: ClusterController = ctx.cluster
         self.assessment: Assessment | None = None
         outer = QVBoxLayout(self)
         if embedded:
@@ -438,6 +439,11 @@ class ClusterPage(QWidget):
     def activated(self) -> None:
         self.refresh()
 
+    def show_servers(self) -> None:
+        """Show the Attached servers tab (the page's own; an embedded page has none)."""
+        if self.tabs is not None:
+            self.tabs.setCurrentWidget(self.servers)
+
     # ------------------------------------------------------------ clusters
     def reload(self, select: str | None = None) -> None:
         current = select or self.current_name()
@@ -693,9 +699,8 @@ class ClusterPage(QWidget):
             self.ctx.reporter.report(exc)
             self.refresh()
             return
-        show = getattr(self.window_, "show_page", None)
-        if show is not None:
-            show("engine")
+        if self.nav is not None:
+            self.nav.show_page(PageKey.ENGINE)
         self._buttons()
 
     # ----------------------------------------------------------------- misc

@@ -28,17 +28,23 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from k3desk.core.app.models import find_model
+from k3desk.core.app.shardplan import PlanView, plan_view
+from k3desk.core.app.subject import Subject
 from k3desk.core.engines.discovery import discover_engines
 from k3desk.core.engines.probe import ProbeResult, probe_engine
 from k3desk.core.engines.source import GitSource, VisionCheck, install_from_git, vision_check
 from k3desk.core.errors import EngineError, K3Error, ValidationError
-from k3desk.core.planning.model import LaunchPlan, PlanOptions
+from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.planning.model import LaunchPlan
 from k3desk.core.progress import CancelToken, Progress
 from k3desk.core.units import fmt_bytes
 from k3desk.ui import theme
 from k3desk.ui.bridge import StreamBuffer, Throttled
 from k3desk.ui.engine.controller import EngineController, LaunchRequest
 from k3desk.ui.errors import describe
+from k3desk.ui.judged import JudgedBar
+from k3desk.ui.pages import Navigator, Page
 from k3desk.ui.widgets import Card, CopyField, PageHeader, label, muted, primary, set_enabled
 
 if TYPE_CHECKING:
@@ -71,17 +77,17 @@ class LayerMap(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("layerMap")
-        self.plan: LaunchPlan | None = None
+        self.view: PlanView | None = None
         self.setMinimumHeight(110)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
-    def set_plan(self, plan: LaunchPlan | None) -> None:
-        self.plan = plan
-        if plan is not None:
-            self.setToolTip(
-                f"{plan.n_cpu_moe} of {len(plan.layers)} layers keep their experts in RAM "
-                f"(--n-cpu-moe {plan.n_cpu_moe})"
-            )
+    @property
+    def plan(self) -> LaunchPlan | None:
+        return self.view.plan if self.view is not None else None
+
+    def set_plan(self, view: PlanView | None) -> None:
+        self.view = view
+        self.setToolTip(view.experts_text() if view is not None else "")
         self.update()
 
     def sizeHint(self) -> QSize:
@@ -141,11 +147,12 @@ class EngineRow:
 
 
 def prepare_launch(
-    ctx: AppContext, shard: Path, mmproj: Path | None, hw: Any, token: CancelToken
+    ctx: AppContext, shard: Path, mmproj: Path | None, token: CancelToken
 ) -> LaunchRequest:
-    """The core's launch preparation (engine, shard-set check, plan), as the views show it."""
+    """The core's local launch (shard set checked, engine probed, planned for this machine,
+    whatever the pages judge), as the views show it."""
+    from k3desk.core.app.launch import LocalLaunchRequest, prepare_local_launch
     from k3desk.core.engines.launch import DoesNotFitError, NoEngineError
-    from k3desk.core.engines.launch import prepare_launch as prepare
 
     if not shard.is_file():
         raise ValidationError(
@@ -153,17 +160,16 @@ def prepare_launch(
             "Download a tier first, or choose the first shard (-00001-of-000NN.gguf).",
         )
     s = ctx.settings
+    request = LocalLaunchRequest(
+        shard,
+        mmproj=mmproj,
+        default_ctx=s.ctx,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        configured_engine=s.engine_binary or None,
+    )
     try:
-        prepared = prepare(
-            shard,
-            mmproj=mmproj,
-            hardware=hw or (lambda: ctx.services.detect_hardware(measure_bandwidth=False)),
-            options=PlanOptions(default_ctx=s.ctx, temperature=s.temperature, top_p=s.top_p),
-            paths=ctx.services.paths,
-            configured=s.engine_binary or None,
-            catalog=ctx.services.catalog,
-            cancel=token,
-        )
+        launch = prepare_local_launch(ctx.services, request, cancel=token)
     except NoEngineError as exc:
         raise NoEngineError(
             exc.message,
@@ -173,27 +179,16 @@ def prepare_launch(
         raise DoesNotFitError(
             exc.message, "Choose a smaller tier in the wizard.", exc.plan
         ) from None
-    name = shard.name.split("-0000")[0].removesuffix(".gguf")
+    prepared = launch.prepared
     return LaunchRequest(
         prepared.spec(),
         prepared.plan,
-        name,
+        launch.model_name,
         vision=mmproj is not None,
         replan=prepared.replan_after_oom,
         notes=prepared.notes,
+        subject=launch.subject,
     )
-
-
-def find_model(folder: Path) -> tuple[Path | None, Path | None]:
-    """The first shard and a projector in ``folder`` (searched recursively)."""
-    if not folder.is_dir():
-        return None, None
-    ggufs = sorted(folder.rglob("*.gguf"))
-    proj = next((g for g in ggufs if "mmproj" in g.name.lower()), None)
-    firsts = [
-        g for g in ggufs if g is not proj and ("-00001-of-" in g.name or "-of-" not in g.name)
-    ]
-    return (firsts[0] if firsts else None), proj
 
 
 class EnginePanel(QWidget):
@@ -202,8 +197,9 @@ class EnginePanel(QWidget):
     def __init__(self, ctx: AppContext, compact: bool = False) -> None:
         super().__init__()
         self.ctx = ctx
-        self.engine: EngineController = ctx.controller("engine")
+        self.engine: EngineController = ctx.engine
         self.rows: list[EngineRow] = []
+        self.machine: HardwareProfile | None = None  # this machine, once probed for
         # the tier to be run (the wizard's pick, else the one last set up), and whether the
         # best engine here can show its images (None: the tier has no vision)
         self.tier: Tier | None = self._settings_tier()
@@ -263,6 +259,17 @@ class EnginePanel(QWidget):
         # model + launch
         mod = Card()
         mod.body.addWidget(label("Model", "sectionTitle"))
+        # a launch plans for this machine, whatever the pages judge; say so, and offer the
+        # way back when they judge another machine
+        self.target = muted("Launches plan for this machine.")
+        self.target.setObjectName("launchTarget")
+        mod.body.addWidget(self.target)
+        self.judged_bar = JudgedBar(ctx, "The tiers are judged for", other=False)
+        mod.body.addWidget(self.judged_bar)
+        # bound methods: Qt drops the connections with this widget
+        ctx.hardware.changed.connect(self._show_target)
+        ctx.hardware.machine_known.connect(self._show_target)
+        self._show_target()
         mrow = QHBoxLayout()
         self.shard = QLineEdit()
         self.shard.setObjectName("shardPath")
@@ -331,16 +338,18 @@ class EnginePanel(QWidget):
         self.tier = tier
 
     def refresh_engines(self, use_cache: bool = True) -> None:
+        """Find and probe the engines, and judge each for this machine (where it runs)."""
         paths = self.ctx.services.paths
         configured = self.ctx.settings.engine_binary or None
-        hw = self.ctx.controller("hardware").profile
+        hardware = self.ctx.hardware
         tier = self.tier = self.tier or self._settings_tier()
         mm = self.mmproj.text().strip()
         mmproj = Path(mm).expanduser() if mm else None
         self.engines_note.setText("Probing engines…")
         vision: list[VisionCheck | None] = [None]
 
-        def work(token: CancelToken) -> list[EngineRow]:
+        def work(token: CancelToken) -> tuple[HardwareProfile, list[EngineRow]]:
+            here = hardware.this_machine()  # the engines run here, whatever the pages judge
             rows = self._probe_rows(paths, configured, use_cache, token)
             best = next((r for r in rows if r.probe is not None and r.probe.usable), None)
             if tier is not None and best is not None:
@@ -348,9 +357,12 @@ class EnginePanel(QWidget):
                     vision[0] = vision_check(Path(best.path), paths, tier, mmproj, cancel=token)
                 except EngineError:
                     vision[0] = None
-            return rows
+            return here, rows
 
-        def done(rows: list[EngineRow]) -> None:
+        def done(result: tuple[HardwareProfile, list[EngineRow]]) -> None:
+            hw, rows = result
+            self.machine = hw
+            self._show_target()
             self.vision = vision[0]
             self._show_rows(rows, hw)
 
@@ -374,7 +386,7 @@ class EnginePanel(QWidget):
             rows.append(row)
         return rows
 
-    def _show_rows(self, rows: list[EngineRow], hw: Any) -> None:
+    def _show_rows(self, rows: list[EngineRow], hw: HardwareProfile) -> None:
         self.rows = rows
         self.engines.setRowCount(len(rows))
         for i, r in enumerate(rows):
@@ -396,6 +408,8 @@ class EnginePanel(QWidget):
         usable = self.usable()
         self.engines_note.setText(
             "Ready: an engine that loads Kimi-K3 and uses the GPUs is installed."
+            if self.fully_usable() and hw.gpus
+            else "Ready: an engine that loads Kimi-K3 on this machine's CPU is installed."
             if self.fully_usable()
             else "An engine loads Kimi-K3 but leaves GPUs unused: build one for them."
             if usable
@@ -420,8 +434,8 @@ class EnginePanel(QWidget):
         return any(r.probe is not None and r.probe.usable for r in self.rows)
 
     def fully_usable(self) -> bool:
-        """An engine that loads Kimi-K3 and uses every GPU of the machine."""
-        hw = self.ctx.controller("hardware").profile
+        """An engine that loads Kimi-K3 and uses every GPU of this machine."""
+        hw = self.machine
         return any(
             r.probe is not None and r.probe.usable and not r.probe.gpu_problems(hw)
             for r in self.rows
@@ -441,13 +455,12 @@ class EnginePanel(QWidget):
         )
 
         paths = self.ctx.services.paths
-        hw_ctl = self.ctx.controller("hardware")
-        # the engine runs here: build for this machine, not for a hardware file planned for
-        hw = hw_ctl.profile if hw_ctl.from_file is None else None
+        hardware = self.ctx.hardware
         lines = self._build_lines
 
         def work(token: CancelToken) -> Any:
-            profile = hw or self.ctx.services.detect_hardware(measure_bandwidth=False)
+            # the engine runs here: built for this machine, whatever the pages judge
+            profile = hardware.this_machine()
             nvcc = find_nvcc()
             config = choose_build(profile, nvcc, nvcc_version(nvcc) if nvcc else None)
             if source is not None:
@@ -530,13 +543,21 @@ class EnginePanel(QWidget):
             self.build_bar.setValue(p.done)
         self.build_bar.setFormat(f"{p.stage}: {p.detail} %p%" if p.total else p.stage)
 
+    def _show_target(self, _changed: object = None) -> None:
+        hw = self.machine or self.ctx.hardware.machine
+        where = Subject.this_machine(hw).describe() if hw is not None else "this machine"
+        self.target.setText(f"Launches plan for {where}.")
+        self.judged_bar.setVisible(not self.ctx.hardware.judging_here)
+
     # ------------------------------------------------------------- model
     def set_model_folder(self, folder: Path) -> None:
-        shard, proj = find_model(folder)
-        if shard is not None and not self.shard.text():
-            self.shard.setText(str(shard))
-        if proj is not None and not self.mmproj.text():
-            self.mmproj.setText(str(proj))
+        found = find_model(folder)
+        if found is None:
+            return
+        if not self.shard.text():
+            self.shard.setText(str(found.shard))
+        if found.projector is not None and not self.mmproj.text():
+            self.mmproj.setText(str(found.projector))
 
     def _browse_shard(self) -> None:
         f, _ = QFileDialog.getOpenFileName(self, "First shard", "", "GGUF (*.gguf)")
@@ -552,8 +573,7 @@ class EnginePanel(QWidget):
         shard = Path(self.shard.text().strip()).expanduser()
         mm = self.mmproj.text().strip()
         mmproj = Path(mm).expanduser() if mm else None
-        hw = self.ctx.controller("hardware").profile
-        self.state.setText("Checking the engine, the shards and the plan…")
+        self.state.setText("Checking the engine, the shards and the plan for this machine…")
         self.launch_btn.setEnabled(False)
 
         def done(req: LaunchRequest) -> None:
@@ -567,7 +587,7 @@ class EnginePanel(QWidget):
             self.ctx.reporter.report(exc)
 
         self._prep_task = self.ctx.tasks.run(
-            lambda t: prepare_launch(self.ctx, shard, mmproj, hw, t),
+            lambda t: prepare_launch(self.ctx, shard, mmproj, t),
             on_done=done,
             on_error=error,
             name="prepare-launch",
@@ -614,11 +634,11 @@ class EnginePanel(QWidget):
         self.load_bar.setFormat(f"{p.detail or 'loading'}: %p%")
 
 
-class EnginePage(QWidget):
-    def __init__(self, ctx: AppContext, window: QWidget | None = None) -> None:
+class EnginePage(Page):
+    def __init__(self, ctx: AppContext, window: Navigator | None = None) -> None:
         super().__init__()
         self.ctx = ctx
-        self.engine: EngineController = ctx.controller("engine")
+        self.engine: EngineController = ctx.engine
         outer = QVBoxLayout(self)
         outer.setContentsMargins(28, 22, 28, 16)
         outer.addWidget(
@@ -771,32 +791,27 @@ class EnginePage(QWidget):
     # --------------------------------------------------------------- plan
     def _launched(self, req: LaunchRequest) -> None:
         plan = req.plan
-        self.layer_map.set_plan(plan)
+        view = plan_view(plan) if plan is not None else None
+        self.layer_map.set_plan(view)
         self.argv.set_text(" ".join([str(req.spec.executable), *req.spec.args]))
-        if plan is None:
+        if view is None:
             self.plan_reason.setText("Started without a plan (arguments given directly).")
             self.memory.setRowCount(0)
             return
-        s = plan.speed
+        s = view.speed
+        where = f" Planned for {req.subject.describe()}." if req.subject is not None else ""
         self.plan_reason.setText(
             "\n".join(
                 [
-                    f"{plan.reason} Expected about {s.expected_tps:.2g} tok/s "
-                    f"({s.low_tps:.2g}-{s.high_tps:.2g}); bottleneck: {s.bottleneck}.",
+                    f"{view.label}. {view.plan.reason} Expected about {s.text()} "
+                    f"({s.range_text()}); bottleneck: {s.bottleneck}.{where}",
                     *(f"⚠ {n}" for n in req.notes),
                 ]
             )
         )
-        self.memory.setRowCount(len(plan.devices))
-        for i, d in enumerate(plan.devices):
-            sizes = (
-                d.capacity,
-                d.weights,
-                d.kv_cache + d.recurrent_state,
-                d.compute,
-                d.used,
-                d.headroom,
-            )
+        self.memory.setRowCount(len(view.memory))
+        for i, d in enumerate(view.memory):
+            sizes = (d.budget, d.weights, d.cache_and_state, d.compute, d.used, d.free)
             self.memory.setItem(i, 0, QTableWidgetItem(d.device))
             for j, v in enumerate(sizes, start=1):
                 item = QTableWidgetItem(fmt_bytes(v))
