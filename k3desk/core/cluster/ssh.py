@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
-import os
 import re
 import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +32,7 @@ from typing import IO
 
 from k3desk.core.cluster.nodes import ClusterError, Node
 from k3desk.core.private import open_private, private_dir
+from k3desk.core.process import Child, pump, spawn
 from k3desk.core.progress import CancelToken
 
 
@@ -230,24 +228,22 @@ class SshClient:
     ) -> SshResult:
         """Run ``command`` on the node; raise :class:`SshError` if ssh itself fails."""
         private_dir(self.known_hosts.parent)
-        proc = subprocess.Popen(
-            self.argv(command),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        # the calling thread waits for it: it may die with that thread
+        child = spawn(self.argv(command), stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = child.popen
         if cancel is not None:
-            cancel.on_cancel(lambda: _kill(proc))
+            cancel.on_cancel(child.kill)
         try:
             out, err = proc.communicate(stdin or b"", timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill(proc)
+            child.kill()
             proc.communicate()
+            child.finish()
             raise SshError(
                 f"The command on {self.node.label} did not finish within {timeout:.0f} s.",
                 "The node may be overloaded or the network slow; try again.",
             ) from None
+        child.finish()  # a later cancel signals nothing
         if cancel is not None:
             cancel.raise_if_cancelled()
         result = SshResult(proc.returncode, out, err)
@@ -258,45 +254,6 @@ class SshClient:
     def check(self, timeout: float = 30.0) -> str:
         """Log in and return the node's host name (a reachability check)."""
         return self.run("hostname", timeout=timeout).text.strip()
-
-
-def _load_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-        return prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _load_prctl()
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
-    """A preexec_fn: the kernel SIGKILLs the child when the thread that forked it ends.
-
-    A killed ssh client drops its connection, and the node-side wrapper then
-    ends the program: a crashed or killed k3desk leaves nothing running.
-    """
-    prctl = _PRCTL
-    if prctl is None:
-        return None
-
-    def setup() -> None:  # runs in the child between fork and exec
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return setup
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
 
 
 LineCallback = Callable[["RemoteProcess", str], None]
@@ -347,7 +304,7 @@ class RemoteProcess:
         self._on_exit = on_exit
         self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self._cond = threading.Condition()
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._child: Child | None = None
         self._reader: threading.Thread | None = None
         self.remote_pid: int | None = None
         self.exit_status: int | None = None  # the program's own status (from the node)
@@ -368,7 +325,7 @@ class RemoteProcess:
         )
 
     def start(self) -> RemoteProcess:
-        if self._proc is not None:
+        if self._child is not None:
             raise RuntimeError("already started")
         remote = remote_command(
             [
@@ -394,51 +351,50 @@ class RemoteProcess:
             log.flush()
         self.started_at = time.monotonic()
         try:
-            self._proc = subprocess.Popen(
+            # a killed ssh client drops its connection, and the node-side wrapper then
+            # ends the program: a crashed or killed k3desk leaves nothing running
+            self._child = child = spawn(
                 self.client.argv(remote),
                 stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent(os.getpid()) if self.tie_to_thread else None,
+                die_with_parent=self.tie_to_thread,
             )
         except OSError:
             if log is not None:
                 log.close()
             raise
-        if self.secret_env and self._proc.stdin is not None:
+        if self.secret_env and child.stdin is not None:
             with contextlib.suppress(OSError):  # a dead connection shows in the reader
-                self._proc.stdin.write("".join(f"{v}\n" for v in self.secret_env.values()).encode())
-                self._proc.stdin.flush()
+                child.stdin.write("".join(f"{v}\n" for v in self.secret_env.values()).encode())
+                child.stdin.flush()
         self._reader = threading.Thread(
-            target=self._read, args=(self._proc, log), name=f"ssh-{self.name}", daemon=True
+            target=self._read, args=(child, log), name=f"ssh-{self.name}", daemon=True
         )
         self._reader.start()
         return self
 
-    def _read(self, proc: subprocess.Popen[bytes], log: IO[str] | None) -> None:
-        assert proc.stdout is not None
+    def _read(self, child: Child, log: IO[str] | None) -> None:
+        assert child.stdout is not None
+
+        def line_in(line: str) -> None:
+            if line.startswith(MARKER):
+                self._marker(line[len(MARKER) :])
+                return
+            if log is not None:
+                log.write(line + "\n")
+                log.flush()
+            with self._cond:
+                self._tail.append(line)
+                self._lines_seen += 1
+                self._cond.notify_all()
+            if self._on_line is not None:
+                self._on_line(self, line)
+
         try:
-            for raw in proc.stdout:
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                if line.startswith(MARKER):
-                    self._marker(line[len(MARKER) :])
-                    continue
-                if log is not None:
-                    log.write(line + "\n")
-                    log.flush()
-                with self._cond:
-                    self._tail.append(line)
-                    self._lines_seen += 1
-                    self._cond.notify_all()
-                if self._on_line is not None:
-                    self._on_line(self, line)
+            pump(child.stdout, line_in)
         finally:
-            rc = proc.wait()
-            for stream in (proc.stdout, proc.stdin):
-                if stream is not None:
-                    with contextlib.suppress(OSError):
-                        stream.close()
+            rc = child.wait()
+            child.finish()
+            child.close_pipes()
             with self._cond:
                 self.ssh_returncode = rc
                 self.ended_at = time.monotonic()
@@ -462,7 +418,7 @@ class RemoteProcess:
 
     @property
     def alive(self) -> bool:
-        return self._proc is not None and self.ssh_returncode is None
+        return self._child is not None and self.ssh_returncode is None
 
     @property
     def ended(self) -> bool:
@@ -562,17 +518,16 @@ class RemoteProcess:
     def stop(self, grace: float = 8.0) -> None:
         """End the program: close stdin (the node-side wrapper sends TERM, then KILL)."""
         self.stopping = True
-        proc = self._proc
-        if proc is None:
+        child = self._child
+        if child is None:
             return
-        if proc.stdin is not None:
+        if child.stdin is not None:
             with contextlib.suppress(OSError):
-                proc.stdin.close()
+                child.stdin.close()
         if self.wait(grace):
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
+        child.signal_group(signal.SIGTERM)
         if self.wait(3.0):
             return
-        _kill(proc)
+        child.kill()
         self.wait(3.0)

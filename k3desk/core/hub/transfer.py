@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from k3desk.core.hub.model import DownloadOptions, RemoteFile
 from k3desk.core.hub.reporting import FileTask
 from k3desk.core.hub.session import BodyTooLong, guard_session
 from k3desk.core.hub.state import Partial
+from k3desk.core.process import pump_thread, spawn
 from k3desk.core.progress import CancelToken
 
 
@@ -303,32 +305,30 @@ def child_attempt(ctx: Context, f: RemoteFile, staging: Path, task: FileTask) ->
     }
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    proc = subprocess.Popen(
+    # waited for on this thread: it dies with it, and with k3desk (k3desk.core.process)
+    child = spawn(
         _hfchild.command(),
         stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
         text=True,
         bufsize=1,
     )
+    proc = child.popen
     assert proc.stdin is not None
     assert proc.stdout is not None
     assert proc.stderr is not None
     stderr_tail: list[str] = []
 
-    def drain_stderr() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            stderr_tail.append(line)
-            del stderr_tail[:-20]
+    def err_line(line: str) -> None:
+        stderr_tail.append(line + "\n")
+        del stderr_tail[:-20]
 
-    errs = threading.Thread(target=drain_stderr, name=f"hf-child-err:{f.path}", daemon=True)
-    errs.start()
+    errs = pump_thread(proc.stderr, err_line, name=f"hf-child-err:{f.path}")
 
     def stop() -> None:
         if proc.poll() is None:
-            proc.terminate()
+            child.signal_group(signal.SIGTERM)
 
     result: dict[str, Any] = {}
     try:
@@ -375,11 +375,6 @@ def child_attempt(ctx: Context, f: RemoteFile, staging: Path, task: FileTask) ->
         stop()
         with contextlib.suppress(OSError):
             proc.stdin.close()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        child.stop(5.0)
         errs.join(timeout=5)
-        proc.stdout.close()
-        proc.stderr.close()
+        child.close_pipes()

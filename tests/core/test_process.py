@@ -1,0 +1,178 @@
+"""The one owner of child processes: real processes, real signals, a parent killed with -9."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from k3desk.core.process import has_pdeathsig, pump, spawn
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def gone(pid: int, within: float) -> bool:
+    """True once ``pid`` no longer runs (a zombie nobody reaped yet counts as gone)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def wait_for_lines(path: Path, n: int, within: float = 20.0) -> list[str]:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if path.exists():
+            lines = path.read_text().split()
+            if len(lines) >= n:
+                return lines
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not get {n} lines")
+
+
+def test_stop_sends_term_then_kill_to_the_whole_group(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    # a leader that ignores SIGTERM, and a grandchild it started
+    script = f"trap '' TERM; sleep 300 & echo $! > {pids}; echo $$ >> {pids}; wait"
+    child = spawn(["sh", "-c", script], stdout=subprocess.DEVNULL)
+    grandchild, leader = map(int, wait_for_lines(pids, 2))
+    t0 = time.monotonic()
+    rc = child.stop(0.5)
+    took = time.monotonic() - t0
+    assert rc == -signal.SIGKILL  # TERM was ignored, KILL ended it
+    assert 0.4 < took < 5
+    assert gone(leader, 2)
+    assert gone(grandchild, 2)
+    assert child.stop(0.5) == rc  # idempotent
+    assert not child.signal_group(signal.SIGTERM)  # the group is released, never signalled
+
+
+def test_a_child_that_honours_term_gets_its_grace(tmp_path: Path) -> None:
+    child = spawn(["sleep", "300"], stdout=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    assert child.stop(10.0) == -signal.SIGTERM
+    assert time.monotonic() - t0 < 5
+
+
+def test_ctrl_c_in_the_terminal_does_not_reach_the_child() -> None:
+    child = spawn(["sleep", "300"], stdout=subprocess.DEVNULL)
+    try:
+        assert os.getpgid(child.pid) == child.pid != os.getpgid(0)
+        assert os.getsid(child.pid) == child.pid
+    finally:
+        child.stop(1.0)
+
+
+def test_pump_splits_lines_and_hands_over_a_partial_tail() -> None:
+    child = spawn(
+        [sys.executable, "-c", "import sys; sys.stdout.write('a\\r\\nb\\n...'); sys.stdout.flush()"]
+    )
+    lines: list[str] = []
+    chunks: list[bytes] = []
+    partials: list[bytes] = []
+
+    def partial(data: bytes) -> bool:
+        partials.append(data)
+        return data == b"..."
+
+    assert child.stdout is not None
+    pump(child.stdout, lines.append, on_chunk=chunks.append, on_partial=partial)
+    child.stop(1.0)
+    assert lines == ["a", "b"]
+    assert b"".join(chunks) == b"a\r\nb\n..."
+    assert partials[-1] == b"..."
+
+
+PARENT = textwrap.dedent(
+    """
+    import sys, time
+    from k3desk.core.process import spawn
+    child = spawn(["sh", "-c", sys.argv[2]], guard_group=sys.argv[1] == "guard")
+    print(child.pid, flush=True)
+    time.sleep(300)
+    """
+)
+
+
+@pytest.mark.parametrize("guard", ["guard", "plain"])
+def test_a_parent_killed_with_sigkill_leaves_nothing(tmp_path: Path, guard: str) -> None:
+    """PDEATHSIG takes the direct child; the watchdog takes the rest of its group."""
+    if guard == "plain" and not has_pdeathsig():
+        pytest.skip("PR_SET_PDEATHSIG is Linux-only")
+    pids = tmp_path / "pids"
+    script = f"sleep 300 & echo $! > {pids}; echo $$ >> {pids}; wait"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, guard, script],
+        stdout=subprocess.DEVNULL,
+        cwd=REPO,
+        start_new_session=True,
+    )
+    started: list[int] = []
+    try:
+        started += map(int, wait_for_lines(pids, 2))
+        grandchild, leader = started
+        parent.kill()
+        parent.wait()
+        assert gone(leader, 5)
+        if guard == "guard":
+            assert gone(grandchild, 10)
+    finally:
+        for pid in started:  # the plain case leaves the grandchild: PDEATHSIG ends one process
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
+
+
+BUILD_PARENT = textwrap.dedent(
+    """
+    import os, sys
+    from k3desk.core.engines.install import choose_build, install_engine
+    from k3desk.core.hardware.profile import CpuInfo, HardwareProfile, MemoryInfo
+    from k3desk.core.paths import default_paths
+    cpu = CpuInfo("Xeon", 8, 4, 8, flags=frozenset({"avx2"}))
+    hw = HardwareProfile(cpu, MemoryInfo(64 << 30, 60 << 30, 0), ())
+    cfg = choose_build(hw, None, machine="x86_64")
+    install_engine(default_paths(), cfg, command=sys.argv[1:])
+    """
+)
+
+
+def test_a_killed_app_leaves_no_compiler_running(tmp_path: Path) -> None:
+    """kill -9 of a process that runs an engine build: the build and its compiler end."""
+    pidfile = tmp_path / "compiler.pid"
+    env = {
+        **os.environ,
+        "FAKE_BUILD_MODE": "slow",
+        "FAKE_BUILD_PIDFILE": str(pidfile),
+        "PYTHONPATH": str(REPO),
+    }
+    fake = [sys.executable, str(REPO / "tests" / "fakes" / "fake_build.py"), "--target", "{target}"]
+    app = subprocess.Popen(
+        [sys.executable, "-c", BUILD_PARENT, *fake], env=env, start_new_session=True
+    )
+    try:
+        compiler = int(wait_for_lines(pidfile, 1)[0])
+        children = psutil.Process(app.pid).children()
+        builds = [p.pid for p in children if "fake_build" in " ".join(p.cmdline())]
+        assert builds, "the build runs as a child of the app"
+        app.kill()
+        app.wait()
+        assert gone(builds[0], 5)
+        assert gone(compiler, 10)
+    finally:
+        if app.poll() is None:
+            app.kill()
