@@ -30,8 +30,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from k3desk.core.engines.discovery import find_llama_server
+from k3desk.core.engines.ports import free_port
 from k3desk.core.engines.probe import probe_engine
-from k3desk.core.engines.supervisor import LaunchSpec, Supervisor, free_port
+from k3desk.core.engines.supervisor import LaunchSpec, Supervisor
 from k3desk.core.gguf.validate import validate_shard_set
 from k3desk.core.hardware.detect import detect_hardware
 from k3desk.core.paths import default_paths

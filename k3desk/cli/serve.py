@@ -11,12 +11,12 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from k3desk.core.engines.ports import check_port
 from k3desk.core.engines.supervisor import (
     Event,
     RestartPolicy,
     State,
     Supervisor,
-    check_port,
 )
 from k3desk.core.errors import EngineError, ValidationError
 from k3desk.core.safepaths import what_is

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from k3desk.core.engines.ports import free_port
 from k3desk.core.engines.supervisor import (
     Event,
     LaunchSpec,
     RestartPolicy,
     State,
     Supervisor,
-    free_port,
 )
 from k3desk.core.errors import EngineError
 from k3desk.core.paths import default_paths

@@ -23,8 +23,15 @@ from enum import StrEnum
 
 from k3desk.core.chat.client import ChatEndpoint
 from k3desk.core.cluster.ssh import RemoteProcess
-from k3desk.core.errors import Cancelled, EngineError
+from k3desk.core.errors import EngineError
 from k3desk.core.progress import CancelToken, Progress
+from k3desk.core.supervision import (
+    AttemptEnd,
+    BackoffPolicy,
+    GiveUp,
+    Retry,
+    SupervisedLaunch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +46,10 @@ class GroupState(StrEnum):
 
 
 @dataclass(frozen=True)
-class GroupPolicy:
-    max_failures: int = 3  # consecutive failed launches / deaths before giving up
-    backoff_initial: float = 1.0
-    backoff_factor: float = 2.0
-    backoff_max: float = 30.0
-    stable_after: float = 300.0  # a group up this long gets its failure count reset
-    stop_grace: float = 8.0
+class GroupPolicy(BackoffPolicy):
+    """The shared back-off policy; a group's members get a shorter grace to stop."""
 
-    def backoff(self, failures: int) -> float:
-        delay = self.backoff_initial * self.backoff_factor ** max(0, failures - 1)
-        return float(min(self.backoff_max, delay))
+    stop_grace: float = 8.0
 
 
 @dataclass(frozen=True)
@@ -83,29 +83,25 @@ class GroupAttempt:
     outcome: str = ""  # "ready", the failure, or why it was restarted
 
 
-class GroupSupervisor:
-    """Base class: one thread launches the group and then watches it."""
+class GroupSupervisor(SupervisedLaunch[ChatEndpoint]):
+    """Base class: the shared restart loop (k3desk.core.supervision), where one attempt
+    launches the whole group and then watches it until a member fails."""
 
     kind = "engine group"
 
     def __init__(
         self, *, policy: GroupPolicy | None = None, on_event: EventCallback | None = None
     ) -> None:
-        self.policy = policy or GroupPolicy()
+        super().__init__(policy or GroupPolicy())
         self._on_event = on_event
-        self._lock = threading.Lock()
         self._state = GroupState.STOPPED
-        self._stop = threading.Event()
         self._fault = threading.Event()
         self._fault_reason = ""
-        self._ready = threading.Event()
-        self._done = threading.Event()
-        self._thread: threading.Thread | None = None
         self._attempts: list[GroupAttempt] = []
         self._error: EngineError | None = None
-        self._endpoint: ChatEndpoint | None = None
         self._current = 0
         self._tearing_down = False
+        self._cancel = CancelToken()
 
     # ------------------------------------------------------------ public
     @property
@@ -128,34 +124,6 @@ class GroupSupervisor:
         with self._lock:
             return self._endpoint if self._state is GroupState.READY else None
 
-    def start(self) -> None:
-        if self._thread is not None:
-            raise EngineError(f"This {self.kind} was already started; create a new one.")
-        self._thread = threading.Thread(target=self._run, name=f"{self.kind}-monitor", daemon=True)
-        self._thread.start()
-
-    def wait_ready(
-        self, timeout: float | None = None, cancel: CancelToken | None = None
-    ) -> ChatEndpoint:
-        """Block until the group is ready (through restarts); raise when it gives up."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            ep = self.endpoint
-            if ep is not None:
-                return ep
-            if self._done.is_set():
-                raise self.error or EngineError(f"The {self.kind} stopped before it was ready.")
-            if cancel is not None and cancel.cancelled:
-                self.stop()
-                raise Cancelled()
-            if deadline is not None and time.monotonic() > deadline:
-                raise EngineError(
-                    f"The {self.kind} was not ready within {timeout:.0f} s "
-                    f"(state: {self.state.value}).",
-                    "See the logs of each node's process.",
-                )
-            self._ready.wait(0.05)
-
     def wait_state(self, state: GroupState, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -164,26 +132,8 @@ class GroupSupervisor:
             time.sleep(0.02)
         return self.state is state
 
-    def wait_stopped(self, timeout: float | None = None) -> bool:
-        return self._done.wait(timeout)
-
-    def stop(self) -> None:
-        """Bring every member down; idempotent."""
-        self._stop.set()
-        self._fault.set()  # wake the monitor
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(self.policy.stop_grace * 3 + 15)
-        elif thread is None:
-            self._done.set()
-
-    close = stop
-
     def __enter__(self) -> GroupSupervisor:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # ------------------------------------------------------------ for subclasses
     def _launch(self, attempt: int, cancel: CancelToken) -> ChatEndpoint:
@@ -247,85 +197,86 @@ class GroupSupervisor:
             with self._lock:
                 self._tearing_down = False
 
-    def _run(self) -> None:
-        failures = 0
-        cancel = CancelToken()
-        try:
-            while not self._stop.is_set():
-                self._current += 1
-                att = GroupAttempt(self._current, time.time())
-                with self._lock:
-                    self._attempts.append(att)
-                    self._fault_reason = ""
-                self._fault.clear()
-                self._set_state(
-                    GroupState.STARTING if self._current == 1 else GroupState.RESTARTING,
-                    f"attempt {self._current}",
-                )
-                try:
-                    endpoint = self._launch(self._current, cancel)
-                except LaunchFailure as exc:
-                    att.ended_at = time.time()
-                    att.outcome = exc.message
-                    self._do_teardown()
-                    if self._stop.is_set():
-                        break
-                    failures += 1
-                    if exc.fatal or failures >= self.policy.max_failures:
-                        why = "" if exc.fatal else f" ({failures} failed attempts in a row)"
-                        self._give_up(exc.message + why, exc.hint)
-                        return
-                    delay = self.policy.backoff(failures)
-                    self._set_state(
-                        GroupState.RESTARTING,
-                        f"{exc.message}; restarting every member in {delay:.1f} s",
-                    )
-                    if self._stop.wait(delay):
-                        break
-                    continue
-                att.ready_at = time.time()
-                att.outcome = "ready"
-                with self._lock:
-                    self._endpoint = endpoint
-                self._ready.set()
-                self._set_state(GroupState.READY, f"ready at {endpoint.root}")
-                self._fault.wait()
-                if self._stop.is_set():
-                    break
-                with self._lock:
-                    reason = self._fault_reason or "a member of the group ended"
-                att.ended_at = time.time()
-                att.outcome = f"restarted: {reason}"
-                if att.ready_at is not None and time.time() - att.ready_at >= (
-                    self.policy.stable_after
-                ):
-                    failures = 0
-                failures += 1
-                self._set_state(GroupState.RESTARTING, f"{reason}; restarting every member")
-                self._do_teardown()
-                if failures >= self.policy.max_failures:
-                    self._give_up(f"{reason} ({failures} times in a row)", "")
-                    return
-                if self._stop.wait(self.policy.backoff(failures)):
-                    break
-        except Exception as exc:  # report instead of dying silently
-            log.exception("cluster monitor failed")
-            self._do_teardown()
-            self._give_up(f"k3desk could not run the {self.kind}: {exc}", "")
-            return
-        finally:
-            self._ready.clear()
-        self._set_state(GroupState.STOPPING)
-        self._do_teardown()
-        self._set_state(GroupState.STOPPED)
-        self._done.set()
+    # ------------------------------------------------------------ the shared loop's steps
+    def _wake(self) -> None:
+        self._fault.set()  # the monitor waits on faults while the group is ready
 
-    def _give_up(self, message: str, hint: str) -> None:
-        err = EngineError(f"The {self.kind} failed: {message}", hint)
+    def _join_timeout(self) -> float:
+        return self.policy.stop_grace * 3 + 15
+
+    def _not_ready_error(self, timeout: float) -> EngineError:
+        return EngineError(
+            f"The {self.kind} was not ready within {timeout:.0f} s (state: {self.state.value}).",
+            "See the logs of each node's process.",
+        )
+
+    def _final_error(self) -> EngineError:
+        return self.error or EngineError(f"The {self.kind} stopped before it was ready.")
+
+    def _attempt(self, number: int) -> AttemptEnd | None:
+        self._current = number
+        att = GroupAttempt(number, time.time())
+        with self._lock:
+            self._attempts.append(att)
+            self._fault_reason = ""
+        self._fault.clear()
+        self._set_state(
+            GroupState.STARTING if number == 1 else GroupState.RESTARTING, f"attempt {number}"
+        )
+        try:
+            endpoint = self._launch(number, self._cancel)
+        except LaunchFailure as exc:
+            att.ended_at = time.time()
+            att.outcome = exc.message
+            self._do_teardown()
+            return None if self._stop.is_set() else AttemptEnd(None, att.ended_at, exc)
+        att.ready_at = time.time()
+        att.outcome = "ready"
+        with self._lock:
+            self._endpoint = endpoint
+        self._ready.set()
+        self._set_state(GroupState.READY, f"ready at {endpoint.root}")
+        self._fault.wait()
+        if self._stop.is_set():
+            return None
+        with self._lock:
+            reason = self._fault_reason or "a member of the group ended"
+        att.ended_at = time.time()
+        att.outcome = f"restarted: {reason}"
+        self._set_state(GroupState.RESTARTING, f"{reason}; restarting every member")
+        self._do_teardown()
+        return AttemptEnd(att.ready_at, att.ended_at, reason)
+
+    def _next(self, end: AttemptEnd, failures: int) -> Retry | GiveUp:
+        failure = end.cause
+        if isinstance(failure, LaunchFailure):  # never got ready
+            if failure.fatal or failures >= self.policy.max_failures:
+                why = "" if failure.fatal else f" ({failures} failed attempts in a row)"
+                return GiveUp(failure.message + why, failure.hint)
+            delay = self.policy.backoff(failures)
+            self._set_state(
+                GroupState.RESTARTING,
+                f"{failure.message}; restarting every member in {delay:.1f} s",
+            )
+            return Retry(delay)
+        if failures >= self.policy.max_failures:  # was ready, then a member failed
+            return GiveUp(f"{failure} ({failures} times in a row)")
+        return Retry(self.policy.backoff(failures))
+
+    def _gave_up(self, number: int, verdict: GiveUp) -> None:
+        err = EngineError(f"The {self.kind} failed: {verdict.message}", verdict.hint)
         with self._lock:
             self._error = err
         self._set_state(GroupState.FAILED, err.message, final=True)
-        self._done.set()
+
+    def _broke(self, number: int, exc: Exception) -> None:
+        self._do_teardown()
+        self._gave_up(number, GiveUp(f"k3desk could not run the {self.kind}: {exc}"))
+
+    def _stopped(self, number: int) -> None:
+        self._set_state(GroupState.STOPPING)
+        self._do_teardown()
+        self._set_state(GroupState.STOPPED)
 
 
 def stop_remote_processes(procs: list[RemoteProcess], grace: float) -> None:

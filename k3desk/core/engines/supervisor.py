@@ -10,60 +10,54 @@ a GPU out-of-memory, ``--no-repack`` after the AMX repack assertion, another
 port when the port was taken).  The number of consecutive failed attempts is
 bounded, and every attempt is kept in :attr:`Supervisor.history`.
 
-Nothing is left behind, even when the app itself is killed with SIGKILL:
-
-* the server runs in its own session, so stopping signals the whole group
-  (SIGTERM, a grace period, then SIGKILL);
-* on Linux the child asks the kernel, between fork and exec, to SIGKILL it
-  when its parent dies (``prctl(PR_SET_PDEATHSIG, SIGKILL)``).  The kernel's
-  notion of "parent" is the *thread* that forked, so every spawn happens on
-  the supervisor's own monitor thread, which lives exactly as long as the
-  child it watches.  The child also checks that its parent did not die before
-  the prctl took effect.
-* where prctl does not exist (macOS, BSD) a tiny watchdog process polls the
-  app's pid and kills the server's group once the app is gone.
+Nothing is left behind, even when the app itself is killed with SIGKILL: the
+server is a :class:`k3desk.core.process.Child` (its own session, PR_SET_PDEATHSIG
+or a watchdog, SIGTERM then SIGKILL), spawned on the supervisor's own monitor
+thread, which lives exactly as long as the child it watches.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import errno
-import http.client
 import logging
-import math
 import os
-import re
 import secrets
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import IO
 
-import psutil
-
-from k3desk.core.engines.crash import CrashReport, classify_exit, load_timeout, strip_log_prefix
+from k3desk.core.engines.crash import CrashReport, classify_exit, load_timeout
+from k3desk.core.engines.engine_args import arg_changes as arg_changes
+from k3desk.core.engines.engine_args import bump_n_cpu_moe as bump_n_cpu_moe
+from k3desk.core.engines.engine_args import describe_changes, redact
+from k3desk.core.engines.identity import authorized_status, family, health, owns_listener
+from k3desk.core.engines.loadprogress import BYTES_PROGRESS_MIN, LoadProgressParser, bytes_loaded
 from k3desk.core.engines.oom import OomSnapshot, OomWatch
-from k3desk.core.errors import Cancelled, EngineError
+from k3desk.core.engines.ports import LOOPBACK, check_port, free_port, listener_names, listeners
+from k3desk.core.engines.ports import port_problem as port_problem
+from k3desk.core.errors import EngineError
 from k3desk.core.hardware.nvidia import launch_env
 from k3desk.core.paths import AppPaths
 from k3desk.core.private import open_private, private_dir
-from k3desk.core.progress import CancelToken, Progress
-from k3desk.core.units import fmt_bytes
+from k3desk.core.process import Child, pump_thread, spawn
+from k3desk.core.progress import Progress
+from k3desk.core.supervision import (
+    AttemptEnd,
+    BackoffPolicy,
+    GiveUp,
+    Retry,
+    SupervisedLaunch,
+)
 
 log = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
 _REPLANS = ("replan_cpu_moe", "no_repack")
-_PR_SET_PDEATHSIG = 1
 
 
 class State(StrEnum):
@@ -119,23 +113,13 @@ class LaunchSpec:
 
 
 @dataclass(frozen=True)
-class RestartPolicy:
-    max_failures: int = 3  # consecutive failed attempts before giving up
+class RestartPolicy(BackoffPolicy):
+    """The shared back-off policy (k3desk.core.supervision) and what re-planning may do."""
+
     # restarts with new arguments (more expert layers in RAM, --no-repack); each one
     # changes something, so they have their own, larger bound
     max_replans: int = 10
-    backoff_initial: float = 1.0  # seconds before the first restart
-    backoff_factor: float = 2.0
-    backoff_max: float = 30.0
-    # a server that has been ready this long has its failure count reset, so one
-    # crash a day does not use up the budget, while a crash loop still ends
-    stable_after: float = 300.0
     cpu_moe_step: int = 0  # extra expert layers to RAM per GPU OOM; 0 = about a tenth
-    stop_grace: float = 10.0  # seconds between SIGTERM and SIGKILL
-
-    def backoff(self, failures: int) -> float:
-        delay = self.backoff_initial * self.backoff_factor ** max(0, failures - 1)
-        return float(min(self.backoff_max, delay))
 
 
 @dataclass
@@ -176,216 +160,12 @@ LineCallback = Callable[[str], None]
 Replanner = Callable[[CrashReport, tuple[str, ...]], "tuple[tuple[str, ...], str] | None"]
 
 
-def free_port(host: str = LOOPBACK) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def port_problem(port: object, host: str = LOOPBACK) -> tuple[str, str]:
-    """(what is wrong, what to do) when llama-server cannot listen on ``port``; ("", "") if
-    it can.  Checked before every launch: a port that is out of range or already taken is
-    refused then, instead of trusting whatever answers on it."""
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        return (
-            f"Port {port} is out of range: a TCP port is a number from 1 to 65535.",
-            "Pass a free port with --port, or leave --port out to use a free one.",
-        )
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        # as llama-server binds (SO_REUSEADDR, server-http.cpp): connections of an earlier
-        # server still in TIME_WAIT do not count, a listening socket does
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except PermissionError:
-            return (
-                f"Port {port} on {host} needs administrator rights (ports below 1024 are "
-                "privileged).",
-                "Use a port from 1024 up, or leave --port out to use a free one.",
-            )
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                return (f"Port {port} on {host} cannot be used: {exc.strerror or exc}.", "")
-            who = _listener_names(port)
-            return (
-                f"Port {port} on {host} is already in use{' by ' + who if who else ''}.",
-                "Stop that program, choose another port with --port, or leave --port out to "
-                "use a free one.",
-            )
-    return "", ""
-
-
-def check_port(port: int, host: str = LOOPBACK) -> None:
-    """Raise :class:`EngineError` when llama-server could not listen on ``port``."""
-    problem, hint = port_problem(port, host)
-    if problem:
-        raise EngineError(problem, hint)
-
-
-def _listeners(port: int) -> list[int | None]:
-    """Pids of the processes listening on TCP ``port`` (None: one this user cannot see)."""
-    try:
-        conns = psutil.net_connections("tcp")
-    except (psutil.AccessDenied, OSError):
-        return []
-    return [c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
-
-
-def _listener_names(port: int) -> str:
-    names = []
-    for pid in _listeners(port):
-        if pid is None:
-            names.append("a process of another user")
-            continue
-        try:
-            names.append(f"{psutil.Process(pid).name()} (pid {pid})")
-        except psutil.Error:
-            names.append(f"pid {pid}")
-    return ", ".join(dict.fromkeys(names))
-
-
-def redact(argv: Sequence[str], secret: str) -> tuple[str, ...]:
-    return tuple("***" if a == secret else a for a in argv)
-
-
-# ------------------------------------------------------------ load progress
-_PHASES: tuple[tuple[re.Pattern[str], int, str], ...] = tuple(
-    (re.compile(p), pct, text)
-    for p, pct, text in (
-        (r"load_model: loading model", 3, "opening the model"),
-        (r"llama_model_loader: loaded meta data", 8, "reading the model header"),
-        (r"load_tensors: loading model tensors", 12, "loading tensors"),
-        (r"llama_context: constructing", 80, "creating the context"),
-        (r"sched_reserve: reserving", 85, "reserving compute buffers"),
-        (r"warming up the model", 90, "warming up"),
-        (r"loaded multimodal model", 93, "vision projector loaded"),
-        (r"llama_server: model loaded|main: model loaded", 97, "model loaded"),
-        (r"listening on|server is listening", 99, "listening"),
-    )
-)
-_TENSOR_SPAN = (12, 78)  # progress dots (one per percent of tensors loaded) map here
-BYTES_PROGRESS_MIN = 1 << 30  # below 1 GiB loads are too quick to be worth watching
-
-
-class LoadProgressParser:
-    """Turns llama-server's log into a 0-100 load estimate (phases plus progress dots)."""
-
-    def __init__(self) -> None:
-        self.percent = 0
-        self.phase = "starting"
-        self._dots = 0
-
-    def feed_line(self, line: str) -> bool:
-        """Read one line; True if the estimate changed."""
-        text = strip_log_prefix(line)
-        for pattern, pct, phase in _PHASES:
-            if pattern.search(text) and pct > self.percent:
-                self.percent, self.phase = pct, phase
-                return True
-        stripped = text.strip()
-        if stripped and set(stripped) == {"."}:
-            return self.feed_dots(len(stripped))
-        return False
-
-    def feed_bytes(self, done: int, total: int) -> bool:
-        """Bytes the server has read or mapped in so far, of a model of ``total`` bytes
-        (the log says little during a long load at the default verbosity)."""
-        if total <= 0 or done <= 0:
-            return False
-        lo, hi = _TENSOR_SPAN
-        pct = lo + int((hi - lo) * min(1.0, done / total))
-        if pct > self.percent:
-            self.percent = pct
-            self.phase = f"loading tensors ({fmt_bytes(done)} of {fmt_bytes(total)})"
-            return True
-        return False
-
-    def feed_dots(self, n: int) -> bool:
-        self._dots = min(100, self._dots + n)
-        lo, hi = _TENSOR_SPAN
-        pct = lo + (hi - lo) * self._dots // 100
-        if pct > self.percent:
-            self.percent, self.phase = pct, "loading tensors"
-            return True
-        return False
-
-
-# ------------------------------------------------------------ child setup
-def _load_libc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
-_LIBC = _load_libc()
-
-
-def _make_preexec(parent_pid: int) -> Callable[[], None] | None:
-    libc = _LIBC
-    if libc is None:
-        return None
-    prctl = libc.prctl
-
-    def setup() -> None:  # runs in the child between fork and exec
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return setup
-
-
-_WATCHDOG = r"""
-import os, signal, sys, time
-app, pgid = int(sys.argv[1]), int(sys.argv[2])
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-while True:
-    time.sleep(0.5)
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        sys.exit(0)
-    if not alive(app):
-        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                sys.exit(0)
-            end = time.time() + wait
-            while time.time() < end:
-                time.sleep(0.1)
-                try:
-                    os.killpg(pgid, 0)
-                except ProcessLookupError:
-                    sys.exit(0)
-        sys.exit(0)
-"""
-
-
-def _start_watchdog(pgid: int) -> subprocess.Popen[bytes] | None:
-    """Where PR_SET_PDEATHSIG does not exist: a watchdog that outlives a killed app."""
-    if _LIBC is not None:
-        return None
-    return subprocess.Popen(
-        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(pgid)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-
-
 # ------------------------------------------------------------ the supervisor
-class Supervisor:
+class Supervisor(SupervisedLaunch[Endpoint]):
+    """One llama-server on the shared restart loop: an attempt is one server process."""
+
+    kind = "llama-server"
+
     def __init__(
         self,
         spec: LaunchSpec,
@@ -398,27 +178,27 @@ class Supervisor:
         tail_lines: int = 400,
         oom_watch: OomWatch | None = None,
     ) -> None:
+        super().__init__(policy or RestartPolicy())
+        self.policy: RestartPolicy = policy or RestartPolicy()
         self.spec = spec
         self.paths = paths
-        self.policy = policy or RestartPolicy()
         self._on_event = on_event
         self._on_line = on_line
         self._replan = replan or self._default_replan
         # where a SIGKILL's cause is looked up (the kernel's OOM traces)
         self._oom = oom_watch or OomWatch()
         self.api_key = spec.api_key or secrets.token_urlsafe(24)
-        self._lock = threading.Lock()
         self._state = State.STOPPED
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._done = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._child: Child | None = None
         self._tail: deque[str] = deque(maxlen=tail_lines)
         self._history: list[Attempt] = []
-        self._endpoint: Endpoint | None = None
         self._last_crash: CrashReport | None = None
         self._progress = LoadProgressParser()
+        # the command the next attempt runs, and what the one before ran
+        self._args = tuple(spec.args)
+        self._port = spec.port or 0
+        self._previous: tuple[tuple[str, ...], int] | None = None
+        self._replans = 0  # restarts with changed arguments (each one gets further)
 
     # -------------------------------------------------------------- public
     @property
@@ -427,15 +207,10 @@ class Supervisor:
             return self._state
 
     @property
-    def endpoint(self) -> Endpoint | None:
-        with self._lock:
-            return self._endpoint
-
-    @property
     def pid(self) -> int | None:
         with self._lock:
-            proc = self._proc
-        return proc.pid if proc is not None and proc.poll() is None else None
+            child = self._child
+        return child.pid if child is not None and child.poll() is None else None
 
     @property
     def history(self) -> list[Attempt]:
@@ -463,59 +238,20 @@ class Supervisor:
         A port given in the spec is checked first: out of range or already taken is an
         :class:`EngineError` here, before anything is started.
         """
-        if self._thread is not None:
-            raise EngineError("This server was already started; create a new supervisor.")
         if self.spec.port is not None:
             check_port(self.spec.port)
-        self._thread = threading.Thread(target=self._run, name="llama-server-monitor", daemon=True)
-        self._thread.start()
-
-    def wait_ready(
-        self, timeout: float | None = None, cancel: CancelToken | None = None
-    ) -> Endpoint:
-        """Block until the server answers /health with 200 (through restarts).
-
-        Raises :class:`EngineError` with the classified cause when it gives up,
-        and :class:`Cancelled` (after stopping the server) when ``cancel`` fires.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if self._ready.is_set():
-                ep = self.endpoint
-                if ep is not None:
-                    return ep
-            if self._done.is_set():
-                raise self._final_error()
-            if cancel is not None and cancel.cancelled:
-                self.stop()
-                raise Cancelled()
-            if deadline is not None and time.monotonic() > deadline:
-                raise EngineError(
-                    f"llama-server was not ready within {timeout:.0f} s "
-                    f"(state: {self.state.value}).",
-                    f"See its log: {self.log_file}",
-                )
-            self._ready.wait(0.05)
-
-    def wait_stopped(self, timeout: float | None = None) -> bool:
-        return self._done.wait(timeout)
+        super().start()
 
     def stop(self, grace: float | None = None) -> None:
         """Stop the server: SIGTERM to its group, wait, then SIGKILL.  Idempotent."""
         if grace is not None:
             self.policy = replace(self.policy, stop_grace=grace)
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(self.policy.stop_grace + 10.0)
+        super().stop()
 
     close = stop
 
     def __enter__(self) -> Supervisor:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -------------------------------------------------------------- internals
     def _final_error(self) -> EngineError:
@@ -554,68 +290,63 @@ class Supervisor:
         base = f"llama-server-{stamp}-{os.getpid()}-{id(self) & 0xFFFF:04x}-a{attempt}"
         return self.paths.logs_dir / f"{base}.log"
 
-    def _run(self) -> None:
-        args = tuple(self.spec.args)
-        port = self.spec.port or free_port()
-        previous: tuple[tuple[str, ...], int] | None = None
-        failures = 0  # consecutive failed attempts that changed nothing
-        replans = 0  # restarts with changed arguments (each one gets further)
-        number = 0
-        gave_up = False
-        try:
-            while not self._stop.is_set():
-                number += 1
-                changes = "" if previous is None else describe_changes(*previous, args, port)
-                previous = (args, port)
-                attempt, crash = self._one_attempt(number, args, port, changes)
-                # that server is gone: nobody may be handed its endpoint any more
-                self._ready.clear()
-                with self._lock:
-                    self._endpoint = None
-                if crash is None:  # stopped on request
-                    break
-                if attempt.ready_at is not None and (
-                    (attempt.ended_at or time.time()) - attempt.ready_at >= self.policy.stable_after
-                ):
-                    failures = 0
-                replanned = crash.recovery in _REPLANS
-                if replanned:
-                    replans += 1
-                else:
-                    failures += 1
-                decision = self._decide(crash, args, port, failures, replans)
-                with self._lock:
-                    self._last_crash = crash
-                if decision is None:
-                    gave_up = True
-                    break
-                args, port, action = decision
-                delay = self.policy.backoff(1 if replanned else failures)
-                attempt.action = f"{action}; restarting in {delay:.1f} s"
-                self._set_state(State.CRASHED, number, f"{crash.describe()}; {attempt.action}")
-                if self._stop.wait(delay):
-                    break
-        except Exception as exc:  # report instead of dying silently
-            log.exception("engine monitor failed")
-            with self._lock:
-                self._last_crash = CrashReport(
-                    "exited", f"k3desk could not run llama-server: {exc}", "", "none"
-                )
-            self._set_state(State.CRASHED, number, str(exc), final=True)
-            gave_up = True
-        finally:
-            self._ready.clear()
-            with self._lock:
-                self._endpoint = None
-            if not gave_up:
-                self._set_state(State.STOPPED, number)
-            self._done.set()
+    def _not_ready_error(self, timeout: float) -> EngineError:
+        return EngineError(
+            f"llama-server was not ready within {timeout:.0f} s (state: {self.state.value}).",
+            f"See its log: {self.log_file}",
+        )
+
+    def _attempt(self, number: int) -> AttemptEnd | None:
+        if not self._port:
+            self._port = free_port()
+        args, port = self._args, self._port
+        changes = "" if self._previous is None else describe_changes(*self._previous, args, port)
+        self._previous = (args, port)
+        attempt, crash = self._one_attempt(number, args, port, changes)
+        if crash is None:  # stopped on request
+            return None
+        replanned = crash.recovery in _REPLANS
+        if replanned:
+            self._replans += 1
+        with self._lock:
+            self._last_crash = crash
+        ended = attempt.ended_at or time.time()
+        return AttemptEnd(attempt.ready_at, ended, crash, counts=not replanned)
+
+    def _next(self, end: AttemptEnd, failures: int) -> Retry | GiveUp:
+        crash = end.cause
+        assert isinstance(crash, CrashReport)
+        decision = self._decide(crash, self._args, self._port, failures, self._replans)
+        if isinstance(decision, GiveUp):
+            return decision
+        self._args, self._port, action = decision
+        delay = self.policy.backoff(failures if end.counts else 1)
+        with self._lock:
+            attempt = self._history[-1]
+            attempt.action = f"{action}; restarting in {delay:.1f} s"
+        self._set_state(State.CRASHED, attempt.number, f"{crash.describe()}; {attempt.action}")
+        return Retry(delay)
+
+    def _gave_up(self, number: int, verdict: GiveUp) -> None:
+        with self._lock:
+            if self._history:
+                self._history[-1].action = f"gave up: {verdict.hint}"
+        self._set_state(State.CRASHED, number, verdict.message, final=True)
+
+    def _broke(self, number: int, exc: Exception) -> None:
+        with self._lock:
+            self._last_crash = CrashReport(
+                "exited", f"k3desk could not run llama-server: {exc}", "", "none"
+            )
+        self._set_state(State.CRASHED, number, str(exc), final=True)
+
+    def _stopped(self, number: int) -> None:
+        self._set_state(State.STOPPED, number)
 
     def _decide(
         self, crash: CrashReport, args: tuple[str, ...], port: int, failures: int, replans: int
-    ) -> tuple[tuple[str, ...], int, str] | None:
-        """Next (args, port, what changed), or None to give up (state CRASHED, final)."""
-        number = len(self._history)
+    ) -> tuple[tuple[str, ...], int, str] | GiveUp:
+        """Next (args, port, what changed), or why to give up (state CRASHED, final)."""
         give_up = ""
         new_args, new_port, action = args, port, "restarting unchanged"
         if crash.recovery == "none":
@@ -644,13 +375,8 @@ class Supervisor:
             else:
                 new_args, action = plan
         if give_up:
-            with self._lock:
-                if self._history:
-                    self._history[-1].action = f"gave up: {give_up}"
-            self._set_state(
-                State.CRASHED, number, f"{crash.describe()}. Gave up: {give_up}.", final=True
-            )
-            return None
+            # the message says it all; the hint carries the reason for the attempt's record
+            return GiveUp(f"{crash.describe()}. Gave up: {give_up}.", give_up)
         return new_args, new_port, action
 
     def _default_replan(
@@ -740,16 +466,8 @@ class Supervisor:
             logf.write(("$ " + " ".join(attempt.argv) + "\n").encode("utf-8", "backslashreplace"))
             logf.flush()
             try:
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                    preexec_fn=_make_preexec(os.getpid()),  # PR_SET_PDEATHSIG: see module doc
-                    close_fds=True,
-                )
+                # spawned on the monitor thread, which lives exactly as long as the child
+                child = spawn(argv, env=env)
             except OSError as exc:
                 attempt.ended_at = time.time()
                 crash = CrashReport(
@@ -760,31 +478,20 @@ class Supervisor:
                 )
                 attempt.crash = crash
                 return attempt, crash
+            proc = child.popen
             attempt.pid = proc.pid
-            watchdog = _start_watchdog(proc.pid)
             with self._lock:
-                self._proc = proc
-            reader = threading.Thread(
-                target=self._read_output,
-                args=(proc, logf, number),
-                name="llama-server-log",
-                daemon=True,
-            )
-            reader.start()
+                self._child = child
+            reader = self._start_reader(child, logf, number)
             stopped_by_us = False
             timed_out = False
             try:
                 stopped_by_us, timed_out = self._watch(proc, attempt, port, key_file)
             finally:
-                if proc.poll() is None:
-                    self._terminate(proc)
-                proc.wait()
+                child.stop(self.policy.stop_grace)
                 reader.join(5.0)
-                if watchdog is not None:
-                    watchdog.kill()
-                    watchdog.wait()
                 with self._lock:
-                    self._proc = None
+                    self._child = None
         attempt.ended_at = time.time()
         attempt.returncode = proc.returncode
         if stopped_by_us:
@@ -820,7 +527,7 @@ class Supervisor:
                 self._terminate(proc)
                 return True, False
             if attempt.ready_at is None:
-                status = _health(port)
+                status = health(port)
                 verdict = self._verify(proc, port) if status == 200 else None
                 if isinstance(verdict, CrashReport):  # not ours, or our key is refused
                     attempt.crash = verdict
@@ -864,10 +571,10 @@ class Supervisor:
         listens there, or our server refuses the key; nobody is handed the endpoint.
         The key is only ever sent over a connection our child has accepted.
         """
-        ours = _family(proc.pid)
-        foreign = [pid for pid in _listeners(port) if pid not in ours]
+        ours = family(proc.pid)
+        foreign = [pid for pid in listeners(port) if pid not in ours]
         if foreign:
-            who = _listener_names(port)
+            who = listener_names(port)
             return CrashReport(
                 "port_in_use",
                 f"Another program listens on port {port} as well ({who}): what answers "
@@ -875,9 +582,9 @@ class Supervisor:
                 "Stop that program, or let k3desk choose the port (leave --port out).",
                 "new_port",
             )
-        if not _owns_listener(ours, port):
+        if not owns_listener(ours, port):
             return None
-        status = _authorized_status(ours, port, self.api_key)
+        status = authorized_status(ours, port, self.api_key)
         if status == 200:
             return True
         if status in (401, 403):
@@ -892,43 +599,35 @@ class Supervisor:
 
     def _terminate(self, proc: subprocess.Popen[bytes]) -> None:
         """SIGTERM to the server's process group, wait, then SIGKILL."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(self.policy.stop_grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        # anything else left in the group (the server spawns no helpers, but be sure)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        with self._lock:
+            child = self._child
+        if child is not None and child.popen is proc:
+            child.stop(self.policy.stop_grace)
 
-    def _read_output(self, proc: subprocess.Popen[bytes], logf: IO[bytes], number: int) -> None:
-        assert proc.stdout is not None
-        fd = proc.stdout.fileno()
-        partial = b""
-        while True:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            logf.write(chunk.replace(self.api_key.encode(), b"***"))
+    def _start_reader(self, child: Child, logf: IO[bytes], number: int) -> threading.Thread:
+        """Pump the server's output into its log, the tail and the load progress."""
+        assert child.stdout is not None
+        secret = self.api_key.encode()
+
+        def chunk(data: bytes) -> None:
+            logf.write(data.replace(secret, b"***"))
             logf.flush()
-            data = partial + chunk
-            *lines, partial = data.split(b"\n")
-            if partial and set(partial.strip()) <= {ord(".")} and partial.strip():
-                # progress dots arrive without a newline
-                if self._progress.feed_dots(len(partial.strip())):
+
+        def partial(data: bytes) -> bool:
+            dots = data.strip()
+            if dots and set(dots) <= {ord(".")}:  # progress dots arrive without a newline
+                if self._progress.feed_dots(len(dots)):
                     self._loading_progress(number)
-                partial = b""
-            for raw in lines:
-                self._handle_line(raw.decode("utf-8", "replace"), number)
-        if partial:
-            self._handle_line(partial.decode("utf-8", "replace"), number)
-        proc.stdout.close()
+                return True
+            return False
+
+        return pump_thread(
+            child.stdout,
+            lambda line: self._handle_line(line, number),
+            name="llama-server-log",
+            on_chunk=chunk,
+            on_partial=partial,
+        )
 
     def _handle_line(self, line: str, number: int) -> None:
         line = line.rstrip("\r").replace(self.api_key, "***")
@@ -945,169 +644,3 @@ class Supervisor:
     def _loading_progress(self, number: int) -> None:
         if self.state in (State.STARTING, State.LOADING):
             self._set_state(State.LOADING, number, self._progress.phase)
-
-
-def bytes_loaded(pid: int) -> int:
-    """How much of the model a loading server has touched: bytes it read from storage or
-    its resident set, whichever is larger (pages already in the page cache are not read)."""
-    try:
-        p = psutil.Process(pid)
-        rss = int(p.memory_info().rss)
-        try:
-            read = int(p.io_counters().read_bytes)
-        except (psutil.AccessDenied, AttributeError):
-            read = 0
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return 0
-    return max(rss, read)
-
-
-def _family(pid: int) -> set[int]:
-    """``pid`` and its descendants (a wrapper script may start the real server)."""
-    out = {pid}
-    with contextlib.suppress(psutil.Error):
-        out |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
-    return out
-
-
-def _connections(pids: set[int]) -> list[psutil._common.pconn]:
-    conns: list[psutil._common.pconn] = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            conns += psutil.Process(pid).net_connections("tcp")
-    return conns
-
-
-def _owns_listener(pids: set[int], port: int) -> bool:
-    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in _connections(pids))
-
-
-def _authorized_status(pids: set[int], port: int, api_key: str) -> int | None:
-    """HTTP status of an authenticated GET /v1/models on ``port``, sent only once one of
-    ``pids`` is seen holding the other end of the connection (None otherwise).
-
-    /v1/models is not among llama-server's public endpoints (/health, /v1/health:
-    server-http.cpp in b11434), so a 200 means the key was accepted.
-    """
-    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=2.0)
-    try:
-        conn.connect()
-        assert conn.sock is not None
-        mine = conn.sock.getsockname()[:2]
-        deadline = time.monotonic() + 2.0
-        while not any(c.raddr and (c.raddr.ip, c.raddr.port) == mine for c in _connections(pids)):
-            if time.monotonic() > deadline:
-                return None  # never seen accepted by our server: the key stays here
-            time.sleep(0.002)
-        conn.request("GET", "/v1/models", headers={"Authorization": f"Bearer {api_key}"})
-        return conn.getresponse().status
-    except (OSError, http.client.HTTPException):
-        return None
-    finally:
-        conn.close()
-
-
-def _health(port: int) -> int | None:
-    """HTTP status of GET /health, or None if nothing answers yet."""
-    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=2.0)
-    try:
-        conn.request("GET", "/health")
-        return conn.getresponse().status
-    except (OSError, http.client.HTTPException):
-        return None
-    finally:
-        conn.close()
-
-
-_CPU_MOE = ("--n-cpu-moe", "-ncmoe")
-
-
-def bump_n_cpu_moe(
-    args: Sequence[str], n_layers: int = 0, step: int = 0
-) -> tuple[tuple[str, ...], str] | None:
-    """Keep more expert layers in RAM: raise ``--n-cpu-moe`` by ``step`` (default about a
-    tenth of the layers, at least 1; 4 when the layer count is unknown).  ``--n-cpu-moe N``
-    covers layers 0..N-1, so N = ``n_layers`` puts every expert in RAM; None then."""
-    out = list(args)
-    if "--cpu-moe" in out or "-cmoe" in out:
-        return None
-    if step <= 0:
-        step = max(1, math.ceil(n_layers / 10)) if n_layers else 4
-    current, index = 0, -1
-    for i, a in enumerate(out):
-        if a in _CPU_MOE and i + 1 < len(out):
-            current, index = int(out[i + 1]), i + 1
-        elif a.startswith("--n-cpu-moe="):
-            current, index = int(a.split("=", 1)[1]), i
-            out[i] = "--n-cpu-moe"
-            out.insert(i + 1, str(current))
-            index = i + 1
-    limit = n_layers or None
-    if limit is not None and current >= limit:
-        return None
-    new = current + step if limit is None else min(limit, current + step)
-    if index >= 0:
-        out[index] = str(new)
-    else:
-        out += ["--n-cpu-moe", str(new)]
-    return (
-        tuple(out),
-        f"re-planned after GPU out-of-memory: --n-cpu-moe {current} -> {new} "
-        f"(expert weights of {new - current} more layer{'s' if new - current > 1 else ''} "
-        "kept in RAM)",
-    )
-
-
-_NUMBER = re.compile(r"-\d")
-
-
-def _options(args: Sequence[str]) -> dict[str, str | None]:
-    """``-c 4096 -fa on --jinja`` -> {"-c": "4096", "-fa": "on", "--jinja": None}."""
-    out: dict[str, str | None] = {}
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if not a.startswith("-") or _NUMBER.match(a):
-            out[f"argument {i + 1}"] = a  # a stray positional
-            i += 1
-        elif a.startswith("--") and "=" in a:
-            key, value = a.split("=", 1)
-            out[key] = value
-            i += 1
-        elif i + 1 < len(args) and (
-            not args[i + 1].startswith("-") or _NUMBER.match(args[i + 1]) is not None
-        ):
-            out[a] = args[i + 1]
-            i += 2
-        else:
-            out[a] = None
-            i += 1
-    return out
-
-
-def arg_changes(old: Sequence[str], new: Sequence[str]) -> list[str]:
-    """How ``new`` llama-server arguments differ from ``old``, one item per option:
-    ``["--n-cpu-moe 2 -> 4", "added --no-mmproj-offload"]``."""
-    a, b = _options(old), _options(new)
-
-    def said(key: str, value: str | None) -> str:
-        return key if value is None else f"{key} {value}"
-
-    out: list[str] = []
-    for key, value in b.items():
-        if key not in a:
-            out.append(f"added {said(key, value)}")
-        elif a[key] != value:
-            out.append(f"{key} {a[key] or 'on'} -> {value or 'on'}")
-    out += [f"removed {said(key, value)}" for key, value in a.items() if key not in b]
-    return out
-
-
-def describe_changes(
-    old_args: Sequence[str], old_port: int, new_args: Sequence[str], new_port: int
-) -> str:
-    """What differs between two launches, in words ("" when nothing does)."""
-    out = arg_changes(old_args, new_args)
-    if new_port != old_port:
-        out.append(f"port {old_port} -> {new_port}")
-    return ", ".join(out)

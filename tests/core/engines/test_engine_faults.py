@@ -13,16 +13,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from k3desk.core.engines.loadprogress import LoadProgressParser, bytes_loaded
 from k3desk.core.engines.oom import OomWatch
 from k3desk.core.engines.supervisor import (
     Event,
     LaunchSpec,
-    LoadProgressParser,
     RestartPolicy,
     State,
     Supervisor,
     bump_n_cpu_moe,
-    bytes_loaded,
 )
 from k3desk.core.errors import EngineError
 from k3desk.core.paths import default_paths
