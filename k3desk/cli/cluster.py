@@ -28,6 +28,7 @@ from k3desk.core.cluster.group import GroupEvent, GroupPolicy, GroupState, Group
 from k3desk.core.cluster.nodes import Cluster, ClusterError, ClusterStore, parse_node_spec
 from k3desk.core.cluster.probe import NodeReport, ShardSetSpec, probe_cluster
 from k3desk.core.cluster.recipe import DEFAULT_PROFILE, LAUNCHER_MAX_CTX, PROFILES
+from k3desk.core.gguf.shards import discover
 from k3desk.core.progress import Progress
 from k3desk.core.units import fmt_bytes
 
@@ -556,7 +557,6 @@ def _rpc(args: argparse.Namespace, services: Services, cluster: Cluster) -> Grou
         raise EngineError(
             "No llama-server found.", "Build one with `k3desk engine install`, or pass --server."
         )
-    parts = sorted(model.parent.glob(model.name.replace("-00001-of-", "-*-of-")))
     config = RpcConfig(
         cluster,
         model,
@@ -565,7 +565,7 @@ def _rpc(args: argparse.Namespace, services: Services, cluster: Cluster) -> Grou
         port=args.rpc_port,
         bind=_kv(args.bind, "--bind"),
         allow_public=args.allow_public,
-        model_bytes=sum(p.stat().st_size for p in parts if p.is_file()),
+        model_bytes=discover(model).bytes_present(),
     )
     print(f"warning: {RPC_WARNING}", file=sys.stderr)
     if args.dry_run:

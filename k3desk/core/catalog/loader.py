@@ -24,9 +24,9 @@ from k3desk.core.catalog.model import (
 )
 from k3desk.core.errors import CatalogError
 from k3desk.core.gguf.ggml import BY_NAME
+from k3desk.core.gguf.shards import parse_split_name
 
 _GGML_TYPES = frozenset(BY_NAME)
-_SHARD_RE = re.compile(r"(?:.*/)?(?P<stem>[^/]+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
 _TOP_KEYS = frozenset({"format", "about", "common_caveats", "tiers"})
 
 
@@ -340,15 +340,15 @@ def _engine(e: str) -> Engine:
 
 
 def _check_shard_naming(tier: Tier, f: _Fields) -> None:
-    m = _SHARD_RE.fullmatch(tier.first_shard)
+    split = parse_split_name(tier.first_shard)
     if tier.shard_count > 1:
-        if m is None or int(m.group("no")) != 1:
+        if split is None or split.number != 1:
             raise f.fail(
                 "first_shard",
                 f"{tier.first_shard!r} is not named like part 1 of a split set "
                 "('<name>-00001-of-NNNNN.gguf')",
             )
-        if int(m.group("count")) != tier.shard_count:
+        if split.count != tier.shard_count:
             raise f.fail(
                 "shard_count",
                 f"{tier.shard_count} disagrees with first_shard {tier.first_shard!r}",

@@ -14,6 +14,8 @@ from typing import Literal
 
 from huggingface_hub.utils import filter_repo_objects  # type: ignore[attr-defined]
 
+from k3desk.core.gguf.shards import split_part_names
+
 Engine = Literal["llama.cpp", "sparkinfer", "vllm"]
 VisionSupport = Literal["upstream", "fork", "none"]
 
@@ -169,11 +171,7 @@ class Tier:
 
     def shard_names(self) -> list[str]:
         """Repo paths of every text shard, derived from ``first_shard`` and ``shard_count``."""
-        m = re.fullmatch(r"(.*)-00001-of-(\d{5})\.gguf", self.first_shard)
-        if m is None:
-            return [self.first_shard]
-        prefix, count = m.group(1), int(m.group(2))
-        return [f"{prefix}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+        return split_part_names(self.first_shard)
 
     def type_for(self, tensor_name: str, role: str) -> str:
         """The ggml type name this tier stores ``tensor_name`` (of k3arch ``role``) in."""

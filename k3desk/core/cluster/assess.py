@@ -10,7 +10,6 @@ texts verbatim.  Nothing here contacts a node: it works on probe reports.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from k3desk.core.cluster.plan import ClusterPlan, plan_rpc, plan_sparkinfer
 from k3desk.core.cluster.probe import NodeReport
 from k3desk.core.cluster.rpc import DEFAULT_RPC_PORT, RpcConfig, check_rpc
 from k3desk.core.cluster.sparkinfer import SparkInferConfig, check_sparkinfer
+from k3desk.core.gguf.shards import discover
 
 if TYPE_CHECKING:
     from k3desk.core.catalog.model import Tier
@@ -97,21 +97,9 @@ def assess_sparkinfer(
     )
 
 
-_PARTS_RE = re.compile(r"^(?P<stem>.*)-00001-of-(?P<n>\d{5})\.gguf$")
-
-
 def shard_set_bytes(first: Path) -> int:
-    """Bytes of the split set that starts with ``first`` (the files that exist)."""
-    m = _PARTS_RE.match(first.name)
-    if m is None:
-        return first.stat().st_size if first.is_file() else 0
-    n = int(m.group("n"))
-    total = 0
-    for i in range(1, n + 1):
-        part = first.with_name(f"{m.group('stem')}-{i:05d}-of-{m.group('n')}.gguf")
-        if part.is_file():
-            total += part.stat().st_size
-    return total
+    """Bytes of the split set ``first`` belongs to (the parts that exist)."""
+    return discover(first).bytes_present()
 
 
 def rpc_config(

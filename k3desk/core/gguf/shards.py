@@ -15,7 +15,45 @@ from pathlib import Path
 
 from k3desk.core.safepaths import what_is
 
+# the one place the split naming is parsed: llama_split_path / llama_split_prefix in
+# src/llama.cpp (b11434) write and read "%s-%05d-of-%05d.gguf"
 SPLIT_RE = re.compile(r"(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
+
+
+@dataclass(frozen=True)
+class SplitName:
+    """A split part's name taken apart: ``prefix``-``number``-of-``count``.gguf.
+
+    ``prefix`` keeps any folders of the string it came from ("UD-IQ1_S/Kimi-K3-UD-IQ1_S"
+    for a repo path), so :meth:`part` gives names in the same form."""
+
+    prefix: str
+    number: int  # 1-based, as in the name (0 for a bad "00000-of-" name)
+    count: int
+
+    def part(self, number: int) -> str:
+        """The name of the 1-based part ``number`` of the same set."""
+        return f"{self.prefix}-{number:05d}-of-{self.count:05d}.gguf"
+
+    def names(self) -> list[str]:
+        """Every part's name, part 1 first."""
+        return [self.part(i) for i in range(1, self.count + 1)]
+
+
+def parse_split_name(name: str) -> SplitName | None:
+    """``name`` (a file name or a path) as a split part, or None when it is not named so."""
+    m = SPLIT_RE.fullmatch(name)
+    if m is None:
+        return None
+    return SplitName(m.group("prefix"), int(m.group("no")), int(m.group("count")))
+
+
+def split_part_names(first: str) -> list[str]:
+    """Every part's name of the set whose part 1 is ``first``; [first] for anything else."""
+    parsed = parse_split_name(first)
+    if parsed is None or parsed.number != 1:
+        return [first]
+    return parsed.names()
 
 
 @dataclass(frozen=True)
@@ -30,7 +68,7 @@ class ShardSet:
     def split(self) -> bool:
         # a name without ".gguf" ("model.bin", "notes.txt") is a set of one, not a
         # split set whose first part would be "notes.txt-00001-of-00001.gguf"
-        return self.count > 1 or SPLIT_RE.fullmatch(self.given.name) is not None
+        return self.count > 1 or parse_split_name(self.given.name) is not None
 
     def part_name(self, index: int) -> str:
         """File name of the 0-based part ``index``."""
@@ -74,6 +112,17 @@ class ShardSet:
                 odd.append((i, what))
         return odd
 
+    def bytes_present(self) -> int:
+        """Bytes of the parts that are in the folder as files (missing ones count 0)."""
+        total = 0
+        for path in self.paths:
+            try:
+                if path.is_file():
+                    total += path.stat().st_size
+            except OSError:
+                continue
+        return total
+
 
 def _is_file(entry: os.DirEntry[str]) -> bool:
     try:
@@ -85,10 +134,8 @@ def _is_file(entry: os.DirEntry[str]) -> bool:
 def discover(path: Path | str) -> ShardSet:
     """The set ``path`` belongs to (an unsplit file is a set of one)."""
     p = Path(path)
-    m = SPLIT_RE.fullmatch(p.name)
-    if m is None:
+    parsed = parse_split_name(p.name)
+    if parsed is None:
         stem = p.name[: -len(".gguf")] if p.name.endswith(".gguf") else p.name
         return ShardSet(stem, p.parent, 1, p, 0)
-    count = int(m.group("count"))
-    no = int(m.group("no"))
-    return ShardSet(m.group("prefix"), p.parent, count, p, no - 1)
+    return ShardSet(parsed.prefix, p.parent, parsed.count, p, parsed.number - 1)

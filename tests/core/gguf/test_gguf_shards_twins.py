@@ -125,3 +125,27 @@ def test_twin_refuses_types_far_over_the_published_size(
     bloated = replace(tier, tensor_types={**tier.tensor_types, "experts": "Q8_0"})
     with pytest.raises(ValueError, match="more than 1 % over the published"):
         write_twin(bloated, tmp_path)
+
+
+def test_catalog_names_its_shards_as_discovery_finds_them() -> None:
+    """One parser: the names a tier downloads are the parts discovery expects beside part 1."""
+    from k3desk.core.catalog.loader import load_catalog
+    from k3desk.core.gguf.shards import parse_split_name, split_part_names
+    from k3desk.core.resources import resources_dir
+
+    split = 0
+    for tier in load_catalog(resources_dir() / "catalog.json"):
+        names = tier.shard_names()
+        assert len(names) == tier.shard_count
+        found = discover(Path("/dl") / tier.first_shard)
+        assert [p.relative_to("/dl").as_posix() for p in found.paths] == names
+        split += tier.shard_count > 1
+    assert split > 3
+    # a repo path keeps its folder; a later part names only itself
+    parsed = parse_split_name("UD-IQ1_S/Kimi-K3-UD-IQ1_S-00002-of-00009.gguf")
+    assert parsed is not None
+    assert (parsed.prefix, parsed.number, parsed.count) == ("UD-IQ1_S/Kimi-K3-UD-IQ1_S", 2, 9)
+    assert split_part_names("UD-IQ1_S/Kimi-K3-UD-IQ1_S-00002-of-00009.gguf") == [
+        "UD-IQ1_S/Kimi-K3-UD-IQ1_S-00002-of-00009.gguf"
+    ]
+    assert parse_split_name("Kimi-K3-00001-of-9.gguf") is None
