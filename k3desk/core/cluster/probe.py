@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from k3desk.core.cluster.nodes import Cluster, ClusterError, Node
 from k3desk.core.cluster.ssh import SshClient, SshError
 from k3desk.core.errors import HardwareError
+from k3desk.core.gguf.ggml import BY_ID
 from k3desk.core.hardware.profile import GpuInfo, HardwareProfile
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 
@@ -32,9 +33,8 @@ PROBE_SCRIPT = Path(__file__).with_name("node_probe.py")
 
 
 def _ggml_sizes() -> dict[str, list[int]]:
-    import gguf  # the block/type sizes the node-side header check needs
-
-    return {str(int(k)): [int(v[0]), int(v[1])] for k, v in gguf.GGML_QUANT_SIZES.items()}
+    """The block/type sizes the node-side header check needs (k3desk.core.gguf.ggml)."""
+    return {str(t.id): [t.block_size, t.type_size] for t in BY_ID.values()}
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,11 @@
-"""ggml tensor types: id, name, block size and bytes per block (as in ggml.h / gguf-py).
+"""ggml tensor types: id, name, block size and bytes per block: the one table k3desk uses.
 
-Kept here rather than imported from the ``gguf`` package so header inspection does
-not pull in numpy and the package's reader (about 0.1 s of import time).
+The source is llama.cpp b11434: ``enum ggml_type`` in ``ggml/include/ggml.h`` (ids),
+``type_traits`` in ``ggml/src/ggml.c`` (``blck_size``, ``type_size``) and
+``GGML_QUANT_SIZES`` in ``gguf-py/gguf/constants.py``.  Header inspection, size
+estimates, the quality order and the node-side header check all read it here
+rather than from the ``gguf`` package, whose import pulls in numpy and its reader
+(about 0.1 s) and which lags the engine by a type.
 A test checks this table against ``gguf.GGML_QUANT_SIZES``.  The table holds
 exactly the types llama.cpp b11434 reads (``enum ggml_type`` in ggml.h, up to
 ``GGML_TYPE_COUNT`` = 43, less the removed ids 4, 5, 31-33 and 36-38): any other

@@ -2,8 +2,8 @@
 
 ``tiers`` and ``recommend`` need a verdict for tiers nobody has downloaded yet.
 The tensor list is known exactly (:mod:`k3desk.core.k3arch`), the tier states
-the ggml type of each role, so the bytes of every tensor follow from
-``gguf.GGML_QUANT_SIZES``.  What the card does not say exactly is the per-layer
+the ggml type of each role, so the bytes of every tensor follow from the ggml
+type table (:mod:`k3desk.core.gguf.ggml`).  What the card does not say exactly is the per-layer
 type mix of the routed experts (llama.cpp's IQ1_S safeguards promote some
 ``ffn_down_exps`` to Q2_K; "dynamic" quants mix types per layer; pruned files
 drop experts or narrow them).  The routed experts hold 81-98 % of the bytes,
@@ -18,10 +18,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
 from k3desk.core.catalog.model import Tier
 from k3desk.core.errors import PlanError
+from k3desk.core.gguf.ggml import BY_NAME, GGMLType
 from k3desk.core.gguf.model import K3HParams, LayerLayout, ModelLayout, TensorEntry
 from k3desk.core.k3arch import REAL_K3, K3Shape, Role, TensorSpec, tensor_specs
 
@@ -34,37 +33,34 @@ _DEFAULT_TYPES: dict[str, str] = {
 }
 
 
-def ggml_type(name: str, where: str = "") -> GGMLQuantizationType:
+def ggml_type(name: str, where: str = "") -> GGMLType:
     """The ggml type called ``name`` ("IQ1_S", "q4_k", ...), or a PlanError naming ``where``."""
     try:
-        return GGMLQuantizationType[name.strip().upper()]
+        return BY_NAME[name.strip().upper()]
     except KeyError:
-        known = ", ".join(t.name for t in GGML_QUANT_SIZES)
+        known = ", ".join(BY_NAME)
         raise PlanError(
             f"Unknown ggml type {name!r}{' in ' + where if where else ''}.",
             f"Use one of: {known}.",
         ) from None
 
 
-def tensor_nbytes(shape: tuple[int, ...], qtype: GGMLQuantizationType) -> int:
+def tensor_nbytes(shape: tuple[int, ...], qtype: GGMLType) -> int:
     """Bytes of a tensor of ``shape`` (ggml order) stored as ``qtype``."""
-    block, size = GGML_QUANT_SIZES[qtype]
-    n = math.prod(shape)
-    return n // block * size
+    return qtype.nbytes(math.prod(shape))
 
 
-def storable_type(shape: tuple[int, ...], qtype: GGMLQuantizationType) -> GGMLQuantizationType:
+def storable_type(shape: tuple[int, ...], qtype: GGMLType) -> GGMLType:
     """``qtype`` if a row of ``shape`` is a whole number of its blocks, else llama.cpp's fallback.
 
     llama-quantize falls back to a type with a smaller block when the row length
     (ne0) is not a multiple of the block; Q8_0 (32) when that divides, else F16.
     """
-    block = GGML_QUANT_SIZES[qtype][0]
-    if shape[0] % block == 0:
+    if shape[0] % qtype.block_size == 0:
         return qtype
     if shape[0] % 32 == 0:
-        return GGMLQuantizationType.Q8_0
-    return GGMLQuantizationType.F16
+        return BY_NAME["Q8_0"]
+    return BY_NAME["F16"]
 
 
 def tier_shape(tier: Tier) -> K3Shape:
@@ -125,7 +121,7 @@ def estimate_layout(tier: Tier) -> ModelLayout:
         )
     shape = tier_shape(tier)
     specs = list(tensor_specs(shape))
-    types: list[GGMLQuantizationType] = []
+    types: list[GGMLType] = []
     raw: list[int] = []
     for spec in specs:
         qtype = storable_type(spec.shape, ggml_type(_type_name(tier, spec), f"tier {tier.id}"))
@@ -157,7 +153,7 @@ def _assemble(
     tier: Tier,
     shape: K3Shape,
     specs: list[TensorSpec],
-    types: list[GGMLQuantizationType],
+    types: list[GGMLType],
     sizes: list[int],
 ) -> ModelLayout:
     parts = _shard_paths(tier)
@@ -173,7 +169,7 @@ def _assemble(
     for spec, qtype, nbytes in zip(specs, types, sizes, strict=True):
         part = min(len(parts) - 1, offset // per_part)
         entries.append(
-            TensorEntry(spec.name, spec.shape, int(qtype), qtype.name, offset, nbytes, part)
+            TensorEntry(spec.name, spec.shape, qtype.id, qtype.name, offset, nbytes, part)
         )
         offset += nbytes
         type_counts[qtype.name] = type_counts.get(qtype.name, 0) + 1

@@ -32,8 +32,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from gguf import GGML_QUANT_SIZES
-
 from k3desk.core.catalog.model import Tier
 from k3desk.core.errors import K3Error
 from k3desk.core.gguf.model import ModelLayout
@@ -161,10 +159,9 @@ class Recommendation:
 
 def _bpw(type_name: str) -> float:
     try:
-        block, size = GGML_QUANT_SIZES[ggml_type(type_name)]
+        return ggml_type(type_name).bits_per_weight
     except K3Error:
         return 0.0
-    return size * 8 / block
 
 
 def layout_bpw(layout: ModelLayout) -> tuple[float, float]:
