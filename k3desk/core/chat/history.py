@@ -12,7 +12,6 @@ read meanwhile); every public method is safe to call from a worker thread.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import re
@@ -21,176 +20,33 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, cast
 
-from k3desk.core.chat.images import EXTENSION, MIME, ImageFormat, PreparedImage
+from k3desk.core.chat import history_export
+from k3desk.core.chat.history_export import EXPORT_FORMAT as EXPORT_FORMAT
+from k3desk.core.chat.history_schema import FTS_V1, SCHEMA_V1, split_sql
+from k3desk.core.chat.history_schema import fts5_available as fts5_available
+from k3desk.core.chat.images import EXTENSION, ImageFormat, PreparedImage
 from k3desk.core.chat.model import ROLES, ChatSettings, Role, Timings, Usage
-from k3desk.core.errors import ChatError
+from k3desk.core.chat.records import KEEP as KEEP
+from k3desk.core.chat.records import Conversation as Conversation
+from k3desk.core.chat.records import HistoryError as HistoryError
+from k3desk.core.chat.records import Message as Message
+from k3desk.core.chat.records import SearchHit as SearchHit
+from k3desk.core.chat.records import StoredImage as StoredImage
+from k3desk.core.chat.records import _Keep
 from k3desk.core.private import make_private, private_dir, private_file, write_private
 from k3desk.core.safepaths import display_name, scrub
 
 SCHEMA_VERSION: Final = 1
 IMAGES_DIRNAME: Final = "history-images"
-EXPORT_FORMAT: Final = "k3desk-conversation"
-
-
-class HistoryError(ChatError):
-    """The conversation store cannot be opened, or a record does not exist."""
-
-
-class _Keep:
-    """Marker: leave this field unchanged."""
-
-
-KEEP: Final = _Keep()
-
-
-@dataclass(frozen=True)
-class StoredImage:
-    sha256: str
-    format: ImageFormat
-    width: int
-    height: int
-    size: int
-    path: Path
-    name: str = ""
-
-    @property
-    def mime(self) -> str:
-        return MIME[self.format]
-
-    def read_bytes(self) -> bytes:
-        return self.path.read_bytes()
-
-    def to_prepared(self) -> PreparedImage:
-        """The image as the chat client sends it (for resending a stored message)."""
-        data = self.read_bytes()
-        return PreparedImage(data, self.format, self.width, self.height, self.name, len(data))
-
-
-@dataclass(frozen=True)
-class Message:
-    id: int
-    conversation_id: int
-    parent_id: int | None
-    role: Role
-    content: str
-    reasoning: str = ""
-    created: float = 0.0
-    images: tuple[StoredImage, ...] = ()
-    usage: Usage | None = None
-    timings: Timings | None = None
-    partial: bool = False
-    finish_reason: str | None = None
-    model: str | None = None
-
-
-@dataclass(frozen=True)
-class Conversation:
-    id: int
-    title: str
-    created: float
-    updated: float
-    system_prompt: str
-    settings: ChatSettings
-    tier: str | None
-    model: str | None
-    current_leaf: int | None
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    conversation_id: int
-    title: str
-    message_id: int | None  # None when the title matched
-    role: Role | None
-    snippet: str
-
-
-_SCHEMA_V1 = """
-CREATE TABLE conversations (
-    id            INTEGER PRIMARY KEY,
-    title         TEXT NOT NULL,
-    created       REAL NOT NULL,
-    updated       REAL NOT NULL,
-    system_prompt TEXT NOT NULL DEFAULT '',
-    settings      TEXT NOT NULL DEFAULT '{}',
-    tier          TEXT,
-    model         TEXT,
-    current_leaf  INTEGER
-);
-CREATE INDEX conversations_updated ON conversations(updated DESC);
-CREATE TABLE messages (
-    id              INTEGER PRIMARY KEY,
-    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-    parent_id       INTEGER REFERENCES messages(id) ON DELETE CASCADE,
-    role            TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
-    content         TEXT NOT NULL DEFAULT '',
-    reasoning       TEXT NOT NULL DEFAULT '',
-    created         REAL NOT NULL,
-    usage           TEXT,
-    timings         TEXT,
-    partial         INTEGER NOT NULL DEFAULT 0,
-    finish_reason   TEXT,
-    model           TEXT
-);
-CREATE INDEX messages_tree ON messages(conversation_id, parent_id, id);
-CREATE INDEX messages_parent ON messages(parent_id);
-CREATE TABLE message_images (
-    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
-    position   INTEGER NOT NULL,
-    sha256     TEXT NOT NULL,
-    format     TEXT NOT NULL,
-    width      INTEGER NOT NULL,
-    height     INTEGER NOT NULL,
-    size       INTEGER NOT NULL,
-    name       TEXT NOT NULL DEFAULT '',
-    PRIMARY KEY (message_id, position)
-);
-CREATE INDEX message_images_sha ON message_images(sha256);
-"""
-
-_FTS_V1 = """
-CREATE VIRTUAL TABLE messages_fts USING fts5(
-    content, reasoning, content='messages', content_rowid='id',
-    tokenize='unicode61 remove_diacritics 2'
-);
-CREATE TRIGGER messages_fts_ins AFTER INSERT ON messages BEGIN
-    INSERT INTO messages_fts(rowid, content, reasoning)
-    VALUES (new.id, new.content, new.reasoning);
-END;
-CREATE TRIGGER messages_fts_del AFTER DELETE ON messages BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, content, reasoning)
-    VALUES ('delete', old.id, old.content, old.reasoning);
-END;
-CREATE TRIGGER messages_fts_upd AFTER UPDATE OF content, reasoning ON messages BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, content, reasoning)
-    VALUES ('delete', old.id, old.content, old.reasoning);
-    INSERT INTO messages_fts(rowid, content, reasoning)
-    VALUES (new.id, new.content, new.reasoning);
-END;
-"""
 
 _MSG_COLS = (
     "m.id, m.conversation_id, m.parent_id, m.role, m.content, m.reasoning, m.created, "
     "m.usage, m.timings, m.partial, m.finish_reason, m.model"
 )
 _CONV_COLS = "id, title, created, updated, system_prompt, settings, tier, model, current_leaf"
-
-
-def fts5_available() -> bool:
-    """Whether this Python's SQLite has the FTS5 full-text module."""
-    con = sqlite3.connect(":memory:")
-    try:
-        con.execute("CREATE VIRTUAL TABLE t USING fts5(x)")
-    except sqlite3.OperationalError:
-        return False
-    finally:
-        con.close()
-    return True
 
 
 class HistoryStore:
@@ -294,7 +150,7 @@ class HistoryStore:
             with self._tx():
                 version = self._schema_version()
                 if version == 0:
-                    for stmt in _split_sql(_SCHEMA_V1 + (_FTS_V1 if want_fts else "")):
+                    for stmt in split_sql(SCHEMA_V1 + (FTS_V1 if want_fts else "")):
                         con.execute(stmt)
                     con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 # future migrations go here, on the version read inside this transaction:
@@ -782,9 +638,9 @@ class HistoryStore:
         return hits
 
     # ---------------------------------------------------------- export
-
-    def export_json(self, conversation_id: int, *, embed_images: bool = False) -> dict[str, Any]:
-        """The whole conversation (every branch) as plain JSON-ready data."""
+    def snapshot(self, conversation_id: int) -> tuple[Conversation, list[Message], list[Message]]:
+        """The conversation, every message of every branch (by id) and the current branch,
+        read at one moment."""
         with self._lock:
             conv = self.get_conversation(conversation_id)
             rows = self._con.execute(
@@ -792,127 +648,19 @@ class HistoryStore:
                 (conversation_id,),
             ).fetchall()
             images = self._images_for([r[0] for r in rows])
-            path = [m.id for m in self.branch(conversation_id)]
-        messages = []
-        for r in rows:
-            m = self._message(r, images)
-            item: dict[str, Any] = {
-                "id": m.id,
-                "parent_id": m.parent_id,
-                "role": m.role,
-                "content": m.content,
-                "reasoning": m.reasoning,
-                "created": _iso(m.created),
-                "partial": m.partial,
-                "finish_reason": m.finish_reason,
-                "model": m.model,
-                "usage": m.usage.to_dict() if m.usage else None,
-                "timings": m.timings.to_dict() if m.timings else None,
-                "images": [],
-            }
-            for img in m.images:
-                entry: dict[str, Any] = {
-                    "sha256": img.sha256,
-                    "mime": img.mime,
-                    "width": img.width,
-                    "height": img.height,
-                    "bytes": img.size,
-                    "name": img.name,
-                    "file": str(img.path),
-                }
-                if embed_images:
-                    entry["data"] = base64.b64encode(img.read_bytes()).decode("ascii")
-                item["images"].append(entry)
-            messages.append(item)
-        return {
-            "format": EXPORT_FORMAT,
-            "version": 1,
-            "conversation": {
-                "id": conv.id,
-                "title": conv.title,
-                "created": _iso(conv.created),
-                "updated": _iso(conv.updated),
-                "system_prompt": conv.system_prompt,
-                "settings": conv.settings.to_dict(),
-                "tier": conv.tier,
-                "model": conv.model,
-            },
-            "current_path": path,
-            "messages": messages,
-        }
+            return conv, [self._message(r, images) for r in rows], self.branch(conversation_id)
+
+    def export_json(self, conversation_id: int, *, embed_images: bool = False) -> dict[str, Any]:
+        """The whole conversation (every branch) as plain JSON-ready data."""
+        return history_export.export_json(self, conversation_id, embed_images=embed_images)
 
     def export_markdown(self, conversation_id: int, *, assets_dir: Path | None = None) -> str:
-        """The current branch as Markdown.
-
-        With ``assets_dir`` the images are copied there and linked by relative path
-        (``assets_dir.name/<file>``); otherwise they link to the stored files.
-        """
-        conv, msgs = self.open_conversation(conversation_id)
-        s = conv.settings
-        out = [f"# {conv.title}", ""]
-        facts = [f"Created {_iso(conv.created)}"]
-        if conv.model:
-            facts.append(f"model {conv.model}")
-        if conv.tier:
-            facts.append(f"tier {conv.tier}")
-        facts.append(
-            f"temperature {s.temperature:g}, top_p {s.top_p:g}, "
-            f"thinking {'on' if s.thinking else 'off'}"
-            + (f" ({s.thinking_effort})" if s.thinking and s.thinking_effort else "")
-        )
-        out += [f"*{' · '.join(facts)}*", ""]
-        if conv.system_prompt:
-            out += ["## System", "", conv.system_prompt, ""]
-        if assets_dir is not None:
-            private_dir(assets_dir)
-        for m in msgs:
-            out += [f"## {m.role.capitalize()}", ""]
-            for i, img in enumerate(m.images, 1):
-                if assets_dir is not None:
-                    # the stored file's own name (its hash and extension), never the name
-                    # the picture had when it was attached
-                    target = assets_dir / img.path.name
-                    if not target.exists():
-                        write_private(target, img.read_bytes())
-                    link = f"{assets_dir.name}/{img.path.name}"
-                else:
-                    link = img.path.as_uri()
-                out += [f"![{_md_label(img.name) or f'image {i}'}]({link})", ""]
-            if m.reasoning:
-                out += [
-                    "<details><summary>Reasoning</summary>",
-                    "",
-                    m.reasoning,
-                    "",
-                    "</details>",
-                    "",
-                ]
-            if m.content:
-                out += [m.content, ""]
-            if m.partial:
-                out += ["*(partial answer: the engine stopped before finishing it)*", ""]
-        return "\n".join(out).rstrip() + "\n"
+        """The current branch as Markdown (images copied into ``assets_dir`` if given)."""
+        return history_export.export_markdown(self, conversation_id, assets_dir=assets_dir)
 
     def write_export(self, conversation_id: int, target: Path, *, fmt: str = "md") -> Path:
         """Write the conversation to ``target`` as ``md`` (with an assets folder) or ``json``."""
-        target = Path(target)
-        if fmt == "json":
-            text = json.dumps(self.export_json(conversation_id, embed_images=True), indent=2)
-        elif fmt == "md":
-            assets = target.with_name(target.stem + "_files")
-            text = self.export_markdown(conversation_id, assets_dir=assets)
-            with contextlib.suppress(OSError):
-                assets.rmdir()  # no images: leave no empty folder
-        else:
-            raise HistoryError(f"Unknown export format {fmt!r}; use md or json.")
-        try:
-            write_private(target, text)  # a copy of private conversations: private too
-        except OSError as exc:
-            raise HistoryError(
-                f"Cannot write the export {target}: {exc.strerror or exc}.",
-                "Choose a folder you can write to.",
-            ) from None
-        return target
+        return history_export.write_export(self, conversation_id, target, fmt=fmt)
 
     # ---------------------------------------------------------- internals
 
@@ -1007,41 +755,11 @@ def _conversation(row: Sequence[Any]) -> Conversation:
     )
 
 
-def _split_sql(script: str) -> list[str]:
-    """Statements of a schema script (triggers keep their inner semicolons)."""
-    out: list[str] = []
-    buf: list[str] = []
-    in_trigger = False
-    for line in script.strip().splitlines():
-        if not line.strip():
-            continue
-        buf.append(line)
-        if line.lstrip().upper().startswith("CREATE TRIGGER"):
-            in_trigger = True
-        if in_trigger:
-            if line.strip().upper() == "END;":
-                out.append("\n".join(buf))
-                buf = []
-                in_trigger = False
-        elif line.rstrip().endswith(";"):
-            out.append("\n".join(buf))
-            buf = []
-    if buf:
-        out.append("\n".join(buf))
-    return out
-
-
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def _scrub_opt(value: Any) -> Any:
     return scrub(value) if isinstance(value, str) else value
-
-
-def _md_label(name: str) -> str:
-    """An image's name as Markdown link text (no line breaks, brackets escaped)."""
-    text = display_name(name)
-    return text.replace("\\", "\\\\").replace("[", "\\[").replace("]", "\\]")
 
 
 def _like_escape(word: str) -> str:
@@ -1056,7 +774,3 @@ def _snippet(text: str, words: Sequence[str], width: int = 60) -> str:
     for w in words:
         piece = re.sub(f"({re.escape(w)})", r"[\1]", piece, flags=re.IGNORECASE)
     return ("…" if start > 0 else "") + piece + ("…" if start + width < len(text) else "")
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")

@@ -37,10 +37,9 @@ import contextlib
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import httpx
 
@@ -54,14 +53,30 @@ from k3desk.core.cluster.group import (
     LaunchFailure,
     stop_remote_processes,
 )
-from k3desk.core.cluster.nodes import Cluster, ClusterError, Node, is_ipv4_literal
-from k3desk.core.cluster.recipe import (
-    DEFAULT_PROFILE,
-    LAUNCHER_MAX_CTX,
-    PROFILES,
-    RecipeProfile,
-    engine_refusals,
-    profile_names,
+from k3desk.core.cluster.nodes import ClusterError, Node
+from k3desk.core.cluster.sparkinfer_card import CARD_COMMAND, explain_card_command
+from k3desk.core.cluster.sparkinfer_checks import check_sparkinfer, check_tier
+from k3desk.core.cluster.sparkinfer_config import (
+    BINARY,
+    BRIDGE_PORT,
+    CHAT_TEMPLATE_NAME,
+    COORD_PORT,
+    DEFAULT_BRIDGE,
+    GEOMETRY_ERROR,
+    RECIPE_DIRNAME,
+    SERVE_PORT,
+    TARGET_REPO,
+    TOKENIZER_DIRNAME,
+    TOKENIZER_REPO,
+    SparkInferConfig,
+    bridge_argv,
+    bridge_env,
+    bridge_key,
+    bridge_key_name,
+    bridge_secrets,
+    describe_launch,
+    rank_argv,
+    reply_caps,
 )
 from k3desk.core.cluster.ssh import (
     RemoteProcess,
@@ -69,568 +84,34 @@ from k3desk.core.cluster.ssh import (
     classify_ssh_failure,
     remote_command,
 )
-from k3desk.core.hardware.nvidia import launch_env
-from k3desk.core.hardware.profile import GpuInfo, HardwareProfile
 from k3desk.core.paths import AppPaths
 from k3desk.core.progress import CancelToken
-from k3desk.core.safepaths import file_name_problem
 from k3desk.core.secrets import SecretStore
 
-if TYPE_CHECKING:
-    from k3desk.core.catalog.model import Tier
-    from k3desk.core.cluster.probe import NodeReport
-
-BINARY = "kimi_k3_dist_generate"
-MODEL_NAME = "kimi-k3-neuron"
-COORD_PORT = 29500
-SERVE_PORT = 29600
-BRIDGE_PORT = 8000
-TARGET_EXPERTS = 896
-TARGET_EXPERT_WIDTH = 1536
-TARGET_SHARDS = 9
-TARGET_REPO = "vcruz305/Kimi-K3-GGUF"
-GEOMETRY_ERROR = "GGUF MoE geometry is not the Neuron 896x1536 recipe target"
-API_KEY_ENV = "K3_API_KEY"  # the bridge's bearer key (api-server/server.py)
-
-# The recipe's HTTP bridge beside rank 0: ``api-server/run-api.sh`` reads its settings
-# from the environment (see :func:`bridge_env`) and execs ``server.py``.  Placeholders
-# (also for ``--bridge-cmd``): {python} {workdir} {recipe} {engine} {host} {port} {model}
-# {ctx} {tokenizer} {template}.
-DEFAULT_BRIDGE = ("bash", "{recipe}/api-server/run-api.sh")
-RECIPE_DIRNAME = "kimi-k3-neuron-tp3-dgxspark-recipe"  # the recipe's clone, in rank 0's workdir
-# The recipe's README, step 1: shards and chat template in $K3_HOME/model (from
-# vcruz305/Kimi-K3-GGUF), the tokenizer in $K3_HOME/tokenizer, fetched from
-# moonshotai/Kimi-K3 (the model card's download does not bring it).
-TOKENIZER_DIRNAME = "tokenizer"  # beside the model folder, as $K3_HOME/tokenizer
-CHAT_TEMPLATE_NAME = "k3_chat_template.jinja"  # in the model folder
-TOKENIZER_REPO = "moonshotai/Kimi-K3"
-TOKENIZER_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenization_kimi.py",
-    "tiktoken.model",
-    "tokenizer_config.json",
-)
-
-
-def tokenizer_command(folder: str) -> str:
-    """The recipe's command that fetches the bridge's tokenizer into ``folder``."""
-    include = " ".join(f'--include "{f}"' for f in TOKENIZER_FILES)
-    return f"hf download {TOKENIZER_REPO} --local-dir {folder} {include}"
-
-
-def bridge_key_name(cluster: str) -> str:
-    """The keyring entry of a cluster's bridge key."""
-    return f"sparkinfer-bridge:{cluster}"
-
-
-def bridge_key(secrets: SecretStore, cluster: str) -> tuple[str, bool]:
-    """The bridge key of ``cluster`` from the keyring (made and saved on first use), and
-    whether it is new (to be shown once)."""
-    import secrets as random
-
-    name = bridge_key_name(cluster)
-    key = secrets.get(name)
-    if key:
-        return key, False
-    key = random.token_urlsafe(32)
-    secrets.set(name, key, what="bridge key")
-    return key, True
-
-
-# Steps 6 and 7 of the model card's launch procedure, as printed there.
-CARD_COMMAND = (
-    "sparkinfer --model ./Kimi-K3-UD-IQ1_S --tp 3 --rank 0 --listen --ctx-len 8192 --jdba-band\n"
-    "sparkinfer --model ./Kimi-K3-UD-IQ1_S --tp 3 --rank 1 --coord <rank0-host>:9000 --jdba-band"
-)
-
-
-@dataclass(frozen=True)
-class SparkInferConfig:
-    cluster: Cluster
-    model_file: str = "Kimi-K3-UD-IQ1_S-00001-of-00009.gguf"  # shard 1, in each node's model_path
-    max_ctx: int = LAUNCHER_MAX_CTX
-    profile: str = DEFAULT_PROFILE  # one of recipe.PROFILES
-    spec_draft: int | None = None  # overrides the profile's K; 0 = no drafting
-    env: Mapping[str, str] = field(default_factory=dict)  # over the profile's environment
-    api_key: str = ""  # the bridge's K3_API_KEY ("" = an open bridge)
-    coord_port: int = COORD_PORT
-    serve_port: int = SERVE_PORT  # rank 0's line-protocol socket (bound to 127.0.0.1)
-    bridge_port: int = BRIDGE_PORT
-    bridge_host: str = ""  # "" = rank 0's address
-    bridge_argv: tuple[str, ...] = DEFAULT_BRIDGE
-    model_name: str = MODEL_NAME
-    recipe_dir: str = ""  # on rank 0; "" = <rank 0 workdir>/kimi-k3-neuron-tp3-dgxspark-recipe
-    tokenizer_dir: str = ""  # on rank 0; "" = <rank 0 model folder>/tokenizer
-    chat_template: str = ""  # on rank 0; "" = <rank 0 model folder>/k3_chat_template.jinja
-    connect_timeout: float = 180.0  # workers reaching rank 0
-    load_timeout: float = 3600.0  # the recipe reports ~5m45s per rank
-    ready_timeout: float = 120.0  # serve socket and bridge
-
-    @property
-    def world(self) -> int:
-        return len(self.cluster.nodes)
-
-    @property
-    def recipe_profile(self) -> RecipeProfile:
-        try:
-            return PROFILES[self.profile]
-        except KeyError:
-            raise ClusterError(
-                f"Unknown SparkInfer profile {self.profile!r}.",
-                f"The recipe's profiles: {profile_names()}.",
-            ) from None
-
-    @property
-    def rank_env(self) -> dict[str, str]:
-        """Every rank's environment: the GPU order, the profile's, then ``env``."""
-        return launch_env({**self.recipe_profile.env, **self.env})
-
-    def library_path(self, node: Node) -> str:
-        """The folder of the node's binary, which k3_cluster.sh puts before
-        LD_LIBRARY_PATH (its dist/ holds libsparkinfer_runtime.so and libsparkinfer_moe.so)."""
-        binary = node.sparkinfer_bin
-        return str(PurePosixPath(binary).parent) if binary.startswith("/") else ""
-
-    def model_path(self, node: Node) -> str:
-        if not node.model_path:
-            return self.model_file
-        return str(PurePosixPath(node.model_path) / self.model_file)
-
-    @property
-    def rank0(self) -> Node:
-        return self.cluster.nodes[0]
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.bridge_host or self.rank0.engine_address}:{self.bridge_port}"
-
-    @property
-    def recipe_path(self) -> str:
-        if self.recipe_dir:
-            return self.recipe_dir
-        workdir = self.rank0.workdir
-        return str(PurePosixPath(workdir) / RECIPE_DIRNAME) if workdir else RECIPE_DIRNAME
-
-    @property
-    def tokenizer_path(self) -> str:
-        """The model's native tokenizer folder on rank 0 ('' when not known): by default
-        ``tokenizer`` beside the model folder, as the recipe's $K3_HOME/tokenizer."""
-        if self.tokenizer_dir:
-            return self.tokenizer_dir
-        folder = self.rank0.model_path.rstrip("/")
-        return str(PurePosixPath(folder).parent / TOKENIZER_DIRNAME) if folder else ""
-
-    @property
-    def chat_template_path(self) -> str:
-        """The recipe's chat template on rank 0 ('' when not known), by default in the
-        model folder, where the download of the shards puts it."""
-        if self.chat_template:
-            return self.chat_template
-        folder = self.rank0.model_path
-        return str(PurePosixPath(folder) / CHAT_TEMPLATE_NAME) if folder else ""
-
-    @property
-    def bridge_paths(self) -> tuple[str, ...]:
-        """What the bridge reads on rank 0 (the tokenizer folder, the chat template), for the
-        probe to look for; empty when rank 0 has no model folder and none were given."""
-        return tuple(p for p in (self.tokenizer_path, self.chat_template_path) if p)
-
-    @property
-    def bridge_needs_tokenizer(self) -> bool:
-        """Whether the bridge command is the recipe's (which exits without them)."""
-        return any(
-            "run-api.sh" in a or "{tokenizer}" in a or "{template}" in a for a in self.bridge_argv
-        )
-
-
-def rank_argv(config: SparkInferConfig, rank: int) -> list[str]:
-    """The verified command line of ``rank`` (0 = coordinator)."""
-    node = config.cluster.nodes[rank]
-    coord = f"{config.rank0.engine_address}:{config.coord_port}"
-    argv = [node.sparkinfer_bin or BINARY, "--rank", str(rank), "--world", str(config.world)]
-    argv += ["--listen", coord] if rank == 0 else ["--coord", coord]
-    argv += ["--model", config.model_path(node), "--max-ctx", str(config.max_ctx)]
-    if rank == 0:
-        argv += ["--serve", f"127.0.0.1:{config.serve_port}"]
-    # the same drafter flags on every rank: workers need K to arm the rollback ring
-    return argv + config.recipe_profile.args(config.spec_draft)
-
-
-def bridge_argv(config: SparkInferConfig) -> list[str]:
-    node = config.rank0
-    values = {
-        "python": node.python,
-        "workdir": node.workdir or ".",
-        "recipe": config.recipe_path,
-        "engine": f"127.0.0.1:{config.serve_port}",
-        "host": config.bridge_host or node.engine_address,
-        "port": str(config.bridge_port),
-        "model": config.model_name,
-        "ctx": str(config.max_ctx),
-        "tokenizer": config.tokenizer_path,
-        "template": config.chat_template_path,
-    }
-    return [a.format(**values) for a in config.bridge_argv]
-
-
-def reply_caps(max_ctx: int) -> tuple[int, int]:
-    """(K3_MAX_TOKENS, K3_DEFAULT_MAX_TOKENS) for a context of ``max_ctx`` tokens.
-
-    The bridge refuses a request that asks for more than K3_MAX_TOKENS and one whose
-    prompt plus completion exceeds K3_MAX_CONTEXT_TOKENS (``validate_request`` in
-    api-server/server.py), so the cap is the context itself; the default for a request
-    that names no limit leaves half the context to the prompt (a default of the whole
-    context would refuse every such request).
-    """
-    return max_ctx, max(1, max_ctx // 2)
-
-
-def bridge_env(config: SparkInferConfig) -> dict[str, str]:
-    """What ``api-server/run-api.sh`` reads (it refuses to start without the first two);
-    K3_API_KEY travels apart (:func:`bridge_secrets`)."""
-    cap, default = reply_caps(config.max_ctx)
-    env = {
-        "K3_TOKENIZER_DIR": config.tokenizer_path,
-        "K3_CHAT_TEMPLATE": config.chat_template_path,
-        "K3_API_HOST": config.bridge_host or config.rank0.engine_address,
-        "K3_API_PORT": str(config.bridge_port),
-        "K3_SERVE_HOST": "127.0.0.1",
-        "K3_SERVE_PORT": str(config.serve_port),
-        "K3_MODEL_NAME": config.model_name,
-        "K3_MAX_CONTEXT_TOKENS": str(config.max_ctx),
-        "K3_MAX_TOKENS": str(cap),
-        "K3_DEFAULT_MAX_TOKENS": str(default),
-    }
-    return launch_env({k: v for k, v in env.items() if v})
-
-
-def bridge_secrets(config: SparkInferConfig) -> dict[str, str]:
-    """The bridge's key, sent to rank 0 on the ssh connection's stdin, never on a command line."""
-    return {API_KEY_ENV: config.api_key} if config.api_key else {}
-
-
-def describe_launch(config: SparkInferConfig, *, keyed: bool = True) -> list[tuple[str, str]]:
-    """(node, command) for every process, in start order, as a person would type them.
-
-    The bridge's key is masked; with ``keyed`` it is shown (masked) even before it is
-    known, as :class:`SparkInferCluster` gets one from the keyring when it starts.
-    """
-    if keyed and not config.api_key:
-        config = replace(config, api_key="(made at start)")
-    out = []
-    for rank, node in enumerate(config.cluster.nodes):
-        command = remote_command(
-            rank_argv(config, rank), config.rank_env, library_path=config.library_path(node)
-        )
-        out.append((node.label, command))
-    bridge = remote_command(
-        bridge_argv(config), bridge_env(config), secrets=list(bridge_secrets(config))
-    )
-    out.append((config.rank0.label, bridge))
-    return out
-
-
-# ------------------------------------------------------------------ the card's command
-
-_CARD_FIXES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(p), text)
-    for p, text in (
-        (
-            r"(^|\s)sparkinfer(\s|$)",
-            f"There is no `sparkinfer` program: the binary is `{BINARY}` (built from "
-            "gittensor-ai-lab/sparkinfer-k3 v0.2.2 with the recipe's patch chain, "
-            "-DSPARKINFER_TP=ON and NCCL).",
-        ),
-        (
-            r"--tp\b",
-            "`--tp N` does not exist: give `--world 3` (or 4) and a `--rank R` on each node.",
-        ),
-        (r"--ctx-len\b", "`--ctx-len` does not exist: the flag is `--max-ctx N`."),
-        (
-            r"--jdba-band\b",
-            "`--jdba-band` does not exist: the closest setting is the environment variable "
-            "SPARKINFER_K3_DIST_HEAD_BAND=1 on every rank.",
-        ),
-        (
-            r":9000\b",
-            "Nothing listens on port 9000: workers connect with `--coord IP:29500` (the "
-            "coordinator port), the serve socket is 29600 (a line protocol, not HTTP), and "
-            "the OpenAI-compatible HTTP comes from the bridge on port 8000.",
-        ),
-        (
-            r"--listen(\s+--|\s*$)",
-            "`--listen` needs an address: `--listen <rank-0 IPv4>:29500` (IPv4 literals only).",
-        ),
-        (
-            r"--model\s+\S*Kimi-K3-UD-IQ1_S/?(\s|$)",
-            "`--model` takes the first shard file, not the folder: "
-            "`--model /path/Kimi-K3-UD-IQ1_S-00001-of-00009.gguf`.",
-        ),
-    )
-)
-
-
-def explain_card_command(command: str = CARD_COMMAND) -> str:
-    """What is wrong with a command copied from the model card, and the verified one."""
-    lines = ["The model card's SparkInfer command does not match the program:"]
-    found = [text for rx, text in _CARD_FIXES if rx.search(command)]
-    if not found:
-        lines = ["That command has none of the model card's known mistakes."]
-    lines += [f"  - {t}" for t in found]
-    profile = PROFILES[DEFAULT_PROFILE]
-    env = " ".join(f"{k}={v}" for k, v in profile.env.items())
-    flags = " ".join(profile.args())
-    shard = "/k3/model/Kimi-K3-UD-IQ1_S-00001-of-00009.gguf"
-    cap, default = reply_caps(LAUNCHER_MAX_CTX)
-    lines += [
-        "",
-        "The verified command line, as the recipe's scripts/k3_cluster.sh starts it (one "
-        "process per node, rank 0 first, each with the same environment):",
-        f"  every rank:  {env} LD_LIBRARY_PATH=<dist>",
-        f"  rank 0:  {BINARY} --rank 0 --world 3 --listen 10.0.0.11:29500 --model {shard} "
-        f"--max-ctx {LAUNCHER_MAX_CTX} --serve 127.0.0.1:29600 {flags}",
-        f"  rank 1:  {BINARY} --rank 1 --world 3 --coord 10.0.0.11:29500 --model {shard} "
-        f"--max-ctx {LAUNCHER_MAX_CTX} {flags}",
-        "  rank 2:  the same with --rank 2",
-        "  then the recipe's HTTP bridge beside rank 0 (port 8000, model kimi-k3-neuron):",
-        "           K3_TOKENIZER_DIR=/k3/tokenizer "
-        f"K3_CHAT_TEMPLATE=/k3/model/{CHAT_TEMPLATE_NAME} K3_SERVE_PORT=29600 "
-        f"K3_MAX_CONTEXT_TOKENS={LAUNCHER_MAX_CTX} K3_MAX_TOKENS={cap} "
-        f"K3_DEFAULT_MAX_TOKENS={default} K3_API_KEY=<a long random secret> "
-        "api-server/run-api.sh",
-        f"  (the chat template comes with the shards from {TARGET_REPO}; the tokenizer "
-        f"does not: `{tokenizer_command('/k3/tokenizer')}`).",
-        "Every node needs its own complete copy of the 9 shards at the same path.  "
-        "`--spec-draft K` (2..16) must be on every rank, with SPARKINFER_K3_PREFILL_CHUNK "
-        "(64 when unset) >= K.",
-        "`k3desk cluster serve NAME --engine sparkinfer` runs all of this for you.",
-    ]
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------------------ refusals
-
-
-@dataclass(frozen=True)
-class SparkInferCheck:
-    refusals: tuple[str, ...]
-    warnings: tuple[str, ...]
-
-    @property
-    def ok(self) -> bool:
-        return not self.refusals
-
-    def raise_if_refused(self) -> None:
-        if self.refusals:
-            raise ClusterError(
-                "SparkInfer cannot run this: " + " ".join(self.refusals),
-                "Use llama.cpp (`k3desk cluster serve NAME --engine rpc`, or one machine) "
-                "for other tiers and hardware.",
-            )
-
-
-def is_gb10(gpu: GpuInfo) -> bool:
-    return gpu.compute_capability == (12, 1) or "GB10" in gpu.name.upper()
-
-
-def check_tier(tier: Tier) -> str:
-    """Why SparkInfer cannot load ``tier`` ('' when it can)."""
-    geometry = (tier.shard_count, tier.experts_kept, tier.expert_feed_forward_length)
-    if geometry == (TARGET_SHARDS, TARGET_EXPERTS, TARGET_EXPERT_WIDTH) and (
-        "sparkinfer" in tier.engines
-    ):
-        return ""
-    return (
-        f"SparkInfer loads only the pruned 9-shard {TARGET_REPO} tier (UD-IQ1_S, "
-        f"{TARGET_EXPERTS} experts of width {TARGET_EXPERT_WIDTH}); tier {tier.id!r} has "
-        f"{tier.shard_count} shards and {tier.experts_kept} experts of width "
-        f"{tier.expert_feed_forward_length}, which it refuses with '{GEOMETRY_ERROR}'."
-    )
-
-
-def check_sparkinfer(
-    config: SparkInferConfig,
-    *,
-    tier: Tier | None = None,
-    profiles: Mapping[str, HardwareProfile | None] | None = None,
-    reports: Sequence[NodeReport] = (),
-) -> SparkInferCheck:
-    """Everything k3desk can tell before launching (``profiles`` by node label)."""
-    refusals: list[str] = []
-    warnings: list[str] = []
-    nodes = config.cluster.nodes
-    world = len(nodes)
-    if world not in (3, 4):
-        refusals.append(
-            f"SparkInfer runs on 3 nodes (TP3) or 4 (TP4); cluster {config.cluster.name!r} "
-            f"has {world}."
-        )
-    elif world == 4:
-        warnings.append(
-            "TP4 is experimental in the recipe: TP3 on GB10 is the qualified setup, its "
-            "K=8/P8 profile is qualified for TP3 only, and the recipe says not to quote a "
-            "TP4 speed (the card's 7.90 tok/s is unverified)."
-        )
-    if tier is not None:
-        why = check_tier(tier)
-        if why:
-            refusals.append(why)
-    named = file_name_problem(config.model_file)  # joined to every node's model folder
-    if named:
-        refusals.append(
-            f"--model must be shard 1's file name in each node's model folder, not "
-            f"{config.model_file!r}: {named}."
-        )
-    elif not config.model_file.endswith(".gguf"):
-        refusals.append(
-            f"--model must be the first shard file (…-00001-of-00009.gguf), not "
-            f"{config.model_file!r}."
-        )
-    for node in nodes:
-        addr = node.engine_address
-        if not is_ipv4_literal(addr):
-            kind = "an IPv6 address" if ":" in addr else "a host name"
-            refusals.append(
-                f"Node {node.label}: SparkInfer takes IPv4 literals only for --listen/--coord, "
-                f"and {addr!r} is {kind}; set address=<its IPv4 address> for this node."
-            )
-    if config.profile not in PROFILES:
-        refusals.append(
-            f"There is no SparkInfer profile {config.profile!r}; the recipe's are "
-            f"{profile_names()}."
-        )
-    elif world:
-        refusals += engine_refusals(rank_argv(config, 0), config.rank_env)
-    if config.bridge_needs_tokenizer and world:
-        missing = [
-            what
-            for what, value in (
-                ("tokenizer folder (K3_TOKENIZER_DIR)", config.tokenizer_path),
-                ("chat template (K3_CHAT_TEMPLATE)", config.chat_template_path),
-            )
-            if not value
-        ]
-        if missing:
-            refusals.append(
-                f"The recipe's HTTP bridge (api-server/run-api.sh) needs the model's "
-                f"{' and its '.join(missing)}, and rank 0 ({config.rank0.label}) has no model "
-                f"folder to find them in: set model=FOLDER for that node (the recipe keeps "
-                f"{CHAT_TEMPLATE_NAME} with the shards and {TOKENIZER_DIRNAME}/ beside that "
-                "folder) or give --tokenizer-dir and --chat-template."
-            )
-        else:
-            bad, unchecked = _bridge_files(config, reports)
-            refusals += bad
-            warnings += unchecked
-    for node in nodes:
-        profile = (profiles or {}).get(node.label)
-        if profile is None:
-            warnings.append(f"Node {node.label}: hardware not probed; GB10 is assumed.")
-            continue
-        gpus = profile.gpus
-        if any(is_gb10(g) for g in gpus):
-            continue
-        blackwell = [g for g in gpus if g.architecture == "Blackwell"]
-        if blackwell:
-            warnings.append(
-                f"Node {node.label} has {blackwell[0].name} (sm_{blackwell[0].sm}): Blackwell, "
-                "but the recipe qualifies TP3 on GB10 (sm_121) only; expect to build and tune "
-                "it yourself."
-            )
-            continue
-        have = ", ".join(f"{g.name} ({g.architecture}, sm_{g.sm})" for g in gpus) or (
-            "no NVIDIA GPU"
-        )
-        refusals.append(
-            f"Node {node.label} has {have}: SparkInfer's recipe runs on GB10 / DGX Spark "
-            "(Blackwell, sm_121). The card's 'all Blackwell chips (H200, ...)' is wrong: H200 "
-            "is Hopper (sm_90)."
-        )
-    for rep in reports:
-        copy = rep.copy
-        if copy is None:
-            continue
-        if copy.expert_count is not None and (
-            copy.expert_count,
-            copy.expert_feed_forward_length,
-        ) != (TARGET_EXPERTS, TARGET_EXPERT_WIDTH):
-            refusals.append(
-                f"Node {rep.node.label}: the model in {copy.folder} has {copy.expert_count} "
-                f"experts of width {copy.expert_feed_forward_length}; SparkInfer refuses it "
-                f"('{GEOMETRY_ERROR}')."
-            )
-        elif not copy.complete:
-            refusals.append(
-                f"Node {rep.node.label} has no complete copy of the model ({copy.summary()}); "
-                "every rank loads its own copy from the same path."
-            )
-    return SparkInferCheck(tuple(refusals), tuple(warnings))
-
-
-_BRIDGE_FILES = (
-    # what, the kind it must be, where to set it
-    ("tokenizer folder (K3_TOKENIZER_DIR)", "dir", "Tokenizer folder / --tokenizer-dir"),
-    ("chat template (K3_CHAT_TEMPLATE)", "file", "Chat template / --chat-template"),
-)
-
-
-def _what_is_there(found: str, wanted: str) -> str:
-    """Why ``found`` (a probe's ``paths`` value) is not the ``wanted`` kind, in words."""
-    if wanted == "file" and found.endswith("dir"):
-        return "it is a folder, not a file"
-    if wanted == "dir" and found.endswith("file"):
-        return "it is a file, not a folder"
-    return {
-        "missing": "there is nothing there",
-        "empty dir": "it is empty",
-        "unreadable dir": "it cannot be read",
-        "unreadable file": "it cannot be read",
-    }.get(found, "it is neither a file nor a folder")
-
-
-def _fetch_hint(kind: str, path: str, folder: str) -> str:
-    """How the recipe gets the bridge's tokenizer folder (``kind`` "dir") or chat template."""
-    if kind == "dir":
-        return (
-            f"the model card's download does not bring the tokenizer: the recipe fetches it "
-            f"from {TOKENIZER_REPO} on rank 0 with `{tokenizer_command(path)}`"
-        )
-    return (
-        f"it comes with the shards from {TARGET_REPO} (`hf download {TARGET_REPO} "
-        f'--local-dir {folder} --include "{CHAT_TEMPLATE_NAME}"`)'
-    )
-
-
-def _bridge_files(
-    config: SparkInferConfig, reports: Sequence[NodeReport]
-) -> tuple[list[str], list[str]]:
-    """Refusals for a tokenizer folder or chat template the probe found missing on rank 0,
-    and warnings for those it did not look for (chosen after it ran)."""
-    rank0 = config.rank0
-    rep = next((r for r in reports if r.node == rank0 and r.ok), None)
-    if rep is None:  # not probed, or unreachable (refused for that already)
-        return [], []
-    refusals: list[str] = []
-    warnings: list[str] = []
-    folder = rank0.model_path or "the folder that holds the shards"
-    for (what, kind, setting), path in zip(
-        _BRIDGE_FILES, (config.tokenizer_path, config.chat_template_path), strict=True
-    ):
-        found = rep.paths.get(path)
-        if found is None:
-            warnings.append(
-                f"Rank 0 ({rank0.label}): the last probe did not look for the "
-                f"{what.split(' (')[0]} {path}; probe again to check it is there."
-            )
-        elif found != kind:
-            refusals.append(
-                f"Rank 0 ({rank0.label}) has no {what} at {path}: "
-                f"{_what_is_there(found, kind)}. The recipe's HTTP bridge "
-                f"(api-server/run-api.sh) exits without it; {_fetch_hint(kind, path, folder)}, "
-                f"or set where it is ({setting}), then probe again."
-            )
-    return refusals, warnings
+# the configuration, the card's command and the checks live in modules of their own
+# (sparkinfer_config, sparkinfer_card, sparkinfer_checks); importable from here as before
+__all__ = [
+    "BRIDGE_PORT",
+    "CARD_COMMAND",
+    "CHAT_TEMPLATE_NAME",
+    "COORD_PORT",
+    "DEFAULT_BRIDGE",
+    "GEOMETRY_ERROR",
+    "PHASE_TEXT",
+    "RECIPE_DIRNAME",
+    "SERVE_PORT",
+    "TOKENIZER_DIRNAME",
+    "ServeStats",
+    "SparkInferCluster",
+    "SparkInferConfig",
+    "bridge_key_name",
+    "check_sparkinfer",
+    "check_tier",
+    "describe_launch",
+    "explain_card_command",
+    "rank_argv",
+    "reply_caps",
+]
 
 
 # ------------------------------------------------------------------ supervision
