@@ -450,10 +450,9 @@ def _on_event(ev: GroupEvent) -> None:
 def _sparkinfer(
     args: argparse.Namespace, services: Services, cluster: Cluster
 ) -> GroupSupervisor | None:
+    from k3desk.core.app.sparkinfer_launch import SparkInferRequest, configure_sparkinfer
     from k3desk.core.cluster.sparkinfer import (
-        DEFAULT_BRIDGE,
         SparkInferCluster,
-        SparkInferConfig,
         bridge_key_name,
         check_sparkinfer,
         check_tier,
@@ -465,23 +464,25 @@ def _sparkinfer(
     why = check_tier(tier)
     if why:
         raise ClusterError(why, f"SparkInfer serves only {SPARKINFER_TIER}; use --engine rpc.")
-    bridge = tuple(args.bridge_cmd.split()) if args.bridge_cmd else DEFAULT_BRIDGE
     ctx = args.ctx or LAUNCHER_MAX_CTX
-    config = SparkInferConfig(
+    config = configure_sparkinfer(
         cluster,
-        model_file=args.model or Path(tier.first_shard).name,
-        max_ctx=ctx,
-        profile=args.profile,
-        spec_draft=args.spec_draft,
-        env=_kv(args.env, "--env"),
-        coord_port=args.coord_port,
-        serve_port=args.serve_port,
-        bridge_port=args.bridge_port,
-        bridge_argv=bridge,
-        recipe_dir=args.recipe_dir or "",
-        tokenizer_dir=args.tokenizer_dir or "",
-        chat_template=args.chat_template or "",
-        load_timeout=args.timeout,
+        SparkInferRequest(
+            profile=args.profile,
+            tier=tier,
+            model_file=args.model or "",
+            max_ctx=ctx,
+            spec_draft=args.spec_draft,
+            env=_kv(args.env, "--env"),
+            coord_port=args.coord_port,
+            serve_port=args.serve_port,
+            bridge_port=args.bridge_port,
+            bridge_argv=tuple(args.bridge_cmd.split()) if args.bridge_cmd else (),
+            recipe_dir=args.recipe_dir or "",
+            tokenizer_dir=args.tokenizer_dir or "",
+            chat_template=args.chat_template or "",
+            load_timeout=args.timeout,
+        ),
     )
     store = services.secrets
     kept = (

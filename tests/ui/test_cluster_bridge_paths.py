@@ -67,3 +67,19 @@ def test_custom_tokenizer_and_template_paths_reach_the_bridge_env(ctx, qtbot) ->
     # the RPC engine has no bridge: the fields go away with the other SparkInfer options
     page.rpc_radio.setChecked(True)
     assert not page.tokenizer_dir.isVisible()
+
+
+def test_no_profile_chosen_is_said_not_replaced_by_the_default(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]
+    """The page and the CLI share one use-case: a profile the recipe lacks is an error."""
+    nodes = tuple(Node(f"10.0.0.{11 + i}", user="k3", model_path="/m") for i in range(3))
+    ctx.cluster.save_cluster(Cluster("sparks", nodes))
+    page = ClusterPage(ctx)
+    qtbot.addWidget(page)
+    page.show()
+    page.commands_btn.click()
+    assert page.spark_radio.isChecked()
+    assert "SPARKINFER_K3_GRAPH=" in page.commands.toPlainText()  # the default profile
+    page.profile.setCurrentIndex(-1)  # nothing chosen
+    assert page.choice().profile == ""
+    assert page.commands.toPlainText().startswith("No profile chosen. The recipe's profiles: ")
+    assert page.assessment is None

@@ -256,20 +256,22 @@ class ClusterController(QObject):
             return None
 
     def sparkinfer_config(self, cluster: Cluster, choice: LaunchChoice) -> SparkInferConfig:
-        tier = self._tier(choice.tier_id)
-        base = SparkInferConfig(cluster)
-        model_file = Path(tier.first_shard).name if tier is not None else base.model_file
-        return SparkInferConfig(
+        """The use-case's configuration; an unknown profile raises ClusterError."""
+        from k3desk.core.app.sparkinfer_launch import SparkInferRequest, configure_sparkinfer
+
+        return configure_sparkinfer(
             cluster,
-            model_file=model_file,
-            max_ctx=choice.ctx,
-            profile=choice.profile,
-            spec_draft=choice.spec_draft,
-            coord_port=choice.coord_port,
-            serve_port=choice.serve_port,
-            bridge_port=choice.bridge_port,
-            tokenizer_dir=choice.tokenizer_dir.strip(),
-            chat_template=choice.chat_template.strip(),
+            SparkInferRequest(
+                profile=choice.profile,
+                tier=self._tier(choice.tier_id),
+                max_ctx=choice.ctx,
+                spec_draft=choice.spec_draft,
+                coord_port=choice.coord_port,
+                serve_port=choice.serve_port,
+                bridge_port=choice.bridge_port,
+                tokenizer_dir=choice.tokenizer_dir,
+                chat_template=choice.chat_template,
+            ),
         )
 
     def assess(

@@ -535,7 +535,7 @@ class ClusterPage(Page):
             engine="sparkinfer" if self.spark_radio.isChecked() else "rpc",
             tier_id=self.tier_id(),
             ctx=self.ctx_size.value(),
-            profile=str(self.profile.currentData() or DEFAULT_PROFILE),
+            profile=str(self.profile.currentData() or ""),  # none chosen: an error, not a default
             spec_draft=k or None,
             coord_port=self.coord_port.value(),
             serve_port=self.serve_port.value(),
@@ -574,8 +574,12 @@ class ClusterPage(Page):
             self.verdict_view.show_error(f"{exc.message} {exc.hint}".strip())
         else:
             self.verdict_view.show_assessment(self.assessment)
-        if spark:
-            cfg = self.controller.sparkinfer_config(cluster, self.choice())
+        try:
+            cfg = self.controller.sparkinfer_config(cluster, self.choice()) if spark else None
+        except K3Error as exc:  # no such profile: said, like the verdict above
+            cfg = None
+            self.commands.setPlainText(f"{exc.message} {exc.hint}".strip())
+        if cfg is not None:
             default = SparkInferConfig(cluster)
             unknown = "on rank 0 (its model folder is not set)"
             self.tokenizer_dir.setPlaceholderText(default.tokenizer_path or unknown)
@@ -583,7 +587,7 @@ class ClusterPage(Page):
             self.commands.setPlainText(
                 "\n".join(f"{node}: {cmd}" for node, cmd in describe_launch(cfg))
             )
-        else:
+        elif not spark:
             self.commands.setPlainText(
                 "An rpc-server on every node, bound to the node's address, then llama-server "
                 "--rpc with the workers' addresses on this machine."
