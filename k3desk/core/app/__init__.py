@@ -15,6 +15,7 @@ plan a shard set for hardware H        :mod:`k3desk.core.app.shardplan`
 find the model in a folder             :mod:`k3desk.core.app.models`
 prepare a local launch                 :mod:`k3desk.core.app.launch`
 run and record a chat turn             :mod:`k3desk.core.app.chat_turn`
+configure a SparkInfer launch          :mod:`k3desk.core.app.sparkinfer_launch`
 =====================================  ==========================================
 
 Modules are imported one by one (``from k3desk.core.app.tiers import judge_tiers``),
