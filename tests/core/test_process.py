@@ -15,21 +15,9 @@ import psutil
 import pytest
 
 from k3desk.core.process import has_pdeathsig, pump, spawn
+from tests.processes import gone_within as gone
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def gone(pid: int, within: float) -> bool:
-    """True once ``pid`` no longer runs (a zombie nobody reaped yet counts as gone)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def wait_for_lines(path: Path, n: int, within: float = 20.0) -> list[str]:

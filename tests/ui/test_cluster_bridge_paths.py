@@ -19,7 +19,8 @@ def bridge_line(page: ClusterPage) -> str:
     return page.commands.toPlainText().splitlines()[-1]  # the bridge starts last
 
 
-def test_custom_tokenizer_and_template_paths_reach_the_bridge_env(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]
+def sparks_page(ctx, qtbot) -> ClusterPage:  # type: ignore[no-untyped-def]
+    """The Cluster page on three saved Sparks, its command view open."""
     nodes = tuple(
         Node(f"10.0.0.{11 + i}", user="k3", model_path=f"/models/k3-{i}", workdir="/srv/k3")
         for i in range(3)
@@ -30,6 +31,11 @@ def test_custom_tokenizer_and_template_paths_reach_the_bridge_env(ctx, qtbot) ->
     page.show()
     page.commands_btn.click()
     assert page.spark_radio.isChecked()
+    return page
+
+
+def test_custom_tokenizer_and_template_paths_reach_the_bridge_env(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]
+    page = sparks_page(ctx, qtbot)
     assert page.tokenizer_dir.isVisible()
     assert page.chat_template.isVisible()
 
@@ -71,13 +77,7 @@ def test_custom_tokenizer_and_template_paths_reach_the_bridge_env(ctx, qtbot) ->
 
 def test_no_profile_chosen_is_said_not_replaced_by_the_default(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]
     """The page and the CLI share one use-case: a profile the recipe lacks is an error."""
-    nodes = tuple(Node(f"10.0.0.{11 + i}", user="k3", model_path="/m") for i in range(3))
-    ctx.cluster.save_cluster(Cluster("sparks", nodes))
-    page = ClusterPage(ctx)
-    qtbot.addWidget(page)
-    page.show()
-    page.commands_btn.click()
-    assert page.spark_radio.isChecked()
+    page = sparks_page(ctx, qtbot)
     assert "SPARKINFER_K3_GRAPH=" in page.commands.toPlainText()  # the default profile
     page.profile.setCurrentIndex(-1)  # nothing chosen
     assert page.choice().profile == ""

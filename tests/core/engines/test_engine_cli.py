@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from k3desk.devtools.tinyk3 import TinyModel
+from tests.processes import gone_within as _gone_within
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -67,18 +68,6 @@ def serving(*args: str) -> Iterator[tuple[subprocess.Popen[str], dict[str, str]]
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-
-
-def _gone_within(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.engine

@@ -34,6 +34,7 @@ from k3desk.core.engines.supervisor import (
 from k3desk.core.errors import EngineError
 from k3desk.core.paths import default_paths
 from k3desk.devtools.tinyk3 import TinyModel
+from tests.processes import gone_within as _gone_within
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[3]
@@ -421,13 +422,3 @@ def test_a_killed_app_leaves_no_server_behind(
             app.kill()
 
 
-def _gone_within(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.05)
-    return False
