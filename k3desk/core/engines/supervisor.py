@@ -178,8 +178,8 @@ class Supervisor(SupervisedLaunch[Endpoint]):
         tail_lines: int = 400,
         oom_watch: OomWatch | None = None,
     ) -> None:
-        super().__init__(policy or RestartPolicy())
         self.policy: RestartPolicy = policy or RestartPolicy()
+        super().__init__(self.policy)
         self.spec = spec
         self.paths = paths
         self._on_event = on_event
@@ -328,9 +328,6 @@ class Supervisor(SupervisedLaunch[Endpoint]):
         return Retry(delay)
 
     def _gave_up(self, number: int, verdict: GiveUp) -> None:
-        with self._lock:
-            if self._history:
-                self._history[-1].action = f"gave up: {verdict.hint}"
         self._set_state(State.CRASHED, number, verdict.message, final=True)
 
     def _broke(self, number: int, exc: Exception) -> None:
@@ -375,8 +372,10 @@ class Supervisor(SupervisedLaunch[Endpoint]):
             else:
                 new_args, action = plan
         if give_up:
-            # the message says it all; the hint carries the reason for the attempt's record
-            return GiveUp(f"{crash.describe()}. Gave up: {give_up}.", give_up)
+            with self._lock:
+                if self._history:
+                    self._history[-1].action = f"gave up: {give_up}"
+            return GiveUp(f"{crash.describe()}. Gave up: {give_up}.")
         return new_args, new_port, action
 
     def _default_replan(
