@@ -421,6 +421,11 @@ class RemoteProcess:
         return self._child is not None and self.ssh_returncode is None
 
     @property
+    def local_pid(self) -> int | None:
+        """The pid of the local ssh client carrying the program (None before start)."""
+        return self._child.pid if self._child is not None else None
+
+    @property
     def ended(self) -> bool:
         return self.ssh_returncode is not None
 

@@ -119,8 +119,8 @@ def test_a_lost_connection_ends_the_remote_program(sshd: SshServer) -> None:
         SshClient(node, known_hosts()), ["sleep", "60"], name="orphan", cwd=node.workdir
     ).start()
     pid = proc.wait_started(15)
-    assert proc._proc is not None
-    os.kill(proc._proc.pid, 9)  # the local ssh client dies (k3desk killed, laptop asleep ...)
+    assert proc.local_pid is not None
+    os.kill(proc.local_pid, 9)  # the local ssh client dies (k3desk killed, laptop asleep ...)
     assert proc.wait(5)
     assert "ssh" in proc.describe_exit()
     assert not _pid_alive(pid, 3)  # the node-side wrapper saw its stdin close
