@@ -265,18 +265,31 @@ def test_opening_a_10000_message_conversation_is_fast(tmp_path: Path) -> None:
             side = h.edit_message(last - 5000, "a side branch")
             h.select_branch(last)
     assert side.id != last
-    times = []
+    times, anchor = [], []
     for _ in range(3):
         t0 = time.perf_counter()
         with HistoryStore(db) as h:
             _, msgs = h.open_conversation(c.id)
         times.append(time.perf_counter() - t0)
-    assert len(msgs) == 10_000
+        # the anchor, timed in the same run on the same (possibly busy) machine: the same
+        # rows read straight from SQLite, with nothing built from them
+        t0 = time.perf_counter()
+        con = sqlite3.connect(db)
+        rows = con.execute("SELECT * FROM messages WHERE conversation_id = ?", (c.id,)).fetchall()
+        con.close()
+        anchor.append(time.perf_counter() - t0)
+    assert len(msgs) == len(rows) - 1 == 10_000  # the side branch is not on the path
     assert msgs[0].content.startswith("message 0 ")
     assert msgs[-1].content.startswith("message 9999 ")
     assert all(m.parent_id == p.id for p, m in itertools.pairwise(msgs))
-    print(f"open 10,000-message conversation: best {min(times) * 1000:.1f} ms")
-    assert min(times) < 0.3
+    ratio = min(times) / min(anchor)
+    print(
+        f"open 10,000-message conversation: best {min(times) * 1000:.1f} ms, "
+        f"{ratio:.1f}x a plain read of its rows"
+    )
+    # walking the branch by primary key and building the messages costs a small multiple
+    # of reading the rows; a walk that rescanned the table per step would be 1000s of x
+    assert ratio < 25
 
 
 def test_writes_from_several_threads_at_once(tmp_path: Path) -> None:
