@@ -19,7 +19,10 @@ from k3desk.core.engines.supervisor import (
     check_port,
 )
 from k3desk.core.errors import EngineError, ValidationError
+from k3desk.core.planning.speed import predicted_text
 from k3desk.core.safepaths import what_is
+from k3desk.core.tuning.calibration import CalibrationStore, SpeedTracker, calibrate_plan
+from k3desk.core.tuning.metrics import MeasuredSpeed, SpeedWatcher
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -98,10 +101,14 @@ def run(args: argparse.Namespace, services: Services) -> int:
         configured=services.configured_engine(),
         catalog=catalog_tiers(services),
     )
-    plan = prepared.plan
+    store = CalibrationStore(services.paths.state)
+    plan = calibrate_plan(store, prepared.hardware, prepared.layout, prepared.plan)
     print(f"Plan: {plan.reason}")
     for note in (*plan.notes, *prepared.notes):
         print(f"  - {note}")
+    print(predicted_text(plan.speed))
+    if plan.speed.calibration:
+        print(f"  {plan.speed.calibration}")
     exe = prepared.engine
     spec = prepared.spec(port=args.port)
     print(f"Engine: {exe}")
@@ -116,7 +123,8 @@ def run(args: argparse.Namespace, services: Services) -> int:
         on_event=printer,
         replan=prepared.replan_after_oom,
     )
-    return _foreground(sup)
+    tracker = SpeedTracker(prepared.hardware, prepared.layout, prepared.plan, store)
+    return _foreground(sup, tracker)
 
 
 class _EventPrinter:
@@ -144,13 +152,29 @@ class _EventPrinter:
                 print(line, flush=True)
 
 
-def _foreground(sup: Supervisor) -> int:
+def _watch_speed(tracker: SpeedTracker, url: str, api_key: str) -> SpeedWatcher:
+    """Print what each stretch of answers measured, next to the prediction (and keep it
+    for later predictions)."""
+
+    def on_speed(m: MeasuredSpeed) -> None:
+        try:
+            text = tracker.record(m).text()
+        except (OSError, ValueError) as exc:  # a full disk must not stop the server
+            text = tracker.compare(m).text() + f" (not kept: {exc})"
+        if text:
+            print(text, flush=True)
+
+    return SpeedWatcher(url, api_key, on_speed).start()
+
+
+def _foreground(sup: Supervisor, tracker: SpeedTracker | None = None) -> int:
     def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term)
     previous_int = signal.getsignal(signal.SIGINT)
     started = time.monotonic()
+    watcher: SpeedWatcher | None = None
     try:
         sup.start()
         shown = 0  # the attempt whose endpoint was printed last
@@ -171,6 +195,10 @@ def _foreground(sup: Supervisor) -> int:
                 print(f"Engine pid: {ep.pid}", flush=True)
                 print(f"Log: {attempt.log_file}", flush=True)
                 print("Press Ctrl-C to stop.", flush=True)
+                if tracker is not None:
+                    if watcher is not None:
+                        watcher.stop()
+                    watcher = _watch_speed(tracker, ep.url, ep.api_key)
             if sup.wait_stopped(0.5):
                 crash = sup.last_crash
                 raise EngineError(
@@ -186,6 +214,8 @@ def _foreground(sup: Supervisor) -> int:
         print("Stopped.", file=sys.stderr, flush=True)
         return 0
     finally:
+        if watcher is not None:
+            watcher.stop()
         sup.stop()
         _print_history(sup)
         signal.signal(signal.SIGTERM, previous)
