@@ -8,6 +8,7 @@ import json
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,9 @@ from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.gguf.validate import inspect_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import LaunchPlan, LayerPlacement, PlanOptions
+from k3desk.core.planning.speed import speed_lines
+from k3desk.core.tuning.calibration import CalibrationStore, calibrate_plan
+from k3desk.core.tuning.tuned import TunedStore, apply_tuned
 from k3desk.core.units import GiB, fmt_bytes
 
 if TYPE_CHECKING:
@@ -77,7 +81,11 @@ def run(args: argparse.Namespace, services: Services) -> int:
         print(suspicious_note(finding), file=sys.stderr)
     hw = machine(args, services, layout.first_part.parent)
     opts = PlanOptions(ctx=args.ctx, mmproj=args.mmproj, n_cpu_moe=args.n_cpu_moe)
+    opts, tuned_note = apply_tuned(TunedStore(services.paths.state), hw, layout, opts)
     plan, tier = plan_model(hw, layout, opts, tiers)
+    plan = calibrate_plan(CalibrationStore(services.paths.state), hw, layout, plan)
+    if tuned_note:
+        plan = replace(plan, notes=(tuned_note, *plan.notes))
     if args.json:
         data: dict[str, Any] = {
             "model": str(layout.first_part),
@@ -204,9 +212,7 @@ def render(plan: LaunchPlan, layout: ModelLayout, hw: HardwareProfile, tier: Tie
         "Layers:",
         *layer_map(plan.layers),
         "",
-        f"Speed: about {s.expected_tps:.2g} tok/s (range {s.low_tps:.2g}-{s.high_tps:.2g}, "
-        f"physical bound {s.upper_bound_tps:.2g}) at {s.depth} tokens of context",
-        f"  bottleneck: {s.bottleneck}",
+        *speed_lines(s),
     ]
     if plan.notes:
         lines += ["", "Notes:", *(f"  - {n}" for n in plan.notes)]

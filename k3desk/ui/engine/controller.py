@@ -23,6 +23,8 @@ from k3desk.core.engines.supervisor import (
     Supervisor,
 )
 from k3desk.core.errors import EngineError
+from k3desk.core.tuning.calibration import Comparison, SpeedTracker
+from k3desk.core.tuning.metrics import MeasuredSpeed, SpeedWatcher
 from k3desk.ui.bridge import Relay, StreamBuffer
 
 if TYPE_CHECKING:
@@ -53,6 +55,8 @@ class LaunchRequest:
     vision: bool = False  # started with a projector (--mmproj)
     replan: Replanner | None = None  # how to re-plan after a GPU out-of-memory
     notes: tuple[str, ...] = ()  # warnings the launch carries (a suspicious shard set)
+    # compares what the engine measures with the plan's prediction, and keeps it
+    tracker: SpeedTracker | None = None
 
 
 class EngineController(QObject):
@@ -63,6 +67,8 @@ class EngineController(QObject):
     attempts_changed(): the attempt history changed (a start, a crash, a restart).
     launched(object): a new LaunchRequest was started.
     failed(str, str): the engine gave up: message, hint.
+    measured(object): a calibration Comparison: what the engine's answers measured,
+        next to the prediction (after each stretch of answers).
     """
 
     state_changed = Signal(str, str)
@@ -71,6 +77,7 @@ class EngineController(QObject):
     attempts_changed = Signal()
     launched = Signal(object)
     failed = Signal(str, str)
+    measured = Signal(object)
 
     def __init__(self, ctx: AppContext, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -87,6 +94,10 @@ class EngineController(QObject):
         # a second place the chat can go when no local engine runs (cluster engines,
         # attached servers: k3desk.ui.cluster.controller.ClusterController)
         self._external: Any = None
+        self._watcher: SpeedWatcher | None = None
+        self._speeds = Relay(self)
+        self._speeds.fired.connect(self._on_speed)
+        self.last_measured: Comparison | None = None
 
     def set_external(self, source: Any) -> None:
         """Let ``source`` serve the chat when no local engine runs.
@@ -145,6 +156,8 @@ class EngineController(QObject):
     # ---------------------------------------------------------- actions
     def launch(self, request: LaunchRequest) -> None:
         """Start the engine described by ``request`` (stopping a running one first)."""
+        self._unwatch()
+        self.last_measured = None
         old = self.supervisor
         self.request = request
         sup = Supervisor(
@@ -167,6 +180,7 @@ class EngineController(QObject):
         def done(ep: Endpoint) -> None:
             if sup is self.supervisor:
                 self._set_state(State.READY.value, f"Listening on {ep.url}")
+                self._watch(request, ep)
             self.attempts_changed.emit()
 
         def error(exc: BaseException) -> None:
@@ -185,6 +199,7 @@ class EngineController(QObject):
         sup = self.supervisor
         if sup is None:
             return
+        self._unwatch()
         if self._wait_task is not None:
             self._wait_task.cancel()
         self._set_state(State.STOPPING.value, "Stopping llama-server…")
@@ -200,11 +215,38 @@ class EngineController(QObject):
 
     def close(self) -> None:
         """Stop the engine now (blocking; app exit)."""
+        self._unwatch()
         sup, self.supervisor = self.supervisor, None
         if sup is not None:
             sup.stop()
 
     # --------------------------------------------------------- internals
+    def _watch(self, request: LaunchRequest, ep: Endpoint) -> None:
+        """Read the engine's own speed counters while it runs (calibration)."""
+        tracker = request.tracker
+        if tracker is None:
+            return
+        relay = self._speeds
+
+        def on_speed(m: MeasuredSpeed) -> None:  # the watcher's thread
+            try:
+                relay(tracker.record(m))
+            except (OSError, ValueError) as exc:
+                log.warning("measured speed not kept: %s", exc)
+                relay(tracker.compare(m))
+
+        self._watcher = SpeedWatcher(ep.url, ep.api_key, on_speed).start()
+
+    def _unwatch(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.stop(wait=False)
+
+    @Slot(object)
+    def _on_speed(self, comparison: Comparison) -> None:
+        self.last_measured = comparison
+        self.measured.emit(comparison)
+
     def _stopped(self, sup: Supervisor) -> None:
         if sup is self.supervisor:
             self._set_state(State.STOPPED.value, "Stopped.")

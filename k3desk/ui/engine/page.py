@@ -32,6 +32,7 @@ from k3desk.core.engines.discovery import discover_engines
 from k3desk.core.engines.probe import ProbeResult, probe_engine
 from k3desk.core.errors import EngineError, ValidationError
 from k3desk.core.planning.model import LaunchPlan, PlanOptions
+from k3desk.core.planning.speed import explain, predicted_text
 from k3desk.core.progress import CancelToken, Progress
 from k3desk.core.units import fmt_bytes
 from k3desk.ui import theme
@@ -171,14 +172,36 @@ def prepare_launch(
         raise DoesNotFitError(
             exc.message, "Choose a smaller tier in the wizard.", exc.plan
         ) from None
+    from k3desk.core.tuning.calibration import CalibrationStore, SpeedTracker, calibrate_plan
+
     name = shard.name.split("-0000")[0].removesuffix(".gguf")
+    store = CalibrationStore(ctx.services.paths.state)
+    plan = calibrate_plan(store, prepared.hardware, prepared.layout, prepared.plan)
     return LaunchRequest(
         prepared.spec(),
-        prepared.plan,
+        plan,
         name,
         vision=mmproj is not None,
         replan=prepared.replan_after_oom,
         notes=prepared.notes,
+        tracker=SpeedTracker(prepared.hardware, prepared.layout, prepared.plan, store),
+    )
+
+
+def tune_request(ctx: AppContext, shard: Path, mmproj: Path | None) -> Any:
+    """The tuner's request for ``shard`` with the app's settings (this machine only: the
+    engine runs here, whatever hardware file the plans are shown for)."""
+    from k3desk.core.tuning.tune import TuneModelRequest
+
+    s = ctx.settings
+    return TuneModelRequest(
+        shard=shard,
+        paths=ctx.services.paths,
+        hardware=lambda: ctx.services.detect_hardware(measure_bandwidth=False),
+        options=PlanOptions(default_ctx=s.ctx, temperature=s.temperature, top_p=s.top_p),
+        mmproj=mmproj,
+        configured=s.engine_binary or None,
+        catalog=tuple(ctx.services.catalog.tiers),
     )
 
 
@@ -279,8 +302,17 @@ class EnginePanel(QWidget):
         self.restart_btn = QPushButton("Restart")
         lrow.addWidget(self.stop_btn)
         lrow.addWidget(self.restart_btn)
+        self.tune_btn = QPushButton("Tune speed")
+        self.tune_btn.setObjectName("tuneEngine")
+        if not compact:
+            lrow.addWidget(self.tune_btn)
         lrow.addWidget(self.launch_btn)
         mod.body.addLayout(lrow)
+        self.tune_text = label("", wrap=True)
+        self.tune_text.setObjectName("tuneResult")
+        self.tune_text.hide()
+        mod.body.addWidget(self.tune_text)
+        self._tune_task: Any = None
         self.load_bar = QProgressBar()
         self.load_bar.setObjectName("loadProgress")
         self.load_bar.setRange(0, 100)
@@ -299,6 +331,9 @@ class EnginePanel(QWidget):
         browse.clicked.connect(self._browse_shard)
         pbrowse.clicked.connect(self._browse_mmproj)
         self.launch_btn.clicked.connect(self.launch)
+        self.tune_btn.clicked.connect(self.tune)
+        self._tune_progress = Throttled(hz=10, parent=self)
+        self._tune_progress.fired.connect(self._show_tune_progress)
         self.stop_btn.clicked.connect(self.engine.stop)
         self.restart_btn.clicked.connect(self.engine.restart)
         self.shard.textChanged.connect(lambda _t: self._buttons())
@@ -502,6 +537,57 @@ class EnginePanel(QWidget):
             name="prepare-launch",
         )
 
+    # ------------------------------------------------------------- tune
+    def tune(self) -> None:
+        """Measure a few launch variants (the engine must be stopped), keep the fastest."""
+        if self._tune_task is not None:
+            self._tune_task.cancel()
+            return
+        from k3desk.core.tuning.tune import tune_model
+
+        shard = Path(self.shard.text().strip()).expanduser()
+        mm = self.mmproj.text().strip()
+        mmproj = Path(mm).expanduser() if mm else None
+        req = tune_request(self.ctx, shard, mmproj)
+        self.tune_text.show()
+        self.tune_text.setText("Tuning: starting llama-server with the first variant…")
+        self.tune_btn.setText("Cancel tuning")
+
+        def done(out: Any) -> None:
+            self.tune_text.setText("\n".join(out.lines()))
+
+        def error(exc: BaseException) -> None:
+            message, hint = describe(exc)
+            self.tune_text.setText(f"Tuning failed: {message} {hint}".rstrip())
+            self.ctx.reporter.report(exc)
+
+        def cancelled() -> None:
+            self.tune_text.setText("Tuning cancelled; nothing was kept.")
+
+        def finish() -> None:
+            self._tune_task = None
+            self.tune_btn.setText("Tune speed")
+            self._buttons()
+
+        self._tune_task = self.ctx.tasks.run(
+            lambda t: tune_model(req, progress=self._tune_progress, cancel=t),
+            on_done=done,
+            on_error=error,
+            on_cancelled=cancelled,
+            on_finally=finish,
+            name="engine-tune",
+        )
+        self._buttons()
+
+    def _show_tune_progress(self, p: Progress) -> None:
+        if self._tune_task is None:
+            return
+        if p.stage == "measure" and p.total:
+            step = min(p.done + 1, p.total)
+            self.tune_text.setText(f"Tuning: measuring {step} of {p.total}: {p.detail}…")
+        elif p.stage != "measure":
+            self.tune_text.setText(f"Tuning: {p.stage} {p.detail}…".replace(" …", "…"))
+
     # ------------------------------------------------------------- state
     def _buttons(self) -> None:
         running = self.engine.running
@@ -520,6 +606,31 @@ class EnginePanel(QWidget):
             "Check the files, plan the placement and start llama-server",
         )
         set_enabled(self.stop_btn, running, "The engine is not running.")
+        tuning = self._tune_task is not None
+        tune_why = (
+            ""
+            if tuning
+            else "Stop the engine first: the tuner starts llama-server itself, and a running "
+            "one would share the cores and the memory with it."
+            if running
+            else "Choose the model's first shard first."
+            if not has_shard
+            else ""
+        )
+        set_enabled(
+            self.tune_btn,
+            not tune_why and self._prep_task is None,
+            tune_why,
+            "Cancel the measurements" if tuning else "Start llama-server with a few launch "
+            "variants (threads, batch sizes, GPU split), time a short request with each, and "
+            "use the fastest for the next launch of this model",
+        )
+        set_enabled(
+            self.launch_btn,
+            not why and self._prep_task is None and not tuning,
+            why or "The tuner is measuring: wait for it or cancel it.",
+            "Check the files, plan the placement and start llama-server",
+        )
         set_enabled(self.restart_btn, self.engine.request is not None, "Nothing was launched yet.")
         building = self._build_task is not None
         if not building:
@@ -590,6 +701,12 @@ class EnginePage(QWidget):
         self.plan_reason = label("No launch plan yet: launch a model above.")
         self.plan_reason.setObjectName("planReason")
         pl.addWidget(self.plan_reason)
+        self.speed_text = label("", wrap=True)
+        self.speed_text.setObjectName("speedText")
+        pl.addWidget(self.speed_text)
+        self.measured = label("", wrap=True)
+        self.measured.setObjectName("measuredSpeed")
+        pl.addWidget(self.measured)
         self.layer_map = LayerMap()
         pl.addWidget(self.layer_map)
         self.memory = QTableWidget(0, 7)
@@ -648,6 +765,7 @@ class EnginePage(QWidget):
         self.engine.state_changed.connect(lambda _s, _m: self._update())
         self.engine.attempts_changed.connect(self._attempts)
         self.engine.launched.connect(self._launched)
+        self.engine.measured.connect(self._measured)
         self._copy_state()
         self._update()
         if self.engine.request is not None:
@@ -704,17 +822,25 @@ class EnginePage(QWidget):
         self.argv.set_text(" ".join([str(req.spec.executable), *req.spec.args]))
         if plan is None:
             self.plan_reason.setText("Started without a plan (arguments given directly).")
+            self.speed_text.setText("")
+            self.measured.setText("")
             self.memory.setRowCount(0)
             return
         s = plan.speed
         self.plan_reason.setText(
-            "\n".join(
-                [
-                    f"{plan.reason} Expected about {s.expected_tps:.2g} tok/s "
-                    f"({s.low_tps:.2g}-{s.high_tps:.2g}); bottleneck: {s.bottleneck}.",
-                    *(f"⚠ {n}" for n in req.notes),
-                ]
-            )
+            "\n".join([plan.reason, *(f"⚠ {n}" for n in req.notes)])
+        )
+        speed = [
+            f"{predicted_text(s)}; range {s.low_tps:.2g}-{s.high_tps:.2g} tok/s decode.",
+            f"Bottleneck: {s.bottleneck}.",
+        ]
+        if s.calibration:
+            speed.insert(1, s.calibration[0].upper() + s.calibration[1:] + ".")
+        self.speed_text.setText("\n".join(speed))
+        self.speed_text.setToolTip("\n".join(explain(s)))
+        last = self.engine.last_measured
+        self.measured.setText(
+            _measured_text(last) if last is not None else "Measured: after the first answer."
         )
         self.memory.setRowCount(len(plan.devices))
         for i, d in enumerate(plan.devices):
@@ -732,6 +858,9 @@ class EnginePage(QWidget):
                 if j == 6 and v < 0:
                     item.setForeground(QColor(theme.current().danger))
                 self.memory.setItem(i, j, item)
+
+    def _measured(self, comparison: Any) -> None:
+        self.measured.setText(_measured_text(comparison))
 
     def _update(self) -> None:
         ep = self.engine.endpoint()
@@ -760,6 +889,11 @@ class EnginePage(QWidget):
                 item = QTableWidgetItem(v)
                 item.setToolTip(f"{' '.join(a.argv)}\nlog: {a.log_file}")
                 self.attempts.setItem(i, j, item)
+
+
+def _measured_text(comparison: Any) -> str:
+    text: str = comparison.text()
+    return (text[0].upper() + text[1:] + ".") if text else ""
 
 
 def _changed(number: int, changes: str) -> str:
