@@ -104,7 +104,7 @@ def in_process(home: Path, rate: float) -> dict[str, float]:
     from PySide6.QtCore import QElapsedTimer, QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
     from k3desk.core.chat.history import HistoryStore
     from k3desk.ui.bridge import StreamBuffer
     from k3desk.ui.chat.page import ChatPage

@@ -42,7 +42,7 @@ For 8x H100 + 2 TB RAM the best fit is **Q3_K_S (AtomicChat)** as a *hybrid* pla
 
 | Tier | Verdict | Expected speed |
 |---|---|---|
-| Q3_K_S | hybrid, 46 expert layers on CPU | ~13 tok/s |
+| Q3_K_S | hybrid, 45 expert layers on CPU | ~13 tok/s |
 | IQ1_S (GrEarl) | everything on the GPUs | ~26 tok/s |
 
 To start it from a terminal:
@@ -120,7 +120,7 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
     from PySide6.QtGui import QColor, QImage, QPainter
     from PySide6.QtWidgets import QApplication, QWidget
 
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
     from k3desk.core.chat.history import HistoryStore
     from k3desk.core.chat.images import prepare_image
     from k3desk.core.chat.model import Timings, Usage
@@ -163,7 +163,7 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
 
     # ---- wizard
     wiz = window.open_wizard()
-    hw = ctx.controller("hardware")
+    hw = ctx.hardware
     until(lambda: hw.recommendation is not None)
     save(wiz, "wizard-1-machine.png")
     wiz.next()
@@ -184,7 +184,7 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
         hub.throttle_bps = 6_000_000
         from k3desk.core.hub.model import DownloadRequest
 
-        dl = ctx.controller("downloads")
+        dl = ctx.downloads
         dl.endpoint = hub.endpoint
         wiz.next()
         req = DownloadRequest(
@@ -206,7 +206,7 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
     wiz.reject()
 
     exe = find_llama_server(services.paths)
-    engine = ctx.controller("engine")
+    engine = ctx.engine
     if exe is not None:
         spec = LaunchSpec(
             exe,
@@ -226,11 +226,11 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
         engine.launch(LaunchRequest(spec, model_name=model.name, vision=True))
         until(lambda: engine.ready, 60)
     window.show_page("engine")
-    page = window.page("engine")
+    page = window.engine_page()
     page.tabs.setCurrentIndex(1)
     save(window, "engine.png")
     window.show_page("models")
-    until(lambda: window.page("models").table.rowCount() > 0)
+    until(lambda: window.models_page().table.rowCount() > 0)
     save(window, "models.png")
 
     # cluster: three DGX Sparks (GB10); no such machines here, so their probe reports are
@@ -239,7 +239,7 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
     from k3desk.ui.cluster.controller import ProbeRun
     from tests.core.cluster.reports import report
 
-    clusters = ctx.controller("cluster")
+    clusters = ctx.cluster
     sparks = Cluster(
         "sparks",
         tuple(
@@ -252,7 +252,7 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
     reports = tuple(report(n) for n in sparks.nodes)
     clusters.probes["sparks"] = ProbeRun("vcruz305-ud-iq1s", reports, time.time())
     window.show_page("cluster")
-    window.page("cluster").reload(select="sparks")
+    window.cluster_page().reload(select="sparks")
     save(window, "cluster.png")
 
     # the wizard with several machines: its cluster step, then every tier judged for them
@@ -291,7 +291,7 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
     )
     store.close()
     window.show_page("chat")
-    chat = window.page("chat")
+    chat = window.chat_page()
     chat.chat.refresh_list()
     until(lambda: chat.list.count() >= 3)
     for i in range(chat.list.count()):

@@ -29,6 +29,8 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # Never reach the internet from tests.
 os.environ.setdefault("HF_HUB_OFFLINE", "0")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# Never touch the real user's keyring (bridge keys, tokens): tests that need one inject it.
+os.environ.setdefault("PYTHON_KEYRING_BACKEND", "keyring.backends.null.Keyring")
 
 
 @pytest.fixture(autouse=True)

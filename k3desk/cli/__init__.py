@@ -21,7 +21,7 @@ from k3desk import __version__
 from k3desk.core.errors import Cancelled, K3Error
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
 
 # Sub-command modules, in the order `k3desk --help` lists them.
 COMMAND_MODULES = (

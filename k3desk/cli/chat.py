@@ -13,11 +13,11 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from k3desk.core.app.chat_turn import TurnRecord, run_turn
 from k3desk.core.chat.client import (
     THINKING_EFFORTS,
     ChatClient,
@@ -25,7 +25,6 @@ from k3desk.core.chat.client import (
     ChatEndpoint,
     ChatMessage,
     ChatResult,
-    ChatStreamError,
 )
 from k3desk.core.chat.dialects import DIALECT_IDS, ignored_settings
 from k3desk.core.chat.images import ImageError, PreparedImage, load_image
@@ -35,11 +34,13 @@ from k3desk.core.progress import CancelToken
 from k3desk.core.safepaths import has_undecodable, scrub, what_is
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
     from k3desk.core.engines.supervisor import Event
-    from k3desk.core.hardware.profile import HardwareProfile
 
 API_KEY_ENV = "K3DESK_API_KEY"
+# chat --save writes the streaming answer this often: a process killed mid-answer
+# (kill -9, a crash) loses at most its last second
+SAVE_EVERY_S = 1.0
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 
 
@@ -230,14 +231,12 @@ def run(args: argparse.Namespace, services: Services) -> int:
 
     cancel = CancelToken()
     with ExitStack() as stack:
-        saver = None
+        record = None
         if args.save:
-            # the question is committed before the engine starts: whatever happens to this
-            # process later (Ctrl-C, kill -9, a crash), the prompt is in the history
+            # the question is in the history before the engine starts: whatever happens
+            # later (Ctrl-C, kill -9, a crash), the prompt is kept, and the answer as it streams
             model = shard.name if shard is not None else str(args.url)
-            saver = stack.enter_context(
-                _Saver(services, prompt, images, settings, system, model, quiet=args.json)
-            )
+            record = _record(stack, services, prompt, images, settings, system, model)
         key: str | None
         if shard is not None:
             url, key = _start_engine(stack, shard, args, services, cancel)
@@ -247,12 +246,12 @@ def run(args: argparse.Namespace, services: Services) -> int:
         client = stack.enter_context(ChatClient(ChatEndpoint(url, key, args.model, server)))
         if shard is None:
             _describe_server(client, settings, quiet=args.json)
-        on_delta = saver.delta if saver is not None else None
-        result, error = _ask(
-            client, messages, settings, cancel, as_json=args.json, on_delta=on_delta
+        result, error = _ask(client, messages, settings, cancel, as_json=args.json, record=record)
+    if record is not None and not args.json:
+        print(
+            f"Saved as conversation {record.conversation.id} in {services.paths.history_db}.",
+            file=sys.stderr,
         )
-        if saver is not None:
-            saver.finish(result)
     if args.json:
         out = result.to_dict()
         if error is not None:
@@ -317,29 +316,23 @@ def _start_engine(
     services: Services,
     cancel: CancelToken,
 ) -> tuple[str, str]:
-    from k3desk.cli.plan import catalog_tiers
-    from k3desk.core.engines.launch import prepare_launch
+    from k3desk.core.app.launch import LocalLaunchRequest, prepare_local_launch
     from k3desk.core.engines.supervisor import State, Supervisor
-    from k3desk.core.planning.model import PlanOptions
 
     quiet = args.json
-
-    def hardware() -> HardwareProfile:
-        if args.hardware:
-            return services.load_hardware(args.hardware)
-        return services.detect_hardware(measure_bandwidth=False)
-
-    prepared = prepare_launch(
-        shard,
-        mmproj=args.mmproj,
-        hardware=hardware,
-        options=PlanOptions(ctx=args.ctx, extra_args=tuple(args.engine_arg)),
-        paths=services.paths,
-        engine=args.engine,
-        configured=services.configured_engine(),
-        catalog=catalog_tiers(services),
+    prepared = prepare_local_launch(
+        services,
+        LocalLaunchRequest(
+            shard,
+            mmproj=args.mmproj,
+            ctx=args.ctx,
+            extra_args=tuple(args.engine_arg),
+            engine=args.engine,
+            configured_engine=services.configured_engine(),
+            hardware_file=args.hardware,
+        ),
         cancel=cancel,
-    )
+    ).prepared
     if not quiet:
         print(f"Plan: {prepared.plan.reason}", file=sys.stderr)
         for note in (prepared.plan.ctx_note, *prepared.notes):
@@ -384,29 +377,27 @@ def _ask(
     cancel: CancelToken,
     *,
     as_json: bool,
-    on_delta: Callable[[ChatDelta], None] | None = None,
-) -> tuple[ChatResult, ChatStreamError | None]:
+    record: TurnRecord | None = None,
+) -> tuple[ChatResult, ChatError | None]:
     printer = None if as_json else _Printer(sys.stdout, sys.stderr)
     try:
-        with client.stream(messages, settings, cancel) as st:
-            for delta in st:
-                if on_delta is not None:
-                    on_delta(delta)
-                if printer is not None:
-                    printer.delta(delta)
-    except ChatStreamError as exc:
-        if printer is not None:
-            printer.end(exc.result)
-        return exc.result, exc
+        outcome = run_turn(
+            client,
+            messages,
+            settings,
+            cancel=cancel,
+            on_delta=printer.delta if printer is not None else None,
+            record=record,
+        )
     except KeyboardInterrupt:
         cancel.cancel()
         if printer is not None:
             printer.end(None)
         raise
-    assert st.result is not None
+    assert outcome.result is not None
     if printer is not None:
-        printer.end(st.result)
-    return st.result, None
+        printer.end(outcome.result)
+    return outcome.result, outcome.error
 
 
 class _Printer:
@@ -464,93 +455,27 @@ class _Printer:
             self.err.flush()
 
 
-class _Saver:
-    """``chat --save``: the exchange in the chat history, kept as it happens.
+def _record(
+    stack: ExitStack,
+    services: Services,
+    prompt: str,
+    images: tuple[PreparedImage, ...],
+    settings: ChatSettings,
+    system: str,
+    model: str,
+) -> TurnRecord:
+    """``--save``: a new conversation in the chat history holding the question (committed
+    now); :func:`run_turn` keeps the answer in it as it streams (every
+    :data:`SAVE_EVERY_S`)."""
+    from k3desk.core.chat.history import HistoryStore
 
-    The conversation and the question are committed when it opens, the answer is
-    written as it streams (at most once a second, marked partial) and completed by
-    :meth:`finish`.  A process killed mid-answer leaves the prompt and the answer
-    up to its last second in the history.
-    """
-
-    INTERVAL = 1.0
-
-    def __init__(
-        self,
-        services: Services,
-        prompt: str,
-        images: tuple[PreparedImage, ...],
-        settings: ChatSettings,
-        system: str,
-        model: str,
-        *,
-        quiet: bool,
-    ) -> None:
-        from k3desk.core.chat.history import HistoryStore
-
-        self.quiet = quiet
-        self.path = services.paths.history_db
-        self.store = HistoryStore(self.path)
-        try:
-            title = " ".join(prompt.split())[:60] or "Image"
-            conv = self.store.create_conversation(
-                title, system_prompt=system, settings=settings, model=model
-            )
-            self.conversation = conv.id
-            self.question = self.store.add_message(conv.id, "user", prompt, images=images).id
-        except BaseException:
-            self.store.close()
-            raise
-        self.reply: int | None = None  # the answer's message, once a word of it arrived
-        self._text: list[str] = []
-        self._reasoning: list[str] = []
-        self._last = time.monotonic()
-        self._finished = False
-
-    def __enter__(self) -> _Saver:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            if not self._finished and (self._text or self._reasoning):
-                self._write(partial=True)  # interrupted: keep what arrived, marked partial
-        finally:
-            self.store.close()
-
-    def delta(self, d: ChatDelta) -> None:
-        (self._reasoning if d.kind == "reasoning" else self._text).append(d.text)
-        if time.monotonic() - self._last >= self.INTERVAL:
-            self._last = time.monotonic()
-            self._write(partial=True)
-
-    def _reply(self) -> int:
-        if self.reply is None:
-            self.reply = self.store.add_message(
-                self.conversation, "assistant", "", parent_id=self.question, partial=True
-            ).id
-        return self.reply
-
-    def _write(self, *, partial: bool) -> None:
-        self.store.update_message(
-            self._reply(),
-            content="".join(self._text),
-            reasoning="".join(self._reasoning),
-            partial=partial,
-        )
-
-    def finish(self, result: ChatResult) -> None:
-        self.store.update_message(
-            self._reply(),
-            content=result.text,
-            reasoning=result.reasoning,
-            usage=result.usage,
-            timings=result.timings,
-            partial=result.partial,
-            finish_reason=result.finish_reason,
-            model=result.model,
-        )
-        if result.model:
-            self.store.update_conversation(self.conversation, model=result.model)
-        self._finished = True
-        if not self.quiet:
-            print(f"Saved as conversation {self.conversation} in {self.path}.", file=sys.stderr)
+    store = stack.enter_context(HistoryStore(services.paths.history_db))
+    return TurnRecord.new_conversation(
+        store,
+        prompt,
+        images=images,
+        system_prompt=system,
+        settings=settings,
+        model=model,
+        save_every=SAVE_EVERY_S,
+    )

@@ -27,15 +27,17 @@ from k3desk.core.cluster.endpoints import EndpointStore
 from k3desk.core.cluster.group import GroupEvent, GroupPolicy, GroupState, GroupSupervisor
 from k3desk.core.cluster.nodes import Cluster, ClusterError, ClusterStore, parse_node_spec
 from k3desk.core.cluster.probe import NodeReport, ShardSetSpec, probe_cluster
+from k3desk.core.cluster.recipe import DEFAULT_PROFILE, LAUNCHER_MAX_CTX, PROFILES
 from k3desk.core.progress import Progress
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
     from k3desk.core.catalog.model import Tier
     from k3desk.core.cluster.plan import ClusterPlan
 
 SPARKINFER_TIER = "vcruz305-ud-iq1s"
+RPC_CTX = 8192
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -110,14 +112,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="SparkInfer: shard 1's file name in each node's model folder; "
         "RPC: the first shard on this machine",
     )
-    sv.add_argument("--ctx", type=int, default=8192, help="--max-ctx / -c (default 8192)")
-    sv.add_argument("--spec-draft", type=int, metavar="K", help="SparkInfer speculative drafts")
+    sv.add_argument(
+        "--ctx",
+        type=int,
+        help=f"--max-ctx / -c (default: SparkInfer {LAUNCHER_MAX_CTX}, as the recipe's launcher; "
+        f"RPC {RPC_CTX})",
+    )
+    sv.add_argument(
+        "--spec-draft",
+        type=int,
+        metavar="K",
+        help="SparkInfer: speculative draft width instead of the profile's (0 = no drafting)",
+    )
     sv.add_argument(
         "--profile",
-        default="recipe",
-        help="SparkInfer environment preset: plain, recipe, spec-k8 (default recipe)",
+        default=DEFAULT_PROFILE,
+        choices=list(PROFILES),
+        help="SparkInfer: the recipe's launch profile (environment and drafter flags on every "
+        "rank): "
+        + "; ".join(f"{p.name} = {p.title}, {p.note}" for p in PROFILES.values())
+        + f" (default {DEFAULT_PROFILE})",
     )
-    sv.add_argument("--env", action="append", default=[], metavar="K=V", help="extra env")
+    sv.add_argument(
+        "--env", action="append", default=[], metavar="K=V", help="extra env on every rank"
+    )
     sv.add_argument("--coord-port", type=int, default=29500)
     sv.add_argument("--serve-port", type=int, default=29600)
     sv.add_argument("--bridge-port", type=int, default=8000)
@@ -433,30 +451,28 @@ def _sparkinfer(
 ) -> GroupSupervisor | None:
     from k3desk.core.cluster.sparkinfer import (
         DEFAULT_BRIDGE,
-        ENV_PROFILES,
         SparkInferCluster,
         SparkInferConfig,
+        bridge_key_name,
         check_sparkinfer,
         check_tier,
         describe_launch,
+        reply_caps,
     )
 
     tier = _tier(services, args.tier or SPARKINFER_TIER)
     why = check_tier(tier)
     if why:
         raise ClusterError(why, f"SparkInfer serves only {SPARKINFER_TIER}; use --engine rpc.")
-    if args.profile not in ENV_PROFILES:
-        raise ClusterError(
-            f"Unknown profile {args.profile!r}.", f"Profiles: {', '.join(ENV_PROFILES)}."
-        )
-    env = {**ENV_PROFILES[args.profile], **_kv(args.env, "--env")}
     bridge = tuple(args.bridge_cmd.split()) if args.bridge_cmd else DEFAULT_BRIDGE
+    ctx = args.ctx or LAUNCHER_MAX_CTX
     config = SparkInferConfig(
         cluster,
         model_file=args.model or Path(tier.first_shard).name,
-        max_ctx=args.ctx,
+        max_ctx=ctx,
+        profile=args.profile,
         spec_draft=args.spec_draft,
-        env=env,
+        env=_kv(args.env, "--env"),
         coord_port=args.coord_port,
         serve_port=args.serve_port,
         bridge_port=args.bridge_port,
@@ -466,17 +482,35 @@ def _sparkinfer(
         chat_template=args.chat_template or "",
         load_timeout=args.timeout,
     )
+    store = services.secrets
+    kept = (
+        f"the system keyring (service 'k3desk', entry {bridge_key_name(cluster.name)!r})"
+        if store.keyring_usable()
+        else "this session only (no usable system keyring; a new key next time)"
+    )
+    profile = config.recipe_profile
+    cap, default = reply_caps(ctx)
+    notes = [
+        f"profile {profile.name}: {profile.title}, {profile.note} ({profile.source})",
+        f"replies up to {cap} tokens (K3_MAX_TOKENS; {default} when a request names no limit)",
+    ]
     if args.dry_run:
         for node, command in describe_launch(config):
             print(f"{node}: {command}")
+        for note in notes:
+            print(f"# {note}")
+        print(f"# K3_API_KEY is masked: the key is kept in {kept}, shown when the bridge is ready")
         return None
+    for note in notes:
+        print(note, file=sys.stderr)
+    print(f"The bridge's API key is kept in {kept}.", file=sys.stderr)
     reports: list[NodeReport] = []
-    store = _store(services)
+    nodes = _store(services)
     if not args.no_probe:
         print("Probing the nodes...", file=sys.stderr)
         reports = probe_cluster(
             cluster,
-            store.known_hosts,
+            nodes.known_hosts,
             spec=ShardSetSpec.from_tier(tier),
             rank0_paths=config.bridge_paths,
         )
@@ -499,9 +533,10 @@ def _sparkinfer(
     return SparkInferCluster(
         config,
         services.paths,
-        store.known_hosts,
+        nodes.known_hosts,
         policy=GroupPolicy(max_failures=args.max_restarts),
         on_event=_on_event,
+        secrets=services.secrets,
     )
 
 
@@ -526,7 +561,7 @@ def _rpc(args: argparse.Namespace, services: Services, cluster: Cluster) -> Grou
         cluster,
         model,
         server,
-        server_args=("-ngl", "99", "-c", str(args.ctx), "--jinja", "--no-warmup"),
+        server_args=("-ngl", "99", "-c", str(args.ctx or RPC_CTX), "--jinja", "--no-warmup"),
         port=args.rpc_port,
         bind=_kv(args.bind, "--bind"),
         allow_public=args.allow_public,
@@ -535,10 +570,11 @@ def _rpc(args: argparse.Namespace, services: Services, cluster: Cluster) -> Grou
     print(f"warning: {RPC_WARNING}", file=sys.stderr)
     if args.dry_run:
         from k3desk.core.cluster.ssh import remote_command
+        from k3desk.core.hardware.nvidia import launch_env
 
         for n in cluster.nodes:
-            print(f"{n.label}: {remote_command(worker_argv(config, n))}")
-        print(f"this machine: {server} {' '.join(config.server_argv())}")
+            print(f"{n.label}: {remote_command(worker_argv(config, n), launch_env())}")
+        print(f"this machine: {remote_command([str(server), *config.server_argv()], launch_env())}")
         return None
     return RpcCluster(
         config,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from k3desk.core.errors import K3Error
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
 
 APP_ID = "k3desk"
 METAINFO = "io.github.k3desk.k3desk.metainfo.xml"

@@ -12,7 +12,7 @@ from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

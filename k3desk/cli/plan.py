@@ -3,29 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shlex
 import sys
-from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from k3desk.core.engines.launch import plan_model, suspicious_note
-from k3desk.core.errors import CatalogError
-from k3desk.core.gguf.model import ModelLayout
-from k3desk.core.gguf.validate import inspect_shard_set
+from k3desk.core.app.shardplan import PlanRequest, PlanView, ShardSetPlan, plan_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
-from k3desk.core.planning.model import LaunchPlan, LayerPlacement, PlanOptions
 from k3desk.core.planning.speed import speed_lines
-from k3desk.core.tuning.calibration import CalibrationStore, calibrate_plan
-from k3desk.core.tuning.tuned import TunedStore, apply_tuned
 from k3desk.core.units import GiB, fmt_bytes
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
-    from k3desk.core.catalog.model import Tier
+    from k3desk.core.app.services import Services
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -67,38 +57,36 @@ def machine(args: argparse.Namespace, services: Services, disk: Path | None) -> 
     return services.detect_hardware(disk)
 
 
-def catalog_tiers(services: Services) -> tuple[Tier, ...]:
-    with contextlib.suppress(CatalogError, OSError):
-        return tuple(services.catalog.tiers)
-    return ()
-
-
 def run(args: argparse.Namespace, services: Services) -> int:
-    tiers = catalog_tiers(services)
-    report = inspect_shard_set(args.shard, tiers=tiers)
-    layout = report.layout
-    for finding in report.suspicious:  # planned all the same: the engine decides
-        print(suspicious_note(finding), file=sys.stderr)
-    hw = machine(args, services, layout.first_part.parent)
-    opts = PlanOptions(ctx=args.ctx, mmproj=args.mmproj, n_cpu_moe=args.n_cpu_moe)
-    opts, tuned_note = apply_tuned(TunedStore(services.paths.state), hw, layout, opts)
-    plan, tier = plan_model(hw, layout, opts, tiers)
-    plan = calibrate_plan(CalibrationStore(services.paths.state), hw, layout, plan)
-    if tuned_note:
-        plan = replace(plan, notes=(tuned_note, *plan.notes))
+    planned = plan_shard_set(
+        services,
+        PlanRequest(
+            args.shard,
+            hardware_file=args.hardware,
+            ctx=args.ctx,
+            mmproj=args.mmproj,
+            n_cpu_moe=args.n_cpu_moe,
+        ),
+    )
+    layout, hw, plan, tier = planned.layout, planned.hardware, planned.plan, planned.tier
+    for note in planned.notes:  # planned all the same: the engine decides
+        print(note, file=sys.stderr)
     if args.json:
         data: dict[str, Any] = {
             "model": str(layout.first_part),
             "parts": len(layout.parts),
             "tier": tier.id if tier else None,
             "hardware": hw.label or hw.hostname or hw.source,
+            "judged": planned.subject.to_dict(),
             "command": shlex.join(plan.argv()),
-            "suspicious": list(report.suspicious),
+            "verdict_text": planned.view.label,
+            "expert_layers_on_cpu": planned.view.expert_layers_on_cpu,
+            "suspicious": list(planned.suspicious),
             **plan.to_dict(),
         }
         print(json.dumps(data, indent=2, default=str))
         return 0
-    print(render(plan, layout, hw, tier))
+    print(render(planned))
     return 0
 
 
@@ -109,21 +97,21 @@ def _gib(n: int) -> str:
     return f"{n / GiB:.1f}"
 
 
-def memory_table(plan: LaunchPlan) -> list[str]:
+def memory_table(view: PlanView) -> list[str]:
     head = ("device", "budget", "weights", "KV", "state", "compute", "other", "used", "free")
     rows = [head]
-    for d in plan.devices:
+    for d in view.memory:
         rows.append(
             (
                 d.device,
-                _gib(d.capacity),
+                _gib(d.budget),
                 _gib(d.weights),
                 _gib(d.kv_cache),
                 _gib(d.recurrent_state),
                 _gib(d.compute),
                 _gib(d.other),
                 _gib(d.used),
-                _gib(d.headroom),
+                _gib(d.free),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -137,80 +125,44 @@ def memory_table(plan: LaunchPlan) -> list[str]:
     return lines
 
 
-def _runs(items: Sequence[tuple[int, str]]) -> list[tuple[int, int, str]]:
-    runs: list[tuple[int, int, str]] = []
-    for index, device in items:
-        if runs and runs[-1][2] == device and runs[-1][1] == index - 1:
-            runs[-1] = (runs[-1][0], index, device)
-        else:
-            runs.append((index, index, device))
-    return runs
-
-
-def _span(a: int, b: int) -> str:
-    return f"{a}" if a == b else f"{a}-{b}"
-
-
-def _devices(devs: Sequence[str]) -> str:
-    if len(devs) == 1:
-        return devs[0]
-    nums = [int(d[4:]) for d in devs]
-    if all(d.startswith("CUDA") for d in devs) and nums == list(range(nums[0], nums[-1] + 1)):
-        return f"CUDA{nums[0]}..{nums[-1]}"
-    return ",".join(devs)
-
-
-def layer_map(layers: Sequence[LayerPlacement]) -> list[str]:
-    """Compact ranges: 'experts: layers 1-27 CUDA0..7, 28-92 RAM'."""
-
-    def compress(items: list[tuple[int, str]]) -> str:
-        # merge consecutive GPU runs into one span with a device range
-        merged: list[tuple[int, int, list[str]]] = []
-        for a, b, dev in _runs(items):
-            gpu = dev.startswith("CUDA")
-            if merged and gpu and merged[-1][2][-1].startswith("CUDA") and merged[-1][1] == a - 1:
-                merged[-1] = (merged[-1][0], b, [*merged[-1][2], dev])
-            else:
-                merged.append((a, b, [dev]))
-        return ", ".join(f"{_span(a, b)} {_devices(d)}" for a, b, d in merged)
-
-    non_expert = [(p.index, p.non_expert_device) for p in layers]
-    experts = [(p.index, p.expert_device) for p in layers if p.expert_device != "none"]
-    dense = [p.index for p in layers if p.ffn == "dense"]
-    lines = [f"  attention + shared: layers {compress(non_expert)}"]
-    if experts:
-        lines.append(f"  routed experts:     layers {compress(experts)}")
+def layer_map(view: PlanView) -> list[str]:
+    """Compact ranges: 'routed experts: layers 1-27 CUDA0..7, 28-92 RAM'."""
+    lines = [f"  attention + shared: layers {', '.join(s.text() for s in view.attention)}"]
+    if view.experts:
+        lines.append(f"  routed experts:     layers {', '.join(s.text() for s in view.experts)}")
+    dense = view.dense_layers
     if dense:
         lines.append(
             f"  (layer{'s' if len(dense) > 1 else ''} {', '.join(map(str, dense))}: dense FFN)"
         )
-    per_gpu = _runs(non_expert)
-    if len(per_gpu) > 1:
+    if len(view.per_device) > 1:
         lines.append(
-            "  per device:         " + ", ".join(f"{dev} {_span(a, b)}" for a, b, dev in per_gpu)
+            "  per device:         "
+            + ", ".join(f"{s.devices_text()} {s.layers_text()}" for s in view.per_device)
         )
     return lines
 
 
-def render(plan: LaunchPlan, layout: ModelLayout, hw: HardwareProfile, tier: Tier | None) -> str:
-    machine_name = hw.label or hw.hostname or "this machine"
-    what = f"{tier.publisher} {tier.name}" if tier else (layout.name or layout.first_part.name)
+def render(planned: ShardSetPlan) -> str:
+    layout, view, plan = planned.layout, planned.view, planned.plan
+    machine_name = planned.subject.name or "this machine"
     s = plan.speed
     lines = [
-        f"k3desk plan: {what} ({fmt_bytes(layout.total_file_bytes)}, {len(layout.parts)} "
-        f"part{'s' if len(layout.parts) != 1 else ''}) on {machine_name}",
+        f"k3desk plan: {planned.model_name} ({fmt_bytes(layout.total_file_bytes)}, "
+        f"{len(layout.parts)} part{'s' if len(layout.parts) != 1 else ''}) on {machine_name}",
         "",
-        f"Verdict: {plan.verdict}",
+        f"Verdict: {view.label}",
         f"  {plan.reason}",
         "",
         "Command:",
         f"  {shlex.join(plan.argv())}",
         "",
         f"Memory (GiB), context {plan.ctx}:",
-        *memory_table(plan),
+        *memory_table(view),
         "",
         "Layers:",
-        *layer_map(plan.layers),
+        *layer_map(view),
+        f"  {view.experts_text()}",
         "",
         *speed_lines(s),
     ]

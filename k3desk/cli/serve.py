@@ -21,13 +21,12 @@ from k3desk.core.engines.supervisor import (
 from k3desk.core.errors import EngineError, ValidationError
 from k3desk.core.planning.speed import predicted_text
 from k3desk.core.safepaths import what_is
-from k3desk.core.tuning.calibration import CalibrationStore, SpeedTracker, calibrate_plan
-from k3desk.core.tuning.metrics import MeasuredSpeed, SpeedWatcher
+from k3desk.core.tuning.calibration import Comparison, SpeedTracker
+from k3desk.core.tuning.metrics import SpeedWatcher
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
-    from k3desk.core.hardware.profile import HardwareProfile
+    from k3desk.core.app.services import Services
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,9 +61,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace, services: Services) -> int:
-    from k3desk.cli.plan import catalog_tiers
-    from k3desk.core.engines.launch import prepare_launch
-    from k3desk.core.planning.model import PlanOptions
+    from k3desk.core.app.launch import LocalLaunchRequest, prepare_local_launch
 
     shard = args.shard.expanduser()
     what = what_is(shard)
@@ -86,23 +83,18 @@ def run(args: argparse.Namespace, services: Services) -> int:
     if args.port is not None:  # before the minutes a plan and a load can take
         check_port(args.port)
 
-    def hardware() -> HardwareProfile:
-        if args.hardware:
-            return services.load_hardware(args.hardware)
-        return services.detect_hardware(measure_bandwidth=False)
-
-    prepared = prepare_launch(
-        shard,
-        mmproj=args.mmproj,
-        hardware=hardware,
-        options=PlanOptions(ctx=args.ctx),
-        paths=services.paths,
-        engine=args.engine,
-        configured=services.configured_engine(),
-        catalog=catalog_tiers(services),
+    launch = prepare_local_launch(
+        services,
+        LocalLaunchRequest(
+            shard,
+            mmproj=args.mmproj,
+            ctx=args.ctx,
+            engine=args.engine,
+            configured_engine=services.configured_engine(),
+            hardware_file=args.hardware,
+        ),
     )
-    store = CalibrationStore(services.paths.state)
-    plan = calibrate_plan(store, prepared.hardware, prepared.layout, prepared.plan)
+    prepared, plan = launch.prepared, launch.plan
     print(f"Plan: {plan.reason}")
     for note in (*plan.notes, *prepared.notes):
         print(f"  - {note}")
@@ -123,8 +115,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
         on_event=printer,
         replan=prepared.replan_after_oom,
     )
-    tracker = SpeedTracker(prepared.hardware, prepared.layout, prepared.plan, store)
-    return _foreground(sup, tracker)
+    return _foreground(sup, launch.tracker)
 
 
 class _EventPrinter:
@@ -153,18 +144,14 @@ class _EventPrinter:
 
 
 def _watch_speed(tracker: SpeedTracker, url: str, api_key: str) -> SpeedWatcher:
-    """Print what each stretch of answers measured, next to the prediction (and keep it
-    for later predictions)."""
+    """Print what each stretch of answers measured, next to the prediction."""
 
-    def on_speed(m: MeasuredSpeed) -> None:
-        try:
-            text = tracker.record(m).text()
-        except (OSError, ValueError) as exc:  # a full disk must not stop the server
-            text = tracker.compare(m).text() + f" (not kept: {exc})"
+    def show(c: Comparison) -> None:
+        text = c.text()
         if text:
             print(text, flush=True)
 
-    return SpeedWatcher(url, api_key, on_speed).start()
+    return tracker.watch(url, api_key, show)
 
 
 def _foreground(sup: Supervisor, tracker: SpeedTracker | None = None) -> int:

@@ -7,13 +7,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from k3desk.cli.plan import machine
-from k3desk.core.planning.model import PlanOptions
-from k3desk.core.planning.recommend import Recommendation, TierVerdict, recommend
+from k3desk.core.app.subject import Subject
+from k3desk.core.app.tiers import TierJudgement, TierRequest, TierRow, judge_tiers
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
     from k3desk.core.catalog.model import Tier
 
 
@@ -39,12 +38,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace, services: Services) -> int:
     catalog = services.catalog
-    hw = machine(args, services, services.paths.models_dir)
-    rec = recommend(hw, catalog.tiers, PlanOptions(ctx=args.ctx))
+    if args.hardware is not None:
+        hw = services.load_hardware(args.hardware)
+        subject = Subject.hardware_file(args.hardware, hw)
+    else:
+        hw = services.detect_hardware(services.paths.models_dir)
+        subject = Subject.this_machine(hw)
+    judged = judge_tiers(TierRequest(hw, subject, ctx=args.ctx), catalog.tiers)
     if args.json:
-        print(json.dumps(to_json(rec, hw.label or hw.hostname or hw.source), indent=2))
+        print(json.dumps(to_json(judged, hw.label or hw.hostname or hw.source), indent=2))
         return 0
-    print(render(rec, hw.label or hw.hostname or "this machine"))
+    print(render(judged, hw.label or hw.hostname or "this machine"))
     return 0
 
 
@@ -52,48 +56,49 @@ def _exact(t: Tier) -> bool:
     return t.known and t.size_exact
 
 
-def _quality(tv: TierVerdict) -> str:
-    if not tv.tier.quality:
+def _quality(row: TierRow) -> str:
+    if not row.tier.quality:
         return "-"
-    q = tv.tier.quality[0]
+    q = row.tier.quality[0]
     return f"{q.metric} {q.value}"
 
 
-def _fit_text(tv: TierVerdict) -> str:
-    plan = tv.plan
-    if tv.verdict == "n/a" or plan is None:
-        return f"n/a: {tv.reason}"
-    s = plan.speed
-    if tv.fits:
-        extra = (
-            f", --n-cpu-moe {plan.n_cpu_moe}" if tv.verdict == "hybrid" and plan.n_cpu_moe else ""
-        )
-        return f"{tv.verdict}{extra}, ~{s.expected_tps:.2g} tok/s"
-    if tv.verdict == "stream":
-        tps = f"~{s.expected_tps:.2g} tok/s from disk"
-        return f"stream: misses RAM by {fmt_bytes(tv.shortfall)}, {tps}"
-    return f"no-fit: misses by {fmt_bytes(tv.shortfall)}"
+def _fit_text(row: TierRow) -> str:
+    """The verdict in the words every shell uses, with the speed and the offload."""
+    text = row.label
+    if row.kind == "hybrid" and row.n_cpu_moe:
+        text += f" (--n-cpu-moe {row.n_cpu_moe})"
+    if row.speed is not None:
+        text += f", ~{row.speed.text()}"
+    return text
 
 
-def render(rec: Recommendation, machine_name: str) -> str:
-    head = ("#", "tier", "publisher", "size", "experts", "vision", "engines", "fit on this machine")
+def _imatrix(t: Tier) -> str:
+    return {True: "yes", False: "no", None: "?"}[t.imatrix]
+
+
+def render(judged: TierJudgement, machine_name: str) -> str:
+    head = ("#", "tier", "publisher", "files", "size", "experts", "imatrix", "vision", "engines",
+            "fit on this machine")  # fmt: skip
     rows: list[tuple[str, ...]] = [head]
-    for tv in rec.verdicts:
-        t = tv.tier
+    for row in judged.rows:
+        t = row.tier
         experts = f"{t.experts_kept}x{t.expert_quant}"
         if t.expert_feed_forward_length != 3072:
             experts += f" (w{t.expert_feed_forward_length})"
         name = t.name + (" (ref)" if t.reference else "")
         rows.append(
             (
-                str(tv.rank),
+                str(row.verdict.rank),
                 name,
                 t.publisher,
+                "card" if t.known else "GUESSED",
                 fmt_bytes(t.size_bytes) + ("" if _exact(t) else "?"),
                 experts,
+                _imatrix(t),
                 t.vision,
                 ",".join(t.engines),
-                _fit_text(tv),
+                _fit_text(row),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
@@ -103,24 +108,38 @@ def render(rec: Recommendation, machine_name: str) -> str:
         lines.append("  ".join(cells) + "  " + r[-1])
     lines.insert(3, "  ".join("-" * w for w in widths) + "  " + "-" * 20)
     lines += ["", "Quality figures (as each card publishes them; not comparable across cards):"]
-    for tv in rec.verdicts:
-        lines.append(f"  {tv.tier.name:<16} {_quality(tv)}")
-    lines += ["", rec.summary]
-    lines += [f"  Note: {n}" for n in rec.notes]
-    chosen = rec.best or rec.closest
-    for tv in rec.verdicts:
-        if chosen is not None and tv.rank < chosen.rank and tv.why_not and not tv.tier.reference:
+    for row in judged.rows:
+        lines.append(f"  {row.tier.name:<16} {_quality(row)}")
+    lines += ["", "What each rank rests on:"]
+    for row in judged.rows:
+        if row.basis_text:
+            lines.append(f"  #{row.verdict.rank:<3} {row.tier.name:<16} {row.basis_text}")
+    lines += ["", judged.summary]
+    lines += [f"  Note: {n}" for n in judged.notes]
+    chosen = judged.chosen
+    for row in judged.rows:
+        tv = row.verdict
+        ahead = chosen is not None and tv.rank < chosen.verdict.rank
+        if ahead and tv.why_not and not tv.tier.reference:
             lines.append(f"  - {tv.why_not}")
-    if rec.best is not None and rec.best.plan is not None:
-        lines.append(f"  Plan: {rec.best.plan.reason}")
-    lines += ["", rec.ordering_rule, "'?' = size approximate (the card gives no exact files)."]
+    best = judged.best
+    if best is not None and best.plan is not None:
+        lines.append(f"  Plan: {best.plan.reason}")
+    lines += [
+        "",
+        judged.ordering_rule,
+        "files GUESSED = the card does not list the tier's files: names and shard count are "
+        "derived; '?' = size approximate (the card gives no exact files).",
+    ]
     return "\n".join(lines)
 
 
-def to_json(rec: Recommendation, machine_name: str) -> dict[str, Any]:
-    def one(tv: TierVerdict) -> dict[str, Any]:
-        t = tv.tier
-        plan = tv.plan
+def to_json(judged: TierJudgement, machine_name: str) -> dict[str, Any]:
+    def one(row: TierRow) -> dict[str, Any]:
+        t = row.tier
+        tv = row.verdict
+        plan = row.plan
+        speed = row.speed
         return {
             "id": t.id,
             "name": t.name,
@@ -134,28 +153,44 @@ def to_json(rec: Recommendation, machine_name: str) -> dict[str, Any]:
             "vision": t.vision,
             "engines": list(t.engines),
             "reference": t.reference,
+            "known": t.known,
+            "files_guessed": row.files_guessed,
+            "imatrix": t.imatrix,
+            "quality_basis": row.basis_text,
+            "quality_shortcomings": list(row.basis.shortcomings) if row.basis else [],
             "quality": [
-                {"metric": q.metric, "value": q.value, "conditions": q.conditions}
+                {"metric": q.metric, "value": q.value, "conditions": q.conditions,
+                 "scope": q.scope}
                 for q in t.quality
             ],
             "rank": tv.rank,
             "verdict": tv.verdict,
+            "verdict_text": row.label,
             "reason": tv.reason,
-            "shortfall_bytes": tv.shortfall,
+            "shortfall_bytes": row.shortfall,
+            "stream_bytes": row.stream_bytes,
             "why_not": tv.why_not,
             "disk_note": tv.disk_note,
-            "n_cpu_moe": plan.n_cpu_moe if plan else None,
-            "expected_tps": plan.speed.expected_tps if plan else None,
-            "tps_range": [plan.speed.low_tps, plan.speed.high_tps] if plan else None,
+            "n_cpu_moe": row.n_cpu_moe,
+            "expert_layers_on_cpu": row.expert_layers_on_cpu,
+            "expert_layers_on_gpu": row.expert_layers_on_gpu,
+            # only for a tier that runs here (from memory, or streaming from disk)
+            "expected_tps": speed.expected if speed else None,
+            "tps_range": [speed.low, speed.high] if speed else None,
+            "needs": {
+                n.resource.lower(): {"need_bytes": n.need, "have_bytes": n.have}
+                for n in row.needs
+            },
             "server_args": list(plan.server_args) if plan else None,
         }
 
     return {
         "hardware": machine_name,
-        "recommended": rec.best.tier.id if rec.best else None,
-        "closest": rec.closest.tier.id if rec.closest else None,
-        "summary": rec.summary,
-        "notes": list(rec.notes),
-        "ordering_rule": rec.ordering_rule,
-        "tiers": [one(tv) for tv in rec.verdicts],
+        "judged": judged.subject.to_dict(),
+        "recommended": judged.best.tier.id if judged.best else None,
+        "closest": judged.closest.tier.id if judged.closest else None,
+        "summary": judged.summary,
+        "notes": list(judged.notes),
+        "ordering_rule": judged.ordering_rule,
+        "tiers": [one(row) for row in judged.rows],
     }

@@ -9,13 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from k3desk.core.errors import ValidationError
-from k3desk.core.planning.model import PlanOptions
 from k3desk.core.progress import Progress
 from k3desk.core.safepaths import what_is
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
-    from k3desk.core.hardware.profile import HardwareProfile
+    from k3desk.core.app.services import Services
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,8 +48,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace, services: Services) -> int:
-    from k3desk.cli.plan import catalog_tiers
-    from k3desk.core.tuning.tune import TuneModelRequest, forget_tuned, tune_model
+    from k3desk.core.app.launch import (
+        LocalLaunchRequest,
+        TuneLaunchRequest,
+        forget_tuned_launch,
+        tune_local_launch,
+    )
 
     shard = args.shard.expanduser()
     what = what_is(shard)
@@ -64,11 +66,8 @@ def run(args: argparse.Namespace, services: Services) -> int:
     if args.ctx is not None and args.ctx < 256:
         raise ValidationError(f"--ctx {args.ctx} is too small; use at least 256.")
 
-    def hardware() -> HardwareProfile:
-        return services.detect_hardware(measure_bandwidth=False)
-
     if args.forget:
-        gone = forget_tuned(shard, services.paths, hardware(), catalog_tiers(services))
+        gone = forget_tuned_launch(services, shard)
         print("Forgot the tuned settings." if gone else "No tuned settings were kept for it.")
         return 0
 
@@ -76,46 +75,25 @@ def run(args: argparse.Namespace, services: Services) -> int:
         if p.stage == "measure" and p.detail != "done":
             print(f"  [{p.done + 1}/{p.total}] {p.detail} ...", file=sys.stderr, flush=True)
 
-    out = tune_model(
-        TuneModelRequest(
-            shard=shard,
-            paths=services.paths,
-            hardware=hardware,
-            options=PlanOptions(ctx=args.ctx),
-            mmproj=args.mmproj,
-            engine=args.engine,
-            configured=services.configured_engine(),
-            catalog=catalog_tiers(services),
+    out = tune_local_launch(
+        services,
+        TuneLaunchRequest(
+            LocalLaunchRequest(
+                shard,
+                mmproj=args.mmproj,
+                ctx=args.ctx,
+                engine=args.engine,
+                configured_engine=services.configured_engine(),
+            ),
             prompt_tokens=args.prompt_tokens,
             decode_tokens=args.answer_tokens,
             exhaustive=args.all,
             save=not args.no_save,
         ),
-        progress=progress,
+        on_progress=progress,
     )
     if args.json:
-        r = out.result
-        data = {
-            "engine": str(out.engine),
-            "candidates": len(r.candidates),
-            "seconds": r.wall_s,
-            "best": r.best.candidate.variant.label(),
-            "gain_over_plan": r.gain_over(r.plan_default),
-            "gain_over_llama_defaults": r.gain_over(r.engine_default),
-            "saved": out.saved is not None,
-            "trials": [
-                {
-                    "variant": t.candidate.variant.label(),
-                    "args": list(t.candidate.plan.server_args),
-                    "predicted_s": t.candidate.predicted_s,
-                    "prompt_tps": t.measured.prompt_tps,
-                    "decode_tps": t.measured.decode_tps,
-                    "seconds": r.seconds(t),
-                    "error": t.measured.error,
-                }
-                for t in r.trials
-            ],
-        }
+        data = out.to_dict()
         print(json.dumps(data, indent=2, default=lambda x: None))
         return 0
     for line in out.lines():

@@ -21,7 +21,7 @@ from k3desk.core.gguf.validate import REFERENCE, inspect_shard_set
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
     from k3desk.core.catalog.model import Tier
 
 

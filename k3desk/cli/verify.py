@@ -13,7 +13,7 @@ from k3desk.core.progress import Progress
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,9 +41,8 @@ def run(args: argparse.Namespace, services: Services) -> int:
             )
             sys.stderr.flush()
 
-    from k3desk.cli.plan import catalog_tiers
 
-    report = verify_target(args.path, progress=progress, tiers=catalog_tiers(services))
+    report = verify_target(args.path, progress=progress, tiers=services.catalog_tiers())
     if tty:
         sys.stderr.write("\r\033[K")
     if args.json:

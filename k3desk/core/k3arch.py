@@ -79,6 +79,10 @@ class K3Shape:
     # the MLA layers as a file's head_count_kv gives them (None: the pattern above)
     mla_layers: frozenset[int] | None = None
     attn_res: bool = True  # attn_res.block_size > 0: the residual-attention scores
+    # `attn_res.block_size`: every this-many layers (from layer 0) the AttnRes stack
+    # banks a checkpoint (`il % res_bs == 0` in src/models/kimi-k3.cpp, b11434);
+    # 12 in moonshotai/Kimi-K3's config.json (`attn_res_block_size`)
+    attn_res_block_size: int = 12
 
     def is_mla(self, layer: int) -> bool:
         if self.mla_layers is not None:
@@ -141,6 +145,7 @@ TINY_K3 = K3Shape(
     n_vocab=512,
     context_length=4096,
     mla_every=3,
+    attn_res_block_size=2,
 )
 
 # The tiny model with rows of 256 values wherever K3 has a wide row, so that
@@ -167,6 +172,7 @@ TINY_K3_WIDE = K3Shape(
     n_vocab=512,
     context_length=4096,
     mla_every=3,
+    attn_res_block_size=2,
 )
 
 

@@ -27,3 +27,12 @@ def fmt_bytes(n: float, binary: bool = True) -> str:
             return f"{sign}{value:.1f} {unit}"
         value /= step
     raise AssertionError("unreachable")
+
+
+def fmt_tps(tps: float) -> str:
+    """A decode speed to two significant digits, never in exponent form:
+    ``0.55``, ``9.9``, ``13``, ``6,600`` (``:.2g`` would write ``6.6e+03``)."""
+    if tps <= 0:
+        return "0"
+    rounded = float(f"{tps:.2g}")
+    return f"{rounded:.2g}" if rounded < 100 else f"{rounded:,.0f}"

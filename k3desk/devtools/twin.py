@@ -153,7 +153,7 @@ def _k3_kvs(tier: Tier, s: K3Shape, arch: str) -> list[KV | bytes]:
         KV(k + "expert_latent_length", u32, s.n_latent),
         KV(k + "activation.situ_beta", FLOAT32, 8.0),
         KV(k + "activation.situ_linear_beta", FLOAT32, 8.0),
-        KV(k + "attn_res.block_size", u32, 2),
+        KV(k + "attn_res.block_size", u32, s.attn_res_block_size),
         KV(k + "vocab_size", u32, s.n_vocab),
         KV("tokenizer.ggml.model", STRING, "gpt2"),
         KV("tokenizer.ggml.pre", STRING, "kimi-k2"),

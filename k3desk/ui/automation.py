@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QObject, Signal, Slot
 from PySide6.QtWidgets import QApplication
 
+from k3desk.ui.pages import PageKey
+
 if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
     from k3desk.ui.window import MainWindow
@@ -59,17 +61,14 @@ class Automation(QObject):
 
     def state(self) -> dict[str, Any]:
         wizard = self.window.wizard
-        engine = (
-            self.ctx.controller("engine").state_name()
-            if self.ctx.has_controller("engine")
-            else "not started"
-        )
+        built = self.ctx.engine_if_built
+        engine = built.state_name() if built is not None else "not started"
         return {
             "page": self.window.current_page(),
             "pages_built": self.window.built_pages(),
             "first_run": self.ctx.first_run,
             "wizard": wizard is not None and wizard.isVisible(),
-            "wizard_page": getattr(wizard, "current_key", lambda: "")() if wizard else "",
+            "wizard_page": wizard.current_key() if wizard is not None else "",
             "engine": engine,
             "title": self.window.windowTitle(),
             "size": [self.window.width(), self.window.height()],
@@ -108,7 +107,7 @@ class Automation(QObject):
         if name == "state":
             return self.state()
         if name == "page":
-            self.window.show_page(str(cmd["name"]))
+            self.window.show_page(PageKey(str(cmd["name"])))
             return self.state()
         if name == "wizard":
             self.window.open_wizard()
@@ -117,7 +116,10 @@ class Automation(QObject):
             wizard = self.window.wizard
             if wizard is None:
                 raise RuntimeError("the wizard is not open")
-            getattr(wizard, "next" if name == "wizard-next" else "back")()
+            if name == "wizard-next":
+                wizard.next()
+            else:
+                wizard.back()
             return self.state()
         if name == "grab":
             path = str(cmd["path"])

@@ -1,15 +1,16 @@
 """What every page of the app is given: the core services plus the UI's own shared objects.
 
 Built once in :func:`k3desk.ui.main.create_context` and passed down through
-constructors (no globals).  Long-lived UI controllers (the engine, downloads)
-are built lazily on first use.
+constructors (no globals).  The long-lived UI controllers (:attr:`AppContext.hardware`,
+:attr:`~AppContext.engine`, :attr:`~AppContext.downloads`, :attr:`~AppContext.cluster`)
+are typed attributes, each built on first use and closed, newest first, with the app.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from PySide6.QtCore import QObject, Signal
 
@@ -18,9 +19,17 @@ from k3desk.ui.errors import ErrorReporter
 from k3desk.ui.tasks import TaskManager
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
     from k3desk.core.hub.tokens import TokenStore
+    from k3desk.ui.cluster.controller import ClusterController
+    from k3desk.ui.downloads.controller import DownloadsController
+    from k3desk.ui.engine.controller import EngineController
+    from k3desk.ui.hardware import HardwareController
     from k3desk.ui.theme import ThemeManager
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
 
 
 class AppContext(QObject):
@@ -50,7 +59,11 @@ class AppContext(QObject):
         self._settings = settings
         self.theme = theme
         self.first_run = not store.exists
-        self._controllers: dict[str, Any] = {}
+        self._built: list[_Closable] = []  # the controllers built so far, oldest first
+        self._hardware: HardwareController | None = None
+        self._engine: EngineController | None = None
+        self._downloads: DownloadsController | None = None
+        self._cluster: ClusterController | None = None
 
     @cached_property
     def token_store(self) -> TokenStore:
@@ -75,45 +88,65 @@ class AppContext(QObject):
     def update_settings(self, **changes: Any) -> None:
         self.save_settings(dataclasses.replace(self._settings, **changes))
 
-    def controller(self, name: str) -> Any:
-        """A lazily built, app-wide controller (``"engine"``, ``"downloads"``, ``"hardware"``,
-        ``"cluster"``)."""
-        if name not in self._controllers:
-            self._controllers[name] = self._build(name)
-        return self._controllers[name]
-
-    def has_controller(self, name: str) -> bool:
-        return name in self._controllers
-
-    def _build(self, name: str) -> Any:
-        if name == "hardware":
+    # ------------------------------------------------------- controllers
+    @property
+    def hardware(self) -> HardwareController:
+        """The machine the pages judge tiers for, and this machine (what launches plan for)."""
+        if self._hardware is None:
             from k3desk.ui.hardware import HardwareController
 
-            return HardwareController(self, self)
-        if name == "engine":
+            self._hardware = HardwareController(self, self)
+            self._built.append(self._hardware)
+        return self._hardware
+
+    @property
+    def engine(self) -> EngineController:
+        """The local llama-server (and where the chat goes)."""
+        if self._engine is None:
             from k3desk.ui.engine.controller import EngineController
 
-            return EngineController(self, self)
-        if name == "downloads":
+            self._engine = EngineController(self, self)
+            self._built.append(self._engine)
+        return self._engine
+
+    @property
+    def downloads(self) -> DownloadsController:
+        if self._downloads is None:
             from k3desk.ui.downloads.controller import DownloadsController
 
-            return DownloadsController(self, self)
-        if name == "cluster":
+            self._downloads = DownloadsController(self, self)
+            self._built.append(self._downloads)
+        return self._downloads
+
+    @property
+    def cluster(self) -> ClusterController:
+        """Clusters, cluster engines and attached servers."""
+        if self._cluster is None:
             from k3desk.ui.cluster.controller import ClusterController
 
-            return ClusterController(self, self)
-        raise KeyError(name)
+            self._cluster = ClusterController(self, self)
+            self._built.append(self._cluster)
+        return self._cluster
+
+    @property
+    def engine_if_built(self) -> EngineController | None:
+        """The engine controller, without building it."""
+        return self._engine
+
+    @property
+    def downloads_if_built(self) -> DownloadsController | None:
+        """The downloads controller, without building it."""
+        return self._downloads
 
     def close(self) -> None:
         """Stop what the app started (engine, downloads) before exit."""
         if self.theme is not None:
             self.theme.close()
-        for ctl in reversed(list(self._controllers.values())):
-            close = getattr(ctl, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception as exc:  # noqa: BLE001 - shutting down: log and go on
-                    self.reporter.show_dialogs = False
-                    self.reporter.report(exc, "while closing")
-        self._controllers.clear()
+        for ctl in reversed(self._built):
+            try:
+                ctl.close()
+            except Exception as exc:  # noqa: BLE001 - shutting down: log and go on
+                self.reporter.show_dialogs = False
+                self.reporter.report(exc, "while closing")
+        self._built.clear()
+        self._hardware = self._engine = self._downloads = self._cluster = None

@@ -1,18 +1,25 @@
-"""The machine the app plans for (detected, or read from a hardware file) and its recommendation.
+"""The machine the pages judge tiers for, and this machine, which every launch plans for.
 
-Detection and planning run through the task manager; results arrive as signals.
+What is judged is explicit state: a :class:`~k3desk.core.app.subject.Subject`, either
+this machine or the machine a hardware file describes.  Judging a file is a question
+asked of the planner; it never reaches a launch (the Engine page, the wizard's engine
+step and the RPC cluster launch plan for :meth:`HardwareController.this_machine`).
+Detection and judging run through the task manager; results arrive as signals.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal
 
+from k3desk.core.app.subject import Subject
+from k3desk.core.app.tiers import TierJudgement, TierRequest, judge_tiers
 from k3desk.core.hardware.profile import HardwareProfile
-from k3desk.core.planning.model import PlanOptions
-from k3desk.core.planning.recommend import Recommendation, recommend
+from k3desk.core.planning.recommend import Recommendation
+from k3desk.core.progress import CancelToken
 from k3desk.ui.errors import describe
 
 if TYPE_CHECKING:
@@ -21,61 +28,135 @@ if TYPE_CHECKING:
 
 class HardwareController(QObject):
     """Signals:
-    changed(object): the HardwareProfile now planned for.
-    recommended(object): the Recommendation for it.
+    changed(object): the Subject now judged (its profile is :attr:`profile`).
+    judged(object): the TierJudgement for it.
+    machine_known(object): this machine's HardwareProfile, detected.
     failed(str): why detection or a hardware file failed.
     """
 
     changed = Signal(object)
-    recommended = Signal(object)
+    judged = Signal(object)
+    machine_known = Signal(object)
     failed = Signal(str)
 
     def __init__(self, ctx: AppContext, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.ctx = ctx
-        self.profile: HardwareProfile | None = None
-        self.recommendation: Recommendation | None = None
-        self.from_file: Path | None = None
+        self.subject: Subject | None = None  # what the pages judge
+        self.profile: HardwareProfile | None = None  # ... and its hardware
+        self.judgement: TierJudgement | None = None
+        self.machine: HardwareProfile | None = None  # this machine, once detected
         self._gen = 0
 
+    # ------------------------------------------------------------ state
     @property
     def busy(self) -> bool:
-        return self.profile is None or self.recommendation is None
+        return self.profile is None or self.judgement is None
 
+    @property
+    def recommendation(self) -> Recommendation | None:
+        """The planner's recommendation for the judged machine."""
+        return self.judgement.recommendation if self.judgement is not None else None
+
+    @property
+    def from_file(self) -> Path | None:
+        """The hardware file being judged, or None when it is this machine."""
+        s = self.subject
+        return s.path if s is not None and s.kind == "file" else None
+
+    @property
+    def judging_here(self) -> bool:
+        """The pages judge this machine (not a hardware file)."""
+        return self.subject is None or self.subject.here
+
+    def describe(self) -> str:
+        """Which machine the pages judge, in words."""
+        return self.subject.describe() if self.subject is not None else "this machine"
+
+    def this_machine(self) -> HardwareProfile:
+        """This machine's profile (blocking: call it from a task).  What launches plan for,
+        whatever the pages judge."""
+        return self.ctx.services.this_machine(self._disk())
+
+    # ---------------------------------------------------------- actions
     def ensure(self) -> None:
-        """Detect this machine once (unless a file was loaded)."""
+        """Judge this machine once (unless a file was loaded)."""
         if self.profile is None and self._gen == 0:
             self.detect()
 
     def detect(self, disk: Path | None = None) -> None:
-        self.from_file = None
-        target = disk or self.ctx.settings.effective_download_dir(
-            self.ctx.services.paths.models_dir
-        )
+        """Judge this machine (again): the way back from a hardware file."""
+        target = disk or self._disk()
 
-        def work(_t: Any) -> HardwareProfile:
+        def work(_t: CancelToken) -> tuple[HardwareProfile, Subject]:
             # the quick form: the RAM bandwidth is estimated, not measured (a second saved)
-            return self.ctx.services.detect_hardware(target, measure_bandwidth=False)
+            hw = self.ctx.services.this_machine(target)
+            return hw, Subject.this_machine(hw)
 
         self._start(work)
 
     def load_file(self, path: str | Path) -> None:
-        """Plan for the machine described in ``path`` (``k3desk doctor --json`` output)."""
+        """Judge the machine described in ``path`` (``k3desk doctor --json`` output)."""
         p = Path(path)
-        self.from_file = p
-        self._start(lambda _t: self.ctx.services.load_hardware(p))
 
-    def _start(self, work: Any) -> None:
-        self._gen += 1
-        gen = self._gen
-        self.recommendation = None
+        def work(_t: CancelToken) -> tuple[HardwareProfile, Subject]:
+            hw = self.ctx.services.load_hardware(p)
+            return hw, Subject.hardware_file(p, hw)
+
+        self._start(work)
+        self._know_this_machine()
+
+    def _know_this_machine(self) -> None:
+        """Detect this machine in the background while another one is judged: what runs
+        here (a cluster's llama-server, say) is planned with it."""
+        if self.machine is not None:
+            return
 
         def done(hw: HardwareProfile) -> None:
+            self.machine = hw
+            self.machine_known.emit(hw)
+
+        self.ctx.tasks.run(lambda _t: self.this_machine(), on_done=done, name="this-machine")
+
+    def judge(self, gen: int | None = None) -> None:
+        """Judge every tier for the machine (again, e.g. after the context size changed)."""
+        hw, subject = self.profile, self.subject
+        if hw is None or subject is None:
+            return
+        gen = self._gen if gen is None else gen
+        s = self.ctx.settings
+        request = TierRequest(hw, subject, ctx=s.ctx, temperature=s.temperature, top_p=s.top_p)
+        tiers = self.ctx.services.catalog.tiers
+
+        def done(judgement: TierJudgement) -> None:
+            if gen == self._gen:
+                self.judgement = judgement
+                self.judged.emit(judgement)
+
+        self.ctx.tasks.run(lambda _t: judge_tiers(request, tiers), on_done=done, name="judge")
+
+    def close(self) -> None:
+        self._gen += 1  # results still on their way are dropped
+
+    # --------------------------------------------------------- internals
+    def _disk(self) -> Path:
+        return self.ctx.settings.effective_download_dir(self.ctx.services.paths.models_dir)
+
+    def _start(self, work: Callable[[CancelToken], tuple[HardwareProfile, Subject]]) -> None:
+        self._gen += 1
+        gen = self._gen
+        self.judgement = None
+
+        def done(result: tuple[HardwareProfile, Subject]) -> None:
             if gen != self._gen:
                 return
-            self.profile = hw
-            self.changed.emit(hw)
-            self.plan(gen)
+            hw, subject = result
+            self.profile, self.subject = hw, subject
+            self.changed.emit(subject)
+            if subject.here:
+                self.machine = hw
+                self.machine_known.emit(hw)
+            self.judge(gen)
 
         def error(exc: BaseException) -> None:
             if gen == self._gen:
@@ -83,22 +164,3 @@ class HardwareController(QObject):
                 self.ctx.reporter.report(exc)
 
         self.ctx.tasks.run(work, on_done=done, on_error=error, name="hardware")
-
-    def options(self) -> PlanOptions:
-        s = self.ctx.settings
-        return PlanOptions(ctx=s.ctx, temperature=s.temperature, top_p=s.top_p)
-
-    def plan(self, gen: int | None = None) -> None:
-        hw = self.profile
-        if hw is None:
-            return
-        gen = self._gen if gen is None else gen
-        opts = self.options()
-        catalog = self.ctx.services.catalog
-
-        def done(rec: Recommendation) -> None:
-            if gen == self._gen:
-                self.recommendation = rec
-                self.recommended.emit(rec)
-
-        self.ctx.tasks.run(lambda _t: recommend(hw, catalog, opts), on_done=done, name="recommend")

@@ -4,7 +4,8 @@ Options (after ``k3desk`` / ``k3desk --gui``):
   --page NAME        open on a page (chat, models, downloads, engine, settings)
   --wizard           open the tier-picker wizard even when not the first run
   --no-wizard        never open the wizard automatically
-  --hardware FILE    plan for the machine described in FILE instead of this one
+  --hardware FILE    judge the tiers for the machine described in FILE (launches here
+                     still plan for this machine)
 
 Automation hook (tests, tiny on purpose): with ``K3DESK_AUTOMATION=1`` the app
 prints one JSON line ``{"event": "ready", ...}`` to stdout once the main
@@ -31,7 +32,7 @@ from k3desk.ui.errors import ErrorReporter, setup_logging
 from k3desk.ui.tasks import TaskManager
 
 if TYPE_CHECKING:
-    from k3desk.app import Services
+    from k3desk.core.app.services import Services
     from k3desk.ui.window import MainWindow
 
 APP_ID = "k3desk"
@@ -62,8 +63,8 @@ def gui_parser(prog: str = "k3desk-gui") -> argparse.ArgumentParser:
         "--hardware",
         default="",
         metavar="FILE",
-        help="plan for the machine described in FILE (`k3desk doctor --json` output) "
-        "instead of this one",
+        help="judge the tiers for the machine described in FILE (`k3desk doctor --json` "
+        "output); launches here still plan for this machine",
     )
     return parser
 
@@ -117,7 +118,7 @@ def build_window(ctx: AppContext, ns: argparse.Namespace | None = None) -> MainW
 
     ns = ns or parse_args([])
     if ns.hardware:
-        ctx.controller("hardware").load_file(ns.hardware)
+        ctx.hardware.load_file(ns.hardware)
     window = MainWindow(ctx)
     ctx.reporter.parent_widget = window
     window.show_page(ns.page or "chat")

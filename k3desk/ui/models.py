@@ -1,12 +1,15 @@
-"""The Models page: every tier with its verdict for this machine (or a loaded hardware file)."""
+"""The Models page: every tier with its verdict for this machine (or a loaded hardware file),
+saying which machine it judges, with the way back to this one."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout
 
-from k3desk.core.planning.recommend import Recommendation
+from k3desk.core.app.tiers import TierJudgement
+from k3desk.ui.judged import JudgedBar
+from k3desk.ui.pages import Navigator, Page
 from k3desk.ui.tiers import TierTable
 from k3desk.ui.widgets import PageHeader, label, muted, primary
 
@@ -14,20 +17,22 @@ if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
 
 
-class ModelsPage(QWidget):
-    def __init__(self, ctx: AppContext, window: QWidget | None = None) -> None:
+class ModelsPage(Page):
+    def __init__(self, ctx: AppContext, window: Navigator | None = None) -> None:
         super().__init__()
         self.ctx = ctx
-        self.window_ = window
-        self.hardware = ctx.controller("hardware")
+        self.nav = window
+        self.hardware = ctx.hardware
         lay = QVBoxLayout(self)
         lay.setContentsMargins(28, 22, 28, 16)
         self.header = PageHeader(
             "Models",
             "Kimi-K3 quantization tiers, as their publishers describe them, judged "
-            "for this machine by k3desk's planner.",
+            "for a machine by k3desk's planner.",
         )
         lay.addWidget(self.header)
+        self.judged_bar = JudgedBar(ctx)
+        lay.addWidget(self.judged_bar)
         self.summary = label("Looking at this machine and planning every tier…")
         self.summary.setObjectName("recommendation")
         lay.addWidget(self.summary)
@@ -36,41 +41,25 @@ class ModelsPage(QWidget):
         row = QHBoxLayout()
         self.rule = muted("")
         row.addWidget(self.rule, 1)
-        other = QPushButton("Plan for other hardware…")
-        other.clicked.connect(self._other)
-        row.addWidget(other)
         wizard = primary(QPushButton("Download and run a tier…"))
         wizard.setObjectName("openWizard")
         wizard.clicked.connect(self._wizard)
         row.addWidget(wizard)
         lay.addLayout(row)
-        self.hardware.recommended.connect(self.show_recommendation)
-        if self.hardware.recommendation is not None:
-            self.show_recommendation(self.hardware.recommendation)
+        self.hardware.judged.connect(self.show_judgement)
+        if self.hardware.judgement is not None:
+            self.show_judgement(self.hardware.judgement)
 
     def activated(self) -> None:
         self.hardware.ensure()
 
-    def show_recommendation(self, rec: Recommendation) -> None:
-        src = self.hardware.from_file
-        where = f" (hardware file {src})" if src else ""
-        self.summary.setText(rec.summary + where)
-        self.rule.setText(rec.ordering_rule)
-        self.table.set_recommendation(rec)
+    def show_judgement(self, judged: TierJudgement) -> None:
+        self.summary.setText(judged.summary)
+        self.rule.setText(judged.ordering_rule)
+        self.table.set_judgement(judged)
         if self.ctx.settings.tier_id:
             self.table.select_tier(self.ctx.settings.tier_id)
 
-    def _other(self) -> None:
-        f, _ = QFileDialog.getOpenFileName(
-            self,
-            "Plan for other hardware",
-            str(self.ctx.services.resources / "hardware"),
-            "Hardware description (*.json);;All files (*)",
-        )
-        if f:
-            self.hardware.load_file(f)
-
     def _wizard(self) -> None:
-        opener = getattr(self.window_, "open_wizard", None)
-        if opener is not None:
-            opener()
+        if self.nav is not None:
+            self.nav.open_wizard()

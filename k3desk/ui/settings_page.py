@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 
 from k3desk.core.errors import K3Error
 from k3desk.core.settings import EFFORTS, THEMES, Settings
+from k3desk.ui.pages import Navigator, Page, PageKey
 from k3desk.ui.tokens import TokenAccess
 from k3desk.ui.widgets import Card, PageHeader, label, muted, primary, set_enabled
 
@@ -33,10 +34,11 @@ if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
 
 
-class SettingsPage(QWidget):
-    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
+class SettingsPage(Page):
+    def __init__(self, ctx: AppContext, window: Navigator | None = None) -> None:
+        super().__init__()
         self.ctx = ctx
+        self.nav = window
         self.tokens = TokenAccess(ctx.token_store)
         outer = QVBoxLayout(self)
         outer.setContentsMargins(28, 22, 28, 16)
@@ -221,7 +223,7 @@ class SettingsPage(QWidget):
         for w in (self.download_dir, self.engine_binary):
             w.textChanged.connect(self._dirty)
         self.servers_btn.clicked.connect(self.open_attached_servers)
-        engine_ctl = ctx.controller("engine")
+        engine_ctl = ctx.engine
         engine_ctl.state_changed.connect(lambda _s, _m: self._show_chat_target())
         self._show_chat_target()
         for s in (self.workers, self.ctx_size):
@@ -326,7 +328,7 @@ class SettingsPage(QWidget):
 
     # ----------------------------------------------------- remote servers
     def _show_chat_target(self) -> None:
-        engine = self.ctx.controller("engine")
+        engine = self.ctx.engine
         if engine.endpoint() is not None:
             text = "The chat uses the engine on this machine."
         elif engine.chat_endpoint() is not None:
@@ -337,19 +339,14 @@ class SettingsPage(QWidget):
 
     def open_attached_servers(self) -> None:
         """Open the Cluster page on its Attached servers tab."""
-        show = getattr(self.window(), "show_page", None)
-        if show is None:
+        if self.nav is None:
             return
-        page = show("cluster")
-        tabs, servers = getattr(page, "tabs", None), getattr(page, "servers", None)
-        if tabs is not None and servers is not None:
-            tabs.setCurrentWidget(servers)
+        self.nav.show_page(PageKey.CLUSTER)
+        self.nav.cluster_page().show_servers()
 
     def _open_wizard(self) -> None:
-        window = self.window()
-        opener = getattr(window, "open_wizard", None)
-        if opener is not None:
-            opener()
+        if self.nav is not None:
+            self.nav.open_wizard()
 
     # ------------------------------------------------------------- token
     def refresh_token(self) -> None:

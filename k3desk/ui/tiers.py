@@ -1,72 +1,29 @@
 """The tier table: every catalog tier with its verdict for the machine (or for a cluster),
-speed, size, quality, vision and engines; the recommended one is preselected and starred."""
+speed, size, quality, vision and engines; the recommended one is preselected and starred.
+
+It renders a :class:`~k3desk.core.app.tiers.TierJudgement` (or the rows of a cluster) and
+computes nothing: the verdict, the shortfall, the speed and the needs are the core's.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtGui import QColor, QFont
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem
 
+from k3desk.core.app.cluster_tiers import ClusterTierRow
+from k3desk.core.app.tiers import TierJudgement, TierRow, files_note
 from k3desk.core.catalog.model import Tier
-from k3desk.core.planning.recommend import Recommendation, TierVerdict
 from k3desk.core.units import fmt_bytes
 from k3desk.ui import theme
 
-if TYPE_CHECKING:
-    from k3desk.ui.cluster.controller import TierOnCluster
-
 COLUMNS = ("Tier", "Verdict", "Speed", "Size", "Quality", "Vision", "Engines")
-SPARKINFER_ONLY = "SparkInfer loads only vcruz305's UD-IQ1_S"
+VERDICT_COLUMN = 1
+SPEED_COLUMN = 2
 
-
-def cluster_verdict_text(row: TierOnCluster) -> str:
-    """The verdict cell for a tier on a cluster: the engine's refusal or the memory plan."""
-    from k3desk.core.cluster.sparkinfer import GEOMETRY_ERROR
-
-    a = row.assessment
-    if not a.ok:
-        if any(GEOMETRY_ERROR in r for r in a.refusals):
-            return "refused: SparkInfer cannot load it"
-        first = a.refusals[0]
-        return "refused: " + (first if len(first) <= 70 else first[:69].rstrip() + "…")
-    plan = a.plan
-    if plan is None:
-        return "can start (probe for the memory plan)"
-    if plan.verdict == "fits":
-        return "fits on the cluster"
-    if plan.verdict == "tight":
-        return "fits, with little room"
-    if plan.verdict == "no-fit":
-        return f"won't fit: {plan.reason}"
-    return f"unknown: {plan.reason}"
-
-
-def cluster_verdict_tip(row: TierOnCluster) -> str:
-    a = row.assessment
-    lines = [f"{a.title}"]
-    if a.plan is not None:
-        lines.append(f"{a.plan.verdict}: {a.plan.reason}")
-    lines += [f"✗ {r}" for r in a.refusals]
-    lines += [f"! {w}" for w in a.warnings]
-    return "\n".join(lines)
-
-
-def verdict_text(tv: TierVerdict) -> str:
-    plan = tv.plan
-    if tv.verdict == "gpu":
-        return "GPU: everything on the GPUs"
-    if tv.verdict == "hybrid" and plan is not None:
-        return f"hybrid: {plan.n_cpu_moe} expert layers on CPU"
-    if tv.verdict == "cpu":
-        return "CPU only"
-    if tv.verdict == "stream":
-        return f"won't fit: streams {fmt_bytes(tv.shortfall)} from disk"
-    if tv.verdict == "no-fit":
-        return "won't fit"
-    return "no plan"
+AnyRow = TierRow | ClusterTierRow
 
 
 def vision_text(t: Tier) -> str:
@@ -88,9 +45,31 @@ def quality_text(t: Tier) -> tuple[str, str]:
     return text + (" *" if t.quality_caveat else ""), tip
 
 
+def verdict_tip(row: TierRow) -> str:
+    """The verdict cell's tooltip: the plan's reason, what it needs of the machine against
+    what the plan may use there, and why it is not the recommendation."""
+    tv = row.verdict
+    lines = [tv.reason]
+    if row.kind == "hybrid" and row.n_cpu_moe:
+        lines.append(f"--n-cpu-moe {row.n_cpu_moe}")
+    needs = [n.text() for n in row.needs]
+    if needs:
+        lines += ["", "Needs / usable here: " + "; ".join(needs)]
+    if tv.why_not:
+        lines += ["", f"Why not: {tv.why_not}"]
+    return "\n".join(lines)
+
+
+def speed_cells(row: TierRow) -> tuple[str, str]:
+    if row.speed is None:
+        return "—", "Does not run here: no speed to predict."
+    s = row.speed
+    return s.text(), f"{s.range_text()}; bottleneck: {s.bottleneck}"
+
+
 class TierTable(QTableWidget):
     """Signals:
-    tier_selected(object): the TierVerdict of the selected row.
+    tier_selected(object): the TierRow (or ClusterTierRow) of the selected row.
     """
 
     tier_selected = Signal(object)
@@ -108,8 +87,8 @@ class TierTable(QTableWidget):
         h = self.horizontalHeader()
         h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         h.setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
-        self.verdicts: list[TierVerdict | TierOnCluster] = []
-        self.recommended: TierVerdict | TierOnCluster | None = None
+        self.rows: list[AnyRow] = []
+        self.recommended: AnyRow | None = None
         self.itemSelectionChanged.connect(self._selected)
 
     def _tier_cells(self, tier: Tier) -> tuple[tuple[str, str], ...]:
@@ -128,19 +107,28 @@ class TierTable(QTableWidget):
         for col, (text, tip) in enumerate(cells):
             item = QTableWidgetItem(text)
             item.setToolTip(tip)
-            if col == 1:
+            if col == VERDICT_COLUMN:
                 item.setForeground(QColor(color))
             if star:
                 f = QFont(item.font())
                 f.setBold(True)
                 item.setFont(f)
             if tier.reference and col == 0:
-                item.setText(text + "  (reference)")
+                text += "  (reference)"
+            guessed = files_note(tier)
+            if guessed and col in (0, 3):  # the name's tooltip, and the size column
+                if col == 3:
+                    text += " · guessed"
+                tip = f"{tip}\n{guessed}"
+            item.setText(text)
+            item.setToolTip(tip)
             self.setItem(r, col, item)
 
-    def set_cluster(self, rows: Sequence[TierOnCluster], recommended: TierOnCluster | None) -> None:
+    def set_cluster(
+        self, rows: Sequence[ClusterTierRow], recommended: ClusterTierRow | None
+    ) -> None:
         """Every tier judged for a cluster (no speed prediction: the engines report it)."""
-        self.verdicts = list(rows)
+        self.rows = list(rows)
         self.recommended = recommended
         c = theme.current()
         self.blockSignals(True)
@@ -149,8 +137,7 @@ class TierTable(QTableWidget):
         for r, row in enumerate(rows):
             t = row.tier
             star = row is recommended
-            a = row.assessment
-            plan = a.plan
+            plan = row.assessment.plan
             color = (
                 c.danger
                 if not row.runs
@@ -162,7 +149,7 @@ class TierTable(QTableWidget):
             )
             cells = (
                 (f"{'★ ' if star else ''}{t.name}  ·  {t.publisher}", t.repo),
-                (cluster_verdict_text(row), cluster_verdict_tip(row)),
+                (row.label, row.detail()),
                 ("—", "No speed prediction for a cluster: the engine reports it per answer."),
                 *self._tier_cells(t),
             )
@@ -171,65 +158,45 @@ class TierTable(QTableWidget):
         if recommended is not None:
             self.select_tier(recommended.tier.id)
 
-    def set_recommendation(self, rec: Recommendation) -> None:
-        self.verdicts = list(rec.verdicts)
-        self.recommended = rec.best or rec.closest
+    def set_judgement(self, judged: TierJudgement) -> None:
+        """Every tier judged for one machine; the pick preselected and starred."""
+        self.rows = list(judged.rows)
+        self.recommended = judged.chosen
         c = theme.current()
         self.blockSignals(True)
         self.clearSelection()
-        self.setRowCount(len(rec.verdicts))
-        for r, tv in enumerate(rec.verdicts):
-            plan = tv.plan
-            star = tv is self.recommended
-            name = f"{'★ ' if star else ''}{tv.tier.name}  ·  {tv.tier.publisher}"
-            speed = f"{plan.speed.expected_tps:.2g} tok/s" if plan is not None else "—"
+        self.setRowCount(len(judged.rows))
+        for r, row in enumerate(judged.rows):
+            tier = row.tier
+            star = row.recommended
+            name = f"{'★ ' if star else ''}{tier.name}  ·  {tier.publisher}"
+            basis = row.basis_text and f"\nRank #{row.verdict.rank} rests on: {row.basis_text}"
             cells = (
-                (name, f"{tv.tier.repo}\n{tv.reason}"),
-                (
-                    verdict_text(tv),
-                    tv.reason + (f"\n\nWhy not: {tv.why_not}" if tv.why_not else ""),
-                ),
-                (
-                    speed,
-                    (
-                        f"{plan.speed.low_tps:.2g}-{plan.speed.high_tps:.2g} tok/s; "
-                        f"bottleneck: {plan.speed.bottleneck}"
-                    )
-                    if plan is not None
-                    else "",
-                ),
-                *self._tier_cells(tv.tier),
+                (name, f"{tier.repo}\n{row.verdict.reason}{basis}"),
+                (row.label, verdict_tip(row)),
+                speed_cells(row),
+                *self._tier_cells(tier),
             )
-            color = (
-                c.ok
-                if tv.verdict in ("gpu", "hybrid", "cpu")
-                else c.warn
-                if tv.verdict == "stream"
-                else c.danger
-            )
-            self._fill_row(r, tv.tier, cells, color, star)
+            color = c.ok if row.fits else c.warn if row.kind == "stream" else c.danger
+            self._fill_row(r, tier, cells, color, star)
         self.blockSignals(False)
         if self.recommended is not None:
             self.select_tier(self.recommended.tier.id)
 
     def select_tier(self, tier_id: str) -> None:
-        for r, tv in enumerate(self.verdicts):
-            if tv.tier.id == tier_id:
+        for r, row in enumerate(self.rows):
+            if row.tier.id == tier_id:
                 self.selectRow(r)
                 item = self.item(r, 0)
                 if item is not None:
                     self.scrollToItem(item, QAbstractItemView.ScrollHint.EnsureVisible)
                 return
 
-    def current(self) -> TierVerdict | TierOnCluster | None:
+    def current(self) -> AnyRow | None:
         rows = {i.row() for i in self.selectedIndexes()}
-        return self.verdicts[min(rows)] if rows else None
+        return self.rows[min(rows)] if rows else None
 
     def _selected(self) -> None:
-        tv = self.current()
-        if tv is not None:
-            self.tier_selected.emit(tv)
-
-
-def align_center(item: QTableWidgetItem) -> None:
-    item.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
+        row = self.current()
+        if row is not None:
+            self.tier_selected.emit(row)

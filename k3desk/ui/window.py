@@ -6,9 +6,9 @@ Pages are built the first time they are shown, which keeps start-up fast.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
@@ -26,61 +26,112 @@ from PySide6.QtWidgets import (
 from k3desk import __version__
 from k3desk.ui import theme
 from k3desk.ui.context import AppContext
+from k3desk.ui.pages import Page, PageKey
 from k3desk.ui.widgets import label
+
+if TYPE_CHECKING:
+    from k3desk.ui.chat.page import ChatPage
+    from k3desk.ui.cluster.page import ClusterPage
+    from k3desk.ui.downloads.page import DownloadsPage
+    from k3desk.ui.engine.page import EnginePage
+    from k3desk.ui.models import ModelsPage
+    from k3desk.ui.settings_page import SettingsPage
+    from k3desk.ui.wizard.wizard import TierWizard
+
+P = TypeVar("P", bound=Page)
+
+
+def _chat(ctx: AppContext, window: MainWindow) -> Page:
+    from k3desk.ui.chat.page import ChatPage
+
+    return ChatPage(ctx, window)
+
+
+def _models(ctx: AppContext, window: MainWindow) -> Page:
+    from k3desk.ui.models import ModelsPage
+
+    return ModelsPage(ctx, window)
+
+
+def _downloads(ctx: AppContext, window: MainWindow) -> Page:
+    from k3desk.ui.downloads.page import DownloadsPage
+
+    return DownloadsPage(ctx, window)
+
+
+def _engine(ctx: AppContext, window: MainWindow) -> Page:
+    from k3desk.ui.engine.page import EnginePage
+
+    return EnginePage(ctx, window)
+
+
+def _settings(ctx: AppContext, window: MainWindow) -> Page:
+    from k3desk.ui.settings_page import SettingsPage
+
+    return SettingsPage(ctx, window)
+
+
+def _cluster(ctx: AppContext, window: MainWindow) -> Page:
+    from k3desk.ui.cluster.page import ClusterPage
+
+    return ClusterPage(ctx, window)
 
 
 @dataclass(frozen=True)
 class PageSpec:
-    key: str
+    key: PageKey
     title: str
     icon: str
-    factory: str  # "module:Class", built with (ctx, window)
+    factory: Callable[[AppContext, MainWindow], Page]  # imports the page's module lazily
     tip: str
 
 
 PAGES: tuple[PageSpec, ...] = (
-    PageSpec("chat", "Chat", "chat", "k3desk.ui.chat.page:ChatPage", "Talk to Kimi-K3"),
+    PageSpec(PageKey.CHAT, "Chat", "chat", _chat, "Talk to Kimi-K3"),
     PageSpec(
-        "models",
+        PageKey.MODELS,
         "Models",
         "tiers",
-        "k3desk.ui.models:ModelsPage",
+        _models,
         "Quantization tiers and what fits this machine",
     ),
     PageSpec(
-        "downloads",
+        PageKey.DOWNLOADS,
         "Downloads",
         "downloads",
-        "k3desk.ui.downloads.page:DownloadsPage",
+        _downloads,
         "Shard downloads from the Hugging Face Hub",
     ),
     PageSpec(
-        "engine",
+        PageKey.ENGINE,
         "Engine",
         "engine",
-        "k3desk.ui.engine.page:EnginePage",
+        _engine,
         "llama-server: launch plan, state and log",
     ),
     PageSpec(
-        "settings",
+        PageKey.SETTINGS,
         "Settings",
         "settings",
-        "k3desk.ui.settings_page:SettingsPage",
+        _settings,
         "Folders, engine, chat defaults, token, theme",
     ),
     PageSpec(
-        "cluster",
+        PageKey.CLUSTER,
         "Cluster",
         "cluster",
-        "k3desk.ui.cluster.page:ClusterPage",
+        _cluster,
         "Several machines over SSH (SparkInfer, llama.cpp RPC) and attached servers",
     ),
 )
 
 
 class MainWindow(QMainWindow):
-    """Signals:
-    page_changed(str): the key of the page now shown.
+    """The window every page lives in; pages reach each other through it (a
+    :class:`k3desk.ui.pages.Navigator`).
+
+    Signals:
+        page_changed(str): the key (a :class:`PageKey`) of the page now shown.
     """
 
     page_changed = Signal(str)
@@ -93,8 +144,8 @@ class MainWindow(QMainWindow):
         self.setWindowIcon(theme.app_icon())
         self.resize(1280, 800)
         self.setMinimumSize(QSize(900, 600))
-        self._pages: dict[str, QWidget] = {}
-        self._wizard: QWidget | None = None
+        self._pages: dict[PageKey, Page] = {}
+        self._wizard: TierWizard | None = None
 
         central = QWidget()
         root = QHBoxLayout(central)
@@ -135,12 +186,12 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.status_tasks)
         self.statusBar().addPermanentWidget(self.status_engine)
         ctx.tasks.busy_changed.connect(self._busy)
-        engine = ctx.controller("engine")
+        engine = ctx.engine
         engine.state_changed.connect(lambda _s, _m: self.set_engine_status(engine.state_text()))
         self.set_engine_status(engine.state_text())
-        ctx.controller("cluster")  # cluster engines and attached servers serve the chat too
+        _ = ctx.cluster  # cluster engines and attached servers serve the chat too
         if "download" in ctx.settings.recent:
-            ctx.controller("downloads")  # an unfinished download continues at start-up
+            _ = ctx.downloads  # an unfinished download continues at start-up
 
         self.sidebar.currentRowChanged.connect(self._row_changed)
         for i, spec in enumerate(PAGES):
@@ -150,35 +201,72 @@ class MainWindow(QMainWindow):
             ctx.theme.changed.connect(self._theme_changed)
 
     # ------------------------------------------------------------- pages
-    def _goto(self, key: str) -> Callable[[], None]:
+    def _goto(self, key: PageKey) -> Callable[[], None]:
         def go() -> None:
             self.show_page(key)
 
         return go
 
-    def page(self, key: str) -> QWidget:
+    def page(self, key: PageKey | str) -> Page:
         """The page widget for ``key``, built on first use."""
+        key = PageKey(key)
         if key not in self._pages:
             spec = next(s for s in PAGES if s.key == key)
-            module, cls = spec.factory.split(":")
-            page: QWidget = getattr(importlib.import_module(module), cls)(self.ctx, self)
+            page = spec.factory(self.ctx, self)
             page.setObjectName(f"page-{key}")
             self._pages[key] = page
             self.stack.addWidget(page)
         return self._pages[key]
 
-    def show_page(self, key: str) -> QWidget:
+    def show_page(self, key: PageKey | str) -> Page:
+        key = PageKey(key)
         row = next(i for i, s in enumerate(PAGES) if s.key == key)
         if self.sidebar.currentRow() != row:
             self.sidebar.setCurrentRow(row)  # -> _row_changed
-        return self._pages[key]
+        return self.page(key)
+
+    def _typed(self, key: PageKey, cls: type[P]) -> P:
+        page = self.page(key)
+        if not isinstance(page, cls):  # a PAGES entry builds the wrong class
+            raise TypeError(f"page {key} is a {type(page).__name__}, not a {cls.__name__}")
+        return page
+
+    def chat_page(self) -> ChatPage:
+        from k3desk.ui.chat.page import ChatPage
+
+        return self._typed(PageKey.CHAT, ChatPage)
+
+    def models_page(self) -> ModelsPage:
+        from k3desk.ui.models import ModelsPage
+
+        return self._typed(PageKey.MODELS, ModelsPage)
+
+    def downloads_page(self) -> DownloadsPage:
+        from k3desk.ui.downloads.page import DownloadsPage
+
+        return self._typed(PageKey.DOWNLOADS, DownloadsPage)
+
+    def engine_page(self) -> EnginePage:
+        from k3desk.ui.engine.page import EnginePage
+
+        return self._typed(PageKey.ENGINE, EnginePage)
+
+    def settings_page(self) -> SettingsPage:
+        from k3desk.ui.settings_page import SettingsPage
+
+        return self._typed(PageKey.SETTINGS, SettingsPage)
+
+    def cluster_page(self) -> ClusterPage:
+        from k3desk.ui.cluster.page import ClusterPage
+
+        return self._typed(PageKey.CLUSTER, ClusterPage)
 
     def current_page(self) -> str:
         row = self.sidebar.currentRow()
-        return PAGES[row].key if row >= 0 else ""
+        return PAGES[row].key.value if row >= 0 else ""
 
     def built_pages(self) -> list[str]:
-        return list(self._pages)
+        return [k.value for k in self._pages]
 
     def _row_changed(self, row: int) -> None:
         if row < 0:
@@ -186,13 +274,11 @@ class MainWindow(QMainWindow):
         key = PAGES[row].key
         page = self.page(key)
         self.stack.setCurrentWidget(page)
-        activated = getattr(page, "activated", None)
-        if activated is not None:
-            activated()
-        self.page_changed.emit(key)
+        page.activated()
+        self.page_changed.emit(key.value)
 
     # ------------------------------------------------------------ wizard
-    def open_wizard(self) -> QWidget:
+    def open_wizard(self) -> TierWizard:
         """Open the tier-picker wizard (one at a time)."""
         from k3desk.ui.wizard.wizard import TierWizard
 
@@ -207,7 +293,7 @@ class MainWindow(QMainWindow):
         return wizard
 
     @property
-    def wizard(self) -> QWidget | None:
+    def wizard(self) -> TierWizard | None:
         return self._wizard
 
     def _wizard_closed(self, _result: int) -> None:
@@ -232,7 +318,5 @@ class MainWindow(QMainWindow):
         if self._wizard is not None:
             self._wizard.close()  # a wizard left open must not outlive the window
         for page in self._pages.values():
-            closing = getattr(page, "closing", None)
-            if closing is not None:
-                closing()
+            page.closing()
         super().closeEvent(event)

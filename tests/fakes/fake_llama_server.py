@@ -18,6 +18,10 @@ Modes:
                  oom_kill goes up) and $FAKE_KMSG (a kernel log: the OOM report) say
   old_engine     an engine from before kimi-k3 support
   bad_projector  loads the model but refuses the projector
+In every mode that serves, a --mmproj file is read as the real clip loader reads it: a
+``clip.projector_type`` the engine does not know ($FAKE_PROJECTOR_TYPES, comma-separated,
+default "mlp" as upstream knows it; a fork adds e.g. "kimik3") ends the load with
+upstream's message ("unknown projector type: X").
   cuda89         a CUDA build for sm_89 on a machine with an H200
   ignore_term    serves, and ignores SIGTERM (the supervisor must SIGKILL it)
   wrong_key      serves, but expects an API key other than the one it was given
@@ -214,6 +218,44 @@ def serve() -> int:
     return 0
 
 
+def projector_type(path: str) -> str | None:
+    """``clip.projector_type`` of a GGUF file, or None (not there, not GGUF, no such key)."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                return None
+            f.read(4)
+            _, n_kv = struct.unpack("<QQ", f.read(16))
+            sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+            def text() -> str:
+                (n,) = struct.unpack("<Q", f.read(8))
+                return f.read(n).decode("utf-8", "replace")
+
+            def skip(t: int) -> None:
+                if t in sizes:
+                    f.read(sizes[t])
+                elif t == 8:
+                    text()
+                elif t == 9:
+                    (et,) = struct.unpack("<I", f.read(4))
+                    (n,) = struct.unpack("<Q", f.read(8))
+                    for _ in range(n):
+                        skip(et)
+
+            for _ in range(n_kv):
+                key = text()
+                (t,) = struct.unpack("<I", f.read(4))
+                if key == "clip.projector_type" and t == 8:
+                    return text()
+                skip(t)
+    except (OSError, struct.error, ValueError):
+        return None
+    return None
+
+
 def main() -> int:
     argv = sys.argv[1:]
     if "--version" in argv:
@@ -270,6 +312,16 @@ def main() -> int:
         log("clip_model_loader: model name:   mmproj", "I")
         log("clip_init: failed to load model: load_hparams: unknown projector type: kimik3", "E")
         log(f"srv    load_model: failed to load multimodal model, '{arg('--mmproj')}'", "E")
+        log("srv  llama_server: exiting due to model loading error", "E")
+        return 1
+    mmproj = arg("--mmproj")
+    kind = projector_type(mmproj) if mmproj else None
+    known = os.environ.get("FAKE_PROJECTOR_TYPES", "mlp").split(",")
+    if mmproj and kind is not None and kind not in known:
+        log(f"clip_init: failed to load model '{mmproj}': load_hparams: unknown projector "
+            f"type: {kind}", "E")  # fmt: skip
+        log(f"mtmd_init_from_file: error: Failed to load CLIP model from {mmproj}", "E")
+        log(f"srv    load_model: failed to load multimodal model, '{mmproj}'", "E")
         log("srv  llama_server: exiting due to model loading error", "E")
         return 1
     return serve()

@@ -50,9 +50,28 @@ def launch_engine(ctx, qtbot):  # type: ignore[no-untyped-def]
         if vision and model.mmproj is not None:
             args += ["--mmproj", str(model.mmproj)]
         spec = LaunchSpec(server, tuple(args), ready_timeout=60)
-        engine = ctx.controller("engine")
+        engine = ctx.engine
         engine.launch(LaunchRequest(spec, model_name=model.name, vision=vision))
         qtbot.waitUntil(lambda: engine.ready, timeout=60_000)
         return engine
 
     return launch
+
+
+@pytest.fixture
+def this_machine(services, monkeypatch):  # type: ignore[no-untyped-def]
+    """``this_machine(hardware_file)``: detection on this machine reports the machine the
+    file describes.  A stand-in for GPUs this machine does not have (NVML needs a driver):
+    what is launched and built here is planned for "this machine", which the pages judge
+    only when asked to (``ctx.hardware.detect()``)."""
+
+    def use(path):  # type: ignore[no-untyped-def]
+        profile = services.load_hardware(path)
+
+        def detect(disk_path=None, *, measure_bandwidth=True):  # type: ignore[no-untyped-def]
+            return profile
+
+        monkeypatch.setattr(services, "detect_hardware", detect)
+        return profile
+
+    return use

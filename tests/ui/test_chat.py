@@ -281,7 +281,7 @@ def test_export_rename_and_delete(ctx, qtbot, page, tmp_path) -> None:  # type: 
 
 
 def test_a_partial_answer_is_kept_when_the_engine_is_killed(ctx, qtbot, page) -> None:  # type: ignore[no-untyped-def]
-    engine = ctx.controller("engine")
+    engine = ctx.engine
     pid = engine.supervisor.pid
     assert pid
     killed: list[bool] = []

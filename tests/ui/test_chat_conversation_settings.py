@@ -25,9 +25,9 @@ standin = _standin_fixture  # the fixture, under its own name, for this module
 @pytest.fixture
 def page(ctx, qtbot, standin: StandIn) -> Iterator[ChatPage]:  # type: ignore[no-untyped-def]
     EndpointStore(ctx.services.paths).add("standin", standin.url, check=True)
-    cluster = ctx.controller("cluster")
+    cluster = ctx.cluster
     cluster.use_endpoint("standin")
-    qtbot.waitUntil(lambda: ctx.controller("engine").chat_endpoint() is not None, timeout=5000)
+    qtbot.waitUntil(lambda: ctx.engine.chat_endpoint() is not None, timeout=5000)
     p = ChatPage(ctx)
     qtbot.addWidget(p)
     p.show()

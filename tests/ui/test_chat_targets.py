@@ -72,8 +72,8 @@ def test_an_old_remote_server_setting_becomes_an_attached_server(qapp, qtbot, se
     file.write_text(json.dumps({"remote_url": url, "wizard_done": True}))
     context = make_context(services, qapp)
     try:
-        cluster = context.controller("cluster")
-        engine = context.controller("engine")
+        cluster = context.cluster
+        engine = context.engine
         listed = cluster.endpoint_list()
         assert [(e.name, e.url) for e in listed] == [("remote", url)]
         qtbot.waitUntil(lambda: engine.chat_endpoint() is not None, timeout=5000)
@@ -91,8 +91,8 @@ def test_an_old_remote_server_setting_becomes_an_attached_server(qapp, qtbot, se
     # a second start finds it attached once, and still in use
     context = make_context(services, qapp)
     try:
-        engine = context.controller("engine")
-        assert len(context.controller("cluster").endpoint_list()) == 1
+        engine = context.engine
+        assert len(context.cluster.endpoint_list()) == 1
         qtbot.waitUntil(lambda: engine.chat_endpoint() is not None, timeout=5000)
     finally:
         close_context(context)
@@ -110,7 +110,7 @@ def test_a_remote_server_already_attached_is_not_attached_twice(qapp, qtbot, ser
     file.write_text(json.dumps({"remote_url": url + "/"}))
     context = make_context(services, qapp)
     try:
-        cluster = context.controller("cluster")
+        cluster = context.cluster
         assert [e.name for e in cluster.endpoint_list()] == ["vllm"]
         qtbot.waitUntil(lambda: cluster.active_endpoint == "vllm", timeout=5000)
         assert context.settings.remote_url == ""
@@ -126,9 +126,9 @@ def test_an_old_remote_server_that_is_not_a_url_is_reported(qapp, qtbot, service
     file.write_text(json.dumps({"remote_url": "my-box:8080"}))
     context = make_context(services, qapp)
     try:
-        cluster = context.controller("cluster")
+        cluster = context.cluster
         assert cluster.endpoint_list() == []
-        assert context.controller("engine").chat_endpoint() is None
+        assert context.engine.chat_endpoint() is None
         message, hint, unexpected = context.reporter.last
         assert "'my-box:8080'" in message
         assert "is not an http(s) URL" in message

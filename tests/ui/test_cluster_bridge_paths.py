@@ -24,7 +24,7 @@ def test_custom_tokenizer_and_template_paths_reach_the_bridge_env(ctx, qtbot) ->
         Node(f"10.0.0.{11 + i}", user="k3", model_path=f"/models/k3-{i}", workdir="/srv/k3")
         for i in range(3)
     )
-    ctx.controller("cluster").save_cluster(Cluster("sparks", nodes))
+    ctx.cluster.save_cluster(Cluster("sparks", nodes))
     page = ClusterPage(ctx)
     qtbot.addWidget(page)
     page.show()
@@ -33,13 +33,14 @@ def test_custom_tokenizer_and_template_paths_reach_the_bridge_env(ctx, qtbot) ->
     assert page.tokenizer_dir.isVisible()
     assert page.chat_template.isVisible()
 
-    # empty: the defaults beside rank 0's shards, said as placeholders and used by the bridge
+    # empty: the recipe's defaults on rank 0 (the chat template with the shards, the tokenizer
+    # beside their folder), said as placeholders and used by the bridge
     assert page.tokenizer_dir.text() == ""
     assert page.chat_template.text() == ""
-    assert page.tokenizer_dir.placeholderText() == "/models/k3-0/tokenizer"
+    assert page.tokenizer_dir.placeholderText() == "/models/tokenizer"
     assert page.chat_template.placeholderText() == "/models/k3-0/k3_chat_template.jinja"
     assert bridge_line(page).startswith(
-        "10.0.0.11: env K3_TOKENIZER_DIR=/models/k3-0/tokenizer "
+        "10.0.0.11: env CUDA_DEVICE_ORDER=PCI_BUS_ID K3_TOKENIZER_DIR=/models/tokenizer "
         "K3_CHAT_TEMPLATE=/models/k3-0/k3_chat_template.jinja "
     )
 
@@ -47,19 +48,20 @@ def test_custom_tokenizer_and_template_paths_reach_the_bridge_env(ctx, qtbot) ->
     type_into(page.tokenizer_dir, "/opt/k3/tok")
     type_into(page.chat_template, "/opt/k3/chat.jinja")
     assert bridge_line(page).startswith(
-        "10.0.0.11: env K3_TOKENIZER_DIR=/opt/k3/tok K3_CHAT_TEMPLATE=/opt/k3/chat.jinja "
+        "10.0.0.11: env CUDA_DEVICE_ORDER=PCI_BUS_ID K3_TOKENIZER_DIR=/opt/k3/tok "
+        "K3_CHAT_TEMPLATE=/opt/k3/chat.jinja "
     )
     # ranks are unaffected; only the bridge reads them
     assert "/opt/k3" not in "\n".join(page.commands.toPlainText().splitlines()[:-1])
     choice = page.choice()
-    ctl = ctx.controller("cluster")
+    ctl = ctx.cluster
     cfg = ctl.sparkinfer_config(ctl.cluster("sparks"), choice)
     assert (cfg.tokenizer_path, cfg.chat_template_path) == ("/opt/k3/tok", "/opt/k3/chat.jinja")
 
     # cleared again: back to the defaults
     type_into(page.tokenizer_dir, "  ")
     type_into(page.chat_template, "")
-    assert "K3_TOKENIZER_DIR=/models/k3-0/tokenizer " in bridge_line(page)
+    assert "K3_TOKENIZER_DIR=/models/tokenizer " in bridge_line(page)
     assert "K3_CHAT_TEMPLATE=/models/k3-0/k3_chat_template.jinja " in bridge_line(page)
 
     # the RPC engine has no bridge: the fields go away with the other SparkInfer options

@@ -91,7 +91,7 @@ def test_the_page_adds_probes_and_judges_a_cluster_over_ssh(  # type: ignore[no-
         dlg.port.setValue(n.port)
     assert dlg.problems.text() == ""
     dlg.buttons.button(SAVE).click()
-    ctl = ctx.controller("cluster")
+    ctl = ctx.cluster
     assert ctl.store.get("loop").nodes == tuple(nodes)  # saved in rank order
     assert page.current_name() == "loop"
     assert page.nodes.rowCount() == 3
@@ -128,7 +128,7 @@ def test_the_page_adds_probes_and_judges_a_cluster_over_ssh(  # type: ignore[no-
     # the probe looked on rank 0 for what the bridge reads: the twins came without them
     assert (
         f"Rank 0 (ui-n0) has no tokenizer folder (K3_TOKENIZER_DIR) at "
-        f"{nodes[0].model_path}/tokenizer: there is nothing there." in text
+        f"{Path(nodes[0].model_path).parent}/tokenizer: there is nothing there." in text
     )
     assert f"{nodes[0].model_path}/k3_chat_template.jinja: there is nothing there." in text
     assert page.verdict.text() == "SparkInfer TP3: refused"
@@ -187,7 +187,8 @@ def test_the_page_adds_probes_and_judges_a_cluster_over_ssh(  # type: ignore[no-
     assert "--rank 0 --world 3 --listen" in page.commands.toPlainText()
     bridge_line = page.commands.toPlainText().splitlines()[-1]  # the recipe's bridge, last
     assert bridge_line.startswith(
-        f"ui-n0: env K3_TOKENIZER_DIR={nodes[0].model_path}/tokenizer "
+        f"ui-n0: env CUDA_DEVICE_ORDER=PCI_BUS_ID "
+        f"K3_TOKENIZER_DIR={Path(nodes[0].model_path).parent}/tokenizer "
         f"K3_CHAT_TEMPLATE={nodes[0].model_path}/k3_chat_template.jinja "
     )
     assert bridge_line.endswith(
@@ -210,7 +211,7 @@ def spark_nodes(sshd: SshServer, tag: str) -> list[Node]:
             python="/usr/bin/python3",
         )
         write_recipe_twin(Path(node.model_path))
-        write_model_extras(node.model_path)  # tokenizer/ and the chat template, as downloaded
+        write_model_extras(node.model_path)  # the chat template and tokenizer/, as the recipe
         nodes.append(node)
     install_recipe(nodes[0].workdir)  # the recipe's clone with its api-server
     return nodes
@@ -220,7 +221,7 @@ def test_sparkinfer_runs_with_phases_ranks_speed_chat_restart_and_stop(  # type:
     ctx, qtbot, sshd: SshServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     nodes = spark_nodes(sshd, "ui-spark")
-    ctl = ctx.controller("cluster")
+    ctl = ctx.cluster
     ctl.save_cluster(Cluster("sparks", tuple(nodes)))
     # the nodes are folders here; their probe reports DGX Sparks (GB10) with complete copies
     monkeypatch.setattr(
@@ -320,7 +321,7 @@ def test_sparkinfer_runs_with_phases_ranks_speed_chat_restart_and_stop(  # type:
     assert [m.state for m in ctl.members()] == ["stopped"] * 4
     assert [view.members.item(r, 4).text() for r in range(4)] == ["stopped"] * 4
     assert all(gone(pid) for pid in after if pid is not None)
-    assert ctx.controller("engine").chat_endpoint() is None
+    assert ctx.engine.chat_endpoint() is None
     assert not chat.composer.send_btn.isEnabled()
 
 
@@ -359,7 +360,7 @@ def remote_server(llama_server: Path, tiny_k3_single, tmp_path: Path) -> Iterato
 @pytest.mark.engine
 def test_an_attached_server_answers_in_the_chat(ctx, qtbot, remote_server: str) -> None:  # type: ignore[no-untyped-def]
     ring = MemoryKeyring()
-    ctl = ctx.controller("cluster")
+    ctl = ctx.cluster
     ctl.endpoints = EndpointStore(ctx.services.paths, keyring_module=FakeKeyringModule(ring))
     page = ClusterPage(ctx)
     qtbot.addWidget(page)
@@ -387,7 +388,7 @@ def test_an_attached_server_answers_in_the_chat(ctx, qtbot, remote_server: str) 
     assert ring.store[("k3desk", "endpoint:remote")] == "sekrit-key"
     endpoints_file = ctx.services.paths.config / "endpoints.json"
     assert "sekrit-key" not in endpoints_file.read_text()
-    qtbot.waitUntil(lambda: ctx.controller("engine").chat_endpoint() is not None, timeout=10_000)
+    qtbot.waitUntil(lambda: ctx.engine.chat_endpoint() is not None, timeout=10_000)
     assert ctx.settings.recent["chat_endpoint"] == "remote"
     assert "sekrit-key" not in ctx.store.path.read_text()
     assert servers.table.item(0, 0).text() == "remote"
@@ -409,7 +410,7 @@ def test_an_attached_server_answers_in_the_chat(ctx, qtbot, remote_server: str) 
 
     # not used any more: the chat has nowhere to go
     servers.unuse_btn.click()
-    qtbot.waitUntil(lambda: ctx.controller("engine").chat_endpoint() is None, timeout=5_000)
+    qtbot.waitUntil(lambda: ctx.engine.chat_endpoint() is None, timeout=5_000)
     assert "chat_endpoint" not in ctx.settings.recent
     assert servers.table.item(0, 5).text() == ""
     chat.composer.edit.setPlainText("again")
@@ -428,7 +429,7 @@ def test_rpc_workers_and_llama_server_start_from_the_page(  # type: ignore[no-un
     assert rpc_bin.is_file(), f"llama.cpp's RPC worker is not beside {llama_server}"
     ctx.update_settings(engine_binary=str(llama_server))
     node = sshd.node("ui-rpc", rpc_server_bin=str(rpc_bin))
-    ctl = ctx.controller("cluster")
+    ctl = ctx.cluster
     ctl.save_cluster(Cluster("workers", (node,)))
     window = MainWindow(ctx)
     qtbot.addWidget(window)

@@ -39,7 +39,7 @@ def stop(ctx2) -> None:  # type: ignore[no-untyped-def]
 
 def start_slowly(ctx, qtbot, hub, target):  # type: ignore[no-untyped-def]
     hub.hub.throttle_bps = 4_000_000
-    dl = ctx.controller("downloads")
+    dl = ctx.downloads
     dl.start(hub.request(), target)
     qtbot.waitUntil(lambda: dl.state.done > 1_000_000, timeout=30_000)
     return dl
@@ -56,8 +56,8 @@ def test_closing_the_app_mid_download_resumes_it_at_the_next_start(  # type: ign
     hub.hub.throttle_bps = 0
     ctx2, _window = restart(qtbot, services)
     try:
-        assert ctx2.has_controller("downloads")  # started with the window, no page visited
-        dl2 = ctx2.controller("downloads")
+        assert ctx2.downloads_if_built is not None  # started with the window, no page visited
+        dl2 = ctx2.downloads
         assert dl2.state is not None
         assert dl2.state.target == target
         assert dl2.state.request == hub.request()
@@ -80,7 +80,7 @@ def test_a_download_the_user_paused_stays_paused_after_a_restart(  # type: ignor
     ctx.close()
     ctx2, _window = restart(qtbot, services)
     try:
-        dl2 = ctx2.controller("downloads")
+        dl2 = ctx2.downloads
         assert dl2.state is not None
         assert dl2.state.status == "paused"
         qtbot.wait(300)
@@ -102,6 +102,6 @@ def test_a_cancelled_download_is_not_shown_after_a_restart(  # type: ignore[no-u
     ctx.close()
     ctx2, _window = restart(qtbot, services)
     try:
-        assert ctx2.controller("downloads").state is None
+        assert ctx2.downloads.state is None
     finally:
         stop(ctx2)

@@ -14,7 +14,7 @@ def panel(ctx, qtbot, tier_repo):  # type: ignore[no-untyped-def]
     from k3desk.core.hub.tokens import TokenStore
 
     ctx.__dict__["token_store"] = TokenStore(env={})  # no token from the real environment
-    dl = ctx.controller("downloads")
+    dl = ctx.downloads
     dl.endpoint = tier_repo.hub.endpoint
     p = DownloadPanel(ctx)
     qtbot.addWidget(p)
@@ -28,7 +28,7 @@ def test_download_runs_to_completion_with_every_shard_verified(  # type: ignore[
 ) -> None:
     target = tmp_path / "models"
     progress: list[float] = []
-    dl = ctx.controller("downloads")
+    dl = ctx.downloads
     dl.changed.connect(lambda st: progress.append(st.fraction))
     dl.start(tier_repo.request(), target)
     assert panel.cancel_btn.isEnabled()
@@ -56,7 +56,7 @@ def test_pause_then_resume_finishes_without_starting_over(  # type: ignore[no-un
     hub = tier_repo.hub
     hub.throttle_bps = 4_000_000  # slow enough to pause mid-way
     target = tmp_path / "models"
-    dl = ctx.controller("downloads")
+    dl = ctx.downloads
     dl.start(tier_repo.request(), target)
     qtbot.waitUntil(lambda: dl.state.done > 2_000_000, timeout=30_000)
     panel.pause_btn.click()
@@ -77,7 +77,7 @@ def test_pause_then_resume_finishes_without_starting_over(  # type: ignore[no-un
 def test_cancel_stops_and_removes_partial_files(ctx, qtbot, panel, tier_repo, tmp_path) -> None:  # type: ignore[no-untyped-def]
     tier_repo.hub.throttle_bps = 2_000_000
     target = tmp_path / "models"
-    dl = ctx.controller("downloads")
+    dl = ctx.downloads
     dl.start(tier_repo.request(), target)
     qtbot.waitUntil(lambda: dl.state.done > 500_000, timeout=30_000)
     panel.cancel_btn.click()
@@ -96,7 +96,7 @@ def test_every_file_of_the_tier_is_listed_from_the_start(  # type: ignore[no-unt
     ctx, qtbot, panel, tier_repo, tmp_path
 ) -> None:
     tier_repo.hub.throttle_bps = 1_000_000  # four at a time: the others wait their turn
-    dl = ctx.controller("downloads")
+    dl = ctx.downloads
     dl.start(tier_repo.request(), tmp_path / "models")
     qtbot.waitUntil(
         lambda: any(r.state == "downloading" for r in dl.state.files.values()), timeout=30_000
@@ -118,7 +118,7 @@ def test_files_already_here_are_shown_as_reused(  # type: ignore[no-untyped-def]
     target = tmp_path / "models"
     (target / MMPROJ).parent.mkdir(parents=True)
     (target / MMPROJ).write_bytes(tier_repo.files[MMPROJ])  # copied in by hand
-    dl = ctx.controller("downloads")
+    dl = ctx.downloads
     dl.start(tier_repo.request(), target)
     qtbot.waitUntil(lambda: dl.state.status == "done", timeout=60_000)
     shown = _table_states(panel)

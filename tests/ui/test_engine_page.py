@@ -18,8 +18,8 @@ def test_launch_plan_log_attempts_api_and_restart_after_a_crash(  # type: ignore
     ctx, qtbot, llama_server, tiny_k3, hardware_file
 ) -> None:
     ctx.update_settings(engine_binary=str(llama_server), ctx=2048)
-    ctx.controller("hardware").load_file(hardware_file("no-gpu-laptop-32GB"))
-    qtbot.waitUntil(lambda: ctx.controller("hardware").profile is not None, timeout=30_000)
+    ctx.hardware.load_file(hardware_file("no-gpu-laptop-32GB"))
+    qtbot.waitUntil(lambda: ctx.hardware.profile is not None, timeout=30_000)
     page = EnginePage(ctx)
     qtbot.addWidget(page)
     page.resize(1280, 900)
@@ -31,7 +31,7 @@ def test_launch_plan_log_attempts_api_and_restart_after_a_crash(  # type: ignore
     page.panel.mmproj.setText(str(tiny_k3.mmproj))
     assert page.panel.launch_btn.isEnabled()
     page.panel.launch_btn.click()
-    engine = ctx.controller("engine")
+    engine = ctx.engine
     qtbot.waitUntil(lambda: engine.ready, timeout=120_000)
     # state, API address and key
     assert "ready" in page.panel.state.text()

@@ -33,7 +33,7 @@ def test_the_attempts_table_shows_each_replan_and_why(  # type: ignore[no-untype
     spec = dataclasses.replace(prepared.spec(), executable=oom)
     page = EnginePage(ctx)
     qtbot.addWidget(page)
-    engine = ctx.controller("engine")
+    engine = ctx.engine
     engine.launch(LaunchRequest(spec, prepared.plan, "Tiny", replan=prepared.replan_after_oom))
     qtbot.waitUntil(lambda: engine.ready and page.attempts.rowCount() == 3, timeout=60_000)
     column = {

@@ -41,7 +41,7 @@ def launch(ctx, qtbot, engine_binary: Path, shard: Path, mmproj: Path):  # type:
     page.panel.shard.setText(str(shard))
     page.panel.mmproj.setText(str(mmproj))
     page.panel.launch_btn.click()
-    engine = ctx.controller("engine")
+    engine = ctx.engine
     try:
         qtbot.waitUntil(lambda: engine.ready, timeout=120_000)
     except WaitTimeout:

@@ -18,7 +18,7 @@ def window(ctx, qtbot):  # type: ignore[no-untyped-def]
 
 
 def open_wizard_for(window, qtbot, hw_file: Path):  # type: ignore[no-untyped-def]
-    hw = window.ctx.controller("hardware")
+    hw = window.ctx.hardware
     hw.load_file(hw_file)
     wiz = window.open_wizard()
     qtbot.waitUntil(
@@ -29,7 +29,7 @@ def open_wizard_for(window, qtbot, hw_file: Path):  # type: ignore[no-untyped-de
 
 def verdicts(wiz) -> dict[str, str]:  # type: ignore[no-untyped-def]
     t = wiz.tiers.table
-    return {tv.tier.id: t.item(r, 1).text() for r, tv in enumerate(t.verdicts)}
+    return {tv.tier.id: t.item(r, 1).text() for r, tv in enumerate(t.rows)}
 
 
 @pytest.mark.parametrize(
@@ -45,14 +45,14 @@ def verdicts(wiz) -> dict[str, str]:  # type: ignore[no-untyped-def]
             "1xRTX5090-256GB",
             None,
             "vcruz305-ud-iq1s",
-            {"vcruz305-ud-iq1s": "won't fit: streams 44.0 GiB from disk"},
+            {"vcruz305-ud-iq1s": "won't fit: streams 44.6 GiB from disk"},
         ),
         (
             "8xH100-2TB",
             "atomicchat-q3ks",
             None,
             {
-                "atomicchat-q3ks": "hybrid: 46 expert layers on CPU",
+                "atomicchat-q3ks": "hybrid: 45 expert layers on CPU",
                 "grearl-iq1s": "GPU: everything on the GPUs",
                 "atomicchat-q8_0": "won't fit: streams",
             },
@@ -64,12 +64,12 @@ def test_wizard_recommends_per_hardware_file(  # type: ignore[no-untyped-def]
     window, qtbot, hardware_file, name, best, closest, expect
 ) -> None:
     wiz = open_wizard_for(window, qtbot, hardware_file(name))
-    rec = window.ctx.controller("hardware").recommendation
+    rec = window.ctx.hardware.recommendation
     assert (rec.best.tier.id if rec.best else None) == best
     assert (rec.closest.tier.id if rec.closest else None) == closest
     # page 1: the machine and the needs-vs-has chart
     summary = wiz.machine.summary.text()
-    hw = window.ctx.controller("hardware").profile
+    hw = window.ctx.hardware.profile
     for g in hw.gpus:
         assert g.name in summary
     if not hw.gpus:
@@ -97,17 +97,28 @@ def test_fit_chart_bars_compare_needs_with_the_machine(window, qtbot, hardware_f
     rows = {
         r.name.split(" · ")[0] + "/" + r.name.split(" · ")[1]: r for r in wiz.machine.chart.rows
     }
-    hw = window.ctx.controller("hardware").profile
+    hw = window.ctx.hardware.profile
+    rec = window.ctx.hardware.recommendation
     q3 = rows["Q3_K_S/AtomicChat"]
-    labels = [b.label for b in q3.bars]
+    labels = [b.resource for b in q3.bars]
     assert labels == ["VRAM", "RAM", "Disk"]
-    vram, ram, _disk = q3.bars
-    assert vram.have == hw.total_vram
-    assert ram.have == hw.memory.usable_total
+    vram, ram, disk = q3.bars
+    # the tracks are the planner's budgets: free VRAM less a 1 GiB margin per GPU, the RAM
+    # less what is kept for the system
+    plan = next(tv.plan for tv in rec.verdicts if tv.tier.id == "atomicchat-q3ks")
+    gpus = [d for d in plan.devices if d.device != "RAM"]
+    assert vram.have == sum(d.capacity for d in gpus)
+    assert vram.have == sum(g.vram_free for g in hw.gpus) - len(hw.gpus) * 2**30
+    assert vram.need == sum(d.used for d in gpus)
+    assert ram.have == plan.devices[-1].capacity < hw.memory.usable_total
+    assert disk.have == hw.disk.free
     assert vram.fits
     assert ram.fits
     q8 = rows["Q8_0/AtomicChat"]
     assert not q8.bars[1].fits  # Q8_0 misses RAM on this machine
+    # ... by what the planner says it misses (the 292 GiB it streams), not twice that
+    q8_plan = next(tv for tv in rec.verdicts if tv.tier.id == "atomicchat-q8_0")
+    assert q8.bars[1].short == q8_plan.shortfall == q8_plan.plan.stream_bytes > 0
     img = wiz.machine.chart.grab().toImage()
     assert img.width() > 300
     assert img.height() >= 28 + wiz.machine.chart.ROW * len(rows) - 1
@@ -123,7 +134,7 @@ def test_first_run_opens_the_wizard_and_finishing_saves_the_choice(  # type: ign
     qtbot.addWidget(w)
     w.show()
     wiz = w.open_wizard()
-    hw = ctx.controller("hardware")
+    hw = ctx.hardware
     qtbot.waitUntil(lambda: hw.recommendation is not None, timeout=30_000)
     wiz.next()
     wiz.tiers.table.select_tier("grearl-iq1s")
@@ -146,7 +157,7 @@ def test_first_run_opens_the_wizard_and_finishing_saves_the_choice(  # type: ign
 def test_a_bad_hardware_file_is_reported_by_name(window, qtbot, tmp_path) -> None:  # type: ignore[no-untyped-def]
     bad = tmp_path / "box.json"
     bad.write_text("{nope")
-    window.ctx.controller("hardware").load_file(bad)
+    window.ctx.hardware.load_file(bad)
     qtbot.waitUntil(lambda: window.ctx.reporter.last is not None, timeout=10_000)
     message, _hint, unexpected = window.ctx.reporter.last
     assert str(bad) in message

@@ -16,7 +16,6 @@ from PySide6.QtWidgets import QDialogButtonBox, QWizard
 
 from k3desk.core.cluster.nodes import Cluster, Node
 from k3desk.core.cluster.sparkinfer import GEOMETRY_ERROR
-from k3desk.ui.tiers import verdict_text
 from k3desk.ui.window import MainWindow
 from tests.core.cluster.reports import report
 from tests.fixtures.sshd import SshServer
@@ -28,7 +27,7 @@ SPARK_TIER = "vcruz305-ud-iq1s"
 
 def cells(wiz, col: int) -> dict[str, str]:  # type: ignore[no-untyped-def]
     t = wiz.tiers.table
-    return {row.tier.id: t.item(r, col).text() for r, row in enumerate(t.verdicts)}
+    return {row.tier.id: t.item(r, col).text() for r, row in enumerate(t.rows)}
 
 
 @pytest.fixture
@@ -44,7 +43,7 @@ def open_wizard(ctx, qtbot, hardware_file, name: str = "1xRTX5090-256GB"):  # ty
     window = MainWindow(ctx)
     qtbot.addWidget(window)
     window.show()
-    hw = ctx.controller("hardware")
+    hw = ctx.hardware
     hw.load_file(hardware_file(name))
     wiz = window.open_wizard()
     qtbot.waitUntil(lambda: hw.recommendation is not None, timeout=30_000)
@@ -57,12 +56,14 @@ def test_the_wizard_probes_a_cluster_judges_tiers_for_it_and_starts_sparkinfer_t
     from k3desk.core.hardware import detect
 
     real_disk = detect.detect_disk  # this machine has 10 GiB free for the download
-    monkeypatch.setattr(detect, "detect_disk", lambda p: replace(real_disk(p), free=10 * 2**30))
-    ctl = ctx.controller("cluster")
+    monkeypatch.setattr(
+        detect, "detect_disk", lambda p, *a, **kw: replace(real_disk(p, *a, **kw), free=10 * 2**30)
+    )
+    ctl = ctx.cluster
     ctl.save_cluster(Cluster("sparks", tuple(spark_nodes(sshd, "wiz-spark"))))
     _window, wiz = open_wizard(ctx, qtbot, hardware_file)
     # one RTX 5090: the SparkInfer tier streams from disk on this machine alone
-    machine = {tv.tier.id: verdict_text(tv) for tv in wiz.hardware.recommendation.verdicts}
+    machine = {row.tier.id: row.label for row in wiz.hardware.judgement.rows}
     assert machine[SPARK_TIER].startswith("won't fit: streams")
 
     # the first page: one machine by default, several machines lead to the cluster step
@@ -168,9 +169,12 @@ def test_the_wizard_probes_a_cluster_judges_tiers_for_it_and_starts_sparkinfer_t
 
 
 def test_rpc_tiers_by_the_workers_memory_and_one_machine_again(  # type: ignore[no-untyped-def]
-    ctx, qtbot, hardware_file, llama_server, gb10_probe: None
+    ctx, qtbot, hardware_file, this_machine, llama_server, gb10_probe: None
 ) -> None:
     ctx.update_settings(engine_binary=str(llama_server))
+    # llama.cpp RPC runs llama-server here: this machine has the eight H100 (the stand-in
+    # for detection); the pages judge the same machine from its file
+    this_machine(hardware_file("8xH100-2TB"))
     window, wiz = open_wizard(ctx, qtbot, hardware_file, "8xH100-2TB")
     wiz.machine.several.click()
     wiz.next()
@@ -181,7 +185,7 @@ def test_rpc_tiers_by_the_workers_memory_and_one_machine_again(  # type: ignore[
     nodes = tuple(
         Node(host=f"rack{i}", address=f"10.0.0.{i + 1}", model_path="/m") for i in range(3)
     )
-    ctx.controller("cluster").save_cluster(Cluster("racks", nodes))
+    ctx.cluster.save_cluster(Cluster("racks", nodes))
     assert view.current_name() == "racks"
     assert wiz.button(NEXT).isEnabled()
     wiz.next()
@@ -194,7 +198,7 @@ def test_rpc_tiers_by_the_workers_memory_and_one_machine_again(  # type: ignore[
     wiz.back()
     view.rpc_radio.click()
     view.probe_btn.click()
-    qtbot.waitUntil(lambda: "racks" in ctx.controller("cluster").probes, timeout=30_000)
+    qtbot.waitUntil(lambda: "racks" in ctx.cluster.probes, timeout=30_000)
     wiz.next()
     verdicts = cells(wiz, 1)
     assert verdicts[SPARK_TIER] == "fits on the cluster"
@@ -216,7 +220,7 @@ def test_rpc_tiers_by_the_workers_memory_and_one_machine_again(  # type: ignore[
     wiz.next()
     assert wiz.current_key() == "tiers"
     rec = wiz.hardware.recommendation
-    assert cells(wiz, 1) == {tv.tier.id: verdict_text(tv) for tv in rec.verdicts}
+    assert cells(wiz, 1) == {row.tier.id: row.label for row in wiz.hardware.judgement.rows}
     assert wiz.selected_tier().tier.id == rec.best.tier.id
     assert wiz.tiers.reason.text() == rec.summary
     wiz.next()

@@ -203,7 +203,15 @@ def _sub(f: _Fields, name: str, cls: type, parse: Callable[[_Fields], Any]) -> t
 
 
 def _parse_quality(f: _Fields) -> QualityFigure:
-    return QualityFigure(f.nonempty("metric"), f.nonempty("value"), f.str_("conditions"))
+    scope = f.str_("scope", "end-to-end")
+    if scope not in ("end-to-end", "weight-space"):
+        raise f.fail("scope", f"expected 'end-to-end' or 'weight-space', got {scope!r}")
+    return QualityFigure(
+        f.nonempty("metric"),
+        f.nonempty("value"),
+        f.str_("conditions"),
+        "weight-space" if scope == "weight-space" else "end-to-end",
+    )
 
 
 def _parse_speed(f: _Fields) -> SpeedReport:
@@ -310,8 +318,12 @@ def _parse_tier(item: object, where: str) -> Tier:
         expert_feed_forward_length=f.int_("expert_feed_forward_length", 3072, minimum=1),
         tensor_overrides=_sub(f, "tensor_overrides", TensorOverride, _parse_override),
         tensor_types_note=f.str_("tensor_types_note", ""),
+        vision_engine=f.str_("vision_engine", ""),
+        mmproj_type=f.str_("mmproj_type", ""),
     )
     _check_shard_naming(tier, f)
+    if tier.vision == "fork" and not tier.vision_engine:
+        raise f.fail("vision_engine", "a tier whose vision needs a fork names that fork")
     if tier.experts_kept > 896:
         raise f.fail("experts_kept", f"Kimi-K3 has 896 routed experts, not {tier.experts_kept}")
     if tier.manifest and tier.manifest not in tier.extra_files:

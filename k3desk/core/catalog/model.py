@@ -33,11 +33,17 @@ ROLES: tuple[str, ...] = (
 )
 
 
+QualityScope = Literal["end-to-end", "weight-space"]
+
+
 @dataclass(frozen=True)
 class QualityFigure:
     metric: str  # e.g. "PPL", "Top-1 vs Q8_0", "HumanEval"
     value: str  # as published, e.g. "5.3610 ± 0.02917"
     conditions: str  # corpus, chunks, n_ctx, reference model, ...
+    # "end-to-end": measured on the model's output (perplexity, KL divergence, top-1,
+    # benchmarks); "weight-space": only how close quantized tensors are to the source
+    scope: QualityScope = "end-to-end"
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,35 @@ class Tier:
     expert_feed_forward_length: int = 3072
     tensor_overrides: tuple[TensorOverride, ...] = ()
     tensor_types_note: str = ""  # which of tensor_types the card states, which are assumed
+    # vision: the llama.cpp fork its card builds for images (a k3desk engine source, e.g.
+    # "unsloth", "atomicchat"), and the projector type of its mmproj (clip.projector_type;
+    # "" when no source says)
+    vision_engine: str = ""
+    mmproj_type: str = ""
+
+    @property
+    def files_guessed(self) -> str:
+        """Why this tier's files are a guess, as a clause ("its files are guessed: ..."),
+        or '' when the card lists them."""
+        if self.known:
+            return ""
+        what = [f for f in ("repo", "include", "first_shard", "shard_count") if f in self.derived]
+        names = {
+            "repo": "repository",
+            "include": "file pattern",
+            "first_shard": "file names",
+            "shard_count": "shard count",
+        }
+        guessed = ", ".join(names[f] for f in what) or "files and sizes"
+        return (
+            f"its files are guessed: the card does not list them ({guessed} derived); check "
+            "the repository listing before downloading"
+        )
+
+    @property
+    def measured_quality(self) -> tuple[QualityFigure, ...]:
+        """The card's end-to-end quality figures (not weight-space reconstruction errors)."""
+        return tuple(q for q in self.quality if q.scope == "end-to-end")
 
     # ------------------------------------------------------------ file selection
     def matches(self, filename: str) -> bool:

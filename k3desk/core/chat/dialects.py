@@ -337,6 +337,12 @@ def lowest_tokens(text: str) -> int:
     return len(text.encode("utf-8")) // 8
 
 
+def highest_tokens(text: str) -> int:
+    """More tokens than ``text`` can be: a byte-level BPE (K3's) never yields more tokens
+    than the text has UTF-8 bytes."""
+    return len(text.encode("utf-8"))
+
+
 def message_texts(messages: Sequence[Mapping[str, Any]]) -> list[str]:
     out = []
     for m in messages:
@@ -348,8 +354,10 @@ def message_texts(messages: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def estimate_prompt(messages: Sequence[Mapping[str, Any]], *, lowest: bool = False) -> int:
-    count = lowest_tokens if lowest else estimate_tokens
+def estimate_prompt(
+    messages: Sequence[Mapping[str, Any]], *, lowest: bool = False, highest: bool = False
+) -> int:
+    count = lowest_tokens if lowest else highest_tokens if highest else estimate_tokens
     texts = message_texts(messages)
     return sum(count(t) for t in texts) + len(texts) * MESSAGE_OVERHEAD + PROMPT_OVERHEAD
 
@@ -407,9 +415,12 @@ def answer_budget(
     # over K3_MAX_CONTEXT_TOKENS)
     n = settings.max_tokens or lim.max_tokens or lim.default_max_tokens
     if n is not None and lim.context is not None:
-        room = lim.context - estimate_prompt(messages)
-        if room < n:
-            n = max(1, room)
+        # what the prompt cannot exceed leaves room the bridge surely accepts; only when
+        # that leaves nothing is the usual estimate trusted
+        room = lim.context - estimate_prompt(messages, highest=True)
+        if room < 1:
+            room = lim.context - estimate_prompt(messages)
+        n = max(1, min(n, room))
     return n
 
 

@@ -172,8 +172,9 @@ def parse_report(
             python, False, version,
             reason=f"The recipe's bridge on {where} has no {' and no '.join(gone)}: "
             "run-api.sh stops with 'Tokenizer directory or chat-template file does not exist.'",
-            fix="The model card's download puts tokenizer/ and k3_chat_template.jinja beside "
-            "the shards: copy them there on rank 0, or set where they are "
+            fix="Rank 0 needs both: the recipe fetches the tokenizer from moonshotai/Kimi-K3 "
+            "into $K3_HOME/tokenizer (beside the model folder) and keeps "
+            "k3_chat_template.jinja with the shards. Put them there, or set where they are "
             "(--tokenizer-dir, --chat-template).",
         )  # fmt: skip
     if stage == "import":

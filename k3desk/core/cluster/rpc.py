@@ -40,6 +40,7 @@ from k3desk.core.engines.supervisor import (
     State,
     Supervisor,
 )
+from k3desk.core.hardware.nvidia import launch_env
 from k3desk.core.paths import AppPaths
 from k3desk.core.progress import CancelToken
 
@@ -214,6 +215,7 @@ class RpcCluster(GroupSupervisor):
                 SshClient(node, self.known_hosts, connect_timeout=self._connect_timeout),
                 worker_argv(cfg, node),
                 name="rpc worker",
+                env=launch_env(),
                 cwd=node.workdir,
                 log_path=self._log_path(attempt, f"worker-{node.label}"),
                 on_exit=self._worker_exit,

@@ -4,7 +4,11 @@ SparkInfer (gittensor-ai-lab/sparkinfer-k3 v0.2.2 plus the vcruz305 recipe's
 patch chain) runs one ``kimi_k3_dist_generate`` process per node::
 
     kimi_k3_dist_generate --rank R --world 3|4 (--listen IP:PORT | --coord IP:PORT)
-                          --model <shard 1 .gguf> --max-ctx N [--serve IP:PORT] [--spec-draft K]
+                          --model <shard 1 .gguf> --max-ctx N [--serve IP:PORT]
+                          [--spec-draft K --spec-ngram-min 1 --spec-ngram-max N ...]
+
+with the environment and drafter flags of one of the recipe's own profiles
+(:mod:`k3desk.core.cluster.recipe`, read from its ``scripts/k3_cluster.sh`` and receipts).
 
 Rank 0 listens (``--listen``) and the workers connect to it (``--coord``); with
 ``--serve`` rank 0 opens a line-protocol socket (one TCP connection per request:
@@ -12,7 +16,10 @@ Rank 0 listens (``--listen``) and the workers connect to it (``--coord``); with
 one final ``ok=1;generated_ids=…;stop_reason=…`` or ``ok=0;error=…`` line).  The
 recipe's FastAPI bridge (``api-server/run-api.sh`` -> ``server.py``), started beside
 rank 0, tokenizes with the model's own tokenizer and chat template and turns that
-socket into OpenAI-compatible HTTP (port 8000, model ``kimi-k3-neuron``).  The model
+socket into OpenAI-compatible HTTP (port 8000, model ``kimi-k3-neuron``), guarded by
+``K3_API_KEY`` (the recipe: "Set K3_API_KEY even on a trusted network") and allowed
+replies as long as the context (``K3_MAX_TOKENS``; its default of 512 refuses longer
+requests and cuts replies, reasoning included).  The model
 card's command (``sparkinfer --tp 3 --ctx-len --jdba-band``, port 9000, a directory
 as ``--model``) does not exist: :func:`explain_card_command` tells a person who
 copied it what to use instead.
@@ -31,7 +38,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
@@ -48,16 +55,26 @@ from k3desk.core.cluster.group import (
     stop_remote_processes,
 )
 from k3desk.core.cluster.nodes import Cluster, ClusterError, Node, is_ipv4_literal
+from k3desk.core.cluster.recipe import (
+    DEFAULT_PROFILE,
+    LAUNCHER_MAX_CTX,
+    PROFILES,
+    RecipeProfile,
+    engine_refusals,
+    profile_names,
+)
 from k3desk.core.cluster.ssh import (
     RemoteProcess,
     SshClient,
     classify_ssh_failure,
     remote_command,
 )
+from k3desk.core.hardware.nvidia import launch_env
 from k3desk.core.hardware.profile import GpuInfo, HardwareProfile
 from k3desk.core.paths import AppPaths
 from k3desk.core.progress import CancelToken
 from k3desk.core.safepaths import file_name_problem
+from k3desk.core.secrets import SecretStore
 
 if TYPE_CHECKING:
     from k3desk.core.catalog.model import Tier
@@ -73,20 +90,7 @@ TARGET_EXPERT_WIDTH = 1536
 TARGET_SHARDS = 9
 TARGET_REPO = "vcruz305/Kimi-K3-GGUF"
 GEOMETRY_ERROR = "GGUF MoE geometry is not the Neuron 896x1536 recipe target"
-SPEC_DRAFT_RANGE = (2, 16)
-PREFILL_CHUNK_ENV = "SPARKINFER_K3_PREFILL_CHUNK"
-
-# Environment presets.  "recipe" is what the recipe documents (head banding is the
-# closest thing to the card's --jdba-band; KDA fusion off is the card's +20 %).
-ENV_PROFILES: dict[str, dict[str, str]] = {
-    "plain": {},
-    "recipe": {"SPARKINFER_K3_DIST_HEAD_BAND": "1", "SPARKINFER_K3_KDA_FUSE": "0"},
-    "spec-k8": {
-        "SPARKINFER_K3_DIST_HEAD_BAND": "1",
-        "SPARKINFER_K3_KDA_FUSE": "0",
-        PREFILL_CHUNK_ENV: "8",
-    },
-}
+API_KEY_ENV = "K3_API_KEY"  # the bridge's bearer key (api-server/server.py)
 
 # The recipe's HTTP bridge beside rank 0: ``api-server/run-api.sh`` reads its settings
 # from the environment (see :func:`bridge_env`) and execs ``server.py``.  Placeholders
@@ -94,8 +98,45 @@ ENV_PROFILES: dict[str, dict[str, str]] = {
 # {ctx} {tokenizer} {template}.
 DEFAULT_BRIDGE = ("bash", "{recipe}/api-server/run-api.sh")
 RECIPE_DIRNAME = "kimi-k3-neuron-tp3-dgxspark-recipe"  # the recipe's clone, in rank 0's workdir
-TOKENIZER_DIRNAME = "tokenizer"  # beside the shards, as the model card's download lays it out
-CHAT_TEMPLATE_NAME = "k3_chat_template.jinja"
+# The recipe's README, step 1: shards and chat template in $K3_HOME/model (from
+# vcruz305/Kimi-K3-GGUF), the tokenizer in $K3_HOME/tokenizer, fetched from
+# moonshotai/Kimi-K3 (the model card's download does not bring it).
+TOKENIZER_DIRNAME = "tokenizer"  # beside the model folder, as $K3_HOME/tokenizer
+CHAT_TEMPLATE_NAME = "k3_chat_template.jinja"  # in the model folder
+TOKENIZER_REPO = "moonshotai/Kimi-K3"
+TOKENIZER_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenization_kimi.py",
+    "tiktoken.model",
+    "tokenizer_config.json",
+)
+
+
+def tokenizer_command(folder: str) -> str:
+    """The recipe's command that fetches the bridge's tokenizer into ``folder``."""
+    include = " ".join(f'--include "{f}"' for f in TOKENIZER_FILES)
+    return f"hf download {TOKENIZER_REPO} --local-dir {folder} {include}"
+
+
+def bridge_key_name(cluster: str) -> str:
+    """The keyring entry of a cluster's bridge key."""
+    return f"sparkinfer-bridge:{cluster}"
+
+
+def bridge_key(secrets: SecretStore, cluster: str) -> tuple[str, bool]:
+    """The bridge key of ``cluster`` from the keyring (made and saved on first use), and
+    whether it is new (to be shown once)."""
+    import secrets as random
+
+    name = bridge_key_name(cluster)
+    key = secrets.get(name)
+    if key:
+        return key, False
+    key = random.token_urlsafe(32)
+    secrets.set(name, key, what="bridge key")
+    return key, True
+
 
 # Steps 6 and 7 of the model card's launch procedure, as printed there.
 CARD_COMMAND = (
@@ -108,9 +149,11 @@ CARD_COMMAND = (
 class SparkInferConfig:
     cluster: Cluster
     model_file: str = "Kimi-K3-UD-IQ1_S-00001-of-00009.gguf"  # shard 1, in each node's model_path
-    max_ctx: int = 8192
-    spec_draft: int | None = None
-    env: Mapping[str, str] = field(default_factory=lambda: dict(ENV_PROFILES["recipe"]))
+    max_ctx: int = LAUNCHER_MAX_CTX
+    profile: str = DEFAULT_PROFILE  # one of recipe.PROFILES
+    spec_draft: int | None = None  # overrides the profile's K; 0 = no drafting
+    env: Mapping[str, str] = field(default_factory=dict)  # over the profile's environment
+    api_key: str = ""  # the bridge's K3_API_KEY ("" = an open bridge)
     coord_port: int = COORD_PORT
     serve_port: int = SERVE_PORT  # rank 0's line-protocol socket (bound to 127.0.0.1)
     bridge_port: int = BRIDGE_PORT
@@ -127,6 +170,27 @@ class SparkInferConfig:
     @property
     def world(self) -> int:
         return len(self.cluster.nodes)
+
+    @property
+    def recipe_profile(self) -> RecipeProfile:
+        try:
+            return PROFILES[self.profile]
+        except KeyError:
+            raise ClusterError(
+                f"Unknown SparkInfer profile {self.profile!r}.",
+                f"The recipe's profiles: {profile_names()}.",
+            ) from None
+
+    @property
+    def rank_env(self) -> dict[str, str]:
+        """Every rank's environment: the GPU order, the profile's, then ``env``."""
+        return launch_env({**self.recipe_profile.env, **self.env})
+
+    def library_path(self, node: Node) -> str:
+        """The folder of the node's binary, which k3_cluster.sh puts before
+        LD_LIBRARY_PATH (its dist/ holds libsparkinfer_runtime.so and libsparkinfer_moe.so)."""
+        binary = node.sparkinfer_bin
+        return str(PurePosixPath(binary).parent) if binary.startswith("/") else ""
 
     def model_path(self, node: Node) -> str:
         if not node.model_path:
@@ -148,21 +212,23 @@ class SparkInferConfig:
         workdir = self.rank0.workdir
         return str(PurePosixPath(workdir) / RECIPE_DIRNAME) if workdir else RECIPE_DIRNAME
 
-    def _beside_model(self, explicit: str, name: str) -> str:
-        if explicit:
-            return explicit
-        folder = self.rank0.model_path
-        return str(PurePosixPath(folder) / name) if folder else ""
-
     @property
     def tokenizer_path(self) -> str:
-        """The model's native tokenizer folder on rank 0 ('' when not known)."""
-        return self._beside_model(self.tokenizer_dir, TOKENIZER_DIRNAME)
+        """The model's native tokenizer folder on rank 0 ('' when not known): by default
+        ``tokenizer`` beside the model folder, as the recipe's $K3_HOME/tokenizer."""
+        if self.tokenizer_dir:
+            return self.tokenizer_dir
+        folder = self.rank0.model_path.rstrip("/")
+        return str(PurePosixPath(folder).parent / TOKENIZER_DIRNAME) if folder else ""
 
     @property
     def chat_template_path(self) -> str:
-        """The recipe's chat template on rank 0 ('' when not known)."""
-        return self._beside_model(self.chat_template, CHAT_TEMPLATE_NAME)
+        """The recipe's chat template on rank 0 ('' when not known), by default in the
+        model folder, where the download of the shards puts it."""
+        if self.chat_template:
+            return self.chat_template
+        folder = self.rank0.model_path
+        return str(PurePosixPath(folder) / CHAT_TEMPLATE_NAME) if folder else ""
 
     @property
     def bridge_paths(self) -> tuple[str, ...]:
@@ -187,9 +253,8 @@ def rank_argv(config: SparkInferConfig, rank: int) -> list[str]:
     argv += ["--model", config.model_path(node), "--max-ctx", str(config.max_ctx)]
     if rank == 0:
         argv += ["--serve", f"127.0.0.1:{config.serve_port}"]
-    if config.spec_draft is not None:
-        argv += ["--spec-draft", str(config.spec_draft)]
-    return argv
+    # the same drafter flags on every rank: workers need K to arm the rollback ring
+    return argv + config.recipe_profile.args(config.spec_draft)
 
 
 def bridge_argv(config: SparkInferConfig) -> list[str]:
@@ -209,8 +274,22 @@ def bridge_argv(config: SparkInferConfig) -> list[str]:
     return [a.format(**values) for a in config.bridge_argv]
 
 
+def reply_caps(max_ctx: int) -> tuple[int, int]:
+    """(K3_MAX_TOKENS, K3_DEFAULT_MAX_TOKENS) for a context of ``max_ctx`` tokens.
+
+    The bridge refuses a request that asks for more than K3_MAX_TOKENS and one whose
+    prompt plus completion exceeds K3_MAX_CONTEXT_TOKENS (``validate_request`` in
+    api-server/server.py), so the cap is the context itself; the default for a request
+    that names no limit leaves half the context to the prompt (a default of the whole
+    context would refuse every such request).
+    """
+    return max_ctx, max(1, max_ctx // 2)
+
+
 def bridge_env(config: SparkInferConfig) -> dict[str, str]:
-    """What ``api-server/run-api.sh`` reads (it refuses to start without the first two)."""
+    """What ``api-server/run-api.sh`` reads (it refuses to start without the first two);
+    K3_API_KEY travels apart (:func:`bridge_secrets`)."""
+    cap, default = reply_caps(config.max_ctx)
     env = {
         "K3_TOKENIZER_DIR": config.tokenizer_path,
         "K3_CHAT_TEMPLATE": config.chat_template_path,
@@ -220,16 +299,35 @@ def bridge_env(config: SparkInferConfig) -> dict[str, str]:
         "K3_SERVE_PORT": str(config.serve_port),
         "K3_MODEL_NAME": config.model_name,
         "K3_MAX_CONTEXT_TOKENS": str(config.max_ctx),
+        "K3_MAX_TOKENS": str(cap),
+        "K3_DEFAULT_MAX_TOKENS": str(default),
     }
-    return {k: v for k, v in env.items() if v}
+    return launch_env({k: v for k, v in env.items() if v})
 
 
-def describe_launch(config: SparkInferConfig) -> list[tuple[str, str]]:
-    """(node, command) for every process, in start order, as a person would type them."""
+def bridge_secrets(config: SparkInferConfig) -> dict[str, str]:
+    """The bridge's key, sent to rank 0 on the ssh connection's stdin, never on a command line."""
+    return {API_KEY_ENV: config.api_key} if config.api_key else {}
+
+
+def describe_launch(config: SparkInferConfig, *, keyed: bool = True) -> list[tuple[str, str]]:
+    """(node, command) for every process, in start order, as a person would type them.
+
+    The bridge's key is masked; with ``keyed`` it is shown (masked) even before it is
+    known, as :class:`SparkInferCluster` gets one from the keyring when it starts.
+    """
+    if keyed and not config.api_key:
+        config = replace(config, api_key="(made at start)")
     out = []
     for rank, node in enumerate(config.cluster.nodes):
-        out.append((node.label, remote_command(rank_argv(config, rank), config.env)))
-    out.append((config.rank0.label, remote_command(bridge_argv(config), bridge_env(config))))
+        command = remote_command(
+            rank_argv(config, rank), config.rank_env, library_path=config.library_path(node)
+        )
+        out.append((node.label, command))
+    bridge = remote_command(
+        bridge_argv(config), bridge_env(config), secrets=list(bridge_secrets(config))
+    )
+    out.append((config.rank0.label, bridge))
     return out
 
 
@@ -280,23 +378,32 @@ def explain_card_command(command: str = CARD_COMMAND) -> str:
     if not found:
         lines = ["That command has none of the model card's known mistakes."]
     lines += [f"  - {t}" for t in found]
+    profile = PROFILES[DEFAULT_PROFILE]
+    env = " ".join(f"{k}={v}" for k, v in profile.env.items())
+    flags = " ".join(profile.args())
+    shard = "/k3/model/Kimi-K3-UD-IQ1_S-00001-of-00009.gguf"
+    cap, default = reply_caps(LAUNCHER_MAX_CTX)
     lines += [
         "",
-        "The verified command line (one process per node; rank 0 first):",
-        f"  rank 0:  {BINARY} --rank 0 --world 3 --listen 10.0.0.11:29500 "
-        "--model /models/k3/Kimi-K3-UD-IQ1_S-00001-of-00009.gguf --max-ctx 8192 "
-        "--serve 127.0.0.1:29600",
-        f"  rank 1:  {BINARY} --rank 1 --world 3 --coord 10.0.0.11:29500 "
-        "--model /models/k3/Kimi-K3-UD-IQ1_S-00001-of-00009.gguf --max-ctx 8192",
+        "The verified command line, as the recipe's scripts/k3_cluster.sh starts it (one "
+        "process per node, rank 0 first, each with the same environment):",
+        f"  every rank:  {env} LD_LIBRARY_PATH=<dist>",
+        f"  rank 0:  {BINARY} --rank 0 --world 3 --listen 10.0.0.11:29500 --model {shard} "
+        f"--max-ctx {LAUNCHER_MAX_CTX} --serve 127.0.0.1:29600 {flags}",
+        f"  rank 1:  {BINARY} --rank 1 --world 3 --coord 10.0.0.11:29500 --model {shard} "
+        f"--max-ctx {LAUNCHER_MAX_CTX} {flags}",
         "  rank 2:  the same with --rank 2",
         "  then the recipe's HTTP bridge beside rank 0 (port 8000, model kimi-k3-neuron):",
-        "           K3_TOKENIZER_DIR=/models/k3/tokenizer "
-        f"K3_CHAT_TEMPLATE=/models/k3/{CHAT_TEMPLATE_NAME} K3_SERVE_PORT=29600 "
-        "K3_MAX_CONTEXT_TOKENS=8192 api-server/run-api.sh",
-        "  (the tokenizer folder and the chat template come with the model card's download, "
-        "beside the shards).",
+        "           K3_TOKENIZER_DIR=/k3/tokenizer "
+        f"K3_CHAT_TEMPLATE=/k3/model/{CHAT_TEMPLATE_NAME} K3_SERVE_PORT=29600 "
+        f"K3_MAX_CONTEXT_TOKENS={LAUNCHER_MAX_CTX} K3_MAX_TOKENS={cap} "
+        f"K3_DEFAULT_MAX_TOKENS={default} K3_API_KEY=<a long random secret> "
+        "api-server/run-api.sh",
+        f"  (the chat template comes with the shards from {TARGET_REPO}; the tokenizer "
+        f"does not: `{tokenizer_command('/k3/tokenizer')}`).",
         "Every node needs its own complete copy of the 9 shards at the same path.  "
-        "`--spec-draft K` (2..16) must be on every rank, with SPARKINFER_K3_PREFILL_CHUNK >= K.",
+        "`--spec-draft K` (2..16) must be on every rank, with SPARKINFER_K3_PREFILL_CHUNK "
+        "(64 when unset) >= K.",
         "`k3desk cluster serve NAME --engine sparkinfer` runs all of this for you.",
     ]
     return "\n".join(lines)
@@ -361,8 +468,9 @@ def check_sparkinfer(
         )
     elif world == 4:
         warnings.append(
-            "TP4 is experimental in the recipe (TP3 on GB10 is the qualified setup; the card "
-            "reports 7.90 tok/s for TP4 against 12.55 for TP3)."
+            "TP4 is experimental in the recipe: TP3 on GB10 is the qualified setup, its "
+            "K=8/P8 profile is qualified for TP3 only, and the recipe says not to quote a "
+            "TP4 speed (the card's 7.90 tok/s is unverified)."
         )
     if tier is not None:
         why = check_tier(tier)
@@ -387,18 +495,13 @@ def check_sparkinfer(
                 f"Node {node.label}: SparkInfer takes IPv4 literals only for --listen/--coord, "
                 f"and {addr!r} is {kind}; set address=<its IPv4 address> for this node."
             )
-    k = config.spec_draft
-    if k is not None:
-        lo, hi = SPEC_DRAFT_RANGE
-        if not lo <= k <= hi:
-            refusals.append(f"--spec-draft must be between {lo} and {hi}, not {k}.")
-        else:
-            chunk = config.env.get(PREFILL_CHUNK_ENV, "")
-            if not chunk.isdigit() or int(chunk) < k:
-                refusals.append(
-                    f"--spec-draft {k} needs {PREFILL_CHUNK_ENV} >= {k} on every rank "
-                    f"(it is {chunk or 'unset'})."
-                )
+    if config.profile not in PROFILES:
+        refusals.append(
+            f"There is no SparkInfer profile {config.profile!r}; the recipe's are "
+            f"{profile_names()}."
+        )
+    elif world:
+        refusals += engine_refusals(rank_argv(config, 0), config.rank_env)
     if config.bridge_needs_tokenizer and world:
         missing = [
             what
@@ -412,9 +515,9 @@ def check_sparkinfer(
             refusals.append(
                 f"The recipe's HTTP bridge (api-server/run-api.sh) needs the model's "
                 f"{' and its '.join(missing)}, and rank 0 ({config.rank0.label}) has no model "
-                f"folder to find them in: set model=FOLDER for that node (the model card's "
-                f"download puts {TOKENIZER_DIRNAME}/ and {CHAT_TEMPLATE_NAME} beside the "
-                "shards) or give --tokenizer-dir and --chat-template."
+                f"folder to find them in: set model=FOLDER for that node (the recipe keeps "
+                f"{CHAT_TEMPLATE_NAME} with the shards and {TOKENIZER_DIRNAME}/ beside that "
+                "folder) or give --tokenizer-dir and --chat-template."
             )
         else:
             bad, unchecked = _bridge_files(config, reports)
@@ -486,6 +589,19 @@ def _what_is_there(found: str, wanted: str) -> str:
     }.get(found, "it is neither a file nor a folder")
 
 
+def _fetch_hint(kind: str, path: str, folder: str) -> str:
+    """How the recipe gets the bridge's tokenizer folder (``kind`` "dir") or chat template."""
+    if kind == "dir":
+        return (
+            f"the model card's download does not bring the tokenizer: the recipe fetches it "
+            f"from {TOKENIZER_REPO} on rank 0 with `{tokenizer_command(path)}`"
+        )
+    return (
+        f"it comes with the shards from {TARGET_REPO} (`hf download {TARGET_REPO} "
+        f'--local-dir {folder} --include "{CHAT_TEMPLATE_NAME}"`)'
+    )
+
+
 def _bridge_files(
     config: SparkInferConfig, reports: Sequence[NodeReport]
 ) -> tuple[list[str], list[str]]:
@@ -510,11 +626,9 @@ def _bridge_files(
         elif found != kind:
             refusals.append(
                 f"Rank 0 ({rank0.label}) has no {what} at {path}: "
-                f"{_what_is_there(found, kind)}. The "
-                f"recipe's HTTP bridge (api-server/run-api.sh) exits without it; the model "
-                f"card's download puts {TOKENIZER_DIRNAME}/ and {CHAT_TEMPLATE_NAME} beside "
-                f"the shards: copy them into {folder} on {rank0.label}, or set where they are "
-                f"({setting}), then probe again."
+                f"{_what_is_there(found, kind)}. The recipe's HTTP bridge "
+                f"(api-server/run-api.sh) exits without it; {_fetch_hint(kind, path, folder)}, "
+                f"or set where it is ({setting}), then probe again."
             )
     return refusals, warnings
 
@@ -577,9 +691,15 @@ class SparkInferCluster(GroupSupervisor):
         on_event: EventCallback | None = None,
         on_stats: StatsCallback | None = None,
         connect_timeout: int = 10,
+        secrets: SecretStore | None = None,
     ) -> None:
+        """With ``secrets``, a config without an ``api_key`` gets the cluster's bridge key
+        from there (made and kept on first use) when it starts, off the caller's thread:
+        a keyring may block on an unlock prompt."""
         super().__init__(policy=policy, on_event=on_event)
         self.config = config
+        self._secrets = secrets
+        self.new_key = False  # the key was made for this start (show it once)
         self.paths = paths
         self.known_hosts = known_hosts
         self._connect_timeout = connect_timeout
@@ -624,7 +744,8 @@ class SparkInferCluster(GroupSupervisor):
             self._client(node),
             rank_argv(cfg, rank),
             name=f"rank {rank}",
-            env=cfg.env,
+            env=cfg.rank_env,
+            library_path=cfg.library_path(node),
             cwd=node.workdir,
             log_path=self._log_path(attempt, f"rank{rank}"),
             on_line=self._rank0_line if rank == 0 else None,
@@ -636,6 +757,9 @@ class SparkInferCluster(GroupSupervisor):
         return proc.start()
 
     def _launch(self, attempt: int, cancel: CancelToken) -> ChatEndpoint:
+        if self._secrets is not None and not self.config.api_key:
+            key, self.new_key = bridge_key(self._secrets, self.config.cluster.name)
+            self.config = replace(self.config, api_key=key)
         cfg = self.config
         total = len(PHASE_TEXT)
         with self._flag_cond:
@@ -671,6 +795,7 @@ class SparkInferCluster(GroupSupervisor):
             bridge_argv(cfg),
             name="bridge",
             env=bridge_env(cfg),
+            secret_env=bridge_secrets(cfg),
             cwd=cfg.rank0.workdir,
             log_path=self._log_path(attempt, "bridge"),
             on_exit=self._member_exit,
@@ -684,7 +809,9 @@ class SparkInferCluster(GroupSupervisor):
         self._phase(PHASE_TEXT[6], 7, total, f"{cfg.url} ({how})")
         # the bridge does not say its context; k3desk set it (K3_MAX_CONTEXT_TOKENS)
         told = Limits(context=cfg.max_ctx or None, source="K3_MAX_CONTEXT_TOKENS as launched")
-        return ChatEndpoint(cfg.url, None, cfg.model_name, "sparkinfer-bridge", told)
+        return ChatEndpoint(
+            cfg.url, cfg.api_key or None, cfg.model_name, "sparkinfer-bridge", told
+        )
 
     def _started(self, proc: RemoteProcess, cancel: CancelToken) -> None:
         deadline = time.monotonic() + self._connect_timeout + 20
@@ -805,11 +932,11 @@ class SparkInferCluster(GroupSupervisor):
                 last = p.tail(1)[0] if p.tail(1) else ""
                 return LaunchFailure(
                     f"the recipe's HTTP bridge on {p.node.label} refused to start: {last}",
-                    "It needs the model's tokenizer folder and k3_chat_template.jinja on "
-                    f"{p.node.label} (the model card's download puts both beside the shards; "
-                    f"k3desk passed {self.config.tokenizer_path or '(none)'} and "
-                    f"{self.config.chat_template_path or '(none)'}), and the recipe's "
-                    f"api-server in {self.config.recipe_path}.",
+                    f"It needs the model's tokenizer folder and {CHAT_TEMPLATE_NAME} on "
+                    f"{p.node.label} (k3desk passed {self.config.tokenizer_path or '(none)'} "
+                    f"and {self.config.chat_template_path or '(none)'}; the recipe fetches "
+                    f"the tokenizer from {TOKENIZER_REPO}), and the recipe's api-server in "
+                    f"{self.config.recipe_path}.",
                     fatal=True,
                 )
             if p.exit_status == 2:

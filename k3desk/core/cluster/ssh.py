@@ -47,10 +47,23 @@ MARKER = "@@k3desk "
 
 # Runs on the node (POSIX sh): start the program, report its pid, and end it when
 # our stdin closes (stop, or a lost connection); report its exit status.
+# $1 the working folder; $2 a folder to put before LD_LIBRARY_PATH ("" = none); $3 how
+# many secrets follow on stdin, one line each, and $4.. their names; then the command.
+# Secrets travel on stdin, not on a command line other users of the node can read.
 _WRAPPER = r"""
 mkdir -p -- "$1" 2>/dev/null
 cd -- "$1" || { echo "@@k3desk nofolder=$1"; exit 97; }
-shift
+if [ -n "$2" ]; then
+  LD_LIBRARY_PATH="$2${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; export LD_LIBRARY_PATH
+fi
+n=$3
+shift 3
+while [ "$n" -gt 0 ]; do
+  IFS= read -r value || value=
+  export "$1=$value"
+  shift
+  n=$((n - 1))
+done
 exec 3<&0
 "$@" </dev/null 2>&1 &
 pid=$!
@@ -93,12 +106,30 @@ def ssh_executable() -> str:
     return found
 
 
-def remote_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
-    """One shell-quoted command line (ssh hands a single string to the remote shell)."""
+SECRET_MASK = "********"
+
+
+def remote_command(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    library_path: str = "",
+    secrets: Sequence[str] = (),
+) -> str:
+    """One shell-quoted command line (ssh hands a single string to the remote shell).
+
+    ``library_path`` goes before the node's own LD_LIBRARY_PATH; ``secrets`` are
+    variables shown masked (their values never appear in the text).
+    """
     parts = list(argv)
-    if env:
-        parts = ["env", *(f"{k}={v}" for k, v in env.items()), *parts]
-    return " ".join(shlex.quote(p) for p in parts)
+    shown = {**(env or {}), **dict.fromkeys(secrets, SECRET_MASK)}
+    if shown:
+        parts = ["env", *(f"{k}={v}" for k, v in shown.items()), *parts]
+    text = " ".join(shlex.quote(p) for p in parts)
+    if library_path:
+        prefix = shlex.quote(library_path) + "${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        text = f"LD_LIBRARY_PATH={prefix} {text}"
+    return text
 
 
 def classify_ssh_failure(node: Node, stderr: str, known_hosts: Path) -> SshError:
@@ -290,6 +321,8 @@ class RemoteProcess:
         *,
         name: str,
         env: Mapping[str, str] | None = None,
+        secret_env: Mapping[str, str] | None = None,
+        library_path: str = "",
         cwd: str = "",
         log_path: Path | None = None,
         on_line: LineCallback | None = None,
@@ -302,6 +335,12 @@ class RemoteProcess:
         self.argv = list(argv)
         self.name = name
         self.env = dict(env or {})
+        # exported by the node-side wrapper from lines sent on stdin; shown masked
+        self.secret_env = dict(secret_env or {})
+        for key, value in self.secret_env.items():
+            if "\n" in value or "\r" in value:
+                raise ValueError(f"the secret {key} must be one line")
+        self.library_path = library_path
         self.cwd = cwd or "."
         self.log_path = log_path
         self._on_line = on_line
@@ -323,7 +362,10 @@ class RemoteProcess:
     # ------------------------------------------------------------ lifecycle
     @property
     def command_line(self) -> str:
-        return remote_command(self.argv, self.env)
+        """The command as a person would type it (secrets masked)."""
+        return remote_command(
+            self.argv, self.env, library_path=self.library_path, secrets=list(self.secret_env)
+        )
 
     def start(self) -> RemoteProcess:
         if self._proc is not None:
@@ -335,6 +377,9 @@ class RemoteProcess:
                 _WRAPPER,
                 "k3desk-wrap",
                 self.cwd,
+                self.library_path,
+                str(len(self.secret_env)),
+                *self.secret_env,
                 *(["env", *(f"{k}={v}" for k, v in self.env.items())] if self.env else []),
                 *self.argv,
             ]
@@ -361,6 +406,10 @@ class RemoteProcess:
             if log is not None:
                 log.close()
             raise
+        if self.secret_env and self._proc.stdin is not None:
+            with contextlib.suppress(OSError):  # a dead connection shows in the reader
+                self._proc.stdin.write("".join(f"{v}\n" for v in self.secret_env.values()).encode())
+                self._proc.stdin.flush()
         self._reader = threading.Thread(
             target=self._read, args=(self._proc, log), name=f"ssh-{self.name}", daemon=True
         )

@@ -287,7 +287,7 @@ def _add_k3_keys(w: Any, s: K3Shape, name: str, chat_template: str | None, arch:
     w.add_uint32(k + "expert_latent_length", s.n_latent)
     w.add_float32(k + "activation.situ_beta", 8.0)
     w.add_float32(k + "activation.situ_linear_beta", 8.0)
-    w.add_uint32(k + "attn_res.block_size", 2)
+    w.add_uint32(k + "attn_res.block_size", s.attn_res_block_size)
     w.add_uint32(k + "vocab_size", s.n_vocab)
     w.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16))
 

@@ -68,6 +68,19 @@ def managed_engines(paths: AppPaths) -> list[EngineCandidate]:
     return [c for _, c in found]
 
 
+def engine_manifest(server: Path) -> dict[str, object]:
+    """The manifest of the k3desk build ``server`` belongs to ({} for other engines)."""
+    for folder in list(server.parents)[:4]:
+        f = folder / MANIFEST
+        if f.is_file():
+            try:
+                data = json.loads(f.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return {}
+            return data if isinstance(data, dict) else {}
+    return {}
+
+
 def discover_engines(
     paths: AppPaths,
     configured: str | Path | None = None,

@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -233,8 +233,7 @@ def install_engine(
             "PYTHONUNBUFFERED": "1",
         }
     )
-    staging.mkdir(parents=True)
-    try:
+    with staged(staging, log_file):
         progress(Progress("configure", 0, 100, f"CMAKE_ARGS={config.cmake_env}"))
         _run_build(argv, env, log_file, progress, cancel, kill_grace, on_line)
         server = _finish(target, python, log_file)
@@ -252,15 +251,6 @@ def install_engine(
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
         cancel.raise_if_cancelled()
         _swap_into_place(staging, final)
-    except BaseException as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, Cancelled | EngineError | KeyboardInterrupt):
-            raise
-        if isinstance(exc, OSError):
-            raise EngineError(
-                f"Installing the engine failed: {exc}", f"See the log: {log_file}"
-            ) from exc
-        raise
     progress(Progress("install", 100, 100, f"installed {final.name}"))
     return InstalledEngine(final, final / server.relative_to(staging), config, version, log_file)
 
@@ -273,11 +263,17 @@ def _run_build(
     cancel: CancelToken,
     kill_grace: float,
     on_line: Callable[[str], None] | None = None,
+    *,
+    append: bool = False,
+    what: str = f"Building {PACKAGE}",
 ) -> None:
+    """Run one build step in its own process group (``append``: add to the log of the
+    steps before it); ``what`` names the step in the error a failure raises."""
     tail: deque[str] = deque(maxlen=40)
-    with open(log_file, "w", encoding="utf-8", errors="replace") as log:
+    with open(log_file, "a" if append else "w", encoding="utf-8", errors="replace") as log:
         log.write("$ " + " ".join(argv) + "\n")
-        log.write(f"CMAKE_ARGS={env.get('CMAKE_ARGS', '')}\n")
+        if "CMAKE_ARGS" in env:
+            log.write(f"CMAKE_ARGS={env.get('CMAKE_ARGS', '')}\n")
         log.flush()
         try:
             proc = subprocess.Popen(
@@ -341,18 +337,21 @@ def _run_build(
     if rc != 0:
         reason = _error_line(list(tail))
         raise EngineError(
-            f"Building {PACKAGE} failed (exit {rc})" + (f": {reason}" if reason else "."),
+            f"{what} failed (exit {rc})" + (f": {reason}" if reason else "."),
             f"Nothing was installed; the full build log is {log_file}.",
         )
 
 
 _ERR = re.compile(r"\berror\b|failed|fatal|not found|could not", re.IGNORECASE)
+# what a compiler, CMake or git says about the cause, before make's "*** [...] Error 2"
+_CAUSE = re.compile(r"(fatal )?error:|CMake Error|^fatal:", re.IGNORECASE)
 
 
 def _error_line(lines: Sequence[str]) -> str:
-    for line in reversed(lines):
-        if _ERR.search(line):
-            return line.strip()[:300]
+    for pattern in (_CAUSE, _ERR):
+        for line in reversed(lines):
+            if pattern.search(line.strip()):
+                return line.strip()[:300]
     return lines[-1].strip()[:300] if lines else ""
 
 
@@ -380,6 +379,12 @@ def _finish(target: Path, python: str, log_file: Path) -> Path:
             f"The built package does not import: {link.stderr.strip()[-300:]}",
             f"See the log: {log_file}",
         )
+    check_runs(server, log_file)
+    return server
+
+
+def check_runs(server: Path, log_file: Path) -> None:
+    """Refuse a freshly built llama-server that does not even print its version."""
     run = subprocess.run(
         [str(server), "--version"], capture_output=True, text=True, timeout=60, check=False
     )
@@ -390,7 +395,22 @@ def _finish(target: Path, python: str, log_file: Path) -> Path:
             else ((run.stdout + run.stderr).strip()[-300:] or f"exit {run.returncode}")
         )
         raise EngineError(f"The built llama-server does not run: {why}", f"See the log: {log_file}")
-    return server
+
+
+@contextlib.contextmanager
+def staged(staging: Path, log_file: Path) -> Iterator[Path]:
+    """A staging folder for a build: gone again unless the block completes (it renames
+    it into place); an OSError in the block becomes an EngineError naming the log."""
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise EngineError(
+                f"Installing the engine failed: {exc}", f"See the log: {log_file}"
+            ) from exc
+        raise
 
 
 def _swap_into_place(staging: Path, final: Path) -> None:

@@ -28,7 +28,8 @@ from pathlib import Path
 from k3desk.core.catalog.model import Tier
 from k3desk.core.engines.crash import CrashReport
 from k3desk.core.engines.discovery import SERVER_NAME, discover_engines
-from k3desk.core.engines.probe import ProbeResult, as_clause, probe_engine
+from k3desk.core.engines.probe import ProbeResult, as_clause, probe_engine, probe_projector
+from k3desk.core.engines.source import FORKS, projector_type_of
 from k3desk.core.engines.supervisor import LaunchSpec, arg_changes, bump_n_cpu_moe
 from k3desk.core.errors import EngineError, PlanError, ValidationError
 from k3desk.core.gguf.model import ModelLayout
@@ -198,11 +199,19 @@ def prepare_launch(
         options = replace(options, mmproj=None, mmproj_bytes=None)
     options = _cpu_moe_from_extra_args(options, len(layout.layers))
     check()
+    ptype = ""
+    images_hint = IMAGES_HINT
+    if mmproj is not None:
+        tier_here = tier_of(layout, tiers)
+        ptype = projector_type_of(tier_here, mmproj)
+        images_hint = _fork_hint(ptype, tier_here, tiers)
     exe, probe = choose_engine(
         paths,
         engine=engine,
         configured=configured,
         vision=mmproj is not None,
+        projector_type=ptype,
+        images_hint=images_hint,
         cancel=cancel,
         on_progress=progress,
     )
@@ -306,28 +315,51 @@ def tier_of(layout: ModelLayout, tiers: Iterable[Tier]) -> Tier | None:
     return None
 
 
+def _fork_hint(ptype: str, tier: Tier | None, tiers: Sequence[Tier]) -> str:
+    """What to build for images with a projector of type ``ptype``."""
+    names = [tier.vision_engine] if tier is not None and tier.vision_engine else []
+    names += [t.vision_engine for t in tiers if ptype and t.mmproj_type == ptype]
+    names = [n for n in dict.fromkeys(names) if n in FORKS] or list(FORKS)
+    builds = " or ".join(f"`k3desk engine install --source {n}`" for n in names)
+    return (
+        f"Build an engine with Kimi-K3's vision tower ({builds}), or leave the projector out "
+        "to chat in text only."
+    )
+
+
 def choose_engine(
     paths: AppPaths,
     *,
     engine: Path | None = None,
     configured: str | Path | None = None,
     vision: bool = False,
+    projector_type: str = "",
+    images_hint: str = IMAGES_HINT,
     cancel: CancelToken | None = None,
     on_progress: ProgressCallback | None = None,
 ) -> tuple[Path, ProbeResult]:
-    """The engine to run Kimi-K3 with (and images, with ``vision``) and its probe result
-    (see :func:`prepare_launch`)."""
+    """The engine to run Kimi-K3 with (and images, with ``vision``; with a
+    ``projector_type``, one that knows that projector) and its probe result (see
+    :func:`prepare_launch`)."""
     progress = on_progress or no_progress
+
+    def why_not(exe: Path, result: ProbeResult) -> str:
+        why = _why_not(result, vision)
+        if why or not (vision and projector_type):
+            return why
+        check = probe_projector(exe, paths, projector_type, cancel=cancel)
+        return "" if check.known else f"loads Kimi-K3 but {check.detail}"
+
     if engine is not None:
         exe = Path(engine).expanduser()
         if exe.is_dir():
             exe = exe / SERVER_NAME
         result = probe_engine(exe, paths, progress=progress, cancel=cancel)
-        why = _why_not(result, vision)
+        why = why_not(exe, result)
         if why:
             raise EngineUnusableError(
                 f"{exe} {why}.",
-                _advice(result, vision)
+                (images_hint if result.usable and vision else _advice(result, vision))
                 + f" `k3desk engine probe {exe}` shows what it can and cannot do.",
             )
         return exe, result
@@ -337,7 +369,7 @@ def choose_engine(
         if not cand.exists:
             continue
         result = probe_engine(cand.path, paths, progress=progress, cancel=cancel)
-        why = _why_not(result, vision)
+        why = why_not(cand.path, result)
         if not why:
             return cand.path, result
         refused.append(f"{cand.path} ({cand.source}) {why}")
@@ -350,7 +382,7 @@ def choose_engine(
         else (f"None of the {len(refused)} llama-server engines found can")
     )
     if images_only:
-        raise EngineUnusableError(f"{found} take images: " + "; ".join(refused) + ".", IMAGES_HINT)
+        raise EngineUnusableError(f"{found} take images: " + "; ".join(refused) + ".", images_hint)
     raise EngineUnusableError(
         f"{found} run Kimi-K3 here: " + "; ".join(refused) + ".",
         "Build one for this machine with `k3desk engine install`, or pass --engine PATH.",

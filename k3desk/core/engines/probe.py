@@ -28,6 +28,7 @@ from k3desk.core.engines.canary import write_k3_gguf, write_mlp_projector
 from k3desk.core.engines.crash import classify_exit
 from k3desk.core.engines.supervisor import LaunchSpec, RestartPolicy, Supervisor
 from k3desk.core.errors import Cancelled, EngineError
+from k3desk.core.hardware.nvidia import launch_env
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.k3arch import TINY_K3
 from k3desk.core.paths import AppPaths
@@ -270,6 +271,7 @@ def _run(argv: Sequence[str], timeout: float) -> tuple[int | None, str]:
             stderr=subprocess.STDOUT,
             timeout=timeout,
             check=False,
+            env={**os.environ, **launch_env()},  # --list-devices in NVML's order
         )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode("utf-8", "replace") if isinstance(exc.stdout, bytes) else ""
@@ -306,9 +308,9 @@ def _load_cache(paths: AppPaths) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _save_cache(paths: AppPaths, key: str, result: ProbeResult) -> None:
+def _save_cache(paths: AppPaths, key: str, result: ProbeResult | dict[str, Any]) -> None:
     data = _load_cache(paths)
-    data[key] = result.to_dict()
+    data[key] = result.to_dict() if isinstance(result, ProbeResult) else result
     target = _cache_path(paths)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
@@ -491,6 +493,74 @@ def _probe_canary(
         result.loads_k3 = False
         result.k3_problem = why
         return result
+
+
+@dataclass(frozen=True)
+class ProjectorCheck:
+    """Whether an engine knows a vision projector type (``clip.projector_type``)."""
+
+    projector_type: str
+    known: bool
+    detail: str  # what the engine said, in words
+
+
+_UNKNOWN_PROJECTOR = re.compile(r"unknown projector type:\s*(\S+)")
+
+
+def probe_projector(
+    executable: str | Path,
+    paths: AppPaths,
+    projector_type: str,
+    *,
+    use_cache: bool = True,
+    cancel: CancelToken | None = None,
+    timeout: float = 60.0,
+) -> ProjectorCheck:
+    """Does ``executable`` know the projector type of a tier's mmproj (e.g. ``kimik3``)?
+
+    It serves the canary with a small projector of that type.  A clip loader that does
+    not know the type says "unknown projector type: X" and exits (tools/mtmd/clip.cpp,
+    ``load_hparams``); that is the answer no.  One that knows it goes on to the
+    projector's tensors, which a canary cannot have for every type: any other outcome
+    means it knows the type.  Cached like :func:`probe_engine`.
+    """
+    exe = Path(executable).expanduser().absolute()
+    try:
+        st = exe.stat()
+    except OSError as exc:
+        raise EngineError(f"Engine {exe} does not exist.") from exc
+    key = f"{_cache_key(exe, st)}|mmproj:{projector_type}"
+    if use_cache:
+        hit = _load_cache(paths).get(key)
+        if isinstance(hit, dict) and hit.get("schema") == PROBE_SCHEMA:
+            return ProjectorCheck(projector_type, bool(hit.get("known")), str(hit.get("detail")))
+    with tempfile.TemporaryDirectory(prefix="k3desk-projector-") as tmp:
+        d = Path(tmp)
+        model = write_k3_gguf(d, "k3-canary", shape=TINY_K3, seed=7)[0]
+        proj = write_mlp_projector(
+            d / f"mmproj-{projector_type}.gguf", TINY_K3.n_embd, seed=8,
+            projector_type=projector_type,
+        )  # fmt: skip
+        sup = _serve(exe, paths, ["-m", str(model), "-c", "256", "-np", "1", "--mmproj",
+                                  str(proj)], timeout)  # fmt: skip
+        try:
+            ready, _ = _wait_canary(sup, cancel)
+        finally:
+            sup.stop()
+        text = "\n".join(sup.tail())
+    m = _UNKNOWN_PROJECTOR.search(text)
+    if m and m.group(1).strip("'\"") == projector_type:
+        check = ProjectorCheck(
+            projector_type, False, f"it does not know the {projector_type!r} vision projector"
+        )
+    elif ready:
+        check = ProjectorCheck(projector_type, True, f"it loads a {projector_type!r} projector")
+    else:
+        check = ProjectorCheck(
+            projector_type, True, f"it knows the {projector_type!r} vision projector"
+        )
+    _save_cache(paths, key, {"schema": PROBE_SCHEMA, "known": check.known, "detail": check.detail})
+    return check
 
 
 def _serve(exe: Path, paths: AppPaths, args: Sequence[str], timeout: float) -> Supervisor:

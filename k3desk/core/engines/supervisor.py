@@ -53,6 +53,7 @@ import psutil
 from k3desk.core.engines.crash import CrashReport, classify_exit, load_timeout, strip_log_prefix
 from k3desk.core.engines.oom import OomSnapshot, OomWatch
 from k3desk.core.errors import Cancelled, EngineError
+from k3desk.core.hardware.nvidia import launch_env
 from k3desk.core.paths import AppPaths
 from k3desk.core.private import open_private, private_dir
 from k3desk.core.progress import CancelToken, Progress
@@ -716,9 +717,7 @@ class Supervisor:
             attempt.ended_at = time.time()
             attempt.crash = CrashReport("port_in_use", problem, hint, "new_port")
             return attempt, attempt.crash
-        env = dict(os.environ)
-        if self.spec.env:
-            env.update(self.spec.env)
+        env = {**os.environ, **launch_env(self.spec.env)}
         oom_before = self._oom.begin()
         try:
             return self._spawn(attempt, argv, port, log_path, key_file, env, oom_before)

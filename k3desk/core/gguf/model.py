@@ -62,6 +62,9 @@ class K3HParams:
     expert_latent_length: int
     leading_dense_block_count: int
     vocab_size: int
+    # kimi-k3.attn_res.block_size: the AttnRes stack banks a checkpoint every this-many
+    # layers (0 = no cross-layer attention residuals; src/llama-hparams.h)
+    attn_res_block_size: int = 0
 
 
 @dataclass(frozen=True)

@@ -583,7 +583,8 @@ class _Checker:
         n_rot = u32("rope.dimension_count", key_length)
         kv_lora = u32("attention.kv_lora_rank")
         n_ff_exp = per_layer("expert_feed_forward_length", [0] * n_layer)[0]
-        attn_res = u32("attn_res.block_size") > 0
+        attn_res_bs = u32("attn_res.block_size")
+        attn_res = attn_res_bs > 0
         latent = u32("expert_latent_length", 0)
         del value_length  # kimi-k3 sets the MLA value width to kv_lora_rank itself
         per_token = kv_lora + n_rot  # what an MLA layer caches: the latent and the rope part
@@ -621,6 +622,7 @@ class _Checker:
             context_length=u32("context_length"),
             mla_layers=frozenset(i for i, v in enumerate(hkv) if v != 0),
             attn_res=attn_res,
+            attn_res_block_size=attn_res_bs,
         )
         hp = K3HParams(
             context_length=shape.context_length,
@@ -641,6 +643,7 @@ class _Checker:
             expert_latent_length=latent,
             leading_dense_block_count=shape.n_dense_lead,
             vocab_size=0,
+            attn_res_block_size=attn_res_bs,
         )
         return hp, shape
 

@@ -9,11 +9,25 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from k3desk.core.hardware.bandwidth import gpu_bandwidth_from_table
 from k3desk.core.hardware.profile import GpuInfo
+
+# NVML (and so the hardware profile, the plan's CUDA<i> names and its -ts split) numbers
+# GPUs in PCI bus order; the CUDA runtime numbers them fastest first unless
+# CUDA_DEVICE_ORDER=PCI_BUS_ID (CUDA C Programming Guide, "CUDA Environment Variables").
+# In a mixed machine (one 4090 + three 3090) the two orders differ, so every engine
+# k3desk starts, here or on another node, gets this.
+CUDA_ORDER_ENV: dict[str, str] = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def launch_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables k3desk sets for an engine it starts: the GPU order, then ``extra``."""
+    return {**CUDA_ORDER_ENV, **(extra or {})}
+
 
 # Compute capability -> (architecture family, which chips)
 _CC_TABLE: dict[tuple[int, int], tuple[str, str]] = {

@@ -107,6 +107,7 @@ def hparams_of(shape: K3Shape) -> K3HParams:
         expert_latent_length=shape.n_latent,
         leading_dense_block_count=shape.n_dense_lead,
         vocab_size=shape.n_vocab,
+        attn_res_block_size=shape.attn_res_block_size,
     )
 
 

@@ -21,6 +21,14 @@ graph; the terms are listed in :func:`compute_buffer_bytes`.  The result
 (0.54 GiB per GPU at ubatch 512 and 8 K context, 0.86 GiB on the one holding
 the output layer, plus 384 MiB of CUDA runtime) is of the order llama.cpp
 prints for DeepSeek-class models.
+
+On top of that comes K3's **AttnRes checkpoint stack** (``src/models/kimi-k3.cpp``,
+b11434): every ``attn_res.block_size`` layers from layer 0, ``res_push`` concatenates
+the layer's input onto a ``[n_embd, n_ckpt, n_tokens]`` f32 stack, and every
+``res_mix`` RMS-normalises a copy of the whole stack to score it.  It grows with the
+layer index, so the device holding the last layers needs the most:
+:func:`attn_res_stack_bytes`.  With K3's block size of 12 that is 8 checkpoints at
+the end, 0.33 GiB at ubatch 512; a file with block size 1 would need 3.8 GiB there.
 """
 
 from __future__ import annotations
@@ -111,6 +119,34 @@ def recurrent_state_bytes(hp: K3HParams, parallel: int = 1) -> int:
     return sum(recurrent_state_layer_bytes(hp, i, parallel) for i in range(hp.block_count))
 
 
+def graph_tokens(ubatch: int, ctx: int) -> int:
+    """Tokens in the graph llama.cpp reserves buffers for: ``min(n_ctx, n_ubatch)``
+    (``graph_reserve`` in src/llama-context.cpp, b11434)."""
+    return max(1, min(ubatch, ctx) if ctx > 0 else ubatch)
+
+
+def attn_res_checkpoints(hp: K3HParams, layer: int) -> int:
+    """Checkpoints on the AttnRes stack once ``layer`` has run: layers 0, bs, 2 bs, ...
+    up to ``layer`` bank one each (``il % res_bs == 0`` in src/models/kimi-k3.cpp)."""
+    bs = hp.attn_res_block_size
+    if bs <= 0 or layer < 0:
+        return 0
+    return min(layer, hp.block_count - 1) // bs + 1
+
+
+def attn_res_stack_bytes(hp: K3HParams, last_layer: int, *, ubatch: int, ctx: int) -> int:
+    """Peak bytes of the AttnRes stack on a device whose last layer is ``last_layer``.
+
+    Three stacks are alive at once: the one ``res_push`` concatenates onto (``n - 1``
+    checkpoints), the new one (``n``) and ``res_mix``'s normalised copy of it (``n``),
+    each ``[n_embd, n_ckpt, n_tokens]`` f32.  Measured with the real llama-server (b11434)
+    on tiny models: the compute buffer grows by 2.8-3.0 checkpoints' worth per banked
+    checkpoint (tests/core/planning/test_attn_res_buffer.py).
+    """
+    n = attn_res_checkpoints(hp, last_layer)
+    return 3 * n * hp.embedding_length * graph_tokens(ubatch, ctx) * 4
+
+
 def compute_buffer_bytes(
     hp: K3HParams,
     ctx: int,
@@ -119,6 +155,7 @@ def compute_buffer_bytes(
     flash_attn: bool = True,
     with_output: bool = False,
     experts_here: bool = True,
+    last_layer: int | None = None,
 ) -> int:
     """The scheduler's compute buffer on one device (f32 activations of one ubatch).
 
@@ -132,8 +169,13 @@ def compute_buffer_bytes(
     * ``n_vocab``: the logits (only on the device that holds ``output.weight``);
 
     plus the attention scores: with flash attention only the f16 mask
-    (``2 x ubatch x ctx``); without it the full ``4 x ubatch x ctx x n_head``.
+    (``2 x ubatch x ctx``); without it the full ``4 x ubatch x ctx x n_head``;
+    and, when the device runs layers up to ``last_layer``, the AttnRes stack
+    (:func:`attn_res_stack_bytes`).
     """
+    stack = (
+        0 if last_layer is None else attn_res_stack_bytes(hp, last_layer, ubatch=ubatch, ctx=ctx)
+    )
     u = max(ubatch, 1)
     per_token = (
         8 * hp.embedding_length
@@ -147,7 +189,7 @@ def compute_buffer_bytes(
     if with_output:
         per_token += hp.vocab_size
     scores = 2 * u * ctx if flash_attn else 4 * u * ctx * hp.head_count
-    return 4 * u * per_token + scores
+    return 4 * u * per_token + scores + stack
 
 
 def mmproj_file_bytes(path: str | os.PathLike[str]) -> int:

@@ -46,6 +46,7 @@ from k3desk.core.planning.memory import (
     CUDA_RUNTIME_BYTES,
     MMPROJ_COMPUTE_BYTES,
     MMPROJ_DEFAULT_BYTES,
+    attn_res_stack_bytes,
     compute_buffer_bytes,
     kv_bytes_per_token,
     kv_cache_layer_bytes,
@@ -144,23 +145,36 @@ def _check_options(layout: ModelLayout, opts: PlanOptions) -> None:
         raise PlanError(f"{where} has no layers to place.")
 
 
-def _pack(items: Sequence[int], caps: Sequence[int]) -> tuple[int, ...] | None:
-    """Contiguous first-fit of ``items`` (in order) into bins ``caps`` (in order)."""
+def _pack(
+    items: Sequence[int], caps: Sequence[int], peaks: Sequence[int] = ()
+) -> tuple[int, ...] | None:
+    """Contiguous first-fit of ``items`` (in order) into bins ``caps`` (in order).
+
+    ``peaks`` (one per item, never falling along the order): memory a bin needs once
+    more, for the largest peak among its items, such as the AttnRes stack of the last
+    layer a GPU runs.
+    """
     assign: list[int] = []
     b = 0
     room = caps[0] if caps else 0
-    for size in items:
-        while b < len(caps) and size > room:
+    peak = 0
+    for i, size in enumerate(items):
+        p = peaks[i] if i < len(peaks) else 0
+        while b < len(caps) and size + max(0, p - peak) > room:
             b += 1
             room = caps[b] if b < len(caps) else 0
+            peak = 0
         if b >= len(caps):
             return None
         assign.append(b)
-        room -= size
+        room -= size + max(0, p - peak)
+        peak = max(peak, p)
     return tuple(assign)
 
 
-def _balanced(items: Sequence[int], caps: Sequence[int]) -> tuple[int, ...] | None:
+def _balanced(
+    items: Sequence[int], caps: Sequence[int], peaks: Sequence[int] = ()
+) -> tuple[int, ...] | None:
     """A contiguous packing that fills every bin to about the same share of its capacity.
 
     Like llama.cpp's default split (layers in proportion to free memory), but
@@ -168,14 +182,14 @@ def _balanced(items: Sequence[int], caps: Sequence[int]) -> tuple[int, ...] | No
     found by bisection.  The headroom is then spread over all GPUs instead of
     being left on the last ones.
     """
-    full = _pack(items, caps)
+    full = _pack(items, caps, peaks)
     if full is None:
         return None
     lo, hi = 0.0, 1.0
     best = full
     for _ in range(40):
         mid = (lo + hi) / 2
-        trial = _pack(items, [int(c * mid) for c in caps])
+        trial = _pack(items, [int(c * mid) for c in caps], peaks)
         if trial is None:
             lo = mid
         else:
@@ -236,6 +250,11 @@ def make_plan(hw: HardwareProfile, layout: ModelLayout, opts: PlanOptions) -> La
         gpus.append(_Gpu(pos, g, max(cap, 0), fixed))
     usable = [g for g in gpus if g.capacity > g.fixed]
 
+    # the AttnRes stack a GPU needs for the last layer it runs (the output: all of it)
+    stack = [
+        attn_res_stack_bytes(hp, layer.index, ubatch=opts.ubatch, ctx=ctx) for layer in layers
+    ]
+    stack_out = attn_res_stack_bytes(hp, n - 1, ubatch=opts.ubatch, ctx=ctx)
     moe_starts = sorted({0} | {layer.index + 1 for layer in layers if layer.ffn == "moe"})
     if opts.n_cpu_moe is not None:
         moe_starts = [min(opts.n_cpu_moe, n)]
@@ -257,7 +276,7 @@ def make_plan(hw: HardwareProfile, layout: ModelLayout, opts: PlanOptions) -> La
                 + state[layer.index]
                 for layer in layers
             ]
-            assign = _balanced([*items, out_item], caps)
+            assign = _balanced([*items, out_item], caps, [*stack, stack_out])
             if assign is not None:
                 return _Placement(cut, 0, assign, reserve_mmproj)
         if opts.n_cpu_moe is not None and opts.n_cpu_moe < n:
@@ -268,7 +287,7 @@ def make_plan(hw: HardwareProfile, layout: ModelLayout, opts: PlanOptions) -> La
             )
         for first in range(1, n + 1):  # fewer layers on the GPUs, every expert in RAM
             items = [layers[i].other_bytes + kv[i] + state[i] for i in range(first, n)]
-            assign = _balanced([*items, out_item], caps)
+            assign = _balanced([*items, out_item], caps, [*stack[first:], stack_out])
             if assign is not None:
                 return _Placement(n, first, assign, reserve_mmproj)
         return None
@@ -335,6 +354,8 @@ def _build(
     gpu_kv = {g.pos: 0 for g in usable}
     gpu_state = {g.pos: 0 for g in usable}
     gpu_layers = {g.pos: 0 for g in usable}
+    gpu_last: dict[int, int] = {}  # the last layer each GPU runs (its AttnRes stack)
+    ram_last = -1
     output_device = "RAM"
     ram_w = layout.token_embd_bytes
     ram_kv = ram_state = 0
@@ -350,8 +371,10 @@ def _build(
             gpu_kv[pos] += kv[i]
             gpu_state[pos] += state[i]
             gpu_layers[pos] += 1
+            gpu_last[pos] = i
         else:
             home = "RAM"
+            ram_last = i
             ram_dense += layer.other_bytes
             ram_kv += kv[i]
             ram_state += state[i]
@@ -373,8 +396,10 @@ def _build(
         output_device = dev(k)
         gpu_w[usable[k].pos] += output_bytes
         gpu_layers[usable[k].pos] += 1
+        gpu_last[usable[k].pos] = n - 1  # the final res_mix reads the whole stack
     else:
         ram_dense += output_bytes
+        ram_last = n - 1
 
     # ------------------------------------------------------------ devices
     devices: list[DeviceMemory] = []
@@ -390,7 +415,13 @@ def _build(
             weights=gpu_w[g.pos],
             kv_cache=gpu_kv[g.pos],
             recurrent_state=gpu_state[g.pos],
-            compute=g.fixed + (logits if holds_output else 0),
+            compute=g.fixed
+            + (logits if holds_output else 0)
+            + (
+                attn_res_stack_bytes(hp, gpu_last[g.pos], ubatch=opts.ubatch, ctx=ctx)
+                if g.pos in gpu_last
+                else 0
+            ),
             other=other,
         )
         devices.append(mem)
@@ -405,6 +436,7 @@ def _build(
         flash_attn=opts.flash_attn,
         with_output=pl is None,
         experts_here=pl is None or ram_expert > 0,
+        last_layer=ram_last if ram_last >= 0 else None,
     )
     ram_cap = max(0, pool - unified_used) if unified_used else pool
     ram = DeviceMemory(

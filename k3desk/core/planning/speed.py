@@ -64,7 +64,7 @@ from k3desk.core.planning.memory import (
     recurrent_state_layer_bytes,
 )
 from k3desk.core.planning.model import LayerPlacement, SpeedPrediction
-from k3desk.core.units import GB
+from k3desk.core.units import GB, fmt_tps
 
 # ----------------------------------------------------------------- GPU (stated)
 # Share of the published peak bandwidth batch-1 matrix-vector kernels stream at.
@@ -507,19 +507,23 @@ def explain(s: SpeedPrediction) -> list[str]:
     return lines
 
 
+def _threads_text(s: SpeedPrediction) -> str:
+    return f"{s.threads} thread{'s' if s.threads != 1 else ''}" if s.threads else ""
+
+
 def speed_lines(s: SpeedPrediction) -> list[str]:
-    """What a shell shows of a prediction: the figure, the prompt speed, this
+    """What ``k3desk plan`` shows of a prediction: the figure, the prompt speed, this
     machine's measurements, and the steps from the bound."""
     head = (
-        f"Speed: about {s.expected_tps:.2g} tok/s decode (range {s.low_tps:.2g}-"
-        f"{s.high_tps:.2g}, physical bound {s.upper_bound_tps:.2g}) at {s.depth} tokens of "
-        "context"
+        f"Speed: about {fmt_tps(s.expected_tps)} tok/s decode (range {fmt_tps(s.low_tps)}-"
+        f"{fmt_tps(s.high_tps)}, physical bound {fmt_tps(s.upper_bound_tps)}) at {s.depth} "
+        "tokens of context"
     )
     if s.threads:
-        head += f", {s.threads} thread{'s' if s.threads != 1 else ''}"
+        head += f", {_threads_text(s)}"
     lines = [head]
     if s.prompt_tps > 0:
-        lines.append(f"  prompt: about {s.prompt_tps:.3g} tok/s for {s.prompt_tokens} tokens")
+        lines.append(f"  prompt: about {fmt_tps(s.prompt_tps)} tok/s for {s.prompt_tokens} tokens")
     if s.calibration:
         lines.append(f"  {s.calibration}")
     lines.append(f"  bottleneck: {s.bottleneck}")
@@ -532,9 +536,19 @@ def speed_lines(s: SpeedPrediction) -> list[str]:
 
 def predicted_text(s: SpeedPrediction) -> str:
     """One line: 'Predicted: about 12 tok/s decode, 40 tok/s prompt (2 threads)'."""
-    text = f"Predicted: about {s.expected_tps:.2g} tok/s decode"
+    text = f"Predicted: about {fmt_tps(s.expected_tps)} tok/s decode"
     if s.prompt_tps > 0:
-        text += f", {s.prompt_tps:.3g} tok/s prompt"
+        text += f", {fmt_tps(s.prompt_tps)} tok/s prompt"
     if s.threads:
-        text += f" ({s.threads} thread{'s' if s.threads != 1 else ''})"
+        text += f" ({_threads_text(s)})"
     return text
+
+
+def summary_lines(s: SpeedPrediction) -> list[str]:
+    """The Engine page's few lines: the prediction and its range, what this machine
+    measured (when it did), and the bottleneck."""
+    lines = [f"{predicted_text(s)}; range {fmt_tps(s.low_tps)}-{fmt_tps(s.high_tps)} tok/s decode."]
+    if s.calibration:
+        lines.append(s.calibration[0].upper() + s.calibration[1:] + ".")
+    lines.append(f"Bottleneck: {s.bottleneck}.")
+    return lines

@@ -36,7 +36,7 @@ from k3desk.core.planning.model import LaunchPlan, SpeedPrediction
 from k3desk.core.planning.speed import predict_speed
 from k3desk.core.private import write_private
 from k3desk.core.tuning.identity import is_this_machine, machine_key, model_key, model_label
-from k3desk.core.tuning.metrics import MeasuredSpeed
+from k3desk.core.tuning.metrics import MeasuredSpeed, SpeedWatcher
 
 CALIBRATION_FILE = "speed-measured.json"
 SCHEMA = 1
@@ -84,6 +84,7 @@ class Comparison:
     measured: MeasuredSpeed
     predicted_decode: float
     predicted_prompt: float
+    not_kept: str = ""  # why it could not be kept (a full disk), shown with it
 
     @property
     def decode_error(self) -> float | None:
@@ -106,7 +107,15 @@ class Comparison:
                 f"decode {m.decode_tps:.3g} tok/s ({m.decode_tokens} tokens, "
                 f"predicted {self.predicted_decode:.3g}{off})"
             )
-        return "measured: " + "; ".join(parts) if parts else ""
+        if not parts:
+            return ""
+        text = "measured: " + "; ".join(parts)
+        return f"{text} (not kept: {self.not_kept})" if self.not_kept else text
+
+    def sentence(self) -> str:
+        """:meth:`text` as a sentence ('Measured: prompt ... .'); '' with nothing measured."""
+        text = self.text()
+        return text[0].upper() + text[1:] + "." if text else ""
 
 
 class CalibrationStore:
@@ -291,6 +300,22 @@ class SpeedTracker:
             ),
         )
         return Comparison(m, s.expected_tps, s.prompt_tps)
+
+    def watch(
+        self, url: str, api_key: str, on_comparison: Callable[[Comparison], None]
+    ) -> SpeedWatcher:
+        """Read a running engine's counters (``metrics``) and, after each stretch of
+        answers, record it and pass on its comparison (from the watcher's thread).  A
+        measurement that cannot be kept is still shown: the server must not stop."""
+
+        def on_speed(m: MeasuredSpeed) -> None:
+            try:
+                c = self.record(m)
+            except (OSError, ValueError) as exc:
+                c = replace(self.compare(m), not_kept=str(exc))
+            on_comparison(c)
+
+        return SpeedWatcher(url, api_key, on_speed).start()
 
     def record(self, m: MeasuredSpeed) -> Comparison:
         c = self.compare(m)

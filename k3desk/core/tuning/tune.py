@@ -495,6 +495,36 @@ class TuneModelResult:
             )
         return [*self.notes, *out]
 
+    def to_dict(self) -> dict[str, object]:
+        """The trials as ``k3desk tune --json`` prints them (an unmeasured time: None)."""
+        r = self.result
+
+        def finite(x: float | None) -> float | None:
+            return x if x is not None and math.isfinite(x) else None
+
+        return {
+            "engine": str(self.engine),
+            "candidates": len(r.candidates),
+            "seconds": r.wall_s,
+            "best": r.best.candidate.variant.label(),
+            "gain_over_plan": r.gain_over(r.plan_default),
+            "gain_over_llama_defaults": r.gain_over(r.engine_default),
+            "saved": self.saved is not None,
+            "notes": list(self.notes),
+            "trials": [
+                {
+                    "variant": t.candidate.variant.label(),
+                    "args": list(t.candidate.plan.server_args),
+                    "predicted_s": finite(t.candidate.predicted_s),
+                    "prompt_tps": t.measured.prompt_tps,
+                    "decode_tps": t.measured.decode_tps,
+                    "seconds": finite(r.seconds(t)),
+                    "error": t.measured.error,
+                }
+                for t in r.trials
+            ],
+        }
+
 
 MeasureFactory = Callable[[PreparedLaunch, TuneModelRequest, CancelToken | None], Measure]
 

@@ -1,11 +1,13 @@
-"""Chat logic for the window, over the core HistoryStore and ChatClient.
+"""Chat logic for the window, over the core HistoryStore and the chat-turn use-case.
 
 Every database call and every request runs through the task manager (history
 writes on its serial pool, streams on the shared pool); this object only turns
-results into view models and signals.  An answer is stored as soon as it
-starts (marked partial), saved every few seconds while it streams, and
-finalised at the end, so a stop, an engine crash or an app crash leaves the
-text that arrived in the history, marked as partial.
+results into view models and signals, and only on the main thread: a turn's worker
+hands what it built to the main thread (``run_on_main``, the task's ``on_done``)
+and writes nothing of this object's state.  The turn itself, stored as soon as it
+starts (marked partial), saved every few seconds while it streams and finalised at
+the end, is the core's :func:`k3desk.core.app.chat_turn.run_turn`, the same one
+``k3desk chat --save`` runs.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,13 +23,15 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QImage
 
-from k3desk.core.chat.client import (
-    ChatClient,
-    ChatEndpoint,
-    ChatMessage,
-    ChatResult,
-    ChatStreamError,
+from k3desk.core.app.chat_turn import (
+    NOTE_BROKEN,
+    NOTE_STOPPED,
+    SAVE_EVERY_S,
+    TurnOutcome,
+    TurnRecord,
+    run_turn,
 )
+from k3desk.core.chat.client import ChatClient, ChatDelta, ChatEndpoint
 from k3desk.core.chat.dialects import ServerInfo
 from k3desk.core.chat.history import Conversation, HistoryStore, Message
 from k3desk.core.chat.images import PreparedImage, ensure_vision, load_image, prepare_image
@@ -42,10 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SAVE_EVERY_S = 2.0
 THUMB_HEIGHT = 192
-NOTE_STOPPED = "stopped"
-NOTE_BROKEN = "interrupted"
 
 
 @dataclass
@@ -56,14 +58,13 @@ class OpenState:
     thumbs: dict[str, QImage] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class StreamState:
-    conversation_id: int
-    message_id: int
-    content: str = ""
-    reasoning: str = ""
+    """The answer being written (ids known once the worker stored the question)."""
+
+    conversation_id: int | None = None
+    message_id: int | None = None
     started: float = field(default_factory=time.monotonic)
-    pieces: int = 0
 
 
 MEASURED = "measured by k3desk"  # said of figures the server did not report
@@ -399,40 +400,32 @@ class ChatController(QObject):
         current = self.current
         system_prompt, settings = self.conversation_settings()
 
-        def prepare(store: HistoryStore) -> tuple[Conversation, Message]:
+        def prepare(store: HistoryStore) -> TurnRecord:
             if current is None:
-                title = (text.strip().splitlines() or ["Image"])[0][:60] or "New chat"
-                conv = store.create_conversation(
-                    title, system_prompt=system_prompt, settings=settings
+                return TurnRecord.new_conversation(
+                    store,
+                    text,
+                    images=images,
+                    system_prompt=system_prompt,
+                    settings=settings,
+                    save_every=SAVE_EVERY_S,
                 )
-            else:
-                conv = store.get_conversation(current.conversation.id)
-            user = store.add_message(conv.id, "user", text, images=images)
-            return conv, user
+            return TurnRecord.ask(
+                store, current.conversation.id, text, images=images, save_every=SAVE_EVERY_S
+            )
 
         self._pending_settings = None
         self._run_answer(prepare)
 
     def regenerate(self, message_id: int) -> None:
         """A new answer to the same question, kept beside the old one."""
-
-        def prepare(store: HistoryStore) -> tuple[Conversation, Message]:
-            old = store.get_message(message_id)
-            if old.parent_id is None:
-                raise ChatError("This answer has no question to answer again.")
-            conv = store.get_conversation(old.conversation_id)
-            return conv, store.get_message(old.parent_id)
-
-        self._run_answer(prepare)
+        self._run_answer(lambda store: TurnRecord.again(store, message_id, save_every=SAVE_EVERY_S))
 
     def edit_and_resend(self, message_id: int, text: str) -> None:
         """Send an edited copy of a user message; the old branch stays reachable."""
-
-        def prepare(store: HistoryStore) -> tuple[Conversation, Message]:
-            new = store.edit_message(message_id, text)
-            return store.get_conversation(new.conversation_id), new
-
-        self._run_answer(prepare)
+        self._run_answer(
+            lambda store: TurnRecord.edited(store, message_id, text, save_every=SAVE_EVERY_S)
+        )
 
     def switch_branch(self, message_id: int, delta: int) -> None:
         def work(_t: CancelToken) -> OpenState:
@@ -450,7 +443,9 @@ class ChatController(QObject):
         if self._task is not None:
             self._task.cancel()
 
-    def _run_answer(self, prepare: Any) -> None:
+    def _run_answer(self, prepare: Callable[[HistoryStore], TurnRecord]) -> None:
+        """Run a chat turn (the core's :func:`run_turn`) on a worker; every result reaches
+        this object's state on the main thread (:meth:`_begin`, :meth:`_finished`)."""
         if self.streaming:
             raise ChatError("An answer is still being written.", "Stop it first (Esc).")
         endpoint = self.engine.chat_endpoint()
@@ -461,87 +456,36 @@ class ChatController(QObject):
                 "attach a remote server on the Cluster page (Ctrl+6).",
             )
         token = CancelToken()
+        self.stream = StreamState()  # set here, on the main thread: one answer at a time
+        client = self.client(endpoint)
+        run_on_main = self.ctx.tasks.run_on_main
+        buffer = self._buffer
 
-        def work(tok: CancelToken) -> Message:
+        def work(tok: CancelToken) -> TurnOutcome:
+            # worker thread: the store and the client only; the view state it builds is
+            # handed to the main thread, never written into this object from here
             store = self.store()
-            conv, question = prepare(store)
-            answer = store.add_message(
-                conv.id, "assistant", "", parent_id=question.id, partial=True
-            )
-            branch = store.branch(conv.id, question.id)
-            state = self._open_state(conv, [*branch, answer])
-            self.ctx.tasks.run_on_main(lambda: self._begin(state, answer))
-            messages = []
-            if conv.system_prompt.strip():
-                messages.append(ChatMessage("system", conv.system_prompt))
-            for m in branch:
-                if m.role == "system":
-                    continue
-                images = tuple(img.to_prepared() for img in m.images)
-                messages.append(ChatMessage(m.role, m.content, images))
-            st = StreamState(conv.id, answer.id)
-            self.stream = st
-            last_save = time.monotonic()
+            record = prepare(store)
+            answer = record.begin()
+            branch = record.branch()
+            state = self._open_state(record.conversation, [*branch, answer])
+            run_on_main(lambda: self._begin(state, answer))
+            messages = record.request_messages(branch)
 
-            def on_delta(delta: Any) -> None:
-                nonlocal last_save
-                if delta.kind == "content":
-                    st.content += delta.text
-                else:
-                    st.reasoning += delta.text
-                self._buffer.append(delta.kind, delta.text)
-                now = time.monotonic()
-                if now - last_save > SAVE_EVERY_S:
-                    last_save = now
-                    store.update_message(answer.id, content=st.content, reasoning=st.reasoning)
+            def on_delta(delta: ChatDelta) -> None:
+                buffer.append(delta.kind, delta.text)
 
-            result: ChatResult | None = None
-            note = ""
-            error: ChatError | None = None
-            try:
-                client = self.client(endpoint)
-                result = client.chat(messages, conv.settings, on_delta=on_delta, cancel=tok)
-                try:
-                    n_ctx = client.capabilities().n_ctx
-                except ChatError:
-                    n_ctx = None
-            except ChatStreamError as exc:
-                result, note, error = exc.result, NOTE_BROKEN, exc
-                n_ctx = None
-            except ChatError as exc:
-                error = exc
-                n_ctx = None
-            if result is None:
-                # refused before any text: keep nothing but the question
-                store.update_message(
-                    answer.id,
-                    content=st.content,
-                    reasoning=st.reasoning,
-                    partial=True,
-                    finish_reason=NOTE_BROKEN,
-                )
-                assert error is not None
-                raise error
-            if result.cancelled:
-                note = NOTE_STOPPED
-            final = store.update_message(
-                answer.id,
-                content=result.text or st.content,
-                reasoning=result.reasoning or st.reasoning,
-                usage=result.usage,
-                timings=result.timings,
-                partial=result.partial or bool(note),
-                finish_reason=note or result.finish_reason,
-                model=result.model,
+            outcome = run_turn(
+                client,
+                messages,
+                record.conversation.settings,
+                cancel=tok,
+                on_delta=on_delta,
+                record=record,
             )
-            if result.timings is not None and result.timings.predicted_per_second > 0:
-                self.last_timings = result.timings
-            if result.usage is not None:
-                self.last_context = (result.usage.total_tokens, n_ctx)
-                self.last_context_estimated = result.usage.estimated
-            if error is not None:
-                log.warning("answer cut short: %s", error.message)
-            return final
+            if outcome.error is not None:
+                log.warning("answer cut short: %s", outcome.error.message)
+            return outcome
 
         self.busy.emit(True)
         self._task = self.ctx.tasks.run(
@@ -578,6 +522,7 @@ class ChatController(QObject):
         self._emit_status()
 
     def _begin(self, state: OpenState, answer: Message) -> None:
+        self.stream = StreamState(state.conversation.id, answer.id)
         vm = state.vms[-1]
         vm.streaming = True
         vm.partial = False
@@ -596,12 +541,20 @@ class ChatController(QObject):
         vm.reasoning += batch.get("reasoning", "")
         self.stream_update.emit(vm)
 
-    def _finished(self, final: Message) -> None:
+    def _finished(self, outcome: TurnOutcome) -> None:
         self._buffer.flush()
         vm = self._vm
         self.stream = None
         self._task = None
         self._vm = None
+        result, final = outcome.result, outcome.answer
+        assert final is not None  # a turn run with a record ends with its answer
+        if result is not None:
+            if result.timings is not None and result.timings.predicted_per_second > 0:
+                self.last_timings = result.timings
+            if result.usage is not None:
+                self.last_context = (result.usage.total_tokens, outcome.n_ctx)
+                self.last_context_estimated = result.usage.estimated
         done = to_vm(final, vm.branch if vm is not None else (1, 1))
         if self.current is not None and self.current.vms and self.current.vms[-1].id == done.id:
             self.current.vms[-1] = done

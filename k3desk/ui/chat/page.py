@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QImage
@@ -41,6 +41,7 @@ from k3desk.ui import theme
 from k3desk.ui.chat.composer import Composer
 from k3desk.ui.chat.controller import ChatController, OpenState
 from k3desk.ui.chat.view import MessageView, MessageVM
+from k3desk.ui.pages import Navigator, Page, PageKey
 from k3desk.ui.widgets import label, muted
 
 if TYPE_CHECKING:
@@ -169,11 +170,12 @@ class ChatSettingsDialog(QDialog):
         )
 
 
-class ChatPage(QWidget):
-    def __init__(self, ctx: AppContext, window: QWidget | None = None) -> None:
+class ChatPage(Page):
+    def __init__(self, ctx: AppContext, window: Navigator | None = None) -> None:
         super().__init__()
         self.ctx = ctx
-        self.engine = ctx.controller("engine")
+        self.nav = window
+        self.engine = ctx.engine
         self.chat = ChatController(ctx, self.engine, self)
         self._editing: int | None = None
 
@@ -431,10 +433,8 @@ class ChatPage(QWidget):
                 self.start_edit(int(mid))
             elif verb == "branch":
                 self.chat.switch_branch(int(mid), arg)
-            elif verb == "page":
-                show = getattr(self.window(), "show_page", None)
-                if show is not None:
-                    show(mid)
+            elif verb == "page" and self.nav is not None and mid in set(PageKey):
+                self.nav.show_page(PageKey(mid))
         except K3Error as exc:
             self.ctx.reporter.report(exc)
 
@@ -487,5 +487,5 @@ class ChatPage(QWidget):
     def closing(self) -> None:
         self.chat.close()
 
-    def controller(self) -> Any:
+    def controller(self) -> ChatController:
         return self.chat

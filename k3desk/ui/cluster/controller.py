@@ -1,6 +1,6 @@
 """Clusters, cluster engines and attached servers for the desktop app, over the core.
 
-One app-wide object (``ctx.controller("cluster")``).  The Cluster page edits and
+One app-wide object (``ctx.cluster``).  The Cluster page edits and
 probes clusters and starts engines through it, the Engine page watches the
 running group through it, and the engine controller asks it where the chat goes
 when no local engine runs: to a ready cluster engine first, else to the attached
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal
 
+from k3desk.core.app.cluster_tiers import ClusterTierRow
 from k3desk.core.cluster.assess import (
     RPC_NEEDS_MODEL,
     Assessment,
@@ -33,11 +34,11 @@ from k3desk.core.cluster.group import GroupEvent, GroupState, GroupSupervisor
 from k3desk.core.cluster.members import Member, group_members
 from k3desk.core.cluster.nodes import Cluster, ClusterError, ClusterStore
 from k3desk.core.cluster.probe import NodeReport, ShardSetSpec, probe_cluster
+from k3desk.core.cluster.recipe import DEFAULT_PROFILE
 from k3desk.core.cluster.rpc import DEFAULT_RPC_PORT, RpcCluster
 from k3desk.core.cluster.sparkinfer import (
     BRIDGE_PORT,
     COORD_PORT,
-    ENV_PROFILES,
     SERVE_PORT,
     ServeStats,
     SparkInferCluster,
@@ -67,37 +68,18 @@ class LaunchChoice:
     engine: EngineKind = "sparkinfer"
     tier_id: str = SPARKINFER_TIER
     ctx: int = 8192
-    profile: str = "recipe"  # SparkInfer environment preset (ENV_PROFILES)
-    spec_draft: int | None = None
+    profile: str = DEFAULT_PROFILE  # the SparkInfer recipe's launch profile (recipe.PROFILES)
+    spec_draft: int | None = None  # instead of the profile's K
     coord_port: int = COORD_PORT
     serve_port: int = SERVE_PORT
     bridge_port: int = BRIDGE_PORT
     model: str = ""  # RPC: the first shard on this machine
     rpc_port: int = DEFAULT_RPC_PORT
     allow_public: bool = False
-    # SparkInfer's bridge, on rank 0; "" = beside the shards, as the card's download puts them
+    # SparkInfer's bridge, on rank 0; "" = where the recipe keeps them (tokenizer/ beside the
+    # model folder, the chat template in it)
     tokenizer_dir: str = ""
     chat_template: str = ""
-
-
-@dataclass(frozen=True)
-class TierOnCluster:
-    """One catalog tier judged for a cluster and an engine (the set-up wizard's tiers step)."""
-
-    tier: Tier
-    assessment: Assessment
-
-    @property
-    def runs(self) -> bool:
-        """Nothing refuses it and no node is known to be short of memory."""
-        a = self.assessment
-        return a.ok and (a.plan is None or a.plan.verdict != "no-fit")
-
-    @property
-    def fits(self) -> bool:
-        """It runs and the probed nodes have room for it."""
-        plan = self.assessment.plan
-        return self.runs and plan is not None and plan.verdict in ("fits", "tight")
 
 
 @dataclass(frozen=True)
@@ -151,7 +133,7 @@ class ClusterController(QObject):
         self.active_endpoint = ""
         self._active_ep: ChatEndpoint | None = None
         self.endpoint_error = ""
-        ctx.controller("engine").set_external(self)
+        ctx.engine.set_external(self)
         wanted = ctx.settings.recent.get(RECENT_KEY)
         if ctx.settings.remote_url:
             wanted = self._adopt_remote_url(ctx.settings.remote_url) or wanted
@@ -281,8 +263,8 @@ class ClusterController(QObject):
             cluster,
             model_file=model_file,
             max_ctx=choice.ctx,
+            profile=choice.profile,
             spec_draft=choice.spec_draft,
-            env=dict(ENV_PROFILES.get(choice.profile, ENV_PROFILES["recipe"])),
             coord_port=choice.coord_port,
             serve_port=choice.serve_port,
             bridge_port=choice.bridge_port,
@@ -317,7 +299,9 @@ class ClusterController(QObject):
             port=choice.rpc_port,
             allow_public=choice.allow_public,
         )
-        local = self.ctx.controller("hardware").profile
+        # llama-server runs here: the plan counts this machine, never a hardware file the
+        # pages may be judging (detected here if the pages have not needed it yet: once)
+        local = self.ctx.hardware.machine or self.ctx.hardware.this_machine()
         if model_bytes is None:
             return assess_rpc(rcfg, reports=reports, local=local)
         # the files come with the download: judge the tier's size, not a chosen file
@@ -326,14 +310,14 @@ class ClusterController(QObject):
 
     def judge_tiers(
         self, name: str, choice: LaunchChoice, tiers: Sequence[Tier]
-    ) -> list[TierOnCluster]:
+    ) -> list[ClusterTierRow]:
         """Every tier in ``tiers`` judged for ``choice``'s engine on cluster ``name``: the
         engine's refusals (SparkInfer loads one tier only) and the cross-node memory plan."""
         out = []
         for tier in tiers:
             pick = replace(choice, tier_id=tier.id)
             size = tier.size_bytes if choice.engine == "rpc" else None
-            out.append(TierOnCluster(tier, self.assess(name, pick, model_bytes=size)))
+            out.append(ClusterTierRow(tier, self.assess(name, pick, model_bytes=size)))
         return out
 
     # --------------------------------------------------------------- engine
@@ -370,6 +354,7 @@ class ClusterController(QObject):
                 self.store.known_hosts,
                 on_event=relay,
                 on_stats=stats,
+                secrets=self.ctx.services.secrets,  # the bridge's key, read off this thread
             )
         else:
             server = find_llama_server(

@@ -173,7 +173,7 @@ class EndpointsPanel(QWidget):
             edit.textChanged.connect(lambda _t: self._buttons())
         controller.endpoints_changed.connect(self.refresh)
         controller.changed.connect(self._chat_state)
-        ctx.controller("engine").state_changed.connect(lambda _s, _m: self._chat_state())
+        ctx.engine.state_changed.connect(lambda _s, _m: self._chat_state())
         self.refresh()
 
     # ------------------------------------------------------------- list
@@ -257,7 +257,7 @@ class EndpointsPanel(QWidget):
         set_enabled(self.attach_btn, ready, "Give the server a name and its URL.")
 
     def _chat_state(self) -> None:
-        engine = self.ctx.controller("engine")
+        engine = self.ctx.engine
         ep = engine.chat_endpoint()
         if engine.endpoint() is not None:
             text = f"The chat uses the engine on this machine ({ep.root if ep else ''})."

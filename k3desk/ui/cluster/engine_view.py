@@ -62,7 +62,7 @@ class ClusterEngineView(Card):
     def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.ctx = ctx
-        self.controller: ClusterController = ctx.controller("cluster")
+        self.controller: ClusterController = ctx.cluster
         self._stages: list[str] = []
         self._group: object = None
         b = self.body
@@ -105,6 +105,11 @@ class ClusterEngineView(Card):
         self.url = CopyField("")
         self.url.setObjectName("clusterUrl")
         b.addWidget(self.url)
+        # the bridge's K3_API_KEY (kept in the keyring), hidden until asked, like the local key
+        self.key = CopyField("", secret=True)
+        self.key.setObjectName("clusterKey")
+        self.key.setToolTip("The API key clients send as 'Authorization: Bearer KEY'")
+        b.addWidget(self.key)
         self.log = QPlainTextEdit()
         self.log.setObjectName("clusterEvents")
         self.log.setReadOnly(True)
@@ -169,6 +174,10 @@ class ClusterEngineView(Card):
         ep = group.endpoint
         self.url.set_text(f"{ep.root}/v1" if ep is not None else "Not ready")
         self.url.copy.setEnabled(ep is not None)
+        key = ep.api_key if ep is not None else None
+        self.key.set_text(key or "")
+        self.key.copy.setEnabled(bool(key))
+        self.key.setVisible(bool(key))
         if ctl.last_stats is None:
             self.speed.setText(
                 "Speed: rank 0 logs it after each answer."

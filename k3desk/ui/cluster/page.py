@@ -42,12 +42,12 @@ from PySide6.QtWidgets import (
 from k3desk.core.cluster.assess import Assessment
 from k3desk.core.cluster.nodes import Cluster, Node
 from k3desk.core.cluster.probe import NodeReport
+from k3desk.core.cluster.recipe import DEFAULT_PROFILE, PROFILES
 from k3desk.core.cluster.sparkinfer import (
     BRIDGE_PORT,
     CARD_COMMAND,
     CHAT_TEMPLATE_NAME,
     COORD_PORT,
-    ENV_PROFILES,
     SERVE_PORT,
     SparkInferConfig,
     describe_launch,
@@ -61,6 +61,7 @@ from k3desk.ui.cluster.assessment import AssessmentView, fit_height, fixed_table
 from k3desk.ui.cluster.controller import SPARKINFER_TIER, ClusterController, LaunchChoice
 from k3desk.ui.cluster.editor import ClusterEditor
 from k3desk.ui.cluster.endpoints import EndpointsPanel
+from k3desk.ui.pages import Navigator, Page, PageKey
 from k3desk.ui.widgets import Card, PageHeader, label, muted, primary, set_enabled
 
 if TYPE_CHECKING:
@@ -100,8 +101,8 @@ def memory_text(rep: NodeReport) -> str:
     if hw is None:
         return ""
     mem = hw.memory
-    unified = any(g.unified_memory for g in hw.gpus)
-    vram = sum(g.vram_total for g in hw.gpus if not g.unified_memory)
+    unified = hw.has_unified_memory
+    vram = hw.total_vram
     free = fmt_bytes(mem.available).split()[0]
     text = f"{fmt_bytes(mem.usable_total)} {'unified' if unified else 'RAM'}, {free} free"
     if vram:
@@ -120,7 +121,7 @@ def ssh_text(node: Node) -> str:
     return f"{node.destination}:{node.port}" if node.port != 22 else node.destination
 
 
-class ClusterPage(QWidget):
+class ClusterPage(Page):
     """Clusters (list, editor, probe, engine choice, verdict, start) and attached servers.
 
     ``embedded``: the clusters part only (no header, no attached servers, no Start
@@ -133,13 +134,13 @@ class ClusterPage(QWidget):
     changed = Signal()
 
     def __init__(
-        self, ctx: AppContext, window: QWidget | None = None, *, embedded: bool = False
+        self, ctx: AppContext, window: Navigator | None = None, *, embedded: bool = False
     ) -> None:
         super().__init__()
         self.ctx = ctx
-        self.window_ = window
+        self.nav = window
         self.embedded = embedded
-        self.controller: ClusterController = ctx.controller("cluster")
+        self.controller: ClusterController = ctx.cluster
         self.assessment: Assessment | None = None
         outer = QVBoxLayout(self)
         if embedded:
@@ -263,31 +264,39 @@ class ClusterPage(QWidget):
         sform = QFormLayout(self.spark_opts)
         sform.setContentsMargins(0, 0, 0, 0)
         self.profile = QComboBox()
-        for p in ENV_PROFILES:
-            self.profile.addItem(p, p)
-        self.profile.setCurrentIndex(self.profile.findData("recipe"))
+        self.profile.setObjectName("recipeProfile")
+        for p in PROFILES.values():
+            self.profile.addItem(p.title, p.name)
+            self.profile.setItemData(
+                self.profile.count() - 1, f"{p.note} ({p.source})", Qt.ItemDataRole.ToolTipRole
+            )
+        self.profile.setCurrentIndex(self.profile.findData(DEFAULT_PROFILE))
         self.profile.setToolTip(
-            "Environment preset for every rank: recipe = head banding on, KDA fusion off"
+            "The recipe's own launch profiles: environment (expert skipping and CUDA graphs "
+            "off, exact arithmetic) and drafter flags on every rank"
         )
-        sform.addRow("Preset", self.profile)
+        sform.addRow("Profile", self.profile)
         self.spec_draft = QSpinBox()
         self.spec_draft.setRange(0, 16)
-        self.spec_draft.setSpecialValueText("off")
-        self.spec_draft.setToolTip("--spec-draft K (2-16) on every rank; 'off' to leave it out")
+        self.spec_draft.setSpecialValueText("the profile's")
+        self.spec_draft.setToolTip(
+            "--spec-draft K (2-16) on every rank instead of the profile's; the baseline "
+            "profile drafts nothing"
+        )
         sform.addRow("Speculative drafts", self.spec_draft)
         self.tokenizer_dir = QLineEdit()
         self.tokenizer_dir.setObjectName("tokenizerDir")
         self.tokenizer_dir.setToolTip(
             "The model's tokenizer folder on rank 0, for the HTTP bridge (K3_TOKENIZER_DIR); "
-            "empty = tokenizer/ beside the shards, where the model card's download puts it"
+            "empty = tokenizer/ beside the model folder, where the recipe fetches it from "
+            "moonshotai/Kimi-K3 (the model card's download does not bring it)"
         )
         sform.addRow("Tokenizer folder", self.tokenizer_dir)
         self.chat_template = QLineEdit()
         self.chat_template.setObjectName("chatTemplate")
         self.chat_template.setToolTip(
             "The chat template on rank 0, for the HTTP bridge (K3_CHAT_TEMPLATE); "
-            f"empty = {CHAT_TEMPLATE_NAME} beside the shards, where the model card's "
-            "download puts it"
+            f"empty = {CHAT_TEMPLATE_NAME} in the model folder, downloaded with the shards"
         )
         sform.addRow("Chat template", self.chat_template)
         opts.addWidget(self.spark_opts)
@@ -430,6 +439,11 @@ class ClusterPage(QWidget):
     def activated(self) -> None:
         self.refresh()
 
+    def show_servers(self) -> None:
+        """Show the Attached servers tab (the page's own; an embedded page has none)."""
+        if self.tabs is not None:
+            self.tabs.setCurrentWidget(self.servers)
+
     # ------------------------------------------------------------ clusters
     def reload(self, select: str | None = None) -> None:
         current = select or self.current_name()
@@ -521,7 +535,7 @@ class ClusterPage(QWidget):
             engine="sparkinfer" if self.spark_radio.isChecked() else "rpc",
             tier_id=self.tier_id(),
             ctx=self.ctx_size.value(),
-            profile=str(self.profile.currentData() or "recipe"),
+            profile=str(self.profile.currentData() or DEFAULT_PROFILE),
             spec_draft=k or None,
             coord_port=self.coord_port.value(),
             serve_port=self.serve_port.value(),
@@ -685,9 +699,8 @@ class ClusterPage(QWidget):
             self.ctx.reporter.report(exc)
             self.refresh()
             return
-        show = getattr(self.window_, "show_page", None)
-        if show is not None:
-            show("engine")
+        if self.nav is not None:
+            self.nav.show_page(PageKey.ENGINE)
         self._buttons()
 
     # ----------------------------------------------------------------- misc

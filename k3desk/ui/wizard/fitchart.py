@@ -1,8 +1,12 @@
-"""A custom-painted chart: for each tier, what it needs vs what this machine has.
+"""A custom-painted chart: for each tier, what it needs vs what the judged machine has.
 
-Three thin bars per tier (VRAM, RAM, disk).  The track is what the machine has;
-the filled part is what the tier's plan uses; a bar that overflows is drawn to
-the edge in the warning colour with the missing amount written after it.
+Three thin bars per tier (VRAM, RAM, disk).  The track is what the plan may use on
+that resource (after the margins k3desk keeps free); the filled part is what the
+tier's plan uses; a bar that overflows is drawn to the edge in the warning colour
+with the missing amount written after it.  Every figure comes from the core's
+:class:`~k3desk.core.app.tiers.TierRow` (:class:`~k3desk.core.app.tiers.Need`), the
+same rows the tiers table and ``k3desk tiers`` show; the chart only draws them, and
+keeps the strings it drew last in :attr:`FitChart.painted`.
 """
 
 from __future__ import annotations
@@ -13,58 +17,26 @@ from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QPainter, QPaintEvent
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from k3desk.core.hardware.profile import HardwareProfile
-from k3desk.core.planning.recommend import Recommendation, TierVerdict
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.tiers import Need, TierJudgement, TierRow
 from k3desk.ui import theme
 
-
-@dataclass(frozen=True)
-class Need:
-    """One bar: what is needed and what there is (bytes)."""
-
-    label: str
-    need: int
-    have: int
-
-    @property
-    def fraction(self) -> float:
-        return self.need / self.have if self.have > 0 else (1.0 if self.need else 0.0)
-
-    @property
-    def fits(self) -> bool:
-        return self.need <= self.have
+LEGEND = "track = what the plan may use there, fill = what the tier needs"
 
 
 @dataclass(frozen=True)
-class TierNeeds:
+class ChartRow:
+    """One tier as the chart draws it."""
+
     name: str
-    verdict: str
+    verdict: str  # the verdict in the words the tiers table uses
     bars: tuple[Need, ...]
     recommended: bool = False
 
-
-def needs_for(tv: TierVerdict, hw: HardwareProfile) -> TierNeeds:
-    """VRAM / RAM / disk needs of a tier's plan against the machine."""
-    plan = tv.plan
-    vram_need = ram_need = 0
-    if plan is not None:
-        for d in plan.devices:
-            if d.device == "RAM":
-                ram_need += d.used
-            else:
-                vram_need += d.used
-        if plan.verdict in ("stream", "no-fit"):
-            ram_need += plan.shortfall
-    vram_have = hw.total_vram
-    ram_have = hw.memory.usable_total
-    disk_have = hw.disk.free if hw.disk is not None else 0
-    bars = []
-    if vram_have > 0:
-        bars.append(Need("VRAM", vram_need, vram_have))
-    bars.append(Need("RAM", ram_need, ram_have))
-    bars.append(Need("Disk", tv.tier.size_bytes, disk_have))
-    return TierNeeds(f"{tv.tier.name} · {tv.tier.publisher}", tv.verdict, tuple(bars))
+    @classmethod
+    def of(cls, row: TierRow) -> ChartRow:
+        return cls(
+            f"{row.tier.name} · {row.tier.publisher}", row.label, row.needs, row.recommended
+        )
 
 
 class FitChart(QWidget):
@@ -74,25 +46,26 @@ class FitChart(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("fitChart")
-        self.rows: list[TierNeeds] = []
+        self.rows: list[ChartRow] = []
+        self.painted: list[str] = []  # every string the last paint drew, in order
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.setMinimumHeight(60)
 
-    def set_data(self, rec: Recommendation, hw: HardwareProfile) -> None:
-        chosen = rec.best or rec.closest
-        rows = []
-        for tv in rec.verdicts:
-            n = needs_for(tv, hw)
-            rows.append(TierNeeds(n.name, n.verdict, n.bars, chosen is not None and tv is chosen))
-        self.rows = rows
-        self.setFixedHeight(max(60, 28 + self.ROW * len(rows)))
+    def set_judgement(self, judged: TierJudgement) -> None:
+        self.rows = [ChartRow.of(r) for r in judged.rows]
+        self.setFixedHeight(max(60, 28 + self.ROW * len(self.rows)))
         self.update()
 
     def sizeHint(self) -> QSize:
         return QSize(700, max(60, 28 + self.ROW * len(self.rows)))
 
+    def _text(self, p: QPainter, rect: QRectF, flags: Qt.AlignmentFlag, text: str) -> None:
+        self.painted.append(text)
+        p.drawText(rect, flags, text)
+
     def paintEvent(self, _e: QPaintEvent) -> None:
         c = theme.current()
+        self.painted = []
         p = QPainter(self)
         p.setRenderHint(QPainter.RenderHint.Antialiasing)
         width = self.width()
@@ -109,13 +82,9 @@ class FitChart(QWidget):
             p.setPen(Qt.PenStyle.NoPen)
             p.drawRoundedRect(QRectF(x, 6, 10, 10), 2, 2)
             p.setPen(QColor(c.muted))
-            p.drawText(QRectF(x + 14, 0, 120, 22), Qt.AlignmentFlag.AlignVCenter, name)
+            self._text(p, QRectF(x + 14, 0, 120, 22), Qt.AlignmentFlag.AlignVCenter, name)
             x += 70
-        p.drawText(
-            QRectF(x + 10, 0, width - x - 10, 22),
-            Qt.AlignmentFlag.AlignVCenter,
-            "track = what this machine has, fill = what the tier needs",
-        )
+        self._text(p, QRectF(x + 10, 0, width - x - 10, 22), Qt.AlignmentFlag.AlignVCenter, LEGEND)
         bar_w = max(80.0, width - self.LABEL_W - 190.0)
         y = 28.0
         for row in self.rows:
@@ -125,14 +94,16 @@ class FitChart(QWidget):
                 p.drawRoundedRect(QRectF(0, y - 3, width, self.ROW - 4), 6, 6)
             p.setPen(QColor(c.text))
             p.setFont(bold if row.recommended else self.font())
-            p.drawText(
+            self._text(
+                p,
                 QRectF(8, y, self.LABEL_W - 12, 20),
                 Qt.AlignmentFlag.AlignVCenter,
                 ("★ " if row.recommended else "") + row.name,
             )
             p.setFont(small)
             p.setPen(QColor(c.muted))
-            p.drawText(
+            self._text(
+                p,
                 QRectF(8, y + 20, self.LABEL_W - 12, 18),
                 Qt.AlignmentFlag.AlignVCenter,
                 row.verdict,
@@ -146,16 +117,14 @@ class FitChart(QWidget):
                 p.drawRoundedRect(track, 3, 3)
                 frac = min(1.0, bar.fraction)
                 fill = QRectF(track.x(), track.y(), track.width() * frac, track.height())
-                p.setBrush(QColor(colors.get(bar.label, c.accent) if bar.fits else c.danger))
+                p.setBrush(QColor(colors.get(bar.resource, c.accent) if bar.fits else c.danger))
                 p.drawRoundedRect(fill, 3, 3)
                 p.setPen(QColor(c.text if bar.fits else c.danger))
-                text = f"{bar.label} {fmt_bytes(bar.need)} / {fmt_bytes(bar.have)}"
-                if not bar.fits:
-                    text = f"{bar.label}: {fmt_bytes(bar.need - bar.have)} short"
-                p.drawText(
+                self._text(
+                    p,
                     QRectF(self.LABEL_W + bar_w + 8, by - 3, 184, step),
                     Qt.AlignmentFlag.AlignVCenter,
-                    text,
+                    bar.text(),
                 )
                 by += step
             y += self.ROW

@@ -3,7 +3,7 @@ that do not exist here (GB10 DGX Sparks, an H200 server): a stand-in at the core
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from k3desk.core.cluster.nodes import Node
 from k3desk.core.cluster.probe import CopyCheck, FileCheck, NodeReport
@@ -44,14 +44,17 @@ def report(
     node: Node, hardware: str | None = "3xGB10-node", *, complete: bool = True, error: str = ""
 ) -> NodeReport:
     """A probe report for ``node``: the hardware file's profile and a copy of the recipe tier,
-    with the tokenizer folder and chat template beside it (as the card's download lays them
-    out, and as the app's probe reports them for rank 0)."""
+    with the chat template in the model folder and the tokenizer folder beside it (as the
+    recipe lays them out, and as the app's probe reports them for rank 0)."""
     if error:
         return NodeReport(node, False, error=error)
     hw = profile(hardware) if hardware else None
     folder = node.model_path or "/models/k3"
     paths = (
-        {f"{folder}/{TOKENIZER_DIRNAME}": "dir", f"{folder}/{CHAT_TEMPLATE_NAME}": "file"}
+        {
+            str(PurePosixPath(folder).parent / TOKENIZER_DIRNAME): "dir",
+            f"{folder}/{CHAT_TEMPLATE_NAME}": "file",
+        }
         if node.model_path
         else {}
     )

@@ -27,10 +27,11 @@ def run_here(command: str, stdin: bytes) -> tuple[int, str, str]:
 
 
 def check(tmp_path: Path, python: Path | str, *, fresh: bool = True) -> BridgeEnvReport:
-    if fresh:
-        write_model_extras(tmp_path / "model")
-    tokenizer = tmp_path / "model" / "tokenizer"
+    # the recipe's layout: the tokenizer beside the model folder, the template in it
+    tokenizer = tmp_path / "tokenizer"
     template = tmp_path / "model" / "k3_chat_template.jinja"
+    if fresh:
+        assert write_model_extras(tmp_path / "model") == (tokenizer, template)
     return check_bridge_env(
         run_here,
         python=str(python),
@@ -97,8 +98,7 @@ def test_no_python_environment_at_all(tmp_path: Path) -> None:
 
 
 def test_a_tokenizer_folder_it_cannot_load(tmp_path: Path) -> None:
-    tokenizer = tmp_path / "model" / "tokenizer"
-    write_model_extras(tmp_path / "model")
+    tokenizer, _template = write_model_extras(tmp_path / "model")
     (tokenizer / "tokenizer.json").unlink()  # only the stand-ins' vocab.json is left
     report = check(tmp_path, bridge_python(4), fresh=False)
     assert not report.ok

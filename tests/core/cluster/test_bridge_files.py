@@ -16,7 +16,9 @@ from k3desk.core.paths import default_paths
 from tests.fakes.sparkinfer.stand_in import write_model_extras
 from tests.fixtures.sshd import SshServer
 
-CARD = "the model card's download puts tokenizer/ and k3_chat_template.jinja beside the shards"
+# where the recipe gets them (its README, step 1)
+FETCH_TEMPLATE = '--include "k3_chat_template.jinja"'
+FETCH_TOKENIZER = "the recipe fetches it from moonshotai/Kimi-K3 on rank 0 with `hf download"
 
 
 def nodes(sshd: SshServer, tag: str) -> tuple[Node, ...]:
@@ -61,7 +63,8 @@ def test_the_probe_reports_rank0_bridge_files_and_the_assessment_refuses_a_missi
         f"Rank 0 ({ns[0].label}) has no chat template (K3_CHAT_TEMPLATE) at {template}: "
         "there is nothing there. "
     )
-    assert CARD in refused[0]
+    assert FETCH_TEMPLATE in refused[0]
+    assert "vcruz305/Kimi-K3-GGUF" in refused[0]
     assert str(tokenizer) not in refused[0]
     # the same refusal stops `k3desk cluster serve` (which checks before starting)
     assert bridge_refusals(check_sparkinfer(cfg, reports=reports).refusals) == refused
@@ -74,25 +77,28 @@ def test_the_probe_reports_rank0_bridge_files_and_the_assessment_refuses_a_missi
     assert len(refused) == 2
     assert f"has no tokenizer folder (K3_TOKENIZER_DIR) at {tokenizer}: it is empty" in refused[0]
     assert f"at {template}: it is a folder, not a file" in refused[1]
-    assert all(CARD in r for r in refused)
+    assert FETCH_TOKENIZER in refused[0]
+    assert f"--local-dir {tokenizer} --include" in refused[0]
+    assert FETCH_TEMPLATE in refused[1]
 
 
 def test_custom_paths_are_checked_and_a_path_the_probe_did_not_see_is_a_warning(
     sshd: SshServer, tmp_path: Path
 ) -> None:
     ns = nodes(sshd, "custom-")
-    tokenizer, template = write_model_extras(tmp_path / "elsewhere")
+    tokenizer, template = write_model_extras(tmp_path / "elsewhere" / "model")
     cfg = SparkInferConfig(
         Cluster("cp", ns), tokenizer_dir=str(tokenizer), chat_template=str(template)
     )
     reports = probe(cfg)
     assert bridge_refusals(assess_sparkinfer(cfg, reports=reports).refusals) == []
-    # the defaults beside the shards are not there, and are not what this launch uses
+    # the default tokenizer folder is not there, and is not what this launch uses
     moved = SparkInferConfig(cfg.cluster, chat_template=str(template))
     refused = bridge_refusals(assess_sparkinfer(moved, reports=probe(moved)).refusals)
     assert len(refused) == 1
-    assert f"at {ns[0].model_path}/tokenizer: there is nothing there" in refused[0]
-    assert "set where they are" in refused[0]
+    default = Path(ns[0].model_path).parent / "tokenizer"
+    assert f"at {default}: there is nothing there" in refused[0]
+    assert "set where it is" in refused[0]
 
     # a path chosen after the probe ran is not refused on a guess: a warning asks to probe again
     later = SparkInferConfig(cfg.cluster, tokenizer_dir="/opt/k3/tok", chat_template=str(template))

@@ -71,7 +71,7 @@ def test_add_list_probe_remove(sshd: SshServer, capsys: pytest.CaptureFixture[st
     # rank 0 was also asked for the bridge's tokenizer folder and chat template
     m0 = sshd.node("c0").model_path
     assert c0["paths"] == {
-        f"{m0}/tokenizer": "missing",
+        str(Path(m0).parent / "tokenizer"): "missing",
         f"{m0}/k3_chat_template.jinja": "missing",
     }
     assert c1["paths"] == {}
@@ -119,14 +119,43 @@ def test_serve_sparkinfer_check_and_dry_run(
     ports = ["--coord-port", str(free_port()), "--serve-port", str(free_port()),
              "--bridge-port", str(free_port())]  # fmt: skip
     assert k3("cluster", "serve", "spark", "--engine", "sparkinfer", "--dry-run", *ports) == 0
-    out = capsys.readouterr().out.splitlines()
+    lines = capsys.readouterr().out.splitlines()
+    out = [line for line in lines if not line.startswith("#")]
     assert len(out) == 4
-    assert out[0].startswith(f"s0: env SPARKINFER_K3_DIST_HEAD_BAND=1 SPARKINFER_K3_KDA_FUSE=0 "
-                             f"{binary} --rank 0 --world 3 --listen 127.0.0.1:")  # fmt: skip
-    model_dir = sshd.node("s0").model_path
-    assert out[3].startswith(f"s0: env K3_TOKENIZER_DIR={model_dir}/tokenizer "
+    # the recipe's environment (from scripts/k3_cluster.sh) and its K=8/P8 flags on every rank
+    dist = str(FAKES)
+    for i, line in enumerate(out[:3]):
+        assert line.startswith(
+            f"s{i}: LD_LIBRARY_PATH={dist}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} "
+            "env CUDA_DEVICE_ORDER=PCI_BUS_ID NCCL_NVLS_ENABLE=0 SPARKINFER_K3_MOE_WEPS=0 "
+            "SPARKINFER_K3_GRAPH=0 SPARKINFER_K3_PREFILL_CHUNK=16 CUDA_VISIBLE_DEVICES=0 "
+            f"SPARKINFER_K3_DIST_HEAD_BAND=1 SPARKINFER_K3_PROJ_TOKS=8 {binary} --rank {i} "
+        ), line
+        assert line.endswith(
+            "--max-ctx 4096 --spec-draft 8 --spec-ngram-min 1 --spec-ngram-max 8 "
+            "--spec-min-occur 2 --spec-majority 2/3"
+        ) or "--serve 127.0.0.1:" in line, line
+    model_dir = Path(sshd.node("s0").model_path)
+    # the bridge: the recipe's file layout, the key masked, replies as long as the context
+    assert out[3].startswith(f"s0: env CUDA_DEVICE_ORDER=PCI_BUS_ID "
+                             f"K3_TOKENIZER_DIR={model_dir.parent}/tokenizer "
                              f"K3_CHAT_TEMPLATE={model_dir}/k3_chat_template.jinja ")  # fmt: skip
-    assert out[3].endswith(f" bash {recipe}/api-server/run-api.sh")
+    assert "K3_MAX_CONTEXT_TOKENS=4096 K3_MAX_TOKENS=4096 K3_DEFAULT_MAX_TOKENS=2048 " in out[3]
+    assert out[3].endswith(f" 'K3_API_KEY=********' bash {recipe}/api-server/run-api.sh")
+    notes = "\n".join(line for line in lines if line.startswith("#"))
+    assert "profile k8-p8: K=8/P8 (the recipe's launcher)" in notes
+    assert "replies up to 4096 tokens (K3_MAX_TOKENS; 2048 when a request names no limit)" in notes
+    assert "K3_API_KEY is masked" in notes
+    # another of the recipe's profiles, a draft width of one's own, a context of one's own
+    assert k3("cluster", "serve", "spark", "--engine", "sparkinfer", "--dry-run", "--profile",
+              "baseline", "--ctx", "8192", *ports) == 0  # fmt: skip
+    base = capsys.readouterr().out
+    assert "--spec-draft" not in base
+    assert "SPARKINFER_K3_PROJ_TOKS" not in base
+    assert "K3_MAX_CONTEXT_TOKENS=8192 K3_MAX_TOKENS=8192 " in base
+    with pytest.raises(SystemExit):
+        k3("cluster", "serve", "spark", "--engine", "sparkinfer", "--profile", "recipe")
+    assert "invalid choice: 'recipe'" in capsys.readouterr().err
     # a probe would show no GB10 here: refused, with the reason
     assert k3("cluster", "serve", "spark", "--engine", "sparkinfer", *ports) == 1
     err = capsys.readouterr().err
@@ -140,6 +169,8 @@ def test_serve_sparkinfer_check_and_dry_run(
     assert rc == 0, captured.err
     assert "Ready: http://127.0.0.1:" in captured.out
     assert "(model kimi-k3-neuron)" in captured.out
+    assert "API key: " in captured.out  # shown once, when the bridge is ready
+    assert "The bridge's API key is kept in " in captured.err
     assert "Chat check:" in captured.out
     assert "tok/s decode" in captured.out
     assert "rank 0: shard 9/9 mapped" in captured.err

@@ -16,6 +16,7 @@ from k3desk.core.cluster.nodes import Cluster, ClusterError, ClusterStore, Node
 from k3desk.core.cluster.rpc import RPC_WARNING, RpcCluster, RpcConfig, check_rpc, worker_argv
 from k3desk.core.engines.discovery import package_server
 from k3desk.core.paths import default_paths
+from tests.fixtures.engine import environ_of
 from tests.fixtures.sshd import SshServer
 
 pytestmark = pytest.mark.engine
@@ -72,8 +73,10 @@ def test_bind_addresses_and_argv(tmp_path: Path) -> None:
 
 
 def test_two_workers_serve_chat_and_recover_from_a_dead_worker(
-    sshd: SshServer, server_bin: Path, tiny_model: Path
+    sshd: SshServer, server_bin: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # CUDA's fastest-first order here would renumber the GPUs the plan names in NVML's
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
     rpc_bin = str(server_bin.with_name("ggml-rpc-server"))
     nodes = (sshd.node("rpc-a", rpc_server_bin=rpc_bin), sshd.node("rpc-b", rpc_server_bin=rpc_bin))
     ports = {n.label: free_port() for n in nodes}
@@ -110,6 +113,12 @@ def test_two_workers_serve_chat_and_recover_from_a_dead_worker(
         worker_pids = [w.remote_pid for w in group.workers]
         assert all(pid is not None for pid in worker_pids)
         server_pid = server.pid
+        # every engine process, the local server and the workers started over ssh, numbers
+        # the GPUs in PCI order, as NVML (the hardware profile and the plan) does
+        assert server_pid is not None
+        for pid in [server_pid, *worker_pids]:
+            assert pid is not None
+            assert environ_of(pid)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID", pid
 
         victim = group.workers[0]
         assert victim.remote_pid is not None

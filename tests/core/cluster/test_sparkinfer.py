@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -16,9 +18,9 @@ from k3desk.core.chat.model import ChatSettings
 from k3desk.core.cluster.group import GroupEvent, GroupPolicy, GroupState
 from k3desk.core.cluster.nodes import Cluster, ClusterError, ClusterStore, Node
 from k3desk.core.cluster.probe import ShardSetSpec, probe_cluster
+from k3desk.core.cluster.recipe import PROFILES
 from k3desk.core.cluster.sparkinfer import (
     DEFAULT_BRIDGE,
-    ENV_PROFILES,
     GEOMETRY_ERROR,
     SparkInferCluster,
     SparkInferConfig,
@@ -30,8 +32,11 @@ from k3desk.core.cluster.sparkinfer import (
 from k3desk.core.errors import EngineError
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.paths import default_paths
+from k3desk.core.secrets import SecretStore
 from tests.core.cluster.twin import RECIPE_NAMES, write_recipe_twin
 from tests.fakes.sparkinfer.stand_in import install_recipe, write_model_extras
+from tests.fixtures.engine import environ_of
+from tests.fixtures.hub import FakeKeyringModule, MemoryKeyring
 from tests.fixtures.sshd import SshServer
 
 FAKES = Path(__file__).resolve().parents[2] / "fakes" / "sparkinfer"
@@ -74,7 +79,10 @@ def config_for(nodes: list[Node], name: str, **kw: object) -> SparkInferConfig:
 
 
 def supervisor(
-    cfg: SparkInferConfig, events: list[GroupEvent] | None = None, **policy: float
+    cfg: SparkInferConfig,
+    events: list[GroupEvent] | None = None,
+    secrets: SecretStore | None = None,
+    **policy: float,
 ) -> SparkInferCluster:
     paths = default_paths()
     return SparkInferCluster(
@@ -83,52 +91,140 @@ def supervisor(
         ClusterStore(paths).known_hosts,
         policy=GroupPolicy(backoff_initial=0.1, **policy),  # type: ignore[arg-type]
         on_event=None if events is None else events.append,
+        secrets=secrets,
     )
 
 
-def test_verified_argv_not_the_cards() -> None:
+def test_the_recipes_environment_and_flags_on_every_rank_not_the_cards() -> None:
     nodes = tuple(
-        Node(host=f"spark{i}", address=f"10.0.0.{11 + i}", model_path="/models/k3")
+        Node(
+            host=f"spark{i}",
+            address=f"10.0.0.{11 + i}",
+            model_path="/k3/model",
+            sparkinfer_bin="/k3/dist/kimi_k3_dist_generate",
+        )
         for i in range(3)
     )
-    cfg = SparkInferConfig(Cluster("spark", nodes), spec_draft=8, env=ENV_PROFILES["spec-k8"])
-    shard1 = "/models/k3/Kimi-K3-UD-IQ1_S-00001-of-00009.gguf"
+    cfg = SparkInferConfig(Cluster("spark", nodes), api_key="s3cret-key")
+    shard1 = "/k3/model/Kimi-K3-UD-IQ1_S-00001-of-00009.gguf"
+    binary = "/k3/dist/kimi_k3_dist_generate"
+    # scripts/k3_cluster.sh: --max-ctx 4096 and the K=8/P8 drafter flags on every rank
+    drafter = ["--spec-draft", "8", "--spec-ngram-min", "1", "--spec-ngram-max", "8",
+               "--spec-min-occur", "2", "--spec-majority", "2/3"]  # fmt: skip
     assert rank_argv(cfg, 0) == [
-        "kimi_k3_dist_generate", "--rank", "0", "--world", "3", "--listen", "10.0.0.11:29500",
-        "--model", shard1, "--max-ctx", "8192", "--serve", "127.0.0.1:29600", "--spec-draft", "8",
+        binary, "--rank", "0", "--world", "3", "--listen", "10.0.0.11:29500",
+        "--model", shard1, "--max-ctx", "4096", "--serve", "127.0.0.1:29600", *drafter,
     ]  # fmt: skip
     assert rank_argv(cfg, 2) == [
-        "kimi_k3_dist_generate", "--rank", "2", "--world", "3", "--coord", "10.0.0.11:29500",
-        "--model", shard1, "--max-ctx", "8192", "--spec-draft", "8",
+        binary, "--rank", "2", "--world", "3", "--coord", "10.0.0.11:29500",
+        "--model", shard1, "--max-ctx", "4096", *drafter,
     ]  # fmt: skip
     commands = describe_launch(cfg)
     assert [n for n, _ in commands] == ["spark0", "spark1", "spark2", "spark0"]
-    assert commands[1][1].startswith("env SPARKINFER_K3_DIST_HEAD_BAND=1 ")
+    # k3_cluster.sh worker(): exact arithmetic (no expert skipping, no CUDA graphs), the
+    # launcher's prefill chunk, head banding, P8 projections, GPU 0, dist/ libraries first
+    recipe_env = (
+        "env CUDA_DEVICE_ORDER=PCI_BUS_ID NCCL_NVLS_ENABLE=0 SPARKINFER_K3_MOE_WEPS=0 "
+        "SPARKINFER_K3_GRAPH=0 SPARKINFER_K3_PREFILL_CHUNK=16 CUDA_VISIBLE_DEVICES=0 "
+        "SPARKINFER_K3_DIST_HEAD_BAND=1 SPARKINFER_K3_PROJ_TOKS=8 "
+    )
+    for _, command in commands[:3]:
+        assert command.startswith(
+            "LD_LIBRARY_PATH=/k3/dist${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} " + recipe_env + binary
+        ), command
+    # the bridge: a key (masked), replies as long as the context, the recipe's layout
     assert commands[3][1] == (
-        "env K3_TOKENIZER_DIR=/models/k3/tokenizer "
-        "K3_CHAT_TEMPLATE=/models/k3/k3_chat_template.jinja K3_API_HOST=10.0.0.11 "
+        "env CUDA_DEVICE_ORDER=PCI_BUS_ID K3_TOKENIZER_DIR=/k3/tokenizer "
+        "K3_CHAT_TEMPLATE=/k3/model/k3_chat_template.jinja K3_API_HOST=10.0.0.11 "
         "K3_API_PORT=8000 K3_SERVE_HOST=127.0.0.1 K3_SERVE_PORT=29600 "
-        "K3_MODEL_NAME=kimi-k3-neuron K3_MAX_CONTEXT_TOKENS=8192 "
+        "K3_MODEL_NAME=kimi-k3-neuron K3_MAX_CONTEXT_TOKENS=4096 K3_MAX_TOKENS=4096 "
+        "K3_DEFAULT_MAX_TOKENS=2048 'K3_API_KEY=********' "
         "bash kimi-k3-neuron-tp3-dgxspark-recipe/api-server/run-api.sh"
     )
+    assert all("s3cret-key" not in c for _, c in commands)
+    # the other profiles the recipe measured
+    k4 = rank_argv(replace(cfg, profile="k4"), 1)
+    assert k4[k4.index("--spec-draft") :] == ["--spec-draft", "4", *drafter[2:]]
+    k4_env = replace(cfg, profile="k4").rank_env
+    assert "SPARKINFER_K3_PROJ_TOKS" not in k4_env
+    assert k4_env["SPARKINFER_K3_MOE_WEPS"] == "0"
+    baseline = replace(cfg, profile="baseline")
+    assert "--spec-draft" not in rank_argv(baseline, 0)
+    assert baseline.rank_env["SPARKINFER_K3_GRAPH"] == "0"
+    assert "--spec-draft" not in rank_argv(replace(cfg, spec_draft=0), 1)
+    assert rank_argv(replace(cfg, spec_draft=5), 1)[-10:-8] == ["--spec-draft", "5"]
+    # an open bridge is described without a key only when asked to be
+    assert "K3_API_KEY" not in describe_launch(replace(cfg, api_key=""), keyed=False)[3][1]
+    assert "'K3_API_KEY=********'" in describe_launch(replace(cfg, api_key=""))[3][1]
+
     placed = replace(
         cfg,
         cluster=Cluster("spark", (replace(nodes[0], workdir="/srv/k3"), *nodes[1:])),
         tokenizer_dir="/hf/Kimi-K3",
-        max_ctx=4096,
+        max_ctx=8192,
     )
     bridge = describe_launch(placed)[3][1]
     assert "K3_TOKENIZER_DIR=/hf/Kimi-K3 " in bridge
-    assert "K3_CHAT_TEMPLATE=/models/k3/k3_chat_template.jinja " in bridge
-    assert "K3_MAX_CONTEXT_TOKENS=4096 " in bridge
+    assert "K3_CHAT_TEMPLATE=/k3/model/k3_chat_template.jinja " in bridge
+    assert "K3_MAX_CONTEXT_TOKENS=8192 K3_MAX_TOKENS=8192 K3_DEFAULT_MAX_TOKENS=4096 " in bridge
     assert bridge.endswith(" bash /srv/k3/kimi-k3-neuron-tp3-dgxspark-recipe/api-server/run-api.sh")
     assert check_sparkinfer(cfg).ok
     text = explain_card_command()
     for wrong in ("`sparkinfer`", "--tp", "--ctx-len", "--jdba-band", "9000", "first shard file"):
         assert wrong in text, wrong
     assert "kimi_k3_dist_generate --rank 0 --world 3 --listen" in text
-    assert "K3_TOKENIZER_DIR=/models/k3/tokenizer" in text
+    assert "SPARKINFER_K3_MOE_WEPS=0" in text
+    assert "--spec-draft 8 --spec-ngram-min 1 --spec-ngram-max 8" in text
+    assert "K3_TOKENIZER_DIR=/k3/tokenizer" in text
+    assert "hf download moonshotai/Kimi-K3 --local-dir /k3/tokenizer" in text
+    assert "K3_API_KEY=" in text
     assert "api-server/run-api.sh" in text
+
+
+def test_spec_draft_is_refused_only_where_the_engine_refuses_it(tmp_path: Path) -> None:
+    nodes = tuple(Node(host=f"10.0.0.{i}", model_path="/models/k3") for i in range(1, 4))
+    cfg = SparkInferConfig(Cluster("c", nodes))
+
+    def refusals(**kw: object) -> tuple[str, ...]:
+        return check_sparkinfer(replace(cfg, **kw)).refusals  # type: ignore[arg-type]
+
+    assert refusals() == ()
+    assert refusals(spec_draft=17) == ("--spec-draft must be between 2 and 16, not 17.",)
+    assert refusals(spec_draft=1) == ("--spec-draft must be between 2 and 16, not 1.",)
+    # no PREFILL_CHUNK at all: the engine's default chunk (64) covers K=8 and K=16
+    unset = {"SPARKINFER_K3_PREFILL_CHUNK": ""}
+    assert refusals(profile="baseline", spec_draft=16, env=unset) == ()
+    assert refusals(env={"SPARKINFER_K3_PREFILL_CHUNK": "junk"}) == ()  # atoi -> 0 -> 64
+    small = refusals(env={"SPARKINFER_K3_PREFILL_CHUNK": "4"})
+    assert small == (
+        "--spec-draft 8 needs SPARKINFER_K3_PREFILL_CHUNK >= 8 on every rank, and "
+        "SPARKINFER_K3_PREFILL_CHUNK=4 gives a prefill chunk of 4.",
+    )
+    assert refusals(env={"SPARKINFER_K3_PREFILL_CHUNK": "8"}) == ()
+    assert refusals(profile="nonsense")[0].startswith("There is no SparkInfer profile")
+    # the same verdicts from the stand-in of the engine, which applies the checks of
+    # patches 0024-0026 itself: k3desk refuses exactly what makes it exit 2 with a reason
+    # about the drafter (past them it stops at the missing model file instead)
+    binary = str(FAKES / "kimi_k3_dist_generate")
+    cases = [
+        ({}, None),
+        ({"SPARKINFER_K3_PREFILL_CHUNK": "junk"}, None),
+        ({"SPARKINFER_K3_PREFILL_CHUNK": ""}, 16),
+        ({"SPARKINFER_K3_PREFILL_CHUNK": "4"}, None),
+        ({"SPARKINFER_K3_PREFILL_CHUNK": "4"}, 4),
+        ({"SPARKINFER_K3_PREFILL_CHUNK": "2"}, 3),
+        ({}, 17),
+        ({}, 0),
+    ]
+    for env, k in cases:
+        c = replace(cfg, env=env, spec_draft=k)
+        argv = [binary, *rank_argv(c, 1)[1:]]
+        argv[argv.index("--model") + 1] = str(tmp_path / "absent-00001-of-00009.gguf")
+        done = subprocess.run(argv, env={**os.environ, **c.rank_env}, capture_output=True,
+                              text=True, timeout=20, check=False)  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        past_the_drafter = "--model must be the first .gguf shard file" in done.stderr
+        assert past_the_drafter == check_sparkinfer(c).ok, (env, k, done.stderr)
 
 
 def test_bridge_without_tokenizer_or_template_is_refused() -> None:
@@ -138,8 +234,8 @@ def test_bridge_without_tokenizer_or_template_is_refused() -> None:
     assert refusals == (
         "The recipe's HTTP bridge (api-server/run-api.sh) needs the model's tokenizer folder "
         "(K3_TOKENIZER_DIR) and its chat template (K3_CHAT_TEMPLATE), and rank 0 (10.0.0.11) "
-        "has no model folder to find them in: set model=FOLDER for that node (the model "
-        "card's download puts tokenizer/ and k3_chat_template.jinja beside the shards) or "
+        "has no model folder to find them in: set model=FOLDER for that node (the recipe "
+        "keeps k3_chat_template.jinja with the shards and tokenizer/ beside that folder) or "
         "give --tokenizer-dir and --chat-template.",
     )
     with pytest.raises(ClusterError, match="needs the model's tokenizer folder"):
@@ -192,13 +288,6 @@ def test_refusals_name_the_reason(catalog_tiers: dict[str, object]) -> None:
     v6 = SparkInferConfig(Cluster("v6", (v6_node, *nodes[1:])))
     assert "is an IPv6 address" in check_sparkinfer(v6).refusals[0]
 
-    too_big = check_sparkinfer(replace(cfg, spec_draft=17)).refusals
-    assert too_big == ("--spec-draft must be between 2 and 16, not 17.",)
-    no_chunk = check_sparkinfer(replace(cfg, spec_draft=8, env=ENV_PROFILES["recipe"])).refusals
-    assert "needs SPARKINFER_K3_PREFILL_CHUNK >= 8" in no_chunk[0]
-    small_chunk = replace(cfg, spec_draft=8, env={"SPARKINFER_K3_PREFILL_CHUNK": "4"})
-    assert "(it is 4)" in check_sparkinfer(small_chunk).refusals[0]
-
 
 @pytest.fixture
 def catalog_tiers() -> dict[str, object]:
@@ -209,9 +298,10 @@ def catalog_tiers() -> dict[str, object]:
     return {t.id: t for t in catalog.tiers}
 
 
-def test_start_chat_worker_death_restart_and_stop(sshd: SshServer) -> None:
+def test_start_chat_worker_death_restart_and_stop(sshd: SshServer, tmp_path: Path) -> None:
     nodes = spark_nodes(sshd, "tp3-")
-    cfg = config_for(nodes, "tp3")
+    dump = tmp_path / "env"
+    cfg = config_for(nodes, "tp3", env={"FAKE_SPARKINFER_ENV_DUMP": str(dump)})
     # the probe sees three complete copies with the recipe's geometry
     reports = probe_cluster(
         cfg.cluster,
@@ -222,11 +312,48 @@ def test_start_chat_worker_death_restart_and_stop(sshd: SshServer) -> None:
     assert check_sparkinfer(cfg, reports=reports).refusals == ()
 
     events: list[GroupEvent] = []
-    sup = supervisor(cfg, events)
+    keyring = MemoryKeyring()
+    sup = supervisor(cfg, events, SecretStore(keyring_module=FakeKeyringModule(keyring)))
     sup.start()
     try:
         ep = sup.wait_ready(60)
         assert ep.root == cfg.url
+        # the bridge's key: made on first use, kept in the keyring, handed to the chat
+        key = keyring.get_password("k3desk", "sparkinfer-bridge:tp3")
+        assert key
+        assert len(key) >= 32
+        assert ep.api_key == key
+        assert sup.new_key
+        assert httpx.get(f"{ep.root}/v1/models").status_code == 401
+        assert httpx.get(f"{ep.root}/healthz").status_code == 200  # health stays open
+        assert all(key not in (p.command_line) for p in [*sup.ranks, sup.bridge] if p)
+        logs = [p for p in Path(default_paths().logs_dir).rglob("*") if p.is_file()]
+        assert logs
+        assert all(key not in p.read_text() for p in logs)
+        # every rank (over ssh) got the recipe's environment and the PCI GPU order
+        for rank in range(3):
+            seen = json.loads((dump / f"rank{rank}.json").read_text())
+            for k, v in {**PROFILES["k8-p8"].env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}.items():
+                assert seen.get(k) == v, (rank, k)
+        assert sup.bridge is not None
+        assert sup.bridge.remote_pid is not None
+        bridge_env = environ_of(sup.bridge.remote_pid)  # what the bridge process really got
+        assert bridge_env["K3_API_KEY"] == key  # over the ssh connection's stdin
+        assert bridge_env["K3_MAX_TOKENS"] == "4096"
+        assert bridge_env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        spec_line = next(line for line in sup.ranks[0].tail(200) if "[spec-draft] ON" in line)
+        assert "K=8 ngram n=[1,8] min_occur=2 agree=0 majority=2/3" in spec_line
+        # replies may be as long as the context (the bridge's default cap of 512 is gone),
+        # and asking for more than that is refused by the bridge itself
+        body = {"model": "kimi-k3-neuron", "messages": [{"role": "user", "content": "hi"}]}
+        headers = {"Authorization": f"Bearer {key}"}
+        long = httpx.post(f"{ep.root}/v1/chat/completions", headers=headers,
+                          json={**body, "max_tokens": 4000}, timeout=30)  # fmt: skip
+        assert long.status_code == 200, long.text
+        over = httpx.post(f"{ep.root}/v1/chat/completions", headers=headers,
+                          json={**body, "max_tokens": 4097}, timeout=30)  # fmt: skip
+        assert over.status_code == 400
+        assert over.json()["error"]["code"] == "max_tokens_exceeded"
         phases = [e.progress.stage for e in events if e.progress is not None]
         assert phases[0] == "starting rank 0"
         assert (
@@ -270,6 +397,7 @@ def test_start_chat_worker_death_restart_and_stop(sshd: SshServer) -> None:
         assert len(sup.attempts) == 2
         assert all(p.alive for p in sup.ranks)
         assert victim.remote_pid not in [p.remote_pid for p in sup.ranks]
+        assert ep2.api_key == key  # the same key after a restart
         with ChatClient(ep2) as client:
             again = client.chat([ChatMessage("user", "still there?")], ChatSettings(thinking=False))
         assert "still there?" in again.text
@@ -391,7 +519,7 @@ def test_bridge_without_its_chat_template_fails_once_and_says_what_is_missing(
         f"template (K3_CHAT_TEMPLATE) {template}: run-api.sh stops with 'Tokenizer directory "
         "or chat-template file does not exist.'"
     )
-    assert "puts tokenizer/ and k3_chat_template.jinja beside the shards" in err.value.hint
+    assert "the recipe fetches the tokenizer from moonshotai/Kimi-K3" in err.value.hint
     assert len(sup.attempts) == 1
     assert sup.state is GroupState.FAILED
     sup.stop()
@@ -405,13 +533,11 @@ def _serve(port: int, line: str) -> list[str]:
 
 def test_serve_socket_speaks_the_recipe_line_protocol(tmp_path: Path) -> None:
     """The stand-in engine's socket, as the recipe's bridge talks to it (no ssh here)."""
-    import json
-    import subprocess
     import sys
 
     model = write_recipe_twin(tmp_path / "m")[0]
     write_model_extras(tmp_path / "m")
-    vocab = json.loads((tmp_path / "m" / "tokenizer" / "vocab.json").read_text())
+    vocab = json.loads((tmp_path / "tokenizer" / "vocab.json").read_text())
     coord, serve = free_port(), free_port()
     common = ["--world", "3", "--model", str(model), "--max-ctx", "64"]
     binary = [sys.executable, str(FAKES / "kimi_k3_dist_generate")]

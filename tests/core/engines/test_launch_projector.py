@@ -64,3 +64,23 @@ def test_the_real_projector_is_accepted(
     assert tiny_k3.mmproj is not None
     prepared = prepare(tiny_k3, tiny_k3.mmproj, fake_engine("serve"), laptop)
     assert "--mmproj" in prepared.plan.server_args  # type: ignore[attr-defined]
+
+
+def test_a_k3_projector_the_engine_does_not_know_is_refused_with_the_fork_to_build(
+    llama_server: Path, fake_engine: Callable[..., Path], tiny_k3: TinyModel,
+    laptop: HardwareProfile, tmp_path: Path,
+) -> None:  # fmt: skip
+    """Upstream b11434 takes the LLaVA test projector but not Kimi-K3's ('kimik3', the type of
+    the unsloth fork's MoonViT): refused before a launch that would die loading it."""
+    from k3desk.core.engines.canary import write_mlp_projector
+    from k3desk.core.errors import EngineError
+
+    k3_proj = write_mlp_projector(tmp_path / "mmproj-BF16.gguf", 64, projector_type="kimik3")
+    with pytest.raises(EngineError) as err:
+        prepare(tiny_k3, k3_proj, llama_server, laptop)
+    assert "does not know the 'kimik3' vision projector" in err.value.message
+    assert "`k3desk engine install --source unsloth`" in err.value.hint
+    # an engine that knows it (as the fork does) starts with it
+    fork = fake_engine("serve", FAKE_PROJECTOR_TYPES="mlp,kimik3")
+    prepared = prepare(tiny_k3, k3_proj, fork, laptop)
+    assert "--mmproj" in prepared.plan.server_args  # type: ignore[attr-defined]

@@ -118,10 +118,35 @@ def test_tiers_lists_every_tier_with_a_verdict_for_a_hardware_file(
     assert rc == 0, err
     for name in ("IQ1_S-XS", "IQ1_S-XXS-832e", "UD-IQ1_S", "Q3_K_S", "IQ2_XXS"):
         assert name in out
-    assert "stream: misses RAM by" in out
+    assert "won't fit: streams" in out
     assert "No tier fits in the memory of" in out
     assert "The closest is UD-IQ1_S (vcruz305)" in out
     assert "Quality order:" in out
+    # what each rank rests on, and which tiers' files are a guess, on every row
+    rows = {line.split()[1]: line for line in out.splitlines() if line[:1].isdigit()}
+    assert " GUESSED " in rows["Q3_K_S"]
+    assert " card " in rows["UD-IQ1_S"]
+    assert "What each rank rests on:" in out
+    assert "made without an importance matrix, which llama.cpp requires for IQ1_S" in out
+
+
+def test_tiers_json_says_what_each_rank_rests_on(
+    run: Run, hardware_file: Callable[[str], Path]
+) -> None:
+    rc, out, err = run("tiers", "--json", "--hardware", str(hardware_file("8xH100-2TB")))
+    assert rc == 0, err
+    data = json.loads(out)
+    tiers = {t["id"]: t for t in data["tiers"]}
+    assert data["recommended"] == "atomicchat-q3ks"
+    assert "Its files are guessed" in data["summary"]
+    assert tiers["atomicchat-q3ks"]["known"] is False
+    assert tiers["atomicchat-q3ks"]["files_guessed"].startswith("its files are guessed")
+    assert tiers["6block-iq1s-xs"]["files_guessed"] == ""
+    grearl = tiers["grearl-iq1s"]
+    assert grearl["imatrix"] is False
+    assert len(grearl["quality_shortcomings"]) == 2
+    assert grearl["quality"][0]["scope"] == "weight-space"
+    assert grearl["rank"] > tiers["6block-iq1s-xs"]["rank"]
 
 
 def test_tiers_json_on_this_machine_gives_every_tier_a_verdict_and_shortfall(run: Run) -> None:

@@ -6,14 +6,15 @@
   Python environment with the bridge's requirements and ``transformers<5``
   (``.venv-bridge/transformers-4``, made by ``scripts/setup.sh --test``), as the recipe's
   QUICKSTART makes it;
-- :func:`write_model_extras` writes what the model card's download puts beside the
-  shards: ``tokenizer/`` and ``k3_chat_template.jinja``.  The tokenizer folder is one that
-  ``transformers.AutoTokenizer`` loads (``tokenizer.json``, a word-level vocabulary with
-  K3's control tokens; ``tokenizer_config.json``; ``generation_config.json`` whose
-  ``eos_token_id`` is ``<|end_of_msg|>``, as the real one's is), plus ``vocab.json``
-  (piece -> id, with ``<0xNN>`` byte pieces and ``▁`` between words) for the stdlib
-  stand-ins (bridge and rank 0).  The template renders K3's tagged format
-  (llama.cpp b11434 ``models/templates/Kimi-K3.jinja``: ``<|open|>message
+- :func:`write_model_extras` writes what the recipe's step 1 puts on a node:
+  ``k3_chat_template.jinja`` beside the shards (downloaded with them) and ``tokenizer/``
+  beside the model folder ($K3_HOME/tokenizer, fetched from moonshotai/Kimi-K3).  The
+  tokenizer folder is one that ``transformers.AutoTokenizer`` loads (``tokenizer.json``, a
+  word-level vocabulary with K3's control tokens; ``tokenizer_config.json``;
+  ``generation_config.json`` whose ``eos_token_id`` is ``<|end_of_msg|>``, as the real
+  one's is), plus ``vocab.json`` (piece -> id, with ``<0xNN>`` byte pieces and ``▁``
+  between words) for the stdlib stand-ins (bridge and rank 0).  The template renders K3's
+  tagged format (llama.cpp b11434 ``models/templates/Kimi-K3.jinja``: ``<|open|>message
   role="user"<|sep|>...<|close|>message<|sep|><|end_of_msg|>``, then the generation
   prompt ``<|open|>message role="assistant"<|sep|><|open|>think<|sep|>`` or ``...response...``).
 """
@@ -103,9 +104,10 @@ def _added(i: int, piece: str) -> dict[str, object]:
 
 
 def write_model_extras(model_dir: Path | str) -> tuple[Path, Path]:
-    """The tokenizer folder and ``k3_chat_template.jinja`` in ``model_dir``."""
+    """``../tokenizer/vocab.json`` and ``k3_chat_template.jinja`` for ``model_dir``."""
     folder = Path(model_dir)
-    tokenizer = folder / TOKENIZER_DIRNAME
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = folder.parent / TOKENIZER_DIRNAME
     tokenizer.mkdir(parents=True, exist_ok=True)
     vocab = vocabulary()
     (tokenizer / "vocab.json").write_text(json.dumps(vocab))

@@ -1,0 +1,265 @@
+"""Use-case "run and record a chat turn": one question, its answer streamed, and the
+history kept as it happens.
+
+The chat window and ``k3desk chat [--save]`` both run :func:`run_turn`.  With a
+:class:`TurnRecord`, the question is in the history before the request goes out, the
+answer is stored as soon as the request starts (marked partial), saved every few
+seconds while it streams, and completed at the end; a stop, a broken stream, an
+engine crash or a killed process leaves the text that arrived, marked partial, with
+the reason in ``finish_reason`` (:data:`NOTE_STOPPED`, :data:`NOTE_BROKEN`).
+
+Nothing here touches a shell's state: :func:`run_turn` returns a :class:`TurnOutcome`
+and the shell applies it (the window does so on its main thread).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from k3desk.core.chat.client import (
+    ChatClient,
+    ChatDelta,
+    ChatMessage,
+    ChatResult,
+    ChatStreamError,
+    DeltaCallback,
+)
+from k3desk.core.chat.history import Conversation, HistoryStore, Message
+from k3desk.core.chat.images import PreparedImage
+from k3desk.core.chat.model import ChatSettings
+from k3desk.core.errors import ChatError
+from k3desk.core.progress import CancelToken
+
+SAVE_EVERY_S = 2.0
+NOTE_STOPPED = "stopped"  # finish_reason of an answer the person stopped
+NOTE_BROKEN = "interrupted"  # ... of one cut off (stream broke, engine gone, process killed)
+TITLE_CHARS = 60
+
+
+def title_for(prompt: str) -> str:
+    """A new conversation's title: the first line of its first question (its first 60
+    characters), or "Image" for a question that is only an image."""
+    first = next((line for line in prompt.splitlines() if line.strip()), "")
+    return " ".join(first.split())[:TITLE_CHARS] or "Image"
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    """How a turn ended: the result (None when refused before any text), the stored
+    answer (with a record), the error that cut it short, and the server's context size."""
+
+    result: ChatResult | None
+    answer: Message | None
+    error: ChatError | None
+    n_ctx: int | None = None
+
+
+class TurnRecord:
+    """One turn's place in the history: its conversation, its question, and its answer.
+
+    Every method may run on a worker thread (the store is thread-safe); nothing here
+    reaches a widget.
+    """
+
+    def __init__(
+        self,
+        store: HistoryStore,
+        conversation: Conversation,
+        question: Message,
+        *,
+        save_every: float = SAVE_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.conversation = conversation
+        self.question = question
+        self.answer: Message | None = None
+        self.save_every = save_every
+        self._clock = clock
+        self._last_save = clock()
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self.finished = False
+
+    # ---------------------------------------------------------- start
+    @classmethod
+    def new_conversation(
+        cls,
+        store: HistoryStore,
+        prompt: str,
+        *,
+        images: Sequence[PreparedImage] = (),
+        system_prompt: str = "",
+        settings: ChatSettings | None = None,
+        model: str | None = None,
+        title: str | None = None,
+        save_every: float = SAVE_EVERY_S,
+    ) -> TurnRecord:
+        """A new conversation with ``prompt`` as its first question (committed now)."""
+        conv = store.create_conversation(
+            title or title_for(prompt),
+            system_prompt=system_prompt,
+            settings=settings or ChatSettings(),
+            model=model,
+        )
+        question = store.add_message(conv.id, "user", prompt, images=images)
+        return cls(store, conv, question, save_every=save_every)
+
+    @classmethod
+    def ask(
+        cls,
+        store: HistoryStore,
+        conversation_id: int,
+        prompt: str,
+        *,
+        images: Sequence[PreparedImage] = (),
+        save_every: float = SAVE_EVERY_S,
+    ) -> TurnRecord:
+        """``prompt`` as the next question of the current branch of a conversation."""
+        conv = store.get_conversation(conversation_id)
+        question = store.add_message(conv.id, "user", prompt, images=images)
+        return cls(store, conv, question, save_every=save_every)
+
+    @classmethod
+    def again(
+        cls, store: HistoryStore, answer_id: int, *, save_every: float = SAVE_EVERY_S
+    ) -> TurnRecord:
+        """A new answer to the question ``answer_id`` answered (the old one stays)."""
+        old = store.get_message(answer_id)
+        if old.parent_id is None:
+            raise ChatError("This answer has no question to answer again.")
+        conv = store.get_conversation(old.conversation_id)
+        return cls(store, conv, store.get_message(old.parent_id), save_every=save_every)
+
+    @classmethod
+    def edited(
+        cls, store: HistoryStore, message_id: int, text: str, *, save_every: float = SAVE_EVERY_S
+    ) -> TurnRecord:
+        """An edited copy of question ``message_id`` (a new branch; the old one stays)."""
+        new = store.edit_message(message_id, text)
+        conv = store.get_conversation(new.conversation_id)
+        return cls(store, conv, new, save_every=save_every)
+
+    # ---------------------------------------------------------- the turn
+    def branch(self) -> list[Message]:
+        """The conversation up to and including the question."""
+        return self.store.branch(self.conversation.id, self.question.id)
+
+    def request_messages(self, branch: Sequence[Message] | None = None) -> list[ChatMessage]:
+        """What is sent: the system prompt, then the branch up to the question."""
+        messages = []
+        if self.conversation.system_prompt.strip():
+            messages.append(ChatMessage("system", self.conversation.system_prompt))
+        for m in self.branch() if branch is None else branch:
+            if m.role == "system":
+                continue
+            messages.append(
+                ChatMessage(m.role, m.content, tuple(i.to_prepared() for i in m.images))
+            )
+        return messages
+
+    def begin(self) -> Message:
+        """The answer's row, stored empty and partial (once)."""
+        if self.answer is None:
+            self.answer = self.store.add_message(
+                self.conversation.id, "assistant", "", parent_id=self.question.id, partial=True
+            )
+            self._last_save = self._clock()
+        return self.answer
+
+    @property
+    def content(self) -> str:
+        return "".join(self._content)
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(self._reasoning)
+
+    def delta(self, d: ChatDelta) -> None:
+        """Text arrived; saved when ``save_every`` seconds passed since the last save."""
+        (self._reasoning if d.kind == "reasoning" else self._content).append(d.text)
+        now = self._clock()
+        if now - self._last_save >= self.save_every:
+            self._last_save = now
+            self.store.update_message(
+                self.begin().id, content=self.content, reasoning=self.reasoning, partial=True
+            )
+
+    def finish(self, result: ChatResult, note: str = "") -> Message:
+        """The answer as it ended (``note``: :data:`NOTE_STOPPED` / :data:`NOTE_BROKEN`)."""
+        if result.cancelled and not note:
+            note = NOTE_STOPPED
+        final = self.store.update_message(
+            self.begin().id,
+            content=result.text or self.content,
+            reasoning=result.reasoning or self.reasoning,
+            usage=result.usage,
+            timings=result.timings,
+            partial=result.partial or bool(note),
+            finish_reason=note or result.finish_reason,
+            model=result.model,
+        )
+        if result.model and result.model != self.conversation.model:
+            self.conversation = self.store.update_conversation(
+                self.conversation.id, model=result.model
+            )
+        self.finished = True
+        self.answer = final
+        return final
+
+    def interrupted(self) -> Message:
+        """The turn ended without a result: keep what arrived, marked partial and broken."""
+        final = self.store.update_message(
+            self.begin().id,
+            content=self.content,
+            reasoning=self.reasoning,
+            partial=True,
+            finish_reason=NOTE_BROKEN,
+        )
+        self.finished = True
+        self.answer = final
+        return final
+
+
+def run_turn(
+    client: ChatClient,
+    messages: Sequence[ChatMessage],
+    settings: ChatSettings | None = None,
+    *,
+    cancel: CancelToken | None = None,
+    on_delta: DeltaCallback | None = None,
+    record: TurnRecord | None = None,
+) -> TurnOutcome:
+    """Send ``messages``, pass each delta to ``on_delta`` (and to ``record``), and end the
+    record as the answer ended.
+
+    Returns the outcome of an answer that started, even one cut short (its ``error``
+    says why); raises the :class:`ChatError` of a request refused before any text, and
+    whatever interrupts it (``KeyboardInterrupt``), after ending the record.
+    """
+    if record is not None:
+        record.begin()
+    result: ChatResult | None = None
+    error: ChatStreamError | None = None
+    try:
+        with client.stream(messages, settings, cancel) as st:
+            for d in st:
+                if record is not None:
+                    record.delta(d)
+                if on_delta is not None:
+                    on_delta(d)
+        result = st.result
+    except ChatStreamError as exc:
+        result, error = exc.result, exc
+    except BaseException:
+        if record is not None and not record.finished:
+            record.interrupted()
+        raise
+    assert result is not None
+    answer = None
+    if record is not None:
+        answer = record.finish(result, NOTE_BROKEN if error is not None else "")
+    caps = client.cached_capabilities()
+    return TurnOutcome(result, answer, error, caps.n_ctx if caps is not None else None)

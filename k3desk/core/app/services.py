@@ -1,0 +1,108 @@
+"""The composition root: every long-lived core object, built once and shared by the shells.
+
+``k3desk.app`` (the entry point) builds one :class:`Services` and hands it to the CLI
+or to the desktop app; both call the use-cases of :mod:`k3desk.core.app` with it.
+Everything is built lazily, so ``k3desk doctor --json`` does not pay for the catalog.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from k3desk.core.paths import AppPaths, default_paths, legacy_paths, migrate_legacy
+from k3desk.core.resources import resources_dir
+
+if TYPE_CHECKING:
+    from k3desk.core.catalog.loader import Catalog
+    from k3desk.core.catalog.model import Tier
+    from k3desk.core.hardware.profile import HardwareProfile
+    from k3desk.core.secrets import SecretStore
+    from k3desk.core.settings import Settings, SettingsStore
+
+
+class Services:
+    """Every long-lived core object, built lazily and shared by the CLI and the GUI."""
+
+    def __init__(self, paths: AppPaths | None = None) -> None:
+        if paths is None:
+            paths = default_paths()
+            if not os.environ.get("K3DESK_HOME"):
+                migrate_legacy(paths, legacy_paths())  # once: the folders of older versions
+        self.paths = paths
+        self.resources = resources_dir()
+        self._hardware: dict[tuple[str, bool], HardwareProfile] = {}
+
+    @cached_property
+    def catalog(self) -> Catalog:
+        from k3desk.core.catalog.loader import load_catalog
+
+        return load_catalog(self.resources / "catalog.json")
+
+    def catalog_tiers(self) -> tuple[Tier, ...]:
+        """The catalog's tiers, or none when the catalog cannot be read.
+
+        For advice only (which tier a shard set is, its card's ``--n-cpu-moe``): a
+        broken catalog must not stop planning or launching a model file.
+        """
+        from k3desk.core.errors import CatalogError
+
+        try:
+            return tuple(self.catalog.tiers)
+        except (CatalogError, OSError):
+            return ()
+
+    @cached_property
+    def settings_store(self) -> SettingsStore:
+        from k3desk.core.settings import SettingsStore
+
+        return SettingsStore(self.paths.settings_file)
+
+    @cached_property
+    def secrets(self) -> SecretStore:
+        """The one secret store (keyring, else this session) every shell uses."""
+        from k3desk.core.secrets import SecretStore
+
+        return SecretStore()
+
+    def settings(self) -> Settings:
+        """The saved settings, read afresh (the app may have changed them)."""
+        return self.settings_store.load()
+
+    def configured_engine(self) -> str | None:
+        """The llama-server chosen in Settings, if any ('' = find one automatically).
+
+        An unreadable settings file is reported when the app opens; the CLI then
+        simply finds an engine itself.
+        """
+        from k3desk.core.errors import K3Error
+
+        try:
+            return self.settings().engine_binary or None
+        except K3Error:
+            return None
+
+    def detect_hardware(
+        self, disk_path: Path | None = None, *, measure_bandwidth: bool = True
+    ) -> HardwareProfile:
+        """This machine's profile, detected once per disk path (free space included)."""
+        key = (str(disk_path) if disk_path is not None else "", measure_bandwidth)
+        if key not in self._hardware:
+            from k3desk.core.hardware.detect import detect_hardware
+
+            self._hardware[key] = detect_hardware(disk_path, measure_bandwidth=measure_bandwidth)
+        return self._hardware[key]
+
+    def this_machine(self, disk_path: Path | None = None) -> HardwareProfile:
+        """The machine k3desk runs on, in the quick form a launch plans with (the RAM
+        bandwidth estimated, not measured: a second saved)."""
+        return self.detect_hardware(disk_path, measure_bandwidth=False)
+
+    def load_hardware(self, path: str | Path) -> HardwareProfile:
+        """A hardware file (``k3desk doctor --json`` output); missing bandwidths are filled in."""
+        from k3desk.core.hardware.bandwidth import fill_missing_bandwidths
+        from k3desk.core.hardware.profile import HardwareProfile
+
+        return fill_missing_bandwidths(HardwareProfile.from_json_file(path))

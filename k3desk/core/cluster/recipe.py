@@ -1,0 +1,179 @@
+"""The SparkInfer recipe's launch settings, read from the recipe itself.
+
+Sources (cited by path; the recipe is vcruz305/kimi-k3-neuron-tp3-dgxspark-recipe at
+``aab21c4``, its engine gittensor-ai-lab/sparkinfer-k3 v0.2.2 = ``7a9b77a`` plus the
+recipe's patch chain through 0026):
+
+* ``scripts/k3_cluster.sh``, ``worker()``: the public launcher exports, on every rank,
+  ``NCCL_NVLS_ENABLE=0 SPARKINFER_K3_MOE_WEPS=0 SPARKINFER_K3_GRAPH=0
+  SPARKINFER_K3_PREFILL_CHUNK=16 SPARKINFER_K3_DIST_HEAD_BAND=1 SPARKINFER_K3_PROJ_TOKS=8``,
+  ``CUDA_VISIBLE_DEVICES=<the role's GPU>`` (0 on a DGX Spark) and
+  ``LD_LIBRARY_PATH=$DIST:...``, and passes ``--max-ctx $MAX_CTX`` (default 4096) and
+  ``--spec-draft $SPEC_K --spec-ngram-min 1 --spec-ngram-max $SPEC_K --spec-min-occur 2
+  --spec-majority 2/3`` (``SPEC_K`` default 8) to every rank.
+* Why each matters, in the engine's v0.2.2 source: ``SPARKINFER_K3_MOE_WEPS`` defaults
+  to 0.08 and skips experts whose routing weight is below it, "NOT bit-identical"
+  (``kernels/csrc/cuda/kimi_k3/k3_kernels.cu``, ``k3_moe_weps_host``); ``=0`` "restores
+  exact main".  ``SPARKINFER_K3_GRAPH=0`` turns CUDA-graph capture off
+  (``runtime/src/models/kimi_k3_tp.cpp``); ``docs/OPERATOR-3-AND-4-SPARK.md`` keeps
+  "CUDA graph / WEPS" off until eager parity.
+* ``evidence/specdec-k8-p8-12tps-RECEIPT.md``: the qualified "K=8/P8" structured profile
+  (12.5492 tok/s on repeat-heavy structured text, 6.5893 on prose, matched baseline
+  6.4930) = the launcher's flags and environment.  ``evidence/specdec-majority-10tps-
+  RECEIPT.md``: "K=4", the lower-width conservative profile (``--spec-draft 4`` with the
+  same drafter flags; no ``PROJ_TOKS=8``).  The baseline those receipts bracket against
+  runs without drafting, with the common environment (``scripts/spec_draft.sh``, K=0).
+* The engine's own checks of these flags (``kimi_k3_dist_generate.cpp`` in patches
+  0024, 0025 and 0026): with ``--spec-draft K`` non-zero, K must be in [2, 16]
+  (``kMaxStepTokens``), ``1 <= --spec-ngram-min <= --spec-ngram-max``,
+  ``--spec-min-occur >= 1``, ``--spec-majority NUM/DEN`` with ``0 <= NUM <= DEN``,
+  ``--spec-weak-draft < K``, and ``SPARKINFER_K3_PREFILL_CHUNK`` (``atoi``; unset or not
+  positive = 64) ``>= K``; each failure prints a line and exits 2.  :func:`engine_refusals`
+  applies exactly these, so k3desk refuses only what the engine would.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+RECIPE_REPO = "vcruz305/kimi-k3-neuron-tp3-dgxspark-recipe"
+RECIPE_COMMIT = "aab21c4"
+PREFILL_CHUNK_ENV = "SPARKINFER_K3_PREFILL_CHUNK"
+PREFILL_CHUNK_DEFAULT = 64  # kimi_k3_dist_generate.cpp (patch 0024): `int chunk = 64;`
+SPEC_DRAFT_RANGE = (2, 16)  # [2, kMaxStepTokens] (patch 0024)
+LAUNCHER_MAX_CTX = 4096  # k3_cluster.sh: MAX_CTX=${MAX_CTX:-4096}
+
+# What every profile exports (the receipts' "common run shape" and k3_cluster.sh).
+# CUDA_VISIBLE_DEVICES: one process per node on its GPU 0, as the launcher starts peers.
+COMMON_ENV: dict[str, str] = {
+    "NCCL_NVLS_ENABLE": "0",
+    "SPARKINFER_K3_MOE_WEPS": "0",
+    "SPARKINFER_K3_GRAPH": "0",
+    PREFILL_CHUNK_ENV: "16",
+    "CUDA_VISIBLE_DEVICES": "0",
+}
+DRAFTER_ARGS = ("--spec-ngram-min", "1", "--spec-min-occur", "2", "--spec-majority", "2/3")
+
+
+@dataclass(frozen=True)
+class RecipeProfile:
+    """One of the recipe's own launch profiles: environment and flags for every rank."""
+
+    name: str
+    title: str
+    env: Mapping[str, str]
+    spec_draft: int | None  # --spec-draft K (None: no speculative decoding)
+    spec_args: tuple[str, ...]  # the drafter's flags besides --spec-draft
+    source: str  # the recipe file it comes from
+    note: str  # what it was measured to do
+
+    def args(self, spec_draft: int | None = None) -> list[str]:
+        """The flags after ``--max-ctx`` (``spec_draft`` overrides K; 0 turns drafting off)."""
+        k = self.spec_draft if spec_draft is None else spec_draft
+        if not k:
+            return []
+        return ["--spec-draft", str(k), *self.spec_args]
+
+
+PROFILES: dict[str, RecipeProfile] = {
+    p.name: p
+    for p in (
+        RecipeProfile(
+            "k8-p8",
+            "K=8/P8 (the recipe's launcher)",
+            {**COMMON_ENV, "SPARKINFER_K3_DIST_HEAD_BAND": "1", "SPARKINFER_K3_PROJ_TOKS": "8"},
+            8,
+            ("--spec-ngram-min", "1", "--spec-ngram-max", "8", *DRAFTER_ARGS[2:]),
+            "scripts/k3_cluster.sh; evidence/specdec-k8-p8-12tps-RECEIPT.md",
+            "the qualified TP3 profile: 12.55 tok/s on repeat-heavy structured text, "
+            "near the 6.49 tok/s baseline on prose",
+        ),
+        RecipeProfile(
+            "k4",
+            "K=4 (conservative)",
+            {**COMMON_ENV, "SPARKINFER_K3_DIST_HEAD_BAND": "1"},
+            4,
+            ("--spec-ngram-min", "1", "--spec-ngram-max", "8", *DRAFTER_ARGS[2:]),
+            "evidence/specdec-majority-10tps-RECEIPT.md",
+            "the lower-width profile: 10.8 tok/s on structured text, 6.5 on prose",
+        ),
+        RecipeProfile(
+            "baseline",
+            "baseline (no drafting)",
+            dict(COMMON_ENV),
+            None,
+            (),
+            "scripts/spec_draft.sh (K=0); the receipts' matched baseline",
+            "plain greedy decoding: 6.49 tok/s on every workload",
+        ),
+    )
+}
+DEFAULT_PROFILE = "k8-p8"  # what `k3_cluster.sh start` runs (README: "qualified 12.5 TPS")
+
+
+def profile_names() -> str:
+    return ", ".join(PROFILES)
+
+
+def _atoi(text: str | None) -> int:
+    """C's ``atoi``: optional blanks and sign, then the leading digits; 0 when none."""
+    m = re.match(r"\s*([+-]?\d+)", text or "")
+    return int(m.group(1)) if m else 0
+
+
+def _flag(argv: Sequence[str], name: str) -> str | None:
+    """The value of the last ``name VALUE`` in ``argv`` (the engine's parser keeps the last)."""
+    value = None
+    for i, a in enumerate(argv[:-1]):
+        if a == name:
+            value = argv[i + 1]
+    return value
+
+
+def prefill_chunk(env: Mapping[str, str]) -> int:
+    """The prefill chunk the engine will use (patch 0024: atoi, else 64)."""
+    v = _atoi(env.get(PREFILL_CHUNK_ENV))
+    return v if v > 0 else PREFILL_CHUNK_DEFAULT
+
+
+def engine_refusals(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """What ``kimi_k3_dist_generate`` would refuse (exit 2) in these flags and this
+    environment, each as a sentence; [] when it would start."""
+    k = _atoi(_flag(argv, "--spec-draft"))
+    if k == 0:  # the checks below run only `if (spec_draft != 0)`
+        return []
+    lo, hi = SPEC_DRAFT_RANGE
+    if not lo <= k <= hi:
+        return [f"--spec-draft must be between {lo} and {hi}, not {k}."]
+    out: list[str] = []
+    n_min = _atoi(_flag(argv, "--spec-ngram-min") or "1")
+    n_max = _atoi(_flag(argv, "--spec-ngram-max") or "3")
+    if n_min < 1 or n_max < n_min:
+        out.append(
+            f"--spec-ngram-min {n_min} and --spec-ngram-max {n_max}: the engine needs "
+            "1 <= min <= max."
+        )
+    occur = _flag(argv, "--spec-min-occur")
+    if occur is not None and _atoi(occur) < 1:
+        out.append(f"--spec-min-occur must be at least 1, not {occur}.")
+    majority = _flag(argv, "--spec-majority")
+    if majority is not None:
+        num, slash, den = majority.partition("/")
+        if not slash:
+            out.append(f"--spec-majority needs NUM/DEN (for example 2/3), not {majority!r}.")
+        elif not (0 <= _atoi(num) <= _atoi(den) and _atoi(den) >= 1):
+            out.append(f"--spec-majority {majority}: the engine needs 0 <= NUM <= DEN, DEN >= 1.")
+    weak = _atoi(_flag(argv, "--spec-weak-draft"))
+    if weak >= k:
+        out.append(f"--spec-weak-draft {weak} must be less than --spec-draft {k}.")
+    chunk = prefill_chunk(env)
+    if chunk < k:
+        given = env.get(PREFILL_CHUNK_ENV)
+        where = f"{PREFILL_CHUNK_ENV}={given}" if given else f"{PREFILL_CHUNK_ENV} unset"
+        out.append(
+            f"--spec-draft {k} needs {PREFILL_CHUNK_ENV} >= {k} on every rank, and {where} "
+            f"gives a prefill chunk of {chunk}."
+        )
+    return out

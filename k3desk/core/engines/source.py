@@ -1,0 +1,390 @@
+"""Build llama-server (and the mtmd tools) from a git source: the llama.cpp forks that carry
+Kimi-K3's vision tower, or any repository and ref.
+
+Upstream llama.cpp b11434 loads kimi-k3 text but has no K3 vision projector; the cards
+point at two forks, each with its own pull request:
+
+* ``unsloth``: unslothai/llama.cpp, ``pull/48/head`` (the ``kimi-k3-fullsize-vision``
+  branch, projector type ``kimik3`` in tools/mtmd/clip-impl.h), as 6block's card builds it:
+  ``git fetch origin pull/48/head:kimi-k3-fullsize-vision``, then
+  ``cmake ... -DBUILD_SHARED_LIBS=OFF -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
+  -DCMAKE_BUILD_TYPE=Release`` and ``--target ... llama-mtmd-cli llama-server``;
+* ``atomicchat``: AtomicBot-ai/atomic-llama-cpp-turboquant, ``pull/58/head`` (its card:
+  ``git fetch origin pull/58/head:kimi-k3``, ``cmake -B build -DCMAKE_BUILD_TYPE=Release``,
+  ``--target llama-cli llama-mtmd-cli``).
+
+:func:`install_from_git` fetches exactly one ref (``git fetch --depth 1``, falling back to a
+full fetch for a commit the server will not hand out alone), configures with the flags
+:func:`k3desk.core.engines.install.choose_build` picks for the detected GPUs, builds the
+``llama-server`` and ``llama-mtmd-cli`` targets, and installs them the way
+:func:`~k3desk.core.engines.install.install_engine` installs a PyPI build: progress, a
+cancel that kills the whole process group, one log file, a staging folder renamed into
+place only when the server runs, a manifest :mod:`~k3desk.core.engines.discovery` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from k3desk.core.catalog.model import Tier
+from k3desk.core.engines.discovery import MANIFEST, SERVER_NAME, engine_manifest
+from k3desk.core.engines.install import (
+    BuildConfig,
+    InstalledEngine,
+    _run_build,
+    _swap_into_place,
+    check_runs,
+    staged,
+)
+from k3desk.core.engines.probe import probe_projector
+from k3desk.core.errors import EngineError, K3Error
+from k3desk.core.gguf.reader import read_header
+from k3desk.core.paths import AppPaths
+from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
+
+TARGETS = ("llama-server", "llama-mtmd-cli")  # the server, and the mtmd tools' CLI
+# Flags for every source build: a static build (the unsloth card's) leaves one binary
+# that needs no library path; $ORIGIN covers a source that builds shared libraries anyway.
+# No libcurl (the AtomicChat card's -DLLAMA_CURL=OFF: k3desk downloads the models) and no
+# web UI fetched from the Hub while building (LLAMA_USE_PREBUILT_UI, b11434).
+SOURCE_ARGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DCMAKE_BUILD_RPATH=$ORIGIN",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+)
+
+
+@dataclass(frozen=True)
+class GitSource:
+    """A repository and the ref to build (branch, tag, commit or ``pull/N/head``)."""
+
+    url: str
+    ref: str = ""  # "" = the repository's default branch
+    name: str = ""  # "unsloth", "atomicchat", or "" for a source of one's own
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.url}@{self.ref}" if self.ref else self.url
+
+    @property
+    def slug(self) -> str:
+        if self.name:
+            return self.name
+        tail = re.sub(r"\.git$", "", self.url.rstrip("/")).rsplit("/", 1)[-1]
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", tail) or "git"
+
+
+FORKS: dict[str, GitSource] = {
+    "unsloth": GitSource(
+        "https://github.com/unslothai/llama.cpp",
+        "pull/48/head",
+        "unsloth",
+        "unsloth's fork with Kimi-K3's MoonViT-3d vision tower (PR 48)",
+    ),
+    "atomicchat": GitSource(
+        "https://github.com/AtomicBot-ai/atomic-llama-cpp-turboquant",
+        "pull/58/head",
+        "atomicchat",
+        "AtomicChat's fork with Kimi-K3 text and vision (PR 58, MoonViT-V2 in mtmd)",
+    ),
+}
+
+
+def _path_start(url: str) -> int:
+    """Where the path of a git URL starts: after 'scheme://host', after 'host:' of the
+    scp form (user@host:path), else at 0 (a local path)."""
+    m = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://[^/]*", url)
+    if m:
+        return m.end()
+    m = re.match(r"[^/:]+:", url)
+    return m.end() if m else 0
+
+
+def parse_source(text: str) -> GitSource:
+    """``unsloth``, ``atomicchat``, or ``GIT_URL[@REF]`` (a local folder works too)."""
+    text = text.strip()
+    if not text:
+        raise EngineError(
+            "No source given.",
+            f"Use one of {', '.join(FORKS)} or a git URL, optionally with @REF.",
+        )
+    if text in FORKS:
+        return FORKS[text]
+    start = _path_start(text)
+    at = text.rfind("@", start)
+    url, ref = (text[:at], text[at + 1 :]) if at >= 0 else (text, "")
+    if not url or (at >= 0 and not ref):
+        raise EngineError(
+            f"{text!r} is not GIT_URL[@REF].",
+            "Example: https://github.com/unslothai/llama.cpp@pull/48/head",
+        )
+    if re.match(r"-", ref) or re.search(r"\s|\.\.", ref):
+        raise EngineError(
+            f"{ref!r} is not a git ref.", "Give a branch, tag, commit or pull/N/head."
+        )
+    local = start == 0 and Path(url).expanduser().exists()
+    if start == 0 and not local and not text.startswith(("/", ".", "~")) and "/" not in url:
+        raise EngineError(
+            f"{text!r} is neither a known fork ({', '.join(FORKS)}) nor a git URL.",
+            "Give a URL such as https://github.com/OWNER/llama.cpp, or a local folder.",
+        )
+    if start == 0:  # a local folder: git wants it absolute once we run from elsewhere
+        url = str(Path(url).expanduser().resolve())
+    return GitSource(url, ref)
+
+
+def find_tool(name: str, env: Mapping[str, str] | None = None) -> Path | None:
+    """``name`` on PATH, else beside this Python (a venv with ``pip install cmake``)."""
+    e = os.environ if env is None else env
+    found = shutil.which(name, path=e.get("PATH"))
+    if found:
+        return Path(found)
+    local = Path(sys.executable).parent / name
+    return local if local.is_file() and os.access(local, os.X_OK) else None
+
+
+def _tools() -> tuple[Path, Path]:
+    git, cmake = find_tool("git"), find_tool("cmake")
+    missing = [n for n, p in (("git", git), ("cmake", cmake)) if p is None]
+    if missing or git is None or cmake is None:
+        raise EngineError(
+            f"Building from a git source needs {' and '.join(missing)}, which this machine "
+            "does not have.",
+            "Install them (Debian/Ubuntu: sudo apt install git cmake build-essential; cmake "
+            "also comes with `pip install cmake`), then try again.",
+        )
+    return git, cmake
+
+
+def source_folder_name(source: GitSource, commit: str, config: BuildConfig) -> str:
+    return f"llama-cpp-{source.slug}-{commit[:10]}-{config.slug}"
+
+
+_GIT_PERCENT = re.compile(r"(Receiving|Resolving) (objects|deltas):\s+(\d{1,3})%")
+
+
+def parse_git_line(line: str) -> Progress | None:
+    """git's own progress ("Receiving objects:  45% (…)"), or None."""
+    found = list(_GIT_PERCENT.finditer(line))  # \r-separated updates arrive as one line
+    if not found:
+        return None
+    m = found[-1]
+    return Progress("fetch", int(m.group(3)), 100, f"{m.group(1)} {m.group(2)}")
+
+
+def install_from_git(
+    paths: AppPaths,
+    config: BuildConfig,
+    source: GitSource,
+    *,
+    jobs: int | None = None,
+    progress: ProgressCallback = no_progress,
+    cancel: CancelToken | None = None,
+    kill_grace: float = 5.0,
+    on_line: Callable[[str], None] | None = None,
+) -> InstalledEngine:
+    """Fetch ``source``, build ``llama-server`` and ``llama-mtmd-cli`` with ``config``'s flags,
+    and install them; return the new engine (see the module docstring)."""
+    cancel = cancel or CancelToken()
+    git, cmake = _tools()
+    root = paths.engines_dir
+    root.mkdir(parents=True, exist_ok=True)
+    paths.logs_dir.mkdir(parents=True, exist_ok=True)
+    staging = root / f".building-{source.slug}-{secrets.token_hex(4)}"
+    src, build, bindir = staging / "src", staging / "build", staging / "bin"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    log_file = paths.logs_dir / f"engine-install-{stamp}-{source.slug}.log"
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "PYTHONUNBUFFERED": "1"}
+    steps = 0
+
+    def run(argv: list[str], what: str, lines: Callable[[str], None] | None = None) -> None:
+        nonlocal steps
+        _run_build(
+            argv,
+            env,
+            log_file,
+            progress,
+            cancel,
+            kill_grace,
+            lines,
+            append=steps > 0,
+            what=what,
+        )
+        steps += 1
+
+    def git_lines(line: str) -> None:
+        if on_line is not None:
+            on_line(line)
+        p = parse_git_line(line)
+        if p is not None and not cancel.cancelled:
+            progress(p)
+
+    with staged(staging, log_file):
+        progress(Progress("fetch", 0, 0, f"fetching {source.label}"))
+        src.mkdir()
+        run([str(git), "init", "-q", str(src)], "git init", on_line)
+        ref = source.ref or "HEAD"
+        fetch = [str(git), "-C", str(src), "fetch", "--progress"]
+        try:
+            run([*fetch, "--depth", "1", source.url, ref], f"Fetching {source.label}", git_lines)
+            target = "FETCH_HEAD"
+        except EngineError:
+            # a commit a server will not hand out alone, or a dumb transport: fetch it all
+            cancel.raise_if_cancelled()
+            run([*fetch, source.url, "+refs/*:refs/remotes/src/*"], f"Fetching {source.url}",
+                git_lines)  # fmt: skip
+            target = _resolve(git, src, ref, source, log_file)
+        run([str(git), "-C", str(src), "checkout", "-q", "--detach", target], "git checkout")
+        commit = subprocess.run(
+            [str(git), "-C", str(src), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        args = [*SOURCE_ARGS, *config.cmake_args]
+        progress(Progress("configure", 0, 100, " ".join(args)))
+        run([str(cmake), "-S", str(src), "-B", str(build), *args], "Configuring", on_line)
+        n = str(jobs or os.cpu_count() or 1)
+        run(
+            [str(cmake), "--build", str(build), "--config", "Release", "-j", n,
+             "--target", *TARGETS],
+            "Building",
+            on_line,
+        )  # fmt: skip
+        _collect(build, bindir, log_file)
+        server = bindir / SERVER_NAME
+        check_runs(server, log_file)
+        cancel.raise_if_cancelled()
+        final = root / source_folder_name(source, commit or "unknown", config)
+        version = f"git {commit[:12]}" if commit else "git"
+        manifest = {
+            "server": str(server.relative_to(staging)),
+            "version": version,
+            "source": source.label,
+            "source_name": source.name,
+            "commit": commit,
+            "backend": config.backend,
+            "cmake_args": args,
+            "cuda_archs": list(config.cuda_archs),
+            "notes": list(config.notes),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "log": str(log_file),
+        }
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+        shutil.rmtree(src, ignore_errors=True)  # the binaries are all that stays
+        shutil.rmtree(build, ignore_errors=True)
+        cancel.raise_if_cancelled()
+        _swap_into_place(staging, final)
+    progress(Progress("install", 100, 100, f"installed {final.name}"))
+    return InstalledEngine(final, final / "bin" / SERVER_NAME, config, version, log_file)
+
+
+def _resolve(git: Path, src: Path, ref: str, source: GitSource, log_file: Path) -> str:
+    """The commit ``ref`` names after a full fetch into refs/remotes/src/."""
+    for cand in (ref, f"refs/remotes/src/heads/{ref}", f"refs/remotes/src/tags/{ref}",
+                 f"refs/remotes/src/{ref}"):  # fmt: skip
+        found = subprocess.run(
+            [str(git), "-C", str(src), "rev-parse", "--verify", "--quiet", f"{cand}^{{commit}}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if found.returncode == 0 and found.stdout.strip():
+            return found.stdout.strip()
+    raise EngineError(
+        f"{source.url} has no branch, tag or commit {ref!r}.",
+        f"Check the ref (for a pull request: pull/N/head); the log: {log_file}",
+    )
+
+
+def _collect(build: Path, bindir: Path, log_file: Path) -> None:
+    """The built programs (and any shared libraries beside them) into ``bindir``."""
+    out = build / "bin"
+    missing = [t for t in TARGETS if not (out / t).is_file()]
+    if missing:
+        raise EngineError(
+            f"The build finished but produced no {', '.join(missing)} in {out}.",
+            f"This source may not have those targets; see the log: {log_file}",
+        )
+    bindir.mkdir()
+    for f in out.iterdir():
+        if f.is_file() and (os.access(f, os.X_OK) or ".so" in f.name):
+            shutil.copy2(f, bindir / f.name)
+
+
+# ------------------------------------------------------------------ vision
+@dataclass(frozen=True)
+class VisionCheck:
+    """Whether an engine can show images with a tier's projector, and what to build if not."""
+
+    usable: bool
+    reason: str  # one sentence
+    build: GitSource | None = None  # the source to build when it cannot
+    projector_type: str = ""
+
+
+def projector_type_of(tier: Tier | None, mmproj: Path | None = None) -> str:
+    """The tier's projector type: from the mmproj file's own header when there is one,
+    else the catalog's ('' when neither says)."""
+    if mmproj is not None and mmproj.is_file():
+        try:
+            value = read_header(mmproj).get("clip.projector_type")
+        except (K3Error, OSError):
+            value = None
+        if isinstance(value, str) and value:
+            return value
+    return tier.mmproj_type if tier is not None else ""
+
+
+def vision_check(
+    engine: Path,
+    paths: AppPaths,
+    tier: Tier,
+    mmproj: Path | None = None,
+    *,
+    cancel: CancelToken | None = None,
+) -> VisionCheck | None:
+    """Can ``engine`` take ``tier``'s vision projector?  None when the tier has no vision.
+
+    The engine is asked about the projector's type (:func:`probe_projector`); where no
+    source states the type, only an engine built from the fork the tier's card names is
+    taken to have it.
+    """
+    if tier.vision == "none" or not (tier.mmproj or mmproj is not None):
+        return None
+    build = FORKS.get(tier.vision_engine)
+    fork = f"the {build.name} fork" if build else "a fork with its vision tower"
+    ptype = projector_type_of(tier, mmproj)
+    who = f"{tier.name} ({tier.publisher})"
+    if ptype:
+        check = probe_projector(engine, paths, ptype, cancel=cancel)
+        if check.known:
+            return VisionCheck(True, f"This engine knows {who}'s {ptype!r} projector.", None, ptype)
+        return VisionCheck(
+            False,
+            f"This engine cannot show images with {who}: {check.detail}; {fork} has it.",
+            build,
+            ptype,
+        )
+    built_from = str(engine_manifest(engine).get("source_name", ""))
+    if build is not None and built_from == build.name:
+        return VisionCheck(True, f"This engine was built from {fork}, which {who}'s card names.")
+    return VisionCheck(
+        False,
+        f"{who}'s card does not name its projector type, and this engine was not built "
+        f"from {fork}, which the card names for images.",
+        build,
+    )

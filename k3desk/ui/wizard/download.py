@@ -1,0 +1,82 @@
+"""The wizard's download step: start (or resume) the tier's download, or skip it for files
+already here."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from PySide6.QtWidgets import QHBoxLayout, QPushButton
+
+from k3desk.core.hub.model import DownloadRequest
+from k3desk.core.units import fmt_bytes
+from k3desk.ui.downloads.panel import DownloadPanel
+from k3desk.ui.widgets import primary, set_enabled
+from k3desk.ui.wizard.base import StepPage
+
+if TYPE_CHECKING:
+    from k3desk.ui.context import AppContext
+    from k3desk.ui.wizard.wizard import TierWizard
+
+
+class DownloadPage(StepPage):
+    def __init__(self, ctx: AppContext, wizard: TierWizard) -> None:
+        super().__init__(
+            ctx,
+            wizard,
+            "Download",
+            "Each shard is checked against its published sha256. You can pause and "
+            "come back later: the download resumes where it stopped.",
+        )
+        row = QHBoxLayout()
+        self.start = primary(QPushButton("Start download"))
+        self.start.setObjectName("startDownload")
+        row.addWidget(self.start)
+        self.have = QPushButton("I already have these files")
+        self.have.setToolTip("Skip to the engine: the files will be checked there")
+        row.addWidget(self.have)
+        row.addStretch(1)
+        self.lay.addLayout(row)
+        self.panel = DownloadPanel(ctx)
+        self.lay.addWidget(self.panel, 1)
+        self.downloads = ctx.downloads
+        self.start.clicked.connect(self.begin)
+        self.have.clicked.connect(self._skip)
+        self.downloads.changed.connect(lambda _s: self._refresh())
+        self._skipped = False
+
+    def request(self) -> DownloadRequest | None:
+        tv = self.wiz.selected_tier()
+        return DownloadRequest.from_tier(tv.tier) if tv is not None else None
+
+    def initializePage(self) -> None:
+        tv = self.wiz.selected_tier()
+        if tv is not None:
+            self.start.setText(
+                f"Download {tv.tier.name}: {tv.tier.shard_count} shards, "
+                f"{fmt_bytes(tv.tier.size_bytes)}"
+            )
+        self._refresh()
+
+    def begin(self) -> None:
+        req = self.request()
+        if req is None:
+            return
+        try:
+            self.downloads.start(req, self.wiz.where.target())
+        except Exception as exc:  # noqa: BLE001 - shown to the user
+            self.ctx.reporter.report(exc)
+        self._refresh()
+
+    def _skip(self) -> None:
+        self._skipped = True
+        self.completeChanged.emit()
+        self.wiz.next()
+
+    def _refresh(self) -> None:
+        running = self.downloads.running
+        set_enabled(self.start, not running, "The download is running.")
+        self.completeChanged.emit()
+
+    def isComplete(self) -> bool:
+        st = self.downloads.state
+        return self._skipped or (st is not None and st.status == "done")

@@ -1,0 +1,110 @@
+"""The wizard's first step: the machine judged, what each tier needs of it (the fit chart),
+and the choice between one machine and several."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QButtonGroup, QHBoxLayout, QRadioButton, QScrollArea
+
+from k3desk.core.app.tiers import TierJudgement
+from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.units import fmt_bytes
+from k3desk.ui.judged import JudgedBar
+from k3desk.ui.widgets import Card, label
+from k3desk.ui.wizard.base import Step, StepPage
+from k3desk.ui.wizard.fitchart import FitChart
+
+if TYPE_CHECKING:
+    from k3desk.ui.context import AppContext
+    from k3desk.ui.wizard.wizard import TierWizard
+
+
+def machine_html(hw: HardwareProfile) -> str:
+    """The machine summary as rich text (RAM, each GPU, CPU features, free disk)."""
+    rows = []
+    mem = hw.memory
+    limit = " (container limit)" if mem.cgroup_limit and mem.cgroup_limit < mem.total else ""
+    rows.append(
+        ("Memory", f"{fmt_bytes(mem.usable_total)} RAM{limit}, {fmt_bytes(mem.available)} free")
+    )
+    if hw.gpus:
+        for g in hw.gpus:
+            vram = "unified with RAM" if g.unified_memory else f"{fmt_bytes(g.vram_total)} VRAM"
+            rows.append((f"GPU {g.index}", f"{g.name} · {vram} · {g.architecture} (sm_{g.sm})"))
+    else:
+        rows.append(("GPU", hw.gpu_note or "no NVIDIA GPU found"))
+    cpu = hw.cpu
+    feats = [f for f in ("avx2", "avx512f", "amx_tile", "sve") if f in cpu.flags]
+    feat_text = ", ".join(f.replace("_tile", "").upper() for f in feats) or "none of AVX2/AVX-512"
+    rows.append(("CPU", f"{cpu.model} · {cpu.usable_cores} cores usable · {feat_text}"))
+    if hw.disk is not None:
+        rows.append(
+            (
+                "Disk",
+                f"{fmt_bytes(hw.disk.free)} free of {fmt_bytes(hw.disk.total)} at "
+                f"{hw.disk.path} ({hw.disk.filesystem or 'unknown filesystem'})",
+            )
+        )
+    body = "".join(
+        f"<tr><td style='padding:2px 14px 2px 0;'><b>{k}</b></td><td>{v}</td></tr>" for k, v in rows
+    )
+    return f"<table>{body}</table>"
+
+
+class MachinePage(StepPage):
+    def __init__(self, ctx: AppContext, wizard: TierWizard) -> None:
+        super().__init__(
+            ctx,
+            wizard,
+            "Your machine",
+            "What k3desk found, and what each Kimi-K3 tier would need of it.",
+        )
+        self.summary = label("Looking at this machine…")
+        self.summary.setObjectName("machineSummary")
+        self.summary.setTextFormat(Qt.TextFormat.RichText)
+        card = Card()
+        card.body.addWidget(self.summary)
+        self.judged_bar = JudgedBar(ctx, "Planning for")
+        card.body.addWidget(self.judged_bar)
+        run = QHBoxLayout()
+        run.addWidget(label("Run Kimi-K3 on", "sectionTitle", wrap=False))
+        self.one = QRadioButton("One machine")
+        self.one.setObjectName("oneMachine")
+        self.one.setToolTip("This machine, or the one the hardware file describes")
+        self.several = QRadioButton("Several machines over SSH (SparkInfer or llama.cpp RPC)")
+        self.several.setObjectName("useCluster")
+        self.several.setToolTip(
+            "Next: pick or add a cluster, probe it and choose its engine; the tiers are then "
+            "judged for the cluster"
+        )
+        self.one.setChecked(True)
+        choice = QButtonGroup(self)
+        choice.addButton(self.one)
+        choice.addButton(self.several)
+        run.addSpacing(12)
+        run.addWidget(self.one)
+        run.addWidget(self.several)
+        run.addStretch(1)
+        card.body.addLayout(run)
+        self.lay.addWidget(card)
+        self.chart = FitChart()
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        scroll.setWidget(self.chart)
+        self.lay.addWidget(scroll, 1)
+
+    def show_profile(self, hw: HardwareProfile) -> None:
+        self.summary.setText(machine_html(hw))
+
+    def show_judgement(self, judged: TierJudgement) -> None:
+        self.chart.set_judgement(judged)
+        self.completeChanged.emit()
+
+    def isComplete(self) -> bool:
+        return self.wiz.hardware.judgement is not None
+
+    def nextId(self) -> int:
+        return int(Step.CLUSTER if self.several.isChecked() else Step.TIERS)
