@@ -64,7 +64,7 @@ from k3desk.core.planning.memory import (
     recurrent_state_layer_bytes,
 )
 from k3desk.core.planning.model import LayerPlacement, SpeedPrediction
-from k3desk.core.units import GB, fmt_tps
+from k3desk.core.units import GB, fmt_tps, fmt_tps3
 
 # ----------------------------------------------------------------- GPU (stated)
 # Share of the published peak bandwidth batch-1 matrix-vector kernels stream at.
@@ -503,7 +503,7 @@ def explain(s: SpeedPrediction) -> list[str]:
     total = 0.0
     for label, seconds in s.steps:
         total += seconds
-        lines.append(f"{label}: +{seconds * 1e3:.1f} ms -> {1.0 / total:.3g} tok/s")
+        lines.append(f"{label}: +{seconds * 1e3:.1f} ms -> {fmt_tps3(1.0 / total)} tok/s")
     return lines
 
 

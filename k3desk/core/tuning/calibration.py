@@ -37,6 +37,7 @@ from k3desk.core.planning.speed import predict_speed
 from k3desk.core.private import write_private
 from k3desk.core.tuning.identity import is_this_machine, machine_key, model_key, model_label
 from k3desk.core.tuning.metrics import MeasuredSpeed, SpeedWatcher
+from k3desk.core.units import fmt_tps3
 
 CALIBRATION_FILE = "speed-measured.json"
 SCHEMA = 1
@@ -97,15 +98,17 @@ class Comparison:
         parts = []
         if m.prompt_tps > 0:
             pred = (
-                f", predicted {self.predicted_prompt:.3g}" if self.predicted_prompt > 0 else ""
+                f", predicted {fmt_tps3(self.predicted_prompt)}"
+                if self.predicted_prompt > 0
+                else ""
             )
-            parts.append(f"prompt {m.prompt_tps:.3g} tok/s ({m.prompt_tokens} tokens{pred})")
+            parts.append(f"prompt {fmt_tps3(m.prompt_tps)} tok/s ({m.prompt_tokens} tokens{pred})")
         if m.decode_tps > 0:
             err = self.decode_error
             off = f", {err:+.0%} off" if err is not None else ""
             parts.append(
-                f"decode {m.decode_tps:.3g} tok/s ({m.decode_tokens} tokens, "
-                f"predicted {self.predicted_decode:.3g}{off})"
+                f"decode {fmt_tps3(m.decode_tps)} tok/s ({m.decode_tokens} tokens, "
+                f"predicted {fmt_tps3(self.predicted_decode)}{off})"
             )
         if not parts:
             return ""
@@ -238,19 +241,19 @@ def describe(prediction: SpeedPrediction, c: Correction) -> str:
     if c.model_runs:
         parts = []
         if c.measured_decode > 0:
-            parts.append(f"{c.measured_decode:.3g} tok/s decode")
+            parts.append(f"{fmt_tps3(c.measured_decode)} tok/s decode")
         if c.measured_prompt > 0:
-            parts.append(f"{c.measured_prompt:.3g} tok/s prompt")
+            parts.append(f"{fmt_tps3(c.measured_prompt)} tok/s prompt")
         when = time.strftime("%Y-%m-%d", time.localtime(c.last)) if c.last else "?"
         runs = "answer" if c.model_runs == 1 else "answers"
         text = f"measured here: {', '.join(parts)} (median of {c.model_runs} {runs}, last {when})"
         if prediction.expected_tps > 0 and c.decode_factor != 1.0:
-            text += f"; the model predicts {prediction.expected_tps:.3g}"
+            text += f"; the model predicts {fmt_tps3(prediction.expected_tps)}"
         return text
     return (
         f"measured here on other models: this machine runs at {c.decode_factor:.2f}x the "
         f"predicted decode speed ({c.runs} runs): about "
-        f"{prediction.expected_tps * c.decode_factor:.3g} tok/s"
+        f"{fmt_tps3(prediction.expected_tps * c.decode_factor)} tok/s"
     )
 
 

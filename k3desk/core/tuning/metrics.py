@@ -127,7 +127,9 @@ class SpeedWatcher:
     """Poll a server's counters and call ``on_speed`` for every stretch of new answers.
 
     A stretch ends when the counters stop moving between two readings, so one long
-    answer is reported once, when it is done.  ``stop`` ends the thread.
+    answer is reported once, when it is done.  ``fresh``: the server was just started
+    (its counters are zero); else the first reading is the baseline.  ``stop`` ends
+    the thread.
     """
 
     def __init__(
@@ -138,12 +140,16 @@ class SpeedWatcher:
         *,
         interval: float = 2.0,
         fetch: Callable[[str, str], Counters | None] = fetch_counters,
+        fresh: bool = True,
     ) -> None:
         self._url = url
         self._key = api_key
         self._on_speed = on_speed
         self._interval = interval
         self._fetch = fetch
+        # a server that has just started has counted nothing: start from zero, so the
+        # first answer counts even when /metrics was too busy to answer before it ended
+        self._base: Counters | None = Counters(0.0, 0.0, 0.0, 0.0) if fresh else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="speed-watcher", daemon=True)
 
@@ -174,9 +180,12 @@ class SpeedWatcher:
             return now, now
         return base, now
 
+    def initial(self) -> tuple[Counters | None, Counters | None]:
+        """The (base, last) the polling starts from."""
+        return self._base, self._base
+
     def _run(self) -> None:
-        base: Counters | None = None
-        last: Counters | None = None
+        base, last = self.initial()
         while not self._stop.is_set():
             base, last = self.poll_once(base, last)
             self._stop.wait(self._interval)

@@ -49,6 +49,7 @@ from k3desk.core.planning.speed import default_threads
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 from k3desk.core.tuning.identity import is_this_machine
 from k3desk.core.tuning.tuned import TunedChoice, TunedStore
+from k3desk.core.units import fmt_tps3
 
 PROMPT_TOKENS = 128
 DECODE_TOKENS = 32
@@ -191,8 +192,8 @@ class TuneResult:
             f"Measured {len(self.trials)} of {len(self.candidates)} variants in "
             f"{self.wall_s:.0f} s (test request: {r.prompt_tokens}-token prompt, "
             f"{r.decode_tokens}-token answer).",
-            f"Fastest: {b.candidate.variant.label()}: prompt {b.measured.prompt_tps:.3g} "
-            f"tok/s, decode {b.measured.decode_tps:.3g} tok/s, "
+            f"Fastest: {b.candidate.variant.label()}: prompt {fmt_tps3(b.measured.prompt_tps)} "
+            f"tok/s, decode {fmt_tps3(b.measured.decode_tps)} tok/s, "
             f"{self.seconds(b):.2f} s for the test request.",
         ]
         for what, t in (("the plan's default", self.plan_default),
@@ -207,7 +208,8 @@ class TuneResult:
             else:
                 lines.append(
                     f"Over {what} ({self.seconds(t):.2f} s: prompt "
-                    f"{t.measured.prompt_tps:.3g}, decode {t.measured.decode_tps:.3g} tok/s): "
+                    f"{fmt_tps3(t.measured.prompt_tps)}, decode "
+                    f"{fmt_tps3(t.measured.decode_tps)} tok/s): "
                     f"{gain:+.0%} less time."
                 )
         return lines
@@ -358,9 +360,7 @@ def tune(
     best = min(ok, key=lambda t: t.measured.seconds(req.prompt_tokens, req.decode_tokens))
     default = next(t for t in trials if t.candidate is cands[0])
     engine_default = trials[-1]
-    return TuneResult(
-        req, tuple(cands), tuple(trials), best, default, engine_default, clock() - t0
-    )
+    return TuneResult(req, tuple(cands), tuple(trials), best, default, engine_default, clock() - t0)
 
 
 def save(result: TuneResult, store: TunedStore, when: float | None = None) -> TunedChoice:
@@ -419,9 +419,7 @@ class ServerMeasure:
         try:
             sup.start()
             ep = sup.wait_ready(cancel=self.cancel)
-            client = httpx.Client(
-                base_url=ep.url, headers=ep.headers, timeout=self.request_timeout
-            )
+            client = httpx.Client(base_url=ep.url, headers=ep.headers, timeout=self.request_timeout)
             with client as c:
                 self._complete(c, self.prompt[:8], 2)  # warm-up: page in, first graph
                 best_p = best_d = 0.0

@@ -73,6 +73,25 @@ def test_the_watcher_reports_each_answer_once_when_it_is_done() -> None:
     assert seen == [MeasuredSpeed(100.0, 20.0, 100, 40), MeasuredSpeed(100.0, 20.0, 50, 20)]
 
 
+def test_a_fresh_servers_first_answer_counts_even_if_metrics_was_busy_until_it_ended() -> None:
+    # on a loaded machine /metrics may not answer while the first answer runs
+    readings = iter([None, None, Counters(64, 0.8, 16, 2.0), Counters(64, 0.8, 16, 2.0)])
+    seen: list[MeasuredSpeed] = []
+    w = SpeedWatcher("http://127.0.0.1:1", "k", seen.append, fetch=lambda _u, _k: next(readings))
+    state = w.initial()
+    for _ in range(4):
+        state = w.poll_once(*state)
+    assert seen == [MeasuredSpeed(80.0, 8.0, 64, 16)]
+    # attached to a server that has answered before: its first reading is the baseline
+    readings = iter([Counters(64, 0.8, 16, 2.0), Counters(64, 0.8, 16, 2.0)])
+    old = SpeedWatcher("http://127.0.0.1:1", "k", seen.append, fresh=False,
+                       fetch=lambda _u, _k: next(readings))  # fmt: skip
+    state = old.initial()
+    for _ in range(2):
+        state = old.poll_once(*state)
+    assert len(seen) == 1
+
+
 @pytest.mark.engine
 def test_the_real_server_counts_what_its_answers_report(
     llama_server: Path, tiny_k3_single: TinyModel, supervised: list[Supervisor]
