@@ -102,3 +102,28 @@ def test_a_missing_shard_is_refused_with_the_file_named(ctx, qtbot, tmp_path) ->
     assert hint
     assert not unexpected
     assert page.panel.launch_btn.isEnabled()
+
+
+def test_the_tune_button_measures_variants_and_the_next_launch_uses_the_fastest(  # type: ignore[no-untyped-def]
+    ctx, qtbot, llama_server, tiny_k3_single
+) -> None:
+    ctx.update_settings(engine_binary=str(llama_server), ctx=512)
+    page = EnginePage(ctx)
+    qtbot.addWidget(page)
+    page.show()
+    panel = page.panel
+    assert not panel.tune_btn.isEnabled()  # no model chosen yet
+    assert "first shard" in panel.tune_btn.toolTip()
+    panel.shard.setText(str(tiny_k3_single.first_part))
+    assert panel.tune_btn.isEnabled()
+    panel.tune_btn.click()
+    assert panel.tune_btn.text() == "Cancel tuning"
+    assert not panel.launch_btn.isEnabled()  # the tuner's servers have the machine
+    qtbot.waitUntil(lambda: panel.tune_btn.text() == "Tune speed", timeout=300_000)
+    text = panel.tune_text.text()
+    assert "Fastest: " in text, text
+    assert "Over llama.cpp's own defaults" in text
+    assert "Saved: the next launch of this model on this machine uses" in text
+    assert panel.launch_btn.isEnabled()
+    again = prepare_launch(ctx, tiny_k3_single.first_part, None, CancelToken())
+    assert any("measured fastest on this machine" in n for n in again.notes)
