@@ -88,6 +88,9 @@ BENCH_SHAPE = K3Shape(
     n_vocab=32768,
     context_length=65536,
     mla_every=4,
+    # a checkpoint of the AttnRes stack every 2 layers: 8 over 16 layers, as the real
+    # model banks 8 over its 93 at every 12 (src/models/kimi-k3.cpp, b11434)
+    attn_res_block_size=2,
 )
 
 
