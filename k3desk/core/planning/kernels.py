@@ -145,9 +145,14 @@ def parse(data: dict[str, object], where: str = KERNELS_FILE) -> Kernels:
         raise ValueError(f"{where} is malformed: {exc!r}") from exc
     if not types:
         raise ValueError(f"{where} lists no kernel costs")
+    load = (
+        "load average " + "/".join(f"{float(x):.2f}" for x in loads)
+        if loads
+        else "load average not recorded"
+    )
     source = (
         f"measured by bench/kernel_costs.py on {data.get('machine', '?')}, "
-        f"{data.get('engine', '?')}, {data.get('date', '?')}"
+        f"{data.get('engine', '?')}, {data.get('date', '?')}, {load}"
     )
     return Kernels(
         source, types, node_s, nodes, tuple(float(x) for x in loads), pp_tokens, kda, kda_state
