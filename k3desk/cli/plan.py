@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from k3desk.core.app.shardplan import PlanRequest, PlanView, ShardSetPlan, plan_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
-from k3desk.core.units import GiB, fmt_bytes, fmt_tps
+from k3desk.core.planning.speed import speed_lines
+from k3desk.core.units import GiB, fmt_bytes
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -163,9 +164,7 @@ def render(planned: ShardSetPlan) -> str:
         *layer_map(view),
         f"  {view.experts_text()}",
         "",
-        f"Speed: about {view.speed.text()} (range {view.speed.range_text()}, "
-        f"physical bound {fmt_tps(s.upper_bound_tps)}) at {s.depth} tokens of context",
-        f"  bottleneck: {s.bottleneck}",
+        *speed_lines(s),
     ]
     if plan.notes:
         lines += ["", "Notes:", *(f"  - {n}" for n in plan.notes)]

@@ -19,7 +19,10 @@ from k3desk.core.engines.supervisor import (
     Supervisor,
 )
 from k3desk.core.errors import EngineError, ValidationError
+from k3desk.core.planning.speed import predicted_text
 from k3desk.core.safepaths import what_is
+from k3desk.core.tuning.calibration import Comparison, SpeedTracker
+from k3desk.core.tuning.metrics import SpeedWatcher
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -80,7 +83,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
     if args.port is not None:  # before the minutes a plan and a load can take
         check_port(args.port)
 
-    prepared = prepare_local_launch(
+    launch = prepare_local_launch(
         services,
         LocalLaunchRequest(
             shard,
@@ -90,11 +93,14 @@ def run(args: argparse.Namespace, services: Services) -> int:
             configured_engine=services.configured_engine(),
             hardware_file=args.hardware,
         ),
-    ).prepared
-    plan = prepared.plan
+    )
+    prepared, plan = launch.prepared, launch.plan
     print(f"Plan: {plan.reason}")
     for note in (*plan.notes, *prepared.notes):
         print(f"  - {note}")
+    print(predicted_text(plan.speed))
+    if plan.speed.calibration:
+        print(f"  {plan.speed.calibration}")
     exe = prepared.engine
     spec = prepared.spec(port=args.port)
     print(f"Engine: {exe}")
@@ -109,7 +115,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
         on_event=printer,
         replan=prepared.replan_after_oom,
     )
-    return _foreground(sup)
+    return _foreground(sup, launch.tracker)
 
 
 class _EventPrinter:
@@ -137,13 +143,25 @@ class _EventPrinter:
                 print(line, flush=True)
 
 
-def _foreground(sup: Supervisor) -> int:
+def _watch_speed(tracker: SpeedTracker, url: str, api_key: str) -> SpeedWatcher:
+    """Print what each stretch of answers measured, next to the prediction."""
+
+    def show(c: Comparison) -> None:
+        text = c.text()
+        if text:
+            print(text, flush=True)
+
+    return tracker.watch(url, api_key, show)
+
+
+def _foreground(sup: Supervisor, tracker: SpeedTracker | None = None) -> int:
     def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term)
     previous_int = signal.getsignal(signal.SIGINT)
     started = time.monotonic()
+    watcher: SpeedWatcher | None = None
     try:
         sup.start()
         shown = 0  # the attempt whose endpoint was printed last
@@ -164,6 +182,10 @@ def _foreground(sup: Supervisor) -> int:
                 print(f"Engine pid: {ep.pid}", flush=True)
                 print(f"Log: {attempt.log_file}", flush=True)
                 print("Press Ctrl-C to stop.", flush=True)
+                if tracker is not None:
+                    if watcher is not None:
+                        watcher.stop()
+                    watcher = _watch_speed(tracker, ep.url, ep.api_key)
             if sup.wait_stopped(0.5):
                 crash = sup.last_crash
                 raise EngineError(
@@ -179,6 +201,8 @@ def _foreground(sup: Supervisor) -> int:
         print("Stopped.", file=sys.stderr, flush=True)
         return 0
     finally:
+        if watcher is not None:
+            watcher.stop()
         sup.stop()
         _print_history(sup)
         signal.signal(signal.SIGTERM, previous)

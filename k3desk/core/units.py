@@ -36,3 +36,13 @@ def fmt_tps(tps: float) -> str:
         return "0"
     rounded = float(f"{tps:.2g}")
     return f"{rounded:.2g}" if rounded < 100 else f"{rounded:,.0f}"
+
+
+
+def fmt_tps3(tps: float) -> str:
+    """A measured speed to three significant digits, never in exponent form:
+    ``0.553``, ``12.1``, ``402``, ``6,250``."""
+    if tps <= 0:
+        return "0"
+    rounded = float(f"{tps:.3g}")
+    return f"{rounded:.3g}" if rounded < 1000 else f"{rounded:,.0f}"

@@ -8,6 +8,7 @@ import sys
 TOOLS = {
     "twin": "k3desk.devtools.twin",
     "tiny-k3": "k3desk.devtools.tinyk3",
+    "bench-k3": "k3desk.devtools.benchk3",
 }
 
 

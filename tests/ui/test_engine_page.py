@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import signal
 
+import httpx
 import pytest
 from PySide6.QtWidgets import QApplication
 
-from k3desk.ui.engine.page import EnginePage
+from k3desk.core.progress import CancelToken
+from k3desk.ui.engine.page import EnginePage, prepare_launch
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -57,6 +59,23 @@ def test_launch_plan_log_attempts_api_and_restart_after_a_crash(  # type: ignore
     assert page.attempts.rowCount() == 1
     assert not page.panel.launch_btn.isEnabled()
     assert "already running" in page.panel.launch_btn.toolTip()
+    # measured beside predicted: an answer's speeds (llama-server's own counters) reach
+    # the page, and the next plan of this model says what was measured here
+    assert page.speed_text.text().startswith("Predicted: about ")
+    assert page.measured.text() == "Measured: after the first answer."
+    r = httpx.post(
+        f"{ep.url}/completion",
+        headers=ep.headers,
+        json={"prompt": list(range(1, 65)), "n_predict": 16, "ignore_eos": True},
+        timeout=120,
+    )
+    r.raise_for_status()
+    qtbot.waitUntil(lambda: page.measured.text().startswith("Measured: prompt"), timeout=30_000)
+    assert "predicted" in page.measured.text()
+    assert "decode" in page.measured.text()
+    again = prepare_launch(ctx, tiny_k3.first_part, tiny_k3.mmproj, CancelToken())
+    assert again.plan is not None
+    assert again.plan.speed.calibration.startswith("measured here: ")
     # kill -9: the supervisor restarts it and the attempts table shows both
     os.kill(engine.supervisor.pid, signal.SIGKILL)
     qtbot.waitUntil(lambda: page.attempts.rowCount() == 2 and engine.ready, timeout=120_000)
@@ -83,3 +102,28 @@ def test_a_missing_shard_is_refused_with_the_file_named(ctx, qtbot, tmp_path) ->
     assert hint
     assert not unexpected
     assert page.panel.launch_btn.isEnabled()
+
+
+def test_the_tune_button_measures_variants_and_the_next_launch_uses_the_fastest(  # type: ignore[no-untyped-def]
+    ctx, qtbot, llama_server, tiny_k3_single
+) -> None:
+    ctx.update_settings(engine_binary=str(llama_server), ctx=512)
+    page = EnginePage(ctx)
+    qtbot.addWidget(page)
+    page.show()
+    panel = page.panel
+    assert not panel.tune_btn.isEnabled()  # no model chosen yet
+    assert "first shard" in panel.tune_btn.toolTip()
+    panel.shard.setText(str(tiny_k3_single.first_part))
+    assert panel.tune_btn.isEnabled()
+    panel.tune_btn.click()
+    assert panel.tune_btn.text() == "Cancel tuning"
+    assert not panel.launch_btn.isEnabled()  # the tuner's servers have the machine
+    qtbot.waitUntil(lambda: panel.tune_btn.text() == "Tune speed", timeout=300_000)
+    text = panel.tune_text.text()
+    assert "Fastest: " in text, text
+    assert "Over llama.cpp's own defaults" in text
+    assert "Saved: the next launch of this model on this machine uses" in text
+    assert panel.launch_btn.isEnabled()
+    again = prepare_launch(ctx, tiny_k3_single.first_part, None, CancelToken())
+    assert any("measured fastest on this machine" in n for n in again.notes)

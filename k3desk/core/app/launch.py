@@ -9,7 +9,7 @@ stand-in for GPUs this machine cannot show), and the plan then says whose it is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +18,9 @@ from k3desk.core.app.subject import Subject
 from k3desk.core.engines.launch import PreparedLaunch, prepare_launch
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import DEFAULT_CTX, LaunchPlan, PlanOptions
-from k3desk.core.progress import CancelToken, ProgressCallback
+from k3desk.core.progress import CancelToken, ProgressCallback, no_progress
+from k3desk.core.tuning.calibration import CalibrationStore, SpeedTracker, calibrate_plan
+from k3desk.core.tuning.tune import TuneModelRequest, TuneModelResult, forget_tuned, tune_model
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -54,10 +56,15 @@ class LocalLaunch:
     prepared: PreparedLaunch
     subject: Subject  # the machine it was planned for
     model_name: str
+    # the plan with what this machine's runs measured (core/tuning/calibration.py);
+    # None: as prepared
+    calibrated: LaunchPlan | None = None
+    # compares what the engine will measure with the prediction, and keeps it
+    tracker: SpeedTracker | None = field(default=None, compare=False)
 
     @property
     def plan(self) -> LaunchPlan:
-        return self.prepared.plan
+        return self.calibrated or self.prepared.plan
 
 
 def prepare_local_launch(
@@ -67,7 +74,8 @@ def prepare_local_launch(
     cancel: CancelToken | None = None,
     on_progress: ProgressCallback | None = None,
 ) -> LocalLaunch:
-    """Check, choose an engine, probe it and plan (see :func:`prepare_launch`)."""
+    """Check, choose an engine, probe it and plan (see :func:`prepare_launch`), with the
+    settings ``k3desk tune`` kept for the model and the speeds measured here."""
     subject: list[Subject] = []
 
     def hardware() -> HardwareProfile:
@@ -91,4 +99,58 @@ def prepare_local_launch(
         cancel=cancel,
         on_progress=on_progress,
     )
-    return LocalLaunch(prepared, subject[0], model_name(request.shard))
+    store = CalibrationStore(services.paths.state)
+    hw, layout = prepared.hardware, prepared.layout
+    return LocalLaunch(
+        prepared,
+        subject[0],
+        model_name(request.shard),
+        calibrated=calibrate_plan(store, hw, layout, prepared.plan),
+        tracker=SpeedTracker(hw, layout, prepared.plan, store),
+    )
+
+
+@dataclass(frozen=True)
+class TuneLaunchRequest:
+    """``k3desk tune SHARD`` and the Engine page's Tune button: the launch to tune (always
+    on this machine: the engine runs here) and how to measure it."""
+
+    launch: LocalLaunchRequest
+    prompt_tokens: int = 128  # the fixed test request (core/tuning/tune.py)
+    decode_tokens: int = 32
+    exhaustive: bool = False  # measure every variant: the sweep the tuner is checked by
+    save: bool = True  # keep the fastest for the next launch of this model here
+
+
+def tune_local_launch(
+    services: Services,
+    request: TuneLaunchRequest,
+    *,
+    cancel: CancelToken | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> TuneModelResult:
+    """Measure a few launch variants of the model with the real engine, keep the fastest."""
+    r = request.launch
+    return tune_model(
+        TuneModelRequest(
+            shard=r.shard,
+            paths=services.paths,
+            hardware=services.this_machine,
+            options=r.options(),
+            mmproj=r.mmproj,
+            engine=r.engine,
+            configured=r.configured_engine,
+            catalog=services.catalog_tiers(),
+            prompt_tokens=request.prompt_tokens,
+            decode_tokens=request.decode_tokens,
+            exhaustive=request.exhaustive,
+            save=request.save,
+        ),
+        progress=on_progress or no_progress,
+        cancel=cancel,
+    )
+
+
+def forget_tuned_launch(services: Services, shard: Path) -> bool:
+    """Drop what ``k3desk tune`` kept for ``shard``'s model on this machine."""
+    return forget_tuned(shard, services.paths, services.this_machine(), services.catalog_tiers())

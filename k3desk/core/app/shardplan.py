@@ -8,7 +8,7 @@ stay on the CPU, memory per device, and the layer map as runs of layers per devi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +20,8 @@ from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.gguf.validate import inspect_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import LaunchPlan, PlanOptions
+from k3desk.core.tuning.calibration import CalibrationStore, calibrate_plan
+from k3desk.core.tuning.tuned import TunedStore, apply_tuned
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -199,6 +201,9 @@ class ShardSetPlan:
 def plan_shard_set(services: Services, request: PlanRequest) -> ShardSetPlan:
     """Check the shard set from its headers, then plan it for the machine asked for.
 
+    On this machine, the plan uses what ``k3desk tune`` kept for the model (a note says
+    so) and its speed carries what this machine's runs measured (``core/tuning``).
+
     The set is checked first, so a broken set is reported before any hardware is
     detected; this machine's free disk is measured where the shards are.  A set that
     llama.cpp b11434 refuses although its files are whole is planned all the same, with
@@ -216,5 +221,10 @@ def plan_shard_set(services: Services, request: PlanRequest) -> ShardSetPlan:
         )
         subject = Subject.this_machine(hw)
     opts = PlanOptions(ctx=request.ctx, mmproj=request.mmproj, n_cpu_moe=request.n_cpu_moe)
+    state = services.paths.state
+    opts, tuned_note = apply_tuned(TunedStore(state), hw, layout, opts)
     plan, tier = plan_model(hw, layout, opts, tiers)
+    plan = calibrate_plan(CalibrationStore(state), hw, layout, plan)
+    if tuned_note:
+        plan = replace(plan, notes=(tuned_note, *plan.notes))
     return ShardSetPlan(layout, hw, subject, tier, plan_view(plan), report.suspicious)

@@ -223,6 +223,38 @@ def write_k3_gguf(
     return paths
 
 
+def write_k3_gguf_streamed(
+    path: Path,
+    name: str,
+    *,
+    shape: K3Shape,
+    chat_template: str | None = None,
+    seed: int = 0,
+) -> Path:
+    """Write one random-weight kimi-k3 file of any size, a tensor at a time.
+
+    The same keys, tensors and random draws as :func:`write_k3_gguf` (one part), but
+    each tensor is generated just before it is written, so a model of several GB
+    needs no more memory than its largest tensor.
+    """
+    specs = list(tensor_specs(shape))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(path, ARCH, split_max_tensors=0)
+    _add_k3_keys(writer, shape, name, chat_template, ARCH)
+    for spec in specs:
+        dtype = np.dtype(tensor_dtype(spec))
+        n = math.prod(spec.shape)
+        writer.add_tensor_info(spec.name, tuple(reversed(spec.shape)), dtype, n * dtype.itemsize)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for spec in specs:
+        writer.write_tensor_data(_tensor_data(spec, rng))
+    writer.close()
+    return path
+
+
 def _add_k3_keys(w: Any, s: K3Shape, name: str, chat_template: str | None, arch: str) -> None:
     k = f"{arch}."
     w.add_name(name)

@@ -42,6 +42,7 @@ from k3desk.core.planning.model import LaunchPlan, PlanOptions
 from k3desk.core.planning.plan import make_plan
 from k3desk.core.planning.recommend import options_for
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
+from k3desk.core.tuning.tuned import TunedStore, apply_tuned
 from k3desk.core.units import fmt_bytes
 
 INSTALL_HINT = "Build one with `k3desk engine install`, or pass --engine PATH."
@@ -167,6 +168,7 @@ def prepare_launch(
     catalog: Iterable[Tier] | None = None,
     cancel: CancelToken | None = None,
     on_progress: ProgressCallback | None = None,
+    use_tuned: bool = True,
 ) -> PreparedLaunch:
     """Validate ``shard``'s set, choose and probe an engine, and plan the launch.
 
@@ -177,7 +179,9 @@ def prepare_launch(
     shard set and the engine have passed).  ``options.extra_args`` are passed on to
     llama-server; a ``--n-cpu-moe N`` (or ``--cpu-moe``) among them is planned for
     rather than appended.  ``catalog``: the tiers, for better advice and the tier's
-    reference ``--n-cpu-moe``.
+    reference ``--n-cpu-moe``.  With ``use_tuned``, the settings ``k3desk tune`` kept
+    for this model on this machine are planned with (unless ``options`` set any of
+    them), and a note says so.
     """
     progress = on_progress or no_progress
     tiers = tuple(catalog) if catalog is not None else ()
@@ -214,6 +218,9 @@ def prepare_launch(
     check()
     hw = hardware if isinstance(hardware, HardwareProfile) else hardware()
     check()
+    tuned_note = ""
+    if use_tuned:
+        options, tuned_note = apply_tuned(TunedStore(paths.state), hw, layout, options)
     progress(Progress("plan", 0, 1, layout.first_part.name))
     plan, tier = plan_model(hw, layout, options, tiers)
     progress(Progress("plan", 1, 1, plan.verdict))
@@ -228,6 +235,8 @@ def prepare_launch(
             plan,
         )
     notes = [suspicious_note(finding) for finding in report.suspicious]
+    if tuned_note:
+        notes.append(tuned_note)
     gpu_gap = probe.gpu_problems(hw)
     if gpu_gap:
         notes.append(f"The engine {exe} loads Kimi-K3, but {gpu_gap[0]}.")

@@ -47,6 +47,11 @@ class PlanOptions:
     n_cpu_moe: int | None = None
     # the context size when ``ctx`` is None (e.g. the app's setting), before the cap
     default_ctx: int = DEFAULT_CTX
+    # -t (None: llama.cpp's default, the physical cores) and -b (None: its 2048);
+    # -ub is ``ubatch`` above, passed on when it is not llama.cpp's 512
+    threads: int | None = None
+    batch: int | None = None
+    threads_batch: int | None = None  # -tb: threads for prompts (None: as -t)
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,18 @@ class SpeedPrediction:
     bytes_per_token: dict[str, int]  # device -> bytes read per decoded token
     bottleneck: str  # e.g. "CPU RAM bandwidth (expert layers 0-92 on CPU)"
     depth: int = 0  # tokens of context the prediction assumes
+    # prompt processing tok/s for a ``prompt_tokens`` prompt (0: not predicted, e.g.
+    # with a GPU in the plan)
+    prompt_tps: float = 0.0
+    prompt_tokens: int = 0
+    threads: int = 0  # the -t the prediction assumes
+    # how the prediction gets from the bound to its figure: (what, seconds per token)
+    steps: tuple[tuple[str, float], ...] = ()
+    # this machine's own runs (k3desk.core.tuning.calibration): the prediction with
+    # their correction, and what they say ("measured here: ..."); 0 / "" without runs
+    calibrated_tps: float = 0.0
+    calibrated_prompt_tps: float = 0.0
+    calibration: str = ""
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,8 @@ from k3desk.core.planning.model import (
 from k3desk.core.planning.speed import predict_speed
 from k3desk.core.units import fmt_bytes
 
+DEFAULT_UBATCH = 512  # llama.cpp's -ub (common/common.h: n_ubatch)
+
 
 @dataclass(frozen=True)
 class _Gpu:
@@ -126,6 +128,14 @@ def _check_options(layout: ModelLayout, opts: PlanOptions) -> None:
         raise PlanError(f"--parallel must be at least 1 (got {opts.parallel}).")
     if opts.ubatch < 1:
         raise PlanError(f"The micro-batch size must be at least 1 (got {opts.ubatch}).")
+    counts = (("thread count", opts.threads), ("prompt thread count", opts.threads_batch))
+    for name, value in counts:
+        if value is not None and value < 1:
+            raise PlanError(f"The {name} must be at least 1 (got {value}).")
+    if opts.batch is not None and opts.batch < opts.ubatch:
+        raise PlanError(
+            f"The batch size ({opts.batch}) must be at least the micro-batch ({opts.ubatch})."
+        )
     if opts.n_cpu_moe is not None and opts.n_cpu_moe < 0:
         raise PlanError(f"--n-cpu-moe must not be negative (got {opts.n_cpu_moe}).")
     if opts.gpu_margin < 0 or opts.ram_margin < 0:
@@ -479,6 +489,9 @@ def _build(
         depth=opts.speed_depth,
         stream_miss=miss,
         disk_read_bps=opts.disk_read_bps,
+        threads=opts.threads,
+        threads_batch=opts.threads_batch,
+        ubatch=opts.ubatch,
     )
 
     args = _server_args(layout, opts, pl, n, ngl, tensor_split, usable, hw, mmproj_on_gpu)
@@ -554,6 +567,16 @@ def _server_args(
     if opts.no_warmup:
         args.append("--no-warmup")
     args += ["--parallel", str(opts.parallel)]
+    # the prompt and decode counters calibration reads (k3desk.core.tuning.metrics)
+    args.append("--metrics")
+    if opts.threads is not None:
+        args += ["-t", str(opts.threads)]
+    if opts.threads_batch is not None:
+        args += ["-tb", str(opts.threads_batch)]
+    if opts.batch is not None:
+        args += ["-b", str(opts.batch)]
+    if opts.ubatch != DEFAULT_UBATCH:
+        args += ["-ub", str(opts.ubatch)]
     args += ["--temp", repr(float(opts.temperature)), "--top-p", repr(float(opts.top_p))]
     if opts.mmproj is not None:
         args += ["--mmproj", str(opts.mmproj)]

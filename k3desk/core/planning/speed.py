@@ -1,39 +1,48 @@
-"""Predicted decode speed (tokens per second) of a launch plan.
+"""Predicted decode and prompt speed (tokens per second) of a launch plan.
 
-Decoding one token with batch size 1 reads, on each device, every weight of the
-layers placed there except the routed experts, of which only ``n_expert_used``
-of ``n_expert`` are touched, plus the KV cache of MLA layers and the KDA
-state.  Layers run one after the other, so the times on the devices add up:
+Stated from first principles: what one token costs on each device, added up
+(the layers run one after the other, so the devices take turns):
 
-    bound    = sum over devices of  bytes_touched(device) / bandwidth(device)
-    expected = sum over devices of  cost_weighted_bytes(device) / (bandwidth * efficiency)
-               + hops * hop_time + bytes_from_disk / disk_bandwidth
+    t_token = sum over devices of t_device + hand-overs + disk reads
 
-``bound`` is a physical upper limit (no real kernel streams at peak).  The
-expected figure uses a handful of factors, each with a physical meaning, fitted
-once by hand against the five llama.cpp decode speeds the seed cards publish
-(``bench/predict_speed.py`` prints the table, the error of each, and the fit):
+**On the CPU** (``RAM``), every matrix the token multiplies is read and decoded.
+Reading is bound by the RAM bandwidth, decoding by the cores; a kernel takes
+the longer of the two (a roofline per type), and every graph node costs the
+threads one start and barrier:
 
-* ``GPU_EFFICIENCY``: the share of a GPU's peak bandwidth batch-1 matrix-vector
-  kernels reach on quantized weights;
-* ``RAM_EFFICIENCY``: the same for CPU threads reading system RAM;
-* ``TYPE_COST``: relative cost on a GPU of decoding one byte of a type,
-  compared with Q8_0 / K-quants.  The one type factor the data can fit is
-  IQ4_XS (and its sibling IQ4_NL): 6block's same-machine pair runs at 11.5 tok/s
-  with Q8_0 non-expert weights and 6.8 with IQ4_XS ones, although IQ4_XS reads
-  half the bytes.  IQ1_S is the routed-expert type of every anchor, so its cost
-  is absorbed by the efficiencies; other types stay at 1 rather than guess;
-* ``CPU_LAYER_S``: fixed time per layer whose attention and shared weights run
-  on the CPU (CPU-only or partial ``-ngl``): the many small graph nodes of a
-  layer each start and synchronise dozens of threads.  Fitted on the one
-  CPU-only anchor; AtomicChat's Q3_K_S on the same machine (not used in the
-  fit) checks it;
-* ``GPU_HOP_S`` / ``SPLIT_S`` (fixed, not fitted): time per hand-over between two
-  GPUs, and per round trip between a GPU and the CPU (each MoE layer whose
-  experts stay in RAM costs one: copy the activations, synchronise, copy back).
+    t_RAM = sum over types t of max(W_t * c_t / threads, B_t / bandwidth)
+            + nodes_RAM * node_s(threads)
 
-The low/high range is the calibration's spread (every anchor within
-``RANGE`` of its prediction), never above the physical bound.  Speeds are
+``W_t``/``B_t`` are the weights/bytes of type ``t`` the token touches (of the
+routed experts only ``n_expert_used`` of ``n_expert``), ``c_t`` the measured ns
+per weight per thread of llama.cpp's own kernel for that type, ``node_s`` the
+measured overhead of one graph node, and ``nodes`` llama.cpp's own node count
+for the layers placed there (``kernels.py``, ``resources/kernels.json``, written
+by ``bench/kernel_costs.py``).  Attention over the KV cache (MLA) and the KDA
+state update are costed the same way: their multiply-adds at F16's cost, their
+bytes through the bandwidth.
+
+**On a GPU**, decoding is cheap next to reading (its ALUs outrun its memory by
+far), so the weights stream at a share of the peak bandwidth, and every node
+costs a kernel launch:
+
+    t_GPU = B_GPU / (bandwidth * GPU_STREAM_SHARE) + nodes_GPU * GPU_NODE_S
+
+The GPU constants are stated, not measured: no GPU machine was available to
+measure them on; the card speeds (``bench/predict_speed.py``) are their only check.
+
+**Prompts** (CPU only) run every matrix over a batch of tokens: per token,
+``W_t * p_t / threads`` with ``p_t`` the measured matrix-matrix cost; the
+weights are read once per batch (every expert some token of the batch routes
+to), and the graph's nodes once per batch.  A plan with a GPU gets no prompt
+prediction (``prompt_tps`` 0): llama.cpp then moves the experts' batches to the
+GPU, bound by the PCIe link and GPU kernels nothing here has measured.
+
+``bound`` is the physical upper limit: bytes touched / peak bandwidth, nothing
+else.  ``steps`` says how the prediction gets from the bound to its figure.
+The low/high range is ``RANGE_CPU`` for the share of the time on the CPU (the
+tolerance ``bench/speed_vs_measured.py`` checks on real runs) and
+``RANGE_GPU`` for the rest (never checked against a run).  Decode speed is
 predicted at ``depth`` tokens of context (4,096 or the context size if
 smaller): the MLA cache read grows with depth, the KDA state does not.
 """
@@ -41,83 +50,119 @@ smaller): the MLA cache read grows with depth, the KDA state does not.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from k3desk.core.gguf.model import ModelLayout
+from k3desk.core.gguf.model import K3HParams, ModelLayout
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.k3arch import is_expert_tensor, layer_of
-from k3desk.core.planning.memory import kv_cache_layer_bytes, recurrent_state_layer_bytes
+from k3desk.core.planning import kernels as kernel_costs
+from k3desk.core.planning.memory import (
+    is_mla_layer,
+    kv_type_bytes,
+    recurrent_state_layer_bytes,
+)
 from k3desk.core.planning.model import LayerPlacement, SpeedPrediction
-from k3desk.core.units import GB
+from k3desk.core.units import GB, fmt_tps, fmt_tps3
 
-# ----------------------------------------------------------------- calibration
-# Fitted once with ``bench/predict_speed.py --fit`` (log least squares over the
-# five anchors; worst error 13 %, the unused sixth anchor 14 %).
-GPU_EFFICIENCY = 0.35
-RAM_EFFICIENCY = 0.45
-# GPU-side cost per byte relative to Q8_0 / K-quants.  Only IQ4_XS/IQ4_NL have
-# evidence (6block's pair); other types stay at 1 rather than guess.
-TYPE_COST: dict[str, float] = {"IQ4_XS": 5.0, "IQ4_NL": 5.0}
-# Per layer whose attention and shared weights run on the CPU: thread start-up
-# and barriers of its ~40 graph nodes on dozens of threads, and the KDA update.
-CPU_LAYER_S = 3e-3
-# Fixed, not fitted: a hand-over between two GPUs, and a GPU <-> CPU round trip.
-GPU_HOP_S = 50e-6
+# ----------------------------------------------------------------- GPU (stated)
+# Share of the published peak bandwidth batch-1 matrix-vector kernels stream at.
+# Not measured (no GPU machine): copy kernels reach about 90 % of the peak on HBM
+# parts; kernels that decode quantized blocks while they read, somewhat less.
+GPU_STREAM_SHARE = 0.75
+# Per graph node on a GPU: a kernel launch and the smallest kernel's run, a few
+# microseconds each on current drivers.  K3's ~150 nodes per layer make this the
+# largest term of an all-GPU plan (14,000 nodes per token on the real model).
+GPU_NODE_S = 3e-6
+# A hand-over between two GPUs (copy the activations, synchronise) and a GPU <->
+# CPU round trip (two small copies over PCIe, a stream synchronisation, the CPU
+# threads waking up): tens of microseconds each.
+GPU_HOP_S = 30e-6
 SPLIT_S = 50e-6
-RANGE = 0.35
+# Graph nodes of a MoE layer that run where its experts are when that is not where
+# the rest of the layer is (--n-cpu-moe): the three mul_mat_id on the expert weights
+# and the activation between them.  ggml's scheduler puts a node without weights on
+# the GPU when the GPU supports it (ggml_backend_sched's expand passes), so the
+# routing, the weighting and the sum of the k experts stay with the layer.
+EXPERT_NODES = 4
+
+# Ranges (see the module docstring).
+RANGE_CPU = 0.25
+RANGE_GPU = 0.5
 
 # Bandwidths used when a profile has none (documented guesses, marked as such).
 FALLBACK_GPU_BPS = 0.5e12
 FALLBACK_RAM_BPS = 50e9
+# A bandwidth from a table or an estimate is a theoretical peak; STREAM-type reads
+# reach about 80 % of it on server and desktop DDR (a measured one is used as is).
+RAM_PEAK_SHARE = 0.8
 DEFAULT_DEPTH = 4096
+DEFAULT_PROMPT = 512
+
+
+@dataclass
+class _Work:
+    """What one device does for one token."""
+
+    weights: dict[str, float] = field(default_factory=dict)  # type -> weights multiplied
+    nbytes: dict[str, float] = field(default_factory=dict)  # type -> bytes read
+    nodes: float = 0.0
+    extra_bytes: float = 0.0  # KV cache, KDA state
+    extra_macs: float = 0.0  # attention multiply-adds over the KV cache (F16's cost)
+    kda_layers: int = 0  # KDA layers whose own operations run here
+
+    def add(self, type_name: str, weights: float, nbytes: float) -> None:
+        self.weights[type_name] = self.weights.get(type_name, 0.0) + weights
+        self.nbytes[type_name] = self.nbytes.get(type_name, 0.0) + nbytes
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(self.nbytes.values()) + self.extra_bytes
 
 
 @dataclass(frozen=True)
-class _LayerCost:
-    other_raw: int
-    other_weighted: float
-    expert_raw: int
-    expert_weighted: float
+class _Tensors:
+    """Per layer: {type: (weights, bytes)} of the non-expert and of the expert tensors."""
+
+    other: list[dict[str, tuple[int, int]]]
+    experts: list[dict[str, tuple[int, int]]]
+    output: dict[str, tuple[int, int]]
 
 
-def _weighted_layers(layout: ModelLayout) -> tuple[list[_LayerCost], int, float]:
-    """Per-layer raw and cost-weighted bytes, and the output layer's."""
+def _add(d: dict[str, tuple[int, int]], type_name: str, weights: int, nbytes: int) -> None:
+    w, b = d.get(type_name, (0, 0))
+    d[type_name] = (w + weights, b + nbytes)
+
+
+def _tensors(layout: ModelLayout) -> _Tensors:
     n = len(layout.layers)
+    other: list[dict[str, tuple[int, int]]] = [{} for _ in range(n)]
+    experts: list[dict[str, tuple[int, int]]] = [{} for _ in range(n)]
+    output: dict[str, tuple[int, int]] = {}
     if not layout.tensors:
-        costs = [
-            _LayerCost(
-                layer.other_bytes,
-                float(layer.other_bytes),
+        # per-layer totals only: count them as Q8_0-like bytes (1.0625 B per weight)
+        for layer in layout.layers:
+            other[layer.index]["Q8_0"] = (round(layer.other_bytes / 1.0625), layer.other_bytes)
+            experts[layer.index]["Q8_0"] = (
+                round(layer.expert_bytes / 1.0625),
                 layer.expert_bytes,
-                float(layer.expert_bytes),
             )
-            for layer in layout.layers
-        ]
         out = layout.global_bytes - layout.token_embd_bytes
-        return costs, out, float(out)
-    o_raw = [0] * n
-    o_w = [0.0] * n
-    e_raw = [0] * n
-    e_w = [0.0] * n
-    out_raw = 0
-    out_w = 0.0
+        output["Q8_0"] = (round(out / 1.0625), out)
+        return _Tensors(other, experts, output)
     for t in layout.tensors:
-        c = TYPE_COST.get(t.type_name.upper(), 1.0)
+        weights = math.prod(t.shape)
         i = layer_of(t.name)
         if i is None or i >= n:
             if t.name.startswith("token_embd"):
                 continue  # one row per token: negligible
-            out_raw += t.nbytes
-            out_w += t.nbytes * c
+            _add(output, t.type_name.upper(), weights, t.nbytes)
         elif is_expert_tensor(t.name):
-            e_raw[i] += t.nbytes
-            e_w[i] += t.nbytes * c
+            _add(experts[i], t.type_name.upper(), weights, t.nbytes)
         else:
-            o_raw[i] += t.nbytes
-            o_w[i] += t.nbytes * c
-    costs = [_LayerCost(o_raw[i], o_w[i], e_raw[i], e_w[i]) for i in range(n)]
-    return costs, out_raw, out_w
+            _add(other[i], t.type_name.upper(), weights, t.nbytes)
+    return _Tensors(other, experts, output)
 
 
 def _on_gpu(device: str) -> bool:
@@ -142,10 +187,95 @@ def device_bandwidth(hw: HardwareProfile, device: str) -> tuple[float, str]:
     return FALLBACK_RAM_BPS, f"RAM bandwidth unknown: assumed {FALLBACK_RAM_BPS / GB:.0f} GB/s"
 
 
-def device_efficiency(device: str) -> float:
-    if device.startswith("CUDA"):
-        return GPU_EFFICIENCY
-    return RAM_EFFICIENCY
+def ram_stream_bandwidth(hw: HardwareProfile) -> float:
+    """What the CPU's kernels read RAM at: a measured figure as it is, a peak x 0.8."""
+    bw, _ = device_bandwidth(hw, "RAM")
+    if hw.memory.bandwidth.source == "measured":
+        return bw
+    return bw * RAM_PEAK_SHARE
+
+
+def default_threads(hw: HardwareProfile) -> int:
+    """llama.cpp's default ``-t``: the physical cores (``common_cpu_get_num_math``,
+    common/common.cpp b11434; hyper-threads are not counted)."""
+    return max(1, hw.cpu.physical_cores)
+
+
+def _layer_nodes(k: kernel_costs.Kernels, hp: K3HParams, index: int, moe: bool) -> float:
+    attn = k.nodes("mla") if is_mla_layer(hp, index) else k.nodes("kda")
+    if not moe:
+        return attn + k.nodes("dense")
+    return attn + k.nodes("moe") + k.nodes("moe_per_used") * hp.expert_used_count
+
+
+def _kda_state(hp: K3HParams) -> int:
+    return hp.head_count * hp.kda_head_dim * hp.kda_head_dim
+
+
+def _attention_work(hp: K3HParams, index: int, depth: float, kv_type: str) -> tuple[float, float]:
+    """(bytes, multiply-adds) of one token's attention / KDA update in layer ``index``."""
+    if is_mla_layer(hp, index):
+        row = hp.kv_lora_rank + hp.rope_dimension_count
+        # absorbed MLA (kimi-k3.cpp): every head dots the shared [kv_lora + rope] key
+        # row and accumulates the [kv_lora] value row of every cached token
+        macs = hp.head_count * (row + hp.kv_lora_rank) * depth
+        return row * kv_type_bytes(kv_type) * depth, macs
+    # KDA: the state is read and written; its operations are timed as measured
+    # (Kernels.kda_seconds), not counted here
+    return 2 * recurrent_state_layer_bytes(hp, index), 0.0
+
+
+@dataclass(frozen=True)
+class _Costed:
+    seconds: float
+    compute_s: float  # kernel time beyond what the bandwidth alone needs
+    bandwidth_s: float
+    nodes_s: float
+    notes: tuple[str, ...]
+
+
+def _cpu_time(
+    work: _Work,
+    k: kernel_costs.Kernels,
+    threads: int,
+    bw: float,
+    test: str,
+    kda_state: int,
+    batch: float = 1.0,
+) -> _Costed:
+    """CPU time per token; ``batch`` > 1: the bytes are read once per batch."""
+    notes: list[str] = []
+    compute = bandwidth = total = 0.0
+    for type_name, weights in work.weights.items():
+        cost, note = k.cost(type_name)
+        if note:
+            notes.append(note)
+        ns = cost.tg_ns if test == "tg" else cost.pp_ns
+        c = weights * ns * 1e-9 / threads
+        b = work.nbytes.get(type_name, 0.0) / bw / batch
+        total += max(c, b)
+        bandwidth += b
+        compute += max(c - b, 0.0)
+    f16, _ = k.cost("F16")
+    ns = f16.tg_ns if test == "tg" else f16.pp_ns
+    c = work.extra_macs * ns * 1e-9 / threads
+    b = work.extra_bytes / bw
+    total += max(c, b)
+    bandwidth += b
+    compute += max(c - b, 0.0)
+    scale = 1.0 if test == "tg" else _pp_node_scale(k, batch)
+    nodes = work.nodes * k.node_seconds(test, threads) * scale
+    layers = work.kda_layers * k.kda_seconds(test, threads, kda_state)
+    total += layers
+    compute += layers
+    return _Costed(total + nodes, compute, bandwidth, nodes, tuple(dict.fromkeys(notes)))
+
+
+def _pp_node_scale(k: kernel_costs.Kernels, batch: float) -> float:
+    """The pp node overhead was measured per token of a batch of ``k.pp_tokens``; a
+    node's start and barrier are paid once per batch, so per token they scale as
+    ``pp_tokens / batch``."""
+    return k.pp_tokens / max(batch, 1.0)
 
 
 def predict_speed(
@@ -159,97 +289,159 @@ def predict_speed(
     depth: int | None = None,
     stream_miss: float = 0.0,
     disk_read_bps: float = 3.5e9,
+    threads: int | None = None,
+    threads_batch: int | None = None,
+    ubatch: int = 512,
+    prompt_tokens: int = DEFAULT_PROMPT,
+    kernels: kernel_costs.Kernels | None = None,
 ) -> SpeedPrediction:
-    """Decode speed of ``layers`` placed as given (see the module docstring).
+    """Decode (and, on the CPU, prompt) speed of ``layers`` placed as given.
 
     ``stream_miss`` is the share of the RAM-resident experts' reads that miss the
-    page cache and come from disk (0 when everything fits).
+    page cache and come from disk (0 when everything fits).  ``threads`` is
+    llama-server's ``-t`` (None: its default, :func:`default_threads`),
+    ``threads_batch`` its ``-tb`` for prompts (None: as ``-t``).
     """
+    k = kernels or kernel_costs.load()
     hp = layout.hparams
+    n_threads = threads if threads and threads > 0 else default_threads(hw)
+    n_batch_threads = threads_batch if threads_batch and threads_batch > 0 else n_threads
     d = min(ctx, DEFAULT_DEPTH) if depth is None else max(0, min(depth, ctx))
-    costs, out_raw, out_w = _weighted_layers(layout)
+    tensors = _tensors(layout)
     frac = hp.expert_used_count / max(hp.expert_count, 1)
 
-    raw: dict[str, float] = {}
-    weighted: dict[str, float] = {}
+    work: dict[str, _Work] = {}
 
-    def add(device: str, nbytes: float, w: float) -> None:
-        raw[device] = raw.get(device, 0.0) + nbytes
-        weighted[device] = weighted.get(device, 0.0) + w
+    def dev(name: str) -> _Work:
+        return work.setdefault(name, _Work())
 
     ram_expert_touched = 0.0
     sequence: list[str] = ["RAM"]  # the input embedding is looked up on the CPU
+    dev("RAM").nodes += k.nodes("global")
     for p in layers:
-        c = costs[p.index]
-        kv = kv_cache_layer_bytes(hp, p.index, d, kv_type)
-        state = 2 * recurrent_state_layer_bytes(hp, p.index)  # read and write
-        other_w = c.other_weighted if _on_gpu(p.non_expert_device) else c.other_raw
-        add(p.non_expert_device, c.other_raw + kv + state, other_w + kv + state)
+        home = dev(p.non_expert_device)
+        for t, (wt, b) in tensors.other[p.index].items():
+            home.add(t, wt, b)
+        kv_b, macs = _attention_work(hp, p.index, d, kv_type)
+        home.extra_bytes += kv_b
+        home.extra_macs += macs
+        home.kda_layers += 0 if is_mla_layer(hp, p.index) else 1
+        moe = p.ffn == "moe"
+        nodes = _layer_nodes(k, hp, p.index, moe)
         sequence.append(p.non_expert_device)
-        if p.ffn == "moe" and c.expert_raw > 0:
-            exp_w = c.expert_weighted if _on_gpu(p.expert_device) else c.expert_raw
-            add(p.expert_device, c.expert_raw * frac, exp_w * frac)
+        if moe and tensors.experts[p.index]:
+            where = dev(p.expert_device)
+            for t, (wt, b) in tensors.experts[p.index].items():
+                where.add(t, wt * frac, b * frac)
             if p.expert_device == "RAM":
-                ram_expert_touched += c.expert_raw * frac
-            sequence.append(p.expert_device)
-            sequence.append(p.non_expert_device)  # shared expert and residual continue there
-    add(output_device, out_raw, out_w if _on_gpu(output_device) else out_raw)
+                ram_expert_touched += sum(b for _, b in tensors.experts[p.index].values()) * frac
+            if p.expert_device != p.non_expert_device:
+                moved = min(EXPERT_NODES, nodes)
+                where.nodes += moved
+                nodes -= moved
+                sequence.append(p.expert_device)
+                sequence.append(p.non_expert_device)
+        home.nodes += nodes
+    out = dev(output_device)
+    for t, (wt, b) in tensors.output.items():
+        out.add(t, wt, b)
     sequence.append(output_device)
 
     notes: list[str] = []
     bound_s = 0.0
     expected_s = 0.0
-    per_device_s: dict[str, float] = {}
-    for device, nbytes in raw.items():
+    gpu_s = 0.0
+    cpu: _Costed | None = None
+    steps: list[tuple[str, float]] = []
+    gpu_stream = gpu_nodes = 0.0
+    for device, w in work.items():
         bw, note = device_bandwidth(hw, device)
         if note:
             notes.append(note)
-        bound_s += nbytes / bw
-        t = weighted[device] / (bw * device_efficiency(device))
-        per_device_s[device] = t
-        expected_s += t
+        bound_s += w.total_bytes / bw
+        if _on_gpu(device):
+            stream = w.total_bytes / (bw * GPU_STREAM_SHARE)
+            nodes = w.nodes * GPU_NODE_S
+            gpu_stream += stream - w.total_bytes / bw
+            gpu_nodes += nodes
+            gpu_s += stream + nodes
+        else:
+            cpu = _cpu_time(w, k, n_threads, ram_stream_bandwidth(hw), "tg", _kda_state(hp))
+            notes.extend(cpu.notes)
+    steps.append(("reading the weights at the peak bandwidth (the bound)", bound_s))
+    cpu_s = cpu.seconds if cpu else 0.0
+    if cpu is not None:
+        ram_bytes = work["RAM"].total_bytes
+        peak, _ = device_bandwidth(hw, "RAM")
+        below_peak = cpu.bandwidth_s - ram_bytes / peak
+        if below_peak > 0:
+            steps.append(("CPU reads below the peak (measured or 80 % of it)", below_peak))
+        if cpu.compute_s > 0:
+            label = f"CPU kernels decoding the weights on {n_threads} thread(s)"
+            steps.append((label, cpu.compute_s))
+        if cpu.nodes_s > 0:
+            steps.append(
+                (f"CPU graph overhead ({work['RAM'].nodes:,.0f} nodes per token)", cpu.nodes_s)
+            )
+    if gpu_stream > 0:
+        steps.append((f"GPU reads at {GPU_STREAM_SHARE:.0%} of the peak", gpu_stream))
+    if gpu_nodes > 0:
+        n_gpu_nodes = sum(w.nodes for dv, w in work.items() if _on_gpu(dv))
+        steps.append((f"GPU kernel launches ({n_gpu_nodes:,.0f} nodes per token)", gpu_nodes))
 
-    hops = 0
-    splits = 0
-    for a, b in itertools.pairwise(sequence):
-        if a == b:
+    hops = splits = 0
+    for here, there in itertools.pairwise(sequence):
+        if here == there:
             continue
-        if "RAM" in (a, b):
+        if "RAM" in (here, there):
             splits += 1
         else:
             hops += 1
-    # the first RAM -> GPU hand-over of the embedding is part of every token
-    expected_s += hops * GPU_HOP_S + splits * SPLIT_S
-    cpu_layers = sum(1 for p in layers if p.non_expert_device == "RAM")
-    cpu_layers += 1 if output_device == "RAM" else 0
-    expected_s += cpu_layers * CPU_LAYER_S
+    handover_s = hops * GPU_HOP_S + splits * SPLIT_S if gpu_s > 0 else 0.0
+    if handover_s > 0:
+        steps.append((f"hand-overs ({hops} GPU-GPU, {splits} GPU-CPU)", handover_s))
+    expected_s = cpu_s + gpu_s + handover_s
 
     disk_bytes = ram_expert_touched * min(max(stream_miss, 0.0), 1.0)
     disk_s = disk_bytes / max(disk_read_bps, 1.0)
+    if disk_s > 0:
+        steps.append((f"experts read from disk ({disk_bytes / GB:.1f} GB per token)", disk_s))
     bound_s += disk_s
     expected_s += disk_s
 
     bound = 1.0 / bound_s if bound_s > 0 else 0.0
     expected = min(1.0 / expected_s, bound) if expected_s > 0 else 0.0
-    low = expected / (1.0 + RANGE)
-    high = min(expected * (1.0 + RANGE), bound)
+    gpu_share = (gpu_s + handover_s) / expected_s if expected_s > 0 else 0.0
+    r = RANGE_CPU * (1.0 - gpu_share) + RANGE_GPU * gpu_share
+    low = expected / (1.0 + r)
+    high = min(expected * (1.0 + r), bound)
     if disk_bytes > 0:
         # page faults on scattered expert slices rarely reach the sequential rate:
         # the low end assumes half of it
         low = 1.0 / (expected_s + disk_s) if expected_s > 0 else 0.0
+
+    prompt = 0.0
+    if not any(_on_gpu(dv) for dv in work) and "RAM" in work:
+        prompt = _prompt_tps(
+            hw, layout, tensors, layers, k, n_batch_threads, ubatch, prompt_tokens
+        )
+
     shares = {
+        "RAM bandwidth (CPU)": cpu.bandwidth_s if cpu else 0.0,
+        "CPU kernels (decoding quantized weights)": cpu.compute_s if cpu else 0.0,
+        "CPU graph overhead (thread start and barrier per node)": cpu.nodes_s if cpu else 0.0,
+        "GPU memory bandwidth": gpu_s - gpu_nodes,
+        "GPU kernel launches": gpu_nodes,
+        "GPU-CPU hand-overs": handover_s,
         f"disk reads ({disk_bytes / GB:.1f} GB of experts per token at "
         f"{disk_read_bps / GB:.1f} GB/s)": disk_s,
-        "RAM bandwidth (CPU)": per_device_s.get("RAM", 0.0),
-        "GPU memory bandwidth": sum(v for k, v in per_device_s.items() if k != "RAM"),
-        "CPU per-layer overhead (threads, KDA update)": cpu_layers * CPU_LAYER_S,
-        "GPU-CPU hand-overs": hops * GPU_HOP_S + splits * SPLIT_S,
     }
-    what = max(shares, key=lambda k: shares[k])
-    if expected_s > 0 and shares[what] > 0:
-        bottleneck = f"{what}: {shares[what] / expected_s:.0%} of the time per token"
+    top = max(shares, key=lambda key: shares[key])
+    if expected_s > 0 and shares[top] > 0:
+        bottleneck = f"{top}: {shares[top] / expected_s:.0%} of the time per token"
     else:
         bottleneck = "nothing placed"
+    notes = list(dict.fromkeys(notes))
     if notes:
         bottleneck += " (" + "; ".join(notes) + ")"
     return SpeedPrediction(
@@ -257,8 +449,106 @@ def predict_speed(
         expected_tps=expected,
         low_tps=low,
         high_tps=high,
-        bytes_per_token={k: round(v) for k, v in raw.items()}
+        bytes_per_token={key: round(w.total_bytes) for key, w in work.items()}
         | ({"disk": round(disk_bytes)} if disk_bytes > 0 else {}),
         bottleneck=bottleneck,
         depth=d,
+        prompt_tps=prompt,
+        prompt_tokens=prompt_tokens if prompt > 0 else 0,
+        threads=n_threads,
+        steps=tuple((label, s) for label, s in steps),
     )
+
+
+def _prompt_tps(
+    hw: HardwareProfile,
+    layout: ModelLayout,
+    tensors: _Tensors,
+    layers: Sequence[LayerPlacement],
+    k: kernel_costs.Kernels,
+    threads: int,
+    ubatch: int,
+    prompt_tokens: int,
+) -> float:
+    """Prompt tok/s of a CPU-only plan for a ``prompt_tokens`` prompt from an empty context."""
+    hp = layout.hparams
+    batch = float(max(1, min(ubatch, prompt_tokens)))
+    frac = hp.expert_used_count / max(hp.expert_count, 1)
+    # share of a layer's experts some token of the batch routes to
+    touched = 1.0 - (1.0 - frac) ** batch
+    w = _Work(nodes=k.nodes("global"))
+    for p in layers:
+        for t, (wt, b) in tensors.other[p.index].items():
+            w.add(t, wt, b)
+        for t, (wt, b) in tensors.experts[p.index].items():
+            # multiplied for k experts per token, read once per batch where touched
+            w.weights[t] = w.weights.get(t, 0.0) + wt * frac
+            w.nbytes[t] = w.nbytes.get(t, 0.0) + b * touched
+        _, macs = _attention_work(hp, p.index, prompt_tokens / 2, "f16")
+        w.extra_macs += macs
+        w.kda_layers += 0 if is_mla_layer(hp, p.index) else 1
+        w.nodes += _layer_nodes(k, hp, p.index, p.ffn == "moe")
+    for t, (wt, b) in tensors.output.items():
+        # llama.cpp computes the logits of the batch's last token only
+        w.add(t, wt / batch, b)
+    cost = _cpu_time(w, k, threads, ram_stream_bandwidth(hw), "pp", _kda_state(hp), batch)
+    return 1.0 / cost.seconds if cost.seconds > 0 else 0.0
+
+
+def explain(s: SpeedPrediction) -> list[str]:
+    """How the prediction gets from the bound to its figure, one line per step."""
+    if not s.steps:
+        return []
+    lines = []
+    total = 0.0
+    for label, seconds in s.steps:
+        total += seconds
+        lines.append(f"{label}: +{seconds * 1e3:.1f} ms -> {fmt_tps3(1.0 / total)} tok/s")
+    return lines
+
+
+def _threads_text(s: SpeedPrediction) -> str:
+    return f"{s.threads} thread{'s' if s.threads != 1 else ''}" if s.threads else ""
+
+
+def speed_lines(s: SpeedPrediction) -> list[str]:
+    """What ``k3desk plan`` shows of a prediction: the figure, the prompt speed, this
+    machine's measurements, and the steps from the bound."""
+    head = (
+        f"Speed: about {fmt_tps(s.expected_tps)} tok/s decode (range {fmt_tps(s.low_tps)}-"
+        f"{fmt_tps(s.high_tps)}, physical bound {fmt_tps(s.upper_bound_tps)}) at {s.depth} "
+        "tokens of context"
+    )
+    if s.threads:
+        head += f", {_threads_text(s)}"
+    lines = [head]
+    if s.prompt_tps > 0:
+        lines.append(f"  prompt: about {fmt_tps(s.prompt_tps)} tok/s for {s.prompt_tokens} tokens")
+    if s.calibration:
+        lines.append(f"  {s.calibration}")
+    lines.append(f"  bottleneck: {s.bottleneck}")
+    steps = explain(s)
+    if steps:
+        lines.append("  from the bound to the figure:")
+        lines += [f"    {line}" for line in steps]
+    return lines
+
+
+def predicted_text(s: SpeedPrediction) -> str:
+    """One line: 'Predicted: about 12 tok/s decode, 40 tok/s prompt (2 threads)'."""
+    text = f"Predicted: about {fmt_tps(s.expected_tps)} tok/s decode"
+    if s.prompt_tps > 0:
+        text += f", {fmt_tps(s.prompt_tps)} tok/s prompt"
+    if s.threads:
+        text += f" ({_threads_text(s)})"
+    return text
+
+
+def summary_lines(s: SpeedPrediction) -> list[str]:
+    """The Engine page's few lines: the prediction and its range, what this machine
+    measured (when it did), and the bottleneck."""
+    lines = [f"{predicted_text(s)}; range {fmt_tps(s.low_tps)}-{fmt_tps(s.high_tps)} tok/s decode."]
+    if s.calibration:
+        lines.append(s.calibration[0].upper() + s.calibration[1:] + ".")
+    lines.append(f"Bottleneck: {s.bottleneck}.")
+    return lines

@@ -22,6 +22,8 @@ from k3desk.core.engines.supervisor import (
     Supervisor,
 )
 from k3desk.core.errors import EngineError
+from k3desk.core.tuning.calibration import Comparison, SpeedTracker
+from k3desk.core.tuning.metrics import SpeedWatcher
 from k3desk.ui.bridge import Relay, StreamBuffer
 
 if TYPE_CHECKING:
@@ -55,6 +57,8 @@ class LaunchRequest:
     replan: Replanner | None = None  # how to re-plan after a GPU out-of-memory
     notes: tuple[str, ...] = ()  # warnings the launch carries (a suspicious shard set)
     subject: Subject | None = None  # the machine the plan was made for (this one)
+    # compares what the engine measures with the plan's prediction, and keeps it
+    tracker: SpeedTracker | None = None
 
 
 class EngineController(QObject):
@@ -65,6 +69,8 @@ class EngineController(QObject):
     attempts_changed(): the attempt history changed (a start, a crash, a restart).
     launched(object): a new LaunchRequest was started.
     failed(str, str): the engine gave up: message, hint.
+    measured(object): a calibration Comparison: what the engine's answers measured,
+        next to the prediction (after each stretch of answers).
     """
 
     state_changed = Signal(str, str)
@@ -73,6 +79,7 @@ class EngineController(QObject):
     attempts_changed = Signal()
     launched = Signal(object)
     failed = Signal(str, str)
+    measured = Signal(object)
 
     def __init__(self, ctx: AppContext, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -89,6 +96,10 @@ class EngineController(QObject):
         # a second place the chat can go when no local engine runs (cluster engines,
         # attached servers)
         self._external: ClusterController | None = None
+        self._watcher: SpeedWatcher | None = None
+        self._speeds = Relay(self)
+        self._speeds.fired.connect(self._on_speed)
+        self.last_measured: Comparison | None = None
 
     def set_external(self, source: ClusterController) -> None:
         """Let ``source`` serve the chat when no local engine runs; its changes are
@@ -143,6 +154,8 @@ class EngineController(QObject):
     # ---------------------------------------------------------- actions
     def launch(self, request: LaunchRequest) -> None:
         """Start the engine described by ``request`` (stopping a running one first)."""
+        self._unwatch()
+        self.last_measured = None
         old = self.supervisor
         self.request = request
         sup = Supervisor(
@@ -165,6 +178,7 @@ class EngineController(QObject):
         def done(ep: Endpoint) -> None:
             if sup is self.supervisor:
                 self._set_state(State.READY.value, f"Listening on {ep.url}")
+                self._watch(request, ep)
             self.attempts_changed.emit()
 
         def error(exc: BaseException) -> None:
@@ -183,6 +197,7 @@ class EngineController(QObject):
         sup = self.supervisor
         if sup is None:
             return
+        self._unwatch()
         if self._wait_task is not None:
             self._wait_task.cancel()
         self._set_state(State.STOPPING.value, "Stopping llama-server…")
@@ -198,11 +213,30 @@ class EngineController(QObject):
 
     def close(self) -> None:
         """Stop the engine now (blocking; app exit)."""
+        self._unwatch()
         sup, self.supervisor = self.supervisor, None
         if sup is not None:
             sup.stop()
 
     # --------------------------------------------------------- internals
+    def _watch(self, request: LaunchRequest, ep: Endpoint) -> None:
+        """Read the engine's own speed counters while it runs (calibration)."""
+        tracker = request.tracker
+        if tracker is None:
+            return
+        # the relay carries each comparison from the watcher's thread to this one
+        self._watcher = tracker.watch(ep.url, ep.api_key, self._speeds)
+
+    def _unwatch(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.stop(wait=False)
+
+    @Slot(object)
+    def _on_speed(self, comparison: Comparison) -> None:
+        self.last_measured = comparison
+        self.measured.emit(comparison)
+
     def _stopped(self, sup: Supervisor) -> None:
         if sup is self.supervisor:
             self._set_state(State.STOPPED.value, "Stopped.")

@@ -37,6 +37,7 @@ from k3desk.core.engines.source import GitSource, VisionCheck, install_from_git,
 from k3desk.core.errors import EngineError, K3Error, ValidationError
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import LaunchPlan
+from k3desk.core.planning.speed import explain, summary_lines
 from k3desk.core.progress import CancelToken, Progress
 from k3desk.core.units import fmt_bytes
 from k3desk.ui import theme
@@ -48,7 +49,9 @@ from k3desk.ui.pages import Navigator, Page
 from k3desk.ui.widgets import Card, CopyField, PageHeader, label, muted, primary, set_enabled
 
 if TYPE_CHECKING:
+    from k3desk.core.app.launch import LocalLaunchRequest, TuneLaunchRequest
     from k3desk.core.catalog.model import Tier
+    from k3desk.core.tuning.calibration import Comparison
     from k3desk.ui.context import AppContext
 
 DEVICE_COLORS = (
@@ -151,7 +154,7 @@ def prepare_launch(
 ) -> LaunchRequest:
     """The core's local launch (shard set checked, engine probed, planned for this machine,
     whatever the pages judge), as the views show it."""
-    from k3desk.core.app.launch import LocalLaunchRequest, prepare_local_launch
+    from k3desk.core.app.launch import prepare_local_launch
     from k3desk.core.engines.launch import DoesNotFitError, NoEngineError
 
     if not shard.is_file():
@@ -159,15 +162,7 @@ def prepare_launch(
             f"Model file {shard} does not exist.",
             "Download a tier first, or choose the first shard (-00001-of-000NN.gguf).",
         )
-    s = ctx.settings
-    request = LocalLaunchRequest(
-        shard,
-        mmproj=mmproj,
-        default_ctx=s.ctx,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        configured_engine=s.engine_binary or None,
-    )
+    request = local_request(ctx, shard, mmproj)
     try:
         launch = prepare_local_launch(ctx.services, request, cancel=token)
     except NoEngineError as exc:
@@ -182,13 +177,37 @@ def prepare_launch(
     prepared = launch.prepared
     return LaunchRequest(
         prepared.spec(),
-        prepared.plan,
+        launch.plan,
         launch.model_name,
         vision=mmproj is not None,
         replan=prepared.replan_after_oom,
         notes=prepared.notes,
         subject=launch.subject,
+        tracker=launch.tracker,
     )
+
+
+def local_request(ctx: AppContext, shard: Path, mmproj: Path | None) -> LocalLaunchRequest:
+    """A launch of ``shard`` with the app's settings (context, sampling, engine)."""
+    from k3desk.core.app.launch import LocalLaunchRequest
+
+    s = ctx.settings
+    return LocalLaunchRequest(
+        shard,
+        mmproj=mmproj,
+        default_ctx=s.ctx,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        configured_engine=s.engine_binary or None,
+    )
+
+
+def tune_request(ctx: AppContext, shard: Path, mmproj: Path | None) -> TuneLaunchRequest:
+    """The tuner's request for ``shard`` (this machine only: the engine runs here,
+    whatever the pages judge)."""
+    from k3desk.core.app.launch import TuneLaunchRequest
+
+    return TuneLaunchRequest(local_request(ctx, shard, mmproj))
 
 
 class EnginePanel(QWidget):
@@ -297,8 +316,17 @@ class EnginePanel(QWidget):
         self.restart_btn = QPushButton("Restart")
         lrow.addWidget(self.stop_btn)
         lrow.addWidget(self.restart_btn)
+        self.tune_btn = QPushButton("Tune speed")
+        self.tune_btn.setObjectName("tuneEngine")
+        if not compact:
+            lrow.addWidget(self.tune_btn)
         lrow.addWidget(self.launch_btn)
         mod.body.addLayout(lrow)
+        self.tune_text = label("", wrap=True)
+        self.tune_text.setObjectName("tuneResult")
+        self.tune_text.hide()
+        mod.body.addWidget(self.tune_text)
+        self._tune_task: Any = None
         self.load_bar = QProgressBar()
         self.load_bar.setObjectName("loadProgress")
         self.load_bar.setRange(0, 100)
@@ -318,6 +346,9 @@ class EnginePanel(QWidget):
         browse.clicked.connect(self._browse_shard)
         pbrowse.clicked.connect(self._browse_mmproj)
         self.launch_btn.clicked.connect(self.launch)
+        self.tune_btn.clicked.connect(self.tune)
+        self._tune_progress = Throttled(hz=10, parent=self)
+        self._tune_progress.fired.connect(self._show_tune_progress)
         self.stop_btn.clicked.connect(self.engine.stop)
         self.restart_btn.clicked.connect(self.engine.restart)
         self.shard.textChanged.connect(lambda _t: self._buttons())
@@ -593,6 +624,59 @@ class EnginePanel(QWidget):
             name="prepare-launch",
         )
 
+    # ------------------------------------------------------------- tune
+    def tune(self) -> None:
+        """Measure a few launch variants (the engine must be stopped), keep the fastest."""
+        if self._tune_task is not None:
+            self._tune_task.cancel()
+            return
+        from k3desk.core.app.launch import tune_local_launch
+
+        shard = Path(self.shard.text().strip()).expanduser()
+        mm = self.mmproj.text().strip()
+        mmproj = Path(mm).expanduser() if mm else None
+        req = tune_request(self.ctx, shard, mmproj)
+        self.tune_text.show()
+        self.tune_text.setText("Tuning: starting llama-server with the first variant…")
+        self.tune_btn.setText("Cancel tuning")
+
+        def done(out: Any) -> None:
+            self.tune_text.setText("\n".join(out.lines()))
+
+        def error(exc: BaseException) -> None:
+            message, hint = describe(exc)
+            self.tune_text.setText(f"Tuning failed: {message} {hint}".rstrip())
+            self.ctx.reporter.report(exc)
+
+        def cancelled() -> None:
+            self.tune_text.setText("Tuning cancelled; nothing was kept.")
+
+        def finish() -> None:
+            self._tune_task = None
+            self.tune_btn.setText("Tune speed")
+            self._buttons()
+
+        self._tune_task = self.ctx.tasks.run(
+            lambda t: tune_local_launch(
+                self.ctx.services, req, on_progress=self._tune_progress, cancel=t
+            ),
+            on_done=done,
+            on_error=error,
+            on_cancelled=cancelled,
+            on_finally=finish,
+            name="engine-tune",
+        )
+        self._buttons()
+
+    def _show_tune_progress(self, p: Progress) -> None:
+        if self._tune_task is None:
+            return
+        if p.stage == "measure" and p.total:
+            step = min(p.done + 1, p.total)
+            self.tune_text.setText(f"Tuning: measuring {step} of {p.total}: {p.detail}…")
+        elif p.stage != "measure":
+            self.tune_text.setText(f"Tuning: {p.stage} {p.detail}…".replace(" …", "…"))
+
     # ------------------------------------------------------------- state
     def _buttons(self) -> None:
         running = self.engine.running
@@ -611,6 +695,31 @@ class EnginePanel(QWidget):
             "Check the files, plan the placement and start llama-server",
         )
         set_enabled(self.stop_btn, running, "The engine is not running.")
+        tuning = self._tune_task is not None
+        tune_why = (
+            ""
+            if tuning
+            else "Stop the engine first: the tuner starts llama-server itself, and a running "
+            "one would share the cores and the memory with it."
+            if running
+            else "Choose the model's first shard first."
+            if not has_shard
+            else ""
+        )
+        set_enabled(
+            self.tune_btn,
+            not tune_why and self._prep_task is None,
+            tune_why,
+            "Cancel the measurements" if tuning else "Start llama-server with a few launch "
+            "variants (threads, batch sizes, GPU split), time a short request with each, and "
+            "use the fastest for the next launch of this model",
+        )
+        set_enabled(
+            self.launch_btn,
+            not why and self._prep_task is None and not tuning,
+            why or "The tuner is measuring: wait for it or cancel it.",
+            "Check the files, plan the placement and start llama-server",
+        )
         set_enabled(self.restart_btn, self.engine.request is not None, "Nothing was launched yet.")
         building = self._build_task is not None
         if not building:
@@ -681,6 +790,12 @@ class EnginePage(Page):
         self.plan_reason = label("No launch plan yet: launch a model above.")
         self.plan_reason.setObjectName("planReason")
         pl.addWidget(self.plan_reason)
+        self.speed_text = label("", wrap=True)
+        self.speed_text.setObjectName("speedText")
+        pl.addWidget(self.speed_text)
+        self.measured = label("", wrap=True)
+        self.measured.setObjectName("measuredSpeed")
+        pl.addWidget(self.measured)
         self.layer_map = LayerMap()
         pl.addWidget(self.layer_map)
         self.memory = QTableWidget(0, 7)
@@ -739,6 +854,7 @@ class EnginePage(Page):
         self.engine.state_changed.connect(lambda _s, _m: self._update())
         self.engine.attempts_changed.connect(self._attempts)
         self.engine.launched.connect(self._launched)
+        self.engine.measured.connect(self._measured)
         self._copy_state()
         self._update()
         if self.engine.request is not None:
@@ -796,18 +912,24 @@ class EnginePage(Page):
         self.argv.set_text(" ".join([str(req.spec.executable), *req.spec.args]))
         if view is None:
             self.plan_reason.setText("Started without a plan (arguments given directly).")
+            self.speed_text.setText("")
+            self.measured.setText("")
             self.memory.setRowCount(0)
             return
-        s = view.speed
         where = f" Planned for {req.subject.describe()}." if req.subject is not None else ""
         self.plan_reason.setText(
             "\n".join(
                 [
-                    f"{view.label}. {view.plan.reason} Expected about {s.text()} "
-                    f"({s.range_text()}); bottleneck: {s.bottleneck}.{where}",
+                    f"{view.label}. {view.plan.reason}{where}",
                     *(f"⚠ {n}" for n in req.notes),
                 ]
             )
+        )
+        self.speed_text.setText("\n".join(summary_lines(view.plan.speed)))
+        self.speed_text.setToolTip("\n".join(explain(view.plan.speed)))
+        last = self.engine.last_measured
+        self.measured.setText(
+            last.sentence() if last is not None else "Measured: after the first answer."
         )
         self.memory.setRowCount(len(view.memory))
         for i, d in enumerate(view.memory):
@@ -818,6 +940,9 @@ class EnginePage(Page):
                 if j == 6 and v < 0:
                     item.setForeground(QColor(theme.current().danger))
                 self.memory.setItem(i, j, item)
+
+    def _measured(self, comparison: Comparison) -> None:
+        self.measured.setText(comparison.sentence())
 
     def _update(self) -> None:
         ep = self.engine.endpoint()

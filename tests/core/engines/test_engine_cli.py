@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -105,12 +106,33 @@ def test_serve_prints_plan_progress_url_and_key_then_sigkill_leaves_nothing(
 
 
 @pytest.mark.engine
-def test_serve_stops_cleanly_on_sigterm(llama_server: Path, tiny_k3_single: TinyModel) -> None:
+def test_serve_shows_measured_beside_predicted_then_stops_cleanly_on_sigterm(
+    llama_server: Path, tiny_k3_single: TinyModel
+) -> None:
     with serving(str(tiny_k3_single.first_part), "--ctx", "512", "--engine", str(llama_server)) as (
         proc,
         facts,
     ):
+        assert "Predicted: about " in facts["output"]
         pid = int(facts["Engine pid"])
+        # an answer's speeds, as llama-server measured them, next to the prediction
+        r = httpx.post(
+            f"{facts['URL'].removesuffix('/v1')}/completion",
+            headers={"Authorization": f"Bearer {facts['API key']}"},
+            json={"prompt": list(range(1, 65)), "n_predict": 16, "ignore_eos": True},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        watchdog = threading.Timer(60, proc.kill)  # readline must not wait for ever
+        watchdog.start()
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        while line and not line.startswith("measured:"):
+            line = proc.stdout.readline()
+        watchdog.cancel()
+        assert line.startswith("measured: prompt "), "no measured speed printed"
+        assert "64 tokens" in line
+        assert "predicted" in line
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0

@@ -33,13 +33,16 @@ def bench() -> ModuleType:
     return module
 
 
-def test_each_published_speed_is_within_35_percent(bench: ModuleType) -> None:
+def test_every_published_speed_is_below_its_bound_and_within_2x(bench: ModuleType) -> None:
+    # nothing is fitted to the cards (their setups are partly assumed): they are a second
+    # check, and a model off by more than 2x on any of them would be wrong in its physics
     rows = bench.build_rows()
-    assert len([r for r in rows if r.case.fitted]) == 5
+    assert len(rows) == 6
     for row in rows:
         expected, low, high, bound = bench.predict(row)
         card = row.case.card_tps
-        assert abs(expected - card) / card <= 0.35, (row.case.name, expected, card)
+        assert card < bound, row.case.name
+        assert 0.5 < expected / card < 2.0, (row.case.name, expected, card)
         assert low <= expected <= high <= bound
 
 

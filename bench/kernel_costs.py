@@ -1,0 +1,299 @@
+"""The CPU costs the speed model uses, measured with the engine's own kernels.
+
+    python bench/kernel_costs.py            # measure, print, and write resources/kernels.json
+    python bench/kernel_costs.py --print    # print what resources/kernels.json holds
+
+What it measures (``llama-bench``, several repetitions, medians, on a quiet machine):
+
+* **per-type cost**: for each ggml type the tiers use, a dense kimi-k3 model
+  whose every matrix is that type (``llama-quantize --pure``, about 0.6 G
+  weights: far more than any cache) decodes ``tg`` tokens and processes a ``pp``
+  prompt on one thread.  The time per token, less the graph overhead measured
+  below, divided by the weights of that type, is the type's cost in ns per weight
+  per thread, for decoding (one token: matrix-vector) and for prompts (a batch of
+  tokens: matrix-matrix).  The same is measured with every core as a check that
+  the cost scales with threads (where it does not, memory bandwidth binds);
+* **graph overhead**: two tiny (64-wide) kimi-k3 models of 8 and 48 layers, whose
+  weights are negligible: the time per token that grows with the layers, divided
+  by the graph nodes that grow with them, is the cost of one graph node (the
+  threads' start and barrier), per thread count;
+* **graph nodes**: llama.cpp's own count (``sched_reserve: graph: nodes = N``)
+  for tiny models of every layer mix, solved for the nodes per KDA layer, MLA
+  layer, dense FFN and MoE FFN.
+
+Nothing here uses the K3 bench models ``bench/speed_vs_measured.py`` checks
+against: those runs stay held out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import platform
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from k3desk.core.engines.canary import write_k3_gguf  # noqa: E402
+from k3desk.core.gguf.validate import validate_shard_set  # noqa: E402
+from k3desk.core.hardware.detect import detect_hardware  # noqa: E402
+from k3desk.core.k3arch import TINY_K3  # noqa: E402
+from k3desk.core.planning import kernels  # noqa: E402
+from k3desk.devtools.benchk3 import (  # noqa: E402
+    DEFAULT_CACHE,
+    KERNEL_SHAPE,
+    KERNEL_TYPES,
+    build_kernel_model,
+    engine_build,
+)
+from k3desk.devtools.measure import default_bin, llama_bench, load_average, wait_quiet  # noqa: E402
+
+OUT = REPO / "resources" / "kernels.json"
+TG, PP = 32, 64
+OVERHEAD_LAYERS = (8, 48)
+
+
+def graph_nodes(bin_dir: Path, model: Path) -> int:
+    """llama.cpp's node count for ``model``'s graph (``llama-completion -v``)."""
+    argv = [
+        str(bin_dir / "llama-completion"), "-m", str(model), "-n", "1", "-p", "hi", "-no-cnv",
+        "-t", "1", "-c", "256", "--no-warmup", "-fa", "on", "-v",
+    ]  # fmt: skip
+    out = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+        check=False,
+    )
+    found = re.findall(r"graph: (?:\(.*?\) )?nodes = (\d+)", out.stdout + out.stderr)
+    if not found:
+        raise RuntimeError(f"no node count in llama-completion's log for {model}")
+    return int(found[-1])
+
+
+def count_nodes(bin_dir: Path, work: Path) -> dict[str, float]:
+    """Nodes per KDA / MLA layer, per dense / MoE FFN, and outside the layers."""
+    rows, counts = [], []
+    for n_layer in (4, 6, 8, 13):
+        for mla_every in (1, 2, 3, 100):
+            for dense, used in ((1, 2), (2, 2), (1, 4)):
+                s = replace(
+                    TINY_K3,
+                    n_layer=n_layer,
+                    mla_every=mla_every,
+                    n_dense_lead=dense,
+                    n_expert_used=used,
+                )
+                n_mla = sum(s.is_mla(i) for i in range(n_layer))
+                tag = f"n{n_layer}-m{mla_every}-d{dense}-k{used}"
+                path = write_k3_gguf(work / tag, "m", shape=s)[0]
+                counts.append(graph_nodes(bin_dir, path))
+                n_moe = n_layer - dense
+                rows.append([1, n_layer - n_mla, n_mla, dense, n_moe, n_moe * used])
+    a, y = np.array(rows, float), np.array(counts, float)
+    x, *_ = np.linalg.lstsq(a, y, rcond=None)
+    worst = float(np.abs(a @ x - y).max())
+    print(f"graph nodes: {len(y)} models, worst residual {worst:.2f} nodes")
+    names = ("global", "kda", "mla", "dense", "moe", "moe_per_used")
+    return {k: round(float(v), 2) for k, v in zip(names, x, strict=True)}
+
+
+def weights_by_type(model: Path) -> tuple[dict[str, int], int]:
+    """Weights read per token, by type (token_embd is one row: left out); node count."""
+    layout = validate_shard_set(model)
+    out: dict[str, int] = {}
+    for t in layout.tensors:
+        if t.name.startswith("token_embd"):
+            continue
+        out[t.type_name] = out.get(t.type_name, 0) + math.prod(t.shape)
+    return out, len(layout.layers)
+
+
+def _costs(k: kernels.Kernels | None, type_name: str, test: str) -> float:
+    """ns per weight of ``type_name`` from what is measured so far (0 if nothing)."""
+    if k is None:
+        return 0.0
+    c, _ = k.cost(type_name)
+    return c.tg_ns if test == "tg" else c.pp_ns
+
+
+def measure(args: argparse.Namespace) -> int:
+    bin_dir = args.engine_bin or default_bin()
+    cache = args.cache
+    work = cache / "kernel-tiny"
+    hw = detect_hardware(measure_bandwidth=False)
+    cores = hw.cpu.physical_cores
+    thread_counts = sorted({1, cores})
+    nodes = count_nodes(bin_dir, work / "nodes")
+    print("nodes:", nodes)
+
+    models = {t: build_kernel_model(t, bin_dir, cache, progress=print) for t in KERNEL_TYPES}
+    narrow = build_kernel_model("Q8_0", bin_dir, cache, progress=print, narrow=True)
+    tiny = {
+        n: write_k3_gguf(work / f"L{n}", f"L{n}", shape=replace(TINY_K3, n_layer=n, mla_every=4))[0]
+        for n in OVERHEAD_LAYERS
+    }
+
+    def node_total(n_layer: int, n_mla: int, n_dense: int, used: int = 2) -> float:
+        moe = nodes["moe"] + used * nodes["moe_per_used"]
+        return (
+            nodes["global"] + (n_layer - n_mla) * nodes["kda"] + n_mla * nodes["mla"]
+            + n_dense * nodes["dense"] + (n_layer - n_dense) * moe
+        )  # fmt: skip
+
+    shape = KERNEL_SHAPE
+    n_kda = sum(1 for i in range(shape.n_layer) if not shape.is_mla(i))
+    kernel_nodes = node_total(shape.n_layer, shape.n_layer - n_kda, shape.n_layer)
+    loads: list[float] = []
+    node_s: dict[str, dict[str, float]] = {"tg": {}, "pp": {}}
+    structure: dict[str, dict[str, float]] = {"tg": {}, "pp": {}}
+    costs: dict[str, dict[str, float]] = {}
+    checks: dict[str, dict[str, float]] = {}
+
+    def bench(path: Path, threads: int) -> dict[str, tuple[float, float]]:
+        res = llama_bench(bin_dir, path, threads=threads, n_prompt=PP, n_gen=TG, repetitions=5)
+        return {r.test[:2]: (1.0 / r.median_tps, r.spread) for r in res}
+
+    for threads in thread_counts:
+        load = wait_quiet(args.max_load, args.max_wait)
+        loads.append(load)
+        print(f"threads {threads} (load average {load:.2f})")
+        n = str(threads)
+        # 1. one graph node's overhead: tiny layers, negligible weights
+        per_token: dict[int, dict[str, float]] = {}
+        for n_layer, path in tiny.items():
+            res = llama_bench(bin_dir, path, threads=threads, n_prompt=PP, n_gen=TG, repetitions=7)
+            per_token[n_layer] = {r.test[:2]: 1.0 / r.median_tps for r in res}
+        lo, hi = OVERHEAD_LAYERS
+        tiny_shape = replace(TINY_K3, mla_every=4)
+        n_lo = node_total(lo, sum(replace(tiny_shape, n_layer=lo).is_mla(i) for i in range(lo)), 1)
+        n_hi = node_total(hi, sum(replace(tiny_shape, n_layer=hi).is_mla(i) for i in range(hi)), 1)
+        for test in ("tg", "pp"):
+            dt_s = per_token[hi][test] - per_token[lo][test]
+            node_s[test][n] = max(dt_s / (n_hi - n_lo), 0.0)
+        # 2. Q8_0 at two FFN widths: the matrix cost, and what the layers cost besides
+        wide, _ = weights_by_type(models["Q8_0"])
+        slim, _ = weights_by_type(narrow)
+        t_wide, t_slim = bench(models["Q8_0"], threads), bench(narrow, threads)
+        row_q8: dict[str, float] = {}
+        for test in ("tg", "pp"):
+            dw = sum(wide.values()) - sum(slim.values())
+            per_weight = (t_wide[test][0] - t_slim[test][0]) / dw  # s per weight, n threads
+            rest = t_wide[test][0] - per_weight * sum(wide.values())
+            rest -= kernel_nodes * node_s[test][n]
+            structure[test][n] = max(rest / n_kda, 0.0)
+            row_q8[test] = per_weight * threads * 1e9
+            row_q8[f"{test}_spread"] = max(t_wide[test][1], t_slim[test][1])
+        print(
+            f"  node: tg {node_s['tg'][n] * 1e6:.3f} us, pp {node_s['pp'][n] * 1e6:.4f} us "
+            f"per token; KDA layer: tg {structure['tg'][n] * 1e3:.3f} ms, "
+            f"pp {structure['pp'][n] * 1e3:.4f} ms per token"
+        )
+        measured: dict[str, dict[str, float]] = {"Q8_0": row_q8}
+        # 3. every other type: what its model takes beyond nodes and layer operations
+        first = ("F16", "IQ4_NL")  # the fallbacks of rows other types cannot hold
+        for qtype in [*first, *[t for t in KERNEL_TYPES if t not in ("Q8_0", *first)]]:
+            so_far = kernels.parse(_draft(measured, node_s, structure, nodes))
+            w, _ = weights_by_type(models[qtype])
+            times = bench(models[qtype], threads)
+            row: dict[str, float] = {}
+            for test in ("tg", "pp"):
+                t = times[test][0] - kernel_nodes * node_s[test][n] - n_kda * structure[test][n]
+                for other, weights in w.items():
+                    if other != qtype:
+                        t -= weights * _costs(so_far, other, test) * 1e-9 / threads
+                row[test] = t * threads / w[qtype] * 1e9
+                row[f"{test}_spread"] = times[test][1]
+            measured[qtype] = row
+        for qtype, row in measured.items():
+            print(
+                f"  {qtype:8s} tg {row['tg']:.4f} ns/weight/thread, pp {row['pp']:.4f} "
+                f"(spread {row['tg_spread']:.0%} / {row['pp_spread']:.0%})"
+            )
+            target = costs if threads == 1 else checks
+            target[qtype] = {"tg_ns": round(row["tg"], 5), "pp_ns": round(row["pp"], 5)}
+    result = _draft(
+        {k: {"tg": v["tg_ns"], "pp": v["pp_ns"]} for k, v in costs.items()},
+        node_s,
+        structure,
+        nodes,
+    )
+    result |= {
+        "machine": f"{hw.cpu.model}, {cores} cores, flags {','.join(sorted(hw.cpu.flags))}",
+        "platform": platform.platform(),
+        "engine": engine_build(bin_dir),
+        "date": dt.date.today().isoformat(),
+        "load_average": [round(x, 2) for x in loads],
+        f"types_at_{cores}_threads": checks,
+    }
+    if args.dry_run:
+        print(json.dumps(result, indent=2))
+    else:
+        OUT.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {OUT} (load average now {load_average():.2f})")
+    return 0
+
+
+def _draft(
+    measured: dict[str, dict[str, float]],
+    node_s: dict[str, dict[str, float]],
+    structure: dict[str, dict[str, float]],
+    nodes: dict[str, float],
+) -> dict[str, object]:
+    """The resources/kernels.json form of what was measured."""
+    s = KERNEL_SHAPE
+    return {
+        "about": (
+            "CPU costs measured with the engine's own kernels by bench/kernel_costs.py: ns "
+            "per weight per thread for decoding (tg, matrix-vector) and prompts (pp, a batch "
+            "of tokens), on one thread; the per-node graph overhead and a KDA layer's own "
+            "operations (recurrence, norms, activations) per thread count; graph nodes per "
+            "layer kind from llama.cpp's own count."
+        ),
+        "tests": {"tg": TG, "pp": PP},
+        "types": {
+            k: {"tg_ns": round(v["tg"], 5), "pp_ns": round(v["pp"], 5)} for k, v in measured.items()
+        },
+        "node_s": node_s,
+        "kda_layer_s": structure,
+        "kda_state": s.n_head * s.head_dim_kda * s.head_dim_kda,
+        "graph_nodes": nodes,
+    }
+
+
+def show() -> int:
+    k = kernels.load()
+    print(k.source)
+    for name, c in sorted(k.types.items()):
+        print(f"  {name:8s} tg {c.tg_ns:.4f} ns  pp {c.pp_ns:.4f} ns per weight per thread")
+    print("  node overhead (s):", k.node_s)
+    print("  graph nodes:", k.graph_nodes)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--print", action="store_true", help="show resources/kernels.json")
+    parser.add_argument("--dry-run", action="store_true", help="measure, but do not write")
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--engine-bin", type=Path)
+    parser.add_argument("--max-load", type=float, default=0.5)
+    parser.add_argument("--max-wait", type=float, default=1800.0)
+    args = parser.parse_args()
+    return show() if args.print else measure(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

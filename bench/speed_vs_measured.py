@@ -1,0 +1,164 @@
+"""Predicted against measured: k3desk's speed model on real Kimi-K3 runs of this machine.
+
+    python bench/speed_vs_measured.py [--threads 1,2] [--max-load 0.5] [--quick]
+
+Builds (once, cached under ~/.cache/k3desk-bench) kimi-k3 GGUFs of three sizes
+(0.5, 1.5-2.3 and 6.6 GB) with the type mixes of four published tiers, quantized
+by the engine's own llama-quantize (IQ1_S experts with an imatrix from
+llama-imatrix; see ``k3desk/devtools/benchk3.py``).  Then, on a quiet machine
+(it waits for the load average to drop), measures each with ``llama-bench``:
+prompt (pp128) and decode (tg32) tok/s, five repetitions each, the median, at
+every thread count asked for; and prints k3desk's prediction for each from
+this machine's doctor profile (``detect_hardware`` with the RAM benchmark),
+with the error.
+
+Nothing in the prediction is fitted to these runs: the CPU costs come from
+``bench/kernel_costs.py`` (single-type dense models, tiny overhead models), the
+bandwidth from the doctor's copy benchmark.  The card speeds
+(``bench/predict_speed.py``) follow as a second check.  Goal: every error
+within +/-25 %; the last line prints the worst one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from k3desk.core.catalog.loader import load_catalog  # noqa: E402
+from k3desk.core.gguf.validate import validate_shard_set  # noqa: E402
+from k3desk.core.hardware.bandwidth import fmt_bandwidth  # noqa: E402
+from k3desk.core.hardware.detect import detect_hardware  # noqa: E402
+from k3desk.core.hardware.profile import HardwareProfile  # noqa: E402
+from k3desk.core.planning.model import PlanOptions  # noqa: E402
+from k3desk.core.planning.plan import make_plan  # noqa: E402
+from k3desk.core.planning.speed import predict_speed  # noqa: E402
+from k3desk.core.units import fmt_bytes  # noqa: E402
+from k3desk.devtools.benchk3 import BENCH_MODELS, DEFAULT_CACHE, BenchModel, build_model  # noqa: E402
+from k3desk.devtools.measure import default_bin, llama_bench, load_average, wait_quiet  # noqa: E402
+
+GOAL = 0.25
+PP, TG = 128, 32
+
+
+@dataclass(frozen=True)
+class Row:
+    model: BenchModel
+    path: Path
+    threads: int
+    test: str  # "prompt" / "decode"
+    predicted: float
+    measured: float
+    spread: float
+    load: float
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.measured) / self.measured if self.measured > 0 else 0.0
+
+
+def predict(hw: HardwareProfile, path: Path, threads: int) -> tuple[float, float]:
+    layout = validate_shard_set(path)
+    plan = make_plan(hw, layout, PlanOptions(ctx=4096, threads=threads))
+    s = predict_speed(
+        hw,
+        layout,
+        plan.layers,
+        plan.output_device,
+        ctx=plan.ctx,
+        depth=TG // 2,  # tg32 from an empty context: 16 tokens deep on average
+        threads=threads,
+        prompt_tokens=PP,
+    )
+    return s.prompt_tps, s.expected_tps
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", default="", help="comma-separated (default: 1 and all cores)")
+    parser.add_argument("--max-load", type=float, default=0.5)
+    parser.add_argument("--max-wait", type=float, default=1800.0, help="seconds (default 1800)")
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--engine-bin", type=Path)
+    parser.add_argument("--models", default="", help="comma-separated names (default: all)")
+    args = parser.parse_args()
+    bin_dir = args.engine_bin or default_bin()
+    catalog = load_catalog(REPO / "resources" / "catalog.json")
+    chosen = [m for m in BENCH_MODELS if not args.models or m.name in args.models.split(",")]
+    paths = {}
+    for m in chosen:
+        paths[m.name] = build_model(m, catalog.get(m.tier), bin_dir, args.cache, progress=print)
+
+    load = wait_quiet(args.max_load, args.max_wait)
+    hw = detect_hardware(measure_bandwidth=True)
+    cores = hw.cpu.physical_cores
+    threads = (
+        [int(x) for x in args.threads.split(",")] if args.threads else sorted({1, cores})
+    )
+    print(
+        f"Machine: {hw.cpu.model}, {cores} cores, RAM {fmt_bandwidth(hw.memory.bandwidth)} "
+        f"(doctor profile; load average {load:.2f} when measured)"
+    )
+    rows: list[Row] = []
+    for m in chosen:
+        path = paths[m.name]
+        for t in threads:
+            load = wait_quiet(args.max_load, args.max_wait)
+            res = llama_bench(
+                bin_dir, path, threads=t, n_prompt=PP, n_gen=TG, repetitions=args.repetitions
+            )
+            by = {r.test: r for r in res}
+            p_pp, p_tg = predict(hw, path, t)
+            pp, tg = by[f"pp{PP}"], by[f"tg{TG}"]
+            rows.append(Row(m, path, t, "prompt", p_pp, pp.median_tps, pp.spread, load))
+            rows.append(Row(m, path, t, "decode", p_tg, tg.median_tps, tg.spread, load))
+            for r in rows[-2:]:
+                print(
+                    f"  {m.name} t={t} {r.test}: predicted {r.predicted:.2f}, "
+                    f"measured {r.measured:.2f} ({r.error:+.1%}), load {load:.2f}",
+                    flush=True,
+                )
+
+    print()
+    head = (
+        f"{'model':<10} {'size':>9} {'types':<42} {'t':>2} {'test':<7} "
+        f"{'predicted':>9} {'measured':>9} {'spread':>6} {'error':>7} {'load':>5}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        size = fmt_bytes(r.path.stat().st_size)
+        test = f"pp{PP}" if r.test == "prompt" else f"tg{TG}"
+        print(
+            f"{r.model.name:<10} {size:>9} {r.model.about:<42} {r.threads:>2} {test:<7} "
+            f"{r.predicted:>9.2f} {r.measured:>9.2f} {r.spread:>6.0%} {r.error:>+7.1%} "
+            f"{r.load:>5.2f}"
+        )
+    print(
+        "\n(tok/s; measured: median of llama-bench's repetitions; spread: (max - min) / median; "
+        "load: 1-minute load average before the run)"
+    )
+
+    print("\nSecond check, the model cards' published speeds (bench/predict_speed.py):\n")
+    import predict_speed as cards
+
+    cards.table(cards.build_rows())
+
+    worst = max(rows, key=lambda r: abs(r.error))
+    ok = abs(worst.error) <= GOAL
+    print(
+        f"\nworst error over {len(rows)} measured runs: {worst.error:+.1%} "
+        f"({worst.model.name}, {worst.test}, {worst.threads} thread(s); goal +/-{GOAL:.0%}: "
+        f"{'met' if ok else 'NOT met'}; load average now {load_average():.2f})"
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,353 @@
+"""Calibration from the user's own runs: measured speeds beside the predictions.
+
+After an engine answers, what it measured (``metrics.MeasuredSpeed``) is
+compared with what the speed model predicts for the same launch, prompt length
+and context depth, and the pair is kept in a small private file in the app's
+state folder (``speed-measured.json``, at most ``MAX_RECORDS`` pairs, written
+atomically with ``private.write_private``).  Later predictions on this machine
+carry a correction from it:
+
+* for a model measured here, the median of that model's measured speeds and of
+  its measured / predicted ratios ("measured here: 12.1 tok/s decode ...");
+* for any other model, the median ratio of every run of the same kind of plan
+  (CPU-only, all-GPU, hybrid) on this machine.
+
+Nothing here changes the speed model itself: the correction is shown beside the
+model's own figure, so either can be judged.  A damaged file is set aside (renamed,
+not deleted) and calibration starts again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from k3desk.core.gguf.model import ModelLayout
+from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.planning.model import LaunchPlan, SpeedPrediction
+from k3desk.core.planning.speed import predict_speed
+from k3desk.core.private import write_private
+from k3desk.core.tuning.identity import is_this_machine, machine_key, model_key, model_label
+from k3desk.core.tuning.metrics import MeasuredSpeed, SpeedWatcher
+from k3desk.core.units import fmt_tps3
+
+CALIBRATION_FILE = "speed-measured.json"
+SCHEMA = 1
+MAX_RECORDS = 200
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class SpeedRecord:
+    when: float  # time.time()
+    machine: str
+    model: str
+    model_label: str
+    kind: str  # the plan's verdict: "cpu", "gpu", "hybrid", "stream"
+    threads: int
+    predicted_decode: float
+    predicted_prompt: float  # 0: not predicted (a plan with a GPU)
+    measured_decode: float  # 0: too few tokens to say
+    measured_prompt: float
+    decode_tokens: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Correction:
+    """What this machine's runs say about a prediction."""
+
+    decode_factor: float = 1.0  # measured / predicted (median); 1.0 with no runs
+    prompt_factor: float = 1.0
+    runs: int = 0  # runs the factors rest on
+    model_runs: int = 0  # runs of this very model
+    measured_decode: float = 0.0  # median of this model's measured decode (0: none)
+    measured_prompt: float = 0.0
+    last: float = 0.0  # when this model was last measured (time.time())
+
+    @property
+    def known(self) -> bool:
+        return self.runs > 0
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One measured stretch of answers next to the prediction for it."""
+
+    measured: MeasuredSpeed
+    predicted_decode: float
+    predicted_prompt: float
+    not_kept: str = ""  # why it could not be kept (a full disk), shown with it
+
+    @property
+    def decode_error(self) -> float | None:
+        if self.measured.decode_tps <= 0 or self.predicted_decode <= 0:
+            return None
+        return self.predicted_decode / self.measured.decode_tps - 1.0
+
+    def text(self) -> str:
+        m = self.measured
+        parts = []
+        if m.prompt_tps > 0:
+            pred = (
+                f", predicted {fmt_tps3(self.predicted_prompt)}"
+                if self.predicted_prompt > 0
+                else ""
+            )
+            parts.append(f"prompt {fmt_tps3(m.prompt_tps)} tok/s ({m.prompt_tokens} tokens{pred})")
+        if m.decode_tps > 0:
+            err = self.decode_error
+            off = f", {err:+.0%} off" if err is not None else ""
+            parts.append(
+                f"decode {fmt_tps3(m.decode_tps)} tok/s ({m.decode_tokens} tokens, "
+                f"predicted {fmt_tps3(self.predicted_decode)}{off})"
+            )
+        if not parts:
+            return ""
+        text = "measured: " + "; ".join(parts)
+        return f"{text} (not kept: {self.not_kept})" if self.not_kept else text
+
+    def sentence(self) -> str:
+        """:meth:`text` as a sentence ('Measured: prompt ... .'); '' with nothing measured."""
+        text = self.text()
+        return text[0].upper() + text[1:] + "." if text else ""
+
+
+class CalibrationStore:
+    """The measured / predicted pairs of this state folder (all machines' records;
+    each query keeps this machine's)."""
+
+    def __init__(self, state_dir: Path, clock: Callable[[], float] = time.time) -> None:
+        self.path = state_dir / CALIBRATION_FILE
+        self._clock = clock
+        self.note = ""  # set when a damaged file was set aside
+
+    def records(self) -> list[SpeedRecord]:
+        try:
+            raw = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        except (OSError, UnicodeDecodeError) as exc:
+            self.note = f"{self.path} could not be read ({exc}); calibration ignored it"
+            return []
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+                raise ValueError("not a calibration file of this version")
+            names = {f.name for f in fields(SpeedRecord)}
+            out = []
+            for item in data["records"]:
+                if not isinstance(item, dict) or set(item) != names:
+                    raise ValueError(f"malformed record {item!r:.80}")
+                rec = SpeedRecord(**item)
+                _check(rec)
+                out.append(rec)
+            return out
+        except (ValueError, KeyError, TypeError) as exc:
+            self._set_aside(str(exc))
+            return []
+
+    def add(self, record: SpeedRecord) -> None:
+        _check(record)
+        with _lock:
+            records = [*self.records(), record][-MAX_RECORDS:]
+            payload = {"schema": SCHEMA, "records": [asdict(r) for r in records]}
+            write_private(self.path, json.dumps(payload, indent=1) + "\n")
+
+    def _set_aside(self, why: str) -> None:
+        bad = self.path.with_name(f"{self.path.name}.damaged-{int(self._clock())}")
+        with contextlib.suppress(OSError):
+            os.replace(self.path, bad)
+        self.note = f"{self.path} was damaged ({why}); kept it as {bad.name} and started again"
+
+    def correction(self, hw: HardwareProfile, layout: ModelLayout, kind: str) -> Correction:
+        if not is_this_machine(hw):
+            return Correction()
+        here = [r for r in self.records() if r.machine == machine_key(hw)]
+        return correction_from(here, model_key(layout), kind)
+
+
+def arg_int(args: Sequence[str], *names: str) -> int | None:
+    """The integer value of the last of ``names`` in ``args`` (None if absent or bad)."""
+    value = None
+    for a, b in itertools.pairwise(args):
+        if a in names:
+            try:
+                value = int(b)
+            except ValueError:
+                value = None
+    return value
+
+
+def _check(r: SpeedRecord) -> None:
+    for name in ("predicted_decode", "predicted_prompt", "measured_decode", "measured_prompt"):
+        v = getattr(r, name)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e7:
+            raise ValueError(f"{name} must be a speed in tok/s, not {v!r}")
+    if not isinstance(r.machine, str) or not isinstance(r.model, str):
+        raise ValueError("machine and model must be text")
+
+
+def _ratio(measured: float, predicted: float) -> float | None:
+    return measured / predicted if measured > 0 and predicted > 0 else None
+
+
+def correction_from(records: Sequence[SpeedRecord], model: str, kind: str) -> Correction:
+    """The correction ``records`` (of one machine) give a prediction of ``model``."""
+    mine = [r for r in records if r.model == model]
+    alike = [r for r in records if r.kind == kind]
+    basis = [r for r in mine if r.kind == kind] or alike
+    if not basis:
+        return Correction()
+    dec = [x for r in basis if (x := _ratio(r.measured_decode, r.predicted_decode)) is not None]
+    pro = [x for r in basis if (x := _ratio(r.measured_prompt, r.predicted_prompt)) is not None]
+    md = [r.measured_decode for r in mine if r.measured_decode > 0]
+    mp = [r.measured_prompt for r in mine if r.measured_prompt > 0]
+    return Correction(
+        decode_factor=statistics.median(dec) if dec else 1.0,
+        prompt_factor=statistics.median(pro) if pro else 1.0,
+        runs=len(basis),
+        model_runs=len(mine),
+        measured_decode=statistics.median(md) if md else 0.0,
+        measured_prompt=statistics.median(mp) if mp else 0.0,
+        last=max((r.when for r in mine), default=0.0),
+    )
+
+
+def calibrated(prediction: SpeedPrediction, c: Correction) -> SpeedPrediction:
+    """``prediction`` with this machine's correction and what it says."""
+    if not c.known:
+        return prediction
+    return replace(
+        prediction,
+        calibrated_tps=prediction.expected_tps * c.decode_factor,
+        calibrated_prompt_tps=prediction.prompt_tps * c.prompt_factor,
+        calibration=describe(prediction, c),
+    )
+
+
+def describe(prediction: SpeedPrediction, c: Correction) -> str:
+    """'measured here: ...' for a model run here, else the machine's correction."""
+    if not c.known:
+        return ""
+    if c.model_runs:
+        parts = []
+        if c.measured_decode > 0:
+            parts.append(f"{fmt_tps3(c.measured_decode)} tok/s decode")
+        if c.measured_prompt > 0:
+            parts.append(f"{fmt_tps3(c.measured_prompt)} tok/s prompt")
+        when = time.strftime("%Y-%m-%d", time.localtime(c.last)) if c.last else "?"
+        runs = "answer" if c.model_runs == 1 else "answers"
+        text = f"measured here: {', '.join(parts)} (median of {c.model_runs} {runs}, last {when})"
+        if prediction.expected_tps > 0 and c.decode_factor != 1.0:
+            text += f"; the model predicts {fmt_tps3(prediction.expected_tps)}"
+        return text
+    return (
+        f"measured here on other models: this machine runs at {c.decode_factor:.2f}x the "
+        f"predicted decode speed ({c.runs} runs): about "
+        f"{fmt_tps3(prediction.expected_tps * c.decode_factor)} tok/s"
+    )
+
+
+class SpeedTracker:
+    """Compares what a launched engine measures with the prediction, and records it.
+
+    ``hw``/``layout``/``plan`` are the launch's; ``store`` None records nothing.
+    Runs on hardware from a file (another machine's) are compared but not recorded.
+    """
+
+    def __init__(
+        self,
+        hw: HardwareProfile,
+        layout: ModelLayout,
+        plan: LaunchPlan,
+        store: CalibrationStore | None,
+        *,
+        threads: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.hw = hw
+        self.layout = layout
+        self.plan = plan
+        self.store = store
+        if threads is None:
+            threads = arg_int(plan.server_args, "-t", "--threads")
+        self.threads = threads
+        self._clock = clock
+
+    def compare(self, m: MeasuredSpeed) -> Comparison:
+        """The prediction for what was measured: its prompt length, and a context about
+        as deep as the prompt plus half the answer."""
+        depth = max(0, m.prompt_tokens) + max(0, m.decode_tokens) // 2
+        s = predict_speed(
+            self.hw,
+            self.layout,
+            self.plan.layers,
+            self.plan.output_device,
+            ctx=self.plan.ctx,
+            depth=min(depth, self.plan.ctx),
+            threads=self.threads,
+            prompt_tokens=max(1, m.prompt_tokens),
+            stream_miss=(
+                self.plan.stream_bytes / max(self.layout.expert_bytes, 1)
+                if self.plan.stream_bytes
+                else 0.0
+            ),
+        )
+        return Comparison(m, s.expected_tps, s.prompt_tps)
+
+    def watch(
+        self, url: str, api_key: str, on_comparison: Callable[[Comparison], None]
+    ) -> SpeedWatcher:
+        """Read a running engine's counters (``metrics``) and, after each stretch of
+        answers, record it and pass on its comparison (from the watcher's thread).  A
+        measurement that cannot be kept is still shown: the server must not stop."""
+
+        def on_speed(m: MeasuredSpeed) -> None:
+            try:
+                c = self.record(m)
+            except (OSError, ValueError) as exc:
+                c = replace(self.compare(m), not_kept=str(exc))
+            on_comparison(c)
+
+        return SpeedWatcher(url, api_key, on_speed).start()
+
+    def record(self, m: MeasuredSpeed) -> Comparison:
+        c = self.compare(m)
+        if self.store is not None and is_this_machine(self.hw) and m.useful:
+            self.store.add(
+                SpeedRecord(
+                    when=self._clock(),
+                    machine=machine_key(self.hw),
+                    model=model_key(self.layout),
+                    model_label=model_label(self.layout),
+                    kind=self.plan.verdict,
+                    threads=self.threads or self.plan.speed.threads,
+                    predicted_decode=c.predicted_decode if m.decode_tps > 0 else 0.0,
+                    predicted_prompt=c.predicted_prompt if m.prompt_tps > 0 else 0.0,
+                    measured_decode=m.decode_tps,
+                    measured_prompt=m.prompt_tps,
+                    decode_tokens=m.decode_tokens,
+                    prompt_tokens=m.prompt_tokens,
+                )
+            )
+        return c
+
+
+def calibrate_plan(
+    store: CalibrationStore | None, hw: HardwareProfile, layout: ModelLayout, plan: LaunchPlan
+) -> LaunchPlan:
+    """``plan`` with its speed carrying this machine's correction (as it was without
+    runs here, or for another machine's hardware file)."""
+    if store is None:
+        return plan
+    c = store.correction(hw, layout, plan.verdict)
+    return replace(plan, speed=calibrated(plan.speed, c)) if c.known else plan

@@ -1,0 +1,156 @@
+"""The speed model as stated: bytes, bandwidth, measured kernel costs, graph overhead.
+
+These check what follows from the model's physics on plans a user would see, not
+timings of this machine (``bench/speed_vs_measured.py`` compares with real runs).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from k3desk.core.catalog.loader import Catalog
+from k3desk.core.gguf.model import ModelLayout
+from k3desk.core.hardware.profile import Bandwidth, HardwareProfile
+from k3desk.core.planning import kernels
+from k3desk.core.planning.model import PlanOptions
+from k3desk.core.planning.plan import make_plan
+from k3desk.core.planning.speed import explain, predict_speed, speed_lines
+from k3desk.core.resources import resources_dir
+
+Machine = Callable[[str], HardwareProfile]
+Layout = Callable[[str], ModelLayout]
+
+
+def many_h200(machine: Machine, n: int) -> HardwareProfile:
+    """``n`` H200s (141 GB, 4.8 TB/s each) in one box: room for any tier on the GPUs."""
+    one = machine("1xH200-141GB")
+    gpu = one.gpus[0]
+    gpus = tuple(replace(gpu, index=i, uuid=f"GPU-{i}") for i in range(n))
+    memory = replace(one.memory, total=4 * 1024**4, available=4 * 1024**4)
+    return replace(one, gpus=gpus, memory=memory)
+
+
+def test_iq4_xs_costs_a_gpu_what_its_bytes_cost(machine: Machine, estimated: Layout) -> None:
+    # the old factor of x5 per IQ4_XS byte made 6block's tier 3x slower than GrEarl's on
+    # an all-GPU machine; a GPU decodes while it streams, so bytes decide
+    hw = many_h200(machine, 8)
+    six = make_plan(hw, estimated("6block-iq1s-xs"), PlanOptions(ctx=8192))
+    grearl = make_plan(hw, estimated("grearl-iq1s"), PlanOptions(ctx=8192))
+    assert six.verdict == grearl.verdict == "gpu"
+    ratio = six.speed.expected_tps / grearl.speed.expected_tps
+    bound_ratio = six.speed.upper_bound_tps / grearl.speed.upper_bound_tps
+    assert 0.8 * bound_ratio < ratio < 1.25 * bound_ratio
+    assert ratio > 0.75  # nowhere near a third
+
+
+def test_the_steps_lead_from_the_bound_to_the_figure(machine: Machine, estimated: Layout) -> None:
+    for name, tier in (("epyc9554p-1.5TB-cpu", "atomicchat-iq1s"), ("8xH100-2TB", "grearl-iq1s")):
+        s = make_plan(machine(name), estimated(tier), PlanOptions(ctx=8192)).speed
+        assert s.steps[0][0].endswith("(the bound)")
+        assert 1.0 / s.steps[0][1] == pytest.approx(s.upper_bound_tps, rel=1e-6)
+        assert 1.0 / sum(sec for _, sec in s.steps) == pytest.approx(s.expected_tps, rel=1e-6)
+        lines = explain(s)
+        assert len(lines) == len(s.steps)
+        assert lines[-1].endswith(f"{s.expected_tps:.3g} tok/s")
+        text = "\n".join(speed_lines(s))
+        assert "physical bound" in text
+        assert "from the bound to the figure" in text
+
+
+def test_a_cpu_plan_gets_faster_with_threads_until_memory_binds(
+    machine: Machine, estimated: Layout
+) -> None:
+    hw = machine("epyc9554p-1.5TB-cpu")
+    layout = estimated("atomicchat-iq1s")
+    speeds = [make_plan(hw, layout, PlanOptions(threads=t)).speed for t in (4, 8, 32, 64)]
+    decode = [s.expected_tps for s in speeds]
+    prompt = [s.prompt_tps for s in speeds]
+    assert decode == sorted(decode)
+    assert prompt == sorted(prompt)
+    assert decode[1] < 2 * decode[0]  # never better than linear
+    # with every core the RAM bandwidth bounds the weights that decode cheaply
+    assert all(s.expected_tps <= s.upper_bound_tps for s in speeds)
+    assert all(s.threads == t for s, t in zip(speeds, (4, 8, 32, 64), strict=True))
+    assert make_plan(hw, layout, PlanOptions()).speed.threads == hw.cpu.physical_cores
+
+
+def test_a_plan_with_a_gpu_predicts_no_prompt_speed(machine: Machine, estimated: Layout) -> None:
+    gpu = make_plan(machine("8xH100-2TB"), estimated("grearl-iq1s"), PlanOptions()).speed
+    cpu = make_plan(machine("epyc9554p-1.5TB-cpu"), estimated("grearl-iq1s"), PlanOptions()).speed
+    assert gpu.prompt_tps == 0
+    assert gpu.prompt_tokens == 0
+    assert cpu.prompt_tps > cpu.expected_tps  # a batch reuses what it reads
+
+
+def test_decoding_slows_with_context_depth_on_mla_layers_only(
+    machine: Machine, estimated: Layout
+) -> None:
+    hw = machine("epyc9554p-1.5TB-cpu")
+    layout = estimated("grearl-iq1s")
+    plan = make_plan(hw, layout, PlanOptions(ctx=65536))
+    kwargs = {"ctx": 65536, "threads": 64}
+    shallow = predict_speed(hw, layout, plan.layers, plan.output_device, depth=0, **kwargs)
+    deep = predict_speed(hw, layout, plan.layers, plan.output_device, depth=65536, **kwargs)
+    assert deep.expected_tps < shallow.expected_tps
+    assert deep.bytes_per_token["RAM"] > shallow.bytes_per_token["RAM"]
+
+
+def test_every_type_a_tier_uses_has_a_cost(twin_catalog: Catalog) -> None:
+    k = kernels.load()
+    used = {t.upper() for tier in twin_catalog.tiers for t in tier.tensor_types.values()}
+    used |= {o.type.upper() for tier in twin_catalog.tiers for o in tier.tensor_overrides}
+    for name in sorted(used):
+        cost, note = k.cost(name)
+        assert cost.tg_ns > 0, name
+        assert cost.pp_ns > 0, name
+        if name in k.types or name == "F32":
+            assert note == "", name
+        else:
+            assert "not measured" in note, name
+    # the shipped file says where its figures come from
+    assert "bench/kernel_costs.py" in k.source
+    assert k.graph_nodes["kda"] > k.graph_nodes["mla"] > 0
+
+
+def test_node_overhead_beyond_the_measured_threads_is_extrapolated() -> None:
+    k = kernels.Kernels("test", {"Q8_0": kernels.TypeCost(0.1, 0.03)},
+                        {"tg": {1: 1e-6, 2: 2e-6}}, {})  # fmt: skip
+    assert k.node_seconds("tg", 1) == 1e-6
+    assert k.node_seconds("tg", 8) == pytest.approx(8e-6)  # +1 us per thread
+    assert k.node_seconds("pp", 8) == 0.0
+
+
+def test_a_damaged_kernels_file_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "kernels.json"
+    bad.write_text(json.dumps({"types": {"Q8_0": {"tg_ns": "fast"}}}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"kernels\.json is malformed"):
+        kernels.load(bad)
+    shipped = json.loads((resources_dir() / kernels.KERNELS_FILE).read_text(encoding="utf-8"))
+    # the shipped figures say how loaded the machine was, or that nobody knows
+    k = kernels.load()
+    assert "load average" in k.source
+    if not shipped["load_average"]:
+        assert "not recorded" in shipped["load_average_note"]
+        assert "load average not recorded" in k.source
+
+
+def test_faster_measured_ram_helps_only_what_reads_bind(
+    machine: Machine, estimated: Layout
+) -> None:
+    hw = machine("epyc9554p-1.5TB-cpu")
+    layout = estimated("atomicchat-q3ks")
+    slow = replace(hw, memory=replace(hw.memory, bandwidth=Bandwidth(50e9, "measured")))
+    fast = replace(hw, memory=replace(hw.memory, bandwidth=Bandwidth(500e9, "measured")))
+    one_thread = PlanOptions(threads=1)
+    a = make_plan(slow, layout, one_thread).speed.expected_tps
+    b = make_plan(fast, layout, one_thread).speed.expected_tps
+    assert b == pytest.approx(a, rel=0.05)  # one thread: its kernels bind, not the RAM
+    many = PlanOptions(threads=64)
+    c = make_plan(slow, layout, many).speed.expected_tps
+    d = make_plan(fast, layout, many).speed.expected_tps
+    assert d > 1.5 * c
