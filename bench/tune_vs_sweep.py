@@ -5,7 +5,7 @@
 On this machine's mid-size bench model (``k3desk/devtools/benchk3.py``, built once
 and cached), the tuner (``k3desk.core.tuning.tune``) measures the few variants it
 chooses with the speed model, then the sweep measures every variant of the same
-grid, each with the same fixed test request (128-token prompt, 32-token answer)
+grid, each with the same fixed test request (512-token prompt, 32-token answer)
 on a freshly started llama-server.  Printed: every variant's measured time in
 the sweep, where the tuner's pick ranks in it, and the two goals:
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from k3desk.core.errors import ValidationError
 from k3desk.core.progress import Progress
 from k3desk.core.safepaths import what_is
+from k3desk.core.tuning import DECODE_TOKENS, PROMPT_TOKENS
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -31,10 +32,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--ctx", type=int, metavar="N", help="context length (as for serve)")
     p.add_argument("--engine", type=Path, metavar="PATH", help="llama-server to use")
     p.add_argument(
-        "--prompt-tokens", type=int, default=128, metavar="N", help="test prompt (default 128)"
+        "--prompt-tokens",
+        type=int,
+        default=PROMPT_TOKENS,
+        metavar="N",
+        help=f"test prompt (default {PROMPT_TOKENS})",
     )
     p.add_argument(
-        "--answer-tokens", type=int, default=32, metavar="N", help="test answer (default 32)"
+        "--answer-tokens",
+        type=int,
+        default=DECODE_TOKENS,
+        metavar="N",
+        help=f"test answer (default {DECODE_TOKENS})",
     )
     p.add_argument(
         "--all", action="store_true", help="measure every variant (slow: the exhaustive sweep)"

@@ -47,12 +47,11 @@ from k3desk.core.planning.model import LaunchPlan, PlanOptions
 from k3desk.core.planning.plan import make_plan
 from k3desk.core.planning.speed import default_threads
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
+from k3desk.core.tuning import DECODE_TOKENS, PROMPT_TOKENS
 from k3desk.core.tuning.identity import is_this_machine
 from k3desk.core.tuning.tuned import TunedChoice, TunedStore
 from k3desk.core.units import fmt_tps3
 
-PROMPT_TOKENS = 128
-DECODE_TOKENS = 32
 # (-b, -ub) pairs; llama.cpp's default is (2048, 512)
 BATCH_PAIRS: tuple[tuple[int, int], ...] = (
     (2048, 512), (2048, 1024), (2048, 2048), (2048, 256), (2048, 128), (2048, 64),
@@ -265,7 +264,14 @@ def candidates(req: TuneRequest) -> list[Candidate]:
         gpus = [d for d in plan.devices if d.device != "RAM"]
         if plan.verdict == "no-fit" or any(d.headroom < 0 for d in gpus):
             return
-        key = tuple(plan.server_args)
+        # A prompt of P tokens is cut into batches of min(-b, P) tokens and those into
+        # micro-batches of min(-ub, -b) (llama_context::decode, src/llama-context.cpp in
+        # b11434; -ub is clamped to -b): variants that cut the test prompt the same way
+        # measure the same thing, so only the first of them is kept.
+        eff_b = min(v.batch or LLAMA_DEFAULT_BATCH[0], req.prompt_tokens)
+        eff_ub = min(v.ubatch or LLAMA_DEFAULT_BATCH[1], eff_b)
+        rest = without_batch_args(plan.server_args)
+        key = (eff_b, eff_ub, *rest)
         if key in seen:
             return
         seen.add(key)
@@ -288,6 +294,20 @@ def candidates(req: TuneRequest) -> list[Candidate]:
                             )
                         )
     return out
+
+
+def without_batch_args(args: Sequence[str]) -> tuple[str, ...]:
+    """``args`` less its ``-b``/``-ub`` flags and their values."""
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in ("-b", "-ub", "--batch-size", "--ubatch-size"):
+            skip = True
+        else:
+            out.append(a)
+    return tuple(out)
 
 
 def budget(n_candidates: int) -> int:
@@ -569,6 +589,13 @@ def tune_model(
         on_progress=progress,
         use_tuned=False,
     )
+    ctx = prepared.plan.ctx
+    if req.prompt_tokens + req.decode_tokens > ctx:
+        raise PlanError(
+            f"The test request ({req.prompt_tokens} prompt + {req.decode_tokens} answer "
+            f"tokens) does not fit the {ctx}-token context: use a smaller --prompt-tokens "
+            "or a larger --ctx."
+        )
     treq = TuneRequest(
         prepared.layout,
         prepared.hardware,

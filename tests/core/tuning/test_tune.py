@@ -101,7 +101,9 @@ def test_it_measures_a_tenth_of_the_grid_and_the_sweep_measures_all(
 ) -> None:
     req = TuneRequest(tiny, two_cores, PlanOptions(ctx=512))
     n = len(candidates(req))
-    assert n >= 30  # 2 x 2 thread counts x 15 batch pairs, those that differ
+    # 2 x 2 thread counts x the 7 of the 15 batch pairs that cut a 512-token prompt
+    # differently (every -b >= 512 with the same -ub is one; -ub >= 512 is one)
+    assert n == 28
     quick = StandIn()
     tune(req, quick)
     assert len(quick.calls) == budget(n) <= max(3, n // 10)
@@ -112,6 +114,23 @@ def test_it_measures_a_tenth_of_the_grid_and_the_sweep_measures_all(
     # the stand-in's best of everything: one thread, -ub 256, -tb 2
     best = full.best.candidate.variant
     assert (best.threads, best.ubatch, best.threads_batch) == (1, 256, 2)
+
+
+def test_batch_sizes_the_test_prompt_cannot_tell_apart_are_measured_once(
+    two_cores: HardwareProfile, tiny: ModelLayout
+) -> None:
+    def cuts(prompt: int) -> set[tuple[int, int]]:
+        req = TuneRequest(tiny, two_cores, PlanOptions(ctx=4096), prompt_tokens=prompt)
+        out = []
+        for c in candidates(req):
+            if c.variant.threads is None and c.variant.threads_batch is None:
+                b = min(c.variant.batch or 2048, prompt)
+                out.append((b, min(c.variant.ubatch or 512, b)))
+        assert len(out) == len(set(out))  # no two measure the same cut
+        return set(out)
+
+    assert cuts(128) == {(128, 128), (128, 64)}
+    assert len(cuts(2048)) > len(cuts(512)) > len(cuts(128))
 
 
 def test_variants_that_fail_are_skipped_and_all_failing_is_an_error(
