@@ -92,7 +92,7 @@ def test_ctrl_f_search_shows_snippets_and_jumps_to_the_match(ctx, qtbot, page) -
     assert "<b style=" in cell.text()
     assert ">pelicans</b>" in cell.text()
     page.list.setCurrentRow(0)
-    qtbot.waitUntil(lambda: page.view.highlighted() == ["pelicans"], timeout=5000)
+    qtbot.waitUntil(lambda: page.view.marked() == ["pelicans"], timeout=5000)
     assert page.view.textCursor().block().text().find("pelicans") >= 0  # the view is there
     page.search.clear()
     qtbot.waitUntil(lambda: page.list.count() == 2, timeout=5000)

@@ -947,6 +947,37 @@ class Supervisor:
             self._set_state(State.LOADING, number, self._progress.phase)
 
 
+def ownership_problem(pid: int, port: int, api_key: str) -> str:
+    """Why the server on ``port`` is not provably process ``pid``'s ("" when it is).
+
+    The same checks a launch makes before it hands out an endpoint (:meth:`Supervisor._verify`):
+    nothing else listens on the port, ``pid`` (or a descendant) holds the listening
+    socket, and the key is accepted on a connection ``pid`` is seen to hold (the key is
+    never sent to anything else).
+    """
+    if not alive_pid(pid):
+        return f"process {pid} is no longer running"
+    ours = _family(pid)
+    foreign = [p for p in _listeners(port) if p not in ours]
+    if foreign:
+        return f"another program listens on port {port} ({_listener_names(port)})"
+    if not _owns_listener(ours, port):
+        return f"process {pid} does not listen on port {port}"
+    status = _authorized_status(ours, port, api_key)
+    if status != 200:
+        why = f"HTTP {status}" if status is not None else "no answer"
+        return f"the server on port {port} did not accept the key ({why})"
+    return ""
+
+
+def alive_pid(pid: int) -> bool:
+    """Whether ``pid`` is a running (not a zombie) process."""
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
 def bytes_loaded(pid: int) -> int:
     """How much of the model a loading server has touched: bytes it read from storage or
     its resident set, whichever is larger (pages already in the page cache are not read)."""

@@ -309,12 +309,24 @@ class ChatController(QObject):
         self.search_text = text
         self.refresh_list()
 
-    def open(self, conversation_id: int) -> None:
+    def open(self, conversation_id: int, quiet: bool = False) -> None:
+        """Show a conversation; ``quiet``: one that is gone is no error (the one open at
+        the last exit, since deleted elsewhere)."""
+
         def work(_t: CancelToken) -> OpenState:
             conv, msgs = self.store().open_conversation(conversation_id)
             return self._open_state(conv, msgs)
 
-        self.ctx.tasks.run(work, on_done=self._opened, name="chat-open", serial=True)
+        def failed(exc: BaseException) -> None:
+            if not quiet:
+                self.ctx.reporter.report(exc)
+
+        def done(state: OpenState) -> None:
+            if quiet and (self.current is not None or self.streaming):
+                return  # the person moved on meanwhile
+            self._opened(state)
+
+        self.ctx.tasks.run(work, on_done=done, on_error=failed, name="chat-open", serial=True)
 
     def new_conversation(self) -> None:
         """Show an empty conversation (it is created in the store on first send); the

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 ROLE_ID = Qt.ItemDataRole.UserRole
 ROLE_HIT = Qt.ItemDataRole.UserRole + 1  # the message a search found (None: the title)
+LAST_CONVERSATION_KEY = "conversation"  # Settings.recent: the one open at exit
 
 
 def when(ts: float) -> str:
@@ -230,6 +231,12 @@ class ChatPage(Page):
         self.model_label.setObjectName("chatModel")
         titles.addWidget(self.model_label)
         head.addLayout(titles, 1)
+        # the model launched last, one click away when nothing runs
+        self.relaunch_btn = QPushButton("")
+        self.relaunch_btn.setObjectName("relaunchModel")
+        theme.set_icon(self.relaunch_btn, "engine")
+        self.relaunch_btn.hide()
+        head.addWidget(self.relaunch_btn)
         self.export_btn = QPushButton("Export")
         self.export_btn.setObjectName("exportChat")
         export_menu = QMenu(self.export_btn)
@@ -274,6 +281,7 @@ class ChatPage(Page):
         self.list.customContextMenuRequested.connect(self._menu)
         self.settings_btn.clicked.connect(self.edit_settings)
         self.delete_btn.clicked.connect(self.delete_current)
+        self.relaunch_btn.clicked.connect(self.relaunch)
         self.chat.exported.connect(self._exported)
         self._shortcuts()
         self._header_buttons()
@@ -298,6 +306,9 @@ class ChatPage(Page):
         self._engine_changed()
         self.chat.refresh_list()
         self.chat.new_conversation()
+        last = ctx.settings.recent.get(LAST_CONVERSATION_KEY)
+        if isinstance(last, int):
+            self.chat.open(last, quiet=True)  # where the person left off (if still there)
 
     def _shortcuts(self) -> None:
         """Ctrl+N new chat, Ctrl+F search, Ctrl+E export, Delete (in the list) delete."""
@@ -325,7 +336,35 @@ class ChatPage(Page):
         set_enabled(self.delete_btn, has, why, "Delete this conversation and all its branches")
 
     # ------------------------------------------------------------- engine
+    def relaunch(self) -> None:
+        """Launch the model launched last (checked and planned as on the Engine page)."""
+        last = self.engine.relaunch_last(on_error=self.ctx.reporter.report)
+        if last is not None:
+            self.relaunch_btn.setEnabled(False)
+            self.composer.show_notice(f"Relaunching {last.name or Path(last.shard).name}…")
+
+    def _relaunch_offer(self) -> None:
+        last = None if self.engine.running else self.engine.last_model()
+        show = last is not None and self.engine.chat_endpoint() is None
+        self.relaunch_btn.setVisible(show)
+        if last is None or not show:
+            return
+        self.relaunch_btn.setEnabled(True)
+        name = last.name or Path(last.shard).name
+        load = last.load_text()
+        self.relaunch_btn.setText(f"Relaunch {name}")
+        self.relaunch_btn.setToolTip(
+            f"Start {last.shard} again, as it was launched last" + (f"; it {load}" if load else "")
+        )
+
+    def relaunch_text(self) -> str:
+        """The one-click relaunch offered ("" when none), as the person reads it."""
+        if self.relaunch_btn.isHidden():
+            return ""
+        return f"{self.relaunch_btn.text()} ({self.relaunch_btn.toolTip()})"
+
     def _engine_changed(self) -> None:
+        self._relaunch_offer()
         ep = self.engine.chat_endpoint()
         if ep is None:
             why = (
@@ -349,7 +388,16 @@ class ChatPage(Page):
             self._show_empty()
 
     def _show_empty(self) -> None:
-        if self.engine.chat_endpoint() is None:
+        last = None if self.engine.running else self.engine.last_model()
+        if self.engine.chat_endpoint() is None and last is not None:
+            name = last.name or Path(last.shard).name
+            load = last.load_text()
+            self.view.set_empty_text(
+                f"Nothing runs now. {name} was launched last"
+                + (f"; it {load}." if load else "."),
+                links=((f"Relaunch {name}", "relaunch"), ("Open the Engine page", "engine")),
+            )
+        elif self.engine.chat_endpoint() is None:
             self.view.set_empty_text(
                 "Nothing to chat with yet. Start Kimi-K3 on the Engine page (Ctrl+4), run it "
                 "across several machines or attach a remote server on the Cluster page "
@@ -598,6 +646,8 @@ class ChatPage(Page):
                 self.start_edit(int(mid))
             elif verb == "branch":
                 self.chat.switch_branch(int(mid), arg)
+            elif verb == "page" and mid == "relaunch":
+                self.relaunch()
             elif verb == "page" and self.nav is not None and mid in set(PageKey):
                 self.nav.show_page(PageKey(mid))
         except K3Error as exc:
@@ -650,6 +700,17 @@ class ChatPage(Page):
         self.composer.edit.setFocus()
 
     def closing(self) -> None:
+        cid = self.current_id()
+        recent = dict(self.ctx.settings.recent)
+        if cid is not None:
+            recent[LAST_CONVERSATION_KEY] = cid
+        else:
+            recent.pop(LAST_CONVERSATION_KEY, None)
+        if recent != self.ctx.settings.recent:
+            try:
+                self.ctx.update_settings(recent=recent)
+            except K3Error as exc:
+                self.ctx.reporter.report(exc, "while remembering the conversation")
         self.chat.close()
 
     def controller(self) -> ChatController:

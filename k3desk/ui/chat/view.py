@@ -406,8 +406,8 @@ class MessageView(QTextBrowser):
             cursor = doc.find(w, 0)
             while not cursor.isNull():
                 sel = QTextEdit.ExtraSelection()
-                sel.cursor = cursor  # type: ignore[misc]
-                sel.format = fmt  # type: ignore[misc]
+                sel.cursor = cursor
+                sel.format = fmt
                 marks.append(sel)
                 cursor = doc.find(w, cursor)
         self.setExtraSelections(marks)
@@ -425,8 +425,8 @@ class MessageView(QTextBrowser):
         self.ensureCursorVisible()
         return len(marks)
 
-    def highlighted(self) -> list[str]:
-        """The texts marked by :meth:`highlight`."""
+    def marked(self) -> list[str]:
+        """The texts :meth:`highlight` marked."""
         return [sel.cursor.selectedText() for sel in self.extraSelections()]
 
     def _message_start(self, message_id: str) -> int | None:

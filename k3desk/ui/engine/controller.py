@@ -7,12 +7,18 @@ widgets only through :mod:`k3desk.ui.bridge` objects.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
+from k3desk.core.app import background
+from k3desk.core.app.background import LAST_MODEL_KEY, BackgroundEngine, LastModel
 from k3desk.core.engines.supervisor import (
     Endpoint,
     Event,
@@ -20,6 +26,7 @@ from k3desk.core.engines.supervisor import (
     Replanner,
     State,
     Supervisor,
+    alive_pid,
 )
 from k3desk.core.errors import EngineError
 from k3desk.ui.bridge import Relay, StreamBuffer
@@ -55,6 +62,8 @@ class LaunchRequest:
     replan: Replanner | None = None  # how to re-plan after a GPU out-of-memory
     notes: tuple[str, ...] = ()  # warnings the launch carries (a suspicious shard set)
     subject: Subject | None = None  # the machine the plan was made for (this one)
+    shard: Path | None = None  # the model's first shard, remembered for "Relaunch"
+    mmproj: Path | None = None
 
 
 class EngineController(QObject):
@@ -89,6 +98,12 @@ class EngineController(QObject):
         # a second place the chat can go when no local engine runs (cluster engines,
         # attached servers)
         self._external: ClusterController | None = None
+        # an engine an earlier k3desk kept running in the background, taken up here
+        self.background: BackgroundEngine | None = None
+        self._watch = QTimer(self)
+        self._watch.setInterval(2000)
+        self._watch.timeout.connect(self._check_background)
+        self.keeping = False  # this process keeps its engine for a later start
 
     def set_external(self, source: ClusterController) -> None:
         """Let ``source`` serve the chat when no local engine runs; its changes are
@@ -106,6 +121,15 @@ class EngineController(QObject):
             return self._external.state_text() or text
         return text
 
+    def model_text(self) -> str:
+        """Which model the chat talks to, for the chat's header ("" when none)."""
+        if self.ready and self.model_name():
+            where = "this machine, kept in the background" if self.background else "this machine"
+            return f"Model: {self.model_name()} ({where})"
+        if self._external is not None and not self.running:
+            return self._external.model_text()
+        return ""
+
     @property
     def message(self) -> str:
         return self._message
@@ -119,8 +143,25 @@ class EngineController(QObject):
         return self._state == State.READY.value
 
     def endpoint(self) -> Endpoint | None:
+        if self.background is not None:
+            return self.background.endpoint() if self.ready else None
         sup = self.supervisor
         return sup.endpoint if sup is not None and self.ready else None
+
+    @property
+    def local(self) -> bool:
+        """A local engine runs (started here, or taken up from the background)."""
+        return self.running and (self.supervisor is not None or self.background is not None)
+
+    def model_name(self) -> str:
+        if self.background is not None:
+            return self.background.model_name
+        return self.request.model_name if self.request is not None else ""
+
+    def last_model(self) -> LastModel | None:
+        """The model launched last (None when none, or its files are gone)."""
+        last = LastModel.from_json(self.ctx.settings.recent.get(LAST_MODEL_KEY))
+        return last if last is not None and last.available() else None
 
     def chat_endpoint(self) -> ChatEndpoint | None:
         """Where the chat sends requests: the local engine when ready, else a cluster engine
@@ -144,6 +185,9 @@ class EngineController(QObject):
     def launch(self, request: LaunchRequest) -> None:
         """Start the engine described by ``request`` (stopping a running one first)."""
         old = self.supervisor
+        kept, self.background = self.background, None
+        self._watch.stop()
+        paths = self.ctx.services.paths
         self.request = request
         sup = Supervisor(
             request.spec,
@@ -159,12 +203,15 @@ class EngineController(QObject):
         def work(token: Any) -> Endpoint:
             if old is not None:
                 old.stop()
+            if kept is not None:
+                background.stop(paths, kept)
             sup.start()
             return sup.wait_ready(cancel=token)
 
         def done(ep: Endpoint) -> None:
             if sup is self.supervisor:
                 self._set_state(State.READY.value, f"Listening on {ep.url}")
+                self._remember(request, sup)
             self.attempts_changed.emit()
 
         def error(exc: BaseException) -> None:
@@ -180,6 +227,17 @@ class EngineController(QObject):
         self._wait_task = self.ctx.tasks.run(work, on_done=done, on_error=error, name="engine")
 
     def stop(self) -> None:
+        kept = self.background
+        if kept is not None:
+            self._watch.stop()
+            self._set_state(State.STOPPING.value, "Stopping the engine kept in the background…")
+            paths = self.ctx.services.paths
+            self.ctx.tasks.run(
+                lambda _t: background.stop(paths, kept),
+                on_done=lambda _r: self._background_ended(kept, ""),
+                name="engine-stop",
+            )
+            return
         sup = self.supervisor
         if sup is None:
             return
@@ -196,16 +254,122 @@ class EngineController(QObject):
         if self.request is not None:
             self.launch(self.request)
 
+    def relaunch_last(self, on_error: Any = None) -> LastModel | None:
+        """Check, plan and launch the model launched last (one click from the chat)."""
+        last = self.last_model()
+        if last is None:
+            return None
+        from k3desk.ui.engine.page import prepare_launch
+
+        mmproj = Path(last.mmproj) if last.mmproj else None
+        self.ctx.tasks.run(
+            lambda t: prepare_launch(self.ctx, Path(last.shard), mmproj, t),
+            on_done=self.launch,
+            on_error=on_error,
+            name="prepare-launch",
+        )
+        return last
+
+    # ------------------------------------------------------- background
+    def take_up_background(self) -> None:
+        """Take up the engine an earlier k3desk kept running, once it passes the checks
+        (in the background; :attr:`state_changed` says when)."""
+        if self.running:
+            return
+        paths = self.ctx.services.paths
+
+        def done(result: tuple[BackgroundEngine | None, str]) -> None:
+            rec, why = result
+            if why:
+                log.info("not taking up the kept engine: %s", why)
+            if rec is None or self.running:
+                return
+            self.background = rec
+            url = rec.endpoint().url
+            self._set_state(State.READY.value, f"Listening on {url}: {rec.describe()}")
+            self._watch.start()
+
+        self.ctx.tasks.run(
+            lambda _t: background.take_up(paths), on_done=done, name="engine-take-up"
+        )
+
+    def keep_in_background(self) -> bool:
+        """Leave the engine running when the window closes (this process keeps it, without
+        a window, for the next start to take up).  False when there is none to keep."""
+        sup = self.supervisor
+        ep = sup.endpoint if sup is not None else None
+        if self.background is not None:
+            return True  # kept already, by another process
+        if sup is None or ep is None:
+            return False
+        self.keeping = True
+        self._write_record(ep)
+        return True
+
+    def stop_background_now(self) -> None:
+        """Stop the engine taken up from the background and wait for it (app exit)."""
+        kept, self.background = self.background, None
+        self._watch.stop()
+        if kept is not None:
+            background.stop(self.ctx.services.paths, kept)
+            self._set_state(State.STOPPED.value, "")
+
+    def _write_record(self, ep: Endpoint) -> None:
+        background.keep(
+            self.ctx.services.paths,
+            BackgroundEngine(
+                keeper_pid=os.getpid(),
+                pid=ep.pid,
+                port=ep.port,
+                api_key=ep.api_key,
+                model_name=self.model_name(),
+                since=time.time(),
+            ),
+        )
+
+    def _check_background(self) -> None:
+        kept = self.background
+        if kept is not None and not alive_pid(kept.pid):
+            self._background_ended(kept, "The engine kept in the background has stopped.")
+
+    def _background_ended(self, kept: BackgroundEngine, message: str) -> None:
+        if self.background is kept:
+            self.background = None
+            self._watch.stop()
+            self._set_state(State.STOPPED.value, message)
+
+    def _remember(self, request: LaunchRequest, sup: Supervisor) -> None:
+        """Remember what was launched and how long it took, for "Relaunch" next time."""
+        if request.shard is None:
+            return
+        last_try = sup.history[-1] if sup.history else None
+        ready = last_try.ready_seconds if last_try is not None else None
+        entry = LastModel(
+            str(request.shard),
+            str(request.mmproj or ""),
+            request.model_name,
+            request.spec.model_bytes,
+            round(ready, 1) if ready is not None else None,
+        )
+        recent = {**self.ctx.settings.recent, LAST_MODEL_KEY: entry.to_json()}
+        try:
+            self.ctx.save_settings(dataclasses.replace(self.ctx.settings, recent=recent))
+        except Exception:
+            log.exception("could not remember the last model")
+
     def close(self) -> None:
-        """Stop the engine now (blocking; app exit)."""
+        """Stop the engine now (blocking; app exit), unless it is kept for a later start."""
+        self._watch.stop()
         sup, self.supervisor = self.supervisor, None
         if sup is not None:
             sup.stop()
+        if self.keeping:
+            background.forget(self.ctx.services.paths, os.getpid())
 
     # --------------------------------------------------------- internals
     def _stopped(self, sup: Supervisor) -> None:
         if sup is self.supervisor:
-            self._set_state(State.STOPPED.value, "Stopped.")
+            self._set_state(State.STOPPED.value, "")
             self.attempts_changed.emit()
 
     def _set_state(self, state: str, message: str) -> None:
@@ -221,6 +385,8 @@ class EngineController(QObject):
         if state == State.READY.value:
             ep = self.supervisor.endpoint
             message = f"Listening on {ep.url}" if ep else "Ready."
+            if ep is not None and self.keeping:  # restarted: on a new port, with a new key
+                self._write_record(ep)
         else:
             message = event.message
         if event.progress is not None:

@@ -188,6 +188,8 @@ def prepare_launch(
         replan=prepared.replan_after_oom,
         notes=prepared.notes,
         subject=launch.subject,
+        shard=shard,
+        mmproj=mmproj,
     )
 
 
@@ -622,7 +624,8 @@ class EnginePanel(QWidget):
             )
 
     def _state(self, state: str, message: str) -> None:
-        self.state.setText(f"{self.engine.state_text()}. {message}".strip())
+        text = self.engine.state_text()
+        self.state.setText(f"{text}. {message}" if message else f"{text}.")
         self.load_bar.setVisible(state in ("starting", "loading"))
         if state == "ready":
             self.load_bar.setValue(100)
