@@ -106,6 +106,9 @@ def create_context(services: Services, app: QApplication, *, theme: bool = True)
     except K3Error as exc:
         settings, settings_error = Settings(), exc
     tm = theme_mod.ThemeManager(app, settings.theme) if theme else None
+    from k3desk.ui import wheel
+
+    wheel.install(app)
     ctx = AppContext(services, tasks, reporter, store, settings, tm, parent=app)
     if settings_error is not None:
         ctx.first_run = False  # the file exists; do not overwrite it behind the user's back
