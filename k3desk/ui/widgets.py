@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
@@ -20,6 +21,17 @@ from PySide6.QtWidgets import (
 )
 
 from k3desk.ui import theme
+
+if TYPE_CHECKING:
+    from k3desk.ui.context import AppContext
+
+
+def dialog_folder(ctx: AppContext, kind: str, current: str = "") -> str:
+    """Where a file dialog opens (:func:`k3desk.core.app.folders.start_folder`): ``kind`` is
+    "model", "image", "export" or "other"; ``current`` the path in the field it fills."""
+    from k3desk.core.app.folders import Kind, start_folder
+
+    return str(start_folder(Kind(kind), ctx.settings, ctx.services.paths, current=current))
 
 
 def primary(button: QPushButton) -> QPushButton:

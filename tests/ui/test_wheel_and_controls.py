@@ -3,6 +3,8 @@ controls can be seen in both themes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QColor, QImage, QWheelEvent
 from PySide6.QtWidgets import QApplication, QRadioButton, QSpinBox
@@ -91,3 +93,32 @@ def test_spin_arrows_and_unchecked_radios_are_visible_in_both_themes(ctx, qtbot)
         ]
         base = QColor(c.window)
         assert max(abs(p.lightness() - base.lightness()) for p in far) > 60, name
+
+
+def test_file_dialogs_open_in_the_models_folder_and_pictures(
+    ctx, qtbot, monkeypatch, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtWidgets import QFileDialog
+
+    from k3desk.ui.chat.page import ChatPage
+    from k3desk.ui.engine.page import EnginePage
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "Pictures").mkdir()
+    opened: list[str] = []
+
+    def one(_parent, _title, folder="", _filter=""):  # type: ignore[no-untyped-def]
+        opened.append(folder)
+        return "", ""
+
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", one)
+    monkeypatch.setattr(QFileDialog, "getOpenFileNames", one)
+    engine = EnginePage(ctx)
+    qtbot.addWidget(engine)
+    engine.panel._browse_shard()
+    assert opened[-1] == str(ctx.services.paths.models_dir)
+    chat = ChatPage(ctx)
+    qtbot.addWidget(chat)
+    chat.composer._choose()
+    assert opened[-1] == str(tmp_path / "Pictures")
+    assert all("resources" not in Path(p).parts for p in opened)

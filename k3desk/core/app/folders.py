@@ -8,6 +8,7 @@ A folder typed in the field the dialog fills is preferred when it exists.
 
 from __future__ import annotations
 
+import contextlib
 from enum import StrEnum
 from pathlib import Path
 
@@ -69,6 +70,10 @@ def start_folder(
         candidates = [settings.effective_download_dir(paths.models_dir)]
         candidates += [Path(d).expanduser() for d in settings.model_dirs]
         candidates.append(paths.models_dir)
+        if not any(c.is_dir() for c in candidates):
+            # the app's own models folder (where downloads go) is made when first needed
+            with contextlib.suppress(OSError):
+                paths.models_dir.mkdir(parents=True, exist_ok=True)
     elif kind is Kind.IMAGE:
         candidates = [_xdg_folder(home, "Pictures")]
     elif kind is Kind.EXPORT:

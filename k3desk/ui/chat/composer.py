@@ -3,6 +3,7 @@ attachments (button, drag-and-drop, paste) shown as removable thumbnails, Send/S
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData, QSize, Qt, Signal
@@ -151,6 +152,8 @@ class Composer(QFrame):
         self.setAcceptDrops(True)
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
         self.attachments: list[Attachment] = []
+        # where "Attach images" opens (the page sets it: the pictures folder)
+        self.start_folder: Callable[[], str] | None = None
         outer = QVBoxLayout(self)
         outer.setContentsMargins(8, 6, 8, 8)
         outer.setSpacing(4)
@@ -259,7 +262,8 @@ class Composer(QFrame):
             self._remove(t)
 
     def _choose(self) -> None:
-        files, _ = QFileDialog.getOpenFileNames(self, "Attach images", "", IMAGE_FILTER)
+        start = self.start_folder() if self.start_folder is not None else ""
+        files, _ = QFileDialog.getOpenFileNames(self, "Attach images", start, IMAGE_FILTER)
         if files:
             self.files_added.emit(files)
 

@@ -258,6 +258,9 @@ class ChatPage(Page):
         self.editing_bar.hide()
         rlay.addWidget(self.editing_bar)
         self.composer = Composer()
+        self.composer.start_folder = lambda: str(
+            start_folder(Kind.IMAGE, ctx.settings, ctx.services.paths)
+        )
         rlay.addWidget(self.composer)
         self.status = muted("")
         self.status.setObjectName("chatStatus")

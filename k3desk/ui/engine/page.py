@@ -45,7 +45,16 @@ from k3desk.ui.engine.controller import EngineController, LaunchRequest
 from k3desk.ui.errors import describe
 from k3desk.ui.judged import JudgedBar
 from k3desk.ui.pages import Navigator, Page
-from k3desk.ui.widgets import Card, CopyField, PageHeader, label, muted, primary, set_enabled
+from k3desk.ui.widgets import (
+    Card,
+    CopyField,
+    PageHeader,
+    dialog_folder,
+    label,
+    muted,
+    primary,
+    set_enabled,
+)
 
 if TYPE_CHECKING:
     from k3desk.core.catalog.model import Tier
@@ -562,12 +571,14 @@ class EnginePanel(QWidget):
             self.mmproj.setText(str(found.projector))
 
     def _browse_shard(self) -> None:
-        f, _ = QFileDialog.getOpenFileName(self, "First shard", "", "GGUF (*.gguf)")
+        start = dialog_folder(self.ctx, "model", self.shard.text())
+        f, _ = QFileDialog.getOpenFileName(self, "First shard", start, "GGUF (*.gguf)")
         if f:
             self.shard.setText(f)
 
     def _browse_mmproj(self) -> None:
-        f, _ = QFileDialog.getOpenFileName(self, "Vision projector", "", "GGUF (*.gguf)")
+        start = dialog_folder(self.ctx, "model", self.mmproj.text() or self.shard.text())
+        f, _ = QFileDialog.getOpenFileName(self, "Vision projector", start, "GGUF (*.gguf)")
         if f:
             self.mmproj.setText(f)
 
