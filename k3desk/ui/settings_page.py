@@ -278,6 +278,8 @@ class SettingsPage(Page):
         if getattr(self, "_loading", False):
             return
         changed = self.collect() != self.ctx.settings or not self.ctx.store.exists
+        if changed and self.status.text().startswith("Saved to"):
+            self.status.setText("")  # what it said is about the values before these edits
         set_enabled(self.save, changed, "Nothing has changed since the last save.")
         set_enabled(self.revert, changed, "Nothing to revert.")
         self.remove_dir.setEnabled(self.model_dirs.currentRow() >= 0)

@@ -122,3 +122,16 @@ def test_file_dialogs_open_in_the_models_folder_and_pictures(
     chat.composer._choose()
     assert opened[-1] == str(tmp_path / "Pictures")
     assert all("resources" not in Path(p).parts for p in opened)
+
+
+def test_saved_to_is_cleared_by_the_next_edit(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]
+    from k3desk.ui.settings_page import SettingsPage
+
+    page = SettingsPage(ctx)
+    qtbot.addWidget(page)
+    page.ctx_size.setValue(16384)
+    page.save.click()
+    assert page.status.text().startswith("Saved to")
+    page.ctx_size.setValue(4096)  # a new edit: not saved yet
+    assert page.status.text() == ""
+    assert page.save.isEnabled()

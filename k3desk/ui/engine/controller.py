@@ -74,6 +74,8 @@ class EngineController(QObject):
     attempts_changed(): the attempt history changed (a start, a crash, a restart).
     launched(object): a new LaunchRequest was started.
     failed(str, str): the engine gave up: message, hint.
+    engines_found(object, object): a probe's engine rows and this machine (every panel
+        showing engines shows the latest probe, so none keeps a stale "none found").
     """
 
     state_changed = Signal(str, str)
@@ -82,6 +84,7 @@ class EngineController(QObject):
     attempts_changed = Signal()
     launched = Signal(object)
     failed = Signal(str, str)
+    engines_found = Signal(object, object)
 
     def __init__(self, ctx: AppContext, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -104,6 +107,7 @@ class EngineController(QObject):
         self._watch.setInterval(2000)
         self._watch.timeout.connect(self._check_background)
         self.keeping = False  # this process keeps its engine for a later start
+        self._past: list[Any] = []  # the attempts of earlier launches (kept on relaunch)
 
     def set_external(self, source: ClusterController) -> None:
         """Let ``source`` serve the chat when no local engine runs; its changes are
@@ -176,7 +180,9 @@ class EngineController(QObject):
         return None
 
     def attempts(self) -> list[Any]:
-        return self.supervisor.history if self.supervisor is not None else []
+        """Every attempt of this session, earlier launches' first (a relaunch keeps them)."""
+        now = self.supervisor.history if self.supervisor is not None else []
+        return [*self._past, *now]
 
     def tail(self) -> list[str]:
         return self.supervisor.tail() if self.supervisor is not None else []
@@ -185,6 +191,8 @@ class EngineController(QObject):
     def launch(self, request: LaunchRequest) -> None:
         """Start the engine described by ``request`` (stopping a running one first)."""
         old = self.supervisor
+        if old is not None:
+            self._past = [*self._past, *old.history][-50:]
         kept, self.background = self.background, None
         self._watch.stop()
         paths = self.ctx.services.paths

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from k3desk.core.app.models import find_model
+from k3desk.core.app.models import find_model, projector_beside
 from k3desk.core.app.shardplan import PlanView, plan_view
 from k3desk.core.app.subject import Subject
 from k3desk.core.engines.discovery import discover_engines
@@ -334,6 +334,8 @@ class EnginePanel(QWidget):
         self.shard.textChanged.connect(lambda _t: self._buttons())
         self.engine.state_changed.connect(self._state)
         self.engine.progress.connect(self._progress)
+        self.engine.engines_found.connect(self._found)
+        self.shard.editingFinished.connect(self._pair_projector)
         self._state(self.engine.state_name(), self.engine.message)
 
     # ----------------------------------------------------------- engines
@@ -372,10 +374,8 @@ class EnginePanel(QWidget):
 
         def done(result: tuple[HardwareProfile, list[EngineRow]]) -> None:
             hw, rows = result
-            self.machine = hw
-            self._show_target()
             self.vision = vision[0]
-            self._show_rows(rows, hw)
+            self.engine.engines_found.emit(rows, hw)  # -> _found, in every panel
 
         self.ctx.tasks.run(work, on_done=done, name="probe-engines")
 
@@ -396,6 +396,11 @@ class EnginePanel(QWidget):
                     row.error = exc.message
             rows.append(row)
         return rows
+
+    def _found(self, rows: list[EngineRow], hw: HardwareProfile) -> None:
+        self.machine = hw
+        self._show_target()
+        self._show_rows(rows, hw)
 
     def _show_rows(self, rows: list[EngineRow], hw: HardwareProfile) -> None:
         self.rows = rows
@@ -575,6 +580,17 @@ class EnginePanel(QWidget):
         f, _ = QFileDialog.getOpenFileName(self, "First shard", start, "GGUF (*.gguf)")
         if f:
             self.shard.setText(f)
+            self._pair_projector()
+
+    def _pair_projector(self) -> None:
+        """Fill in the vision projector that lies beside the chosen shard (the field
+        left alone when it names one already)."""
+        text = self.shard.text().strip()
+        if not text or self.mmproj.text().strip():
+            return
+        projector = projector_beside(Path(text).expanduser())
+        if projector is not None:
+            self.mmproj.setText(str(projector))
 
     def _browse_mmproj(self) -> None:
         start = dialog_folder(self.ctx, "model", self.mmproj.text() or self.shard.text())
