@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QAbstractButton,
@@ -24,6 +24,13 @@ from k3desk.ui import theme
 
 if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
+
+
+def fit_screen(widget: QWidget, width: int, height: int, margin: int = 48) -> QSize:
+    """``width`` x ``height``, made smaller where the screen (its free area) is: a window
+    that opens larger than a 1024x700 screen hides its own buttons."""
+    free = (widget.screen() or QGuiApplication.primaryScreen()).availableGeometry()
+    return QSize(min(width, free.width() - margin), min(height, free.height() - margin))
 
 
 def dialog_folder(ctx: AppContext, kind: str, current: str = "") -> str:

@@ -49,7 +49,7 @@ def conversations(ctx) -> list[tuple[int, str]]:  # type: ignore[no-untyped-def]
 
 
 def test_ctrl_n_starts_a_new_chat_that_gets_the_next_message(ctx, qtbot, page) -> None:  # type: ignore[no-untyped-def]
-    assert page.model_label.text() == f"Model: {ctx.engine.request.model_name} (this machine)"
+    assert page.model_label.text() == f"{ctx.engine.request.model_name} · this machine"
     assert not page.export_btn.isEnabled()
     assert "first message" in page.export_btn.toolTip()
     ask(qtbot, page, "Alpha question")

@@ -179,8 +179,11 @@ class Composer(QFrame):
         self.attach.setIconSize(QSize(20, 20))
         self.attach.setToolTip("Attach images (or drop / paste them here)")
         row.addWidget(self.attach)
-        self.hint = label("", wrap=False)
+        # wraps: at 1024 px the reason nothing can be sent is longer than the row
+        self.hint = label("", wrap=True)
+        self.hint.setObjectName("composerHint")
         self.hint.setProperty("muted", True)
+        self.hint.setMinimumWidth(1)
         row.addWidget(self.hint, 1)
         self.stop_btn = QPushButton("Stop")
         self.stop_btn.setObjectName("stopButton")

@@ -229,6 +229,7 @@ class ChatPage(Page):
         # which model answers here (the engine's, the cluster's or the attached server's)
         self.model_label = muted("")
         self.model_label.setObjectName("chatModel")
+        self.model_label.setToolTip("The model answering in this chat")
         titles.addWidget(self.model_label)
         head.addLayout(titles, 1)
         # the model launched last, one click away when nothing runs

@@ -610,9 +610,9 @@ class ClusterController(QObject):
         """Which model the chat talks to here, for the chat's header ("" when none)."""
         g = self.group
         if g is not None and g.endpoint is not None:
-            return f"Model: {self.group_title} (cluster {self.group_cluster})"
+            return f"{self.group_title} · cluster {self.group_cluster}"
         if self._active_ep is not None:
-            return f"Model: whatever {self.active_endpoint} serves (attached server)"
+            return f"whatever {self.active_endpoint} serves · attached server"
         return ""
 
     def close(self) -> None:

@@ -129,7 +129,7 @@ class EngineController(QObject):
         """Which model the chat talks to, for the chat's header ("" when none)."""
         if self.ready and self.model_name():
             where = "this machine, kept in the background" if self.background else "this machine"
-            return f"Model: {self.model_name()} ({where})"
+            return f"{self.model_name()} · {where}"
         if self._external is not None and not self.running:
             return self._external.model_text()
         return ""
