@@ -21,8 +21,9 @@ from k3desk.ui import theme
 
 COLUMNS = ("Tier", "Verdict", "Speed", "Size", "Quality", "Vision", "Engines")
 QUALITY_COLUMN = 4
-SHRINKABLE = (0, 1, QUALITY_COLUMN)  # the columns with long texts, elided when space is short
-MIN_FLEX_WIDTH = 90
+# how narrow each column may get when space is short (its text then elided); the speed
+# column never shrinks
+FLOORS = {0: 150, 1: 150, 3: 90, QUALITY_COLUMN: 80, 5: 70, 6: 70}
 VERDICT_COLUMN = 1
 SPEED_COLUMN = 2
 
@@ -196,9 +197,9 @@ class TierTable(QTableWidget):
 
     def _fit_columns(self) -> None:
         """Every column visible at the table's width (1024 px windows included): columns
-        take their contents' width; when that is too wide, the long ones (tier, verdict,
-        quality) give up width, down to a floor, and their texts are elided (the full
-        text is in the tooltip and the detail below the table)."""
+        take their contents' width; when that is too wide, each gives up the same share of
+        what it can spare above its floor (:data:`FLOORS`), and its text is elided (the
+        full text is in the tooltip and the detail below the table)."""
         avail = self.viewport().width()
         if avail <= 0 or self.columnCount() == 0:
             return
@@ -208,16 +209,15 @@ class TierTable(QTableWidget):
             for i in range(self.columnCount())
         ]
         widths = list(want)
-        flexible = [i for i in SHRINKABLE if i < len(widths)]
+        flexible = [i for i in FLOORS if i < len(widths)]
         over = sum(widths) - avail
         if over > 0:
-            floor = {i: max(MIN_FLEX_WIDTH, h.sectionSizeHint(i)) for i in flexible}
-            room = {i: max(0, widths[i] - floor[i]) for i in flexible}
+            room = {i: max(0, widths[i] - FLOORS[i]) for i in flexible}
             total = sum(room.values())
-            if total > 0:
+            if total > 0:  # each gives up the same share of what it can spare
                 for i in flexible:
-                    widths[i] -= min(room[i], round(over * room[i] / total))
-        elif flexible:
+                    widths[i] -= min(room[i], -(-over * room[i] // total))
+        elif len(widths) > QUALITY_COLUMN:
             widths[QUALITY_COLUMN] += -over  # spare width goes to the quality column
         for i, w in enumerate(widths):
             h.resizeSection(i, w)
