@@ -112,6 +112,7 @@ def create_context(services: Services, app: QApplication, *, theme: bool = True)
     ctx = AppContext(services, tasks, reporter, store, settings, tm, parent=app)
     if settings_error is not None:
         ctx.first_run = False  # the file exists; do not overwrite it behind the user's back
+        ctx.settings_unreadable = True
         err = settings_error
         QTimer.singleShot(0, lambda: reporter.report(err))
     return ctx

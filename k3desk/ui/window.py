@@ -233,14 +233,7 @@ class MainWindow(QMainWindow):
         frame = self.frameGeometry()
         saved = {"x": frame.x(), "y": frame.y(), "w": g.width(), "h": g.height()}
         saved["maximized"] = self.isMaximized()
-        recent = {**self.ctx.settings.recent, GEOMETRY_KEY: saved}
-        if recent == self.ctx.settings.recent:
-            return
-        try:
-            self.ctx.update_settings(recent=recent)
-        except Exception as exc:  # noqa: BLE001 - closing: say it in the log, go on
-            self.ctx.reporter.show_dialogs = False
-            self.ctx.reporter.report(exc, "while saving the window's size")
+        self.ctx.remember(**{GEOMETRY_KEY: saved})
 
     # ------------------------------------------------------------- pages
     def _goto(self, key: PageKey) -> Callable[[], None]:

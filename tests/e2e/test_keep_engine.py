@@ -18,6 +18,7 @@ import pytest
 
 from k3desk.core.app import background
 from k3desk.core.paths import default_paths
+from k3desk.core.settings import Settings, SettingsStore
 from tests.e2e.test_app_process import App
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow, pytest.mark.engine]
@@ -55,6 +56,9 @@ def test_close_with_the_engine_running_reopen_and_continue(
 ) -> None:  # type: ignore[no-untyped-def]
     home = tmp_path / "home"
     monkeypatch.setenv("K3DESK_LLAMA_SERVER", str(llama_server))
+    # set up before (the wizard done): a first run, with no settings file, remembers nothing
+    paths = default_paths({"K3DESK_HOME": str(home)})
+    SettingsStore(paths.settings_file).save(Settings(wizard_done=True))
     first = start(apps, home)
     first.send("launch", shard=str(tiny_k3.first_part), mmproj=str(tiny_k3.mmproj))
     state = until(first, lambda s: s["engine"] == "ready", "state", 180)

@@ -10,6 +10,7 @@ pytestmark = [pytest.mark.engine]
 
 
 def test_the_window_size_comes_back(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]
+    ctx.save_settings(ctx.settings)  # set up before; a first run remembers nothing
     w = MainWindow(ctx)
     qtbot.addWidget(w)
     w.show()
@@ -76,3 +77,20 @@ def test_the_question_names_the_model_and_the_choices(
     assert text == f"{ctx.engine.model_name()} is loaded. Keep it running after k3desk closes?"
     assert {"Keep it running", "Stop the engine"} <= set(buttons)
     w.close_choice = "stop"  # the window is closed after the test; nobody answers then
+
+
+def test_a_first_run_and_an_unreadable_settings_file_are_left_alone(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]
+    store = ctx.store
+    w = MainWindow(ctx)
+    qtbot.addWidget(w)
+    w.show()
+    w.close()
+    assert not store.exists  # the wizard still opens at the next start
+    store.path.parent.mkdir(parents=True, exist_ok=True)
+    store.path.write_text("{broken")
+    ctx.settings_unreadable = True
+    again = MainWindow(ctx)
+    qtbot.addWidget(again)
+    again.show()
+    again.close()
+    assert store.path.read_text() == "{broken"  # never overwritten behind the person's back

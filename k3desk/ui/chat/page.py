@@ -704,17 +704,7 @@ class ChatPage(Page):
         self.composer.edit.setFocus()
 
     def closing(self) -> None:
-        cid = self.current_id()
-        recent = dict(self.ctx.settings.recent)
-        if cid is not None:
-            recent[LAST_CONVERSATION_KEY] = cid
-        else:
-            recent.pop(LAST_CONVERSATION_KEY, None)
-        if recent != self.ctx.settings.recent:
-            try:
-                self.ctx.update_settings(recent=recent)
-            except K3Error as exc:
-                self.ctx.reporter.report(exc, "while remembering the conversation")
+        self.ctx.remember(**{LAST_CONVERSATION_KEY: self.current_id()})
         self.chat.close()
 
     def controller(self) -> ChatController:

@@ -7,7 +7,6 @@ widgets only through :mod:`k3desk.ui.bridge` objects.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -359,11 +358,7 @@ class EngineController(QObject):
             request.spec.model_bytes,
             round(ready, 1) if ready is not None else None,
         )
-        recent = {**self.ctx.settings.recent, LAST_MODEL_KEY: entry.to_json()}
-        try:
-            self.ctx.save_settings(dataclasses.replace(self.ctx.settings, recent=recent))
-        except Exception:
-            log.exception("could not remember the last model")
+        self.ctx.remember(**{LAST_MODEL_KEY: entry.to_json()})
 
     def close(self) -> None:
         """Stop the engine now (blocking; app exit), unless it is kept for a later start."""
