@@ -129,6 +129,7 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
     from k3desk.core.settings import Settings
     from k3desk.devtools.tinyk3 import write_tiny_k3
     from k3desk.ui.chat.composer import image_to_png
+    from k3desk.ui.chat.controller import Figures
     from k3desk.ui.engine.controller import LaunchRequest
     from k3desk.ui.main import build_window, create_context, parse_args
 
@@ -298,7 +299,7 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
         if chat.list.item(i).data(256) == conv_id:
             chat.list.setCurrentRow(i)
     until(lambda: len(chat.view.messages()) == 2)
-    chat.chat.last_tps, chat.chat.last_context = 13.5, (680, 8192)
+    chat.chat.figures = Figures(Timings(412, 350.0, 268, 19800.0, 13.5), (680, 8192))
     chat._update_status()
     answer = chat.view.messages()[-1]
     chat.view.toggle_reasoning(answer.id)
@@ -326,6 +327,25 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
           and chat.view.messages()[0].content == MARKDOWN_QUESTION)  # fmt: skip
     chat.view.verticalScrollBar().setValue(0)
     save(window, "chat-markdown.png")
+
+    # the chat at 1024x700 (the smallest common laptop screen), in both themes
+    for i in range(chat.list.count()):
+        if chat.list.item(i).data(256) == conv_id:
+            chat.list.setCurrentRow(i)
+    until(lambda: chat.view.messages() and chat.view.messages()[0].content == CHAT_QUESTION)
+    chat.chat.figures = Figures(Timings(412, 350.0, 268, 19800.0, 13.5), (680, 8192))
+    chat._update_status()
+    window.resize(1024, 700)
+    theme_manager = ctx.theme
+    assert theme_manager is not None
+    for name in ("light", "dark"):
+        theme_manager.apply(name)
+        wait(200)
+        chat.view.verticalScrollBar().setValue(0)
+        save(window, f"chat-1024x700-{name}.png")
+    theme_manager.apply(args.theme)
+    window.show_page("models")
+    save(window, "models-1024x700.png")
 
     engine.close()
     ctx.close()

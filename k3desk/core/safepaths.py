@@ -75,6 +75,25 @@ def file_name_problem(name: str) -> str:
     return ""
 
 
+_UNSAFE_IN_NAME = re.compile(r'[\x00-\x1f\x7f/\\:*?"<>|]+')
+_RESERVED = {"con", "prn", "aux", "nul", *(f"{d}{i}" for d in ("com", "lpt") for i in range(10))}
+
+
+def safe_file_name(
+    title: str, suffix: str, *, fallback: str = "conversation", limit: int = 80
+) -> str:
+    """A file name made from ``title`` that every desktop file system takes: no folder
+    separators, no characters Windows refuses (``<>:"/\\|?*``), no control characters,
+    no leading dot, not a reserved device name, at most ``limit`` characters before the
+    ``.suffix``.  ``fallback`` when nothing of the title is left."""
+    name = _UNSAFE_IN_NAME.sub(" ", scrub(title))
+    name = re.sub(r"\s+", " ", name).strip().lstrip(".").strip()
+    name = name[:limit].rstrip(" .")
+    if not name or name.lower() in _RESERVED:
+        name = fallback
+    return f"{name}.{suffix.lstrip('.')}" if suffix else name
+
+
 def _inside(real: str, real_root: str) -> bool:
     return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
 

@@ -11,6 +11,12 @@ one JSON line back, ``{"event": "ok", "cmd": ..., ...}`` or
 - ``wizard``: open the wizard; ``wizard-next`` / ``wizard-back``: move it.
 - ``grab`` ``{"path": "x.png"}``: save a picture of the main window.
 - ``errors``: the last error shown to the user, if any.
+- ``launch`` ``{"shard": ..., "mmproj": ...}``: check, plan and launch a model (as the
+  Engine page's Launch does); ``relaunch``: the chat's "Relaunch" button.
+- ``send`` ``{"text": ...}``: send a chat message; ``chat``: the messages shown, whether an
+  answer streams, the chat's header and its relaunch offer.
+- ``close`` ``{"engine": "keep" | "stop"}``: close the window, answering the question
+  about a running engine that way (kept: the process goes on without a window).
 - ``quit``: close the app (the answer comes before the exit).
 """
 
@@ -70,8 +76,27 @@ class Automation(QObject):
             "wizard": wizard is not None and wizard.isVisible(),
             "wizard_page": wizard.current_key() if wizard is not None else "",
             "engine": engine,
+            "engine_message": built.message if built is not None else "",
+            "engine_pid": self._engine_pid(),
+            "background": built is not None and built.background is not None,
             "title": self.window.windowTitle(),
             "size": [self.window.width(), self.window.height()],
+        }
+
+    def _engine_pid(self) -> int | None:
+        built = self.ctx.engine_if_built
+        ep = built.endpoint() if built is not None else None
+        return ep.pid if ep is not None else None
+
+    def chat(self) -> dict[str, Any]:
+        page = self.window.chat_page()
+        return {
+            "messages": [{"role": m.role, "content": m.content} for m in page.view.messages()],
+            "streaming": page.chat.streaming,
+            "title": page.title.text(),
+            "model": page.model_label.text(),
+            "relaunch": page.relaunch_text(),
+            "status": page.status.text(),
         }
 
     def _read(self) -> None:
@@ -99,9 +124,13 @@ class Automation(QObject):
         self.send({"event": "ok", "cmd": name, **extra})
         if name == "quit":
             app = QApplication.instance()
+            self.window.close_choice = self.window.close_choice or "stop"  # nobody to ask
             self.window.close()
             if app is not None:
                 app.quit()
+        elif name == "close":
+            self.window.close_choice = str(cmd.get("engine", "stop"))
+            self.window.close()
 
     def _dispatch(self, name: str, cmd: dict[str, Any]) -> dict[str, Any]:
         if name == "state":
@@ -129,7 +158,43 @@ class Automation(QObject):
         if name == "errors":
             last = self.ctx.reporter.last
             return {"last": list(last) if last else None}
-        if name == "quit":
+        if name == "launch":
+            from pathlib import Path
+
+            from k3desk.ui.engine.page import prepare_launch
+
+            shard = Path(str(cmd["shard"]))
+            mm = cmd.get("mmproj")
+            mmproj = Path(str(mm)) if mm else None
+            engine = self.ctx.engine
+            self.ctx.tasks.run(
+                lambda t: prepare_launch(self.ctx, shard, mmproj, t),
+                on_done=engine.launch,
+                name="prepare-launch",
+            )
+            return {}
+        if name == "relaunch":
+            page = self.window.chat_page()
+            if page.relaunch_btn.isHidden():
+                raise RuntimeError("no relaunch is offered")
+            page.relaunch_btn.click()
+            return self.chat()
+        if name == "send":
+            page = self.window.chat_page()
+            if "max_tokens" in cmd:  # bounded answers (a tiny model's random weights)
+                import dataclasses
+
+                prompt, settings = page.chat.conversation_settings()
+                limit = int(cmd["max_tokens"])
+                page.chat.update_settings(
+                    prompt, dataclasses.replace(settings, max_tokens=limit, thinking=False)
+                )
+            page.composer.edit.setPlainText(str(cmd["text"]))
+            page.composer.send_btn.click()
+            return self.chat()
+        if name == "chat":
+            return self.chat()
+        if name in ("quit", "close"):
             return {}
         raise ValueError(f"unknown command {name!r}")
 

@@ -9,6 +9,7 @@ are typed attributes, each built on first use and closed, newest first, with the
 from __future__ import annotations
 
 import dataclasses
+import logging
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     from k3desk.ui.engine.controller import EngineController
     from k3desk.ui.hardware import HardwareController
     from k3desk.ui.theme import ThemeManager
+
+
+log = logging.getLogger(__name__)
 
 
 class _Closable(Protocol):
@@ -59,6 +63,7 @@ class AppContext(QObject):
         self._settings = settings
         self.theme = theme
         self.first_run = not store.exists
+        self.settings_unreadable = False  # set when the file exists but could not be read
         self._built: list[_Closable] = []  # the controllers built so far, oldest first
         self._hardware: HardwareController | None = None
         self._engine: EngineController | None = None
@@ -87,6 +92,21 @@ class AppContext(QObject):
 
     def update_settings(self, **changes: Any) -> None:
         self.save_settings(dataclasses.replace(self._settings, **changes))
+
+    def remember(self, **recent: Any) -> None:
+        """Keep small facts of this session in ``Settings.recent`` (a value of None drops
+        its key): only where the settings file is already there and was read, so a first
+        run writes none (the wizard opens next time too) and an unreadable file is never
+        overwritten behind the person's back.  A failed write is logged, not shown."""
+        if not self.store.exists or self.settings_unreadable:
+            return
+        new = {k: v for k, v in {**self._settings.recent, **recent}.items() if v is not None}
+        if new == self._settings.recent:
+            return
+        try:
+            self.update_settings(recent=new)
+        except Exception as exc:  # noqa: BLE001 - a convenience: say it in the log only
+            log.warning("could not remember %s: %s", ", ".join(recent), exc)
 
     # ------------------------------------------------------- controllers
     @property

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from k3desk.ui.window import MainWindow
 
 APP_ID = "k3desk"
+_SIGTERM_WAKE: list[object] = []
 
 
 def gui_parser(prog: str = "k3desk-gui") -> argparse.ArgumentParser:
@@ -105,9 +106,13 @@ def create_context(services: Services, app: QApplication, *, theme: bool = True)
     except K3Error as exc:
         settings, settings_error = Settings(), exc
     tm = theme_mod.ThemeManager(app, settings.theme) if theme else None
+    from k3desk.ui import wheel
+
+    wheel.install(app)
     ctx = AppContext(services, tasks, reporter, store, settings, tm, parent=app)
     if settings_error is not None:
         ctx.first_run = False  # the file exists; do not overwrite it behind the user's back
+        ctx.settings_unreadable = True
         err = settings_error
         QTimer.singleShot(0, lambda: reporter.report(err))
     return ctx
@@ -142,10 +147,42 @@ def run_gui(services: Services, args: Sequence[str], prog: str = "k3desk") -> in
         automation = Automation(ctx, window, started=t0)
         QTimer.singleShot(0, automation.announce_ready)
     app.aboutToQuit.connect(lambda: _shutdown(ctx))
+    _quit_on_sigterm(app)
     rc = app.exec()
     if automation is not None:
         automation.close()
     return int(rc)
+
+
+def _quit_on_sigterm(app: QApplication) -> None:
+    """SIGTERM quits the app in order (the engine stopped as on any exit): what stops an
+    engine kept in the background (:mod:`k3desk.core.app.background`).  The signal wakes
+    the event loop through a socket (``signal.set_wakeup_fd``)."""
+    import signal
+    import socket
+
+    from PySide6.QtCore import QSocketNotifier
+
+    try:
+        reader, writer = socket.socketpair()
+        reader.setblocking(False)
+        writer.setblocking(False)
+        signal.set_wakeup_fd(writer.fileno())
+        signal.signal(signal.SIGTERM, lambda _sig, _frame: None)
+    except (ValueError, OSError):  # not the main thread, or no socket pair
+        return
+    notifier = QSocketNotifier(reader.fileno(), QSocketNotifier.Type.Read, app)
+
+    def woke() -> None:
+        try:
+            data = reader.recv(64)
+        except OSError:
+            return
+        if signal.SIGTERM in data:
+            app.quit()
+
+    notifier.activated.connect(woke)
+    _SIGTERM_WAKE[:] = [reader, writer, notifier]  # kept alive with the app
 
 
 def _shutdown(ctx: AppContext) -> None:

@@ -28,7 +28,7 @@ from k3desk.core.errors import K3Error
 from k3desk.core.settings import EFFORTS, THEMES, Settings
 from k3desk.ui.pages import Navigator, Page, PageKey
 from k3desk.ui.tokens import TokenAccess
-from k3desk.ui.widgets import Card, PageHeader, label, muted, primary, set_enabled
+from k3desk.ui.widgets import Card, PageHeader, dialog_folder, label, muted, primary, set_enabled
 
 if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
@@ -278,6 +278,8 @@ class SettingsPage(Page):
         if getattr(self, "_loading", False):
             return
         changed = self.collect() != self.ctx.settings or not self.ctx.store.exists
+        if changed and self.status.text().startswith("Saved to"):
+            self.status.setText("")  # what it said is about the values before these edits
         set_enabled(self.save, changed, "Nothing has changed since the last save.")
         set_enabled(self.revert, changed, "Nothing to revert.")
         self.remove_dir.setEnabled(self.model_dirs.currentRow() >= 0)
@@ -305,7 +307,9 @@ class SettingsPage(Page):
 
     # ----------------------------------------------------------- folders
     def _add_dir(self) -> None:
-        d = QFileDialog.getExistingDirectory(self, "Add a model folder")
+        d = QFileDialog.getExistingDirectory(
+            self, "Add a model folder", dialog_folder(self.ctx, "model")
+        )
         if d:
             self.model_dirs.addItem(d)
             self._dirty()
@@ -317,12 +321,14 @@ class SettingsPage(Page):
             self._dirty()
 
     def _browse_download(self) -> None:
-        d = QFileDialog.getExistingDirectory(self, "Download folder", self.download_dir.text())
+        start = dialog_folder(self.ctx, "model", self.download_dir.text())
+        d = QFileDialog.getExistingDirectory(self, "Download folder", start)
         if d:
             self.download_dir.setText(d)
 
     def _browse_engine(self) -> None:
-        f, _ = QFileDialog.getOpenFileName(self, "Choose llama-server")
+        start = dialog_folder(self.ctx, "other", self.engine_binary.text())
+        f, _ = QFileDialog.getOpenFileName(self, "Choose llama-server", start)
         if f:
             self.engine_binary.setText(f)
 

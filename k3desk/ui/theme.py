@@ -7,7 +7,10 @@ whose ``COLOR`` placeholder is replaced by the theme's text colour.
 
 from __future__ import annotations
 
+import atexit
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -168,9 +171,52 @@ def _qss_template(path: Path) -> str:
     return path.read_text(encoding="utf-8")
 
 
+# shapes the style sheet draws with (a style sheet takes images only from files)
+_SHAPES = {
+    "up": ("10", "6", '<path d="M0 6 L5 0 L10 6 Z" fill="{c}"/>'),
+    "down": ("10", "6", '<path d="M0 0 L5 6 L10 0 Z" fill="{c}"/>'),
+    "check": (
+        "14",
+        "14",
+        '<path d="M3 7.5 L6 10.5 L11 4" stroke="{c}" stroke-width="2.2" fill="none" '
+        'stroke-linecap="round" stroke-linejoin="round"/>',
+    ),
+}
+_image_dir: list[Path] = []
+
+
+def _qss_images(c: Colors) -> dict[str, str]:
+    """The style sheet's images in ``c``'s colours, written once to a private folder of
+    this process (``tempfile.mkdtemp``: 0700, removed at exit)."""
+    if not _image_dir:
+        folder = Path(tempfile.mkdtemp(prefix="k3desk-qss-"))
+        atexit.register(shutil.rmtree, folder, True)
+        _image_dir.append(folder)
+    folder = _image_dir[0]
+    out: dict[str, str] = {}
+    for key, shape, color in (
+        ("img_up", "up", c.text),
+        ("img_down", "down", c.text),
+        ("img_up_off", "up", c.border),
+        ("img_down_off", "down", c.border),
+        ("img_check", "check", c.accent_text),
+    ):
+        w, h, body = _SHAPES[shape]
+        path = folder / f"{shape}-{color.lstrip('#')}.svg"
+        if not path.exists():
+            svg = (
+                f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+                f'viewBox="0 0 {w} {h}">{body.format(c=color)}</svg>'
+            )
+            path.write_text(svg, encoding="utf-8")
+        out[key] = path.as_posix()
+    return out
+
+
 def style_sheet(c: Colors, resources: Path | None = None) -> str:
     path = (resources or resources_dir()) / "qss" / "app.qss"
     values = {k: str(v) for k, v in c.__dict__.items()}
+    values.update(_qss_images(c))
     return re.sub(r"@([a-z_]+)", lambda m: values.get(m.group(1), m.group(0)), _qss_template(path))
 
 

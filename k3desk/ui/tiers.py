@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from PySide6.QtCore import Signal
-from PySide6.QtGui import QColor, QFont
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QColor, QFont, QResizeEvent
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem
 
 from k3desk.core.app.cluster_tiers import ClusterTierRow
@@ -20,6 +20,10 @@ from k3desk.core.units import fmt_bytes
 from k3desk.ui import theme
 
 COLUMNS = ("Tier", "Verdict", "Speed", "Size", "Quality", "Vision", "Engines")
+QUALITY_COLUMN = 4
+# how narrow each column may get when space is short (its text then elided); the speed
+# column never shrinks
+FLOORS = {0: 150, 1: 150, 3: 90, QUALITY_COLUMN: 80, 5: 70, 6: 70}
 VERDICT_COLUMN = 1
 SPEED_COLUMN = 2
 
@@ -85,8 +89,10 @@ class TierTable(QTableWidget):
         self.verticalHeader().setVisible(False)
         self.setWordWrap(False)
         h = self.horizontalHeader()
-        h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        h.setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
+        # widths set by _fit_columns: every column on screen, the long texts elided
+        h.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        h.setStretchLastSection(False)
+        self.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.rows: list[AnyRow] = []
         self.recommended: AnyRow | None = None
         self.itemSelectionChanged.connect(self._selected)
@@ -155,6 +161,7 @@ class TierTable(QTableWidget):
             )
             self._fill_row(r, t, cells, color, star)
         self.blockSignals(False)
+        self._fit_columns()
         if recommended is not None:
             self.select_tier(recommended.tier.id)
 
@@ -180,8 +187,40 @@ class TierTable(QTableWidget):
             color = c.ok if row.fits else c.warn if row.kind == "stream" else c.danger
             self._fill_row(r, tier, cells, color, star)
         self.blockSignals(False)
+        self._fit_columns()
         if self.recommended is not None:
             self.select_tier(self.recommended.tier.id)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._fit_columns()
+
+    def _fit_columns(self) -> None:
+        """Every column visible at the table's width (1024 px windows included): columns
+        take their contents' width; when that is too wide, each gives up the same share of
+        what it can spare above its floor (:data:`FLOORS`), and its text is elided (the
+        full text is in the tooltip and the detail below the table)."""
+        avail = self.viewport().width()
+        if avail <= 0 or self.columnCount() == 0:
+            return
+        h = self.horizontalHeader()
+        want = [
+            max(self.sizeHintForColumn(i), h.sectionSizeHint(i))
+            for i in range(self.columnCount())
+        ]
+        widths = list(want)
+        flexible = [i for i in FLOORS if i < len(widths)]
+        over = sum(widths) - avail
+        if over > 0:
+            room = {i: max(0, widths[i] - FLOORS[i]) for i in flexible}
+            total = sum(room.values())
+            if total > 0:  # each gives up the same share of what it can spare
+                for i in flexible:
+                    widths[i] -= min(room[i], -(-over * room[i] // total))
+        elif len(widths) > QUALITY_COLUMN:
+            widths[QUALITY_COLUMN] += -over  # spare width goes to the quality column
+        for i, w in enumerate(widths):
+            h.resizeSection(i, w)
 
     def select_tier(self, tier_id: str) -> None:
         for r, row in enumerate(self.rows):

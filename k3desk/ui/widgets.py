@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QAbstractButton,
@@ -20,6 +21,24 @@ from PySide6.QtWidgets import (
 )
 
 from k3desk.ui import theme
+
+if TYPE_CHECKING:
+    from k3desk.ui.context import AppContext
+
+
+def fit_screen(widget: QWidget, width: int, height: int, margin: int = 48) -> QSize:
+    """``width`` x ``height``, made smaller where the screen (its free area) is: a window
+    that opens larger than a 1024x700 screen hides its own buttons."""
+    free = (widget.screen() or QGuiApplication.primaryScreen()).availableGeometry()
+    return QSize(min(width, free.width() - margin), min(height, free.height() - margin))
+
+
+def dialog_folder(ctx: AppContext, kind: str, current: str = "") -> str:
+    """Where a file dialog opens (:func:`k3desk.core.app.folders.start_folder`): ``kind`` is
+    "model", "image", "export" or "other"; ``current`` the path in the field it fills."""
+    from k3desk.core.app.folders import Kind, start_folder
+
+    return str(start_folder(Kind(kind), ctx.settings, ctx.services.paths, current=current))
 
 
 def primary(button: QPushButton) -> QPushButton:

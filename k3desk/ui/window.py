@@ -10,14 +10,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
+from PySide6.QtCore import QPoint, QSize, Qt, Signal
+from PySide6.QtGui import QCloseEvent, QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
+    QApplication,
     QHBoxLayout,
     QLabel,
     QListWidget,
     QListWidgetItem,
     QMainWindow,
+    QMessageBox,
     QStackedWidget,
     QVBoxLayout,
     QWidget,
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
     from k3desk.ui.wizard.wizard import TierWizard
 
 P = TypeVar("P", bound=Page)
+
+GEOMETRY_KEY = "window_geometry"  # Settings.recent: where the window was, and its size
+CloseChoice = str  # "keep" (the engine runs on in the background), "stop", "cancel"
 
 
 def _chat(ctx: AppContext, window: MainWindow) -> Page:
@@ -144,6 +149,10 @@ class MainWindow(QMainWindow):
         self.setWindowIcon(theme.app_icon())
         self.resize(1280, 800)
         self.setMinimumSize(QSize(900, 600))
+        # what to do with a running engine on close; None: ask (tests and the automation
+        # hook answer in advance)
+        self.close_choice: CloseChoice | None = None
+        self._closing = False
         self._pages: dict[PageKey, Page] = {}
         self._wizard: TierWizard | None = None
 
@@ -199,6 +208,32 @@ class MainWindow(QMainWindow):
             sc.activated.connect(self._goto(spec.key))
         if ctx.theme is not None:
             ctx.theme.changed.connect(self._theme_changed)
+        self._restore_geometry()
+        # an engine an earlier k3desk kept running when its window closed
+        engine.take_up_background()
+
+    def _restore_geometry(self) -> None:
+        """The size and place the window had when it closed (the place only if a screen
+        still shows it: a monitor may have gone)."""
+        saved = self.ctx.settings.recent.get(GEOMETRY_KEY)
+        if not isinstance(saved, dict):
+            return
+        try:
+            x, y, w, h = (int(saved[k]) for k in ("x", "y", "w", "h"))
+        except (KeyError, TypeError, ValueError):
+            return
+        self.resize(max(w, self.minimumWidth()), max(h, self.minimumHeight()))
+        if QGuiApplication.screenAt(QPoint(x + 40, y + 20)) is not None:
+            self.move(x, y)
+        if saved.get("maximized"):
+            self.setWindowState(Qt.WindowState.WindowMaximized)
+
+    def _save_geometry(self) -> None:
+        g = self.normalGeometry() if self.isMaximized() else self.geometry()
+        frame = self.frameGeometry()
+        saved = {"x": frame.x(), "y": frame.y(), "w": g.width(), "h": g.height()}
+        saved["maximized"] = self.isMaximized()
+        self.ctx.remember(**{GEOMETRY_KEY: saved})
 
     # ------------------------------------------------------------- pages
     def _goto(self, key: PageKey) -> Callable[[], None]:
@@ -314,7 +349,46 @@ class MainWindow(QMainWindow):
             if item is not None:
                 item.setIcon(theme.icon(spec.icon))
 
+    def ask_close(self) -> CloseChoice:
+        """Ask what becomes of the running engine: kept for the next start, or stopped."""
+        engine = self.ctx.engine
+        name = engine.model_name() or "The model"
+        last = engine.last_model()
+        load = last.load_text() if last is not None else ""
+        again = f" Stopped, it {load} the next time." if load else ""
+        box = QMessageBox(self)
+        box.setIcon(QMessageBox.Icon.Question)
+        box.setWindowTitle("The engine is running")
+        box.setText(f"{name} is loaded. Keep it running after k3desk closes?")
+        box.setInformativeText(
+            "Kept in the background, it goes on using its memory, and the next start of "
+            f"k3desk continues with it at once.{again}"
+        )
+        keep = box.addButton("Keep it running", QMessageBox.ButtonRole.AcceptRole)
+        stop = box.addButton("Stop the engine", QMessageBox.ButtonRole.DestructiveRole)
+        box.addButton(QMessageBox.StandardButton.Cancel)
+        box.setDefaultButton(keep)
+        box.exec()
+        clicked = box.clickedButton()
+        return "keep" if clicked is keep else "stop" if clicked is stop else "cancel"
+
     def closeEvent(self, event: QCloseEvent) -> None:
+        engine = self.ctx.engine_if_built
+        if not self._closing and engine is not None and engine.local and engine.ready:
+            choice = self.close_choice or self.ask_close()
+            if choice == "cancel":
+                event.ignore()
+                return
+            if choice == "keep" and engine.keep_in_background():
+                app = QApplication.instance()
+                if isinstance(app, QApplication) and engine.supervisor is not None:
+                    app.setQuitOnLastWindowClosed(False)  # this process keeps the engine
+                    # ... until it gives up (then there is nothing left to keep)
+                    engine.failed.connect(lambda _m, _h: app.quit())
+            elif choice == "stop" and engine.background is not None:
+                engine.stop_background_now()
+        self._closing = True
+        self._save_geometry()
         if self._wizard is not None:
             self._wizard.close()  # a wizard left open must not outlive the window
         for page in self._pages.values():

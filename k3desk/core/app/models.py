@@ -56,3 +56,13 @@ def find_model(folder: Path) -> FoundModel | None:
 def model_name(shard: Path) -> str:
     """The name a shard set goes by: part 1's file name without the split suffix."""
     return discover(shard).prefix
+
+
+def projector_beside(shard: Path) -> Path | None:
+    """The vision projector (mmproj) in the same folder as ``shard``, if there is one
+    (only that folder is looked at: a shard may sit in a large one)."""
+    try:
+        beside = sorted(p for p in shard.parent.glob("*.gguf") if p.is_file())
+    except OSError:
+        return None
+    return next((p for p in beside if is_projector(p)), None)

@@ -588,7 +588,7 @@ class HistoryStore:
 
     def search(self, query: str, limit: int = 50) -> list[SearchHit]:
         """Conversations whose title or messages contain every word of ``query``."""
-        words = [w for w in re.findall(r"\w+", query, flags=re.UNICODE) if w]
+        words = query_words(query)
         if not words:
             return []
         hits: list[SearchHit] = []
@@ -764,6 +764,32 @@ def _scrub_opt(value: Any) -> Any:
 
 def _like_escape(word: str) -> str:
     return word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def query_words(query: str) -> list[str]:
+    """The words a search looks for (each must occur): runs of letters and digits."""
+    return [w for w in re.findall(r"\w+", query, flags=re.UNICODE) if w]
+
+
+def snippet_spans(snippet: str, query: str) -> list[tuple[str, bool]]:
+    """``snippet`` (as :meth:`HistoryStore.search` writes it, each match in ``[...]``) as
+    (text, is a match) pieces: only brackets around a word of ``query`` are markers, so
+    brackets of the text itself stay text."""
+    words = query_words(query)
+    if not words:
+        return [(snippet, False)] if snippet else []
+    alt = "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
+    plain = re.sub(rf"\[((?:{alt})\w*)\]", r"\1", snippet, flags=re.IGNORECASE)
+    out: list[tuple[str, bool]] = []
+    pos = 0
+    for m in re.finditer(alt, plain, flags=re.IGNORECASE):
+        if m.start() > pos:
+            out.append((plain[pos : m.start()], False))
+        out.append((m.group(0), True))
+        pos = m.end()
+    if pos < len(plain):
+        out.append((plain[pos:], False))
+    return out
 
 
 def _snippet(text: str, words: Sequence[str], width: int = 60) -> str:

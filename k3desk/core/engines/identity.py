@@ -12,7 +12,7 @@ import time
 
 import psutil
 
-from k3desk.core.engines.ports import LOOPBACK
+from k3desk.core.engines.ports import LOOPBACK, listener_names, listeners
 
 
 def family(pid: int) -> set[int]:
@@ -70,3 +70,34 @@ def health(port: int) -> int | None:
         return None
     finally:
         conn.close()
+
+
+def alive_pid(pid: int) -> bool:
+    """Whether ``pid`` is a running (not a zombie) process."""
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def ownership_problem(pid: int, port: int, api_key: str) -> str:
+    """Why the server on ``port`` is not provably process ``pid``'s ("" when it is).
+
+    The same checks a launch makes before it hands out an endpoint (the supervisor's
+    ``_verify``): nothing else listens on the port, ``pid`` (or a descendant) holds the
+    listening socket, and the key is accepted on a connection ``pid`` is seen to hold
+    (the key is never sent to anything else).
+    """
+    if not alive_pid(pid):
+        return f"process {pid} is no longer running"
+    ours = family(pid)
+    foreign = [p for p in listeners(port) if p not in ours]
+    if foreign:
+        return f"another program listens on port {port} ({listener_names(port)})"
+    if not owns_listener(ours, port):
+        return f"process {pid} does not listen on port {port}"
+    status = authorized_status(ours, port, api_key)
+    if status != 200:
+        why = f"HTTP {status}" if status is not None else "no answer"
+        return f"the server on port {port} did not accept the key ({why})"
+    return ""

@@ -36,7 +36,9 @@ from k3desk.core.engines.crash import CrashReport, classify_exit, load_timeout
 from k3desk.core.engines.engine_args import arg_changes as arg_changes
 from k3desk.core.engines.engine_args import bump_n_cpu_moe as bump_n_cpu_moe
 from k3desk.core.engines.engine_args import describe_changes, redact
+from k3desk.core.engines.identity import alive_pid as alive_pid
 from k3desk.core.engines.identity import authorized_status, family, health, owns_listener
+from k3desk.core.engines.identity import ownership_problem as ownership_problem
 from k3desk.core.engines.loadprogress import BYTES_PROGRESS_MIN, LoadProgressParser, bytes_loaded
 from k3desk.core.engines.oom import OomSnapshot, OomWatch
 from k3desk.core.engines.ports import LOOPBACK, check_port, free_port, listener_names, listeners

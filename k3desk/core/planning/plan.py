@@ -61,7 +61,7 @@ from k3desk.core.planning.model import (
     VerdictKind,
 )
 from k3desk.core.planning.speed import predict_speed
-from k3desk.core.units import fmt_bytes
+from k3desk.core.units import fmt_bytes, fmt_tps
 
 DEFAULT_UBATCH = 512  # llama.cpp's -ub (common/common.h: n_ubatch)
 
@@ -646,7 +646,7 @@ def _explain(
     elif verdict == "stream":
         reason = (
             f"Misses RAM by {fmt_bytes(shortfall)}: {fmt_bytes(stream_bytes)} of the experts "
-            f"would be read from disk as tokens need them (about {tps:.2g} tok/s)."
+            f"would be read from disk as tokens need them (about {fmt_tps(tps)} tok/s)."
         )
     else:
         reason = (

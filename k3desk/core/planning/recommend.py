@@ -40,7 +40,7 @@ from k3desk.core.k3arch import is_expert_tensor
 from k3desk.core.planning.estimate import estimate_layout, ggml_type, tier_shape
 from k3desk.core.planning.model import LaunchPlan, PlanOptions, VerdictKind
 from k3desk.core.planning.plan import make_plan
-from k3desk.core.units import fmt_bytes
+from k3desk.core.units import fmt_bytes, fmt_tps
 
 ORDERING_RULE = (
     "Quality order: higher routed-expert bits per weight first; within one expert type, "
@@ -350,7 +350,7 @@ def _why_not(
         tps = tv.plan.speed.expected_tps if tv.plan else 0.0
         return (
             f"{_label(tv)} would need {fmt_bytes(tv.shortfall)} more RAM; "
-            f"streaming from disk it would run at about {tps:.2g} tok/s"
+            f"streaming from disk it would run at about {fmt_tps(tps)} tok/s"
         )
     return f"{_label(tv)} would need {fmt_bytes(tv.shortfall)} more RAM"
 
@@ -366,13 +366,16 @@ def _sentence(clause: str) -> str:
 
 
 def _summary(hw: HardwareProfile, best: TierVerdict | None, closest: TierVerdict | None) -> str:
-    machine = hw.label or hw.hostname or "this machine"
+    # a detected machine is the one the person sits at: "this machine", not its host name
+    machine = hw.label or ("this machine" if hw.source == "detected" else hw.hostname)
+    machine = machine or "this machine"
     if best is not None and best.plan is not None:
         s = best.plan.speed
         guessed = _sentence(best.tier.files_guessed)
         return (
             f"Recommended for {machine}: {_label(best)}, {best.verdict} "
-            f"(about {s.expected_tps:.2g} tok/s, {s.low_tps:.2g}-{s.high_tps:.2g}).{guessed}"
+            f"(about {fmt_tps(s.expected_tps)} tok/s, "
+            f"{fmt_tps(s.low_tps)}-{fmt_tps(s.high_tps)}).{guessed}"
         )
     if closest is not None:
         guessed = _sentence(closest.tier.files_guessed)
@@ -380,7 +383,7 @@ def _summary(hw: HardwareProfile, best: TierVerdict | None, closest: TierVerdict
             return (
                 f"No tier fits in the memory of {machine}. The closest is {_label(closest)}: "
                 f"it misses RAM by {fmt_bytes(closest.shortfall)} and would stream experts "
-                f"from disk at about {closest.plan.speed.expected_tps:.2g} tok/s.{guessed}"
+                f"from disk at about {fmt_tps(closest.plan.speed.expected_tps)} tok/s.{guessed}"
             )
         return (
             f"No tier fits in the memory of {machine}. The closest is {_label(closest)}, "

@@ -3,6 +3,7 @@ attachments (button, drag-and-drop, paste) shown as removable thumbnails, Send/S
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData, QSize, Qt, Signal
@@ -151,6 +152,8 @@ class Composer(QFrame):
         self.setAcceptDrops(True)
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
         self.attachments: list[Attachment] = []
+        # where "Attach images" opens (the page sets it: the pictures folder)
+        self.start_folder: Callable[[], str] | None = None
         outer = QVBoxLayout(self)
         outer.setContentsMargins(8, 6, 8, 8)
         outer.setSpacing(4)
@@ -176,8 +179,11 @@ class Composer(QFrame):
         self.attach.setIconSize(QSize(20, 20))
         self.attach.setToolTip("Attach images (or drop / paste them here)")
         row.addWidget(self.attach)
-        self.hint = label("", wrap=False)
+        # wraps: at 1024 px the reason nothing can be sent is longer than the row
+        self.hint = label("", wrap=True)
+        self.hint.setObjectName("composerHint")
         self.hint.setProperty("muted", True)
+        self.hint.setMinimumWidth(1)
         row.addWidget(self.hint, 1)
         self.stop_btn = QPushButton("Stop")
         self.stop_btn.setObjectName("stopButton")
@@ -259,7 +265,8 @@ class Composer(QFrame):
             self._remove(t)
 
     def _choose(self) -> None:
-        files, _ = QFileDialog.getOpenFileNames(self, "Attach images", "", IMAGE_FILTER)
+        start = self.start_folder() if self.start_folder is not None else ""
+        files, _ = QFileDialog.getOpenFileNames(self, "Attach images", start, IMAGE_FILTER)
         if files:
             self.files_added.emit(files)
 

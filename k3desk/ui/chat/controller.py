@@ -33,7 +33,7 @@ from k3desk.core.app.chat_turn import (
 )
 from k3desk.core.chat.client import ChatClient, ChatDelta, ChatEndpoint
 from k3desk.core.chat.dialects import ServerInfo
-from k3desk.core.chat.history import Conversation, HistoryStore, Message
+from k3desk.core.chat.history import Conversation, HistoryStore, Message, SearchHit
 from k3desk.core.chat.images import PreparedImage, ensure_vision, load_image, prepare_image
 from k3desk.core.chat.model import ChatSettings, Timings
 from k3desk.core.errors import ChatError
@@ -56,6 +56,25 @@ class OpenState:
     messages: list[Message]
     vms: list[MessageVM]
     thumbs: dict[str, QImage] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ListEntry:
+    """A row of the conversation list: the conversation and, while searching, where the
+    words were found (the first matching message and its snippet)."""
+
+    conversation: Conversation
+    snippet: str = ""
+    message_id: int | None = None
+
+
+@dataclass
+class Figures:
+    """One conversation's footer figures: its last answer's speed and the context used."""
+
+    timings: Timings | None = None
+    context: tuple[int, int | None] | None = None
+    estimated: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,7 +146,7 @@ def load_thumb(path: Path, height: int = THUMB_HEIGHT) -> QImage:
 
 class ChatController(QObject):
     """Signals:
-    conversations(object): list[Conversation] for the list (after changes or a search).
+    conversations(object): list[ListEntry] for the list (after changes or a search).
     opened(object): an OpenState (the conversation and its current branch).
     stream_started(object): the MessageVM of the answer now streaming.
     stream_update(object): the same MessageVM with more text (at most 30 Hz).
@@ -136,6 +155,7 @@ class ChatController(QObject):
     busy(bool): an answer is streaming.
     image_ready(object, object): an attachment passed the checks (PreparedImage, thumbnail).
     image_refused(str): why an attachment was refused.
+    exported(object): the Path a conversation was exported to.
     """
 
     conversations = Signal(object)
@@ -147,6 +167,7 @@ class ChatController(QObject):
     busy = Signal(bool)
     image_ready = Signal(object, object)  # PreparedImage, QImage thumbnail
     image_refused = Signal(str)
+    exported = Signal(object)
 
     def __init__(
         self, ctx: AppContext, engine: EngineController, parent: QObject | None = None
@@ -163,9 +184,9 @@ class ChatController(QObject):
         self._buffer = StreamBuffer(hz=30, parent=self)
         self._buffer.batch.connect(self._on_batch)
         self.page_size = 150
-        self.last_timings: Timings | None = None
-        self.last_context: tuple[int, int | None] | None = None
-        self.last_context_estimated = False
+        # the footer's figures belong to the conversation shown (a new chat has none)
+        self.figures = Figures()
+        self._figures: dict[int, Figures] = {}
         # one client per chat target, so what the server is is found out once
         self._client: ChatClient | None = None
         self._client_lock = threading.Lock()
@@ -194,6 +215,14 @@ class ChatController(QObject):
     @property
     def streaming(self) -> bool:
         return self.stream is not None
+
+    @property
+    def last_timings(self) -> Timings | None:
+        return self.figures.timings
+
+    @property
+    def last_context(self) -> tuple[int, int | None] | None:
+        return self.figures.context
 
     @property
     def last_tps(self) -> float | None:
@@ -248,9 +277,9 @@ class ChatController(QObject):
             parts.append(f"last answer {tps}")
         if self.last_context is not None:
             used, total = self.last_context
-            about = "≈ " if self.last_context_estimated else ""
+            about = "≈ " if self.figures.estimated else ""
             text = f"context {about}{used:,} / {total:,}" if total else f"context {about}{used:,}"
-            if self.last_context_estimated:
+            if self.figures.estimated:
                 text += " (estimated by k3desk)"
             parts.append(text)
         return parts
@@ -259,15 +288,20 @@ class ChatController(QObject):
     def refresh_list(self) -> None:
         query = self.search_text.strip()
 
-        def work(_t: CancelToken) -> list[Conversation]:
+        def work(_t: CancelToken) -> list[ListEntry]:
             store = self.store()
             if not query:
-                return store.list_conversations(limit=500)
-            ids: list[int] = []
+                return [ListEntry(c) for c in store.list_conversations(limit=500)]
+            first: dict[int, SearchHit] = {}
             for hit in store.search(query, limit=200):
-                if hit.conversation_id not in ids:
-                    ids.append(hit.conversation_id)
-            return [store.get_conversation(i) for i in ids]
+                seen = first.get(hit.conversation_id)
+                # a message's words say more than the title's: the first message hit wins
+                if seen is None or (seen.message_id is None and hit.message_id is not None):
+                    first[hit.conversation_id] = hit
+            return [
+                ListEntry(store.get_conversation(cid), h.snippet, h.message_id)
+                for cid, h in first.items()
+            ]
 
         self.ctx.tasks.run(work, on_done=self.conversations.emit, name="chat-list", serial=True)
 
@@ -275,22 +309,43 @@ class ChatController(QObject):
         self.search_text = text
         self.refresh_list()
 
-    def open(self, conversation_id: int) -> None:
+    def open(self, conversation_id: int, quiet: bool = False) -> None:
+        """Show a conversation; ``quiet``: one that is gone is no error (the one open at
+        the last exit, since deleted elsewhere)."""
+
         def work(_t: CancelToken) -> OpenState:
             conv, msgs = self.store().open_conversation(conversation_id)
             return self._open_state(conv, msgs)
 
-        self.ctx.tasks.run(work, on_done=self._opened, name="chat-open", serial=True)
+        def failed(exc: BaseException) -> None:
+            if not quiet:
+                self.ctx.reporter.report(exc)
+
+        def done(state: OpenState) -> None:
+            if quiet and (self.current is not None or self.streaming):
+                return  # the person moved on meanwhile
+            self._opened(state)
+
+        self.ctx.tasks.run(work, on_done=done, on_error=failed, name="chat-open", serial=True)
 
     def new_conversation(self) -> None:
-        """Show an empty conversation (it is created in the store on first send)."""
+        """Show an empty conversation (it is created in the store on first send); the
+        next message starts it, and the footer has no figures yet."""
         self.current = None
+        self._pending_settings = None
+        self.figures = Figures()
         self.opened.emit(None)
+        self._emit_status()
 
     def rename(self, conversation_id: int, title: str) -> None:
+        def done(conv: Conversation) -> None:
+            if self.current is not None and self.current.conversation.id == conv.id:
+                self.current.conversation = conv
+            self.refresh_list()
+
         self.ctx.tasks.run(
             lambda _t: self.store().rename_conversation(conversation_id, title),
-            on_done=lambda _c: self.refresh_list(),
+            on_done=done,
             name="chat-rename",
             serial=True,
         )
@@ -311,7 +366,7 @@ class ChatController(QObject):
     def export(self, conversation_id: int, target: Path, fmt: str) -> None:
         self.ctx.tasks.run(
             lambda _t: self.store().write_export(conversation_id, target, fmt=fmt),
-            on_done=lambda p: self.status.emit(f"Exported to {p}"),
+            on_done=self.exported.emit,
             name="chat-export",
             serial=True,
         )
@@ -518,11 +573,28 @@ class ChatController(QObject):
 
     def _opened(self, state: OpenState | None) -> None:
         self.current = state
+        self.figures = self._figures_of(state) if state is not None else Figures()
         self.opened.emit(state)
         self._emit_status()
 
+    def _figures_of(self, state: OpenState) -> Figures:
+        """The figures of ``state``'s conversation: those of its last answer this session,
+        else what its last stored answer says (its speed, the tokens it used)."""
+        known = self._figures.get(state.conversation.id)
+        if known is not None:
+            return known
+        last = next((m for m in reversed(state.messages) if m.role == "assistant"), None)
+        if last is None:
+            return Figures()
+        timings = last.timings if last.timings and last.timings.predicted_per_second > 0 else None
+        usage = last.usage
+        context = (usage.total_tokens, None) if usage is not None and usage.total_tokens else None
+        return Figures(timings, context, bool(usage and usage.estimated))
+
     def _begin(self, state: OpenState, answer: Message) -> None:
         self.stream = StreamState(state.conversation.id, answer.id)
+        if self.current is None or self.current.conversation.id != state.conversation.id:
+            self.figures = self._figures.get(state.conversation.id, Figures())
         vm = state.vms[-1]
         vm.streaming = True
         vm.partial = False
@@ -550,11 +622,14 @@ class ChatController(QObject):
         result, final = outcome.result, outcome.answer
         assert final is not None  # a turn run with a record ends with its answer
         if result is not None:
+            figures = Figures(self.figures.timings, self.figures.context, self.figures.estimated)
             if result.timings is not None and result.timings.predicted_per_second > 0:
-                self.last_timings = result.timings
+                figures.timings = result.timings
             if result.usage is not None:
-                self.last_context = (result.usage.total_tokens, outcome.n_ctx)
-                self.last_context_estimated = result.usage.estimated
+                figures.context = (result.usage.total_tokens, outcome.n_ctx)
+                figures.estimated = result.usage.estimated
+            self.figures = figures
+            self._figures[final.conversation_id] = figures
         done = to_vm(final, vm.branch if vm is not None else (1, 1))
         if self.current is not None and self.current.vms and self.current.vms[-1].id == done.id:
             self.current.vms[-1] = done

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import html
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QPoint, Qt
-from PySide6.QtGui import QImage
+from PySide6.QtCore import QPoint, Qt, QUrl
+from PySide6.QtGui import QImage, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -18,6 +19,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
     QInputDialog,
+    QLabel,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
@@ -31,23 +33,27 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from k3desk.core.app.folders import Kind, start_folder
 from k3desk.core.chat.dialects import ServerInfo
-from k3desk.core.chat.history import Conversation
+from k3desk.core.chat.history import query_words, snippet_spans
 from k3desk.core.chat.images import PreparedImage
 from k3desk.core.chat.model import ChatSettings
 from k3desk.core.errors import K3Error
+from k3desk.core.safepaths import safe_file_name
 from k3desk.core.settings import EFFORTS
 from k3desk.ui import theme
 from k3desk.ui.chat.composer import Composer
-from k3desk.ui.chat.controller import ChatController, OpenState
+from k3desk.ui.chat.controller import ChatController, ListEntry, OpenState
 from k3desk.ui.chat.view import MessageView, MessageVM
 from k3desk.ui.pages import Navigator, Page, PageKey
-from k3desk.ui.widgets import label, muted
+from k3desk.ui.widgets import label, muted, set_enabled
 
 if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
 
 ROLE_ID = Qt.ItemDataRole.UserRole
+ROLE_HIT = Qt.ItemDataRole.UserRole + 1  # the message a search found (None: the title)
+LAST_CONVERSATION_KEY = "conversation"  # Settings.recent: the one open at exit
 
 
 def when(ts: float) -> str:
@@ -178,6 +184,7 @@ class ChatPage(Page):
         self.engine = ctx.engine
         self.chat = ChatController(ctx, self.engine, self)
         self._editing: int | None = None
+        self._jump: tuple[int, str] | None = None  # a search hit to show once it is open
 
         root = QHBoxLayout(self)
         root.setContentsMargins(0, 0, 0, 0)
@@ -190,18 +197,19 @@ class ChatPage(Page):
         llay = QVBoxLayout(left)
         llay.setContentsMargins(10, 12, 6, 10)
         self.new_btn = QPushButton("New chat")
+        self.new_btn.setToolTip("Start a new conversation (Ctrl+N)")
         self.new_btn.setObjectName("newChat")
         theme.set_icon(self.new_btn, "plus")
         llay.addWidget(self.new_btn)
         self.search = QLineEdit()
         self.search.setObjectName("chatSearch")
-        self.search.setPlaceholderText("Search conversations")
+        self.search.setPlaceholderText("Search conversations (Ctrl+F)")
         self.search.setClearButtonEnabled(True)
         llay.addWidget(self.search)
         self.list = QListWidget()
         self.list.setObjectName("convList")
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
-        self.list.setToolTip("Right-click for rename, export and delete")
+        self.list.setToolTip("Right-click for rename, export and delete; Delete deletes")
         llay.addWidget(self.list, 1)
         self.list_empty = muted("No conversations yet. Type below to start one.")
         self.list_empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -214,8 +222,32 @@ class ChatPage(Page):
         rlay.setContentsMargins(16, 10, 16, 8)
         rlay.setSpacing(6)
         head = QHBoxLayout()
+        titles = QVBoxLayout()
+        titles.setSpacing(0)
         self.title = label("New chat", "sectionTitle", wrap=False)
-        head.addWidget(self.title, 1)
+        titles.addWidget(self.title)
+        # which model answers here (the engine's, the cluster's or the attached server's)
+        self.model_label = muted("")
+        self.model_label.setObjectName("chatModel")
+        self.model_label.setToolTip("The model answering in this chat")
+        titles.addWidget(self.model_label)
+        head.addLayout(titles, 1)
+        # the model launched last, one click away when nothing runs
+        self.relaunch_btn = QPushButton("")
+        self.relaunch_btn.setObjectName("relaunchModel")
+        theme.set_icon(self.relaunch_btn, "engine")
+        self.relaunch_btn.hide()
+        head.addWidget(self.relaunch_btn)
+        self.export_btn = QPushButton("Export")
+        self.export_btn.setObjectName("exportChat")
+        export_menu = QMenu(self.export_btn)
+        export_menu.addAction("As Markdown… (Ctrl+E)", lambda: self.export_current("md"))
+        export_menu.addAction("As JSON…", lambda: self.export_current("json"))
+        self.export_btn.setMenu(export_menu)
+        head.addWidget(self.export_btn)
+        self.delete_btn = QPushButton("Delete")
+        self.delete_btn.setObjectName("deleteChat")
+        head.addWidget(self.delete_btn)
         self.settings_btn = QPushButton("Chat settings…")
         self.settings_btn.setObjectName("chatSettings")
         self.settings_btn.setToolTip("System prompt, sampling and thinking for this conversation")
@@ -227,10 +259,21 @@ class ChatPage(Page):
         self.editing_bar.hide()
         rlay.addWidget(self.editing_bar)
         self.composer = Composer()
+        self.composer.start_folder = lambda: str(
+            start_folder(Kind.IMAGE, ctx.settings, ctx.services.paths)
+        )
         rlay.addWidget(self.composer)
         self.status = muted("")
         self.status.setObjectName("chatStatus")
         rlay.addWidget(self.status)
+        # "Exported to <file>" with a link that opens it
+        self.notice = QLabel("")
+        self.notice.setObjectName("chatNotice")
+        self.notice.setTextFormat(Qt.TextFormat.RichText)
+        self.notice.setOpenExternalLinks(True)
+        self.notice.setWordWrap(True)
+        self.notice.hide()
+        rlay.addWidget(self.notice)
         split.addWidget(right)
         split.setStretchFactor(1, 1)
         split.setSizes([260, 1000])
@@ -241,6 +284,11 @@ class ChatPage(Page):
         self.list.currentItemChanged.connect(self._select)
         self.list.customContextMenuRequested.connect(self._menu)
         self.settings_btn.clicked.connect(self.edit_settings)
+        self.delete_btn.clicked.connect(self.delete_current)
+        self.relaunch_btn.clicked.connect(self.relaunch)
+        self.chat.exported.connect(self._exported)
+        self._shortcuts()
+        self._header_buttons()
         self.view.action.connect(self._action)
         self.composer.send_requested.connect(self._send)
         self.composer.stop_requested.connect(self._stop)
@@ -262,9 +310,65 @@ class ChatPage(Page):
         self._engine_changed()
         self.chat.refresh_list()
         self.chat.new_conversation()
+        last = ctx.settings.recent.get(LAST_CONVERSATION_KEY)
+        if isinstance(last, int):
+            self.chat.open(last, quiet=True)  # where the person left off (if still there)
+
+    def _shortcuts(self) -> None:
+        """Ctrl+N new chat, Ctrl+F search, Ctrl+E export, Delete (in the list) delete."""
+        ctx = Qt.ShortcutContext.WidgetWithChildrenShortcut
+        for keys, slot in (
+            ("Ctrl+N", self.new_chat),
+            ("Ctrl+F", self.focus_search),
+            ("Ctrl+E", lambda: self.export_current("md")),
+        ):
+            sc = QShortcut(QKeySequence(keys), self)
+            sc.setContext(ctx)
+            sc.activated.connect(slot)
+        delete = QShortcut(QKeySequence(QKeySequence.StandardKey.Delete), self.list)
+        delete.setContext(Qt.ShortcutContext.WidgetShortcut)
+        delete.activated.connect(self._delete_selected)
+
+    def focus_search(self) -> None:
+        self.search.setFocus()
+        self.search.selectAll()
+
+    def _header_buttons(self) -> None:
+        has = self.chat.current is not None
+        why = "Nothing to export or delete yet: this chat starts with its first message."
+        set_enabled(self.export_btn, has, why, "Save this conversation to a file (Ctrl+E)")
+        set_enabled(self.delete_btn, has, why, "Delete this conversation and all its branches")
 
     # ------------------------------------------------------------- engine
+    def relaunch(self) -> None:
+        """Launch the model launched last (checked and planned as on the Engine page)."""
+        last = self.engine.relaunch_last(on_error=self.ctx.reporter.report)
+        if last is not None:
+            self.relaunch_btn.setEnabled(False)
+            self.composer.show_notice(f"Relaunching {last.name or Path(last.shard).name}…")
+
+    def _relaunch_offer(self) -> None:
+        last = None if self.engine.running else self.engine.last_model()
+        show = last is not None and self.engine.chat_endpoint() is None
+        self.relaunch_btn.setVisible(show)
+        if last is None or not show:
+            return
+        self.relaunch_btn.setEnabled(True)
+        name = last.name or Path(last.shard).name
+        load = last.load_text()
+        self.relaunch_btn.setText(f"Relaunch {name}")
+        self.relaunch_btn.setToolTip(
+            f"Start {last.shard} again, as it was launched last" + (f"; it {load}" if load else "")
+        )
+
+    def relaunch_text(self) -> str:
+        """The one-click relaunch offered ("" when none), as the person reads it."""
+        if self.relaunch_btn.isHidden():
+            return ""
+        return f"{self.relaunch_btn.text()} ({self.relaunch_btn.toolTip()})"
+
     def _engine_changed(self) -> None:
+        self._relaunch_offer()
         ep = self.engine.chat_endpoint()
         if ep is None:
             why = (
@@ -288,7 +392,16 @@ class ChatPage(Page):
             self._show_empty()
 
     def _show_empty(self) -> None:
-        if self.engine.chat_endpoint() is None:
+        last = None if self.engine.running else self.engine.last_model()
+        if self.engine.chat_endpoint() is None and last is not None:
+            name = last.name or Path(last.shard).name
+            load = last.load_text()
+            self.view.set_empty_text(
+                f"Nothing runs now. {name} was launched last"
+                + (f"; it {load}." if load else "."),
+                links=((f"Relaunch {name}", "relaunch"), ("Open the Engine page", "engine")),
+            )
+        elif self.engine.chat_endpoint() is None:
             self.view.set_empty_text(
                 "Nothing to chat with yet. Start Kimi-K3 on the Engine page (Ctrl+4), run it "
                 "across several machines or attach a remote server on the Cluster page "
@@ -307,6 +420,9 @@ class ChatPage(Page):
             where += f": {server.kind.label}"
         parts = [where, *self.chat.answer_stats()]
         self.status.setText("  ·  ".join(p for p in parts if p))
+        model = self.engine.model_text()
+        self.model_label.setText(model)
+        self.model_label.setVisible(bool(model))
 
     # ------------------------------------------------------ conversations
     def new_chat(self) -> None:
@@ -316,19 +432,45 @@ class ChatPage(Page):
         self.list.clearSelection()
         self.list.setCurrentRow(-1)
         self.list.blockSignals(False)
+        self._cancel_edit()
+        self.composer.clear()
         self.chat.new_conversation()
         self.composer.edit.setFocus()
 
-    def _fill_list(self, convs: list[Conversation]) -> None:
+    def _fill_list(self, entries: list[ListEntry]) -> None:
         current = self.chat.current.conversation.id if self.chat.current else None
+        query = self.chat.search_text.strip()
+        c = theme.current()
         self.list.blockSignals(True)
         self.list.clear()
-        for c in convs:
-            item = QListWidgetItem(f"{c.title}\n{when(c.updated)}")
-            item.setData(ROLE_ID, c.id)
-            item.setToolTip(c.title)
+        for e in entries:
+            conv = e.conversation
+            item = QListWidgetItem(f"{conv.title}\n{when(conv.updated)}")
+            item.setData(ROLE_ID, conv.id)
+            item.setData(ROLE_HIT, e.message_id)
+            item.setToolTip(conv.title)
             self.list.addItem(item)
-            if c.id == current:
+            if query:
+                # the title, and the words found, marked, in what surrounds them
+                spans = snippet_spans(e.snippet or conv.title, query)
+                found = "".join(
+                    f'<b style="background:{c.banner}; color:{c.text};">{html.escape(t)}</b>'
+                    if hit
+                    else html.escape(t)
+                    for t, hit in spans
+                )
+                cell = QLabel(
+                    f"<b>{html.escape(conv.title)}</b><br/>"
+                    f'<span style="color:{c.muted};">{found}</span>'
+                )
+                cell.setObjectName("searchHit")
+                cell.setWordWrap(True)
+                cell.setContentsMargins(6, 4, 6, 4)
+                cell.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)
+                item.setText("")
+                item.setSizeHint(cell.sizeHint().expandedTo(item.sizeHint()))
+                self.list.setItemWidget(item, cell)
+            if conv.id == current:
                 self.list.setCurrentItem(item)
         self.list.blockSignals(False)
         searching = bool(self.chat.search_text.strip())
@@ -337,12 +479,27 @@ class ChatPage(Page):
             if searching
             else "No conversations yet. Type below to start one."
         )
-        self.list_empty.setVisible(not convs)
+        self.list_empty.setVisible(not entries)
 
     def _select(self, item: QListWidgetItem | None, _prev: object = None) -> None:
         if item is None or self.chat.streaming:
             return
+        hit = item.data(ROLE_HIT)
+        query = self.chat.search_text.strip()
+        self._jump = (int(hit), query) if hit is not None and query else None
         self.chat.open(int(item.data(ROLE_ID)))
+
+    def search_hit_text(self, row: int) -> str:
+        """The text a search result shows (title and snippet), as plain text."""
+        item = self.list.item(row)
+        cell = self.list.itemWidget(item) if item is not None else None
+        if isinstance(cell, QLabel):
+            from PySide6.QtGui import QTextDocument
+
+            doc = QTextDocument()
+            doc.setHtml(cell.text())
+            return doc.toPlainText()
+        return item.text() if item is not None else ""
 
     def _menu(self, pos: QPoint) -> None:
         item = self.list.itemAt(pos)
@@ -375,30 +532,80 @@ class ChatPage(Page):
             if self.chat.current and self.chat.current.conversation.id == cid:
                 self.title.setText(title.strip())
 
+    def current_id(self) -> int | None:
+        return self.chat.current.conversation.id if self.chat.current is not None else None
+
+    def delete_current(self) -> None:
+        cid = self.current_id()
+        if cid is not None:
+            self.delete(cid)
+
+    def _delete_selected(self) -> None:
+        item = self.list.currentItem()
+        if item is not None:
+            self.delete(int(item.data(ROLE_ID)))
+
+    def _title_of(self, cid: int) -> str:
+        if self.chat.current is not None and self.chat.current.conversation.id == cid:
+            return self.title.text()  # as shown (a rename shows at once)
+        return next(
+            (
+                self.list.item(i).toolTip()
+                for i in range(self.list.count())
+                if self.list.item(i).data(ROLE_ID) == cid
+            ),
+            "",
+        )
+
     def delete(self, cid: int, confirm: bool = True) -> None:
         if confirm:
+            title = self._title_of(cid)
+            named = f"“{title}”" if title else "this conversation"
             answer = QMessageBox.question(
                 self,
                 "Delete conversation",
-                "Delete this conversation and all its branches? This cannot be undone.",
+                f"Delete {named} and all its branches? This cannot be undone.",
+                QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
+                QMessageBox.StandardButton.Cancel,
             )
             if answer != QMessageBox.StandardButton.Yes:
                 return
         self.chat.delete(cid)
 
+    def export_name(self, cid: int, fmt: str) -> Path:
+        """Where the export dialog proposes to save: the title as a file name, in the
+        documents folder."""
+        suffix = "md" if fmt == "md" else "json"
+        folder = start_folder(Kind.EXPORT, self.ctx.settings, self.ctx.services.paths)
+        return folder / safe_file_name(self._title_of(cid), suffix)
+
+    def export_current(self, fmt: str = "md") -> None:
+        cid = self.current_id()
+        if cid is not None:
+            self.export(cid, fmt)
+
     def export(self, cid: int, fmt: str, target: Path | None = None) -> None:
         if target is None:
-            suffix = "md" if fmt == "md" else "json"
             name, _ = QFileDialog.getSaveFileName(
                 self,
                 "Export conversation",
-                f"conversation-{cid}.{suffix}",
+                str(self.export_name(cid, fmt)),
                 "Markdown (*.md)" if fmt == "md" else "JSON (*.json)",
             )
             if not name:
                 return
             target = Path(name)
         self.chat.export(cid, target, fmt)
+
+    def _exported(self, path: object) -> None:
+        p = Path(str(path))
+        url = QUrl.fromLocalFile(str(p)).toString()
+        folder = QUrl.fromLocalFile(str(p.parent)).toString()
+        self.notice.setText(
+            f'Exported to <a href="{html.escape(url)}">{html.escape(str(p))}</a>'
+            f' &nbsp;·&nbsp; <a href="{html.escape(folder)}">open the folder</a>'
+        )
+        self.notice.show()
 
     def edit_settings(self) -> None:
         prompt, s = self.chat.conversation_settings()
@@ -409,9 +616,13 @@ class ChatPage(Page):
     # ------------------------------------------------------------ showing
     def _show(self, state: OpenState | None) -> None:
         self._cancel_edit()
+        self.notice.hide()
+        self._header_buttons()
+        self._update_status()
         if state is None:
             self.title.setText("New chat")
             self.view.set_messages([])
+            self.view.highlight([])
             self._show_empty()
             return
         self.title.setText(state.conversation.title)
@@ -419,6 +630,12 @@ class ChatPage(Page):
             if not img.isNull():
                 self.view.add_image(key, img)
         self.view.set_messages(state.vms)
+        jump, self._jump = self._jump, None
+        if jump is not None:
+            mid, query = jump
+            self.view.highlight(query_words(query), str(mid))
+        else:
+            self.view.highlight([])
 
     def _finished(self, vm: MessageVM) -> None:
         self.view.end_stream(vm)
@@ -433,6 +650,8 @@ class ChatPage(Page):
                 self.start_edit(int(mid))
             elif verb == "branch":
                 self.chat.switch_branch(int(mid), arg)
+            elif verb == "page" and mid == "relaunch":
+                self.relaunch()
             elif verb == "page" and self.nav is not None and mid in set(PageKey):
                 self.nav.show_page(PageKey(mid))
         except K3Error as exc:
@@ -485,6 +704,7 @@ class ChatPage(Page):
         self.composer.edit.setFocus()
 
     def closing(self) -> None:
+        self.ctx.remember(**{LAST_CONVERSATION_KEY: self.current_id()})
         self.chat.close()
 
     def controller(self) -> ChatController:

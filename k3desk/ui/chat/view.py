@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QUrl, Signal
 from PySide6.QtGui import (
+    QColor,
     QDesktopServices,
     QGuiApplication,
     QImage,
@@ -24,10 +25,12 @@ from PySide6.QtGui import (
     QTextCursor,
     QTextDocument,
 )
-from PySide6.QtWidgets import QTextBrowser, QWidget
+from PySide6.QtWidgets import QTextBrowser, QTextEdit, QWidget
 
 from k3desk.ui import theme
 from k3desk.ui.chat.markdown import CodeColors, MarkdownRenderer
+
+LIVE_REASONING_CHARS = 1500  # how much of a still-thinking answer's reasoning is shown
 
 
 @dataclass
@@ -359,9 +362,12 @@ class MessageView(QTextBrowser):
     def _reasoning_html(self, m: MessageVM) -> str:
         c = theme.current()
         mid = html.escape(m.id)
-        open_ = m.id in self._expanded
+        thinking = m.streaming and not m.content
+        # while the answer so far is all reasoning, the reasoning is what is shown
+        # streaming (its latest part), so the answer never looks empty
+        open_ = m.id in self._expanded or thinking
         words = len(m.reasoning.split())
-        label = "Thinking…" if m.streaming and not m.content else "Reasoning"
+        label = "Thinking…" if thinking else "Reasoning"
         arrow = "▾" if open_ else "▸"
         head = (
             f'<a href="k3:reasoning/{mid}/0" style="color:{c.muted}; text-decoration:none;">'
@@ -369,7 +375,10 @@ class MessageView(QTextBrowser):
         )
         if not open_:
             return f'<p style="margin:2px 0;">{head}</p>'
-        body = html.escape(m.reasoning).replace("\n", "<br/>")
+        text = m.reasoning
+        if thinking and m.id not in self._expanded and len(text) > LIVE_REASONING_CHARS:
+            text = "…" + text[-LIVE_REASONING_CHARS:]
+        body = html.escape(text).replace("\n", "<br/>")
         return (
             f'<table width="100%" cellspacing="0" cellpadding="8" '
             f'style="background:{c.reasoning_bg}; margin:2px 0 6px 0;">'
@@ -383,6 +392,57 @@ class MessageView(QTextBrowser):
         )
 
     # -------------------------------------------------------------- links
+    def highlight(self, words: list[str], message_id: str = "") -> int:
+        """Mark every occurrence of ``words`` and scroll to the first one in the message
+        ``message_id`` (else the first one at all); no words: clear the marks.  Returns
+        how many places were marked."""
+        marks: list[QTextEdit.ExtraSelection] = []
+        fmt = QTextCharFormat()
+        c = theme.current()
+        fmt.setBackground(QColor(c.banner))
+        fmt.setForeground(QColor(c.text))
+        doc = self.document()
+        for w in words:
+            cursor = doc.find(w, 0)
+            while not cursor.isNull():
+                sel = QTextEdit.ExtraSelection()
+                sel.cursor = cursor
+                sel.format = fmt
+                marks.append(sel)
+                cursor = doc.find(w, cursor)
+        self.setExtraSelections(marks)
+        if not marks:
+            return 0
+        target = marks[0].cursor
+        if message_id:
+            start = self._message_start(message_id)
+            if start is not None:
+                after = [m.cursor for m in marks if m.cursor.position() >= start]
+                target = min(after, key=lambda cur: cur.position()) if after else target
+        shown = QTextCursor(target)
+        shown.clearSelection()
+        self.setTextCursor(shown)
+        self.ensureCursorVisible()
+        return len(marks)
+
+    def marked(self) -> list[str]:
+        """The texts :meth:`highlight` marked."""
+        return [sel.cursor.selectedText() for sel in self.extraSelections()]
+
+    def _message_start(self, message_id: str) -> int | None:
+        """Where message ``message_id`` begins in the document (its anchor), if shown."""
+        block = self.document().begin()
+        name = f"msg-{message_id}"
+        while block.isValid():
+            it = block.begin()
+            while not it.atEnd():
+                frag = it.fragment()
+                if frag.isValid() and name in frag.charFormat().anchorNames():
+                    return frag.position()
+                it += 1
+            block = block.next()
+        return None
+
     def code_blocks(self, message_id: str) -> list[str]:
         return list(self._codes.get(message_id, []))
 

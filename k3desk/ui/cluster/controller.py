@@ -608,6 +608,15 @@ class ClusterController(QObject):
             return f"Attached server {self.active_endpoint} ({self._active_ep.root})"
         return ""
 
+    def model_text(self) -> str:
+        """Which model the chat talks to here, for the chat's header ("" when none)."""
+        g = self.group
+        if g is not None and g.endpoint is not None:
+            return f"{self.group_title} · cluster {self.group_cluster}"
+        if self._active_ep is not None:
+            return f"whatever {self.active_endpoint} serves · attached server"
+        return ""
+
     def close(self) -> None:
         """Stop the cluster engine now (blocking; app exit)."""
         for task in list(self._probe_tasks.values()):

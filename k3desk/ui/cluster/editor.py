@@ -8,6 +8,7 @@ the person types and the store refuses what they refuse.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Qt
@@ -220,7 +221,9 @@ class ClusterEditor(QDialog):
         self._check()
 
     def _browse_identity(self) -> None:
-        f, _ = QFileDialog.getOpenFileName(self, "SSH private key", "", "All files (*)")
+        ssh = Path.home() / ".ssh"
+        start = self.fields["identity"].text() or (str(ssh) if ssh.is_dir() else str(Path.home()))
+        f, _ = QFileDialog.getOpenFileName(self, "SSH private key", start, "All files (*)")
         if f:
             self.fields["identity"].setText(f)
             self._field_changed("identity")

@@ -62,7 +62,7 @@ from k3desk.ui.cluster.controller import SPARKINFER_TIER, ClusterController, Lau
 from k3desk.ui.cluster.editor import ClusterEditor
 from k3desk.ui.cluster.endpoints import EndpointsPanel
 from k3desk.ui.pages import Navigator, Page, PageKey
-from k3desk.ui.widgets import Card, PageHeader, label, muted, primary, set_enabled
+from k3desk.ui.widgets import Card, PageHeader, dialog_folder, label, muted, primary, set_enabled
 
 if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
@@ -709,7 +709,8 @@ class ClusterPage(Page):
 
     # ----------------------------------------------------------------- misc
     def _browse_model(self) -> None:
-        f, _ = QFileDialog.getOpenFileName(self, "First shard", "", "GGUF (*.gguf)")
+        start = dialog_folder(self.ctx, "model", self.model.text())
+        f, _ = QFileDialog.getOpenFileName(self, "First shard", start, "GGUF (*.gguf)")
         if f:
             self.model.setText(f)
 

@@ -8,11 +8,16 @@ widgets only through :mod:`k3desk.ui.bridge` objects.
 from __future__ import annotations
 
 import logging
+import os
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
+from k3desk.core.app import background
+from k3desk.core.app.background import LAST_MODEL_KEY, BackgroundEngine, LastModel
 from k3desk.core.engines.supervisor import (
     Endpoint,
     Event,
@@ -20,6 +25,7 @@ from k3desk.core.engines.supervisor import (
     Replanner,
     State,
     Supervisor,
+    alive_pid,
 )
 from k3desk.core.errors import EngineError
 from k3desk.core.tuning.calibration import Comparison, SpeedTracker
@@ -59,6 +65,8 @@ class LaunchRequest:
     subject: Subject | None = None  # the machine the plan was made for (this one)
     # compares what the engine measures with the plan's prediction, and keeps it
     tracker: SpeedTracker | None = None
+    shard: Path | None = None  # the model's first shard, remembered for "Relaunch"
+    mmproj: Path | None = None
 
 
 class EngineController(QObject):
@@ -71,6 +79,8 @@ class EngineController(QObject):
     failed(str, str): the engine gave up: message, hint.
     measured(object): a calibration Comparison: what the engine's answers measured,
         next to the prediction (after each stretch of answers).
+    engines_found(object, object): a probe's engine rows and this machine (every panel
+        showing engines shows the latest probe, so none keeps a stale "none found").
     """
 
     state_changed = Signal(str, str)
@@ -80,6 +90,7 @@ class EngineController(QObject):
     launched = Signal(object)
     failed = Signal(str, str)
     measured = Signal(object)
+    engines_found = Signal(object, object)
 
     def __init__(self, ctx: AppContext, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -100,6 +111,13 @@ class EngineController(QObject):
         self._speeds = Relay(self)
         self._speeds.fired.connect(self._on_speed)
         self.last_measured: Comparison | None = None
+        # an engine an earlier k3desk kept running in the background, taken up here
+        self.background: BackgroundEngine | None = None
+        self._bg_timer = QTimer(self)
+        self._bg_timer.setInterval(2000)
+        self._bg_timer.timeout.connect(self._check_background)
+        self.keeping = False  # this process keeps its engine for a later start
+        self._past: list[Any] = []  # the attempts of earlier launches (kept on relaunch)
 
     def set_external(self, source: ClusterController) -> None:
         """Let ``source`` serve the chat when no local engine runs; its changes are
@@ -117,6 +135,15 @@ class EngineController(QObject):
             return self._external.state_text() or text
         return text
 
+    def model_text(self) -> str:
+        """Which model the chat talks to, for the chat's header ("" when none)."""
+        if self.ready and self.model_name():
+            where = "this machine, kept in the background" if self.background else "this machine"
+            return f"{self.model_name()} · {where}"
+        if self._external is not None and not self.running:
+            return self._external.model_text()
+        return ""
+
     @property
     def message(self) -> str:
         return self._message
@@ -130,8 +157,25 @@ class EngineController(QObject):
         return self._state == State.READY.value
 
     def endpoint(self) -> Endpoint | None:
+        if self.background is not None:
+            return self.background.endpoint() if self.ready else None
         sup = self.supervisor
         return sup.endpoint if sup is not None and self.ready else None
+
+    @property
+    def local(self) -> bool:
+        """A local engine runs (started here, or taken up from the background)."""
+        return self.running and (self.supervisor is not None or self.background is not None)
+
+    def model_name(self) -> str:
+        if self.background is not None:
+            return self.background.model_name
+        return self.request.model_name if self.request is not None else ""
+
+    def last_model(self) -> LastModel | None:
+        """The model launched last (None when none, or its files are gone)."""
+        last = LastModel.from_json(self.ctx.settings.recent.get(LAST_MODEL_KEY))
+        return last if last is not None and last.available() else None
 
     def chat_endpoint(self) -> ChatEndpoint | None:
         """Where the chat sends requests: the local engine when ready, else a cluster engine
@@ -146,7 +190,9 @@ class EngineController(QObject):
         return None
 
     def attempts(self) -> list[Any]:
-        return self.supervisor.history if self.supervisor is not None else []
+        """Every attempt of this session, earlier launches' first (a relaunch keeps them)."""
+        now = self.supervisor.history if self.supervisor is not None else []
+        return [*self._past, *now]
 
     def tail(self) -> list[str]:
         return self.supervisor.tail() if self.supervisor is not None else []
@@ -157,6 +203,11 @@ class EngineController(QObject):
         self._unwatch()
         self.last_measured = None
         old = self.supervisor
+        if old is not None:
+            self._past = [*self._past, *old.history][-50:]
+        kept, self.background = self.background, None
+        self._bg_timer.stop()
+        paths = self.ctx.services.paths
         self.request = request
         sup = Supervisor(
             request.spec,
@@ -172,6 +223,8 @@ class EngineController(QObject):
         def work(token: Any) -> Endpoint:
             if old is not None:
                 old.stop()
+            if kept is not None:
+                background.stop(paths, kept)
             sup.start()
             return sup.wait_ready(cancel=token)
 
@@ -179,6 +232,7 @@ class EngineController(QObject):
             if sup is self.supervisor:
                 self._set_state(State.READY.value, f"Listening on {ep.url}")
                 self._watch(request, ep)
+                self._remember(request, sup)
             self.attempts_changed.emit()
 
         def error(exc: BaseException) -> None:
@@ -194,6 +248,17 @@ class EngineController(QObject):
         self._wait_task = self.ctx.tasks.run(work, on_done=done, on_error=error, name="engine")
 
     def stop(self) -> None:
+        kept = self.background
+        if kept is not None:
+            self._bg_timer.stop()
+            self._set_state(State.STOPPING.value, "Stopping the engine kept in the background…")
+            paths = self.ctx.services.paths
+            self.ctx.tasks.run(
+                lambda _t: background.stop(paths, kept),
+                on_done=lambda _r: self._background_ended(kept, ""),
+                name="engine-stop",
+            )
+            return
         sup = self.supervisor
         if sup is None:
             return
@@ -211,12 +276,114 @@ class EngineController(QObject):
         if self.request is not None:
             self.launch(self.request)
 
+    def relaunch_last(self, on_error: Any = None) -> LastModel | None:
+        """Check, plan and launch the model launched last (one click from the chat)."""
+        last = self.last_model()
+        if last is None:
+            return None
+        from k3desk.ui.engine.page import prepare_launch
+
+        mmproj = Path(last.mmproj) if last.mmproj else None
+        self.ctx.tasks.run(
+            lambda t: prepare_launch(self.ctx, Path(last.shard), mmproj, t),
+            on_done=self.launch,
+            on_error=on_error,
+            name="prepare-launch",
+        )
+        return last
+
+    # ------------------------------------------------------- background
+    def take_up_background(self) -> None:
+        """Take up the engine an earlier k3desk kept running, once it passes the checks
+        (in the background; :attr:`state_changed` says when)."""
+        if self.running:
+            return
+        paths = self.ctx.services.paths
+
+        def done(result: tuple[BackgroundEngine | None, str]) -> None:
+            rec, why = result
+            if why:
+                log.info("not taking up the kept engine: %s", why)
+            if rec is None or self.running:
+                return
+            self.background = rec
+            url = rec.endpoint().url
+            self._set_state(State.READY.value, f"Listening on {url}: {rec.describe()}")
+            self._bg_timer.start()
+
+        self.ctx.tasks.run(
+            lambda _t: background.take_up(paths), on_done=done, name="engine-take-up"
+        )
+
+    def keep_in_background(self) -> bool:
+        """Leave the engine running when the window closes (this process keeps it, without
+        a window, for the next start to take up).  False when there is none to keep."""
+        sup = self.supervisor
+        ep = sup.endpoint if sup is not None else None
+        if self.background is not None:
+            return True  # kept already, by another process
+        if sup is None or ep is None:
+            return False
+        self.keeping = True
+        self._write_record(ep)
+        return True
+
+    def stop_background_now(self) -> None:
+        """Stop the engine taken up from the background and wait for it (app exit)."""
+        kept, self.background = self.background, None
+        self._bg_timer.stop()
+        if kept is not None:
+            background.stop(self.ctx.services.paths, kept)
+            self._set_state(State.STOPPED.value, "")
+
+    def _write_record(self, ep: Endpoint) -> None:
+        background.keep(
+            self.ctx.services.paths,
+            BackgroundEngine(
+                keeper_pid=os.getpid(),
+                pid=ep.pid,
+                port=ep.port,
+                api_key=ep.api_key,
+                model_name=self.model_name(),
+                since=time.time(),
+            ),
+        )
+
+    def _check_background(self) -> None:
+        kept = self.background
+        if kept is not None and not alive_pid(kept.pid):
+            self._background_ended(kept, "The engine kept in the background has stopped.")
+
+    def _background_ended(self, kept: BackgroundEngine, message: str) -> None:
+        if self.background is kept:
+            self.background = None
+            self._bg_timer.stop()
+            self._set_state(State.STOPPED.value, message)
+
+    def _remember(self, request: LaunchRequest, sup: Supervisor) -> None:
+        """Remember what was launched and how long it took, for "Relaunch" next time."""
+        if request.shard is None:
+            return
+        last_try = sup.history[-1] if sup.history else None
+        ready = last_try.ready_seconds if last_try is not None else None
+        entry = LastModel(
+            str(request.shard),
+            str(request.mmproj or ""),
+            request.model_name,
+            request.spec.model_bytes,
+            round(ready, 1) if ready is not None else None,
+        )
+        self.ctx.remember(**{LAST_MODEL_KEY: entry.to_json()})
+
     def close(self) -> None:
-        """Stop the engine now (blocking; app exit)."""
+        """Stop the engine now (blocking; app exit), unless it is kept for a later start."""
         self._unwatch()
+        self._bg_timer.stop()
         sup, self.supervisor = self.supervisor, None
         if sup is not None:
             sup.stop()
+        if self.keeping:
+            background.forget(self.ctx.services.paths, os.getpid())
 
     # --------------------------------------------------------- internals
     def _watch(self, request: LaunchRequest, ep: Endpoint) -> None:
@@ -239,7 +406,7 @@ class EngineController(QObject):
 
     def _stopped(self, sup: Supervisor) -> None:
         if sup is self.supervisor:
-            self._set_state(State.STOPPED.value, "Stopped.")
+            self._set_state(State.STOPPED.value, "")
             self.attempts_changed.emit()
 
     def _set_state(self, state: str, message: str) -> None:
@@ -255,6 +422,8 @@ class EngineController(QObject):
         if state == State.READY.value:
             ep = self.supervisor.endpoint
             message = f"Listening on {ep.url}" if ep else "Ready."
+            if ep is not None and self.keeping:  # restarted: on a new port, with a new key
+                self._write_record(ep)
         else:
             message = event.message
         if event.progress is not None:

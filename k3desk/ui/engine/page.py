@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from k3desk.core.app.models import find_model
+from k3desk.core.app.models import find_model, projector_beside
 from k3desk.core.app.shardplan import PlanView, plan_view
 from k3desk.core.app.subject import Subject
 from k3desk.core.engines.discovery import discover_engines
@@ -46,7 +46,16 @@ from k3desk.ui.engine.controller import EngineController, LaunchRequest
 from k3desk.ui.errors import describe
 from k3desk.ui.judged import JudgedBar
 from k3desk.ui.pages import Navigator, Page
-from k3desk.ui.widgets import Card, CopyField, PageHeader, label, muted, primary, set_enabled
+from k3desk.ui.widgets import (
+    Card,
+    CopyField,
+    PageHeader,
+    dialog_folder,
+    label,
+    muted,
+    primary,
+    set_enabled,
+)
 
 if TYPE_CHECKING:
     from k3desk.core.app.launch import LocalLaunchRequest, TuneLaunchRequest
@@ -184,6 +193,8 @@ def prepare_launch(
         notes=prepared.notes,
         subject=launch.subject,
         tracker=launch.tracker,
+        shard=shard,
+        mmproj=mmproj,
     )
 
 
@@ -354,6 +365,8 @@ class EnginePanel(QWidget):
         self.shard.textChanged.connect(lambda _t: self._buttons())
         self.engine.state_changed.connect(self._state)
         self.engine.progress.connect(self._progress)
+        self.engine.engines_found.connect(self._found)
+        self.shard.editingFinished.connect(self._pair_projector)
         self._state(self.engine.state_name(), self.engine.message)
 
     # ----------------------------------------------------------- engines
@@ -392,10 +405,8 @@ class EnginePanel(QWidget):
 
         def done(result: tuple[HardwareProfile, list[EngineRow]]) -> None:
             hw, rows = result
-            self.machine = hw
-            self._show_target()
             self.vision = vision[0]
-            self._show_rows(rows, hw)
+            self.engine.engines_found.emit(rows, hw)  # -> _found, in every panel
 
         self.ctx.tasks.run(work, on_done=done, name="probe-engines")
 
@@ -416,6 +427,11 @@ class EnginePanel(QWidget):
                     row.error = exc.message
             rows.append(row)
         return rows
+
+    def _found(self, rows: list[EngineRow], hw: HardwareProfile) -> None:
+        self.machine = hw
+        self._show_target()
+        self._show_rows(rows, hw)
 
     def _show_rows(self, rows: list[EngineRow], hw: HardwareProfile) -> None:
         self.rows = rows
@@ -591,12 +607,25 @@ class EnginePanel(QWidget):
             self.mmproj.setText(str(found.projector))
 
     def _browse_shard(self) -> None:
-        f, _ = QFileDialog.getOpenFileName(self, "First shard", "", "GGUF (*.gguf)")
+        start = dialog_folder(self.ctx, "model", self.shard.text())
+        f, _ = QFileDialog.getOpenFileName(self, "First shard", start, "GGUF (*.gguf)")
         if f:
             self.shard.setText(f)
+            self._pair_projector()
+
+    def _pair_projector(self) -> None:
+        """Fill in the vision projector that lies beside the chosen shard (the field
+        left alone when it names one already)."""
+        text = self.shard.text().strip()
+        if not text or self.mmproj.text().strip():
+            return
+        projector = projector_beside(Path(text).expanduser())
+        if projector is not None:
+            self.mmproj.setText(str(projector))
 
     def _browse_mmproj(self) -> None:
-        f, _ = QFileDialog.getOpenFileName(self, "Vision projector", "", "GGUF (*.gguf)")
+        start = dialog_folder(self.ctx, "model", self.mmproj.text() or self.shard.text())
+        f, _ = QFileDialog.getOpenFileName(self, "Vision projector", start, "GGUF (*.gguf)")
         if f:
             self.mmproj.setText(f)
 
@@ -731,7 +760,8 @@ class EnginePanel(QWidget):
             )
 
     def _state(self, state: str, message: str) -> None:
-        self.state.setText(f"{self.engine.state_text()}. {message}".strip())
+        text = self.engine.state_text()
+        self.state.setText(f"{text}. {message}" if message else f"{text}.")
         self.load_bar.setVisible(state in ("starting", "loading"))
         if state == "ready":
             self.load_bar.setValue(100)

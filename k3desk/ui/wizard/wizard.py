@@ -27,6 +27,7 @@ from k3desk.core.app.cluster_tiers import ClusterTierRow
 from k3desk.core.app.models import find_model
 from k3desk.core.app.subject import Subject
 from k3desk.core.app.tiers import TierJudgement, TierRow
+from k3desk.ui.widgets import fit_screen
 from k3desk.ui.wizard.base import Step
 from k3desk.ui.wizard.cluster import ClusterStepPage
 from k3desk.ui.wizard.download import DownloadPage
@@ -51,7 +52,7 @@ class TierWizard(QWizard):
         self.setWizardStyle(QWizard.WizardStyle.ModernStyle)
         self.setOption(QWizard.WizardOption.NoBackButtonOnStartPage, True)
         self.setOption(QWizard.WizardOption.HaveHelpButton, False)
-        self.resize(1100, 760)
+        self.resize(fit_screen(self, 1100, 760))
         self.hardware = ctx.hardware
         self.machine = MachinePage(ctx, self)
         self.cluster = ClusterStepPage(ctx, self)
