@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
+from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
@@ -199,6 +200,7 @@ class MainWindow(QMainWindow):
             sc.activated.connect(self._goto(spec.key))
         if ctx.theme is not None:
             ctx.theme.changed.connect(self._theme_changed)
+        self.setAcceptDrops(True)  # a .gguf file or a folder dropped anywhere: My models
 
     # ------------------------------------------------------------- pages
     def _goto(self, key: PageKey) -> Callable[[], None]:
@@ -300,6 +302,31 @@ class MainWindow(QMainWindow):
         if self._wizard is not None:
             self._wizard.deleteLater()
         self._wizard = None
+
+    # ----------------------------------------------------- dropped models
+    @staticmethod
+    def _model_paths(event: QDragEnterEvent | QDropEvent) -> list[Path]:
+        """The .gguf files and folders a drag carries (what "My models" takes)."""
+        md = event.mimeData()
+        if not md.hasUrls():
+            return []
+        paths = [Path(u.toLocalFile()) for u in md.urls() if u.isLocalFile()]
+        return [p for p in paths if p.suffix.lower() == ".gguf" or p.is_dir()]
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if self._model_paths(event):
+            event.acceptProposedAction()
+        else:
+            super().dragEnterEvent(event)
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        paths = self._model_paths(event)
+        if not paths:
+            super().dropEvent(event)
+            return
+        event.acceptProposedAction()
+        self.show_page(PageKey.MODELS)
+        self.models_page().mine.add_paths(paths)
 
     # -------------------------------------------------------------- misc
     def set_engine_status(self, text: str) -> None:
