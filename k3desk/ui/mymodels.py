@@ -129,7 +129,7 @@ class MyModels(QWidget):
         self.status = muted(EMPTY)
         self.status.setObjectName("myModelsStatus")
         lay.addWidget(self.status)
-        self.add_file.clicked.connect(self._choose_file)
+        self.add_file.clicked.connect(self.choose_file)
         self.add_folder.clicked.connect(self._choose_folder)
         self.remove_btn.clicked.connect(self.remove_selected)
         self.chat_btn.clicked.connect(self.chat_selected)
@@ -241,7 +241,7 @@ class MyModels(QWidget):
             return s.model_dirs[0]
         return QStandardPaths.writableLocation(QStandardPaths.StandardLocation.HomeLocation)
 
-    def _choose_file(self) -> None:
+    def choose_file(self) -> None:
         f, _ = QFileDialog.getOpenFileName(
             self, "Add a model", self._start_dir(), "GGUF model (*.gguf);;All files (*)"
         )

@@ -290,6 +290,7 @@ class MainWindow(QMainWindow):
             return self._wizard
         wizard = TierWizard(self.ctx, self)
         wizard.finished.connect(self._wizard_closed)
+        wizard.have_files_chosen.connect(self._add_own_files)
         self._wizard = wizard
         wizard.open()
         return wizard
@@ -302,6 +303,11 @@ class MainWindow(QMainWindow):
         if self._wizard is not None:
             self._wizard.deleteLater()
         self._wizard = None
+
+    def _add_own_files(self) -> None:
+        """ "I already have the files" in the wizard: My models, and the file to add."""
+        self.show_page(PageKey.MODELS)
+        self.models_page().mine.choose_file()
 
     # ----------------------------------------------------- dropped models
     @staticmethod
