@@ -229,8 +229,21 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
     page = window.engine_page()
     page.tabs.setCurrentIndex(1)
     save(window, "engine.png")
+    # My models: the tiny model and its projector, and a sparse twin of a published tier
+    # (its real headers, no weights) under a name of its own, recognised from its headers
+    from k3desk.core.app.library import add_model
+    from k3desk.devtools.twin import write_twin
+
+    add_model(services, model.first_part)
+    twin = write_twin(services.catalog.get("grearl-iq1s"), home / "my-kimi")
+    for i, part in enumerate(twin, 1):
+        part.rename(part.with_name(f"my-kimi-{i:05d}-of-{len(twin):05d}.gguf"))
+    add_model(services, twin[0].parent)
     window.show_page("models")
-    until(lambda: window.models_page().table.rowCount() > 0)
+    mine = window.models_page().mine
+    mine.refresh()
+    until(lambda: window.models_page().table.rowCount() > 0 and len(mine.rows()) == 2)
+    mine.select(str(model.first_part))
     save(window, "models.png")
 
     # cluster: three DGX Sparks (GB10); no such machines here, so their probe reports are
@@ -298,7 +311,8 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
         if chat.list.item(i).data(256) == conv_id:
             chat.list.setCurrentRow(i)
     until(lambda: len(chat.view.messages()) == 2)
-    chat.chat.last_tps, chat.chat.last_context = 13.5, (680, 8192)
+    chat.chat.last_timings = Timings(412, 350.0, 268, 19800.0, 13.5)
+    chat.chat.last_context = (680, 8192)
     chat._update_status()
     answer = chat.view.messages()[-1]
     chat.view.toggle_reasoning(answer.id)

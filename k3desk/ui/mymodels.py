@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
     from k3desk.ui.engine.controller import LaunchRequest
 
+MAX_ROWS_SHOWN = 4
 COLUMNS = ("Model", "Verdict", "Speed", "Size", "Vision", "Tier", "Where")
 EMPTY = (
     "No models of your own yet. Add a .gguf file or a folder, drop one on the window, or "
@@ -69,7 +70,7 @@ def row_cells(row: ModelRow) -> tuple[tuple[str, str], ...]:
             str(m.projector) if m.projector is not None else "No vision projector beside it.",
         ),
         (
-            tier.tier.name if tier is not None else "—",
+            f"{tier.tier.name} · {tier.tier.publisher}" if tier is not None else "—",
             f"Recognised from its headers: {tier.text()}"
             if tier is not None
             else "Not a catalog tier (its headers match none).",
@@ -124,7 +125,7 @@ class MyModels(QWidget):
         h = self.table.horizontalHeader()
         h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         h.setSectionResizeMode(len(COLUMNS) - 1, QHeaderView.ResizeMode.Stretch)
-        self.table.setMaximumHeight(170)
+        self.table.hide()  # shown with the first model (the status line says how to add one)
         lay.addWidget(self.table)
         self.status = muted(EMPTY)
         self.status.setObjectName("myModelsStatus")
@@ -185,6 +186,7 @@ class MyModels(QWidget):
                 self.table.setItem(r, col, item)
         self.table.blockSignals(False)
         n = len(judged.rows)
+        self._fit_height(n)
         text = (
             EMPTY
             if not n
@@ -200,6 +202,16 @@ class MyModels(QWidget):
             self.table.selectRow(0)
         self._buttons()
         self.changed.emit(judged)
+
+    def _fit_height(self, n: int) -> None:
+        """As tall as its rows, up to four (the published tiers below keep the room)."""
+        self.table.setVisible(n > 0)
+        if not n:
+            return
+        self.table.resizeRowsToContents()
+        rows = sum(self.table.rowHeight(r) for r in range(min(MAX_ROWS_SHOWN, n)))
+        header = self.table.horizontalHeader().sizeHint().height()
+        self.table.setFixedHeight(header + rows + 2 * self.table.frameWidth() + 2)
 
     def say(self, note: str) -> None:
         """Tell what the last action did (until the next one)."""

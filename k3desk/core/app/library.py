@@ -58,7 +58,7 @@ class LocalModel:
 
     id: str  # short and stable: from part 1's absolute path
     shard: Path  # part 1, what llama-server is given
-    name: str  # the tier's name, else the model's own, else the file name
+    name: str  # the set's own name: part 1's file name without the split suffix
     parts: int
     size_bytes: int  # the parts' bytes on disk
     projector: Path | None  # the vision projector paired with it (its header checked)
@@ -222,15 +222,10 @@ def inspect_model(
         )
     layout = report.layout
     match = identify_tier(layout, tiers)
-    name = (
-        f"{match.tier.publisher} {match.tier.name}"
-        if match is not None
-        else layout.name or sset.prefix
-    )
     return LocalModel(
         model_id(layout.first_part),
         layout.first_part,
-        name,
+        sset.prefix,
         len(layout.parts),
         sum(layout.part_sizes),
         _projector_beside(layout.first_part),
