@@ -14,7 +14,7 @@ from k3desk.core.app.library import (
     list_models,
     remove_model,
 )
-from k3desk.core.app.subject import Subject
+from k3desk.core.app.subject import judged_machine
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -85,12 +85,7 @@ def run_add(args: argparse.Namespace, services: Services) -> int:
 
 
 def run_list(args: argparse.Namespace, services: Services) -> int:
-    if args.hardware is not None:
-        hw = services.load_hardware(args.hardware)
-        subject = Subject.hardware_file(args.hardware, hw)
-    else:
-        hw = services.detect_hardware(services.paths.models_dir)
-        subject = Subject.this_machine(hw)
+    hw, subject = judged_machine(services, args.hardware)
     judged = list_models(services, hw, subject, ctx=args.ctx)
     if args.json:
         print(json.dumps(to_json(judged), indent=2))

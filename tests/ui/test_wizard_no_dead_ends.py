@@ -8,6 +8,7 @@ import pytest
 from PySide6.QtWidgets import QFileDialog, QWizard
 
 from k3desk.ui.window import MainWindow
+from tests.ui.test_wizard import open_wizard_for
 
 
 @pytest.fixture
@@ -16,16 +17,6 @@ def window(ctx, qtbot):  # type: ignore[no-untyped-def]
     qtbot.addWidget(w)
     w.show()
     return w
-
-
-def wizard_for(window, qtbot, hw_file):  # type: ignore[no-untyped-def]
-    hw = window.ctx.hardware
-    hw.load_file(hw_file)
-    wiz = window.open_wizard()
-    qtbot.waitUntil(
-        lambda: hw.recommendation is not None and hw.from_file == hw_file, timeout=30_000
-    )
-    return wiz
 
 
 def next_enabled(wiz) -> bool:  # type: ignore[no-untyped-def]
@@ -37,7 +28,7 @@ def test_a_full_disk_warns_with_the_numbers_and_the_step_follows_the_tier(  # ty
 ) -> None:
     small = tmpfs(6)  # a real 6 MiB disk: every tier is short of space there
     window.ctx.update_settings(download_dir=str(small))
-    wiz = wizard_for(window, qtbot, hardware_file("8xH100-2TB"))
+    wiz = open_wizard_for(window, qtbot, hardware_file("8xH100-2TB"))
     wiz.next()
     wiz.tiers.table.select_tier("vcruz305-ud-iq1s")
     wiz.next()
@@ -68,7 +59,7 @@ def test_a_full_disk_warns_with_the_numbers_and_the_step_follows_the_tier(  # ty
 
 
 def test_too_little_memory_is_a_warning_with_the_numbers(window, qtbot, hardware_file) -> None:  # type: ignore[no-untyped-def]
-    wiz = wizard_for(window, qtbot, hardware_file("no-gpu-laptop-32GB"))
+    wiz = open_wizard_for(window, qtbot, hardware_file("no-gpu-laptop-32GB"))
     wiz.next()
     wiz.tiers.table.select_tier("grearl-iq1s")
     warning = wiz.tiers.fit_warning
@@ -86,7 +77,7 @@ def test_too_little_memory_is_a_warning_with_the_numbers(window, qtbot, hardware
 def test_i_already_have_the_files_from_the_first_steps(  # type: ignore[no-untyped-def]
     window, qtbot, hardware_file, tiny_k3, monkeypatch, step
 ) -> None:
-    wiz = wizard_for(window, qtbot, hardware_file("no-gpu-laptop-32GB"))
+    wiz = open_wizard_for(window, qtbot, hardware_file("no-gpu-laptop-32GB"))
     if step == "tiers":
         wiz.next()
     assert wiz.current_key() == step
