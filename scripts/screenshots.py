@@ -230,8 +230,21 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
     page = window.engine_page()
     page.tabs.setCurrentIndex(1)
     save(window, "engine.png")
+    # My models: the tiny model and its projector, and a sparse twin of a published tier
+    # (its real headers, no weights) under a name of its own, recognised from its headers
+    from k3desk.core.app.library import add_model
+    from k3desk.devtools.twin import write_twin
+
+    add_model(services, model.first_part)
+    twin = write_twin(services.catalog.get("grearl-iq1s"), home / "my-kimi")
+    for i, part in enumerate(twin, 1):
+        part.rename(part.with_name(f"my-kimi-{i:05d}-of-{len(twin):05d}.gguf"))
+    add_model(services, twin[0].parent)
     window.show_page("models")
-    until(lambda: window.models_page().table.rowCount() > 0)
+    mine = window.models_page().mine
+    mine.refresh()
+    until(lambda: window.models_page().table.rowCount() > 0 and len(mine.rows()) == 2)
+    mine.select(str(model.first_part))
     save(window, "models.png")
 
     # cluster: three DGX Sparks (GB10); no such machines here, so their probe reports are

@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "k3desk.cli.tiers",
     "k3desk.cli.validate",
     "k3desk.cli.plan",
+    "k3desk.cli.models",
     "k3desk.cli.download",
     "k3desk.cli.verify",
     "k3desk.cli.chat",

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from k3desk.core.app.subject import Subject
+from k3desk.core.app.subject import judged_machine
 from k3desk.core.app.tiers import TierJudgement, TierRequest, TierRow, judge_tiers
 from k3desk.core.units import fmt_bytes
 
@@ -38,12 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace, services: Services) -> int:
     catalog = services.catalog
-    if args.hardware is not None:
-        hw = services.load_hardware(args.hardware)
-        subject = Subject.hardware_file(args.hardware, hw)
-    else:
-        hw = services.detect_hardware(services.paths.models_dir)
-        subject = Subject.this_machine(hw)
+    hw, subject = judged_machine(services, args.hardware)
     judged = judge_tiers(TierRequest(hw, subject, ctx=args.ctx), catalog.tiers)
     if args.json:
         print(json.dumps(to_json(judged, hw.label or hw.hostname or hw.source), indent=2))

@@ -10,6 +10,8 @@ one JSON line back, ``{"event": "ok", "cmd": ..., ...}`` or
 - ``page`` ``{"name": "engine"}``: show a page.
 - ``wizard``: open the wizard; ``wizard-next`` / ``wizard-back``: move it.
 - ``grab`` ``{"path": "x.png"}``: save a picture of the main window.
+- ``models``: the Models page's "My models" rows as the table shows them (built and
+  listed first when needed), and the machine they are judged for.
 - ``errors``: the last error shown to the user, if any.
 - ``launch`` ``{"shard": ..., "mmproj": ...}``: check, plan and launch a model (as the
   Engine page's Launch does); ``relaunch``: the chat's "Relaunch" button.
@@ -155,6 +157,12 @@ class Automation(QObject):
             if not self.window.grab().save(path):
                 raise RuntimeError(f"could not save {path}")
             return {"path": path}
+        if name == "models":
+            mine = self.window.models_page().mine
+            if mine.judgement is None:
+                mine.refresh()
+                raise RuntimeError("the models are still being read: ask again")
+            return {"judged": mine.judgement.subject.describe(), "rows": mine.shown_rows()}
         if name == "errors":
             last = self.ctx.reporter.last
             return {"last": list(last) if last else None}

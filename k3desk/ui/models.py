@@ -1,5 +1,6 @@
-"""The Models page: every tier with its verdict for this machine (or a loaded hardware file),
-saying which machine it judges, with the way back to this one."""
+"""The Models page: your own GGUF sets ("My models", :mod:`k3desk.ui.mymodels`) and every
+published tier, each with its verdict for this machine (or a loaded hardware file), saying
+which machine it judges, with the way back to this one."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout
 
 from k3desk.core.app.tiers import TierJudgement
 from k3desk.ui.judged import JudgedBar
+from k3desk.ui.mymodels import MyModels
 from k3desk.ui.pages import Navigator, Page
 from k3desk.ui.tiers import TierTable
 from k3desk.ui.widgets import PageHeader, label, muted, primary
@@ -27,12 +29,15 @@ class ModelsPage(Page):
         lay.setContentsMargins(28, 22, 28, 16)
         self.header = PageHeader(
             "Models",
-            "Kimi-K3 quantization tiers, as their publishers describe them, judged "
-            "for a machine by k3desk's planner.",
+            "Your own Kimi-K3 GGUF files, and the published quantization tiers as their "
+            "publishers describe them, judged for a machine by k3desk's planner.",
         )
         lay.addWidget(self.header)
         self.judged_bar = JudgedBar(ctx)
         lay.addWidget(self.judged_bar)
+        self.mine = MyModels(ctx, window)
+        lay.addWidget(self.mine)
+        lay.addWidget(label("Published tiers", "sectionTitle", wrap=False))
         self.summary = label("Looking at this machine and planning every tier…")
         self.summary.setObjectName("recommendation")
         lay.addWidget(self.summary)
@@ -49,6 +54,7 @@ class ModelsPage(Page):
         self.hardware.judged.connect(self.show_judgement)
         if self.hardware.judgement is not None:
             self.show_judgement(self.hardware.judgement)
+            self.mine.refresh()
 
     def activated(self) -> None:
         self.hardware.ensure()

@@ -8,10 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from PySide6.QtCore import QPoint, QSize, Qt, Signal
-from PySide6.QtGui import QCloseEvent, QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtGui import (
+    QCloseEvent,
+    QDragEnterEvent,
+    QDropEvent,
+    QGuiApplication,
+    QKeySequence,
+    QShortcut,
+)
 from PySide6.QtWidgets import (
     QApplication,
     QHBoxLayout,
@@ -208,6 +216,7 @@ class MainWindow(QMainWindow):
             sc.activated.connect(self._goto(spec.key))
         if ctx.theme is not None:
             ctx.theme.changed.connect(self._theme_changed)
+        self.setAcceptDrops(True)  # a .gguf file or a folder dropped anywhere: My models
         self._restore_geometry()
         # an engine an earlier k3desk kept running when its window closed
         engine.take_up_background()
@@ -323,6 +332,7 @@ class MainWindow(QMainWindow):
             return self._wizard
         wizard = TierWizard(self.ctx, self)
         wizard.finished.connect(self._wizard_closed)
+        wizard.have_files_chosen.connect(self._add_own_files)
         self._wizard = wizard
         wizard.open()
         return wizard
@@ -335,6 +345,36 @@ class MainWindow(QMainWindow):
         if self._wizard is not None:
             self._wizard.deleteLater()
         self._wizard = None
+
+    def _add_own_files(self) -> None:
+        """ "I already have the files" in the wizard: My models, and the file to add."""
+        self.show_page(PageKey.MODELS)
+        self.models_page().mine.choose_file()
+
+    # ----------------------------------------------------- dropped models
+    @staticmethod
+    def _model_paths(event: QDragEnterEvent | QDropEvent) -> list[Path]:
+        """The .gguf files and folders a drag carries (what "My models" takes)."""
+        md = event.mimeData()
+        if not md.hasUrls():
+            return []
+        paths = [Path(u.toLocalFile()) for u in md.urls() if u.isLocalFile()]
+        return [p for p in paths if p.suffix.lower() == ".gguf" or p.is_dir()]
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if self._model_paths(event):
+            event.acceptProposedAction()
+        else:
+            super().dragEnterEvent(event)
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        paths = self._model_paths(event)
+        if not paths:
+            super().dropEvent(event)
+            return
+        event.acceptProposedAction()
+        self.show_page(PageKey.MODELS)
+        self.models_page().mine.add_paths(paths)
 
     # -------------------------------------------------------------- misc
     def set_engine_status(self, text: str) -> None:

@@ -13,6 +13,7 @@ judge the tiers for hardware H         :mod:`k3desk.core.app.tiers`
 judge the tiers for a cluster          :mod:`k3desk.core.app.cluster_tiers`
 plan a shard set for hardware H        :mod:`k3desk.core.app.shardplan`
 find the model in a folder             :mod:`k3desk.core.app.models`
+my models: add, list, judge, remove    :mod:`k3desk.core.app.library`
 prepare a local launch                 :mod:`k3desk.core.app.launch`
 run and record a chat turn             :mod:`k3desk.core.app.chat_turn`
 configure a SparkInfer launch          :mod:`k3desk.core.app.sparkinfer_launch`

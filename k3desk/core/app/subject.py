@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from k3desk.core.hardware.profile import HardwareProfile
+
+if TYPE_CHECKING:
+    from k3desk.core.app.services import Services
 
 SubjectKind = Literal["machine", "file", "cluster"]
 
@@ -67,3 +70,15 @@ class Subject:
 def machine_name(hw: HardwareProfile) -> str:
     """The name a machine goes by: its label (hardware files have one), else its host name."""
     return hw.label or hw.hostname or ""
+
+
+def judged_machine(
+    services: Services, hardware_file: Path | None
+) -> tuple[HardwareProfile, Subject]:
+    """The machine a listing judges: the one in ``hardware_file``, else this one (its
+    free disk measured at the models folder)."""
+    if hardware_file is not None:
+        hw = services.load_hardware(hardware_file)
+        return hw, Subject.hardware_file(hardware_file, hw)
+    hw = services.detect_hardware(services.paths.models_dir)
+    return hw, Subject.this_machine(hw)

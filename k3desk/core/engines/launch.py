@@ -32,6 +32,7 @@ from k3desk.core.engines.probe import ProbeResult, as_clause, probe_engine, prob
 from k3desk.core.engines.source import FORKS, projector_type_of
 from k3desk.core.engines.supervisor import LaunchSpec, arg_changes, bump_n_cpu_moe
 from k3desk.core.errors import EngineError, PlanError, ValidationError
+from k3desk.core.gguf.identify import identify_tier
 from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.gguf.reader import read_header
 from k3desk.core.gguf.validate import inspect_shard_set
@@ -307,12 +308,9 @@ def plan_model(
 
 
 def tier_of(layout: ModelLayout, tiers: Iterable[Tier]) -> Tier | None:
-    """The catalog tier whose part 1 is this layout's part 1, by file name."""
-    name = layout.first_part.name
-    for tier in tiers:
-        if Path(tier.first_shard).name == name:
-            return tier
-    return None
+    """The catalog tier this layout is, by its header facts (:mod:`k3desk.core.gguf.identify`)."""
+    match = identify_tier(layout, tiers)
+    return match.tier if match is not None else None
 
 
 def _fork_hint(ptype: str, tier: Tier | None, tiers: Sequence[Tier]) -> str:

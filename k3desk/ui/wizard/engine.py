@@ -133,11 +133,12 @@ class EngineStepPage(StepPage):
             )
             self.cluster.prepare(wiz.cluster.view.current_name() or "", wiz.cluster_choice())
             return
+        row = wiz.selected_tier()
+        which = f"{row.tier.publisher} {row.tier.name}" if row is not None else "Kimi-K3"
         self.setSubTitle(
-            "The llama-server that will run Kimi-K3 here: found, probed, built if needed, "
+            f"The llama-server that will run {which} here: found, probed, built if needed, "
             "and launched with the plan for this machine."
         )
-        row = wiz.selected_tier()
         self.panel.set_tier(row.tier if row is not None else None)
         target = wiz.where.target()
         self.panel.set_model_folder(target)

@@ -6,7 +6,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QButtonGroup, QHBoxLayout, QRadioButton, QScrollArea
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QHBoxLayout,
+    QPushButton,
+    QRadioButton,
+    QScrollArea,
+)
 
 from k3desk.core.app.tiers import TierJudgement
 from k3desk.core.hardware.profile import HardwareProfile
@@ -87,6 +93,14 @@ class MachinePage(StepPage):
         run.addWidget(self.one)
         run.addWidget(self.several)
         run.addStretch(1)
+        self.have = QPushButton("I already have the files…")
+        self.have.setObjectName("machineHaveFiles")
+        self.have.setToolTip(
+            "Skip the download: add the Kimi-K3 GGUF files you have to My models, see their "
+            "verdict for this machine and chat with them"
+        )
+        self.have.clicked.connect(wizard.have_files)
+        run.addWidget(self.have)
         card.body.addLayout(run)
         self.lay.addWidget(card)
         self.chart = FitChart()

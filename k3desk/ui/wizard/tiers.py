@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING
 
-from PySide6.QtWidgets import QHBoxLayout, QTextBrowser
+from PySide6.QtWidgets import QHBoxLayout, QPushButton, QTextBrowser
 
 from k3desk.core.app.cluster_tiers import SPARKINFER_ONLY, ClusterTierRow, cluster_pick
 from k3desk.core.app.subject import Subject
@@ -14,7 +14,7 @@ from k3desk.core.app.tiers import TierJudgement, TierRow
 from k3desk.core.errors import K3Error
 from k3desk.ui.judged import JudgedBar
 from k3desk.ui.tiers import TierTable
-from k3desk.ui.widgets import label, muted
+from k3desk.ui.widgets import Banner, label, muted
 from k3desk.ui.wizard.base import StepPage
 
 if TYPE_CHECKING:
@@ -49,9 +49,17 @@ class TiersPage(StepPage):
         self.details.setMaximumHeight(150)
         self.details.setOpenExternalLinks(True)
         self.lay.addWidget(self.details)
+        self.fit_warning = Banner()
+        self.fit_warning.setObjectName("fitWarning")
+        self.lay.addWidget(self.fit_warning)
         row = QHBoxLayout()
         self.rule = muted("")
         row.addWidget(self.rule, 1)
+        self.have = QPushButton("I already have the files…")
+        self.have.setObjectName("tiersHaveFiles")
+        self.have.setToolTip("Add the GGUF files you have to My models instead of downloading")
+        self.have.clicked.connect(wizard.have_files)
+        row.addWidget(self.have)
         self.lay.addLayout(row)
         self.other = self.judged_bar.other  # "Plan for other hardware…" (one machine only)
         self.table.tier_selected.connect(self._selected)
@@ -145,6 +153,7 @@ class TiersPage(StepPage):
         if t.caveats:
             lines.append("<p>" + esc(" ".join(t.caveats[:2])) + "</p>")
         self.details.setHtml("".join(lines))
+        self.fit_warning.show_text(esc(fit_warning(row, self.wiz.hardware.describe())))
         self.completeChanged.emit()
 
     def _selected_on_cluster(self, row: ClusterTierRow) -> None:
@@ -165,6 +174,7 @@ class TiersPage(StepPage):
         if t.quality_caveat:
             lines.append(f"<p>Quality figures (*): {esc(t.quality_caveat)}</p>")
         self.details.setHtml("".join(lines))
+        self.fit_warning.show_text("")
         # the cluster step checks the copies of the tier chosen here
         combo = self.wiz.cluster.view.tier
         combo.setCurrentIndex(max(0, combo.findData(t.id)))
@@ -172,6 +182,20 @@ class TiersPage(StepPage):
 
     def isComplete(self) -> bool:
         return self.table.current() is not None
+
+
+def fit_warning(row: TierRow, machine: str) -> str:
+    """A tier that does not fit in memory: the numbers and the choices (Next stays open)."""
+    if row.fits:
+        return ""
+    short = [n.text() for n in row.needs if not n.fits]
+    numbers = f" ({'; '.join(short)})" if short else ""
+    return (
+        f"{row.tier.name} does not fit in the memory of {machine}: {row.label}{numbers}. "
+        "You may go on (to download it for a larger machine, or to stream it from disk, "
+        "slowly), pick a tier that fits, plan for other hardware, or use files you "
+        "already have."
+    )
 
 
 def cluster_summary(

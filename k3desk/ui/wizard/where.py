@@ -1,5 +1,11 @@
 """The wizard's "Where and how" step: the download folder and its free space, the Hugging Face
-token for gated repositories, and how many files at once."""
+token for gated repositories, and how many files at once.
+
+It names the tier it judges, and measures the folder again each time it is shown (the
+tier may have changed).  Too little space is a warning with the numbers and the choices
+(another folder, a smaller tier, files already here), never a locked Next: the disk may
+be freed meanwhile, or the files are elsewhere already.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from PySide6.QtWidgets import (
 
 from k3desk.core.units import fmt_bytes
 from k3desk.ui.tokens import TokenAccess
-from k3desk.ui.widgets import Banner, muted, set_enabled
+from k3desk.ui.widgets import Banner, label, muted, set_enabled
 from k3desk.ui.wizard.base import StepPage
 
 if TYPE_CHECKING:
@@ -35,6 +41,8 @@ class WherePage(StepPage):
             "Where and how",
             "Where the shards go, the token for gated repositories, and how many files at once.",
         )
+        self.tier_line = label("", "whereTier")
+        self.lay.addWidget(self.tier_line)
         form = QFormLayout()
         self.folder = QLineEdit()
         self.folder.setObjectName("downloadFolder")
@@ -64,12 +72,23 @@ class WherePage(StepPage):
         self.lay.addLayout(form)
         self.banner = Banner()
         self.lay.addWidget(self.banner)
+        self.shortfall = Banner()
+        self.shortfall.setObjectName("diskShortfall")
+        self.lay.addWidget(self.shortfall)
+        srow = QHBoxLayout()
+        self.have = QPushButton("I already have the files…")
+        self.have.setObjectName("whereHaveFiles")
+        self.have.setToolTip("Add the GGUF files you have to My models instead of downloading")
+        srow.addWidget(self.have)
+        srow.addStretch(1)
+        self.lay.addLayout(srow)
         self.cluster_note = Banner()
         self.cluster_note.setObjectName("clusterNote")
         self.lay.addWidget(self.cluster_note)
         self.lay.addStretch(1)
         self.tokens = TokenAccess(ctx.token_store)
         browse.clicked.connect(self._browse)
+        self.have.clicked.connect(wizard.have_files)
         self.folder.textChanged.connect(self._folder_changed)
         self.token_save.clicked.connect(self._save_token)
         self.token_edit.textChanged.connect(
@@ -77,10 +96,21 @@ class WherePage(StepPage):
         )
         set_enabled(self.token_save, False, "Paste a token first.")
         self._short = False  # the folder has less free space than the tier needs
+        self._gen = 0  # the newest disk measurement (older answers are dropped)
 
     def initializePage(self) -> None:
         s = self.ctx.settings
+        row = self.wiz.selected_tier()
+        self.tier_line.setText(
+            f"For {row.tier.publisher} {row.tier.name}: {row.tier.shard_count} shards, "
+            f"{fmt_bytes(row.tier.size_bytes)}."
+            if row is not None
+            else "No tier chosen: go Back to pick one."
+        )
+        self.folder.blockSignals(True)
         self.folder.setText(str(s.effective_download_dir(self.ctx.services.paths.models_dir)))
+        self.folder.blockSignals(False)
+        self._folder_changed()  # the tier may be another one than last time: measure again
         self.parallel.setValue(s.download_workers)
         self.ctx.tasks.run(
             lambda _t: self.tokens.describe(), on_done=self._token_shown, name="token-state"
@@ -139,26 +169,40 @@ class WherePage(StepPage):
         path = Path(self.folder.text().strip() or ".").expanduser()
         tv = self.wiz.selected_tier()
         need = tv.tier.size_bytes if tv is not None else 0
+        name = f"{tv.tier.publisher} {tv.tier.name}" if tv is not None else "the tier"
+        self._gen += 1
+        gen = self._gen
 
         def done(disk: DiskInfo) -> None:
+            if gen != self._gen:
+                return  # the folder or the tier changed meanwhile
             short = disk.free < need
             optional = self.download_optional()
             text = f"{fmt_bytes(disk.free)} free on {disk.probed_path}"
             if need:
-                text += f"; the tier needs {fmt_bytes(need)}"
+                text += f"; {name} needs {fmt_bytes(need)}"
             if short:
                 text += (
                     " (not enough here; SparkInfer reads the nodes' own copies, so the "
                     "download may be skipped)"
                     if optional
-                    else " (not enough)"
+                    else f" ({fmt_bytes(need - disk.free)} short)"
                 )
             self.free.setText(text)
-            self.free.setObjectName(
-                "muted" if not short else "warnText" if optional else "errorText"
-            )
+            self.free.setObjectName("muted" if not short else "warnText")
             self.free.style().polish(self.free)
             self._short = short
+            self.shortfall.show_text(
+                ""
+                if not short or optional
+                else html.escape(
+                    f"{name} needs {fmt_bytes(need)}; {fmt_bytes(disk.free)} is free on "
+                    f"{disk.probed_path}, {fmt_bytes(need - disk.free)} short. Choose a "
+                    "folder on a larger disk (Browse…), go Back for a smaller tier, or use "
+                    "files you already have. You may also go on: the download stops with a "
+                    "message if the disk fills."
+                )
+            )
             self.completeChanged.emit()
 
         self.ctx.tasks.run(lambda _t: detect_disk(path), on_done=done, name="disk")
@@ -169,8 +213,8 @@ class WherePage(StepPage):
         return wiz.cluster_mode and wiz.cluster.view.choice().engine == "sparkinfer"
 
     def isComplete(self) -> bool:
-        short = self._short and not self.download_optional()
-        return bool(self.folder.text().strip()) and not short
+        # a shortfall is a warning (see the module docstring), never a locked Next
+        return bool(self.folder.text().strip())
 
     def validatePage(self) -> bool:
         folder = self.folder.text().strip()

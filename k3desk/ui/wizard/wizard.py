@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QWidget, QWizard
 
 from k3desk.core.app.cluster_tiers import ClusterTierRow
@@ -44,6 +45,12 @@ PAGE_KEYS = tuple(s.key for s in Step)
 
 
 class TierWizard(QWizard):
+    """Signals:
+    have_files(): "I already have the files" (any step): the wizard closed for My models.
+    """
+
+    have_files_chosen = Signal()
+
     def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.ctx = ctx
@@ -71,6 +78,16 @@ class TierWizard(QWizard):
             self._judged(self.hardware.judgement)
         self.hardware.ensure()
         self.accepted.connect(self._done)
+
+    def have_files(self) -> None:
+        """Leave the wizard for My models, to add the GGUF files already on disk (reachable
+        from every step: a full disk must not stand between someone and their files)."""
+        try:
+            self.ctx.update_settings(wizard_done=True)  # not opened again on the next start
+        except Exception as exc:  # noqa: BLE001 - shown to the user
+            self.ctx.reporter.report(exc)
+        self.reject()
+        self.have_files_chosen.emit()
 
     def current_key(self) -> str:
         cur = self.currentId()

@@ -1,0 +1,390 @@
+"""The Models page's "My models": GGUF sets already on disk (added here, dropped on the window,
+added with ``k3desk models add``, or found in the model folders of Settings), each with its
+verdict for the machine the page judges, and "Chat with it", which plans the set for this
+machine, launches it and opens the chat.
+
+Everything shown comes from :mod:`k3desk.core.app.library`; the launch is the Engine page's
+(:func:`k3desk.ui.engine.page.prepare_launch`), which always plans for this machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QStandardPaths, Signal
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from k3desk.core.app.library import AddResult, ModelRow, ModelsJudgement
+from k3desk.core.app.tiers import plan_label
+from k3desk.core.planning.recommend import FITS
+from k3desk.core.units import fmt_bytes
+from k3desk.ui import theme
+from k3desk.ui.errors import describe
+from k3desk.ui.pages import Navigator, PageKey
+from k3desk.ui.widgets import label, muted, primary, set_enabled
+
+if TYPE_CHECKING:
+    from k3desk.core.progress import CancelToken
+    from k3desk.ui.context import AppContext
+    from k3desk.ui.engine.controller import LaunchRequest
+
+MAX_ROWS_SHOWN = 4
+COLUMNS = ("Model", "Verdict", "Speed", "Size", "Vision", "Tier", "Where")
+EMPTY = (
+    "No models of your own yet. Add a .gguf file or a folder, drop one on the window, or "
+    "add a model folder in Settings."
+)
+
+
+def row_cells(row: ModelRow) -> tuple[tuple[str, str], ...]:
+    """The table's cells for ``row`` (text, tooltip): what the automation hook reports too."""
+    m = row.model
+    tier = m.tier
+    speed = (
+        (row.speed.text(), f"{row.speed.range_text()}; bottleneck: {row.speed.bottleneck}")
+        if row.speed is not None
+        else ("—", "Does not run there: no speed to predict." if m.ok else m.problem)
+    )
+    where = "added" if m.source == "added" else f"folder {m.origin}"
+    notes = "\n".join(m.suspicious)
+    return (
+        (m.name, f"{m.shard}\n{m.parts} part(s)" + (f"\n{notes}" if notes else "")),
+        (row.label, m.problem or (row.plan.reason if row.plan is not None else "")),
+        speed,
+        (fmt_bytes(m.size_bytes), f"{m.size_bytes:,} bytes in {m.parts} part(s)"),
+        (
+            "yes" if m.projector is not None else "no",
+            str(m.projector) if m.projector is not None else "No vision projector beside it.",
+        ),
+        (
+            f"{tier.tier.name} · {tier.tier.publisher}" if tier is not None else "—",
+            f"Recognised from its headers: {tier.text()}"
+            if tier is not None
+            else "Not a catalog tier (its headers match none).",
+        ),
+        (where, str(m.origin)),
+    )
+
+
+class MyModels(QWidget):
+    """Signals:
+    changed(object): the ModelsJudgement now shown.
+    """
+
+    changed = Signal(object)
+
+    def __init__(self, ctx: AppContext, nav: Navigator | None = None) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.nav = nav
+        self.hardware = ctx.hardware
+        self.judgement: ModelsJudgement | None = None
+        self._gen = 0
+        self._launching: Any = None
+        self._note = ""  # what the last action did (kept above the list's summary)
+        self._summary = EMPTY
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        head = QHBoxLayout()
+        head.addWidget(label("My models", "sectionTitle", wrap=False))
+        head.addStretch(1)
+        self.add_file = QPushButton("Add a model…")
+        self.add_file.setObjectName("addModelFile")
+        self.add_file.setToolTip("A .gguf file: any part of a shard set")
+        self.add_folder = QPushButton("Add a folder…")
+        self.add_folder.setObjectName("addModelFolder")
+        self.add_folder.setToolTip("A folder of .gguf shard sets (folders inside it too)")
+        self.remove_btn = QPushButton("Remove")
+        self.remove_btn.setObjectName("removeModel")
+        self.chat_btn = primary(QPushButton("Chat with it"))
+        self.chat_btn.setObjectName("chatWithModel")
+        for b in (self.add_file, self.add_folder, self.remove_btn, self.chat_btn):
+            head.addWidget(b)
+        lay.addLayout(head)
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setObjectName("myModels")
+        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setWordWrap(False)
+        h = self.table.horizontalHeader()
+        h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        h.setSectionResizeMode(len(COLUMNS) - 1, QHeaderView.ResizeMode.Stretch)
+        self.table.hide()  # shown with the first model (the status line says how to add one)
+        lay.addWidget(self.table)
+        self.status = muted(EMPTY)
+        self.status.setObjectName("myModelsStatus")
+        lay.addWidget(self.status)
+        self.add_file.clicked.connect(self.choose_file)
+        self.add_folder.clicked.connect(self._choose_folder)
+        self.remove_btn.clicked.connect(self.remove_selected)
+        self.chat_btn.clicked.connect(self.chat_selected)
+        self.table.itemSelectionChanged.connect(self._buttons)
+        self.table.itemDoubleClicked.connect(lambda _i: self.chat_selected())
+        self.hardware.judged.connect(lambda _j: self.refresh())
+        ctx.settings_changed.connect(lambda _s: self.refresh())
+        ctx.engine.state_changed.connect(lambda _s, _m: self._buttons())
+        self._buttons()
+
+    # ------------------------------------------------------------ listing
+    def refresh(self) -> None:
+        """List and judge every local model for the machine the page judges."""
+        from k3desk.core.app.library import list_models
+
+        hw, subject = self.hardware.profile, self.hardware.subject
+        if hw is None or subject is None:
+            return  # judged once the machine is known (hardware.judged)
+        self._gen += 1
+        gen = self._gen
+        services, ctx_size = self.ctx.services, self.ctx.settings.ctx
+
+        def done(judged: ModelsJudgement) -> None:
+            if gen == self._gen:
+                self.show_judgement(judged)
+
+        def error(exc: BaseException) -> None:
+            if gen == self._gen:
+                self.say(describe(exc)[0])
+                self.ctx.reporter.report(exc)
+
+        self.ctx.tasks.run(
+            lambda _t: list_models(services, hw, subject, ctx=ctx_size),
+            on_done=done,
+            on_error=error,
+            name="my-models",
+        )
+
+    def show_judgement(self, judged: ModelsJudgement) -> None:
+        keep = self.current()
+        self.judgement = judged
+        c = theme.current()
+        self.table.blockSignals(True)
+        self.table.clearSelection()
+        self.table.setRowCount(len(judged.rows))
+        for r, row in enumerate(judged.rows):
+            color = c.ok if row.kind in FITS else c.warn if row.kind == "stream" else c.danger
+            for col, (text, tip) in enumerate(row_cells(row)):
+                item = QTableWidgetItem(text)
+                item.setToolTip(tip)
+                if col == 1:
+                    item.setForeground(QColor(color))
+                self.table.setItem(r, col, item)
+        self.table.blockSignals(False)
+        n = len(judged.rows)
+        self._fit_height(n)
+        text = (
+            EMPTY
+            if not n
+            else f"{n} model{'s' if n != 1 else ''}, judged for {judged.subject.describe()}. "
+            "Chat with it launches on this machine."
+        )
+        self._summary = " ".join([text, *judged.problems])
+        self._show_status()
+        ids = [r.model.id for r in judged.rows]
+        if keep is not None and keep.model.id in ids:
+            self.table.selectRow(ids.index(keep.model.id))
+        elif n:
+            self.table.selectRow(0)
+        self._buttons()
+        self.changed.emit(judged)
+
+    def _fit_height(self, n: int) -> None:
+        """As tall as its rows, up to four (the published tiers below keep the room)."""
+        self.table.setVisible(n > 0)
+        if not n:
+            return
+        self.table.resizeRowsToContents()
+        rows = sum(self.table.rowHeight(r) for r in range(min(MAX_ROWS_SHOWN, n)))
+        header = self.table.horizontalHeader().sizeHint().height()
+        self.table.setFixedHeight(header + rows + 2 * self.table.frameWidth() + 2)
+
+    def say(self, note: str) -> None:
+        """Tell what the last action did (until the next one)."""
+        self._note = note
+        self._show_status()
+
+    def _show_status(self) -> None:
+        self.status.setText(" ".join(t for t in (self._note, self._summary) if t))
+
+    def rows(self) -> list[ModelRow]:
+        return list(self.judgement.rows) if self.judgement is not None else []
+
+    def current(self) -> ModelRow | None:
+        sel = {i.row() for i in self.table.selectedIndexes()}
+        rows = self.rows()
+        return rows[min(sel)] if sel and min(sel) < len(rows) else None
+
+    def select(self, key: str) -> None:
+        for r, row in enumerate(self.rows()):
+            if key in (row.model.id, str(row.model.shard)):
+                self.table.selectRow(r)
+                return
+
+    def shown_rows(self) -> list[dict[str, Any]]:
+        """The rows as the table shows them (the automation hook's ``models``)."""
+        out = []
+        for r, row in enumerate(self.rows()):
+            cells = {
+                COLUMNS[c].lower(): (self.table.item(r, c) or QTableWidgetItem()).text()
+                for c in range(len(COLUMNS))
+            }
+            out.append({"id": row.model.id, "shard": str(row.model.shard), **cells})
+        return out
+
+    # ------------------------------------------------------------ adding
+    def _start_dir(self) -> str:
+        s = self.ctx.settings
+        if s.model_dirs:
+            return s.model_dirs[0]
+        return QStandardPaths.writableLocation(QStandardPaths.StandardLocation.HomeLocation)
+
+    def choose_file(self) -> None:
+        f, _ = QFileDialog.getOpenFileName(
+            self, "Add a model", self._start_dir(), "GGUF model (*.gguf);;All files (*)"
+        )
+        if f:
+            self.add_paths([Path(f)])
+
+    def _choose_folder(self) -> None:
+        d = QFileDialog.getExistingDirectory(self, "Add a folder of models", self._start_dir())
+        if d:
+            self.add_paths([Path(d)])
+
+    def add_paths(self, paths: Sequence[Path]) -> None:
+        """Add each path (file or folder); each refusal is reported with its reason."""
+        from k3desk.core.app.library import add_model
+        from k3desk.core.errors import K3Error
+
+        services = self.ctx.services
+        self.say("Reading the headers of " + ", ".join(p.name for p in paths) + "…")
+
+        def work(_t: CancelToken) -> tuple[list[AddResult], list[K3Error]]:
+            done, failed = [], []
+            for p in paths:
+                try:
+                    done.append(add_model(services, p))
+                except K3Error as exc:
+                    failed.append(exc)
+            return done, failed
+
+        def finished(result: tuple[list[AddResult], list[K3Error]]) -> None:
+            added, failed = result
+            for exc in failed:
+                self.ctx.reporter.report(exc)
+            said = [_added_text(a) for a in added] + [describe(e)[0] for e in failed]
+            self.say(" ".join(said))
+            self.refresh()
+            if added and added[-1].added:
+                self._select_after = added[-1].added[0].id
+
+        self._select_after = ""
+        self.changed.connect(self._after_add)
+        self.ctx.tasks.run(work, on_done=finished, name="add-model")
+
+    def _after_add(self, _judged: object) -> None:
+        self.changed.disconnect(self._after_add)
+        if self._select_after:
+            self.select(self._select_after)
+
+    def remove_selected(self) -> None:
+        from k3desk.core.app.library import remove_model
+        from k3desk.core.errors import K3Error
+
+        row = self.current()
+        if row is None:
+            return
+        try:
+            removed = remove_model(self.ctx.services, row.model.id)
+        except K3Error as exc:
+            self.say(describe(exc)[0])
+            self.ctx.reporter.report(exc)
+            return
+        self.say(f"Removed {removed} from your models (the files stay).")
+        self.refresh()
+
+    # ------------------------------------------------------------ chatting
+    def chat_selected(self) -> None:
+        """Plan the selected set for this machine, launch it, and open the chat."""
+        from k3desk.ui.engine.page import prepare_launch
+
+        row = self.current()
+        if row is None or not row.model.ok or self._launching is not None:
+            return
+        m = row.model
+        ctx = self.ctx
+        self.say(f"Checking {m.name} and planning it for this machine…")
+
+        def done(req: LaunchRequest) -> None:
+            self._launching = None
+            ctx.engine.launch(req)
+            how = f" ({plan_label(req.plan)})" if req.plan is not None else ""
+            self.say(f"Loading {m.name} on this machine{how}…")
+            if self.nav is not None:
+                self.nav.show_page(PageKey.CHAT)
+            self._buttons()
+
+        def error(exc: BaseException) -> None:
+            self._launching = None
+            self.say(describe(exc)[0])
+            ctx.reporter.report(exc)
+            self._buttons()
+
+        self._launching = ctx.tasks.run(
+            lambda t: prepare_launch(ctx, m.shard, m.projector, t),
+            on_done=done,
+            on_error=error,
+            name="prepare-launch",
+        )
+        self._buttons()
+
+    def _buttons(self) -> None:
+        row = self.current()
+        none = "Select one of your models first."
+        set_enabled(
+            self.remove_btn,
+            row is not None and row.model.source == "added",
+            none
+            if row is None
+            else "Found in a model folder of Settings: remove the folder there.",
+            "Take it off the list (the files stay where they are)",
+        )
+        why = (
+            none
+            if row is None
+            else f"It cannot be used: {row.model.problem}"
+            if not row.model.ok
+            else "Checking and planning it…"
+            if self._launching is not None
+            else ""
+        )
+        set_enabled(
+            self.chat_btn,
+            not why,
+            why,
+            "Plan it for this machine, start llama-server with it, and open the chat",
+        )
+
+
+def _added_text(result: AddResult) -> str:
+    names = ", ".join(m.name for m in result.added)
+    if result.already:
+        return f"{names} is already in your models."
+    text = f"Added {names}."
+    if result.skipped:
+        text += f" Skipped {len(result.skipped)} set(s) that cannot be used."
+    return text
