@@ -38,6 +38,7 @@ def settle(ctx, qtbot, w: MainWindow) -> None:  # type: ignore[no-untyped-def]
     """Let the pages' background work end, then close the window while the engine runs
     (what the person sees last; nothing is left talking to a server that is stopping)."""
     qtbot.waitUntil(lambda: ctx.tasks.active == 0, timeout=60_000)
+    w.close_choice = "stop"  # closing asks about the running engine; the journey ends it
     w.close()
     qtbot.waitUntil(lambda: ctx.tasks.active == 0, timeout=60_000)
 

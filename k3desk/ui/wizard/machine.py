@@ -100,8 +100,11 @@ class MachinePage(StepPage):
             "verdict for this machine and chat with them"
         )
         self.have.clicked.connect(wizard.have_files)
-        run.addWidget(self.have)
         card.body.addLayout(run)
+        have = QHBoxLayout()  # its own row: beside the choice it widens the wizard past 800 px
+        have.addStretch(1)
+        have.addWidget(self.have)
+        card.body.addLayout(have)
         self.lay.addWidget(card)
         self.chart = FitChart()
         scroll = QScrollArea()
