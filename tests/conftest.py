@@ -7,7 +7,9 @@ reads or writes the real user's settings, history or keyring.
 
 from __future__ import annotations
 
+import gc
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,3 +45,12 @@ def k3_home(
     monkeypatch.setenv("HF_HOME", str(home / "hf"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
     return home
+
+
+@pytest.fixture(autouse=True)
+def collect_garbage_after() -> Iterator[None]:
+    """Collect garbage after every test, so an object a test leaks (an unclosed socket,
+    say) is reported against that test, not against whichever one runs when the
+    collector next happens to."""
+    yield
+    gc.collect()

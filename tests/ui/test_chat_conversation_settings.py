@@ -102,3 +102,17 @@ def test_copy_links_copy_the_answer_and_its_code(qtbot, page, standin) -> None: 
     page.view._anchor(QUrl(f"k3:copy/{answer.id}/0"))
     assert QApplication.clipboard().text() == answer.content
     assert "Done." in answer.content
+
+
+def test_a_closed_chat_opens_no_new_connection(qtbot, page, standin) -> None:  # type: ignore[no-untyped-def]
+    """A background question still queued when the window closes gets no new client
+    (it would never be closed); the chat says so instead of connecting."""
+    from k3desk.core.errors import ChatError
+
+    endpoint = page.ctx.engine.chat_endpoint()
+    page.closing()
+    with pytest.raises(ChatError, match="closed"):
+        page.chat.client(endpoint)
+    page.chat.find_server()  # the late task ends quietly
+    qtbot.wait(300)
+    assert page.chat._client is None

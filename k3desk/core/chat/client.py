@@ -199,12 +199,15 @@ class ChatClient:
         self.endpoint = endpoint
         self.answer_timeout = answer_timeout
         # No keep-alive: every request gets its own connection, so cancelling one
-        # can shut that socket down without touching another request's.
+        # can shut that socket down without touching another request's.  The
+        # "Connection: close" makes each connection close itself after its answer, even
+        # when close() dropped the pool while that request was still connecting (the
+        # pool then no longer knows the connection and would leave its socket open).
         self._http = httpx.Client(
             timeout=timeout,
             transport=transport,
             limits=httpx.Limits(max_keepalive_connections=0),
-            headers=endpoint.headers(),
+            headers={**endpoint.headers(), "Connection": "close"},
         )
         self._caps: Capabilities | None = None
         self._undescribed = False  # asked once, and it would not say: the common form

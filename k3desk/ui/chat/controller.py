@@ -190,6 +190,7 @@ class ChatController(QObject):
         # one client per chat target, so what the server is is found out once
         self._client: ChatClient | None = None
         self._client_lock = threading.Lock()
+        self._closed = False  # closed: no new client (a late background task gets a ChatError)
         self.search_text = ""
         self._pending_settings: tuple[str, ChatSettings] | None = None
 
@@ -206,6 +207,7 @@ class ChatController(QObject):
             self._task.cancel()
         with self._client_lock:
             client, self._client = self._client, None
+            self._closed = True
         if client is not None:
             client.close()
         if self._store is not None:
@@ -232,6 +234,8 @@ class ChatController(QObject):
     def client(self, endpoint: ChatEndpoint) -> ChatClient:
         """The chat client for ``endpoint`` (kept while the chat goes there)."""
         with self._client_lock:
+            if self._closed:
+                raise ChatError("The chat window is closed.")
             old = self._client
             if old is not None and old.endpoint == endpoint:
                 return old
