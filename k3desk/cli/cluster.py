@@ -27,7 +27,12 @@ from k3desk.core.cluster.endpoints import EndpointStore
 from k3desk.core.cluster.group import GroupEvent, GroupPolicy, GroupState, GroupSupervisor
 from k3desk.core.cluster.nodes import Cluster, ClusterError, ClusterStore, parse_node_spec
 from k3desk.core.cluster.probe import NodeReport, ShardSetSpec, probe_cluster
-from k3desk.core.cluster.recipe import DEFAULT_PROFILE, LAUNCHER_MAX_CTX, PROFILES
+from k3desk.core.cluster.recipe import (
+    DEFAULT_PROFILE,
+    LAUNCHER_MAX_CTX,
+    PROFILES,
+    SPARKINFER_TIER,
+)
 from k3desk.core.gguf.shards import discover
 from k3desk.core.progress import Progress
 from k3desk.core.units import fmt_bytes
@@ -37,7 +42,6 @@ if TYPE_CHECKING:
     from k3desk.core.catalog.model import Tier
     from k3desk.core.cluster.plan import ClusterPlan
 
-SPARKINFER_TIER = "vcruz305-ud-iq1s"
 RPC_CTX = 8192
 
 

@@ -44,6 +44,9 @@ PREFILL_CHUNK_ENV = "SPARKINFER_K3_PREFILL_CHUNK"
 PREFILL_CHUNK_DEFAULT = 64  # kimi_k3_dist_generate.cpp (patch 0024): `int chunk = 64;`
 SPEC_DRAFT_RANGE = (2, 16)  # [2, kMaxStepTokens] (patch 0024)
 LAUNCHER_MAX_CTX = 4096  # k3_cluster.sh: MAX_CTX=${MAX_CTX:-4096}
+# the one tier SparkInfer loads: the pruned 9-shard vcruz305 UD-IQ1_S (others are refused:
+# "GGUF MoE geometry is not the Neuron 896x1536 recipe target")
+SPARKINFER_TIER = "vcruz305-ud-iq1s"
 
 # What every profile exports (the receipts' "common run shape" and k3_cluster.sh).
 # CUDA_VISIBLE_DEVICES: one process per node on its GPU 0, as the launcher starts peers.

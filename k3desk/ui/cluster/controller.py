@@ -34,7 +34,7 @@ from k3desk.core.cluster.group import GroupEvent, GroupState, GroupSupervisor
 from k3desk.core.cluster.members import Member, group_members
 from k3desk.core.cluster.nodes import Cluster, ClusterError, ClusterStore
 from k3desk.core.cluster.probe import NodeReport, ShardSetSpec, probe_cluster
-from k3desk.core.cluster.recipe import DEFAULT_PROFILE
+from k3desk.core.cluster.recipe import DEFAULT_PROFILE, SPARKINFER_TIER
 from k3desk.core.cluster.rpc import DEFAULT_RPC_PORT, RpcCluster
 from k3desk.core.cluster.sparkinfer import (
     BRIDGE_PORT,
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SPARKINFER_TIER = "vcruz305-ud-iq1s"
 RECENT_KEY = "chat_endpoint"  # Settings.recent: the attached server the chat uses
 EVENT_LOG = 300
 

@@ -42,7 +42,7 @@ from PySide6.QtWidgets import (
 from k3desk.core.cluster.assess import Assessment
 from k3desk.core.cluster.nodes import Cluster, Node
 from k3desk.core.cluster.probe import NodeReport
-from k3desk.core.cluster.recipe import DEFAULT_PROFILE, PROFILES
+from k3desk.core.cluster.recipe import DEFAULT_PROFILE, PROFILES, SPARKINFER_TIER
 from k3desk.core.cluster.sparkinfer import (
     BRIDGE_PORT,
     CARD_COMMAND,
@@ -58,7 +58,7 @@ from k3desk.core.progress import Progress
 from k3desk.core.units import fmt_bytes
 from k3desk.ui import theme
 from k3desk.ui.cluster.assessment import AssessmentView, fit_height, fixed_table
-from k3desk.ui.cluster.controller import SPARKINFER_TIER, ClusterController, LaunchChoice
+from k3desk.ui.cluster.controller import ClusterController, LaunchChoice
 from k3desk.ui.cluster.editor import ClusterEditor
 from k3desk.ui.cluster.endpoints import EndpointsPanel
 from k3desk.ui.pages import Navigator, Page, PageKey

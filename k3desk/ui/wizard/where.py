@@ -179,14 +179,12 @@ class WherePage(StepPage):
             short = disk.free < need
             optional = self.download_optional()
             text = f"{fmt_bytes(disk.free)} free on {disk.probed_path}"
-            if need:
+            if need and not (short and not optional):  # a shortfall: the banner says it once
                 text += f"; {name} needs {fmt_bytes(need)}"
-            if short:
+            if short and optional:
                 text += (
                     " (not enough here; SparkInfer reads the nodes' own copies, so the "
                     "download may be skipped)"
-                    if optional
-                    else f" ({fmt_bytes(need - disk.free)} short)"
                 )
             self.free.setText(text)
             self.free.setObjectName("muted" if not short else "warnText")
