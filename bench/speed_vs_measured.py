@@ -1,6 +1,7 @@
 """Predicted against measured: k3desk's speed model on real Kimi-K3 runs of this machine.
 
-    python bench/speed_vs_measured.py [--threads 1,2] [--max-load 0.5] [--quick]
+    python bench/speed_vs_measured.py [--threads 1,2] [--max-load 0.5] [--models S-grearl]
+    python bench/speed_vs_measured.py --reuse   # predict again against the recorded runs
 
 Builds (once, cached under ~/.cache/k3desk-bench) kimi-k3 GGUFs of three sizes
 (0.5, 1.5-2.3 and 6.6 GB) with the type mixes of four published tiers, quantized
@@ -22,6 +23,8 @@ within +/-25 %; the last line prints the worst one.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +81,36 @@ def predict(hw: HardwareProfile, path: Path, threads: int) -> tuple[float, float
     return s.prompt_tps, s.expected_tps
 
 
+def _recorded(record: Path) -> dict[tuple[str, int, str], dict[str, float]]:
+    """The runs measured before (the newest of each file, thread count and test)."""
+    try:
+        runs = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {(r["file"], int(r["threads"]), r["test"]): r for r in runs}
+
+
+def _record(record: Path, rows: list[Row]) -> None:
+    """Keep what was measured (never the prediction), so --reuse can predict again."""
+    try:
+        runs = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        runs = []
+    for r in rows:
+        runs.append(
+            {
+                "file": r.path.name,
+                "threads": r.threads,
+                "test": r.test,
+                "tps": r.measured,
+                "spread": r.spread,
+                "load": r.load,
+                "date": dt.date.today().isoformat(),
+            }
+        )
+    record.write_text(json.dumps(runs, indent=1) + "\n", encoding="utf-8")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="", help="comma-separated (default: 1 and all cores)")
@@ -87,6 +120,12 @@ def main() -> int:
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--engine-bin", type=Path)
     parser.add_argument("--models", default="", help="comma-separated names (default: all)")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="predict again against the runs recorded in the cache (measured.json), "
+        "measuring nothing",
+    )
     args = parser.parse_args()
     bin_dir = args.engine_bin or default_bin()
     catalog = load_catalog(REPO / "resources" / "catalog.json")
@@ -106,18 +145,30 @@ def main() -> int:
         f"(doctor profile; load average {load:.2f} when measured)"
     )
     rows: list[Row] = []
+    record = args.cache / "measured.json"
+    recorded = _recorded(record)
     for m in chosen:
         path = paths[m.name]
         for t in threads:
-            load = wait_quiet(args.max_load, args.max_wait)
-            res = llama_bench(
-                bin_dir, path, threads=t, n_prompt=PP, n_gen=TG, repetitions=args.repetitions
-            )
-            by = {r.test: r for r in res}
             p_pp, p_tg = predict(hw, path, t)
-            pp, tg = by[f"pp{PP}"], by[f"tg{TG}"]
-            rows.append(Row(m, path, t, "prompt", p_pp, pp.median_tps, pp.spread, load))
-            rows.append(Row(m, path, t, "decode", p_tg, tg.median_tps, tg.spread, load))
+            if args.reuse:
+                runs = [recorded.get((path.name, t, test)) for test in ("prompt", "decode")]
+                if None in runs:
+                    print(f"  {m.name} t={t}: no recorded run in {record}")
+                    continue
+                for test, pred, run in zip(("prompt", "decode"), (p_pp, p_tg), runs, strict=True):
+                    assert run is not None
+                    rows.append(Row(m, path, t, test, pred, run["tps"], run["spread"], run["load"]))
+            else:
+                load = wait_quiet(args.max_load, args.max_wait)
+                res = llama_bench(
+                    bin_dir, path, threads=t, n_prompt=PP, n_gen=TG, repetitions=args.repetitions
+                )
+                by = {r.test: r for r in res}
+                pp, tg = by[f"pp{PP}"], by[f"tg{TG}"]
+                rows.append(Row(m, path, t, "prompt", p_pp, pp.median_tps, pp.spread, load))
+                rows.append(Row(m, path, t, "decode", p_tg, tg.median_tps, tg.spread, load))
+                _record(record, rows[-2:])
             for r in rows[-2:]:
                 print(
                     f"  {m.name} t={t} {r.test}: predicted {r.predicted:.2f}, "

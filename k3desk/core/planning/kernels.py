@@ -13,6 +13,7 @@ in how it decodes (``SIMILAR``), and say so.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -63,37 +64,77 @@ class Kernels:
     # by test and thread count, measured at a state of ``kda_state`` = heads x d_k x d_v
     kda_layer_s: dict[str, dict[int, float]] = field(default_factory=dict)
     kda_state: int = 0
+    # the same per-type costs measured with more threads (``types_at_N_threads``): the
+    # cost per weight per thread grows when the cores share a physical core or a cache
+    types_at: dict[int, dict[str, TypeCost]] = field(default_factory=dict)
 
-    def cost(self, type_name: str) -> tuple[TypeCost, str]:
-        """The cost of ``type_name`` and a note when it is borrowed from another type."""
+    def cost(self, type_name: str, threads: int = 1) -> tuple[TypeCost, str]:
+        """The cost of ``type_name`` per weight per thread with ``threads`` threads, and
+        a note when it is borrowed from another type.
+
+        Measured at the largest thread count measured that is not above ``threads``
+        (beyond the counts measured, the per-thread cost stays that of the largest)."""
+        table = self.types
+        at = [n for n in self.types_at if n <= threads]
+        if at:
+            wider = self.types_at[max(at)]
+            table = {**self.types, **wider}
         name = type_name.upper()
-        if name in self.types:
-            return self.types[name], ""
+        if name in table:
+            return table[name], ""
         other = SIMILAR.get(name)
-        if other and other in self.types:
+        if other and other in table:
             note = "" if name == "F32" else f"{name} costed as {other} (not measured)"
-            return self.types[other], note
+            return table[other], note
         # nothing known: the dearest measured type (a slow guess rather than a fast one)
-        worst = max(self.types, key=lambda k: self.types[k].tg_ns)
-        return self.types[worst], f"{name} costed as {worst} (not measured)"
+        worst = max(table, key=lambda k: table[k].tg_ns)
+        return table[worst], f"{name} costed as {worst} (not measured)"
+
+    def batch_ns(self, type_name: str, tokens: float, threads: int = 1) -> float:
+        """ns per weight per token per thread of one matrix multiplied by ``tokens`` tokens.
+
+        A matrix costs a part per weight paid once per multiplication (reading and
+        unpacking its blocks) and a part per weight and token (the dot products); the two
+        measured points, one token (``tg_ns``) and a ``pp_tokens`` batch (``pp_ns``), give
+        both: ``cost(n) = per_token + once / n``.  A routed expert in a prompt sees only
+        the few tokens routed to it, so its cost per token sits between the two."""
+        c, _ = self.cost(type_name, threads)
+        n_pp = max(float(self.pp_tokens), 2.0)
+        once = max(c.tg_ns - c.pp_ns, 0.0) * n_pp / (n_pp - 1.0)
+        per_token = c.pp_ns - once / n_pp
+        return per_token + once / max(tokens, 1.0)
 
     def node_seconds(self, test: str, threads: int) -> float:
-        """Per-node overhead at ``threads``: measured where it was, else extrapolated
-        linearly in the thread count from the two largest measured counts.  Every
-        thread passes each node's barrier through one shared counter (``ggml_barrier``
-        in ggml-cpu.c, or libgomp's centralised barrier in an OpenMP build, as the PyPI
-        engine is), so the barrier's cost grows with the threads that pass it."""
+        """Per-node overhead at ``threads``: measured where it was, else extrapolated.
+
+        Every thread passes each node's barrier through one shared counter
+        (``ggml_barrier`` in ggml-cpu.c: one ``atomic_fetch_add`` per thread on the same
+        cache line; libgomp's centralised barrier in an OpenMP build, as the PyPI engine
+        is), so a barrier costs about as much per thread as passes it: linear in the
+        thread count.  With one thread there is no barrier at all (``ggml_barrier``: ``if
+        (n_threads == 1) return;``), so where only one count of two or more was measured
+        (a two-core machine), the barrier's part is what that count adds to one thread's
+        figure, and it grows in proportion to the threads; with two or more such counts,
+        the line through the two largest."""
         table = self.node_s.get(test) or {}
         if not table:
             return 0.0
         if threads in table:
             return table[threads]
         known = sorted(table)
-        if threads < known[0] or len(known) == 1:
-            return table[known[0]] if threads < known[0] else table[known[-1]]
-        a, b = known[-2], known[-1]
-        slope = max((table[b] - table[a]) / (b - a), 0.0)
-        return table[b] + slope * (threads - b)
+        if threads < known[-1]:
+            below = [n for n in known if n <= threads]
+            return table[below[-1]] if below else table[known[0]]
+        multi = [n for n in known if n >= 2]
+        if len(multi) >= 2:
+            a, b = multi[-2], multi[-1]
+            slope = max((table[b] - table[a]) / (b - a), 0.0)
+            return table[b] + slope * (threads - b)
+        if multi and 1 in table:
+            m = multi[-1]
+            barrier = max(table[m] - table[1], 0.0)
+            return table[1] + barrier * threads / m
+        return table[known[-1]]
 
     def kda_seconds(self, test: str, threads: int, state: int) -> float:
         """One KDA layer's own operations per token with a state of ``state`` elements:
@@ -141,6 +182,16 @@ def parse(data: dict[str, object], where: str = KERNELS_FILE) -> Kernels:
             for test, table in kda_raw.items()
         }
         kda_state = int(str(data.get("kda_state", 0)))
+        types_at: dict[int, dict[str, TypeCost]] = {}
+        for key, table in data.items():
+            m = re.fullmatch(r"types_at_(\d+)_threads", key)
+            if m is None or int(m.group(1)) <= 1:
+                continue
+            assert isinstance(table, dict)
+            types_at[int(m.group(1))] = {
+                str(k).upper(): TypeCost(float(v["tg_ns"]), float(v["pp_ns"]))
+                for k, v in table.items()
+            }
     except (KeyError, TypeError, ValueError, AssertionError, AttributeError) as exc:
         raise ValueError(f"{where} is malformed: {exc!r}") from exc
     if not types:
@@ -155,7 +206,15 @@ def parse(data: dict[str, object], where: str = KERNELS_FILE) -> Kernels:
         f"{data.get('engine', '?')}, {data.get('date', '?')}, {load}"
     )
     return Kernels(
-        source, types, node_s, nodes, tuple(float(x) for x in loads), pp_tokens, kda, kda_state
+        source,
+        types,
+        node_s,
+        nodes,
+        tuple(float(x) for x in loads),
+        pp_tokens,
+        kda,
+        kda_state,
+        types_at,
     )
 
 

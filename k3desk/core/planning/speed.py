@@ -15,7 +15,9 @@ threads one start and barrier:
 
 ``W_t``/``B_t`` are the weights/bytes of type ``t`` the token touches (of the
 routed experts only ``n_expert_used`` of ``n_expert``), ``c_t`` the measured ns
-per weight per thread of llama.cpp's own kernel for that type, ``node_s`` the
+per weight per thread of llama.cpp's own kernel for that type at that thread
+count (measured on one thread and on every core: a second thread sharing a
+physical core does less than the first), ``node_s`` the
 measured overhead of one graph node, and ``nodes`` llama.cpp's own node count
 for the layers placed there (``kernels.py``, ``resources/kernels.json``, written
 by ``bench/kernel_costs.py``).  Attention over the KV cache (MLA) and the KDA
@@ -32,7 +34,9 @@ The GPU constants are stated, not measured: no GPU machine was available to
 measure them on; the card speeds (``bench/predict_speed.py``) are their only check.
 
 **Prompts** (CPU only) run every matrix over a batch of tokens: per token,
-``W_t * p_t / threads`` with ``p_t`` the measured matrix-matrix cost; the
+``W_t * p_t(n) / threads`` with ``p_t(n)`` the matrix-matrix cost at the ``n``
+tokens that matrix multiplies (the batch; for a routed expert only the tokens
+routed to it), from the two measured points (``Kernels.batch_ns``); the
 weights are read once per batch (every expert some token of the batch routes
 to), and the graph's nodes once per batch.  A plan with a GPU gets no prompt
 prediction (``prompt_tps`` 0): llama.cpp then moves the experts' batches to the
@@ -247,7 +251,7 @@ def _cpu_time(
     notes: list[str] = []
     compute = bandwidth = total = 0.0
     for type_name, weights in work.weights.items():
-        cost, note = k.cost(type_name)
+        cost, note = k.cost(type_name, threads)
         if note:
             notes.append(note)
         ns = cost.tg_ns if test == "tg" else cost.pp_ns
@@ -256,7 +260,7 @@ def _cpu_time(
         total += max(c, b)
         bandwidth += b
         compute += max(c - b, 0.0)
-    f16, _ = k.cost("F16")
+    f16, _ = k.cost("F16", threads)
     ns = f16.tg_ns if test == "tg" else f16.pp_ns
     c = work.extra_macs * ns * 1e-9 / threads
     b = work.extra_bytes / bw
@@ -476,13 +480,22 @@ def _prompt_tps(
     frac = hp.expert_used_count / max(hp.expert_count, 1)
     # share of a layer's experts some token of the batch routes to
     touched = 1.0 - (1.0 - frac) ** batch
+    # tokens each touched expert multiplies: the batch's k-per-token routings spread
+    # over the experts touched (few: an expert's matrix is then dearer per token)
+    per_expert = batch * frac / touched if touched > 0 else batch
+
+    def scaled(t: str, tokens: float) -> float:
+        # the matrix-matrix cost at this many tokens, relative to the measured pp_ns
+        pp = k.cost(t, threads)[0].pp_ns
+        return k.batch_ns(t, tokens, threads) / pp if pp > 0 else 1.0
+
     w = _Work(nodes=k.nodes("global"))
     for p in layers:
         for t, (wt, b) in tensors.other[p.index].items():
-            w.add(t, wt, b)
+            w.add(t, wt * scaled(t, batch), b)
         for t, (wt, b) in tensors.experts[p.index].items():
             # multiplied for k experts per token, read once per batch where touched
-            w.weights[t] = w.weights.get(t, 0.0) + wt * frac
+            w.weights[t] = w.weights.get(t, 0.0) + wt * frac * scaled(t, per_expert)
             w.nbytes[t] = w.nbytes.get(t, 0.0) + b * touched
         _, macs = _attention_work(hp, p.index, prompt_tokens / 2, "f16")
         w.extra_macs += macs

@@ -119,10 +119,16 @@ def test_every_type_a_tier_uses_has_a_cost(twin_catalog: Catalog) -> None:
 
 def test_node_overhead_beyond_the_measured_threads_is_extrapolated() -> None:
     k = kernels.Kernels("test", {"Q8_0": kernels.TypeCost(0.1, 0.03)},
-                        {"tg": {1: 1e-6, 2: 2e-6}}, {})  # fmt: skip
+                        {"tg": {1: 1e-6, 2: 2e-6, 4: 3e-6}}, {})  # fmt: skip
     assert k.node_seconds("tg", 1) == 1e-6
-    assert k.node_seconds("tg", 8) == pytest.approx(8e-6)  # +1 us per thread
+    assert k.node_seconds("tg", 3) == 2e-6  # between measured counts: the one below
+    assert k.node_seconds("tg", 8) == pytest.approx(5e-6)  # +0.5 us per thread from 2 to 4
     assert k.node_seconds("pp", 8) == 0.0
+    # one thread has no barrier (ggml_barrier returns at once): what two threads add
+    # is a two-thread barrier, which grows in proportion to the threads passing it
+    two_core = kernels.Kernels("test", {"Q8_0": kernels.TypeCost(0.1, 0.03)},
+                               {"tg": {1: 1e-6, 2: 2e-6}}, {})  # fmt: skip
+    assert two_core.node_seconds("tg", 8) == pytest.approx(1e-6 + 1e-6 * 8 / 2)
 
 
 def test_a_damaged_kernels_file_is_named(tmp_path: Path) -> None:
@@ -154,3 +160,35 @@ def test_faster_measured_ram_helps_only_what_reads_bind(
     c = make_plan(slow, layout, many).speed.expected_tps
     d = make_plan(fast, layout, many).speed.expected_tps
     assert d > 1.5 * c
+
+
+def test_type_costs_follow_the_thread_count_they_were_measured_at() -> None:
+    """A thread that shares its core does less work: the cost per weight per thread
+    measured with every core is used from that many threads on."""
+    k = kernels.parse(
+        {
+            "types": {
+                "Q8_0": {"tg_ns": 0.1, "pp_ns": 0.04},
+                "IQ1_S": {"tg_ns": 0.2, "pp_ns": 0.05},
+            },
+            "types_at_2_threads": {"Q8_0": {"tg_ns": 0.13, "pp_ns": 0.05}},
+            "node_s": {"tg": {"1": 1e-6}},
+            "graph_nodes": {"kda": 90.0},
+        }
+    )
+    assert k.cost("Q8_0", 1)[0].tg_ns == 0.1
+    assert k.cost("Q8_0", 2)[0].tg_ns == 0.13
+    assert k.cost("Q8_0", 16)[0].tg_ns == 0.13  # beyond what was measured: the widest
+    assert k.cost("IQ1_S", 2)[0].tg_ns == 0.2  # not measured wider: the one-thread cost
+    assert k.cost("Q4_0", 2)[1] == "Q4_0 costed as IQ1_S (not measured)"
+
+
+def test_a_matrix_multiplied_by_few_tokens_costs_more_per_token() -> None:
+    """Between the two measured points (one token, a pp batch) the cost per token falls
+    as the blocks read once are shared by more tokens: a prompt's routed expert, which
+    sees a few tokens, costs more per token than a dense matrix that sees them all."""
+    k = kernels.Kernels("test", {"IQ1_S": kernels.TypeCost(0.13, 0.04)}, {}, {}, pp_tokens=64)
+    assert k.batch_ns("IQ1_S", 1) == pytest.approx(0.13)
+    assert k.batch_ns("IQ1_S", 64) == pytest.approx(0.04)
+    assert k.batch_ns("IQ1_S", 1) > k.batch_ns("IQ1_S", 4) > k.batch_ns("IQ1_S", 16) > 0.04
+    assert k.batch_ns("IQ1_S", 512) < 0.04
