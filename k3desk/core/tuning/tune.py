@@ -205,11 +205,15 @@ class TuneResult:
             elif t is b:
                 lines.append(f"Over {what}: nothing to gain; it is the fastest.")
             else:
+                verdict = (
+                    f"{gain:.0%} less time."
+                    if gain >= 0
+                    else f"{-gain:.0%} more time ({what} measured faster this run)."
+                )
                 lines.append(
                     f"Over {what} ({self.seconds(t):.2f} s: prompt "
                     f"{fmt_tps3(t.measured.prompt_tps)}, decode "
-                    f"{fmt_tps3(t.measured.decode_tps)} tok/s): "
-                    f"{gain:+.0%} less time."
+                    f"{fmt_tps3(t.measured.decode_tps)} tok/s): {verdict}"
                 )
         return lines
 
