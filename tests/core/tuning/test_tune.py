@@ -244,3 +244,23 @@ def test_tune_a_real_model_with_the_real_server_then_launch_with_it(
     assert gone.returncode == 0
     assert "Forgot" in gone.stdout
     assert "measured fastest" not in _k3desk("plan", shard, "--ctx", "512").stdout
+
+
+def test_the_summary_says_so_when_llama_cpp_s_defaults_measured_faster(
+    two_cores: HardwareProfile, tiny: ModelLayout
+) -> None:
+    """A gain is never shown as a negative 'less time': when llama.cpp's own defaults
+    ran the test request faster than every variant, the summary says 'more time'."""
+    inner = StandIn()
+
+    def measure(v: Variant, plan: LaunchPlan) -> Measurement:
+        if v.engine_defaults:
+            return Measurement(500.0, 100.0, 1.0)
+        return inner(v, plan)
+
+    req = TuneRequest(tiny, two_cores, PlanOptions(ctx=512), prompt_tokens=128, decode_tokens=32)
+    text = "\n".join(tune(req, measure).summary())
+    line = next(x for x in text.splitlines() if x.startswith("Over llama.cpp's own defaults"))
+    assert "more time (llama.cpp's own defaults measured faster this run)" in line
+    assert "less time" not in line
+    assert "-" not in line.split(":")[-1]  # no negative percentage
