@@ -39,7 +39,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace, services: Services) -> int:
     catalog = services.catalog
     hw, subject = judged_machine(services, args.hardware)
-    judged = judge_tiers(TierRequest(hw, subject, ctx=args.ctx), catalog.tiers)
+    request = TierRequest(hw, subject, ctx=args.ctx, state_dir=services.paths.state)
+    judged = judge_tiers(request, catalog.tiers)
     if args.json:
         print(json.dumps(to_json(judged, hw.label or hw.hostname or hw.source), indent=2))
         return 0
@@ -171,6 +172,9 @@ def to_json(judged: TierJudgement, machine_name: str) -> dict[str, Any]:
             "expert_layers_on_gpu": row.expert_layers_on_gpu,
             # only for a tier that runs here (from memory, or streaming from disk)
             "expected_tps": speed.expected if speed else None,
+            # with this machine's correction from its own runs (None: none to apply)
+            "here_tps": speed.here if speed and speed.here > 0 else None,
+            "calibration": speed.calibration if speed else "",
             "tps_range": [speed.low, speed.high] if speed else None,
             "needs": {
                 n.resource.lower(): {"need_bytes": n.need, "have_bytes": n.have}

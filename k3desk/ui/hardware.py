@@ -125,7 +125,14 @@ class HardwareController(QObject):
             return
         gen = self._gen if gen is None else gen
         s = self.ctx.settings
-        request = TierRequest(hw, subject, ctx=s.ctx, temperature=s.temperature, top_p=s.top_p)
+        request = TierRequest(
+            hw,
+            subject,
+            ctx=s.ctx,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            state_dir=self.ctx.services.paths.state,
+        )
         tiers = self.ctx.services.catalog.tiers
 
         def done(judgement: TierJudgement) -> None:

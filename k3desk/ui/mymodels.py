@@ -54,7 +54,7 @@ def row_cells(row: ModelRow) -> tuple[tuple[str, str], ...]:
     m = row.model
     tier = m.tier
     speed = (
-        (row.speed.text(), f"{row.speed.range_text()}; bottleneck: {row.speed.bottleneck}")
+        (row.speed.text(), row.speed.details())
         if row.speed is not None
         else ("—", "Does not run there: no speed to predict." if m.ok else m.problem)
     )

@@ -67,8 +67,7 @@ def verdict_tip(row: TierRow) -> str:
 def speed_cells(row: TierRow) -> tuple[str, str]:
     if row.speed is None:
         return "—", "Does not run here: no speed to predict."
-    s = row.speed
-    return s.text(), f"{s.range_text()}; bottleneck: {s.bottleneck}"
+    return row.speed.text(), row.speed.details()
 
 
 class TierTable(QTableWidget):

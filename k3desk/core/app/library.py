@@ -39,6 +39,7 @@ from k3desk.core.gguf.validate import inspect_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import DEFAULT_CTX, LaunchPlan, PlanOptions
 from k3desk.core.private import private_dir, write_private
+from k3desk.core.tuning.calibration import CalibrationStore, calibrate_plan
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -297,8 +298,14 @@ def local_models(services: Services) -> tuple[tuple[LocalModel, ...], tuple[str,
 
 
 # ------------------------------------------------------------------- judging them
-def judge_model(model: LocalModel, hw: HardwareProfile, options: PlanOptions) -> ModelRow:
-    """The planner's verdict on ``model`` for ``hw``, in the tiers table's words."""
+def judge_model(
+    model: LocalModel,
+    hw: HardwareProfile,
+    options: PlanOptions,
+    calibration: CalibrationStore | None = None,
+) -> ModelRow:
+    """The planner's verdict on ``model`` for ``hw``, in the tiers table's words (its
+    speed with this machine's correction from ``calibration``, where it has runs)."""
     from k3desk.core.engines.launch import plan_model
 
     if model.layout is None:
@@ -315,8 +322,11 @@ def judge_model(model: LocalModel, hw: HardwareProfile, options: PlanOptions) ->
         return ModelRow(model, f"n/a: {exc.message}", "", None, None)
     speed = None
     if plan.verdict in RUNS:
+        plan = calibrate_plan(calibration, hw, model.layout, plan)
         s = plan.speed
-        speed = SpeedRange(s.expected_tps, s.low_tps, s.high_tps, s.bottleneck)
+        speed = SpeedRange(
+            s.expected_tps, s.low_tps, s.high_tps, s.bottleneck, s.calibrated_tps, s.calibration
+        )
     return ModelRow(model, plan_label(plan), plan.verdict, speed, plan)
 
 
@@ -327,9 +337,11 @@ def judge_models(
     *,
     ctx: int = DEFAULT_CTX,
     problems: tuple[str, ...] = (),
+    state_dir: Path | None = None,
 ) -> ModelsJudgement:
     options = PlanOptions(ctx=None, default_ctx=ctx)
-    rows = tuple(judge_model(m, hw, options) for m in models)
+    store = CalibrationStore(state_dir) if state_dir is not None else None
+    rows = tuple(judge_model(m, hw, options, store) for m in models)
     return ModelsJudgement(subject, rows, problems)
 
 
@@ -338,7 +350,9 @@ def list_models(
 ) -> ModelsJudgement:
     """Every local model judged for ``hw`` (the page's machine, or this one)."""
     models, problems = local_models(services)
-    return judge_models(models, hw, subject, ctx=ctx, problems=problems)
+    return judge_models(
+        models, hw, subject, ctx=ctx, problems=problems, state_dir=services.paths.state
+    )
 
 
 # ---------------------------------------------------------------- add and remove

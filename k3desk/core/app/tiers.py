@@ -10,12 +10,17 @@ and what the tier needs of each resource against what the plan may use there
 
 The verdicts and the recommendation come from the planner
 (:func:`k3desk.core.planning.recommend.recommend`); this module only reads them.
+With the app's state folder (``TierRequest.state_dir``), a row's speed carries
+this machine's correction from its own runs (``core/tuning/calibration.py``): the
+runs of that tier's model where it was run here, else those of the same kind of
+plan, shown beside the model's own figure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from k3desk.core.app.subject import Subject
@@ -31,6 +36,7 @@ from k3desk.core.planning.recommend import (
     recommend,
     sentence,
 )
+from k3desk.core.tuning.calibration import CalibrationStore, Correction, describe
 from k3desk.core.units import fmt_bytes, fmt_tps
 
 Resource = Literal["VRAM", "RAM", "Disk"]
@@ -78,14 +84,27 @@ class SpeedRange:
     low: float
     high: float
     bottleneck: str
+    # the prediction with this machine's correction (0: no runs here to correct it by)
+    here: float = 0.0
+    calibration: str = ""  # what the correction rests on, in words
 
     def text(self) -> str:
-        """'13 tok/s'."""
-        return f"{fmt_tps(self.expected)} tok/s"
+        """'13 tok/s', or '13 tok/s (here ~9.1)' with this machine's correction."""
+        text = f"{fmt_tps(self.expected)} tok/s"
+        if self.here > 0:
+            text += f" (here ~{fmt_tps(self.here)})"
+        return text
 
     def range_text(self) -> str:
         """'9.9-18 tok/s'."""
         return f"{fmt_tps(self.low)}-{fmt_tps(self.high)} tok/s"
+
+    def details(self) -> str:
+        """The range, the bottleneck and, on a line of its own, this machine's correction."""
+        text = f"{self.range_text()}; bottleneck: {self.bottleneck}"
+        if self.calibration:
+            text += f"\n{self.calibration[0].upper()}{self.calibration[1:]}."
+        return text
 
 
 @dataclass(frozen=True)
@@ -196,6 +215,8 @@ class TierRequest:
     ctx: int = DEFAULT_CTX  # the context size every plan is made for
     temperature: float = 1.0  # these two only shape the plans' llama-server arguments
     top_p: float = 0.95
+    # the app's state folder: speeds corrected by this machine's runs (None: as predicted)
+    state_dir: Path | None = None
 
     def options(self) -> PlanOptions:
         return PlanOptions(ctx=self.ctx, temperature=self.temperature, top_p=self.top_p)
@@ -206,15 +227,31 @@ def judge_tiers(request: TierRequest, tiers: Iterable[Tier]) -> TierJudgement:
     hw = request.hardware
     rec = recommend(hw, tiers, request.options())
     chosen = rec.best or rec.closest
+    store = CalibrationStore(request.state_dir) if request.state_dir is not None else None
     rows = tuple(
-        tier_row(tv, hw, recommended=chosen is not None and tv.tier.id == chosen.tier.id)
+        tier_row(
+            tv,
+            hw,
+            recommended=chosen is not None and tv.tier.id == chosen.tier.id,
+            correction=(
+                store.tier_correction(hw, tv.tier.first_shard, tv.plan.verdict)
+                if store is not None and tv.plan is not None
+                else None
+            ),
+        )
         for tv in rec.verdicts
     )
     return TierJudgement(request.subject, hw, rec, rows)
 
 
-def tier_row(tv: TierVerdict, hw: HardwareProfile, *, recommended: bool = False) -> TierRow:
-    """The row for one planner verdict on ``hw``."""
+def tier_row(
+    tv: TierVerdict,
+    hw: HardwareProfile,
+    *,
+    recommended: bool = False,
+    correction: Correction | None = None,
+) -> TierRow:
+    """The row for one planner verdict on ``hw`` (its speed with ``correction``)."""
     plan = tv.plan
     on_cpu = on_gpu = None
     if plan is not None:
@@ -223,7 +260,10 @@ def tier_row(tv: TierVerdict, hw: HardwareProfile, *, recommended: bool = False)
     speed = None
     if plan is not None and tv.verdict in RUNS:
         s = plan.speed
-        speed = SpeedRange(s.expected_tps, s.low_tps, s.high_tps, s.bottleneck)
+        here, why = 0.0, ""
+        if correction is not None and correction.known:
+            here, why = s.expected_tps * correction.decode_factor, describe(s, correction)
+        speed = SpeedRange(s.expected_tps, s.low_tps, s.high_tps, s.bottleneck, here, why)
     return TierRow(
         verdict=tv,
         label=verdict_label(tv, on_cpu),

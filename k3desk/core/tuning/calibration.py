@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.hardware.profile import HardwareProfile
@@ -173,6 +173,18 @@ class CalibrationStore:
             return Correction()
         here = [r for r in self.records() if r.machine == machine_key(hw)]
         return correction_from(here, model_key(layout), kind)
+
+    def tier_correction(self, hw: HardwareProfile, first_shard: str, kind: str) -> Correction:
+        """The correction of a catalog tier's prediction: the runs here of a model whose
+        first part has the tier's file name (the latest such model), else this
+        machine's runs of the same ``kind`` of plan."""
+        if not is_this_machine(hw):
+            return Correction()
+        here = [r for r in self.records() if r.machine == machine_key(hw)]
+        name = PurePosixPath(first_shard).name
+        mine = [r for r in here if r.model_label == name]
+        model = max(mine, key=lambda r: r.when).model if mine else ""
+        return correction_from(here, model, kind)
 
 
 def arg_int(args: Sequence[str], *names: str) -> int | None:
