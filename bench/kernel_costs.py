@@ -17,6 +17,16 @@ What it measures (``llama-bench``, several repetitions, medians, on a quiet mach
   weights are negligible: the time per token that grows with the layers, divided
   by the graph nodes that grow with them, is the cost of one graph node (the
   threads' start and barrier), per thread count;
+* **routed experts** (``MUL_MAT_ID``): llama.cpp multiplies an expert that few
+  tokens of a batch route to with the matrix-vector kernel, one token at a
+  time, and switches to a tiled matrix-matrix kernel from 8 tokens on
+  (``ggml_tiled_min_batch``, ggml/src/ggml-cpu/tiled/tiled.cpp in b11434; Q8_0,
+  which has no tiled kernel, stays on the matrix-vector one).  So the cost per
+  weight per token of a routed expert depends on how many tokens it gets, and is
+  measured at 1 to 128 tokens: two kimi-k3 models of 8 experts that every token
+  uses all of (in a prompt of P tokens each expert multiplies exactly P), which
+  differ only in the experts' width; the difference of their time per token,
+  divided by the difference of their expert weights, is the cost at P tokens;
 * **graph nodes**: llama.cpp's own count (``sched_reserve: graph: nodes = N``)
   for tiny models of every layer mix, solved for the nodes per KDA layer, MLA
   layer, dense FFN and MoE FFN.
@@ -35,6 +45,7 @@ import platform
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,12 +57,13 @@ sys.path.insert(0, str(REPO))
 from k3desk.core.engines.canary import write_k3_gguf  # noqa: E402
 from k3desk.core.gguf.validate import validate_shard_set  # noqa: E402
 from k3desk.core.hardware.detect import detect_hardware  # noqa: E402
-from k3desk.core.k3arch import TINY_K3  # noqa: E402
+from k3desk.core.k3arch import TINY_K3, is_expert_tensor  # noqa: E402
 from k3desk.core.planning import kernels  # noqa: E402
 from k3desk.devtools.benchk3 import (  # noqa: E402
     DEFAULT_CACHE,
     KERNEL_SHAPE,
     KERNEL_TYPES,
+    MOE_KERNEL_TYPES,
     build_kernel_model,
     engine_build,
 )
@@ -60,6 +72,9 @@ from k3desk.devtools.measure import default_bin, llama_bench, load_average, wait
 OUT = REPO / "resources" / "kernels.json"
 TG, PP = 32, 64
 OVERHEAD_LAYERS = (8, 48)
+# tokens per routed expert measured: around llama.cpp's switch at 8 and up to a
+# 128-token batch (see the module docstring)
+ROUTED_TOKENS = (1, 2, 4, 7, 8, 12, 16, 32, 64, 128)
 
 
 def graph_nodes(bin_dir: Path, model: Path) -> int:
@@ -119,6 +134,55 @@ def weights_by_type(model: Path) -> tuple[dict[str, int], int]:
             continue
         out[t.type_name] = out.get(t.type_name, 0) + math.prod(t.shape)
     return out, len(layout.layers)
+
+
+def expert_weights(model: Path) -> int:
+    """Weights of the routed-expert tensors of ``model``."""
+    layout = validate_shard_set(model)
+    return sum(math.prod(t.shape) for t in layout.tensors if is_expert_tensor(t.name))
+
+
+def measure_routed(
+    bin_dir: Path, cache: Path, thread_counts: Sequence[int], max_load: float, max_wait: float
+) -> tuple[dict[str, dict[str, dict[str, float]]], list[float]]:
+    """ns per weight per token per thread of a routed expert's matrices at each of
+    ``ROUTED_TOKENS`` tokens, per thread count and type (see the module docstring)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    loads: list[float] = []
+    models = {
+        t: (
+            build_kernel_model(t, bin_dir, cache, progress=print, moe=True),
+            build_kernel_model(t, bin_dir, cache, progress=print, moe=True, narrow=True),
+        )
+        for t in MOE_KERNEL_TYPES
+    }
+    for threads in thread_counts:
+        load = wait_quiet(max_load, max_wait)
+        loads.append(load)
+        print(f"routed experts, threads {threads} (load average {load:.2f})")
+        table: dict[str, dict[str, float]] = {}
+        for qtype, (wide, narrow) in models.items():
+            dw = expert_weights(wide) - expert_weights(narrow)
+            per_token: list[dict[int, float]] = []
+            spread = 0.0
+            for path in (wide, narrow):
+                res = llama_bench(
+                    bin_dir, path, threads=threads, n_prompt=ROUTED_TOKENS, repetitions=3
+                )
+                per_token.append({int(r.test[2:]): 1.0 / r.median_tps for r in res})
+                spread = max(spread, *(r.spread for r in res))
+            row = {
+                str(n): round(max(per_token[0][n] - per_token[1][n], 0.0) / dw * threads * 1e9, 5)
+                for n in ROUTED_TOKENS
+            }
+            table[qtype] = row
+            print(
+                f"  {qtype:8s} "
+                + " ".join(f"{n}:{row[str(n)]:.4f}" for n in ROUTED_TOKENS)
+                + f" ns/weight/token/thread (spread {spread:.0%})"
+            )
+        out[str(threads)] = table
+    return out, loads
 
 
 def _costs(k: kernels.Kernels | None, type_name: str, test: str) -> float:
@@ -224,6 +288,9 @@ def measure(args: argparse.Namespace) -> int:
             )
             target = costs if threads == 1 else checks
             target[qtype] = {"tg_ns": round(row["tg"], 5), "pp_ns": round(row["pp"], 5)}
+    routed, routed_loads = measure_routed(
+        bin_dir, cache, thread_counts, args.max_load, args.max_wait
+    )
     result = _draft(
         {k: {"tg": v["tg_ns"], "pp": v["pp_ns"]} for k, v in costs.items()},
         node_s,
@@ -231,6 +298,9 @@ def measure(args: argparse.Namespace) -> int:
         nodes,
     )
     result |= {
+        "routed_tokens": list(ROUTED_TOKENS),
+        "routed_ns": routed,
+        "routed_load_average": [round(x, 2) for x in routed_loads],
         "machine": f"{hw.cpu.model}, {cores} cores, flags {','.join(sorted(hw.cpu.flags))}",
         "platform": platform.platform(),
         "engine": engine_build(bin_dir),
@@ -260,7 +330,9 @@ def _draft(
             "per weight per thread for decoding (tg, matrix-vector) and prompts (pp, a batch "
             "of tokens), on one thread; the per-node graph overhead and a KDA layer's own "
             "operations (recurrence, norms, activations) per thread count; graph nodes per "
-            "layer kind from llama.cpp's own count."
+            "layer kind from llama.cpp's own count; routed_ns: a routed expert's ns per "
+            "weight per token per thread when it multiplies n tokens (MUL_MAT_ID), by "
+            "thread count, type and n."
         ),
         "tests": {"tg": TG, "pp": PP},
         "types": {
@@ -273,6 +345,33 @@ def _draft(
     }
 
 
+def measure_routed_only(args: argparse.Namespace) -> int:
+    """Add (or replace) the routed-expert costs in resources/kernels.json, keeping the rest."""
+    bin_dir = args.engine_bin or default_bin()
+    data = json.loads(OUT.read_text(encoding="utf-8"))
+    if data.get("engine") != engine_build(bin_dir):
+        print(f"resources/kernels.json was measured with {data.get('engine')}, not "
+              f"{engine_build(bin_dir)}: run the full measurement")  # fmt: skip
+        return 1
+    cores = detect_hardware(measure_bandwidth=False).cpu.physical_cores
+    routed, loads = measure_routed(
+        bin_dir, args.cache, sorted({1, cores}), args.max_load, args.max_wait
+    )
+    data |= {
+        "about": _draft({}, {}, {}, {})["about"],
+        "routed_tokens": list(ROUTED_TOKENS),
+        "routed_ns": routed,
+        "routed_load_average": [round(x, 2) for x in loads],
+        "routed_date": dt.date.today().isoformat(),
+    }
+    if args.dry_run:
+        print(json.dumps(routed, indent=2))
+    else:
+        OUT.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {OUT} (load average now {load_average():.2f})")
+    return 0
+
+
 def show() -> int:
     k = kernels.load()
     print(k.source)
@@ -280,6 +379,10 @@ def show() -> int:
         print(f"  {name:8s} tg {c.tg_ns:.4f} ns  pp {c.pp_ns:.4f} ns per weight per thread")
     print("  node overhead (s):", k.node_s)
     print("  graph nodes:", k.graph_nodes)
+    for threads, table in sorted(k.routed.items()):
+        print(f"  routed experts, {threads} thread(s), ns per weight per token per thread:")
+        for name, curve in sorted(table.items()):
+            print(f"    {name:8s} " + " ".join(f"{n}:{c:.4f}" for n, c in sorted(curve.items())))
     return 0
 
 
@@ -287,12 +390,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--print", action="store_true", help="show resources/kernels.json")
     parser.add_argument("--dry-run", action="store_true", help="measure, but do not write")
+    parser.add_argument(
+        "--routed-only",
+        action="store_true",
+        help="measure only the routed-expert costs and add them to resources/kernels.json",
+    )
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--engine-bin", type=Path)
     parser.add_argument("--max-load", type=float, default=0.5)
     parser.add_argument("--max-wait", type=float, default=1800.0)
     args = parser.parse_args()
-    return show() if args.print else measure(args)
+    if args.print:
+        return show()
+    return measure_routed_only(args) if args.routed_only else measure(args)
 
 
 if __name__ == "__main__":

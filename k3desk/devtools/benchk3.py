@@ -111,9 +111,7 @@ BENCH_MODELS: tuple[BenchModel, ...] = (
     BenchModel("S-grearl", "grearl-iq1s", 8, 64, "IQ1_S experts, Q4_K elsewhere (GrEarl)"),
     BenchModel("M-ud", "vcruz305-ud-iq1s", 16, 192, "IQ1_S experts, Q8_0 elsewhere (UD-IQ1_S)"),
     BenchModel("M-q3ks", "atomicchat-q3ks", 16, 96, "Q3_K everywhere, Q6_K output (Q3_K_S)"),
-    BenchModel(
-        "L-6block", "6block-iq1s-xs", 24, 512, "IQ1_S experts, IQ4_XS attention (IQ1_S-XS)"
-    ),
+    BenchModel("L-6block", "6block-iq1s-xs", 24, 512, "IQ1_S experts, IQ4_XS attention (IQ1_S-XS)"),
 )
 
 # Single-type models for the kernel micro-bench: dense (no experts), every
@@ -125,6 +123,18 @@ KERNEL_SHAPE = replace(
 # is pure matrix work, so what is left of the wide one is the layers' own operations
 # (KDA recurrence, attention, norms, activations) at this width.
 KERNEL_SHAPE_NARROW = replace(KERNEL_SHAPE, n_ff_dense=2048)
+# Routed experts, for the cost of llama.cpp's MUL_MAT_ID at a known number of tokens
+# per expert: 8 experts of which every token uses all 8, so in a prompt of P tokens
+# each expert multiplies exactly P of them.  No shared expert (its width follows
+# n_ff_expert), so two models that differ only in the experts' width differ only in
+# routed-expert work: 7 MoE layers x 3 matrices x 8 experts x 1024 x 2304 = 396 M weights.
+MOE_KERNEL_SHAPE = replace(
+    BENCH_SHAPE, n_layer=8, n_expert=8, n_expert_used=8, n_ff_expert=3072,
+    n_expert_shared=0, n_vocab=4096,
+)  # fmt: skip
+MOE_KERNEL_SHAPE_NARROW = replace(MOE_KERNEL_SHAPE, n_ff_expert=768)
+# expert types the tiers use (MXFP4 and the rest borrow, see kernels.ROUTED_SIMILAR)
+MOE_KERNEL_TYPES = ("IQ1_S", "IQ1_M", "IQ2_XXS", "Q3_K", "Q8_0")
 KERNEL_TYPES = (
     "Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ4_NL", "IQ2_XXS", "IQ1_S",
     "IQ1_M", "F16",
@@ -255,9 +265,7 @@ def _widen(pool: Path, out: Path, n_expert: int, seed: int) -> Path:
     return out
 
 
-def _widened_experts(
-    data: np.ndarray[Any, Any], p: int, n_expert: int
-) -> np.ndarray[Any, Any]:
+def _widened_experts(data: np.ndarray[Any, Any], p: int, n_expert: int) -> np.ndarray[Any, Any]:
     """Expert ``e`` = pool expert ``e % p`` with its rows rotated by ``e // p``
     (``data`` is experts x rows x row bytes)."""
     experts = [np.roll(data[e % p], e // p, axis=0) for e in range(n_expert)]
@@ -336,17 +344,23 @@ def build_kernel_model(
     threads: int | None = None,
     progress: Progress = _quiet,
     narrow: bool = False,
+    moe: bool = False,
 ) -> Path:
     """A dense kimi-k3 whose every matrix is ``qtype`` (``llama-quantize --pure``);
-    ``narrow``: with ``KERNEL_SHAPE_NARROW``."""
-    shape = KERNEL_SHAPE_NARROW if narrow else KERNEL_SHAPE
+    ``narrow``: with ``KERNEL_SHAPE_NARROW``; ``moe``: the routed-expert model
+    ``MOE_KERNEL_SHAPE`` (``narrow``: ``MOE_KERNEL_SHAPE_NARROW``)."""
+    if moe:
+        shape = MOE_KERNEL_SHAPE_NARROW if narrow else MOE_KERNEL_SHAPE
+    else:
+        shape = KERNEL_SHAPE_NARROW if narrow else KERNEL_SHAPE
     key = _key({"shape": asdict(shape), "type": qtype, "engine": engine_build(bin_dir), "v": 1})
-    final = cache / f"kernel{'-narrow' if narrow else ''}-{qtype}-{key}.gguf"
+    stem = ("kernel-moe" if moe else "kernel") + ("-narrow" if narrow else "")
+    final = cache / f"{stem}-{qtype}-{key}.gguf"
     if final.is_file():
         return final
     cache.mkdir(parents=True, exist_ok=True)
     n = threads or os.cpu_count() or 1
-    src = cache / f"kernel-F16-{_key({'shape': asdict(shape)})}.gguf"
+    src = cache / f"{'kernel-moe' if moe else 'kernel'}-F16-{_key({'shape': asdict(shape)})}.gguf"
     if not src.is_file():
         progress("kernel models: writing the F16 source")
         write_k3_gguf_streamed(src.with_suffix(".tmp"), "kernel", shape=shape)

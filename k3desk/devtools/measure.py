@@ -60,17 +60,19 @@ def llama_bench(
     model: Path,
     *,
     threads: int,
-    n_prompt: int = 0,
+    n_prompt: int | Sequence[int] = 0,
     n_gen: int = 0,
     repetitions: int = 5,
     extra: Sequence[str] = (),
     timeout: float = 3600.0,
 ) -> list[BenchResult]:
-    """One ``llama-bench`` run: a prompt test (``n_prompt`` > 0) and/or a generation
-    test (``n_gen`` > 0), ``repetitions`` each; the median of each."""
+    """One ``llama-bench`` run: a prompt test (``n_prompt`` > 0; several prompt
+    lengths: one test each) and/or a generation test (``n_gen`` > 0),
+    ``repetitions`` each; the median of each."""
+    prompts = [n_prompt] if isinstance(n_prompt, int) else list(n_prompt)
     argv = [
         str(bin_dir / "llama-bench"), "-m", str(model), "-t", str(threads),
-        "-p", str(n_prompt), "-n", str(n_gen), "-r", str(repetitions),
+        "-p", ",".join(str(p) for p in prompts), "-n", str(n_gen), "-r", str(repetitions),
         "-fa", "1", "-o", "json", *extra,
     ]  # fmt: skip
     before = load_average()

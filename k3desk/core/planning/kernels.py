@@ -12,7 +12,9 @@ in how it decodes (``SIMILAR``), and say so.
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -44,6 +46,35 @@ SIMILAR: dict[str, str] = {
 }
 
 
+# A routed expert's matrices (MUL_MAT_ID) for an expert type whose curve was not
+# measured: the measured type with the same kernels.  From 8 tokens per expert on,
+# llama.cpp multiplies an expert with its tiled matrix-matrix kernel where the type
+# has one (the k-quants Q2_K..Q6_K, IQ1_S/M, the IQ2/IQ3 grids, IQ4_XS:
+# ggml_tiled_supported in ggml/src/ggml-cpu/tiled/tiled.cpp, b11434), below 8 with
+# the matrix-vector kernel one token at a time; the others (Q8_0, the legacy 32-blocks,
+# MXFP4, F16) always with the matrix-vector kernel.
+TILED_MIN_TOKENS = 8  # ggml_tiled_min_batch: rows >= 8
+ROUTED_SIMILAR: dict[str, str] = {
+    "Q2_K": "Q3_K",
+    "Q4_K": "Q3_K",
+    "Q5_K": "Q3_K",
+    "Q6_K": "Q3_K",
+    "IQ2_XS": "IQ2_XXS",
+    "IQ2_S": "IQ2_XXS",
+    "IQ3_XXS": "IQ2_XXS",
+    "IQ3_S": "IQ2_XXS",
+    "IQ4_XS": "IQ2_XXS",
+    "Q4_0": "Q8_0",
+    "Q4_1": "Q8_0",
+    "Q5_0": "Q8_0",
+    "Q5_1": "Q8_0",
+    "IQ4_NL": "Q8_0",
+    "MXFP4": "Q8_0",
+    "F16": "Q8_0",
+    "BF16": "Q8_0",
+}
+
+
 @dataclass(frozen=True)
 class TypeCost:
     tg_ns: float  # ns per weight per thread, one token (matrix-vector)
@@ -67,6 +98,66 @@ class Kernels:
     # the same per-type costs measured with more threads (``types_at_N_threads``): the
     # cost per weight per thread grows when the cores share a physical core or a cache
     types_at: dict[int, dict[str, TypeCost]] = field(default_factory=dict)
+    # a routed expert's matrices: ns per weight per token per thread when the expert
+    # multiplies n tokens, by thread count, type and n (bench/kernel_costs.py)
+    routed: dict[int, dict[str, dict[int, float]]] = field(default_factory=dict)
+
+    def routed_cost(self, type_name: str, tokens: int, threads: int = 1) -> float | None:
+        """ns per weight per token per thread of a routed expert of ``type_name`` that
+        multiplies ``tokens`` tokens (None: no curve measured for it or a similar type).
+
+        Between the measured token counts, linear; beyond the largest, ``a + b / n``
+        through the two largest.  A type without its own curve follows the curve of
+        the type with the same kernels (``ROUTED_SIMILAR``), scaled by the two types'
+        own measured costs: matrix-vector below ``TILED_MIN_TOKENS``, matrix-matrix
+        from there on."""
+        if not self.routed:
+            return None
+        at = [n for n in self.routed if n <= threads]
+        table = self.routed[max(at) if at else min(self.routed)]
+        name = type_name.upper()
+        scale = 1.0
+        if name not in table:
+            other = ROUTED_SIMILAR.get(name)
+            if other is None or other not in table:
+                return None
+            mine, _ = self.cost(name, threads)
+            theirs, _ = self.cost(other, threads)
+            if tokens < TILED_MIN_TOKENS:
+                scale = mine.tg_ns / theirs.tg_ns if theirs.tg_ns > 0 else 1.0
+            else:
+                scale = mine.pp_ns / theirs.pp_ns if theirs.pp_ns > 0 else 1.0
+            name = other
+        return scale * _interpolate(table[name], tokens)
+
+    def routed_ns(
+        self, type_name: str, batch: float, frac: float, threads: int = 1
+    ) -> float | None:
+        """The routed experts' ns per weight per token per thread in a batch of ``batch``
+        tokens each routed to a share ``frac`` of the experts.
+
+        An expert gets n of the batch's tokens with n ~ Binomial(batch, frac) (a router
+        that favours none), and costs n tokens at its n-token cost, so per token the
+        cost is ``E[n c(n)] / E[n]``: a batch whose experts get few tokens each pays the
+        matrix-vector cost for most of them."""
+        b = max(1, round(batch))
+        f = min(max(frac, 0.0), 1.0)
+        if f <= 0.0:
+            return None
+        if f >= 1.0:
+            return self.routed_cost(type_name, b, threads)
+        mean = b * f
+        top = min(b, math.ceil(mean + 12.0 * math.sqrt(mean * (1.0 - f)) + 12.0))
+        log_p = b * math.log1p(-f)  # P(n = 0)
+        odds = math.log(f) - math.log1p(-f)
+        total = 0.0
+        for n in range(1, top + 1):
+            log_p += math.log(b - n + 1) - math.log(n) + odds
+            c = self.routed_cost(type_name, n, threads)
+            if c is None:
+                return None
+            total += math.exp(log_p) * n * c
+        return total / mean
 
     def cost(self, type_name: str, threads: int = 1) -> tuple[TypeCost, str]:
         """The cost of ``type_name`` per weight per thread with ``threads`` threads, and
@@ -153,6 +244,27 @@ class Kernels:
         return self.graph_nodes.get(kind, 0.0)
 
 
+def _interpolate(curve: dict[int, float], tokens: int) -> float:
+    """``curve`` (tokens -> cost) at ``tokens``: linear between the measured points, the
+    first below them, ``a + b / n`` through the last two above them."""
+    xs = sorted(curve)
+    if tokens <= xs[0]:
+        return curve[xs[0]]
+    if tokens >= xs[-1]:
+        if len(xs) < 2 or tokens == xs[-1]:
+            return curve[xs[-1]]
+        n1, n2 = xs[-2], xs[-1]
+        b = (curve[n1] - curve[n2]) / (1.0 / n1 - 1.0 / n2)
+        a = curve[n2] - b / n2
+        return max(a + b / tokens, 0.0)
+    i = bisect.bisect_left(xs, tokens)
+    if xs[i] == tokens:
+        return curve[tokens]
+    lo, hi = xs[i - 1], xs[i]
+    w = (tokens - lo) / (hi - lo)
+    return curve[lo] * (1.0 - w) + curve[hi] * w
+
+
 def parse(data: dict[str, object], where: str = KERNELS_FILE) -> Kernels:
     try:
         types_raw = data["types"]
@@ -192,6 +304,16 @@ def parse(data: dict[str, object], where: str = KERNELS_FILE) -> Kernels:
                 str(k).upper(): TypeCost(float(v["tg_ns"]), float(v["pp_ns"]))
                 for k, v in table.items()
             }
+        routed_raw = data.get("routed_ns") or {}
+        assert isinstance(routed_raw, dict)
+        routed = {
+            int(n): {
+                str(t).upper(): {int(k): float(v) for k, v in curve.items()}
+                for t, curve in table.items()
+                if curve
+            }
+            for n, table in routed_raw.items()
+        }
     except (KeyError, TypeError, ValueError, AssertionError, AttributeError) as exc:
         raise ValueError(f"{where} is malformed: {exc!r}") from exc
     if not types:
@@ -215,6 +337,7 @@ def parse(data: dict[str, object], where: str = KERNELS_FILE) -> Kernels:
         kda,
         kda_state,
         types_at,
+        routed,
     )
 
 

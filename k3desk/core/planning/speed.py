@@ -34,11 +34,20 @@ The GPU constants are stated, not measured: no GPU machine was available to
 measure them on; the card speeds (``bench/predict_speed.py``) are their only check.
 
 **Prompts** (CPU only) run every matrix over a batch of tokens: per token,
-``W_t * p_t(n) / threads`` with ``p_t(n)`` the matrix-matrix cost at the ``n``
-tokens that matrix multiplies (the batch; for a routed expert only the tokens
-routed to it), from the two measured points (``Kernels.batch_ns``); the
-weights are read once per batch (every expert some token of the batch routes
-to), and the graph's nodes once per batch.  A plan with a GPU gets no prompt
+``W_t * p_t(n) / threads`` with ``p_t(n)`` the cost per weight per token at the
+``n`` tokens that matrix multiplies.  For the layers' own matrices ``n`` is the
+batch, and ``p_t`` comes from the two measured points (``Kernels.batch_ns``).  A
+routed expert multiplies only the tokens routed to it, n ~ Binomial(batch,
+k / experts), and llama.cpp's MUL_MAT_ID runs an expert of fewer than 8 tokens
+through the matrix-vector kernel one token at a time (the tiled kernel takes
+over from 8); its cost per token is the measured routed-expert curve
+(``Kernels.routed_ns``: ``E[n c(n)] / E[n]``).  Decoding multiplies each of a
+token's experts by the same matrix-vector kernel as a dense matrix
+(``ggml_compute_forward_mul_mat_id_one_chunk`` calls the type's ``vec_dot`` per
+row), so it keeps the dense one-token cost, measured on far more weights and
+repetitions than the routed curve's one-token point.  The weights are read once per batch
+(every expert some token of the batch routes to), and the graph's nodes once
+per batch.  A plan with a GPU gets no prompt
 prediction (``prompt_tps`` 0): llama.cpp then moves the experts' batches to the
 GPU, bound by the PCIe link and GPU kernels nothing here has measured.
 
@@ -426,9 +435,7 @@ def predict_speed(
 
     prompt = 0.0
     if not any(_on_gpu(dv) for dv in work) and "RAM" in work:
-        prompt = _prompt_tps(
-            hw, layout, tensors, layers, k, n_batch_threads, ubatch, prompt_tokens
-        )
+        prompt = _prompt_tps(hw, layout, tensors, layers, k, n_batch_threads, ubatch, prompt_tokens)
 
     shares = {
         "RAM bandwidth (CPU)": cpu.bandwidth_s if cpu else 0.0,
@@ -464,6 +471,18 @@ def predict_speed(
     )
 
 
+def _routed_scale(
+    k: kernel_costs.Kernels, t: str, batch: float, frac: float, threads: int, test: str
+) -> float | None:
+    """A routed expert's measured cost per weight per token (``Kernels.routed_ns``)
+    relative to the type's dense cost for ``test``, which ``_cpu_time`` applies; None
+    where no routed-expert curve was measured."""
+    ns = k.routed_ns(t, batch, frac, threads)
+    cost, _ = k.cost(t, threads)
+    dense = cost.tg_ns if test == "tg" else cost.pp_ns
+    return ns / dense if ns is not None and dense > 0 else None
+
+
 def _prompt_tps(
     hw: HardwareProfile,
     layout: ModelLayout,
@@ -489,13 +508,23 @@ def _prompt_tps(
         pp = k.cost(t, threads)[0].pp_ns
         return k.batch_ns(t, tokens, threads) / pp if pp > 0 else 1.0
 
+    routed: dict[str, float] = {}
+
+    def expert_scale(t: str) -> float:
+        # a routed expert's cost per token at the tokens the batch routes to it: the
+        # measured MUL_MAT_ID curve where there is one, else the two-point estimate
+        if t not in routed:
+            scale = _routed_scale(k, t, batch, frac, threads, "pp")
+            routed[t] = scale if scale is not None else scaled(t, per_expert)
+        return routed[t]
+
     w = _Work(nodes=k.nodes("global"))
     for p in layers:
         for t, (wt, b) in tensors.other[p.index].items():
             w.add(t, wt * scaled(t, batch), b)
         for t, (wt, b) in tensors.experts[p.index].items():
             # multiplied for k experts per token, read once per batch where touched
-            w.weights[t] = w.weights.get(t, 0.0) + wt * frac * scaled(t, per_expert)
+            w.weights[t] = w.weights.get(t, 0.0) + wt * frac * expert_scale(t)
             w.nbytes[t] = w.nbytes.get(t, 0.0) + b * touched
         _, macs = _attention_work(hp, p.index, prompt_tokens / 2, "f16")
         w.extra_macs += macs

@@ -117,6 +117,25 @@ def test_every_type_a_tier_uses_has_a_cost(twin_catalog: Catalog) -> None:
     assert k.graph_nodes["kda"] > k.graph_nodes["mla"] > 0
 
 
+def test_every_expert_type_a_tier_uses_has_a_routed_expert_cost(twin_catalog: Catalog) -> None:
+    """The shipped measurements hold a MUL_MAT_ID curve for every routed-expert type of
+    the catalog (its own, or a measured type's with the same kernels), one and two
+    threads, falling at llama.cpp's switch to the tiled kernel where the type has one."""
+    k = kernels.load()
+    experts = {t.tensor_types["experts"].upper() for t in twin_catalog.tiers}
+    overrides = [o for t in twin_catalog.tiers for o in t.tensor_overrides]
+    experts |= {o.type.upper() for o in overrides if "exps" in o.pattern}
+    assert {"IQ1_S", "Q3_K", "Q8_0"} <= experts
+    assert set(k.routed) == {1, 2}
+    for name in sorted(experts):
+        for threads in (1, 2):
+            costs = [k.routed_cost(name, n, threads) for n in (1, 4, 7, 8, 64)]
+            assert all(c is not None and c > 0 for c in costs), (name, threads, costs)
+    # the tiled kernel takes over at 8 tokens: cheaper per token than one token at a time
+    for name in ("IQ1_S", "Q3_K"):
+        assert k.routed_cost(name, 64) < 0.7 * k.routed_cost(name, 4)  # type: ignore[operator]
+
+
 def test_node_overhead_beyond_the_measured_threads_is_extrapolated() -> None:
     k = kernels.Kernels("test", {"Q8_0": kernels.TypeCost(0.1, 0.03)},
                         {"tg": {1: 1e-6, 2: 2e-6, 4: 3e-6}}, {})  # fmt: skip
@@ -192,3 +211,80 @@ def test_a_matrix_multiplied_by_few_tokens_costs_more_per_token() -> None:
     assert k.batch_ns("IQ1_S", 64) == pytest.approx(0.04)
     assert k.batch_ns("IQ1_S", 1) > k.batch_ns("IQ1_S", 4) > k.batch_ns("IQ1_S", 16) > 0.04
     assert k.batch_ns("IQ1_S", 512) < 0.04
+
+
+def _routed_kernels() -> kernels.Kernels:
+    """Costs shaped like llama.cpp's MUL_MAT_ID: the matrix-vector cost up to 7 tokens
+    per expert, the tiled kernel's falling cost from 8 on."""
+    return kernels.parse(
+        {
+            "types": {
+                "IQ1_S": {"tg_ns": 0.13, "pp_ns": 0.04},
+                "Q3_K": {"tg_ns": 0.06, "pp_ns": 0.035},
+                "Q2_K": {"tg_ns": 0.045, "pp_ns": 0.07},
+                "Q8_0": {"tg_ns": 0.09, "pp_ns": 0.045},
+            },
+            "node_s": {"tg": {"1": 1e-6}, "pp": {"1": 1e-7}},
+            "graph_nodes": {"kda": 90.0},
+            "routed_ns": {
+                "1": {
+                    "IQ1_S": {"1": 0.14, "4": 0.13, "7": 0.13, "8": 0.07, "64": 0.045},
+                    "Q3_K": {"1": 0.07, "7": 0.06, "8": 0.05, "64": 0.03},
+                }
+            },
+        }
+    )
+
+
+def test_a_routed_expert_with_few_tokens_pays_the_matrix_vector_cost() -> None:
+    """Below 8 tokens an expert is multiplied one token at a time; the cost per token
+    then drops where llama.cpp's tiled kernel takes over, and keeps falling with
+    more tokens (beyond the last point measured, along a + b / n)."""
+    k = _routed_kernels()
+    assert k.routed_cost("IQ1_S", 1) == pytest.approx(0.14)
+    assert k.routed_cost("IQ1_S", 2) == pytest.approx(0.14 - 0.01 / 3)
+    assert k.routed_cost("IQ1_S", 7) == pytest.approx(0.13)
+    assert k.routed_cost("IQ1_S", 8) == pytest.approx(0.07)
+    assert 0.045 > k.routed_cost("IQ1_S", 512) > 0.0  # type: ignore[operator]
+    assert k.routed_cost("IQ1_M", 8) is None  # no curve, no similar type measured
+    # Q2_K follows Q3_K's curve, scaled by the two types' own costs
+    assert k.routed_cost("Q2_K", 1) == pytest.approx(0.07 * 0.045 / 0.06)
+    assert k.routed_cost("Q2_K", 64) == pytest.approx(0.03 * 0.07 / 0.035)
+
+
+def test_a_batch_spread_over_many_experts_costs_more_per_token() -> None:
+    """Per token, a prompt's experts cost E[n c(n)] / E[n] for n ~ Binomial(batch,
+    k / experts): 128 tokens over 8 of 64 experts give each about 16 (the tiled
+    kernel); over 8 of 512 about 2 (the matrix-vector one)."""
+    k = _routed_kernels()
+    few = k.routed_ns("IQ1_S", 128, 8 / 512)
+    many = k.routed_ns("IQ1_S", 128, 8 / 64)
+    assert few is not None
+    assert many is not None
+    assert few == pytest.approx(0.14, rel=0.05)  # nearly all of them below 8 tokens
+    assert 0.055 < many < 0.08
+    assert k.routed_ns("IQ1_S", 64, 1.0) == pytest.approx(0.045)  # every expert: all 64
+    assert k.routed_ns("IQ1_S", 1, 8 / 64) == pytest.approx(0.14)  # decoding: one token
+
+
+def test_the_prediction_follows_the_measured_routed_expert_cost(
+    machine: Machine, estimated: Layout
+) -> None:
+    """On the same machine and model, routed experts measured dearer make the prompt
+    prediction slower; decoding keeps the dense one-token cost (the same vec_dot kernel)."""
+    hw = machine("epyc9554p-1.5TB-cpu")
+    layout = estimated("atomicchat-iq1s")
+    base = kernels.load()
+    plan = make_plan(hw, layout, PlanOptions(ctx=4096))
+
+    def speeds(factor: float) -> tuple[float, float]:
+        curve = {n: factor * base.batch_ns("IQ1_S", n) for n in (1, 4, 8, 64, 512)}
+        k = replace(base, routed={1: {"IQ1_S": curve}})
+        s = predict_speed(
+            hw, layout, plan.layers, plan.output_device, ctx=4096, kernels=k, prompt_tokens=512
+        )
+        return s.prompt_tps, s.expected_tps
+
+    cheap, dear = speeds(0.5), speeds(2.0)
+    assert dear[0] < 0.8 * cheap[0]
+    assert dear[1] == cheap[1]
