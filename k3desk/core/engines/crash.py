@@ -26,6 +26,7 @@ CrashKind = Literal[
     "split_name",
     "port_in_use",
     "unsupported_projector",
+    "load_refused",
     "missing_library",
     "oom_killed",
     "killed",
@@ -182,6 +183,18 @@ _RULES: tuple[_Rule, ...] = (
         "(text only).",
         "none",
     ),
+    # Last: any other reason the loader gave (llama_model_load in src/llama.cpp logs
+    # "error loading model: <what>" and the server exits, b11434).  Loading the same
+    # file again fails the same way, so it is not retried.
+    _rule(
+        "load_refused",
+        r"error loading model: (.+)$",
+        "llama.cpp refused the model file.",
+        "`k3desk validate` on the first shard says what in the file disagrees with the "
+        "engine's loader; a file made by a newer llama.cpp may need a newer engine "
+        "(`k3desk engine install`).",
+        "none",
+    ),
 )
 
 
@@ -214,6 +227,8 @@ def classify_exit(
                     summary = f"{device} ran out of memory while loading or running the model."
             elif rule.kind == "missing_shard" and m.lastindex and m.group(1):
                 summary = f"A model file is missing: {m.group(1)}."
+            elif rule.kind == "load_refused":
+                summary = f"llama.cpp refused the model file: {m.group(1).strip()}."
             return CrashReport(rule.kind, summary, rule.fix, rule.recovery, returncode, line)
     if returncode is not None and returncode < 0:
         sig = -returncode

@@ -34,6 +34,7 @@ from k3desk.core.engines.supervisor import (
 from k3desk.core.errors import EngineError
 from k3desk.core.paths import default_paths
 from k3desk.devtools.tinyk3 import TinyModel
+from tests.oracle import gguf_edit as ge
 from tests.processes import gone_within as _gone_within
 
 pytestmark = pytest.mark.engine
@@ -299,6 +300,17 @@ def _projector_width_mismatch(m: TinyModel, d: Path) -> list[str]:
     return ["-m", str(m.parts[0]), "--mmproj", str(proj)]
 
 
+def _wrong_expert_width(m: TinyModel, d: Path) -> list[str]:
+    # the header says the experts are twice as wide as their tensors are: llama.cpp's
+    # loader refuses the shapes (check_tensor_dims, src/llama-model-loader.cpp)
+    g = ge.load(m.parts[0])
+    key = "kimi-k3.expert_feed_forward_length"
+    width = g.kv(key)
+    assert width is not None
+    ge.save(g.set(ge.KV.of(key, ge.UINT32, 2 * int(width.scalar()))), m.parts[0])
+    return ["-m", str(m.parts[0])]
+
+
 BAD_INPUTS = {
     "missing shard": (_missing_shard, "missing_shard", "Tiny-K3-IQ1_S-00002-of-00003.gguf"),
     "truncated shard": (_truncated_shard, "truncated_shard", "truncated"),
@@ -309,6 +321,7 @@ BAD_INPUTS = {
     "renamed first shard": (_renamed_first, "split_name", "pattern"),
     "unknown projector": (_bad_projector, "unsupported_projector", "projector"),
     "projector width": (_projector_width_mismatch, "unsupported_projector", "projector"),
+    "expert width in the header": (_wrong_expert_width, "load_refused", "wrong shape"),
 }
 
 
