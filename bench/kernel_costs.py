@@ -72,6 +72,15 @@ from k3desk.devtools.measure import default_bin, llama_bench, load_average, wait
 OUT = REPO / "resources" / "kernels.json"
 TG, PP = 32, 64
 OVERHEAD_LAYERS = (8, 48)
+ABOUT = (
+    "CPU costs measured with the engine's own kernels by bench/kernel_costs.py: ns "
+    "per weight per thread for decoding (tg, matrix-vector) and prompts (pp, a batch "
+    "of tokens), on one thread; the per-node graph overhead and a KDA layer's own "
+    "operations (recurrence, norms, activations) per thread count; graph nodes per "
+    "layer kind from llama.cpp's own count; routed_ns: a routed expert's ns per "
+    "weight per token per thread when it multiplies n tokens (MUL_MAT_ID), by "
+    "thread count, type and n."
+)
 # tokens per routed expert measured: around llama.cpp's switch at 8 and up to a
 # 128-token batch (see the module docstring)
 ROUTED_TOKENS = (1, 2, 4, 7, 8, 12, 16, 32, 64, 128)
@@ -297,10 +306,7 @@ def measure(args: argparse.Namespace) -> int:
         structure,
         nodes,
     )
-    result |= {
-        "routed_tokens": list(ROUTED_TOKENS),
-        "routed_ns": routed,
-        "routed_load_average": [round(x, 2) for x in routed_loads],
+    result |= _routed_fields(routed, routed_loads) | {
         "machine": f"{hw.cpu.model}, {cores} cores, flags {','.join(sorted(hw.cpu.flags))}",
         "platform": platform.platform(),
         "engine": engine_build(bin_dir),
@@ -308,10 +314,27 @@ def measure(args: argparse.Namespace) -> int:
         "load_average": [round(x, 2) for x in loads],
         f"types_at_{cores}_threads": checks,
     }
-    if args.dry_run:
-        print(json.dumps(result, indent=2))
+    return _write(result, args.dry_run)
+
+
+def _routed_fields(
+    routed: dict[str, dict[str, dict[str, float]]], loads: list[float]
+) -> dict[str, object]:
+    """The routed-expert part of resources/kernels.json."""
+    return {
+        "routed_tokens": list(ROUTED_TOKENS),
+        "routed_ns": routed,
+        "routed_load_average": [round(x, 2) for x in loads],
+        "routed_date": dt.date.today().isoformat(),
+    }
+
+
+def _write(data: dict[str, object], dry_run: bool) -> int:
+    """Write resources/kernels.json (``dry_run``: print it instead)."""
+    if dry_run:
+        print(json.dumps(data, indent=2))
     else:
-        OUT.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        OUT.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {OUT} (load average now {load_average():.2f})")
     return 0
 
@@ -325,15 +348,7 @@ def _draft(
     """The resources/kernels.json form of what was measured."""
     s = KERNEL_SHAPE
     return {
-        "about": (
-            "CPU costs measured with the engine's own kernels by bench/kernel_costs.py: ns "
-            "per weight per thread for decoding (tg, matrix-vector) and prompts (pp, a batch "
-            "of tokens), on one thread; the per-node graph overhead and a KDA layer's own "
-            "operations (recurrence, norms, activations) per thread count; graph nodes per "
-            "layer kind from llama.cpp's own count; routed_ns: a routed expert's ns per "
-            "weight per token per thread when it multiplies n tokens (MUL_MAT_ID), by "
-            "thread count, type and n."
-        ),
+        "about": ABOUT,
         "tests": {"tg": TG, "pp": PP},
         "types": {
             k: {"tg_ns": round(v["tg"], 5), "pp_ns": round(v["pp"], 5)} for k, v in measured.items()
@@ -357,19 +372,8 @@ def measure_routed_only(args: argparse.Namespace) -> int:
     routed, loads = measure_routed(
         bin_dir, args.cache, sorted({1, cores}), args.max_load, args.max_wait
     )
-    data |= {
-        "about": _draft({}, {}, {}, {})["about"],
-        "routed_tokens": list(ROUTED_TOKENS),
-        "routed_ns": routed,
-        "routed_load_average": [round(x, 2) for x in loads],
-        "routed_date": dt.date.today().isoformat(),
-    }
-    if args.dry_run:
-        print(json.dumps(routed, indent=2))
-    else:
-        OUT.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote {OUT} (load average now {load_average():.2f})")
-    return 0
+    data |= {"about": ABOUT} | _routed_fields(routed, loads)
+    return _write(data, args.dry_run)
 
 
 def show() -> int:
