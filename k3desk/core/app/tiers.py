@@ -103,7 +103,7 @@ class SpeedRange:
         """The range, the bottleneck and, on a line of its own, this machine's correction."""
         text = f"{self.range_text()}; bottleneck: {self.bottleneck}"
         if self.calibration:
-            text += f"\n{self.calibration[0].upper()}{self.calibration[1:]}."
+            text += f"\n{sentence(self.calibration)}"
         return text
 
 

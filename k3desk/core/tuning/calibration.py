@@ -129,8 +129,26 @@ class CalibrationStore:
         self.path = state_dir / CALIBRATION_FILE
         self._clock = clock
         self.note = ""  # set when a damaged file was set aside
+        # the records last read and the file they came from (inode, mtime, size): a
+        # table judging ten tiers asks ten times, the file is read once
+        self._cache: tuple[tuple[int, int, int], list[SpeedRecord]] | None = None
 
     def records(self) -> list[SpeedRecord]:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return []
+        except OSError:
+            st = None
+        key = (st.st_ino, st.st_mtime_ns, st.st_size) if st is not None else None
+        if key is not None and self._cache is not None and self._cache[0] == key:
+            return list(self._cache[1])
+        out = self._read()
+        if key is not None and out:
+            self._cache = (key, out)
+        return list(out)
+
+    def _read(self) -> list[SpeedRecord]:
         try:
             raw = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:

@@ -136,3 +136,27 @@ def test_only_the_last_records_are_kept(
         t.record(MeasuredSpeed(50.0, 10.0 + i, 100, 50))
     kept = store.records()
     assert [r.measured_decode for r in kept] == [13.0, 14.0, 15.0, 16.0, 17.0]
+
+
+def test_the_file_is_read_once_per_change_and_a_new_run_is_seen(
+    tmp_path: Path, here: HardwareProfile, layout: ModelLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table judging many tiers asks for corrections many times: one read of the file,
+    until a run is added (by this store or another process), which is then seen."""
+    store = CalibrationStore(tmp_path / "state")
+    tracker(here, layout, store).record(MeasuredSpeed(50.0, 10.0, 100, 50))
+    reads = 0
+    real = CalibrationStore._read
+
+    def counting(self: CalibrationStore) -> list:  # type: ignore[type-arg]
+        nonlocal reads
+        reads += 1
+        return real(self)
+
+    monkeypatch.setattr(CalibrationStore, "_read", counting)
+    for _ in range(10):
+        assert store.correction(here, layout, "cpu").runs == 1
+    assert reads == 1
+    CalibrationStore(tmp_path / "state").add(store.records()[0])  # another writer
+    assert store.correction(here, layout, "cpu").runs == 2
+    assert reads == 3  # the other writer's read, and this store's after the change
