@@ -393,3 +393,34 @@ def test_bad_references_are_refused(store: HistoryStore) -> None:
         store.add_message(999, "user", "x")
     with pytest.raises(HistoryError, match="no message 999"):
         store.update_message(999, content="x")
+
+
+def test_a_batch_that_fails_half_way_leaves_nothing_behind(tmp_path: Path) -> None:
+    """All or nothing: a failure after some writes of a batch undoes those writes, and what
+    was saved before the batch stays -- also for the next start, reading the file again."""
+    path = tmp_path / "history.sqlite3"
+    with HistoryStore(path) as s:
+        kept = s.create_conversation("kept")
+        s.add_message(kept.id, "user", "saved before")
+
+        class Interrupted(Exception):
+            pass
+
+        def half_a_batch() -> None:
+            with s.batch():
+                half = s.create_conversation("half")
+                s.add_message(half.id, "user", "written inside the batch")
+                s.add_message(kept.id, "assistant", "also inside the batch")
+                raise Interrupted
+
+        with pytest.raises(Interrupted):
+            half_a_batch()
+        assert [c.title for c in s.list_conversations()] == ["kept"]
+        assert s.search("inside") == []
+        # the store is usable again after the failure
+        s.add_message(kept.id, "assistant", "after the batch")
+    with HistoryStore(path) as again:
+        titles = [c.title for c in again.list_conversations()]
+        assert titles == ["kept"]
+        _, messages = again.open_conversation(kept.id)
+        assert [m.content for m in messages] == ["saved before", "after the batch"]

@@ -202,6 +202,23 @@ def test_the_choice_is_kept_and_the_next_launch_uses_it(
     assert arg_int(untuned.plan.server_args, "-t") is None
 
 
+def test_a_choice_measured_before_a_gpu_change_is_not_used_after_it(
+    two_cores: HardwareProfile, tiny: ModelLayout, hardware_file: Callable[[str], Path]
+) -> None:
+    """Settings measured on the CPU say nothing once a GPU is in the box (or another one
+    replaces it): the same host, CPU and RAM with other GPUs is another machine."""
+    store = TunedStore(default_paths().ensure().state)
+    save(tune(TuneRequest(tiny, two_cores, PlanOptions(ctx=512)), StandIn()), store, when=1.7e9)
+    assert apply_tuned(store, two_cores, tiny, PlanOptions())[0].threads == 1
+    gpu = HardwareProfile.from_json_file(hardware_file("1xRTX5090-256GB")).gpus[0]
+    with_gpu = replace(two_cores, gpus=(gpu,))
+    assert apply_tuned(store, with_gpu, tiny, PlanOptions()) == (PlanOptions(), "")
+    bigger = replace(gpu, vram_total=gpu.vram_total * 2)
+    save(tune(TuneRequest(tiny, with_gpu, PlanOptions(ctx=512)), StandIn()), store, when=1.7e9)
+    assert apply_tuned(store, with_gpu, tiny, PlanOptions())[1] != ""
+    assert apply_tuned(store, replace(two_cores, gpus=(bigger,)), tiny, PlanOptions())[1] == ""
+
+
 def test_a_damaged_tuned_file_launches_untuned(
     two_cores: HardwareProfile, tiny: ModelLayout
 ) -> None:
