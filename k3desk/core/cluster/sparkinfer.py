@@ -78,6 +78,7 @@ from k3desk.core.cluster.sparkinfer_config import (
     rank_argv,
     reply_caps,
 )
+from k3desk.core.cluster.sparkinfer_dist import check_dist, ssh_runner
 from k3desk.core.cluster.ssh import (
     RemoteProcess,
     SshClient,
@@ -191,6 +192,7 @@ class SparkInferCluster(GroupSupervisor):
         self._flag_cond = threading.Condition()
         self._shards = (0, 0)
         self.stats: list[ServeStats] = []
+        self._lib_dirs: dict[int, str] = {}  # rank -> its binary's folder (bare names)
 
     @property
     def ranks(self) -> list[RemoteProcess]:
@@ -225,8 +227,8 @@ class SparkInferCluster(GroupSupervisor):
             self._client(node),
             rank_argv(cfg, rank),
             name=f"rank {rank}",
-            env=cfg.rank_env,
-            library_path=cfg.library_path(node),
+            env=cfg.rank_env_of(rank),
+            library_path=cfg.library_path(node) or self._lib_dirs.get(rank, ""),
             cwd=node.workdir,
             log_path=self._log_path(attempt, f"rank{rank}"),
             on_line=self._rank0_line if rank == 0 else None,
@@ -247,7 +249,14 @@ class SparkInferCluster(GroupSupervisor):
             self._flags = set()
         self._shards = (0, 0)
         self._phase(PHASE_TEXT[0], 0, total, cfg.rank0.label)
-        if attempt == 1:  # before minutes of loading: can the recipe's bridge work there?
+        if attempt == 1:  # before minutes of loading: one build everywhere, a working bridge
+            binaries = [n.sparkinfer_bin or BINARY for n in cfg.cluster.nodes]
+            dists = check_dist(
+                cfg.cluster.nodes,
+                binaries,
+                ssh_runner(self._client, self._connect_timeout + 30, cancel),
+            )
+            self._lib_dirs = {r: d.folder for r, d in enumerate(dists)}
             require_bridge_env(
                 self._client(cfg.rank0),
                 bridge_argv=bridge_argv(cfg),
