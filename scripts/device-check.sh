@@ -82,11 +82,11 @@ else
     fi
     [[ -f $SRC/CMakeLists.txt ]] || { say "no llama.cpp source at $SRC"; exit 2; }
     say "building llama.cpp b11434 with CUDA for sm_$CC only ($JOBS jobs; log $LOG/build.log)"
-    cmake -S "$SRC" -B "$BUILD/obj" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+    # (llama.cpp's CMakeLists.txt puts every program and library in <build>/bin)
+    cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="$CC" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-      -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_RUNTIME_OUTPUT_DIRECTORY="$BUILD/bin" \
-      -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$BUILD/bin" >"$LOG/build.log" 2>&1
-    cmake --build "$BUILD/obj" -j "$JOBS" --target llama-server llama-fit-params >>"$LOG/build.log" 2>&1 \
+      -DLLAMA_OPENSSL=OFF >"$LOG/build.log" 2>&1
+    cmake --build "$BUILD" -j "$JOBS" --target llama-server llama-fit-params >>"$LOG/build.log" 2>&1 \
       || { tail -30 "$LOG/build.log" >&2; say "the CUDA build failed"; exit 1; }
   fi
   BIN=$BUILD/bin
@@ -276,9 +276,14 @@ def compare_plan(label, path, ctx, hardware, held=""):
             row("layers on GPU", model, ctx, result="FAIL",
                 note=f"llama-fit-params: {(err.strip().splitlines() or ['?'])[-1][:120]}")
         else:
-            ngl = min(plan["n_gpu_layers"], n_layer + 1)
-            d = ngl - min(fit[1], n_layer + 1)
-            row("layers on GPU (-ngl)", model, ctx, ngl, min(fit[1], n_layer + 1), f"{d:+d}",
+            # -1 (llama.cpp's default) and anything past the last layer both mean every
+            # layer and the output: n_layer + 1
+            def every(n):
+                return n_layer + 1 if n < 0 or n > n_layer + 1 else n
+
+            ngl, theirs = every(plan["n_gpu_layers"]), every(fit[1])
+            d = ngl - theirs
+            row("layers on GPU (-ngl)", model, ctx, ngl, theirs, f"{d:+d}",
                 "within 1 layer", "ok" if abs(d) <= GOAL_LAYERS else "FAIL")
             d = plan["n_cpu_moe"] - fit[2]
             row("expert layers in RAM", model, ctx, plan["n_cpu_moe"], fit[2], f"{d:+d}",
@@ -380,7 +385,8 @@ def oom(path, hardware_before, mid_plan):
     (WORK / "oom.log").write_text("\n".join(lines))
     crashed = [x for x in lines if "crashed:" in x]
     classified = any("ran out of memory" in x for x in crashed)
-    replanned = [x for x in lines if "--n-cpu-moe" in x and "starting" in x]
+    # k3desk/core/engines/engine_args.py: "re-planned after GPU out-of-memory: --n-cpu-moe A -> B"
+    replanned = [x for x in lines if "--n-cpu-moe" in x and "->" in x]
     row("CUDA OOM (plan from before)", "mid", 4096, held.text, crashed[0][:60] if crashed else "",
         goal="an out-of-memory", result="ok" if crashed else "FAIL")
     row("OOM classified", "mid", 4096, "gpu_oom" if classified else "no", goal="gpu_oom",
