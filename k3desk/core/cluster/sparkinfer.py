@@ -24,7 +24,9 @@ card's command (``sparkinfer --tp 3 --ctx-len --jdba-band``, port 9000, a direct
 as ``--model``) does not exist: :func:`explain_card_command` tells a person who
 copied it what to use instead.
 
-:class:`SparkInferCluster` starts rank 0, then the workers over SSH, then the
+:class:`SparkInferCluster` first checks that every rank runs the same build (the binary
+and its ``libsparkinfer_*.so``, by SHA-256: :mod:`k3desk.core.cluster.sparkinfer_dist`) and
+that the bridge can render a prompt, then starts rank 0, the workers over SSH, and the
 bridge; follows rank 0's log phases and the bridge's ``/readyz`` (older bridges have
 none: then ``/healthz`` plus a connect to the serve port on rank 0); watches every
 rank (a dead worker is noticed at once through its ssh connection, not at the
@@ -250,6 +252,7 @@ class SparkInferCluster(GroupSupervisor):
         self._shards = (0, 0)
         self._phase(PHASE_TEXT[0], 0, total, cfg.rank0.label)
         if attempt == 1:  # before minutes of loading: one build everywhere, a working bridge
+            self._phase(PHASE_TEXT[0], 0, total, "comparing every rank's SparkInfer build")
             binaries = [n.sparkinfer_bin or BINARY for n in cfg.cluster.nodes]
             dists = check_dist(
                 cfg.cluster.nodes,
