@@ -17,6 +17,10 @@ python -m pytest -q -p tests.noqt -p no:pytest-qt \
 echo "== llama.cpp as the oracle: sets its tools write, and its loader's verdicts"
 python -m pytest -q -p tests.noqt -p no:pytest-qt \
   -W "ignore:Unknown config option:pytest.PytestConfigWarning" tests/oracle
+echo "== the GPU checks, every step that needs no GPU (under 2 minutes on 2 cores)"
+dc_work=$(mktemp -d)
+bash scripts/device-check.sh --dry-run --work "$dc_work"
+rm -rf "$dc_work"
 echo "== UI and end-to-end tests"
 python -m pytest -q tests --ignore=tests/core --ignore=tests/hostile --ignore=tests/oracle \
   --deselect tests/test_layering.py

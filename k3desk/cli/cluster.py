@@ -32,6 +32,7 @@ from k3desk.core.cluster.recipe import (
     LAUNCHER_MAX_CTX,
     PROFILES,
     SPARKINFER_TIER,
+    spec_draft_note,
 )
 from k3desk.core.gguf.shards import discover
 from k3desk.core.progress import Progress
@@ -500,12 +501,28 @@ def _sparkinfer(
         f"profile {profile.name}: {profile.title}, {profile.note} ({profile.source})",
         f"replies up to {cap} tokens (K3_MAX_TOKENS; {default} when a request names no limit)",
     ]
+    width = spec_draft_note(profile.name, config.spec_draft)
+    if width:
+        notes.append(width)
     if args.dry_run:
         for node, command in describe_launch(config):
             print(f"{node}: {command}")
         for note in notes:
             print(f"# {note}")
         print(f"# K3_API_KEY is masked: the key is kept in {kept}, shown when the bridge is ready")
+        print(
+            "# before the start every rank's binary and libsparkinfer_*.so are compared by "
+            "SHA-256 (as the recipe's k3_cluster.sh sync does)"
+        )
+        # what can be told without the nodes: the same warnings and refusals a start gives
+        # (the hardware is not probed in a dry run)
+        unprobed = check_sparkinfer(config, tier=tier)
+        for w in unprobed.warnings:
+            if "hardware not probed" not in w:
+                print(f"# warning: {w}")
+        for refusal in unprobed.refusals:
+            print(f"# refused: {refusal}")
+        print("# not probed (dry run): the nodes' GPUs and model copies are checked at the start")
         return None
     for note in notes:
         print(note, file=sys.stderr)

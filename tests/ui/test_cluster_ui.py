@@ -201,14 +201,17 @@ def test_the_page_adds_probes_and_judges_a_cluster_over_ssh(  # type: ignore[no-
     assert ctl.store.load() == []
 
 
-def spark_nodes(sshd: SshServer, tag: str) -> list[Node]:
-    """Three loopback nodes with the recipe tier, the SparkInfer stand-in and its bridge."""
+def spark_nodes(sshd: SshServer, tag: str, **fields: str) -> list[Node]:
+    """Three loopback nodes with the recipe tier, the SparkInfer stand-in and its bridge;
+    each its own engine address (127.0.0.1-3), as three DGX Sparks have (ranks that share
+    an address share a machine, and its GPUs); ``fields`` set on every node."""
     nodes = []
     for i in range(3):
         node = sshd.node(
             f"{tag}{i}",
             sparkinfer_bin=str(FAKES / "kimi_k3_dist_generate"),
             python="/usr/bin/python3",
+            **{"address": f"127.0.0.{1 + i}", **fields},
         )
         write_recipe_twin(Path(node.model_path))
         write_model_extras(node.model_path)  # the chat template and tokenizer/, as the recipe

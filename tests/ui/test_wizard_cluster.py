@@ -60,7 +60,10 @@ def test_the_wizard_probes_a_cluster_judges_tiers_for_it_and_starts_sparkinfer_t
         detect, "detect_disk", lambda p, *a, **kw: replace(real_disk(p, *a, **kw), free=10 * 2**30)
     )
     ctl = ctx.cluster
-    ctl.save_cluster(Cluster("sparks", tuple(spark_nodes(sshd, "wiz-spark"))))
+    # one loopback address for all three (RPC refuses that below); gpu=0: each node is a
+    # machine of its own to SparkInfer, as three Sparks are
+    nodes = spark_nodes(sshd, "wiz-spark", address="127.0.0.1", gpu="0")
+    ctl.save_cluster(Cluster("sparks", tuple(nodes)))
     _window, wiz = open_wizard(ctx, qtbot, hardware_file)
     # one RTX 5090: the SparkInfer tier streams from disk on this machine alone
     machine = {row.tier.id: row.label for row in wiz.hardware.judgement.rows}

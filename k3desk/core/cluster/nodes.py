@@ -24,6 +24,7 @@ CLUSTERS_SCHEMA = 1
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _HOST_RE = re.compile(r"[A-Za-z0-9._:%\[\]-]+")
 _USER_RE = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,63}")
+_GPU_RE = re.compile(r"[0-9]{1,3}|GPU-[0-9A-Fa-f-]{8,64}|MIG-[0-9A-Fa-f/-]{8,80}")
 
 
 class ClusterError(K3Error):
@@ -57,6 +58,10 @@ class Node:
     python: str = "python3"  # interpreter for the self-contained probe
     sparkinfer_bin: str = "kimi_k3_dist_generate"  # SparkInfer's binary on the node
     rpc_server_bin: str = ""  # llama.cpp's RPC worker; "" = rpc-server or ggml-rpc-server
+    # SparkInfer: the GPU this node's rank runs on (its CUDA_VISIBLE_DEVICES: an index or a
+    # GPU-UUID); "" = GPU 0, or 0, 1, 2, 3 in rank order for ranks sharing an engine address
+    # (one PC), as the recipe's k3_cluster.sh chooses (role_gpu)
+    gpu: str = ""
 
     @property
     def label(self) -> str:
@@ -94,6 +99,10 @@ class Node:
             out.append(f"{who}: ssh port {self.port!r} must be between 1 and 65535")
         if self.address and not _HOST_RE.fullmatch(self.address):
             out.append(f"{who}: address {self.address!r} is not a host name or address")
+        if self.gpu and not _GPU_RE.fullmatch(self.gpu):
+            out.append(
+                f"{who}: gpu {self.gpu!r} is not a GPU index (0, 1, ...) or UUID (GPU-...)"
+            )
         if self.name and not _NAME_RE.fullmatch(self.name):
             out.append(f"{who}: name {self.name!r} may use only letters, digits, '.', '_' and '-'")
         for attr in ("model_path", "workdir", "identity"):
@@ -135,7 +144,7 @@ def parse_node_spec(spec: str, **defaults: Any) -> Node:
     """``[user@]host[:port][,key=value...]`` -> :class:`Node`.
 
     Keys: ``address``, ``identity``, ``model``/``model_path``, ``workdir``, ``name``,
-    ``k3desk``, ``python``, ``sparkinfer``, ``rpc``.  ``defaults`` fill what the
+    ``k3desk``, ``python``, ``sparkinfer``, ``rpc``, ``gpu``.  ``defaults`` fill what the
     spec leaves out.  IPv6 hosts go in brackets: ``[fd00::2]:22``.
     """
     head, *opts = [part.strip() for part in spec.split(",")]
@@ -175,7 +184,7 @@ def parse_node_spec(spec: str, **defaults: Any) -> Node:
             raise ClusterError(
                 f"Node {spec!r}: unknown option {key!r}.",
                 "Options: address, identity, model, workdir, name, k3desk, python, "
-                "sparkinfer, rpc.",
+                "sparkinfer, rpc, gpu.",
             )
         fields[key] = value
     node = Node(

@@ -4,13 +4,20 @@ Sources (cited by path; the recipe is vcruz305/kimi-k3-neuron-tp3-dgxspark-recip
 ``aab21c4``, its engine gittensor-ai-lab/sparkinfer-k3 v0.2.2 = ``7a9b77a`` plus the
 recipe's patch chain through 0026):
 
-* ``scripts/k3_cluster.sh``, ``worker()``: the public launcher exports, on every rank,
-  ``NCCL_NVLS_ENABLE=0 SPARKINFER_K3_MOE_WEPS=0 SPARKINFER_K3_GRAPH=0
-  SPARKINFER_K3_PREFILL_CHUNK=16 SPARKINFER_K3_DIST_HEAD_BAND=1 SPARKINFER_K3_PROJ_TOKS=8``,
-  ``CUDA_VISIBLE_DEVICES=<the role's GPU>`` (0 on a DGX Spark) and
-  ``LD_LIBRARY_PATH=$DIST:...``, and passes ``--max-ctx $MAX_CTX`` (default 4096) and
-  ``--spec-draft $SPEC_K --spec-ngram-min 1 --spec-ngram-max $SPEC_K --spec-min-occur 2
-  --spec-majority 2/3`` (``SPEC_K`` default 8) to every rank.
+* ``scripts/k3_cluster.sh``, ``worker()`` (lines 118-147): the public launcher exports, on
+  every rank, ``LD_LIBRARY_PATH=$DIST:...`` (line 131), ``CUDA_VISIBLE_DEVICES=<the role's
+  GPU>`` (132) and ``NCCL_NVLS_ENABLE=0 SPARKINFER_K3_MOE_WEPS=0 SPARKINFER_K3_GRAPH=0
+  SPARKINFER_K3_PREFILL_CHUNK=16 SPARKINFER_K3_DIST_HEAD_BAND=1 SPARKINFER_K3_PROJ_TOKS=8``
+  (133-138), and passes ``--rank --world --model --max-ctx $MAX_CTX`` (default 4096, line
+  49) and ``--spec-draft $SPEC_K --spec-ngram-min 1 --spec-ngram-max $SPEC_K
+  --spec-min-occur 2 --spec-majority 2/3`` (128-129; ``SPEC_K`` default 8, line 50) to every
+  rank: the n-gram window follows K.  The coordinator adds ``--listen $LISTEN --serve
+  $SERVE`` (140; defaults ``0.0.0.0:29500`` and ``127.0.0.1:29600``, lines 47-48), the
+  others ``--coord $COORDINATOR_FABRIC:<LISTEN's port>`` (142).
+* The role's GPU (``role_gpu``, lines 84-91): ``GPU_COORDINATOR`` (default 0) for the
+  coordinator; in ``MODE=local`` (one PC, ``COORDINATOR_FABRIC=127.0.0.1``) the others take
+  ``GPU_COMPUTE_A/B/C`` (defaults 1, 2, 3); in ``MODE=remote`` each peer is started on GPU
+  0 (line 217).  k3desk: :func:`k3desk.core.cluster.sparkinfer_config.rank_gpu`.
 * Why each matters, in the engine's v0.2.2 source: ``SPARKINFER_K3_MOE_WEPS`` defaults
   to 0.08 and skips experts whose routing weight is below it, "NOT bit-identical"
   (``kernels/csrc/cuda/kimi_k3/k3_kernels.cu``, ``k3_moe_weps_host``); ``=0`` "restores
@@ -43,19 +50,20 @@ RECIPE_COMMIT = "aab21c4"
 PREFILL_CHUNK_ENV = "SPARKINFER_K3_PREFILL_CHUNK"
 PREFILL_CHUNK_DEFAULT = 64  # kimi_k3_dist_generate.cpp (patch 0024): `int chunk = 64;`
 SPEC_DRAFT_RANGE = (2, 16)  # [2, kMaxStepTokens] (patch 0024)
-LAUNCHER_MAX_CTX = 4096  # k3_cluster.sh: MAX_CTX=${MAX_CTX:-4096}
+LAUNCHER_MAX_CTX = 4096  # k3_cluster.sh:49 MAX_CTX=${MAX_CTX:-4096}
+LAUNCHER_SPEC_K = 8  # k3_cluster.sh:50 SPEC_K=${SPEC_K:-8}
 # the one tier SparkInfer loads: the pruned 9-shard vcruz305 UD-IQ1_S (others are refused:
 # "GGUF MoE geometry is not the Neuron 896x1536 recipe target")
 SPARKINFER_TIER = "vcruz305-ud-iq1s"
 
-# What every profile exports (the receipts' "common run shape" and k3_cluster.sh).
-# CUDA_VISIBLE_DEVICES: one process per node on its GPU 0, as the launcher starts peers.
+# What every profile exports (the receipts' "common run shape"; k3_cluster.sh:133-136).
+# CUDA_VISIBLE_DEVICES is the rank's own (k3_cluster.sh:132, role_gpu): see
+# sparkinfer_config.rank_gpu.
 COMMON_ENV: dict[str, str] = {
     "NCCL_NVLS_ENABLE": "0",
     "SPARKINFER_K3_MOE_WEPS": "0",
     "SPARKINFER_K3_GRAPH": "0",
     PREFILL_CHUNK_ENV: "16",
-    "CUDA_VISIBLE_DEVICES": "0",
 }
 DRAFTER_ARGS = ("--spec-ngram-min", "1", "--spec-min-occur", "2", "--spec-majority", "2/3")
 
@@ -71,13 +79,19 @@ class RecipeProfile:
     spec_args: tuple[str, ...]  # the drafter's flags besides --spec-draft
     source: str  # the recipe file it comes from
     note: str  # what it was measured to do
+    # the launcher's ``--spec-ngram-max "$SPEC_K"`` (k3_cluster.sh:129): the n-gram window
+    # follows K, so ``--spec-draft 4`` on this profile is the launcher's ``SPEC_K=4``
+    ngram_max_follows_k: bool = False
 
     def args(self, spec_draft: int | None = None) -> list[str]:
         """The flags after ``--max-ctx`` (``spec_draft`` overrides K; 0 turns drafting off)."""
         k = self.spec_draft if spec_draft is None else spec_draft
         if not k:
             return []
-        return ["--spec-draft", str(k), *self.spec_args]
+        spec = list(self.spec_args)
+        if self.ngram_max_follows_k and "--spec-ngram-max" in spec:
+            spec[spec.index("--spec-ngram-max") + 1] = str(k)
+        return ["--spec-draft", str(k), *spec]
 
 
 PROFILES: dict[str, RecipeProfile] = {
@@ -92,6 +106,7 @@ PROFILES: dict[str, RecipeProfile] = {
             "scripts/k3_cluster.sh; evidence/specdec-k8-p8-12tps-RECEIPT.md",
             "the qualified TP3 profile: 12.55 tok/s on repeat-heavy structured text, "
             "near the 6.49 tok/s baseline on prose",
+            ngram_max_follows_k=True,
         ),
         RecipeProfile(
             "k4",
@@ -180,3 +195,24 @@ def engine_refusals(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
             f"gives a prefill chunk of {chunk}."
         )
     return out
+
+
+def spec_draft_note(profile: str, spec_draft: int | None) -> str:
+    """What ``--spec-draft`` given over ``profile`` runs, in the recipe's words ('' when it
+    is the profile's own K or the profile is unknown)."""
+    p = PROFILES.get(profile)
+    if p is None or spec_draft is None or spec_draft == p.spec_draft:
+        return ""
+    if not spec_draft:
+        return f"--spec-draft 0 turns drafting off: profile {p.name}'s environment, no drafter."
+    args = " ".join(p.args(spec_draft)[2:])
+    if p.ngram_max_follows_k:
+        receipt = " The K=4 receipt's own combination is --profile k4." if spec_draft == 4 else ""
+        return (
+            f"--spec-draft {spec_draft} on profile {p.name} is the launcher with "
+            f"SPEC_K={spec_draft} (k3_cluster.sh:128-129): {args}, with its environment.{receipt}"
+        )
+    return (
+        f"--spec-draft {spec_draft} on profile {p.name} keeps that profile's drafter flags "
+        f"({args}); no receipt measured this width."
+    )

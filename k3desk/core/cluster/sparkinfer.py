@@ -24,7 +24,9 @@ card's command (``sparkinfer --tp 3 --ctx-len --jdba-band``, port 9000, a direct
 as ``--model``) does not exist: :func:`explain_card_command` tells a person who
 copied it what to use instead.
 
-:class:`SparkInferCluster` starts rank 0, then the workers over SSH, then the
+:class:`SparkInferCluster` first checks that every rank runs the same build (the binary
+and its ``libsparkinfer_*.so``, by SHA-256: :mod:`k3desk.core.cluster.sparkinfer_dist`) and
+that the bridge can render a prompt, then starts rank 0, the workers over SSH, and the
 bridge; follows rank 0's log phases and the bridge's ``/readyz`` (older bridges have
 none: then ``/healthz`` plus a connect to the serve port on rank 0); watches every
 rank (a dead worker is noticed at once through its ssh connection, not at the
@@ -78,6 +80,7 @@ from k3desk.core.cluster.sparkinfer_config import (
     rank_argv,
     reply_caps,
 )
+from k3desk.core.cluster.sparkinfer_dist import check_dist, ssh_runner
 from k3desk.core.cluster.ssh import (
     RemoteProcess,
     SshClient,
@@ -191,6 +194,7 @@ class SparkInferCluster(GroupSupervisor):
         self._flag_cond = threading.Condition()
         self._shards = (0, 0)
         self.stats: list[ServeStats] = []
+        self._lib_dirs: dict[int, str] = {}  # rank -> its binary's folder (bare names)
 
     @property
     def ranks(self) -> list[RemoteProcess]:
@@ -225,8 +229,8 @@ class SparkInferCluster(GroupSupervisor):
             self._client(node),
             rank_argv(cfg, rank),
             name=f"rank {rank}",
-            env=cfg.rank_env,
-            library_path=cfg.library_path(node),
+            env=cfg.rank_env_of(rank),
+            library_path=cfg.library_path(node) or self._lib_dirs.get(rank, ""),
             cwd=node.workdir,
             log_path=self._log_path(attempt, f"rank{rank}"),
             on_line=self._rank0_line if rank == 0 else None,
@@ -247,7 +251,15 @@ class SparkInferCluster(GroupSupervisor):
             self._flags = set()
         self._shards = (0, 0)
         self._phase(PHASE_TEXT[0], 0, total, cfg.rank0.label)
-        if attempt == 1:  # before minutes of loading: can the recipe's bridge work there?
+        if attempt == 1:  # before minutes of loading: one build everywhere, a working bridge
+            self._phase(PHASE_TEXT[0], 0, total, "comparing every rank's SparkInfer build")
+            binaries = [n.sparkinfer_bin or BINARY for n in cfg.cluster.nodes]
+            dists = check_dist(
+                cfg.cluster.nodes,
+                binaries,
+                ssh_runner(self._client, self._connect_timeout + 30, cancel),
+            )
+            self._lib_dirs = {r: d.folder for r, d in enumerate(dists)}
             require_bridge_env(
                 self._client(cfg.rank0),
                 bridge_argv=bridge_argv(cfg),

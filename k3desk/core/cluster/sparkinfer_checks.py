@@ -23,6 +23,7 @@ from k3desk.core.cluster.sparkinfer_config import (
     TOKENIZER_REPO,
     SparkInferConfig,
     rank_argv,
+    rank_gpu,
     tokenizer_command,
 )
 from k3desk.core.hardware.profile import GpuInfo, HardwareProfile
@@ -171,6 +172,15 @@ def check_sparkinfer(
             "(Blackwell, sm_121). The card's 'all Blackwell chips (H200, ...)' is wrong: H200 "
             "is Hopper (sm_90)."
         )
+    for rank, node in enumerate(nodes):
+        profile = (profiles or {}).get(node.label)
+        gpu = rank_gpu(config, rank)
+        if profile is not None and profile.gpus and gpu.isdigit() and int(gpu) >= len(profile.gpus):
+            refusals.append(
+                f"Rank {rank} ({node.label}) would run on GPU {gpu} (CUDA_VISIBLE_DEVICES), "
+                f"and that machine has {len(profile.gpus)}: ranks that share an address share "
+                "a machine and take GPUs 0, 1, 2, ... in turn; set gpu= for the node."
+            )
     for rep in reports:
         copy = rep.copy
         if copy is None:

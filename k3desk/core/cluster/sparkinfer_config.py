@@ -3,6 +3,7 @@ environment, as the recipe runs them (see :mod:`k3desk.core.cluster.sparkinfer`)
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
@@ -115,14 +116,23 @@ class SparkInferConfig:
 
     @property
     def rank_env(self) -> dict[str, str]:
-        """Every rank's environment: the GPU order, the profile's, then ``env``."""
+        """What every rank's environment shares: the GPU order, the profile's, then ``env``
+        (each rank's own GPU comes first: :meth:`rank_env_of`)."""
         return launch_env({**self.recipe_profile.env, **self.env})
 
+    def rank_env_of(self, rank: int) -> dict[str, str]:
+        """The environment of ``rank``: its GPU (``CUDA_VISIBLE_DEVICES``, k3_cluster.sh:132),
+        then what every rank shares (``env`` may still name another GPU)."""
+        gpu = {"CUDA_VISIBLE_DEVICES": rank_gpu(self, rank)}
+        return launch_env({**gpu, **self.recipe_profile.env, **self.env})
+
     def library_path(self, node: Node) -> str:
-        """The folder of the node's binary, which k3_cluster.sh puts before
-        LD_LIBRARY_PATH (its dist/ holds libsparkinfer_runtime.so and libsparkinfer_moe.so)."""
-        binary = node.sparkinfer_bin
-        return str(PurePosixPath(binary).parent) if binary.startswith("/") else ""
+        """The folder of the node's binary, which k3_cluster.sh puts before LD_LIBRARY_PATH
+        (line 131: its dist/ holds libsparkinfer_runtime.so and libsparkinfer_moe.so, lines
+        74-75).  '' for a bare program name: the launch finds its folder on the node
+        (:mod:`k3desk.core.cluster.sparkinfer_dist`), a dry run shows :data:`BIN_DIR_EXPR`."""
+        binary = node.sparkinfer_bin or BINARY
+        return str(PurePosixPath(binary).parent) if "/" in binary else ""
 
     def model_path(self, node: Node) -> str:
         if not node.model_path:
@@ -176,8 +186,39 @@ class SparkInferConfig:
         )
 
 
+# What a shell on the node makes of a bare program name's folder (for a dry run's text).
+BIN_DIR_EXPR = '"$(dirname -- "$(readlink -f -- "$(command -v -- {binary})")")"'
+
+
+def rank_gpu(config: SparkInferConfig, rank: int) -> str:
+    """The GPU ``rank`` runs on (its ``CUDA_VISIBLE_DEVICES``), as k3_cluster.sh chooses it.
+
+    The launcher (``role_gpu``, lines 84-91; ``start``, 214-217): one rank per machine runs
+    on GPU 0 (``MODE=remote`` starts every peer with GPU 0, and ``GPU_COORDINATOR``
+    defaults to 0); on one PC (``MODE=local``, ``COORDINATOR_FABRIC=127.0.0.1``) the
+    coordinator, compute-a, -b and -c take GPUs 0, 1, 2, 3.  Here the ranks that share an
+    engine address share a machine and take 0, 1, 2, ... in rank order; a node's ``gpu=``
+    chooses for itself (the launcher's ``GPU_COORDINATOR`` / ``GPU_COMPUTE_A`` ...).
+    """
+    nodes = config.cluster.nodes
+    node = nodes[rank]
+    if node.gpu:
+        return node.gpu
+    same = [i for i, n in enumerate(nodes) if n.engine_address == node.engine_address]
+    return str(same.index(rank))
+
+
 def rank_argv(config: SparkInferConfig, rank: int) -> list[str]:
-    """The verified command line of ``rank`` (0 = coordinator)."""
+    """The verified command line of ``rank`` (0 = coordinator).
+
+    Rank 0 listens on its own engine address, where k3_cluster.sh listens on
+    ``0.0.0.0:29500`` (``LISTEN``, line 47; ``--listen "$LISTEN"``, line 140).  The
+    workers connect to ``$COORDINATOR_FABRIC:<port>`` either way (line 142, and here the
+    same address), so they find it; but the bootstrap port (the NCCL id handed out, then
+    weights loaded on command) is not offered on every other network the machine is on,
+    the management or public one included.  The recipe itself asks for "a private fabric
+    address for cluster coordination, not a management gateway" (README, Prerequisites).
+    """
     node = config.cluster.nodes[rank]
     coord = f"{config.rank0.engine_address}:{config.coord_port}"
     argv = [node.sparkinfer_bin or BINARY, "--rank", str(rank), "--world", str(config.world)]
@@ -206,16 +247,23 @@ def bridge_argv(config: SparkInferConfig) -> list[str]:
     return [a.format(**values) for a in config.bridge_argv]
 
 
+RECIPE_DEFAULT_MAX_TOKENS = 512  # api-server/run-api.sh:30, server.py:46
+
+
 def reply_caps(max_ctx: int) -> tuple[int, int]:
     """(K3_MAX_TOKENS, K3_DEFAULT_MAX_TOKENS) for a context of ``max_ctx`` tokens.
 
     The bridge refuses a request that asks for more than K3_MAX_TOKENS and one whose
     prompt plus completion exceeds K3_MAX_CONTEXT_TOKENS (``validate_request`` in
-    api-server/server.py), so the cap is the context itself; the default for a request
-    that names no limit leaves half the context to the prompt (a default of the whole
-    context would refuse every such request).
+    api-server/server.py, lines 345-349 and 363-365), so the cap is the context itself.
+
+    A request that names no limit gets K3_DEFAULT_MAX_TOKENS (server.py:343-344), which
+    counts against the context before a token is generated: the recipe's 512
+    (run-api.sh:30) with its 4096 context (README step 5, line 201) takes prompts up to
+    3,584 tokens.  So the default stays the recipe's 512 (less than half of a smaller
+    context), and only a request that asks gets more (k3desk's own chat always asks).
     """
-    return max_ctx, max(1, max_ctx // 2)
+    return max_ctx, max(1, min(RECIPE_DEFAULT_MAX_TOKENS, max_ctx // 2))
 
 
 def bridge_env(config: SparkInferConfig) -> dict[str, str]:
@@ -252,9 +300,13 @@ def describe_launch(config: SparkInferConfig, *, keyed: bool = True) -> list[tup
         config = replace(config, api_key="(made at start)")
     out = []
     for rank, node in enumerate(config.cluster.nodes):
+        library = config.library_path(node)
         command = remote_command(
-            rank_argv(config, rank), config.rank_env, library_path=config.library_path(node)
+            rank_argv(config, rank), config.rank_env_of(rank), library_path=library
         )
+        if not library:  # a bare name: its folder, found by the node's shell
+            where = BIN_DIR_EXPR.format(binary=shlex.quote(node.sparkinfer_bin or BINARY))
+            command = f"LD_LIBRARY_PATH={where}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} {command}"
         out.append((node.label, command))
     bridge = remote_command(
         bridge_argv(config), bridge_env(config), secrets=list(bridge_secrets(config))

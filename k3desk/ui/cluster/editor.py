@@ -45,6 +45,7 @@ TEXT_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("workdir", "Work folder", "on the node, for logs and the bridge; empty: the login folder"),
     ("sparkinfer_bin", "SparkInfer binary", "kimi_k3_dist_generate"),
     ("rpc_server_bin", "RPC worker binary", "empty: rpc-server or ggml-rpc-server"),
+    ("gpu", "SparkInfer GPU", "empty: GPU 0; ranks sharing an engine address take 0, 1, 2, 3"),
 )
 
 

@@ -122,13 +122,14 @@ def test_serve_sparkinfer_check_and_dry_run(
     lines = capsys.readouterr().out.splitlines()
     out = [line for line in lines if not line.startswith("#")]
     assert len(out) == 4
-    # the recipe's environment (from scripts/k3_cluster.sh) and its K=8/P8 flags on every rank
+    # the recipe's environment (from scripts/k3_cluster.sh) and its K=8/P8 flags on every rank;
+    # three ranks on one address share a machine: GPUs 0, 1, 2 (k3_cluster.sh MODE=local)
     dist = str(FAKES)
     for i, line in enumerate(out[:3]):
         assert line.startswith(
             f"s{i}: LD_LIBRARY_PATH={dist}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} "
-            "env CUDA_DEVICE_ORDER=PCI_BUS_ID NCCL_NVLS_ENABLE=0 SPARKINFER_K3_MOE_WEPS=0 "
-            "SPARKINFER_K3_GRAPH=0 SPARKINFER_K3_PREFILL_CHUNK=16 CUDA_VISIBLE_DEVICES=0 "
+            f"env CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={i} NCCL_NVLS_ENABLE=0 "
+            "SPARKINFER_K3_MOE_WEPS=0 SPARKINFER_K3_GRAPH=0 SPARKINFER_K3_PREFILL_CHUNK=16 "
             f"SPARKINFER_K3_DIST_HEAD_BAND=1 SPARKINFER_K3_PROJ_TOKS=8 {binary} --rank {i} "
         ), line
         assert line.endswith(
@@ -140,11 +141,11 @@ def test_serve_sparkinfer_check_and_dry_run(
     assert out[3].startswith(f"s0: env CUDA_DEVICE_ORDER=PCI_BUS_ID "
                              f"K3_TOKENIZER_DIR={model_dir.parent}/tokenizer "
                              f"K3_CHAT_TEMPLATE={model_dir}/k3_chat_template.jinja ")  # fmt: skip
-    assert "K3_MAX_CONTEXT_TOKENS=4096 K3_MAX_TOKENS=4096 K3_DEFAULT_MAX_TOKENS=2048 " in out[3]
+    assert "K3_MAX_CONTEXT_TOKENS=4096 K3_MAX_TOKENS=4096 K3_DEFAULT_MAX_TOKENS=512 " in out[3]
     assert out[3].endswith(f" 'K3_API_KEY=********' bash {recipe}/api-server/run-api.sh")
     notes = "\n".join(line for line in lines if line.startswith("#"))
     assert "profile k8-p8: K=8/P8 (the recipe's launcher)" in notes
-    assert "replies up to 4096 tokens (K3_MAX_TOKENS; 2048 when a request names no limit)" in notes
+    assert "replies up to 4096 tokens (K3_MAX_TOKENS; 512 when a request names no limit)" in notes
     assert "K3_API_KEY is masked" in notes
     # another of the recipe's profiles, a draft width of one's own, a context of one's own
     assert k3("cluster", "serve", "spark", "--engine", "sparkinfer", "--dry-run", "--profile",

@@ -124,8 +124,8 @@ def test_the_recipes_environment_and_flags_on_every_rank_not_the_cards() -> None
     # k3_cluster.sh worker(): exact arithmetic (no expert skipping, no CUDA graphs), the
     # launcher's prefill chunk, head banding, P8 projections, GPU 0, dist/ libraries first
     recipe_env = (
-        "env CUDA_DEVICE_ORDER=PCI_BUS_ID NCCL_NVLS_ENABLE=0 SPARKINFER_K3_MOE_WEPS=0 "
-        "SPARKINFER_K3_GRAPH=0 SPARKINFER_K3_PREFILL_CHUNK=16 CUDA_VISIBLE_DEVICES=0 "
+        "env CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0 NCCL_NVLS_ENABLE=0 "
+        "SPARKINFER_K3_MOE_WEPS=0 SPARKINFER_K3_GRAPH=0 SPARKINFER_K3_PREFILL_CHUNK=16 "
         "SPARKINFER_K3_DIST_HEAD_BAND=1 SPARKINFER_K3_PROJ_TOKS=8 "
     )
     for _, command in commands[:3]:
@@ -138,7 +138,7 @@ def test_the_recipes_environment_and_flags_on_every_rank_not_the_cards() -> None
         "K3_CHAT_TEMPLATE=/k3/model/k3_chat_template.jinja K3_API_HOST=10.0.0.11 "
         "K3_API_PORT=8000 K3_SERVE_HOST=127.0.0.1 K3_SERVE_PORT=29600 "
         "K3_MODEL_NAME=kimi-k3-neuron K3_MAX_CONTEXT_TOKENS=4096 K3_MAX_TOKENS=4096 "
-        "K3_DEFAULT_MAX_TOKENS=2048 'K3_API_KEY=********' "
+        "K3_DEFAULT_MAX_TOKENS=512 'K3_API_KEY=********' "
         "bash kimi-k3-neuron-tp3-dgxspark-recipe/api-server/run-api.sh"
     )
     assert all("s3cret-key" not in c for _, c in commands)
@@ -152,7 +152,13 @@ def test_the_recipes_environment_and_flags_on_every_rank_not_the_cards() -> None
     assert "--spec-draft" not in rank_argv(baseline, 0)
     assert baseline.rank_env["SPARKINFER_K3_GRAPH"] == "0"
     assert "--spec-draft" not in rank_argv(replace(cfg, spec_draft=0), 1)
-    assert rank_argv(replace(cfg, spec_draft=5), 1)[-10:-8] == ["--spec-draft", "5"]
+    # the launcher's SPEC_K=5: its n-gram window follows K; the K=4 receipt's stays 8
+    assert rank_argv(replace(cfg, spec_draft=5), 1)[-10:] == [
+        "--spec-draft", "5", "--spec-ngram-min", "1", "--spec-ngram-max", "5", *drafter[6:],
+    ]  # fmt: skip
+    assert rank_argv(replace(cfg, profile="k4", spec_draft=5), 1)[-10:] == [
+        "--spec-draft", "5", *drafter[2:],
+    ]  # fmt: skip
     # an open bridge is described without a key only when asked to be
     assert "K3_API_KEY" not in describe_launch(replace(cfg, api_key=""), keyed=False)[3][1]
     assert "'K3_API_KEY=********'" in describe_launch(replace(cfg, api_key=""))[3][1]
@@ -166,7 +172,7 @@ def test_the_recipes_environment_and_flags_on_every_rank_not_the_cards() -> None
     bridge = describe_launch(placed)[3][1]
     assert "K3_TOKENIZER_DIR=/hf/Kimi-K3 " in bridge
     assert "K3_CHAT_TEMPLATE=/k3/model/k3_chat_template.jinja " in bridge
-    assert "K3_MAX_CONTEXT_TOKENS=8192 K3_MAX_TOKENS=8192 K3_DEFAULT_MAX_TOKENS=4096 " in bridge
+    assert "K3_MAX_CONTEXT_TOKENS=8192 K3_MAX_TOKENS=8192 K3_DEFAULT_MAX_TOKENS=512 " in bridge
     assert bridge.endswith(" bash /srv/k3/kimi-k3-neuron-tp3-dgxspark-recipe/api-server/run-api.sh")
     assert check_sparkinfer(cfg).ok
     text = explain_card_command()
