@@ -53,7 +53,8 @@ def test_a_truncated_picture_is_refused_here_by_name(fmt: str, tmp_path: Path) -
     )
     assert "save it again" in err.value.hint
     (tmp_path / "whole").write_bytes(whole)
-    assert load_image(tmp_path / "whole").data == whole  # the whole one passes as it is
+    sent = Image.open(io.BytesIO(load_image(tmp_path / "whole").data))
+    assert sent.size == Image.open(io.BytesIO(whole)).size  # the whole one passes
 
 
 def test_chat_with_a_truncated_picture_asks_nothing(standin: StandIn, tmp_path: Path) -> None:
