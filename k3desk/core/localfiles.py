@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import stat
@@ -35,6 +36,7 @@ from typing import Any, TypeVar
 from k3desk.core.errors import K3Error
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # k3desk's records are small: the largest (200 measured runs) is under 100 KiB.
 DEFAULT_LIMIT = 1024 * 1024
@@ -49,11 +51,16 @@ class DamagedRecord(K3Error):
     """A record is not what k3desk writes (not a regular file, too large, not JSON,
     wrong types or ranges).  ``why`` is the reason in words."""
 
-    def __init__(self, path: Path, why: str, what: str = "record") -> None:
+    def __init__(
+        self, path: Path, why: str, what: str = "record", *, content: bool = False
+    ) -> None:
         super().__init__(f"The {what} {path} is damaged: {why}.")
         self.path = path
         self.why = why
         self.what = what
+        # a regular file of a sane size whose text is not UTF-8 JSON (a person can fix
+        # it by hand), rather than something that is no file to read at all
+        self.content = content
 
 
 def read_regular(path: Path, *, limit: int = DEFAULT_LIMIT, what: str = "record") -> bytes | None:
@@ -125,13 +132,13 @@ def load_json(path: Path, *, limit: int = DEFAULT_LIMIT, what: str = "record") -
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         why = f"it is not UTF-8 text ({exc.reason} at byte {exc.start})"
-        raise DamagedRecord(path, why, what) from None
+        raise DamagedRecord(path, why, what, content=True) from None
     try:
         return json.loads(text, parse_constant=_no_constant)
     except RecursionError:
-        raise DamagedRecord(path, "it is nested too deeply", what) from None
+        raise DamagedRecord(path, "it is nested too deeply", what, content=True) from None
     except ValueError as exc:
-        raise DamagedRecord(path, f"it is not valid JSON ({exc})", what) from None
+        raise DamagedRecord(path, f"it is not valid JSON ({exc})", what, content=True) from None
 
 
 def _no_constant(name: str) -> Any:
@@ -139,13 +146,26 @@ def _no_constant(name: str) -> Any:
 
 
 def set_aside(
-    path: Path, why: str, *, what: str = "record", clock: Callable[[], float] = time.time
+    path: Path,
+    why: str,
+    *,
+    what: str = "record",
+    clock: Callable[[], float] = time.time,
+    warn: bool = True,
 ) -> str:
     """Rename the damaged ``path`` to ``NAME.damaged-TIME``; the sentence that says so.
 
     The rename moves a link or a pipe itself, never what it points to.  When even
-    the rename fails, the sentence says that instead.
+    the rename fails, the sentence says that instead.  With ``warn`` the sentence is
+    also logged as a warning (the log file in the app; stderr in the CLI).
     """
+    note = _set_aside(path, why, what, clock)
+    if warn:
+        log.warning("%s", note)
+    return note
+
+
+def _set_aside(path: Path, why: str, what: str, clock: Callable[[], float]) -> str:
     bad = path.with_name(f"{path.name}.damaged-{int(clock())}")
     try:
         os.replace(path, bad)

@@ -95,14 +95,14 @@ class SettingsStore:
         try:
             raw = load_json(self.path, what="settings file")
         except DamagedRecord as exc:
-            if exc.why.startswith("it is not"):  # valid JSON / UTF-8 text: fixable by hand
+            if exc.content:  # not valid JSON / UTF-8 text: fixable by hand
                 raise SettingsError(
                     f"The settings file {self.path} cannot be read: {exc.why}.",
                     "Fix the JSON by hand, or delete the file to start again with defaults.",
                 ) from None
             # a pipe, a device, a folder, a huge file: nothing to fix by hand
             raise SettingsError(
-                set_aside(self.path, exc.why, what="settings file").replace(
+                set_aside(self.path, exc.why, what="settings file", warn=False).replace(
                     "k3desk goes on without it", "k3desk starts again with defaults"
                 ),
                 "Nothing was lost: the damaged file is kept beside the new one.",

@@ -116,9 +116,9 @@ class EndpointStore:
         try:
             data = load_json(self.file, what="endpoint list")
         except DamagedRecord as exc:
-            if not exc.why.startswith("it is not"):  # a pipe, a device, a huge file
+            if not exc.content:  # a pipe, a device, a huge file
                 raise ClusterError(
-                    set_aside(self.file, exc.why, what="endpoint list"),
+                    set_aside(self.file, exc.why, what="endpoint list", warn=False),
                     "`k3desk cluster endpoint add` writes a new one.",
                 ) from None
             data, error = None, exc.why

@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import http.client
 import json
-import logging
 import os
 import re
 import subprocess
@@ -36,8 +35,6 @@ from k3desk.core.localfiles import check_dict, load_checked
 from k3desk.core.paths import AppPaths
 from k3desk.core.private import write_private
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
-
-log = logging.getLogger(__name__)
 
 PROBE_SCHEMA = 3
 CACHE_FILE = "engine-probes.json"
@@ -306,9 +303,7 @@ def _cache_key(path: Path, st: os.stat_result) -> str:
 
 
 def _load_cache(paths: AppPaths) -> dict[str, Any]:
-    data, note = load_checked(_cache_path(paths), check_dict, what="engine check cache")
-    if note:
-        log.warning("%s", note)
+    data, _note = load_checked(_cache_path(paths), check_dict, what="engine check cache")
     return data or {}
 
 

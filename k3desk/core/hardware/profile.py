@@ -186,7 +186,7 @@ class HardwareProfile:
         try:
             data = load_json(p, what="hardware file")
         except DamagedRecord as exc:
-            if exc.why.startswith("it is not valid JSON") or exc.why.startswith("it is not UTF"):
+            if exc.content:
                 raise HardwareError(
                     f"Hardware file {p} is not valid JSON: {exc.why}.",
                     "Start from the output of `k3desk doctor --json`.",
