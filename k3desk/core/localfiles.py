@@ -176,8 +176,9 @@ def _set_aside(path: Path, why: str, what: str, clock: Callable[[], float]) -> s
             f"The {what} {path} is damaged ({why}) and could not be set aside "
             f"({exc.strerror or exc}); k3desk goes on without it."
         )
-    with contextlib.suppress(OSError):
-        os.chmod(bad, 0o600, follow_symlinks=False)
+    with contextlib.suppress(OSError):  # a link or a pipe is moved, not changed
+        if stat.S_ISREG(os.lstat(bad).st_mode):
+            os.chmod(bad, 0o600)
     return (
         f"The {what} {path} was damaged ({why}); it was kept as {bad.name} "
         "and k3desk goes on without it."
