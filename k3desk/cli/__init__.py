@@ -124,6 +124,8 @@ def main(argv: Sequence[str], services: Services) -> int:
 # Text options whose undecodable bytes are replaced, with a note, where they are used
 # (a prompt and a system prompt are the person's words: they are sent, not refused).
 TEXT_KEPT_WITH_NOTE = frozenset({("chat", "positional"), ("chat", "system")})
+# Options that name a small JSON file k3desk reads whole (`k3desk doctor --json` output).
+SMALL_FILE_OPTIONS = frozenset({"hardware"})
 # The largest whole number any option takes (a byte count, a seed): beyond it is a typo.
 INT_LIMIT = 2**63 - 1
 
@@ -154,6 +156,7 @@ def argument_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     device or a socket (no option reads or writes one: ``--hardware /dev/zero`` would be
     read without end).  File and folder paths keep their bytes: the file system takes
     them as they are."""
+    from k3desk.core.localfiles import DEFAULT_LIMIT
     from k3desk.core.safepaths import has_undecodable, what_is
 
     for path, p in chosen_parsers(parser, args):
@@ -175,6 +178,13 @@ def argument_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) 
                     kind = what_is(v)
                     if kind.startswith(("a named pipe", "a device", "a socket")):
                         return f"argument {name}: {v} is {kind}, not a file or folder"
+                    if action.dest in SMALL_FILE_OPTIONS and not kind:
+                        size = v.stat().st_size
+                        if size > DEFAULT_LIMIT:
+                            return (
+                                f"argument {name}: {v} holds {size:,} bytes; a file for "
+                                f"{name} is at most {DEFAULT_LIMIT:,}"
+                            )
                 if (
                     isinstance(v, str)
                     and (command, action.dest) not in TEXT_KEPT_WITH_NOTE
