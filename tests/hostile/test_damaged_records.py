@@ -33,26 +33,19 @@ from k3desk.core.tuning.calibration import CalibrationStore, SpeedRecord
 from k3desk.core.tuning.identity import machine_key, model_key
 from k3desk.core.tuning.tuned import TunedChoice, TunedStore, apply_tuned
 from tests.conftest import REPO
-from tests.hostile.conftest import bounded, k3desk_env, no_traceback, run_k3desk
+from tests.hostile.conftest import (
+    NOT_A_FILE,
+    bounded,
+    k3desk_env,
+    no_traceback,
+    run_k3desk,
+)
 
 MiB = 1024 * 1024
 HARDWARE = REPO / "resources" / "hardware" / "epyc9554p-1.5TB-cpu.json"
 
 
 # ------------------------------------------------------------ what is put there
-
-
-def fifo(path: Path) -> None:
-    os.mkfifo(path)
-
-
-def dev_zero(path: Path) -> None:
-    path.symlink_to("/dev/zero")
-
-
-def huge(path: Path) -> None:
-    with open(path, "wb") as f:  # 170 MB that costs no disk: a sparse file of zeros
-        f.truncate(170 * 1000 * 1000)
 
 
 def a_list(path: Path) -> None:
@@ -63,13 +56,7 @@ def nan(path: Path) -> None:
     path.write_text('{"schema": 1, "records": NaN, "machines": NaN, "endpoints": NaN}\n')
 
 
-GENERIC = {
-    "fifo": fifo,
-    "link to /dev/zero": dev_zero,
-    "170 MB": huge,
-    "a list": a_list,
-    "NaN": nan,
-}
+GENERIC = {**NOT_A_FILE, "a list": a_list, "NaN": nan}
 
 
 # ------------------------------------------------------------ the stores
