@@ -46,6 +46,7 @@ def test_the_engine_check_cache_is_private_under_umask_000(tmp_path: Path) -> No
     cache = paths.cache / probe.CACHE_FILE
     assert (mode(paths.cache), mode(cache)) == (0o700, 0o600)
     assert not [p for p in paths.cache.iterdir() if p.name.endswith(".tmp")]
+    assert probe._load_cache(paths) == {"key": {"schema": 0}}  # and it reads back
 
 
 def test_a_history_file_that_is_a_pipe_does_not_hang_chat_save(standin: StandIn) -> None:

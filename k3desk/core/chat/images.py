@@ -343,9 +343,9 @@ def _check_png_data(data: bytes, info: ImageInfo, name: str) -> None:
             if kind != b"IDAT" or ended:
                 continue
             while body:
-                # at most what is still allowed, a MiB at a time: a bomb is stopped
-                # once it passes the size its pixels need, not after inflating it all
-                out = inflater.decompress(body, 1 << 20)
+                # at most one byte past what its pixels need, a MiB at a time: a bomb
+                # is stopped there, not after inflating it all
+                out = inflater.decompress(body, min(1 << 20, expected - got + 1))
                 got += len(out)
                 if got > expected:
                     raise ImageError(

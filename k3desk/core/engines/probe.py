@@ -303,7 +303,9 @@ def _cache_key(path: Path, st: os.stat_result) -> str:
 
 
 def _load_cache(paths: AppPaths) -> dict[str, Any]:
-    data, _note = load_checked(_cache_path(paths), check_dict, what="engine check cache")
+    data, _note = load_checked(
+        _cache_path(paths), lambda d: check_dict(d, "the cache"), what="engine check cache"
+    )
     return data or {}
 
 

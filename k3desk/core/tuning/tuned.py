@@ -124,8 +124,8 @@ def _valid(c: TunedChoice, cpu_threads: int) -> bool:
             return False
     if c.batch is not None and c.ubatch is not None and c.batch < c.ubatch:
         return False
-    if c.mmproj_on_cpu is not None and not isinstance(c.mmproj_on_cpu, bool):
-        return False
+    if not isinstance(c.mmproj_on_cpu, bool | None):  # the file's JSON, not the type hint
+        return False  # type: ignore[unreachable]
     try:
         check_when(c.when)
         check_text(c.label, "label", 512)
