@@ -129,6 +129,14 @@ def test_every_option_refuses_what_it_cannot_use(option: Option, tmp_path: Path)
     values = bad_values(option, fifo)
     if not values:
         pytest.skip(f"{option.action.type} parses and refuses on its own")
+    if option.action.type is Path and not option.action.option_strings:
+        # the file a command is about: the command itself says what it is (exit 1)
+        for value in values:
+            r = run_k3desk(*argv_with(option, value), timeout=10)
+            no_traceback(r.stderr)
+            assert r.returncode in (1, 2), r.stderr.decode()
+            assert f"{value} is " in r.stderr.decode(), r.stderr.decode()
+        return
     for value in values:
         argv = argv_with(option, value)
         run = bounded(lambda argv=argv: parse(argv), 10)
