@@ -12,9 +12,11 @@ import argparse
 import contextlib
 import importlib
 import io
+import math
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from k3desk import __version__
@@ -119,10 +121,89 @@ def main(argv: Sequence[str], services: Services) -> int:
         return _reader_gone()
 
 
+# Text options whose undecodable bytes are replaced, with a note, where they are used
+# (a prompt and a system prompt are the person's words: they are sent, not refused).
+TEXT_KEPT_WITH_NOTE = frozenset({("chat", "positional"), ("chat", "system")})
+# Options that name a small JSON file k3desk reads whole (`k3desk doctor --json` output).
+SMALL_FILE_OPTIONS = frozenset({"hardware"})
+# The largest whole number any option takes (a byte count, a seed): beyond it is a typo.
+INT_LIMIT = 2**63 - 1
+
+
+def chosen_parsers(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> list[tuple[str, argparse.ArgumentParser]]:
+    """The parser and the sub-command parsers ``args`` went through, each with its path
+    ("cluster endpoint add")."""
+    out = [("", parser)]
+    path: list[str] = []
+    current = parser
+    while True:
+        subs = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subs[0].dest, None) if subs else None
+        if not subs or not isinstance(name, str) or name not in subs[0].choices:
+            return out
+        path.append(name)
+        current = subs[0].choices[name]
+        out.append((" ".join(path), current))
+
+
+def argument_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """What is wrong with a parsed value that argparse's own types let through ("" if
+    nothing): a number that is not finite (``--temperature nan``), a whole number beyond
+    any use, undecodable bytes in a text option (a model id, a URL, a stop string: they
+    go into JSON and HTTP, which cannot carry them), a path that names a named pipe, a
+    device or a socket (no option reads or writes one: ``--hardware /dev/zero`` would be
+    read without end).  File and folder paths keep their bytes: the file system takes
+    them as they are."""
+    from k3desk.core.localfiles import DEFAULT_LIMIT
+    from k3desk.core.safepaths import has_undecodable, what_is
+
+    for path, p in chosen_parsers(parser, args):
+        command = path.split(" ", 1)[0] if path else ""
+        for action in p._actions:
+            if action.dest in (argparse.SUPPRESS, "help") or not hasattr(args, action.dest):
+                continue
+            value = getattr(args, action.dest)
+            if value is None or value is action.default:
+                continue
+            name = "/".join(action.option_strings) or action.dest
+            values = value if isinstance(value, list) else [value]
+            for v in values:
+                if isinstance(v, float) and not math.isfinite(v):
+                    return f"argument {name}: {v!r} is not a number k3desk can use"
+                if isinstance(v, int) and not isinstance(v, bool) and abs(v) > INT_LIMIT:
+                    return f"argument {name}: {v} is far beyond any value it takes"
+                if isinstance(v, Path) and action.option_strings:
+                    # (a model named as the command's positional is judged by the command,
+                    # which says what it is: tests/hostile/test_not_files.py)
+                    kind = what_is(v)
+                    if kind.startswith(("a named pipe", "a device", "a socket")):
+                        return f"argument {name}: {v} is {kind}, not a file or folder"
+                    if action.dest in SMALL_FILE_OPTIONS and not kind:
+                        size = v.stat().st_size
+                        if size > DEFAULT_LIMIT:
+                            return (
+                                f"argument {name}: {v} holds {size:,} bytes; a file for "
+                                f"{name} is at most {DEFAULT_LIMIT:,}"
+                            )
+                if (
+                    isinstance(v, str)
+                    and (command, action.dest) not in TEXT_KEPT_WITH_NOTE
+                    and has_undecodable(v)
+                ):
+                    return f"argument {name}: {os.fsencode(v)!r:.80} has bytes that are not UTF-8"
+    return ""
+
+
 def _run(argv: Sequence[str], services: Services) -> int:
     argv = cluster_serve_alias(list(argv))
     parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
     args = parser.parse_args(argv)
+    problem = argument_problem(parser, args)
+    if problem:
+        # exit 2, as for any other argument argparse refuses, with the sub-command's usage
+        chosen_parsers(parser, args)[-1][1].error(problem)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

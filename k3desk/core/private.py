@@ -12,6 +12,9 @@ shared machine.  Everything k3desk writes for itself goes through here:
   created 0600 from the start (never briefly readable by others);
 * :func:`open_private` opens a file for writing or appending, created 0600.
 
+What is opened in place (not replaced) must be a regular file: a named pipe or a
+device there is refused with an OSError, never waited on.
+
 A folder or file owned by someone else is left as it is (k3desk cannot and
 should not change it).
 """
@@ -19,7 +22,9 @@ should not change it).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import IO, Literal, overload
@@ -60,10 +65,32 @@ def make_private(path: Path) -> None:
     _tighten(path, DIR_MODE if path.is_dir() else FILE_MODE)
 
 
+def _open_regular(path: Path, flags: int) -> int:
+    """``os.open`` that never waits and gives only a regular file: a named pipe without
+    a reader would block a plain open for writing for ever (``O_NONBLOCK`` makes it fail
+    with ENXIO instead), and a pipe with a reader, a device or a socket is refused."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0), FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise OSError(
+                errno.ENXIO, "it is a named pipe or socket, not a file", str(path)
+            ) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "it is not a regular file (a pipe or a device)", str(path))
+    os.set_blocking(fd, True)
+    return fd
+
+
 def private_file(path: Path) -> Path:
-    """Create ``path`` empty as 0600 if it does not exist; tighten it if it does."""
+    """Create ``path`` empty as 0600 if it does not exist; tighten it if it does.
+
+    Raises OSError when it exists and is not a regular file (never waits on a pipe)."""
     private_dir(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    fd = _open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC)
     os.close(fd)
     _tighten(path, FILE_MODE)
     return path
@@ -78,7 +105,7 @@ def open_private(path: Path, mode: str = "w") -> IO[str] | IO[bytes]:
     private_dir(path.parent)
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
     flags |= os.O_APPEND if mode.startswith("a") else os.O_TRUNC
-    fd = os.open(path, flags, FILE_MODE)
+    fd = _open_regular(path, flags)
     _tighten(path, FILE_MODE)
     if "b" in mode:
         return os.fdopen(fd, mode)

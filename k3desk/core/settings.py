@@ -15,6 +15,7 @@ from typing import Any, Literal, cast
 
 from k3desk.core.chat.client import THINKING_EFFORTS
 from k3desk.core.errors import K3Error
+from k3desk.core.localfiles import DamagedRecord, load_json, set_aside
 from k3desk.core.private import write_private
 
 Theme = Literal["system", "light", "dark"]
@@ -91,15 +92,28 @@ class SettingsStore:
         return self.path.is_file()
 
     def load(self) -> Settings:
-        if not self.path.exists():
-            return Settings()
         try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raw = load_json(self.path, what="settings file")
+        except DamagedRecord as exc:
+            if exc.content:  # not valid JSON / UTF-8 text: fixable by hand
+                raise SettingsError(
+                    f"The settings file {self.path} cannot be read: {exc.why}.",
+                    "Fix the JSON by hand, or delete the file to start again with defaults.",
+                ) from None
+            # a pipe, a device, a folder, a huge file: nothing to fix by hand
             raise SettingsError(
-                f"The settings file {self.path} cannot be read: {exc}",
-                "Fix the JSON by hand, or delete the file to start again with defaults.",
+                set_aside(self.path, exc.why, what="settings file", warn=False).replace(
+                    "k3desk goes on without it", "k3desk starts again with defaults"
+                ),
+                "Nothing was lost: the damaged file is kept beside the new one.",
+            ) from None
+        except OSError as exc:
+            raise SettingsError(
+                f"The settings file {self.path} cannot be read: {exc.strerror or exc}",
+                "Check its permissions, or delete the file to start again with defaults.",
             ) from exc
+        if raw is None:
+            return Settings()
         if not isinstance(raw, dict):
             raise SettingsError(
                 f"The settings file {self.path} must hold a JSON object.",
@@ -107,10 +121,24 @@ class SettingsStore:
             )
         known = {f.name for f in fields(Settings)}
         values: dict[str, Any] = {}
-        for key, value in raw.items():
-            if key in known:
-                values[key] = tuple(value) if key == "model_dirs" else value
+        defaults = Settings()
         try:
+            for key, value in raw.items():
+                if key not in known:
+                    continue
+                default = getattr(defaults, key)
+                if key == "model_dirs":
+                    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                        raise TypeError("model_dirs must be a list of folders")
+                    value = tuple(value)
+                elif isinstance(default, str | bool | dict):
+                    if not isinstance(value, type(default)):
+                        raise TypeError(
+                            f"{key} must be {type(default).__name__}, not {value!r:.40}"
+                        )
+                elif isinstance(value, bool) or not isinstance(value, int | float):
+                    raise TypeError(f"{key} must be a number, not {value!r:.40}")
+                values[key] = value
             settings = Settings(**values)
             # JSON numbers: keep types honest
             settings = replace(
@@ -121,7 +149,7 @@ class SettingsStore:
                 download_workers=int(settings.download_workers),
                 theme=cast(Theme, str(settings.theme)),
             )
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise SettingsError(
                 f"The settings file {self.path} has a value of the wrong type: {exc}",
                 "Fix the value by hand, or delete the file to start again with defaults.",

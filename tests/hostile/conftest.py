@@ -10,7 +10,9 @@ in bounded time and memory:
   after ``seconds`` (after asking it to stop), and measures the peak growth of this
   process's resident memory meanwhile;
 * :func:`run_k3desk`: the CLI as a user runs it, in a child process, with a limit
-  on its address space and time.
+  on its address space and time;
+* :data:`NOT_A_FILE`: what can stand where k3desk expects one of its own files (a
+  named pipe, a link to ``/dev/zero``, 170 MB that cost no disk).
 """
 
 from __future__ import annotations
@@ -93,6 +95,27 @@ def bounded(
     out.peak_rss_growth = max(out.peak_rss_growth, me.memory_info().rss - base)
     out.seconds = time.monotonic() - t0
     return out
+
+
+def fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def dev_zero(path: Path) -> None:
+    path.symlink_to("/dev/zero")
+
+
+def huge(path: Path, size: int = 170 * 1000 * 1000) -> None:
+    """``size`` bytes of zeros as a sparse file: no disk, no time."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+NOT_A_FILE: dict[str, Callable[[Path], None]] = {
+    "fifo": fifo,
+    "link to /dev/zero": dev_zero,
+    "170 MB": huge,
+}
 
 
 def k3desk_env(**extra: str) -> dict[str, str]:

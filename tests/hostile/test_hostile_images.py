@@ -53,7 +53,8 @@ def test_a_truncated_picture_is_refused_here_by_name(fmt: str, tmp_path: Path) -
     )
     assert "save it again" in err.value.hint
     (tmp_path / "whole").write_bytes(whole)
-    assert load_image(tmp_path / "whole").data == whole  # the whole one passes as it is
+    sent = Image.open(io.BytesIO(load_image(tmp_path / "whole").data))
+    assert sent.size == Image.open(io.BytesIO(whole)).size  # the whole one passes
 
 
 def test_chat_with_a_truncated_picture_asks_nothing(standin: StandIn, tmp_path: Path) -> None:
@@ -90,3 +91,85 @@ def test_a_decompression_bomb_is_shrunk_in_bounded_memory(tmp_path: Path) -> Non
     assert run.value.resized
     # one decoded copy (147 MB) is the least a PNG decoder needs; not three of them
     assert run.peak_rss_growth < 260 * MiB, run.peak_rss_growth / MiB
+
+
+def gif_with_a_frame(width: int, height: int) -> bytes:
+    """A 16 x 16 GIF whose one frame claims ``width`` x ``height`` pixels (a few bytes of
+    LZW data: the header is the whole attack)."""
+    screen = b"GIF89a" + struct.pack("<HHBBB", 16, 16, 0x80, 0, 0) + b"\x00\x00\x00\xff\xff\xff"
+    frame = b"\x2c" + struct.pack("<HHHHB", 0, 0, width, height, 0) + b"\x02\x02\x4c\x01\x00"
+    return screen + frame + b"\x3b"
+
+
+def png_of(width: int, height: int, idat: bytes) -> bytes:
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", idat) + _chunk(b"IEND", b"")
+    )
+
+
+def test_a_gif_frame_of_60000_squared_pixels_is_refused_by_name(tmp_path: Path) -> None:
+    bomb = tmp_path / "frame.gif"
+    bomb.write_bytes(gif_with_a_frame(60000, 60000))
+    run = bounded(lambda: load_image(bomb), 10)
+    assert isinstance(run.error, ImageError), run.error
+    assert f"Image {bomb} has a frame of 60000x60000 pixels" in run.error.message
+    assert run.peak_rss_growth < 50 * MiB
+
+
+def test_an_idat_bomb_behind_a_small_header_is_refused(tmp_path: Path) -> None:
+    """64 x 64 pixels need 12 KB; the IDAT inflates to 1 GiB (1 MB in the file).  It
+    is refused after inflating a little more than 12 KB, and never reaches the engine."""
+    z = zlib.compressobj(9)
+    zeros = b"\x00" * MiB
+    idat = b"".join(z.compress(zeros) for _ in range(1024)) + z.flush()
+    bomb = tmp_path / "idat.png"
+    bomb.write_bytes(png_of(64, 64, idat))
+    assert bomb.stat().st_size < 2 * MiB
+    run = bounded(lambda: load_image(bomb), 10)
+    assert isinstance(run.error, ImageError), run.error
+    assert "inflates to more than its 64x64 pixels need (12,352 bytes)" in run.error.message
+    assert run.seconds < 5
+    assert run.peak_rss_growth < 50 * MiB
+
+
+def test_a_png_whose_idat_ends_early_is_refused(tmp_path: Path) -> None:
+    """A complete zlib stream holding half the rows: Pillow pads it; the engine answers
+    HTTP 400 mid-request.  It is refused here."""
+    width, height = 40, 30
+    rows = b"".join(b"\x00" + bytes([y]) * (3 * width) for y in range(height // 2))
+    half = tmp_path / "half.png"
+    half.write_bytes(png_of(width, height, zlib.compress(rows)))
+    with pytest.raises(ImageError) as err:
+        load_image(half)
+    assert "it cannot be decoded: its pixel data ends early (1,815 of 3,630 bytes)" in (
+        err.value.message
+    )
+
+
+def test_what_is_sent_is_encoded_again_from_the_decoded_picture(tmp_path: Path) -> None:
+    """The file's own bytes never reach the engine: what does is a fresh encoding of
+    every pixel (extra chunks, trailing data and metadata stay behind)."""
+    whole = noise("PNG", (64, 48))
+    extra = whole[:-12] + _chunk(b"tEXt", b"Comment\x00" + b"x" * 5000) + whole[-12:]
+    picture = tmp_path / "with-extra.png"
+    picture.write_bytes(extra + b"trailing bytes after IEND")
+    sent = load_image(picture)
+    assert sent.data != picture.read_bytes()
+    assert b"Comment" not in sent.data
+    assert b"trailing bytes" not in sent.data
+    with Image.open(io.BytesIO(sent.data)) as a, Image.open(io.BytesIO(whole)) as b:
+        assert a.tobytes() == b.convert(a.mode).tobytes()
+
+
+def test_chat_with_an_idat_bomb_asks_nothing(standin: StandIn, tmp_path: Path) -> None:
+    z = zlib.compressobj(9)
+    idat = b"".join(z.compress(b"\x00" * MiB) for _ in range(64)) + z.flush()
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(png_of(64, 64, idat))
+    standin.props = {**standin.props, "modalities": {"vision": True}}
+    r = run_k3desk("chat", "--url", standin.url, "--image", bomb, "what is this?", timeout=30)
+    no_traceback(r.stderr)
+    assert r.returncode == 1
+    assert "a decompression bomb, refused" in r.stderr.decode()
+    assert standin.requests == []

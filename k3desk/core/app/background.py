@@ -29,6 +29,15 @@ import psutil
 from k3desk.core.engines.identity import alive_pid, ownership_problem
 from k3desk.core.engines.ports import LOOPBACK
 from k3desk.core.engines.supervisor import Endpoint
+from k3desk.core.localfiles import (
+    FUTURE_SLACK,
+    check_dict,
+    check_float,
+    check_pid,
+    check_port,
+    check_text,
+    load_checked,
+)
 from k3desk.core.paths import AppPaths
 from k3desk.core.planning.model import PlanOptions
 from k3desk.core.private import write_private
@@ -68,20 +77,27 @@ def keep(paths: AppPaths, engine: BackgroundEngine) -> None:
     write_private(record_path(paths), json.dumps(asdict(engine), indent=2) + "\n")
 
 
+def _parse(data: Any) -> BackgroundEngine:
+    d = check_dict(data, "the record")
+    return BackgroundEngine(
+        keeper_pid=check_pid(d["keeper_pid"], "keeper_pid"),
+        pid=check_pid(d["pid"], "pid"),
+        port=check_port(d["port"]),
+        api_key=check_text(d["api_key"], "api_key", 512),
+        model_name=check_text(d.get("model_name", ""), "model_name"),
+        since=check_float(d.get("since", 0.0), "since", 0.0, time.time() + FUTURE_SLACK),
+    )
+
+
+def read_record(paths: AppPaths) -> tuple[BackgroundEngine | None, str]:
+    """The engine recorded as kept (not yet checked) and "" -- or (None, what was wrong
+    with the record: a damaged one is set aside, never trusted, never waited on)."""
+    return load_checked(record_path(paths), _parse, what="keep-running record", limit=64 * 1024)
+
+
 def kept(paths: AppPaths) -> BackgroundEngine | None:
     """The engine recorded as kept, if the record can be read (not yet checked)."""
-    try:
-        data = json.loads(record_path(paths).read_text(encoding="utf-8"))
-        return BackgroundEngine(
-            keeper_pid=int(data["keeper_pid"]),
-            pid=int(data["pid"]),
-            port=int(data["port"]),
-            api_key=str(data["api_key"]),
-            model_name=str(data.get("model_name", "")),
-            since=float(data.get("since", 0.0)),
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return read_record(paths)[0]
 
 
 def forget(paths: AppPaths, keeper_pid: int | None = None) -> None:
@@ -110,9 +126,9 @@ def problem(engine: BackgroundEngine) -> str:
 def take_up(paths: AppPaths) -> tuple[BackgroundEngine | None, str]:
     """The kept engine and "" when it passes every check; (None, why) otherwise (a stale
     record is removed)."""
-    rec = kept(paths)
+    rec, note = read_record(paths)
     if rec is None:
-        return None, ""
+        return None, note
     why = problem(rec)
     if why:
         if not alive_pid(rec.keeper_pid) or not alive_pid(rec.pid):
@@ -168,9 +184,13 @@ class LastModel:
                 mmproj=str(data.get("mmproj") or ""),
                 name=str(data.get("name") or ""),
                 model_bytes=int(data.get("model_bytes") or 0),
-                ready_s=float(ready) if isinstance(ready, (int, float)) else None,
+                ready_s=(
+                    float(ready)
+                    if isinstance(ready, (int, float)) and 0 < ready < 7 * 86400
+                    else None
+                ),
             )
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return None
 
     def available(self) -> bool:

@@ -1,9 +1,13 @@
 """Images for chat: recognised by their content, size-capped, sent as data URLs.
 
 A file's extension says nothing: the first bytes decide whether it is PNG, JPEG,
-GIF or WebP, and the header must give sane dimensions.  Images that are too big to
-send (bytes or pixels) are downscaled with Pillow; WebP is re-encoded as PNG because
-llama-server decodes WebP only when built with ffmpeg.
+GIF or WebP, and the header must give sane dimensions.  Before anything is decoded,
+a PNG's compressed data must inflate to exactly what its pixels need (a bomb or a
+truncated picture is refused) and every GIF frame must be within the pixel limit.
+Every picture is then decoded completely and encoded again: the engine only ever
+gets a picture that decoded completely.  Images that are too big to send (bytes or
+pixels) are downscaled; small ones stay lossless (PNG; JPEG stays JPEG); WebP becomes
+PNG because llama-server decodes WebP only when built with ffmpeg.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import base64
 import hashlib
 import io
 import struct
+import warnings
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -157,14 +163,16 @@ def prepare_image(
             f"{MAX_PIXELS / 1e6:.0f} megapixels.",
             "Export a smaller copy and attach that.",
         )
+    _check_structure(data, info, name)
     too_big = max(info.width, info.height) > max_side or len(data) > max_send_bytes
-    if not too_big and info.format != "webp":
-        # sent as it is: decode it here first, so that a truncated or damaged picture is
-        # refused with its name rather than by the engine, mid-request
-        _check_decodes(data, info, name)
-        return PreparedImage(data, info.format, info.width, info.height, name, len(data))
-    # WebP that needs no shrinking is converted losslessly (PNG)
-    return _reencode(data, info, name, max_side, max_send_bytes, lossless=not too_big)
+    # never sent as it is: decoded completely here (a truncated or damaged picture is
+    # refused with its name, not by the engine mid-request) and encoded again, so the
+    # engine only ever reads a picture that decoded completely and whose compressed
+    # data is no larger than its pixels need.  A small one stays lossless (JPEG stays
+    # JPEG); WebP becomes PNG: llama-server decodes WebP only when built with ffmpeg.
+    return _reencode(
+        data, info, name, max_side, max_send_bytes, lossless=not too_big and info.format != "jpeg"
+    )
 
 
 def ensure_vision(
@@ -270,22 +278,143 @@ def _webp_size(data: bytes) -> tuple[int, int]:
 _DIMENSIONS = {"png": _png_size, "jpeg": _jpeg_size, "gif": _gif_size, "webp": _webp_size}
 
 
-def _check_decodes(data: bytes, info: ImageInfo, name: str) -> None:
-    """Decode every pixel of ``data`` (at most ``MAX_SIDE`` squared: the caller sends
-    only small pictures unchanged), or raise the damaged-image error naming ``name``."""
+# A GIF may hold any number of frames, each with its own size (only the first is sent).
+MAX_FRAMES = 10_000
+
+
+def _check_structure(data: bytes, info: ImageInfo, name: str) -> None:
+    """What the header alone does not tell, read without decoding pixels: a PNG's
+    compressed data inflates to exactly what its pixels need (more is a decompression
+    bomb, less a truncated picture), every GIF frame is within the pixel limit."""
+    if info.format == "png":
+        _check_png_data(data, info, name)
+    elif info.format == "gif":
+        _check_gif_frames(data, info, name)
+
+
+def _png_expected_bytes(
+    width: int, height: int, bit_depth: int, color_type: int, adam7: bool
+) -> int:
+    """The size of a PNG's filtered scanlines (what its IDAT data must inflate to):
+    ``png_read_start_row``/``PNG_ROWBYTES`` in libpng, and the Adam7 passes."""
+    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}.get(color_type)
+    if channels is None or bit_depth not in (1, 2, 4, 8, 16):
+        raise ValueError(f"colour type {color_type} with bit depth {bit_depth}")
+    bits = channels * bit_depth
+
+    def rows(w: int, h: int) -> int:
+        return 0 if w <= 0 or h <= 0 else h * (1 + (w * bits + 7) // 8)
+
+    if not adam7:
+        return rows(width, height)
+    passes = (
+        (0, 0, 8, 8),
+        (4, 0, 8, 8),
+        (0, 4, 4, 8),
+        (2, 0, 4, 4),
+        (0, 2, 2, 4),
+        (1, 0, 2, 2),
+        (0, 1, 1, 2),
+    )
+    return sum(
+        rows((width - x0 + dx - 1) // dx, (height - y0 + dy - 1) // dy) for x0, y0, dx, dy in passes
+    )
+
+
+def _check_png_data(data: bytes, info: ImageInfo, name: str) -> None:
     try:
-        from PIL import Image, ImageFile, UnidentifiedImageError
-    except ImportError:  # pragma: no cover - Pillow is a dependency
-        return
-    if ImageFile.LOAD_TRUNCATED_IMAGES:  # someone asked Pillow to pad truncated images
-        raise ImageError(f"{name} cannot be checked: Pillow is set to accept truncated images.")
+        bit_depth, color_type, _, _, interlace = data[24:29]
+        expected = _png_expected_bytes(
+            info.width, info.height, bit_depth, color_type, interlace == 1
+        )
+    except ValueError as exc:
+        raise _damaged(name, "png", str(exc)) from None
+    inflater = zlib.decompressobj()
+    got = 0
+    pos = 8
+    ended = False
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            if (img.width, img.height) != (info.width, info.height):
-                raise ValueError(f"it decodes as {img.width}x{img.height}")
-            img.load()
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
-        raise _damaged(name, info.format, f"it cannot be decoded: {exc}", "it") from None
+        while pos + 8 <= len(data):
+            length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+            body = data[pos + 8 : pos + 8 + length]
+            pos += 12 + length
+            if kind == b"IEND":
+                break
+            if kind != b"IDAT" or ended:
+                continue
+            while body:
+                # at most one byte past what its pixels need, a MiB at a time: a bomb
+                # is stopped there, not after inflating it all
+                out = inflater.decompress(body, min(1 << 20, expected - got + 1))
+                got += len(out)
+                if got > expected:
+                    raise ImageError(
+                        f"{name} is a PNG whose compressed data inflates to more than its "
+                        f"{info.width}x{info.height} pixels need ({expected:,} bytes): "
+                        "a decompression bomb, refused.",
+                        "Open it in an image viewer and save it again, then attach the new file.",
+                    )
+                body = inflater.unconsumed_tail
+                if inflater.eof:
+                    ended = True
+                    break
+    except zlib.error as exc:
+        raise _damaged(name, "png", f"it cannot be decoded: {exc}", "it") from None
+    if got < expected or not ended:
+        raise _damaged(
+            name,
+            "png",
+            f"it cannot be decoded: its pixel data ends early ({got:,} of {expected:,} bytes)",
+            "it",
+        )
+
+
+def _check_gif_frames(data: bytes, info: ImageInfo, name: str) -> None:
+    """Walk a GIF's blocks (``GIF89a`` spec, sections 18-27) and bound every frame."""
+    try:
+        pos = 13
+        flags = data[10]
+        if flags & 0x80:
+            pos += 3 * (2 << (flags & 0x07))
+        frames = 0
+        while pos < len(data):
+            block = data[pos]
+            if block == 0x3B:  # trailer
+                return
+            if block == 0x21:  # extension: label, then sub-blocks
+                pos = _skip_sub_blocks(data, pos + 2)
+                continue
+            if block != 0x2C:
+                raise ValueError(f"unknown block 0x{block:02x} at byte {pos}")
+            left, top, w, h, fl = struct.unpack("<HHHHB", data[pos + 1 : pos + 10])
+            frames += 1
+            if w * h > MAX_PIXELS or (left + w) * (top + h) > MAX_PIXELS:
+                raise ImageError(
+                    f"Image {name} has a frame of {w}x{h} pixels at {left},{top}; the limit "
+                    f"is {MAX_PIXELS / 1e6:.0f} megapixels.",
+                    "Export a smaller copy and attach that.",
+                )
+            if frames > MAX_FRAMES:
+                raise ImageError(
+                    f"Image {name} has more than {MAX_FRAMES:,} frames.",
+                    "Attach a still picture (one frame).",
+                )
+            pos += 10
+            if fl & 0x80:
+                pos += 3 * (2 << (fl & 0x07))
+            pos = _skip_sub_blocks(data, pos + 1)  # after the LZW minimum code size
+    except (IndexError, struct.error):
+        raise _damaged(name, "gif", "it cannot be decoded: it ends early", "it") from None
+    except ValueError as exc:
+        raise _damaged(name, "gif", f"it cannot be decoded: {exc}", "it") from None
+
+
+def _skip_sub_blocks(data: bytes, pos: int) -> int:
+    while True:
+        size = data[pos]
+        pos += 1 + size
+        if size == 0:
+            return pos
 
 
 def _reencode(
@@ -299,16 +428,26 @@ def _reencode(
 ) -> PreparedImage:
     """Downscale to ``max_side`` and re-encode (PNG when lossless or with alpha, else JPEG)."""
     try:
-        from PIL import Image, UnidentifiedImageError
+        from PIL import Image, ImageFile, UnidentifiedImageError
     except ImportError:  # pragma: no cover - Pillow is a dependency
         raise ImageError(
-            f"Image {name} ({info.width}x{info.height}, {len(data) / 1024**2:.1f} MiB) "
-            f"is larger than k3desk sends ({max_side} pixels a side, "
-            f"{max_send_bytes / 1024**2:.0f} MiB) and Pillow is not installed to shrink it.",
-            "Install Pillow (pip install Pillow) or attach a smaller copy.",
+            f"Image {name} cannot be checked: k3desk decodes every picture before sending "
+            "it, and Pillow is not installed.",
+            "Install Pillow (pip install Pillow).",
         ) from None
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with warnings.catch_warnings(), Image.open(io.BytesIO(data)) as img:
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            if img.width * img.height > MAX_PIXELS:
+                raise ImageError(
+                    f"Image {name} decodes as {img.width}x{img.height} pixels; the limit "
+                    f"is {MAX_PIXELS / 1e6:.0f} megapixels.",
+                    "Export a smaller copy and attach that.",
+                )
+            if ImageFile.LOAD_TRUNCATED_IMAGES:  # someone asked Pillow to pad truncated ones
+                raise ImageError(
+                    f"{name} cannot be checked: Pillow is set to accept truncated images."
+                )
             if info.format == "jpeg":  # decoded at 1/2 to 1/8 scale: a fraction of the memory
                 img.draft("RGB", (max_side, max_side))
             img.load()
@@ -316,6 +455,11 @@ def _reencode(
             # shrink first, in place: the copies below are of a small picture, not a big one
             img.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
             frame = img.convert("RGBA") if alpha else img.convert("RGB")
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageError(
+            f"Image {name} was refused: {exc}",
+            "Export a smaller copy and attach that.",
+        ) from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
         raise _damaged(name, info.format, f"it cannot be decoded: {exc}", "it") from None
     side = max_side

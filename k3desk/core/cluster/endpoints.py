@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from k3desk.core.chat import dialects
 from k3desk.core.chat.client import (
@@ -36,6 +37,7 @@ from k3desk.core.chat.client import (
 from k3desk.core.chat.dialects import Limits
 from k3desk.core.cluster.nodes import ClusterError
 from k3desk.core.errors import ChatError
+from k3desk.core.localfiles import DamagedRecord, load_json, set_aside
 from k3desk.core.paths import AppPaths
 from k3desk.core.private import write_private
 from k3desk.core.secrets import SERVICE as SERVICE  # where the keyring keeps them
@@ -111,13 +113,31 @@ class EndpointStore:
 
     # ------------------------------------------------------------ file
     def load(self) -> list[RemoteEndpoint]:
-        if not self.file.exists():
-            return []
         try:
-            data = json.loads(self.file.read_text(encoding="utf-8"))
+            data = load_json(self.file, what="endpoint list")
+        except DamagedRecord as exc:
+            if not exc.content:  # a pipe, a device, a huge file
+                raise ClusterError(
+                    set_aside(self.file, exc.why, what="endpoint list", warn=False),
+                    "`k3desk cluster endpoint add` writes a new one.",
+                ) from None
+            data, error = None, exc.why
+        except OSError as exc:
+            data, error = None, exc.strerror or str(exc)
+        else:
+            if data is None:
+                return []
+            error = ""
+        try:
+            if error:
+                raise ValueError(error)
             items = data["endpoints"]
-            return [RemoteEndpoint(**item) for item in items]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            out = [RemoteEndpoint(**item) for item in items]
+            for e in out:
+                if not isinstance(e.name, str) or not isinstance(e.url, str):
+                    raise TypeError("an endpoint's name and url must be text")
+            return out
+        except (ValueError, KeyError, TypeError) as exc:
             raise ClusterError(
                 f"The endpoint list {self.file} cannot be read: {exc}",
                 "Fix or delete the file; `k3desk cluster endpoint add` writes a new one.",
@@ -167,6 +187,21 @@ class EndpointStore:
             raise ClusterError(
                 f"{url!r} is not an http(s) URL.",
                 "Example: http://10.0.0.21:8008 (with or without /v1).",
+            )
+        try:
+            parts = urlsplit(url.strip())
+            parts.port  # noqa: B018 - raises ValueError for a port that is no number
+        except ValueError as exc:
+            raise ClusterError(
+                f"{url!r} is not a URL k3desk can use: {exc}.",
+                "Example: http://10.0.0.21:8008 (with or without /v1).",
+            ) from None
+        if "@" in parts.netloc:
+            raise ClusterError(
+                "The URL carries a user name or password (user:pass@host); k3desk never "
+                "keeps a password in its files, so it was not attached.",
+                "Attach the URL without it and give the secret as an API key "
+                "(--api-key, kept in the system keyring, or --key-env VAR).",
             )
         if server == "auto":
             server = None

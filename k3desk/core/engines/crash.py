@@ -27,6 +27,7 @@ CrashKind = Literal[
     "port_in_use",
     "unsupported_projector",
     "load_refused",
+    "invalid_argument",
     "missing_library",
     "oom_killed",
     "killed",
@@ -183,6 +184,18 @@ _RULES: tuple[_Rule, ...] = (
         "(text only).",
         "none",
     ),
+    # An argument llama-server does not take, or a value it refuses: common_params_parse
+    # in common/arg.cpp prints "error: invalid argument: X" (an unknown flag) or
+    # 'error while handling argument "X": why' and the usage, and the server exits 1
+    # (b11434).  The same command fails the same way, so it is not retried.
+    _rule(
+        "invalid_argument",
+        r'^error: invalid argument: (.+)$|^error while handling argument "([^"]*)": ?(.*)$',
+        "llama-server refused its command line.",
+        "Correct or remove that argument (an --engine-arg, or the setting that adds it); "
+        "`llama-server --help` lists what this engine takes.",
+        "none",
+    ),
     # Last: any other reason the loader gave (llama_model_load in src/llama.cpp logs
     # "error loading model: <what>" and the server exits, b11434).  Loading the same
     # file again fails the same way, so it is not retried.
@@ -227,6 +240,12 @@ def classify_exit(
                     summary = f"{device} ran out of memory while loading or running the model."
             elif rule.kind == "missing_shard" and m.lastindex and m.group(1):
                 summary = f"A model file is missing: {m.group(1)}."
+            elif rule.kind == "invalid_argument":
+                what = (m.group(1) or m.group(2) or "").strip()
+                why = (m.group(3) or "").strip()
+                summary = f"llama-server refused the argument {what!r}" + (
+                    f": {why}." if why else ": it does not take it."
+                )
             elif rule.kind == "load_refused":
                 summary = f"llama.cpp refused the model file: {m.group(1).strip()}."
             return CrashReport(rule.kind, summary, rule.fix, rule.recovery, returncode, line)

@@ -35,6 +35,7 @@ from k3desk.core.engines.discovery import MANIFEST
 from k3desk.core.errors import Cancelled, EngineError
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.paths import AppPaths
+from k3desk.core.private import open_private, private_dir
 from k3desk.core.process import pump, spawn
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 
@@ -208,8 +209,8 @@ def install_engine(
     line of the build's output as it is written to the log (from the build's thread)."""
     cancel = cancel or CancelToken()
     root = paths.engines_dir
-    root.mkdir(parents=True, exist_ok=True)
-    paths.logs_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(root)
+    private_dir(paths.logs_dir)
     name = engine_folder_name(version, config)
     final = root / name
     staging = root / f".building-{name}-{secrets.token_hex(4)}"
@@ -270,7 +271,7 @@ def _run_build(
     """Run one build step in its own process group (``append``: add to the log of the
     steps before it); ``what`` names the step in the error a failure raises."""
     tail: deque[str] = deque(maxlen=40)
-    with open(log_file, "a" if append else "w", encoding="utf-8", errors="replace") as log:
+    with open_private(log_file, "a" if append else "w") as log:
         log.write("$ " + " ".join(argv) + "\n")
         if "CMAKE_ARGS" in env:
             log.write(f"CMAKE_ARGS={env.get('CMAKE_ARGS', '')}\n")

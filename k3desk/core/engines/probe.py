@@ -31,7 +31,9 @@ from k3desk.core.errors import Cancelled, EngineError
 from k3desk.core.hardware.nvidia import launch_env
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.k3arch import TINY_K3
+from k3desk.core.localfiles import check_dict, load_checked
 from k3desk.core.paths import AppPaths
+from k3desk.core.private import write_private
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 
 PROBE_SCHEMA = 3
@@ -301,21 +303,16 @@ def _cache_key(path: Path, st: os.stat_result) -> str:
 
 
 def _load_cache(paths: AppPaths) -> dict[str, Any]:
-    try:
-        data = json.loads(_cache_path(paths).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    data, _note = load_checked(
+        _cache_path(paths), lambda d: check_dict(d, "the cache"), what="engine check cache"
+    )
+    return data or {}
 
 
 def _save_cache(paths: AppPaths, key: str, result: ProbeResult | dict[str, Any]) -> None:
     data = _load_cache(paths)
     data[key] = result.to_dict() if isinstance(result, ProbeResult) else result
-    target = _cache_path(paths)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-    os.replace(tmp, target)
+    write_private(_cache_path(paths), json.dumps(data, indent=1))
 
 
 def cached_probe(executable: Path, paths: AppPaths) -> ProbeResult | None:

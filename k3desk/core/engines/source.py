@@ -50,6 +50,7 @@ from k3desk.core.engines.probe import probe_projector
 from k3desk.core.errors import EngineError, K3Error
 from k3desk.core.gguf.reader import read_header
 from k3desk.core.paths import AppPaths
+from k3desk.core.private import private_dir
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 
 TARGETS = ("llama-server", "llama-mtmd-cli")  # the server, and the mtmd tools' CLI
@@ -201,8 +202,8 @@ def install_from_git(
     cancel = cancel or CancelToken()
     git, cmake = _tools()
     root = paths.engines_dir
-    root.mkdir(parents=True, exist_ok=True)
-    paths.logs_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(root)
+    private_dir(paths.logs_dir)
     staging = root / f".building-{source.slug}-{secrets.token_hex(4)}"
     src, build, bindir = staging / "src", staging / "build", staging / "bin"
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from k3desk.core.errors import HardwareError
+from k3desk.core.localfiles import DamagedRecord, load_json
 from k3desk.core.resources import resources_dir
 
 PROFILE_SCHEMA = 1
@@ -183,20 +184,23 @@ class HardwareProfile:
     def from_json_file(cls, path: str | Path) -> HardwareProfile:
         p = Path(path)
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError as exc:
+            data = load_json(p, what="hardware file")
+        except DamagedRecord as exc:
+            if exc.content:
+                raise HardwareError(
+                    f"Hardware file {p} is not valid JSON: {exc.why}.",
+                    "Start from the output of `k3desk doctor --json`.",
+                ) from None
             raise HardwareError(
-                f"Hardware file {p} does not exist.", _hardware_file_hint()
-            ) from exc
-        except IsADirectoryError as exc:
+                f"Hardware file {p} cannot be used: {exc.why}.", _hardware_file_hint()
+            ) from None
+        except OSError as exc:
             raise HardwareError(
-                f"Hardware file {p} is a folder, not a JSON file.", _hardware_file_hint()
-            ) from exc
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise HardwareError(
-                f"Hardware file {p} is not valid JSON: {exc}",
-                "Start from the output of `k3desk doctor --json`.",
-            ) from exc
+                f"Hardware file {p} cannot be read: {exc.strerror or exc}.",
+                _hardware_file_hint(),
+            ) from None
+        if data is None:
+            raise HardwareError(f"Hardware file {p} does not exist.", _hardware_file_hint())
         if not isinstance(data, dict):
             raise HardwareError(f"Hardware file {p} must hold a JSON object.")
         return cls.from_dict(data, source=str(p))

@@ -33,7 +33,13 @@ from k3desk.core.hub.errors import (
     retry_after_seconds,
 )
 from k3desk.core.hub.hashing import StreamHasher, hash_file
-from k3desk.core.hub.listing import crosscheck, list_remote, manifest_check, resolve_endpoint
+from k3desk.core.hub.listing import (
+    crosscheck,
+    list_remote,
+    manifest_check,
+    refusals_text,
+    resolve_endpoint,
+)
 from k3desk.core.hub.model import (
     Done,
     DownloadEvent,
@@ -214,6 +220,16 @@ class DownloadJob:
             ListingDone(listing.repo, listing.revision, len(listing.files), listing.total_bytes)
         )
         if not listing.files:  # the error says it all; no warning repeating it first
+            if listing.refused:
+                raise HubError(
+                    f"Nothing to download: every file in {listing.repo} at "
+                    f"{listing.revision[:12]} that matches "
+                    f"{', '.join(self.request.allow_patterns)} was refused: "
+                    + refusals_text(listing.refused)
+                    + ".",
+                    "These names or entries cannot be written safely; ask the repository's "
+                    "owner, or pick another repository.",
+                )
             raise HubError(
                 f"Nothing to download: no file in {listing.repo} at {listing.revision[:12]} "
                 f"matches {', '.join(self.request.allow_patterns)}.",

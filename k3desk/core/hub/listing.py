@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -18,7 +18,7 @@ from k3desk.core.errors import HubError
 from k3desk.core.hub.errors import Where, hub_error
 from k3desk.core.hub.model import DownloadRequest, Listing, RemoteFile
 from k3desk.core.hub.session import guard_session
-from k3desk.core.safepaths import name_problem
+from k3desk.core.safepaths import display_name, name_problem
 from k3desk.core.units import fmt_bytes
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -113,6 +113,29 @@ def _size(value: object) -> int:
         return -1
 
 
+# Folders in the target that are not the repository's: k3desk's own state (what is
+# verified, :mod:`k3desk.core.hub.state`) and huggingface_hub's local-dir metadata
+# (``.cache/huggingface/``, ``_local_folder.py``).  A listed file there would be
+# reported as verified and then overwrite, or be overwritten by, that state.
+RESERVED_FOLDERS = ((".k3desk",), (".cache", "huggingface"))
+
+
+def reserved_name(path: str) -> str:
+    """Why ``path`` is not the repository's to write ("" when it is)."""
+    parts = tuple(p.lower() for p in path.split("/"))
+    for folder in RESERVED_FOLDERS:
+        if parts[: len(folder)] == folder and len(parts) > len(folder):
+            return f"it is inside {'/'.join(folder)}/, the folder of k3desk's own records"
+    return ""
+
+
+def refusals_text(refused: Sequence[tuple[str, str]], limit: int = 5) -> str:
+    """'a.gguf (why); b.gguf (why) and 3 more', each name shown safely."""
+    shown = [f"{display_name(name)[:120]!r} ({why})" for name, why in refused[:limit]]
+    more = len(refused) - limit
+    return "; ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+
 def listed_file_problem(f: RemoteFile) -> str:
     """Why k3desk will not download ``f`` as listed ("" when it will).
 
@@ -123,6 +146,9 @@ def listed_file_problem(f: RemoteFile) -> str:
     problem = name_problem(f.path)
     if problem:
         return f"the name would not stay inside the target folder ({problem})"
+    reserved = reserved_name(f.path)
+    if reserved:
+        return f"{reserved}, which a download may not write"
     if f.size < 0:
         return "the listing gives it no valid size"
     if f.sha256 is not None and not _SHA256.fullmatch(f.sha256):

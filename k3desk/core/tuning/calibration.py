@@ -19,19 +19,19 @@ not deleted) and calibration starts again.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
-import os
 import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.localfiles import check_dict, check_int, check_text, check_when, load_checked
 from k3desk.core.planning.model import LaunchPlan, SpeedPrediction
 from k3desk.core.planning.speed import predict_speed
 from k3desk.core.private import write_private
@@ -42,6 +42,9 @@ from k3desk.core.units import fmt_tps3
 CALIBRATION_FILE = "speed-measured.json"
 SCHEMA = 1
 MAX_RECORDS = 200
+MAX_FILE_BYTES = 1024 * 1024  # 200 records are about 80 KB
+# measured / predicted beyond this either way is a damaged record, not a slow machine
+MAX_RATIO = 1000.0
 _lock = threading.Lock()
 
 
@@ -149,29 +152,16 @@ class CalibrationStore:
         return list(out)
 
     def _read(self) -> list[SpeedRecord]:
-        try:
-            raw = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return []
-        except (OSError, UnicodeDecodeError) as exc:
-            self.note = f"{self.path} could not be read ({exc}); calibration ignored it"
-            return []
-        try:
-            data = json.loads(raw)
-            if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-                raise ValueError("not a calibration file of this version")
-            names = {f.name for f in fields(SpeedRecord)}
-            out = []
-            for item in data["records"]:
-                if not isinstance(item, dict) or set(item) != names:
-                    raise ValueError(f"malformed record {item!r:.80}")
-                rec = SpeedRecord(**item)
-                _check(rec)
-                out.append(rec)
-            return out
-        except (ValueError, KeyError, TypeError) as exc:
-            self._set_aside(str(exc))
-            return []
+        out, note = load_checked(
+            self.path,
+            _parse,
+            what="file of measured speeds",
+            limit=MAX_FILE_BYTES,
+            clock=self._clock,
+        )
+        if note:
+            self.note = note
+        return out or []
 
     def add(self, record: SpeedRecord) -> None:
         _check(record)
@@ -179,12 +169,6 @@ class CalibrationStore:
             records = [*self.records(), record][-MAX_RECORDS:]
             payload = {"schema": SCHEMA, "records": [asdict(r) for r in records]}
             write_private(self.path, json.dumps(payload, indent=1) + "\n")
-
-    def _set_aside(self, why: str) -> None:
-        bad = self.path.with_name(f"{self.path.name}.damaged-{int(self._clock())}")
-        with contextlib.suppress(OSError):
-            os.replace(self.path, bad)
-        self.note = f"{self.path} was damaged ({why}); kept it as {bad.name} and started again"
 
     def correction(self, hw: HardwareProfile, layout: ModelLayout, kind: str) -> Correction:
         if not is_this_machine(hw):
@@ -217,13 +201,51 @@ def arg_int(args: Sequence[str], *names: str) -> int | None:
     return value
 
 
+def _parse(data: Any) -> list[SpeedRecord]:
+    d = check_dict(data, "the file")
+    if d.get("schema") != SCHEMA:
+        raise ValueError("not a calibration file of this version")
+    items = d["records"]
+    if not isinstance(items, list) or len(items) > MAX_RECORDS:
+        raise ValueError(f"records must be a list of at most {MAX_RECORDS}")
+    names = {f.name for f in fields(SpeedRecord)}
+    out = []
+    for item in items:
+        if not isinstance(item, dict) or set(item) != names:
+            raise ValueError(f"malformed record {item!r:.80}")
+        rec = SpeedRecord(**item)
+        _check(rec)
+        out.append(rec)
+    return out
+
+
 def _check(r: SpeedRecord) -> None:
+    """Types and ranges of one record: a ratio of its measured and predicted speeds
+    between ``1/MAX_RATIO`` and ``MAX_RATIO`` (no "here ~inf"), a time it could have
+    been written, a thread count a machine has."""
     for name in ("predicted_decode", "predicted_prompt", "measured_decode", "measured_prompt"):
         v = getattr(r, name)
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e7:
             raise ValueError(f"{name} must be a speed in tok/s, not {v!r}")
-    if not isinstance(r.machine, str) or not isinstance(r.model, str):
-        raise ValueError("machine and model must be text")
+    for measured, predicted in (
+        (r.measured_decode, r.predicted_decode),
+        (r.measured_prompt, r.predicted_prompt),
+    ):
+        if (
+            measured > 0
+            and predicted > 0
+            and not 1 / MAX_RATIO <= measured / predicted <= MAX_RATIO
+        ):
+            raise ValueError(
+                f"a measured speed of {measured:g} against a predicted {predicted:g} tok/s "
+                "is not a ratio a real run gives"
+            )
+    for name, max_len in (("machine", 200), ("model", 200), ("model_label", 1024), ("kind", 20)):
+        check_text(getattr(r, name), name, max_len)
+    check_when(r.when)
+    check_int(r.threads, "threads", 0, 1 << 20)
+    check_int(r.decode_tokens, "decode_tokens", 0, 1 << 40)
+    check_int(r.prompt_tokens, "prompt_tokens", 0, 1 << 40)
 
 
 def _ratio(measured: float, predicted: float) -> float | None:

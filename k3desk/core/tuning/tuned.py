@@ -8,15 +8,15 @@ says so.  Settings the person sets themselves win over the tuned ones.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.localfiles import check_dict, check_float, check_text, check_when, load_checked
 from k3desk.core.planning.model import PlanOptions
 from k3desk.core.private import write_private
 from k3desk.core.tuning.identity import is_this_machine, machine_key, model_key, model_label
@@ -58,27 +58,10 @@ class TunedStore:
         self.note = ""
 
     def _read(self) -> dict[str, dict[str, dict[str, object]]]:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            self._set_aside(str(exc))
-            return {}
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            self._set_aside("not a tuned-settings file of this version")
-            return {}
-        machines = data.get("machines")
-        if not isinstance(machines, dict):
-            self._set_aside("no machines")
-            return {}
-        return machines
-
-    def _set_aside(self, why: str) -> None:
-        bad = self.path.with_name(f"{self.path.name}.damaged-{int(time.time())}")
-        with contextlib.suppress(OSError):
-            os.replace(self.path, bad)
-        self.note = f"{self.path} was damaged ({why}); kept it as {bad.name}"
+        machines, note = load_checked(self.path, _parse, what="file of tuned settings")
+        if note:
+            self.note = note
+        return machines or {}
 
     def get(self, hw: HardwareProfile, layout: ModelLayout) -> TunedChoice | None:
         if not is_this_machine(hw):
@@ -93,7 +76,7 @@ class TunedStore:
             choice = TunedChoice(**entry)  # type: ignore[arg-type]
         except TypeError:
             return None
-        return choice if _valid(choice) else None
+        return choice if _valid(choice, hw.cpu.logical_cores) else None
 
     def put(self, hw: HardwareProfile, layout: ModelLayout, choice: TunedChoice) -> None:
         machines = self._read()
@@ -114,13 +97,43 @@ class TunedStore:
         return True
 
 
-def _valid(c: TunedChoice) -> bool:
-    for v in (c.threads, c.threads_batch, c.batch, c.ubatch, c.n_cpu_moe):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+def _parse(data: Any) -> dict[str, dict[str, dict[str, object]]]:
+    d = check_dict(data, "the file")
+    if d.get("schema") != SCHEMA:
+        raise ValueError("not a tuned-settings file of this version")
+    machines = check_dict(d.get("machines"), "machines")
+    for per in machines.values():
+        check_dict(per, "a machine's entry")
+    return machines
+
+
+def _valid(c: TunedChoice, cpu_threads: int) -> bool:
+    """Types and ranges: a thread count this machine has (``-t 100000`` is not a
+    setting anything measured here), batch sizes llama.cpp takes, a real time."""
+    limits = (
+        (c.threads, max(1, cpu_threads)),
+        (c.threads_batch, max(1, cpu_threads)),
+        (c.batch, 1 << 20),
+        (c.ubatch, 1 << 20),
+        (c.n_cpu_moe, 4096),
+    )
+    for v, hi in limits:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= hi):
+            if v == 0 and hi == 4096:  # --n-cpu-moe 0: every expert on the GPU
+                continue
             return False
     if c.batch is not None and c.ubatch is not None and c.batch < c.ubatch:
         return False
-    return isinstance(c.label, str) and isinstance(c.gain_over_plan, int | float)
+    if not isinstance(c.mmproj_on_cpu, bool | None):  # the file's JSON, not the type hint
+        return False  # type: ignore[unreachable]
+    try:
+        check_when(c.when)
+        check_text(c.label, "label", 512)
+        check_text(c.model_label, "model_label", 1024)
+        check_float(c.gain_over_plan, "gain_over_plan", -100.0, 1.0)
+    except ValueError:
+        return False
+    return True
 
 
 def user_set(options: PlanOptions) -> bool:

@@ -105,6 +105,11 @@ def test_a_stale_record_is_dropped(k3_home: Path) -> None:
     assert "no longer running" in why
     assert background.kept(paths) is None
     background.record_path(paths).write_text("{not json")
+    rec, why = background.take_up(paths)
+    assert rec is None
+    assert "keep-running record" in why
+    assert "was damaged (it is not valid JSON" in why
+    assert not background.record_path(paths).exists()  # set aside: not read again
     assert background.take_up(paths) == (None, "")
 
 

@@ -22,6 +22,19 @@ CASES = [
         ],
     ),
     ("gpu_oom", "replan_cpu_moe", -6, ["CUDA error: out of memory", "  current device: 0"]),
+    # common_params_parse (common/arg.cpp, b11434): an unknown flag, a value it refuses
+    ("invalid_argument", "none", 1, ["error: invalid argument: --no-such-flag"]),
+    (
+        "invalid_argument",
+        "none",
+        1,
+        [
+            'error while handling argument "--batch-size": stoi',
+            "",
+            "usage:",
+            "-b,    --batch-size N                  logical maximum batch size (default: 2048)",
+        ],
+    ),
     (
         "amx_repack_assert",
         "no_repack",

@@ -311,6 +311,15 @@ def _wrong_expert_width(m: TinyModel, d: Path) -> list[str]:
     return ["-m", str(m.parts[0])]
 
 
+def _unknown_flag(m: TinyModel, d: Path) -> list[str]:
+    # what `--engine-arg --no-such-flag` hands the engine: common_params_parse refuses it
+    return ["-m", str(m.parts[0]), "--no-such-flag"]
+
+
+def _bad_flag_value(m: TinyModel, d: Path) -> list[str]:
+    return ["-m", str(m.parts[0]), "--batch-size", "many"]
+
+
 BAD_INPUTS = {
     "missing shard": (_missing_shard, "missing_shard", "Tiny-K3-IQ1_S-00002-of-00003.gguf"),
     "truncated shard": (_truncated_shard, "truncated_shard", "truncated"),
@@ -322,6 +331,8 @@ BAD_INPUTS = {
     "unknown projector": (_bad_projector, "unsupported_projector", "projector"),
     "projector width": (_projector_width_mismatch, "unsupported_projector", "projector"),
     "expert width in the header": (_wrong_expert_width, "load_refused", "wrong shape"),
+    "unknown engine argument": (_unknown_flag, "invalid_argument", "'--no-such-flag'"),
+    "bad engine argument value": (_bad_flag_value, "invalid_argument", "'--batch-size'"),
 }
 
 
