@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from k3desk.cli import control
 from k3desk.core.app.chat_turn import TurnRecord, run_turn
 from k3desk.core.chat.client import (
     THINKING_EFFORTS,
@@ -414,7 +415,7 @@ class _Printer:
             if not self.in_reasoning:
                 self.in_reasoning = True
                 if self.dim:
-                    self.err.write(DIM)
+                    control(self.err, DIM)
             self.err.write(d.text)
             self.err.flush()
             return
@@ -426,7 +427,9 @@ class _Printer:
     def _close_reasoning(self) -> None:
         if self.in_reasoning:
             self.in_reasoning = False
-            self.err.write((RESET if self.dim else "") + "\n")
+            if self.dim:
+                control(self.err, RESET)
+            self.err.write("\n")
             self.err.flush()
 
     def end(self, result: ChatResult | None) -> None:
