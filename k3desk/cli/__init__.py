@@ -131,9 +131,9 @@ def control(stream: TextIO, sequence: str) -> None:
 def _visible_output() -> Iterator[None]:
     saved = sys.stdout, sys.stderr
     if not isinstance(sys.stdout, VisibleText):
-        sys.stdout = VisibleText(sys.stdout)  # type: ignore[assignment]
+        sys.stdout = VisibleText(sys.stdout)
     if not isinstance(sys.stderr, VisibleText):
-        sys.stderr = VisibleText(sys.stderr)  # type: ignore[assignment]
+        sys.stderr = VisibleText(sys.stderr)
     try:
         yield
     finally:
