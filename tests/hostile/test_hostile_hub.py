@@ -294,7 +294,7 @@ def test_a_next_page_on_another_origin_gets_no_token_and_nothing_is_downloaded(
     run = download(hostile_hub, target, token=SECRET)
 
     assert isinstance(run.error, HubError)
-    assert f"its next page is on another server (http://127.0.0.1:" in run.error.message
+    assert "its next page is on another server (http://127.0.0.1:" in run.error.message
     assert "the HF token goes to the Hub's own address only" in run.error.message
     cdn = [h for h in hostile_hub.hits if h.server == "cdn"]
     assert all(h.token is None for h in cdn), "the token went to the other origin"

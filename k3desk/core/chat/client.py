@@ -90,6 +90,9 @@ class ChatEndpoint:
     # the server's kind (dialects.DIALECT_IDS); None = find out on first use
     dialect: str | None = None
     limits: Limits | None = None  # what the user says the server allows (None: find out)
+    # the local engine process k3desk started: the key goes to it alone (checked before
+    # every request, k3desk.core.engines.identity.owner_problem); None for an attached URL
+    owner_pid: int | None = None
 
     @property
     def root(self) -> str:
@@ -403,6 +406,24 @@ class ChatClient:
         limits, problem = dialects.learn_bridge_limits(info.limits, status, (msg, code))
         return replace(info, limits=limits, problem=problem or info.problem)
 
+    def check_owner(self) -> None:
+        """Raise :class:`EngineUnavailableError` when the endpoint is a local engine k3desk
+        started and its port is not (or no longer) held by that process: the key is not
+        sent to whatever took the port."""
+        ep = self.endpoint
+        if ep.owner_pid is None or not ep.api_key:
+            return
+        from k3desk.core.engines.identity import owner_problem
+
+        port = httpx.URL(ep.root).port
+        problem = owner_problem(ep.owner_pid, port or 80)
+        if problem:
+            raise EngineUnavailableError(
+                f"Not sending the request to {ep.root}: {problem}.",
+                "The engine may have crashed or been restarted on another port; wait until "
+                "it is ready again, then send again.",
+            )
+
     def _fetch(
         self, method: str, path: str, body: Any = None, limit: int = wire.MAX_DESCRIPTION
     ) -> tuple[int, bytes]:
@@ -410,6 +431,7 @@ class ChatClient:
         error's body: its first :data:`wire.MAX_ERROR_BODY` bytes); raises ChatError when
         the server cannot be reached or sends more."""
         ep = self.endpoint
+        self.check_owner()
         try:
             with self._http.stream(method, ep.url(path), json=body) as resp:
                 if resp.status_code >= 400:
@@ -679,6 +701,7 @@ class ChatStream:
             extensions={"trace": self._trace},
         )
         self._cancel.on_cancel(self._abort)
+        client.check_owner()
         if self._cancel.cancelled:
             self._finished = True
             self.result = self._snapshot(partial=True, cancelled=True)
