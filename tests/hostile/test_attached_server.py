@@ -127,5 +127,8 @@ def test_escape_sequences_in_an_answer_are_shown_not_acted_on() -> None:
     no_traceback(r.stderr)
     assert r.returncode == 0, r.stderr.decode()
     out = r.stdout.decode()
-    assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out and "\r" not in out
+    assert "\x1b" not in out
+    assert "\x07" not in out
+    assert "\x9b" not in out
+    assert "\r" not in out
     assert "safe \\u001b]0;owned\\u0007\\u001b[2J\\u001b[31mred\\u009b1m\\u000d hidden" in out

@@ -3,8 +3,8 @@ only what was established is cached.
 
 * a local engine's key goes only to the process k3desk started, over a connection that
   process accepted: after a restart on a new port, the old port (taken by another
-  program) gets no key from ``serve``'s speed watcher, nor from a chat request; a
-  process keeping the engine without a window gives up when it is gone;
+  program) gets no key from ``serve``'s speed watcher, nor from a chat request (the
+  window-less keeper's case is in tests/ui/test_hostile_keeper.py: it needs Qt);
 * ``engine install --source`` refuses git options and remote helpers;
 * a port taken during the engine's first K3 check is tried again, never cached.
 """
@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -128,45 +128,6 @@ def test_a_chat_request_to_a_restarted_engine_s_old_port_carries_no_key(
         client.close()
     assert isinstance(run.error, EngineUnavailableError), run.error
     assert f"Not sending the request to {ep.url}" in run.error.message
-    assert squatter.keys() == []
-
-
-@pytest.fixture
-def app_ctx(qapp: object) -> Iterator[object]:
-    from k3desk.app import Services
-    from k3desk.ui.main import create_context
-
-    context = create_context(Services(), qapp)  # type: ignore[arg-type]
-    context.reporter.show_dialogs = False
-    yield context
-    context.close()
-    context.tasks.shutdown(timeout=10)
-    context.setParent(None)
-    context.deleteLater()
-
-
-@pytest.mark.gui
-def test_a_keeper_whose_engine_was_killed_and_port_squatted_gives_up(
-    app_ctx: object, qtbot: object, fake_engine: Callable[..., Path], tmp_path: Path
-) -> None:
-    """The window-less process that keeps the engine ends when the engine cannot come
-    back (the window quits the app on ``failed``): it does not linger."""
-    from k3desk.ui.engine.controller import LaunchRequest
-
-    port = free_port()
-    spec = LaunchSpec(fake_engine("serve"), ("-m", str(tmp_path / "model.gguf")), port=port)
-    engine = app_ctx.engine  # type: ignore[attr-defined]
-    failed: list[str] = []
-    engine.failed.connect(lambda message, _hint: failed.append(message))
-    engine.launch(LaunchRequest(spec, model_name="tiny"))
-    qtbot.waitUntil(lambda: engine.ready, timeout=30_000)  # type: ignore[attr-defined]
-    assert engine.keep_in_background()
-    pid = engine.supervisor.endpoint.pid
-    os.kill(pid, signal.SIGKILL)
-    wait_free(port)
-    with squatting(port) as squatter:
-        qtbot.waitUntil(lambda: bool(failed), timeout=10_000)  # type: ignore[attr-defined]
-    assert f"port {port} was chosen explicitly" in failed[0]
     assert squatter.keys() == []
 
 
