@@ -8,6 +8,7 @@ Memory is the growth of this process's resident memory while the hostile server 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -132,3 +133,20 @@ def test_escape_sequences_in_an_answer_are_shown_not_acted_on() -> None:
     assert "\x9b" not in out
     assert "\r" not in out
     assert "safe \\u001b]0;owned\\u0007\\u001b[2J\\u001b[31mred\\u009b1m\\u000d hidden" in out
+
+
+def test_escape_sequences_in_gguf_strings_and_file_names_are_shown_not_acted_on(
+    tmp_path: Path,
+) -> None:
+    from k3desk.core.engines.canary import write_k3_gguf
+
+    evil = "evil\x1b]0;owned\x07\x1b[2J"
+    (shard,) = write_k3_gguf(tmp_path, evil, seed=1)  # general.name and the file name
+    r = run_k3desk("validate", shard, timeout=60)
+    no_traceback(r.stderr)
+    assert r.returncode == 0, r.stderr.decode()
+    out = r.stdout.decode()
+    assert "\x1b" not in out
+    assert "\x07" not in out
+    assert "Model:        evil\\u001b]0;owned\\u0007\\u001b[2J  [kimi-k3]" in out
+    assert "starting evil\\u001b]0;owned\\u0007\\u001b[2J.gguf" in out
