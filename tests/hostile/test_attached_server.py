@@ -116,10 +116,12 @@ def test_the_cli_says_what_is_wrong_with_wrong_types_and_a_broken_url() -> None:
     assert r.returncode == 1
     assert "sent an event k3desk cannot read" in r.stderr.decode()
 
-    r = run_k3desk("chat", "--url", "http://[::1", "hi", timeout=30)
-    no_traceback(r.stderr)
-    assert r.returncode == 1
-    assert "error: 'http://[::1' is not a URL k3desk can use" in r.stderr.decode()
+    for argv in (("chat", "--url", "http://[::1", "hi"), ("cluster", "endpoint", "add", "x",
+                 "http://[::1", "--no-check")):  # fmt: skip
+        r = run_k3desk(*argv, timeout=30)
+        no_traceback(r.stderr)
+        assert r.returncode == 1
+        assert "error: 'http://[::1' is not a URL k3desk can use" in r.stderr.decode()
 
 
 def test_escape_sequences_in_an_answer_are_shown_not_acted_on() -> None:

@@ -32,6 +32,7 @@ from k3desk.core.chat.client import (
     ChatClient,
     ChatEndpoint,
     EngineUnavailableError,
+    check_url,
 )
 from k3desk.core.chat.dialects import Limits
 from k3desk.core.cluster.nodes import ClusterError
@@ -168,6 +169,10 @@ class EndpointStore:
                 f"{url!r} is not an http(s) URL.",
                 "Example: http://10.0.0.21:8008 (with or without /v1).",
             )
+        try:
+            check_url(url.strip())  # e.g. http://[::1 (an unclosed bracket)
+        except ChatError as exc:
+            raise ClusterError(exc.message, exc.hint) from None
         if server == "auto":
             server = None
         if server is not None:
