@@ -15,6 +15,7 @@ of hundreds of megabytes.  Every body the chat client reads goes through here:
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -27,6 +28,7 @@ MAX_LINE = 1024 * 1024  # one line of a server-sent event stream
 MAX_STREAM = 64 * 1024 * 1024  # a whole answer stream, decoded
 MAX_EVENTS = 1_000_000  # events in one answer (a token is one event)
 MAX_ANSWER_CHARS = 16 * 1024 * 1024  # text and reasoning of one answer
+DESCRIPTION_SECONDS = 120.0  # a whole description (a server that trickles stops here)
 
 
 class TooLong(Exception):
@@ -48,17 +50,20 @@ def _decoder(encoding: str) -> Any:
     raise UnknownEncoding(f"the answer is compressed as {encoding!r}, which k3desk does not read")
 
 
-def iter_decoded(resp: Any, limit: int, what: str) -> Iterator[bytes]:
+def iter_decoded(resp: Any, limit: int, what: str, seconds: float | None = None) -> Iterator[bytes]:
     """The decoded body of an httpx streaming response, in pieces; :class:`TooLong` once
-    more than ``limit`` bytes were decoded."""
+    more than ``limit`` bytes were decoded (or, with ``seconds``, once it took longer)."""
     dec = _decoder(resp.headers.get("content-encoding", ""))
     seen = 0
+    deadline = None if seconds is None else time.monotonic() + seconds
 
     def count(piece: bytes) -> bytes:
         nonlocal seen
         seen += len(piece)
         if seen > limit:
             raise TooLong(f"{what} is longer than {limit:,} bytes")
+        if deadline is not None and time.monotonic() > deadline:
+            raise TooLong(f"{what} took longer than {seconds:.0f} s")
         return piece
 
     try:
@@ -82,13 +87,20 @@ def iter_decoded(resp: Any, limit: int, what: str) -> Iterator[bytes]:
         raise UnknownEncoding(f"the compressed answer is damaged ({exc})") from None
 
 
-def read_capped(resp: Any, limit: int, what: str, *, truncate: bool = False) -> bytes:
-    """The decoded body, at most ``limit`` bytes (``truncate``: the first ``limit`` bytes
-    of a longer one; else :class:`TooLong`)."""
+def read_capped(
+    resp: Any,
+    limit: int,
+    what: str,
+    *,
+    truncate: bool = False,
+    seconds: float | None = DESCRIPTION_SECONDS,
+) -> bytes:
+    """The decoded body, at most ``limit`` bytes read in at most ``seconds`` (``truncate``:
+    what came until then; else :class:`TooLong`)."""
     parts: list[bytes] = []
     size = 0
     try:
-        for piece in iter_decoded(resp, limit, what):
+        for piece in iter_decoded(resp, limit, what, seconds):
             parts.append(piece)
             size += len(piece)
     except TooLong:
