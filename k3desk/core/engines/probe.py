@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import http.client
 import json
 import os
 import re
@@ -26,6 +25,7 @@ from typing import Any
 
 from k3desk.core.engines.canary import write_k3_gguf, write_mlp_projector
 from k3desk.core.engines.crash import classify_exit
+from k3desk.core.engines.identity import keyed_get
 from k3desk.core.engines.supervisor import LaunchSpec, RestartPolicy, Supervisor
 from k3desk.core.errors import Cancelled, EngineError
 from k3desk.core.hardware.nvidia import launch_env
@@ -608,12 +608,10 @@ def _wait_canary(sup: Supervisor, cancel: CancelToken | None) -> tuple[bool, boo
     except EngineError:
         return False, False
     vision = False
-    conn = http.client.HTTPConnection(ep.host, ep.port, timeout=5.0)
-    with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
-        conn.request("GET", "/props", headers=ep.headers)
-        resp = conn.getresponse()
-        if resp.status == 200:
-            props = json.loads(resp.read())
+    # keyed: only to the canary process, over a connection it accepted
+    got = keyed_get(ep.pid, ep.port, "/props", ep.api_key, timeout=5.0)
+    if got is not None and got[0] == 200:
+        with contextlib.suppress(ValueError, AttributeError, RecursionError):
+            props = json.loads(got[1])
             vision = bool((props.get("modalities") or {}).get("vision"))
-    conn.close()
     return True, vision
