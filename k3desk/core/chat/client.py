@@ -200,6 +200,7 @@ DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=60.0, write=60.0, pool=10.0)
 # on a big MoE partly in RAM can take many minutes: no read limit on answers by
 # default (cancelling still ends them at once).
 DEFAULT_ANSWER_TIMEOUT = httpx.Timeout(connect=5.0, read=None, write=60.0, pool=10.0)
+ACCEPTED = "gzip, deflate"  # the encodings k3desk.core.chat.wire decodes
 
 
 class ChatClient:
@@ -225,7 +226,8 @@ class ChatClient:
             timeout=timeout,
             transport=transport,
             limits=httpx.Limits(max_keepalive_connections=0),
-            headers={**endpoint.headers(), "Connection": "close"},
+            # bodies are decoded by k3desk.core.chat.wire, which reads gzip and deflate
+            headers={**endpoint.headers(), "Connection": "close", "Accept-Encoding": ACCEPTED},
         )
         self._caps: Capabilities | None = None
         self._undescribed = False  # asked once, and it would not say: the common form
@@ -696,7 +698,7 @@ class ChatStream:
             ep.url("/v1/chat/completions"),
             json=self._body,
             # decoded here, bounded (k3desk.core.chat.wire): no decompression by httpx
-            headers={"Accept": "text/event-stream", "Accept-Encoding": "gzip, deflate"},
+            headers={"Accept": "text/event-stream", "Accept-Encoding": ACCEPTED},
             timeout=client.answer_timeout,
             extensions={"trace": self._trace},
         )
