@@ -33,7 +33,7 @@ from k3desk.core.units import fmt_bytes
 DEFAULT_ENDPOINT = "https://huggingface.co"
 SIZE_TOLERANCE = 0.01  # catalog sizes are often rounded ("539.7 GiB"): accept 1 %
 # The Hub pages a tree 1000 entries at a time; a K3 repository has a few hundred files.
-MAX_PAGES = 100
+MAX_PAGES = 50  # 50,000 entries at the Hub's 1000 a page
 MAX_ENTRIES = 100_000
 MAX_LISTING_BYTES = 128 * 1024 * 1024
 LISTING_SECONDS = 300.0
