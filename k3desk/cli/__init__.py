@@ -15,12 +15,13 @@ import io
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TextIO
 
 from k3desk import __version__
 from k3desk.core.errors import Cancelled, K3Error
+from k3desk.core.safepaths import visible
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -94,6 +95,53 @@ def _tolerant_output() -> None:
                 reconfigure(errors="backslashreplace")
 
 
+class VisibleText:
+    """A text stream whose every write goes through :func:`visible`: whatever k3desk
+    prints (a server's answer, a GGUF string, a file name, an error quoting either),
+    escape and control sequences in it are shown, not acted on by the terminal.
+
+    k3desk's own terminal control (a progress bar's ``\\r\\x1b[K``, dimmed reasoning)
+    is written with :func:`control`, which passes it through as is.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    @property
+    def wrapped(self) -> TextIO:
+        return self._stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(visible(text))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def control(stream: TextIO, sequence: str) -> None:
+    """Write k3desk's own terminal control ``sequence`` (never text from outside)."""
+    raw = stream.wrapped if isinstance(stream, VisibleText) else stream
+    raw.write(sequence)
+
+
+@contextlib.contextmanager
+def _visible_output() -> Iterator[None]:
+    saved = sys.stdout, sys.stderr
+    if not isinstance(sys.stdout, VisibleText):
+        sys.stdout = VisibleText(sys.stdout)
+    if not isinstance(sys.stderr, VisibleText):
+        sys.stderr = VisibleText(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 def _reader_gone() -> int:
     """stdout's reader went away (`k3desk validate ... | head`): end quietly.
 
@@ -115,10 +163,11 @@ def _say(*lines: str) -> None:
 
 def main(argv: Sequence[str], services: Services) -> int:
     _tolerant_output()
-    try:
-        return _run(argv, services)
-    except BrokenPipeError:
-        return _reader_gone()
+    with _visible_output():
+        try:
+            return _run(argv, services)
+        except BrokenPipeError:
+            return _reader_gone()
 
 
 # Text options whose undecodable bytes are replaced, with a note, where they are used

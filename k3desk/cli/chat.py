@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from k3desk.cli import control
 from k3desk.core.app.chat_turn import TurnRecord, run_turn
 from k3desk.core.chat.client import (
     THINKING_EFFORTS,
@@ -238,12 +239,14 @@ def run(args: argparse.Namespace, services: Services) -> int:
             model = shard.name if shard is not None else str(args.url)
             record = _record(stack, services, prompt, images, settings, system, model)
         key: str | None
+        owner: int | None = None  # the engine k3desk started: the key goes to it alone
         if shard is not None:
-            url, key = _start_engine(stack, shard, args, services, cancel)
+            url, key, owner = _start_engine(stack, shard, args, services, cancel)
         else:
             url, key = str(args.url), args.api_key or os.environ.get(API_KEY_ENV) or None
         server = None if args.server == "auto" else args.server
-        client = stack.enter_context(ChatClient(ChatEndpoint(url, key, args.model, server)))
+        endpoint = ChatEndpoint(url, key, args.model, server, owner_pid=owner)
+        client = stack.enter_context(ChatClient(endpoint))
         if shard is None:
             _describe_server(client, settings, quiet=args.json)
         result, error = _ask(client, messages, settings, cancel, as_json=args.json, record=record)
@@ -315,7 +318,7 @@ def _start_engine(
     args: argparse.Namespace,
     services: Services,
     cancel: CancelToken,
-) -> tuple[str, str]:
+) -> tuple[str, str, int]:
     from k3desk.core.app.launch import LocalLaunchRequest, prepare_local_launch
     from k3desk.core.engines.supervisor import State, Supervisor
 
@@ -367,7 +370,7 @@ def _start_engine(
         raise
     if not quiet:
         print(f"Engine ready in {time.monotonic() - t0:.1f} s.", file=sys.stderr)
-    return ep.url, ep.api_key
+    return ep.url, ep.api_key, ep.pid
 
 
 def _ask(
@@ -414,7 +417,7 @@ class _Printer:
             if not self.in_reasoning:
                 self.in_reasoning = True
                 if self.dim:
-                    self.err.write(DIM)
+                    control(self.err, DIM)
             self.err.write(d.text)
             self.err.flush()
             return
@@ -426,7 +429,9 @@ class _Printer:
     def _close_reasoning(self) -> None:
         if self.in_reasoning:
             self.in_reasoning = False
-            self.err.write((RESET if self.dim else "") + "\n")
+            if self.dim:
+                control(self.err, RESET)
+            self.err.write("\n")
             self.err.flush()
 
     def end(self, result: ChatResult | None) -> None:

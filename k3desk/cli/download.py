@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from k3desk.cli import control
 from k3desk.core.errors import Cancelled, K3Error
 from k3desk.core.units import fmt_bytes
 
@@ -270,7 +271,7 @@ class TextOut:
 
     def _clear(self) -> None:
         if self._drawn:
-            self.bar.write("\r\033[K")
+            control(self.bar, "\r\033[K")
             self._drawn = False
 
     def _print(self, text: str) -> None:
@@ -290,7 +291,8 @@ class TextOut:
             f"{fmt_bytes(done)}/{fmt_bytes(total)}  {fmt_bytes(speed)}/s  "
             f"ETA {_clock(eta)}  {self.files_done}/{self.files_total} files"
         )
-        self.bar.write("\r\033[K" + line)
+        control(self.bar, "\r\033[K")
+        self.bar.write(line)
         self.bar.flush()
         self._drawn = True
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from k3desk.core.engines.ports import check_port
 from k3desk.core.engines.supervisor import (
+    Endpoint,
     Event,
     RestartPolicy,
     State,
@@ -143,15 +144,16 @@ class _EventPrinter:
                 print(line, flush=True)
 
 
-def _watch_speed(tracker: SpeedTracker, url: str, api_key: str) -> SpeedWatcher:
-    """Print what each stretch of answers measured, next to the prediction."""
+def _watch_speed(tracker: SpeedTracker, ep: Endpoint) -> SpeedWatcher:
+    """Print what each stretch of answers measured, next to the prediction (asking the
+    engine process of ``ep`` alone, until it ends)."""
 
     def show(c: Comparison) -> None:
         text = c.text()
         if text:
             print(text, flush=True)
 
-    return tracker.watch(url, api_key, show)
+    return tracker.watch(ep.url, ep.api_key, show, pid=ep.pid)
 
 
 def _foreground(sup: Supervisor, tracker: SpeedTracker | None = None) -> int:
@@ -185,7 +187,7 @@ def _foreground(sup: Supervisor, tracker: SpeedTracker | None = None) -> int:
                 if tracker is not None:
                     if watcher is not None:
                         watcher.stop()
-                    watcher = _watch_speed(tracker, ep.url, ep.api_key)
+                    watcher = _watch_speed(tracker, ep)
             if sup.wait_stopped(0.5):
                 crash = sup.last_crash
                 raise EngineError(

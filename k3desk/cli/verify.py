@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from k3desk.cli import control
 from k3desk.core.progress import Progress
 from k3desk.core.units import fmt_bytes
 
@@ -36,15 +37,15 @@ def run(args: argparse.Namespace, services: Services) -> int:
 
     def progress(p: Progress) -> None:
         if tty and p.total:
+            control(sys.stderr, "\r\033[K")
             sys.stderr.write(
-                f"\r\033[K{p.stage}: {fmt_bytes(p.done)}/{fmt_bytes(p.total)} {p.detail[-50:]}"
+                f"{p.stage}: {fmt_bytes(p.done)}/{fmt_bytes(p.total)} {p.detail[-50:]}"
             )
             sys.stderr.flush()
 
-
     report = verify_target(args.path, progress=progress, tiers=services.catalog_tiers())
     if tty:
-        sys.stderr.write("\r\033[K")
+        control(sys.stderr, "\r\033[K")
     if args.json:
         data = dataclasses.asdict(report)
         data["ok"] = report.ok

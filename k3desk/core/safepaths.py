@@ -137,6 +137,29 @@ def scrub(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text)
 
 
+# what a terminal acts on instead of showing: C0 controls but line break and tab, DEL,
+# the C1 controls (a lone 0x9b is a CSI on many terminals), and the bidirectional
+# overrides/isolates that reorder what is shown
+_NOT_SHOWN = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    # \\u001b rather than \\x1b: the same escape is valid inside a JSON string
+    return f"\\u{ord(m.group()):04x}"
+
+
+def visible(text: str) -> str:
+    """``text`` from outside (a server's answer, a GGUF string, a file name) fit to print.
+
+    Escape and control sequences are shown as ``\\u001b``-style escapes instead of being
+    acted on by the terminal (colours, a moved cursor, a retitled window, text hidden
+    by a carriage return); line breaks and tabs stay.  Undecodable bytes are left to
+    the stream (the CLI's shows them as ``\\udcff``).  Everything the CLI prints goes
+    through here (:class:`k3desk.cli.VisibleText`).
+    """
+    return _NOT_SHOWN.sub(_escape, text)
+
+
 def has_undecodable(text: str) -> bool:
     return _SURROGATE.search(text) is not None
 

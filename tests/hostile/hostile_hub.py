@@ -17,7 +17,10 @@ Everything the honest stand-in does still works; on top of it, per file or per r
 * ``api_redirect``: every ``/api/`` answer is a 302 to the other origin (the "CDN"
   port), which records whether a token came along;
 * ``get_redirect``: files whose HEAD answers normally but whose GET is a 302 to the
-  other origin.
+  other origin;
+* ``tree_next``: the tree listing's ``Link: rel="next"`` is hostile: ``"other-origin"``
+  points it at the other origin (which lists the repo's files too, and records
+  whether a token came along), ``"endless"`` at ever new pages of ever new names.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class HostileHub(HubServer):
         self.endless_bytes = 300 * 1024 * 1024
         self.api_redirect = False
         self.get_redirect: set[str] = set()
+        self.tree_next: str | None = None
         super().__init__(**kw)
 
     def file_at(self, url_path: str) -> tuple[str, str] | None:
@@ -92,6 +96,35 @@ class _HostileHandler(_Handler):
                 self._resolve(found[0], repo.sha, found[1])
                 return
         super()._hub()
+
+    def _cdn(self) -> None:
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)", urlsplit(self.path).path)
+        if m and self.owner.tree_next == "other-origin":
+            # what a token-fishing origin answers: a page that lists the files, so that a
+            # client that followed would download from here
+            repo = self.owner.repos[m.group(1)]
+            self._json(200, [self._entry(f) for f in repo.files.values()])
+            return
+        super()._cdn()
+
+    def _tree(self, repo: Any, rev: str, sub: str, query: dict[str, list[str]]) -> None:
+        hub = self.owner
+        if hub.tree_next is None:
+            super()._tree(repo, rev, sub, query)
+            return
+        cursor = int((query.get("cursor") or ["0"])[0])
+        base = f"/api/models/{repo.repo_id}/tree/{rev}?recursive=true&cursor={cursor + 1}"
+        if hub.tree_next == "other-origin":
+            page = [self._entry(f) for f in repo.files.values()] if cursor == 0 else []
+            nxt = hub.cdn_endpoint + base
+        else:  # endless: every page names 50 files never named before
+            page = [
+                {"type": "file", "oid": "%040x" % (cursor * 50 + i), "size": 1,
+                 "path": f"IQ1_S/endless-{cursor}-{i}.gguf"}
+                for i in range(50)
+            ]  # fmt: skip
+            nxt = hub.endpoint + base
+        self._json(200, page, {"Link": f'<{nxt}>; rel="next"'})
 
     def _resolve(self, repo_id: str, rev: str, file: str) -> None:
         hub = self.owner

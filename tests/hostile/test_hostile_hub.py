@@ -282,6 +282,47 @@ def test_a_cross_origin_redirect_of_the_listing_gets_no_token(
     assert all(h.token is None for h in cdn)
 
 
+def test_a_next_page_on_another_origin_gets_no_token_and_nothing_is_downloaded(
+    hostile_hub: HostileHub, tmp_path: Path
+) -> None:
+    """The listing's ``Link: rel="next"`` points at another server that lists files too."""
+    hostile_hub.valid_tokens.add(SECRET)
+    hostile_hub.add_repo(REPO_ID, GOOD, private=True, allowed_tokens={SECRET})
+    hostile_hub.tree_next = "other-origin"
+    target = tmp_path / "models"
+
+    run = download(hostile_hub, target, token=SECRET)
+
+    assert isinstance(run.error, HubError)
+    assert "its next page is on another server (http://127.0.0.1:" in run.error.message
+    assert "the HF token goes to the Hub's own address only" in run.error.message
+    cdn = [h for h in hostile_hub.hits if h.server == "cdn"]
+    assert all(h.token is None for h in cdn), "the token went to the other origin"
+    assert cdn == [], "the other origin was not even asked"
+    assert not any(h.file for h in hostile_hub.hits), "nothing listed was fetched"
+    assert not target.exists() or files_under(target) == set()
+
+
+def test_an_endless_run_of_listing_pages_stops_with_a_message_in_bounded_time_and_memory(
+    hostile_hub: HostileHub, tmp_path: Path
+) -> None:
+    """Every page names 50 new files and links to one more page, for ever."""
+    hostile_hub.add_repo(REPO_ID, GOOD)
+    hostile_hub.tree_next = "endless"
+
+    cancel = CancelToken()
+    job = DownloadJob(
+        DownloadRequest(REPO_ID, ("*.gguf",)), tmp_path / "m", options(hostile_hub), None, cancel
+    )
+    run = bounded(job.run, 10, stop=cancel.cancel)
+
+    assert isinstance(run.error, HubError)
+    assert "it goes on past 50 pages" in run.error.message, run.error.message
+    assert run.peak_rss_growth < 256 * MiB
+    pages = [h for h in hostile_hub.hits if "/tree/" in h.path]
+    assert len(pages) == 50
+
+
 # ------------------------------------------------------------------ the CLI
 
 

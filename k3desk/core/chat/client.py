@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import httpx
 
-from k3desk.core.chat import dialects
+from k3desk.core.chat import dialects, wire
 from k3desk.core.chat.channels import ChannelSplitter, StopCutter
 from k3desk.core.chat.dialects import Limits, ServerInfo
 from k3desk.core.chat.images import PreparedImage, ensure_vision
@@ -90,6 +90,9 @@ class ChatEndpoint:
     # the server's kind (dialects.DIALECT_IDS); None = find out on first use
     dialect: str | None = None
     limits: Limits | None = None  # what the user says the server allows (None: find out)
+    # the local engine process k3desk started: the key goes to it alone (checked before
+    # every request, k3desk.core.engines.identity.owner_problem); None for an attached URL
+    owner_pid: int | None = None
 
     @property
     def root(self) -> str:
@@ -106,6 +109,20 @@ class ChatEndpoint:
         if self.api_key:
             h["Authorization"] = f"Bearer {self.api_key}"
         return h
+
+
+def check_url(url: str) -> None:
+    """Raise :class:`ChatError` unless ``url`` is an http(s) URL with a host."""
+    hint = "Give the server's address, for example http://127.0.0.1:8080."
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        raise ChatError(f"{url!r} is not a URL k3desk can use ({exc}).", hint) from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ChatError(
+            f"{url!r} is not a URL k3desk can use: it needs http:// or https:// and a host.",
+            hint,
+        )
 
 
 GENERIC = ServerInfo("openai")
@@ -183,6 +200,7 @@ DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=60.0, write=60.0, pool=10.0)
 # on a big MoE partly in RAM can take many minutes: no read limit on answers by
 # default (cancelling still ends them at once).
 DEFAULT_ANSWER_TIMEOUT = httpx.Timeout(connect=5.0, read=None, write=60.0, pool=10.0)
+ACCEPTED = "gzip, deflate"  # the encodings k3desk.core.chat.wire decodes
 
 
 class ChatClient:
@@ -196,6 +214,7 @@ class ChatClient:
         answer_timeout: httpx.Timeout | float = DEFAULT_ANSWER_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        check_url(endpoint.root)
         self.endpoint = endpoint
         self.answer_timeout = answer_timeout
         # No keep-alive: every request gets its own connection, so cancelling one
@@ -207,7 +226,8 @@ class ChatClient:
             timeout=timeout,
             transport=transport,
             limits=httpx.Limits(max_keepalive_connections=0),
-            headers={**endpoint.headers(), "Connection": "close"},
+            # bodies are decoded by k3desk.core.chat.wire, which reads gzip and deflate
+            headers={**endpoint.headers(), "Connection": "close", "Accept-Encoding": ACCEPTED},
         )
         self._caps: Capabilities | None = None
         self._undescribed = False  # asked once, and it would not say: the common form
@@ -244,6 +264,18 @@ class ChatClient:
         return self.capabilities().server
 
     def _probe(self) -> Capabilities:
+        try:
+            return self._describe()
+        except (AttributeError, TypeError, ValueError, KeyError, OverflowError) as exc:
+            # a field of the wrong JSON type (a list for a dict, text for a number)
+            raise UndescribedError(
+                f"{self.endpoint.root} described itself with something k3desk cannot read "
+                f"({type(exc).__name__}: {str(exc)[:200]}).",
+                "Check that the URL points at an OpenAI-compatible server "
+                "(llama-server, vLLM, ...).",
+            ) from None
+
+    def _describe(self) -> Capabilities:
         ep = self.endpoint
         props = self._get_json("/props")
         info = dialects.from_props(props)
@@ -360,15 +392,12 @@ class ChatClient:
             "max_tokens": dialects.LIMIT_PROBE_TOKENS,
             "stream": False,
         }
+        path = "/v1/chat/completions"
+        status, content = self._fetch("POST", path, body)
+        if status in (401, 403):
+            raise _status_error(self.endpoint, status, content, path)
         try:
-            resp = self._http.post(self.endpoint.url("/v1/chat/completions"), json=body)
-        except httpx.TransportError as exc:
-            raise _transport_error(self.endpoint, exc, before_answer=True) from None
-        if resp.status_code in (401, 403):
-            path = "/v1/chat/completions"
-            raise _status_error(self.endpoint, resp.status_code, resp.content, path)
-        try:
-            parsed = resp.json()
+            parsed = json.loads(content)
         except ValueError:
             return info
         err = parsed.get("error") if isinstance(parsed, dict) else None
@@ -376,34 +405,67 @@ class ChatClient:
             return info
         msg, _etype = _error_text(err)
         code = str(err.get("code") or "") if isinstance(err, dict) else ""
-        limits, problem = dialects.learn_bridge_limits(info.limits, resp.status_code, (msg, code))
+        limits, problem = dialects.learn_bridge_limits(info.limits, status, (msg, code))
         return replace(info, limits=limits, problem=problem or info.problem)
+
+    def check_owner(self) -> None:
+        """Raise :class:`EngineUnavailableError` when the endpoint is a local engine k3desk
+        started and its port is not (or no longer) held by that process: the key is not
+        sent to whatever took the port."""
+        ep = self.endpoint
+        if ep.owner_pid is None or not ep.api_key:
+            return
+        from k3desk.core.engines.identity import owner_problem
+
+        port = httpx.URL(ep.root).port
+        problem = owner_problem(ep.owner_pid, port or 80)
+        if problem:
+            raise EngineUnavailableError(
+                f"Not sending the request to {ep.root}: {problem}.",
+                "The engine may have crashed or been restarted on another port; wait until "
+                "it is ready again, then send again.",
+            )
+
+    def _fetch(
+        self, method: str, path: str, body: Any = None, limit: int = wire.MAX_DESCRIPTION
+    ) -> tuple[int, bytes]:
+        """(status, body) of one request, the body read up to ``limit`` decoded bytes (an
+        error's body: its first :data:`wire.MAX_ERROR_BODY` bytes); raises ChatError when
+        the server cannot be reached or sends more."""
+        ep = self.endpoint
+        self.check_owner()
+        try:
+            with self._http.stream(method, ep.url(path), json=body) as resp:
+                if resp.status_code >= 400:
+                    what = f"the error answer to {path}"
+                    content = wire.read_capped(resp, wire.MAX_ERROR_BODY, what, truncate=True)
+                else:
+                    content = wire.read_capped(resp, limit, f"the answer to {path}")
+                return resp.status_code, content
+        except httpx.TransportError as exc:
+            raise _transport_error(ep, exc, before_answer=True) from None
+        except (wire.TooLong, wire.UnknownEncoding) as exc:
+            raise ChatError(
+                f"The server at {ep.root} answered {path} with more than k3desk reads: {exc}.",
+                "Check that the URL points at an OpenAI-compatible server.",
+            ) from None
 
     def _get(self, path: str) -> tuple[int, Any]:
         """(status, parsed JSON or None); raises only when the server cannot be reached."""
+        status, content = self._fetch("GET", path)
         try:
-            resp = self._http.get(self.endpoint.url(path))
-        except httpx.TransportError as exc:
-            raise _transport_error(self.endpoint, exc, before_answer=True) from None
-        try:
-            return resp.status_code, resp.json()
+            return status, json.loads(content)
         except ValueError:
-            return resp.status_code, None
+            return status, None
 
     def _get_json(self, path: str) -> Any:
-        url = self.endpoint.url(path)
-        try:
-            resp = self._http.get(url)
-        except httpx.TransportError as exc:
-            raise _transport_error(self.endpoint, exc, before_answer=True) from None
-        if resp.status_code in (401, 403):
-            raise _status_error(self.endpoint, resp.status_code, resp.content, path)
-        if resp.status_code == 503:
-            raise _status_error(self.endpoint, resp.status_code, resp.content, path)
-        if resp.status_code != 200:
+        status, content = self._fetch("GET", path)
+        if status in (401, 403, 503):
+            raise _status_error(self.endpoint, status, content, path)
+        if status != 200:
             return None
         try:
-            return resp.json()
+            return json.loads(content)
         except ValueError:
             return None
 
@@ -488,6 +550,7 @@ class ChatClient:
             cancel,
             stop=s.stop if info.kind.stop == "client" else (),
             prompt_estimate=dialects.estimate_prompt(body["messages"]),
+            max_pieces=s.max_tokens,
         )
 
     def chat(
@@ -521,8 +584,13 @@ class ChatStream:
         *,
         stop: tuple[str, ...] = (),
         prompt_estimate: int | None = None,
+        max_pieces: int | None = None,
     ) -> None:
         self._client = client
+        # --max-tokens held here too: a server that goes on past it is hung up on
+        self._max_pieces = max_pieces
+        self._events = 0
+        self._chars = 0
         self._body = body
         self._cancel = cancel or CancelToken()
         self._lock = threading.Lock()
@@ -629,11 +697,13 @@ class ChatStream:
             "POST",
             ep.url("/v1/chat/completions"),
             json=self._body,
-            headers={"Accept": "text/event-stream"},
+            # decoded here, bounded (k3desk.core.chat.wire): no decompression by httpx
+            headers={"Accept": "text/event-stream", "Accept-Encoding": ACCEPTED},
             timeout=client.answer_timeout,
             extensions={"trace": self._trace},
         )
         self._cancel.on_cancel(self._abort)
+        client.check_owner()
         if self._cancel.cancelled:
             self._finished = True
             self.result = self._snapshot(partial=True, cancelled=True)
@@ -649,7 +719,8 @@ class ChatStream:
         self._response = resp
         if resp.status_code != 200:
             try:
-                content = resp.read()
+                what = "the error answer to /v1/chat/completions"
+                content = wire.read_capped(resp, wire.MAX_ERROR_BODY, what, truncate=True)
             except httpx.HTTPError:
                 content = b""
             finally:
@@ -730,9 +801,10 @@ class ChatStream:
     def _read(self, resp: httpx.Response) -> Iterator[ChatDelta]:
         ep = self._client.endpoint
         data_lines: list[str] = []
+        pending = 0  # characters in data_lines
         done = False
         try:
-            for line in resp.iter_lines():
+            for line in wire.iter_lines(resp, "the answer stream"):
                 if done:
                     continue  # read to the end, so the connection closes cleanly
                 if line:
@@ -740,11 +812,22 @@ class ChatStream:
                         data_lines.append(line[6:] if line.startswith("data: ") else line[5:])
                     elif line.startswith("error:"):
                         data_lines.append(json.dumps({"error": _loads(line[6:].strip())}))
-                    continue  # comments (":" pings), "event:", "id:", "retry:"
+                    else:
+                        continue  # comments (":" pings), "event:", "id:", "retry:"
+                    pending += len(data_lines[-1])
+                    if pending > wire.MAX_LINE:
+                        raise wire.TooLong(
+                            f"one event of the answer stream is longer than {wire.MAX_LINE:,} bytes"
+                        )
+                    continue
                 if not data_lines:
                     continue
                 payload = data_lines[0] if len(data_lines) == 1 else "\n".join(data_lines)
                 data_lines.clear()
+                pending = 0
+                self._events += 1
+                if self._events > wire.MAX_EVENTS:
+                    raise wire.TooLong(f"the answer has more than {wire.MAX_EVENTS:,} events")
                 if payload == "[DONE]":
                     done = True
                     continue
@@ -759,6 +842,15 @@ class ChatStream:
                     done = True
                 else:
                     yield from self._handle(payload)
+        except (wire.TooLong, wire.UnknownEncoding) as exc:
+            self._abort()
+            result = self._snapshot(partial=True)
+            raise ChatStreamError(
+                _cut_message(ep, result, f"k3desk stopped reading: {exc}"),
+                "The server does not answer as an OpenAI-compatible server does; the partial "
+                "answer is kept. Check the URL and the server.",
+                result,
+            ) from None
         except httpx.TransportError as exc:
             if self._aborted:
                 self.result = self._snapshot(partial=True, cancelled=True)
@@ -792,10 +884,25 @@ class ChatStream:
         """Record one event's data; return its deltas (usually one, often none)."""
         try:
             obj = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             return []
         if not isinstance(obj, dict):
             return []
+        try:
+            return self._event(obj)
+        except (AttributeError, TypeError, ValueError, KeyError, OverflowError) as exc:
+            # a field of the wrong JSON type: say so, keep what arrived
+            self._abort()
+            result = self._snapshot(partial=True)
+            raise ChatStreamError(
+                f"The server at {self._client.endpoint.root} sent an event k3desk cannot "
+                f"read ({type(exc).__name__}: {str(exc)[:200]}).",
+                "The server does not answer as an OpenAI-compatible server does; the partial "
+                "answer is kept.",
+                result,
+            ) from None
+
+    def _event(self, obj: dict[str, Any]) -> list[ChatDelta]:
         out: list[ChatDelta] = []
         err = obj.get("error")
         if err:
@@ -808,21 +915,42 @@ class ChatStream:
                 "The partial answer is kept. Retry, or check the engine log.",
                 result,
             )
-        for choice in obj.get("choices") or ():
+        choices = obj.get("choices") or ()
+        if not isinstance(choices, list | tuple):
+            raise TypeError(f"'choices' is {type(choices).__name__}, not a list")
+        for choice in choices:
+            if not isinstance(choice, dict):
+                raise TypeError(f"a choice is {type(choice).__name__}, not an object")
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta")
+            if delta and not isinstance(delta, dict):
+                raise TypeError(f"'delta' is {type(delta).__name__}, not an object")
             if delta:
                 r = delta.get("reasoning_content") or delta.get("reasoning")
                 c = delta.get("content")
+                for name, v in (("content", c), ("reasoning", r)):
+                    if v is not None and not isinstance(v, str):
+                        raise TypeError(f"'{name}' is {type(v).__name__}, not text")
                 if (r or c) and not self._stopped_here:
+                    if self._max_pieces is not None and self._pieces >= self._max_pieces:
+                        # past --max-tokens: the answer ends here, as the server should
+                        # have ended it
+                        self._stopped_here = True
+                        self._finish_reason = "length"
+                        return out
+                    self._chars += len(r or "") + len(c or "")
+                    if self._chars > wire.MAX_ANSWER_CHARS:
+                        raise wire.TooLong(
+                            f"the answer is longer than {wire.MAX_ANSWER_CHARS:,} characters"
+                        )
                     now = time.monotonic()
                     self._pieces += 1
                     self._t_piece1 = now
                     if self._t_piece0 is None:
                         self._t_piece0 = now
                 plain = isinstance(c, str) and c and not r and self._cutter is None
-                if plain and self._splitter.plain(c):
+                if plain and isinstance(c, str) and self._splitter.plain(c):
                     # the common case: content from a server that parsed K3's format itself
                     self._text.append(c)
                     out.append(ChatDelta("content", c))
@@ -836,6 +964,8 @@ class ChatStream:
                         pieces += self._splitter.feed(c, "content")
                     out += self._take(pieces)
             fr = choice.get("finish_reason")
+            if fr and not isinstance(fr, str):
+                raise TypeError(f"'finish_reason' is {type(fr).__name__}, not text")
             if fr and not self._stopped_here:
                 self._finish_reason = fr
         usage = obj.get("usage")

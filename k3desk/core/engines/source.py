@@ -39,6 +39,7 @@ from pathlib import Path
 from k3desk.core.catalog.model import Tier
 from k3desk.core.engines.discovery import MANIFEST, SERVER_NAME, engine_manifest
 from k3desk.core.engines.install import (
+    BUILD_TIME_LIMIT,
     BuildConfig,
     InstalledEngine,
     _run_build,
@@ -114,6 +115,84 @@ def _path_start(url: str) -> int:
     return m.end() if m else 0
 
 
+# The transports k3desk fetches over (git's GIT_ALLOW_PROTOCOL, see git(1)): no remote
+# helpers (``ext::`` runs a command, ``fd::`` talks over a file descriptor and hangs)
+ALLOWED_PROTOCOLS = ("https", "http", "ssh", "git", "file")
+_SCHEMES = {"https", "http", "ssh", "git", "file", "git+ssh", "ssh+git"}
+# git's "<transport>::<address>" (transport.c, transport_get): a remote helper
+_HELPER = re.compile(r"[A-Za-z0-9][A-Za-z0-9+.-]*::")
+_BAD_REF = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|@\{|^[-/.]|/$|\.lock$|//")
+# time limits of the steps that are not the build itself
+FETCH_TIME_LIMIT = 30 * 60.0
+STEP_TIME_LIMIT = 5 * 60.0
+QUERY_TIME_LIMIT = 60.0
+
+
+def source_problem(source: GitSource) -> str:
+    """Why k3desk will not hand ``source`` to git ("" when it will).
+
+    The URL and ref reach git's command line: nothing in them may read as an option
+    (a leading ``-``, e.g. ``--upload-pack=...``), name a transport k3desk does not
+    support (``ext::``, ``fd::``, any remote helper), or hide a host that ssh would
+    read as an option.
+    """
+    url, ref = source.url, source.ref
+    if not url:
+        return "no URL is given"
+    if re.search(r"[\x00-\x1f\x7f]", url):
+        return "the URL has control characters"
+    if url.startswith("-"):
+        return "the URL starts with '-', so git would read it as an option"
+    if _HELPER.match(url):
+        return (
+            f"{url.split('::', 1)[0]}:: is a git remote helper, not a transport k3desk "
+            f"supports ({', '.join(ALLOWED_PROTOCOLS)})"
+        )
+    m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/]*)", url)
+    if m:
+        if m.group(1).lower() not in _SCHEMES:
+            return (
+                f"{m.group(1)}:// is not a transport k3desk supports "
+                f"({', '.join(ALLOWED_PROTOCOLS)})"
+            )
+        host = m.group(2).rsplit("@", 1)[-1]
+        if host.startswith("-"):
+            return "the host starts with '-', so ssh would read it as an option"
+    elif not url.startswith("/"):
+        scp = re.match(r"([^/:]+):", url)  # [user@]host:path, as git reads it
+        if scp is None:
+            return "it is neither a URL, [user@]host:path nor an absolute folder"
+        if any(part.startswith("-") for part in scp.group(1).split("@")):
+            return "the host starts with '-', so ssh would read it as an option"
+    if ref and _BAD_REF.search(ref):
+        return f"{ref!r} is not a git ref"
+    return ""
+
+
+def check_source(source: GitSource) -> None:
+    problem = source_problem(source)
+    if problem:
+        raise EngineError(
+            f"k3desk will not fetch {source.label!r}: {problem}.",
+            "Give a URL such as https://github.com/OWNER/llama.cpp[@REF], a known fork "
+            f"({', '.join(FORKS)}) or a local folder.",
+        )
+
+
+def git_env(base: Mapping[str, str]) -> dict[str, str]:
+    """The environment every git step runs in: no prompt, only the transports k3desk
+    supports, and a stalled transfer ends (under a 1 KiB/s for a minute)."""
+    env = {
+        **base,
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_ALLOW_PROTOCOL": ":".join(ALLOWED_PROTOCOLS),
+        "GIT_HTTP_LOW_SPEED_LIMIT": "1024",
+        "GIT_HTTP_LOW_SPEED_TIME": "60",
+    }
+    env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes")
+    return env
+
+
 def parse_source(text: str) -> GitSource:
     """``unsloth``, ``atomicchat``, or ``GIT_URL[@REF]`` (a local folder works too)."""
     text = text.strip()
@@ -142,9 +221,11 @@ def parse_source(text: str) -> GitSource:
             f"{text!r} is neither a known fork ({', '.join(FORKS)}) nor a git URL.",
             "Give a URL such as https://github.com/OWNER/llama.cpp, or a local folder.",
         )
-    if start == 0:  # a local folder: git wants it absolute once we run from elsewhere
+    if start == 0 and not url.startswith("-"):  # a local folder: absolute for git
         url = str(Path(url).expanduser().resolve())
-    return GitSource(url, ref)
+    source = GitSource(url, ref)
+    check_source(source)
+    return source
 
 
 def find_tool(name: str, env: Mapping[str, str] | None = None) -> Path | None:
@@ -200,6 +281,7 @@ def install_from_git(
     """Fetch ``source``, build ``llama-server`` and ``llama-mtmd-cli`` with ``config``'s flags,
     and install them; return the new engine (see the module docstring)."""
     cancel = cancel or CancelToken()
+    check_source(source)
     git, cmake = _tools()
     root = paths.engines_dir
     private_dir(root)
@@ -208,10 +290,15 @@ def install_from_git(
     src, build, bindir = staging / "src", staging / "build", staging / "bin"
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_file = paths.logs_dir / f"engine-install-{stamp}-{source.slug}.log"
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "PYTHONUNBUFFERED": "1"}
+    env = git_env({**os.environ, "PYTHONUNBUFFERED": "1"})
     steps = 0
 
-    def run(argv: list[str], what: str, lines: Callable[[str], None] | None = None) -> None:
+    def run(
+        argv: list[str],
+        what: str,
+        lines: Callable[[str], None] | None = None,
+        limit: float = STEP_TIME_LIMIT,
+    ) -> None:
         nonlocal steps
         _run_build(
             argv,
@@ -223,6 +310,7 @@ def install_from_git(
             lines,
             append=steps > 0,
             what=what,
+            time_limit=limit,
         )
         steps += 1
 
@@ -236,34 +324,33 @@ def install_from_git(
     with staged(staging, log_file):
         progress(Progress("fetch", 0, 0, f"fetching {source.label}"))
         src.mkdir()
-        run([str(git), "init", "-q", str(src)], "git init", on_line)
+        run([str(git), "init", "-q", "--", str(src)], "git init", on_line)
         ref = source.ref or "HEAD"
         fetch = [str(git), "-C", str(src), "fetch", "--progress"]
+        # "--": the URL and the ref are never read as options (checked, too: check_source)
         try:
-            run([*fetch, "--depth", "1", source.url, ref], f"Fetching {source.label}", git_lines)
+            run([*fetch, "--depth", "1", "--", source.url, ref], f"Fetching {source.label}",
+                git_lines, FETCH_TIME_LIMIT)  # fmt: skip
             target = "FETCH_HEAD"
         except EngineError:
             # a commit a server will not hand out alone, or a dumb transport: fetch it all
             cancel.raise_if_cancelled()
-            run([*fetch, source.url, "+refs/*:refs/remotes/src/*"], f"Fetching {source.url}",
-                git_lines)  # fmt: skip
-            target = _resolve(git, src, ref, source, log_file)
+            run([*fetch, "--", source.url, "+refs/*:refs/remotes/src/*"],
+                f"Fetching {source.url}", git_lines, FETCH_TIME_LIMIT)  # fmt: skip
+            target = _resolve(git, src, ref, source, log_file, env)
         run([str(git), "-C", str(src), "checkout", "-q", "--detach", target], "git checkout")
-        commit = subprocess.run(
-            [str(git), "-C", str(src), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
+        commit = _query(git, src, ["rev-parse", "HEAD"], env)
         args = [*SOURCE_ARGS, *config.cmake_args]
         progress(Progress("configure", 0, 100, " ".join(args)))
-        run([str(cmake), "-S", str(src), "-B", str(build), *args], "Configuring", on_line)
+        run([str(cmake), "-S", str(src), "-B", str(build), *args], "Configuring", on_line,
+            FETCH_TIME_LIMIT)  # fmt: skip
         n = str(jobs or os.cpu_count() or 1)
         run(
             [str(cmake), "--build", str(build), "--config", "Release", "-j", n,
              "--target", *TARGETS],
             "Building",
             on_line,
+            BUILD_TIME_LIMIT,
         )  # fmt: skip
         _collect(build, bindir, log_file)
         server = bindir / SERVER_NAME
@@ -293,18 +380,32 @@ def install_from_git(
     return InstalledEngine(final, final / "bin" / SERVER_NAME, config, version, log_file)
 
 
-def _resolve(git: Path, src: Path, ref: str, source: GitSource, log_file: Path) -> str:
-    """The commit ``ref`` names after a full fetch into refs/remotes/src/."""
-    for cand in (ref, f"refs/remotes/src/heads/{ref}", f"refs/remotes/src/tags/{ref}",
-                 f"refs/remotes/src/{ref}"):  # fmt: skip
-        found = subprocess.run(
-            [str(git), "-C", str(src), "rev-parse", "--verify", "--quiet", f"{cand}^{{commit}}"],
+def _query(git: Path, src: Path, args: list[str], env: Mapping[str, str]) -> str:
+    """The output of a quick git command ("" when it fails or takes over a minute)."""
+    try:
+        done = subprocess.run(
+            [str(git), "-C", str(src), *args],
             capture_output=True,
             text=True,
             check=False,
+            env=env,
+            timeout=QUERY_TIME_LIMIT,
         )
-        if found.returncode == 0 and found.stdout.strip():
-            return found.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def _resolve(
+    git: Path, src: Path, ref: str, source: GitSource, log_file: Path, env: Mapping[str, str]
+) -> str:
+    """The commit ``ref`` names after a full fetch into refs/remotes/src/."""
+    for cand in (ref, f"refs/remotes/src/heads/{ref}", f"refs/remotes/src/tags/{ref}",
+                 f"refs/remotes/src/{ref}"):  # fmt: skip
+        query = ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{cand}^{{commit}}"]
+        found = _query(git, src, query, env)
+        if re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", found):
+            return found
     raise EngineError(
         f"{source.url} has no branch, tag or commit {ref!r}.",
         f"Check the ref (for a pull request: pull/N/head); the log: {log_file}",

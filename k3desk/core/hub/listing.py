@@ -3,6 +3,13 @@
 The revision (branch or tag) is resolved to its commit sha first and every
 later call uses that sha, so a repo that changes mid-download cannot leave a
 mix of old and new files on disk.
+
+The file tree is listed here, not by ``HfApi.list_repo_tree``, so that following its
+pages is bounded and the token stays on the Hub: a ``Link: rel="next"`` to another
+origin is refused (:func:`k3desk.core.hub.session.token_only_to` refuses any request
+that would carry the token elsewhere, too), and a listing longer than
+:data:`MAX_PAGES` pages, :data:`MAX_ENTRIES` entries, :data:`MAX_LISTING_BYTES`
+bytes or :data:`LISTING_SECONDS` seconds stops with a message.
 """
 
 from __future__ import annotations
@@ -10,19 +17,31 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Iterable, Sequence
 from fnmatch import fnmatchcase
 from typing import Any
+from urllib.parse import quote, urljoin
 
 from k3desk.core.errors import HubError
 from k3desk.core.hub.errors import Where, hub_error
 from k3desk.core.hub.model import DownloadRequest, Listing, RemoteFile
-from k3desk.core.hub.session import guard_session
+from k3desk.core.hub.session import TokenRefused, guard_session, origin, token_only_to
 from k3desk.core.safepaths import display_name, name_problem
 from k3desk.core.units import fmt_bytes
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 SIZE_TOLERANCE = 0.01  # catalog sizes are often rounded ("539.7 GiB"): accept 1 %
+# The Hub pages a tree 1000 entries at a time; a K3 repository has a few hundred files.
+MAX_PAGES = 50  # 50,000 entries at the Hub's 1000 a page
+MAX_ENTRIES = 100_000
+MAX_LISTING_BYTES = 128 * 1024 * 1024
+LISTING_SECONDS = 300.0
+PAGE_TIMEOUT = 60.0
+
+
+class ListingRefused(Exception):
+    """The listing went where k3desk does not follow, or on longer than it reads."""
 
 
 def resolve_endpoint(endpoint: str | None = None) -> str:
@@ -50,16 +69,23 @@ def list_remote(
     api = HfApi(endpoint=ep, token=token or False)
     guard_session()
     try:
-        info = api.model_info(request.repo, revision=request.revision)
-        sha = info.sha
-        if not sha:
-            raise RuntimeError("the Hub did not return a commit for this revision")
-        where = Where(repo=request.repo, endpoint=ep, revision=sha, has_token=bool(token))
-        entries = [
-            e
-            for e in api.list_repo_tree(request.repo, recursive=True, revision=sha)
-            if isinstance(e, RepoFile)
-        ]
+        with token_only_to(ep):
+            info = api.model_info(request.repo, revision=request.revision)
+            sha = info.sha
+            if not sha:
+                raise RuntimeError("the Hub did not return a commit for this revision")
+            where = Where(repo=request.repo, endpoint=ep, revision=sha, has_token=bool(token))
+            entries = [
+                RepoFile(**item)  # type: ignore[no-untyped-call]
+                for item in _tree_items(ep, request.repo, sha, token)
+                if item.get("type") == "file"
+            ]
+    except (ListingRefused, TokenRefused) as exc:
+        raise HubError(
+            f"k3desk stopped listing {request.repo} at {ep}: {exc}.",
+            "The server (or the mirror in HF_ENDPOINT) does not answer as the Hub does; "
+            "nothing was downloaded. Check HF_ENDPOINT, then run it again.",
+        ) from None
     except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
         # huggingface_hub met an answer that is not what the Hub sends
         raise HubError(
@@ -98,6 +124,53 @@ def list_remote(
         endpoint=ep,
         refused=tuple(refused),
     )
+
+
+def _tree_items(ep: str, repo: str, sha: str, token: str | None) -> list[dict[str, Any]]:
+    """Every entry of ``repo``'s tree at ``sha``, page after page, within the bounds."""
+    from huggingface_hub import hf_raise_for_status
+    from huggingface_hub.utils._headers import build_hf_headers
+    from huggingface_hub.utils._http import http_backoff
+
+    headers = build_hf_headers(token=token or False)
+    home = origin(ep)
+    url: str | None = f"{ep}/api/models/{repo}/tree/{quote(sha, safe='')}"
+    params: dict[str, Any] | None = {"recursive": True, "expand": False}
+    deadline = time.monotonic() + LISTING_SECONDS
+    items: list[dict[str, Any]] = []
+    seen_pages: set[str] = set()
+    pages = size = 0
+    while url is not None:
+        r = http_backoff("GET", url, params=params, headers=headers, timeout=PAGE_TIMEOUT)
+        hf_raise_for_status(r)
+        pages += 1
+        size += len(r.content)
+        page = r.json()
+        if not isinstance(page, list):
+            raise TypeError(f"a page of the listing is {type(page).__name__}, not a list")
+        items += [e for e in page if isinstance(e, dict)]
+        nxt = r.links.get("next", {}).get("url")
+        if nxt is None:
+            break
+        nxt = urljoin(str(r.url), nxt)
+        if origin(nxt) != home:
+            raise ListingRefused(
+                f"its next page is on another server ({origin(nxt)}), which k3desk does not "
+                "follow (the HF token goes to the Hub's own address only)"
+            )
+        if nxt in seen_pages:
+            raise ListingRefused("its pages go round in a circle")
+        seen_pages.add(nxt)
+        if pages >= MAX_PAGES or len(items) > MAX_ENTRIES or size > MAX_LISTING_BYTES:
+            raise ListingRefused(
+                f"it goes on past {pages:,} pages, {len(items):,} entries and "
+                f"{size:,} bytes (k3desk reads up to {MAX_PAGES} pages, "
+                f"{MAX_ENTRIES:,} entries)"
+            )
+        if time.monotonic() > deadline:
+            raise ListingRefused(f"it takes longer than {LISTING_SECONDS:.0f} s")
+        url, params = nxt, None
+    return items
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")

@@ -357,11 +357,18 @@ class SpeedTracker:
         return Comparison(m, s.expected_tps, s.prompt_tps)
 
     def watch(
-        self, url: str, api_key: str, on_comparison: Callable[[Comparison], None]
+        self,
+        url: str,
+        api_key: str,
+        on_comparison: Callable[[Comparison], None],
+        *,
+        pid: int | None = None,
     ) -> SpeedWatcher:
         """Read a running engine's counters (``metrics``) and, after each stretch of
         answers, record it and pass on its comparison (from the watcher's thread).  A
-        measurement that cannot be kept is still shown: the server must not stop."""
+        measurement that cannot be kept is still shown: the server must not stop.
+        ``pid``: the engine process k3desk started; the key goes to it alone, and the
+        watcher ends with it."""
 
         def on_speed(m: MeasuredSpeed) -> None:
             try:
@@ -370,7 +377,7 @@ class SpeedTracker:
                 c = replace(self.compare(m), not_kept=str(exc))
             on_comparison(c)
 
-        return SpeedWatcher(url, api_key, on_speed).start()
+        return SpeedWatcher(url, api_key, on_speed, pid=pid).start()
 
     def record(self, m: MeasuredSpeed) -> Comparison:
         c = self.compare(m)

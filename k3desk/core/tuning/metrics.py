@@ -10,7 +10,10 @@ decode tok/s of real answers, whichever client asked.  ``/metrics`` needs the
 API key (it is not one of the public endpoints, server-http.cpp).
 
 :class:`SpeedWatcher` reads the counters every few seconds in a thread of its
-own and reports each new stretch of answers.
+own and reports each new stretch of answers.  Watching an engine k3desk started
+(``pid``), every reading goes through :func:`k3desk.core.engines.identity.keyed_get`:
+the key is sent only over a connection that process accepted, and the watcher ends
+when the process does (after a restart the new engine gets a watcher of its own).
 """
 
 from __future__ import annotations
@@ -103,6 +106,19 @@ def _went_back(a: Counters, b: Counters) -> bool:
     )
 
 
+def fetch_owned_counters(pid: int, url: str, api_key: str, timeout: float = 2.0) -> Counters | None:
+    """:func:`fetch_counters` from the engine process ``pid`` only (see the module)."""
+    from k3desk.core.engines.identity import keyed_get
+
+    port = urlsplit(url).port
+    if port is None:
+        return None
+    got = keyed_get(pid, port, "/metrics", api_key, timeout=timeout)
+    if got is None or got[0] != 200:
+        return None
+    return parse_metrics(got[1].decode("utf-8", "replace"))
+
+
 def fetch_counters(url: str, api_key: str, timeout: float = 2.0) -> Counters | None:
     """Read ``url``'s ``/metrics`` (None if it does not answer with the counters:
     not llama-server, started without ``--metrics``, or busy beyond ``timeout``)."""
@@ -141,11 +157,15 @@ class SpeedWatcher:
         interval: float = 2.0,
         fetch: Callable[[str, str], Counters | None] = fetch_counters,
         fresh: bool = True,
+        pid: int | None = None,
     ) -> None:
         self._url = url
         self._key = api_key
         self._on_speed = on_speed
         self._interval = interval
+        self._pid = pid
+        if pid is not None and fetch is fetch_counters:
+            fetch = lambda u, k: fetch_owned_counters(pid, u, k)  # noqa: E731
         self._fetch = fetch
         # a server that has just started has counted nothing: start from zero, so the
         # first answer counts even when /metrics was too busy to answer before it ended
@@ -184,8 +204,16 @@ class SpeedWatcher:
         """The (base, last) the polling starts from."""
         return self._base, self._base
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def _run(self) -> None:
+        from k3desk.core.engines.identity import alive_pid
+
         base, last = self.initial()
         while not self._stop.is_set():
+            if self._pid is not None and not alive_pid(self._pid):
+                return  # the engine it watched is gone: so is the watcher
             base, last = self.poll_once(base, last)
             self._stop.wait(self._interval)

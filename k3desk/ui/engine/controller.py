@@ -117,6 +117,7 @@ class EngineController(QObject):
         self._bg_timer.setInterval(2000)
         self._bg_timer.timeout.connect(self._check_background)
         self.keeping = False  # this process keeps its engine for a later start
+        self._was_ready = False  # the current launch has been ready once
         self._past: list[Any] = []  # the attempts of earlier launches (kept on relaunch)
 
     def set_external(self, source: ClusterController) -> None:
@@ -184,7 +185,7 @@ class EngineController(QObject):
 
         ep = self.endpoint()
         if ep is not None:
-            return ChatEndpoint(ep.url, ep.api_key)
+            return ChatEndpoint(ep.url, ep.api_key, owner_pid=ep.pid)
         if self._external is not None:
             return self._external.chat_endpoint()
         return None
@@ -201,6 +202,7 @@ class EngineController(QObject):
     def launch(self, request: LaunchRequest) -> None:
         """Start the engine described by ``request`` (stopping a running one first)."""
         self._unwatch()
+        self._was_ready = False
         self.last_measured = None
         old = self.supervisor
         if old is not None:
@@ -230,6 +232,7 @@ class EngineController(QObject):
 
         def done(ep: Endpoint) -> None:
             if sup is self.supervisor:
+                self._was_ready = True
                 self._set_state(State.READY.value, f"Listening on {ep.url}")
                 self._watch(request, ep)
                 self._remember(request, sup)
@@ -392,7 +395,7 @@ class EngineController(QObject):
         if tracker is None:
             return
         # the relay carries each comparison from the watcher's thread to this one
-        self._watcher = tracker.watch(ep.url, ep.api_key, self._speeds)
+        self._watcher = tracker.watch(ep.url, ep.api_key, self._speeds, pid=ep.pid)
 
     def _unwatch(self) -> None:
         watcher, self._watcher = self._watcher, None
@@ -422,6 +425,10 @@ class EngineController(QObject):
         if state == State.READY.value:
             ep = self.supervisor.endpoint
             message = f"Listening on {ep.url}" if ep else "Ready."
+            if ep is not None and self._watcher is not None and self.request is not None:
+                # restarted: the old watcher ended with its process; watch the new one
+                self._unwatch()
+                self._watch(self.request, ep)
             if ep is not None and self.keeping:  # restarted: on a new port, with a new key
                 self._write_record(ep)
         else:
@@ -435,6 +442,11 @@ class EngineController(QObject):
             self._set_state(state, message)
         if state in (State.STARTING.value, State.CRASHED.value, State.READY.value):
             self.attempts_changed.emit()
+        if event.state is State.CRASHED and event.final and self._was_ready:
+            # given up after it had been ready (the launch's own wait reports the rest):
+            # a process keeping the engine without a window has nothing left to keep
+            self._unwatch()
+            self.failed.emit(message, "")
 
     @Slot(object)
     def _on_lines(self, batch: dict[str, Any]) -> None:
