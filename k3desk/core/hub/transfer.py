@@ -25,12 +25,16 @@ Why two transports, and how each is cancelled:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,26 +208,12 @@ def http_attempt(
             sock = stream.get_extra_info("socket") if stream is not None else None
             task.attach(sock=sock, closer=None if sock is not None else r.close)
             ctx.cancel.raise_if_cancelled()
-            step = ctx.options.checkpoint_bytes
-            asked = offsets.durable
-            # no checkpoint in a file's last half-step: it is about to be complete anyway
-            last = f.size - step // 2
-            cancel = ctx.cancel
-            # as the socket delivers it (<= 64 KiB): little is ever held only in memory
-            for chunk in r.iter_bytes():
-                if cancel.cancelled:
-                    raise Cancelled()
-                n = len(chunk)
-                at = offsets.written
-                if at + n > f.size:
-                    raise BodyTooLong(f"it sent more than the {f.size:,} bytes listed for {f.path}")
-                _write_all(fd, memoryview(chunk))
-                hasher.feed(chunk, at)
-                offsets.written = at + n
-                task.add(n)
-                if at + n - asked >= step and at + n < last:
-                    asked = at + n
-                    durable.request(asked)
+            body = _Body(ctx, f, fd, task, hasher, offsets, durable)
+            direct = _direct_socket(r, stream, sock, f.size - offsets.written)
+            if direct is not None:
+                body.from_socket(r, direct, ctx.options.stall_seconds + 5.0)
+            else:
+                body.from_chunks(r.iter_bytes())
             if offsets.written != f.size:
                 raise ShortRead(f"the connection ended at byte {offsets.written:,} of {f.size:,}")
     except BaseException:
@@ -239,6 +229,141 @@ def http_attempt(
         task.detach()
         durable.close()
         os.close(fd)
+
+
+WRITE_BYTES = 4 * 1024 * 1024  # per write, hash and checkpoint check: few calls per GiB
+
+
+class _Body:
+    """Writes a response body to the partial file, hashes it, checkpoints it."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        f: RemoteFile,
+        fd: int,
+        task: FileTask,
+        hasher: StreamHasher,
+        offsets: Offsets,
+        durable: Checkpointer,
+    ) -> None:
+        self.f, self.fd, self.task, self.hasher = f, fd, task, hasher
+        self.offsets, self.durable, self.cancel = offsets, durable, ctx.cancel
+        self.step = ctx.options.checkpoint_bytes
+        self.asked = offsets.durable
+        # no checkpoint in a file's last half-step: it is about to be complete anyway
+        self.last = f.size - self.step // 2
+
+    def _wrote(self, data: bytes, release: Callable[[], None] | None) -> None:
+        """``data`` goes to the file at ``offsets.written``, then to the hash."""
+        n = len(data)
+        at = self.offsets.written
+        if at + n > self.f.size:
+            raise BodyTooLong(
+                f"it sent more than the {self.f.size:,} bytes listed for {self.f.path}"
+            )
+        _write_all(self.fd, memoryview(data))
+        self.offsets.written = at + n
+        self.hasher.feed(data, at, release)
+        self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        at = self.offsets.written
+        if at - self.asked >= self.step and at < self.last:
+            self.asked = at
+            self.durable.request(at)
+
+    def from_chunks(self, chunks: Iterator[bytes]) -> None:
+        """Chunks as the HTTP client hands them over (<= 64 KiB each)."""
+        cancel, task = self.cancel, self.task
+        for chunk in chunks:
+            if cancel.cancelled:
+                raise Cancelled()
+            self._wrote(chunk, None)
+            task.add(len(chunk))
+
+    def from_socket(self, r: Any, sock: socket.socket, timeout: float) -> None:
+        """The rest of a plain-length body, straight from the connection's socket.
+
+        One chunk goes through the HTTP client first: it holds the bytes that
+        arrived with the headers, and after it the parser's buffer is empty
+        (h11 ``_readers.ContentLengthReader.__call__`` hands over all it has).
+        From there on ``recv_into`` fills large reusable buffers: no objects,
+        parser passes or copies per 64 KiB.  What each ``recv_into`` brings is
+        written at once (nothing that arrived is held only in memory), and a
+        buffer goes to the hash when full, in one call.  The connection is
+        closed afterwards (the client never saw the body end, so it must not
+        reuse it).
+        """
+        cancel, task, fd, offsets = self.cancel, self.task, self.fd, self.offsets
+        # kept referenced until the end: a dropped generator closes the response
+        chunks = r.iter_raw()
+        first = next(chunks, b"")
+        if first:
+            self._wrote(first, None)
+            task.add(len(first))
+        remaining = self.f.size - offsets.written
+        if remaining <= 0:
+            return
+        sock.settimeout(timeout)
+        free: list[bytearray] = []
+        while remaining > 0:
+            buf = free.pop() if free else bytearray(WRITE_BYTES)
+            view = memoryview(buf)
+            base = offsets.written
+            want = min(len(buf), remaining)
+            got = 0
+            try:
+                while got < want:
+                    if cancel.cancelled:
+                        raise Cancelled()
+                    try:
+                        n = sock.recv_into(view[got:want])
+                    except OSError as exc:  # reset, timeout, TLS alert: not the disk's
+                        raise ShortRead(
+                            f"the connection failed at byte {base + got:,}: {exc}"
+                        ) from exc
+                    if n == 0:
+                        break
+                    _write_all(fd, view[got : got + n])
+                    got += n
+                    offsets.written = base + got
+                    task.add(n)
+                    self._checkpoint()
+            finally:
+                if got:  # the buffer is reused only once the hash is done with it
+                    release = functools.partial(free.append, buf) if got == want else None
+                    self.hasher.feed(view[:got], base, release)
+            remaining -= got
+            if got < want:
+                break  # the connection ended: the caller reports the short read
+        del chunks
+
+
+def _direct_socket(r: Any, stream: Any, sock: Any, expected: int) -> socket.socket | None:
+    """The socket to read the body from directly, or None to leave it to the client.
+
+    Only for a plain HTTP/1.1 body of exactly ``expected`` bytes (Content-Length,
+    no transfer or content coding) on a socket that carries the body itself: a
+    plain socket or a TLS one (``ssl.SSLSocket.recv_into`` decrypts), not
+    TLS tunnelled inside TLS through a proxy (httpcore's ``TLSinTLSStream``
+    decrypts in Python with an ``ssl.SSLObject``).
+    """
+    if not isinstance(sock, socket.socket) or r.http_version != "HTTP/1.1":
+        return None
+    if isinstance(stream.get_extra_info("ssl_object"), ssl.SSLObject):
+        return None
+    headers = r.headers
+    if (
+        headers.get("Transfer-Encoding")
+        or headers.get("Content-Encoding", "identity") != "identity"
+    ):
+        return None
+    try:
+        length = int(headers.get("Content-Length", ""))
+    except ValueError:
+        return None
+    return sock if length == expected else None
 
 
 def _content_range_start(value: str | None) -> int:

@@ -119,7 +119,7 @@ def test_resumed_prefix_is_hashed_while_the_rest_is_appended(tmp_path: Path) -> 
             hasher.feed(chunk, pos)
             pos += len(chunk)
     assert hasher.hexdigest() == hashlib.sha256(data).hexdigest()
-    assert not [t for t in threading.enumerate() if t.name.startswith("hash-prefix")]
+    assert not [t for t in threading.enumerate() if t.name.startswith("hash:")]
 
 
 def test_space_check_refuses_with_how_much_is_missing(
