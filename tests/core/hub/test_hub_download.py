@@ -587,3 +587,25 @@ def test_cancel_while_the_hub_is_slow_to_list_returns_at_once(
         DownloadJob(tier_repo.request(), tmp_path, options(hub), cancel=token).run()
     assert time.monotonic() - t0 < 1.5
     timer.join()
+
+
+def test_large_files_land_whole_over_a_link_shared_by_their_connections(tmp_path: Path) -> None:
+    """Files several read buffers long, one sent from disk (sendfile) and one from
+    memory, over a paced link: both land with the Hub's hash, and the two
+    connections together get the link's rate, not twice it."""
+    from tests.hubserver import make_bytes
+
+    files = {"a.gguf": make_bytes(12_000_000, 3), "b.gguf": make_bytes(12_000_001, 4)}
+    on_disk = tmp_path / "served-b.gguf"
+    on_disk.write_bytes(files["b.gguf"])
+    with HubServer() as hub:
+        hub.add_repo("o/big", {"a.gguf": files["a.gguf"], "b.gguf": on_disk})
+        hub.link_bps = 8_000_000  # 24 MB: 3 s at the least
+        t0 = time.monotonic()
+        DownloadJob(
+            DownloadRequest("o/big", ("*.gguf",)), tmp_path / "out", options(hub, parallel=2)
+        ).run()
+        took = time.monotonic() - t0
+        assert {h.file: h.sent for h in hub.content_hits()} == {p: len(d) for p, d in files.items()}
+    assert_landed(tmp_path / "out", files)
+    assert took >= 2.7
