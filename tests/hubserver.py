@@ -131,6 +131,7 @@ class HubServer:
         self.page_size = page_size
         self.use_cdn = cdn
         self.throttle_bps = 0  # per connection; 0 = unlimited
+        self.ranges = True  # False: Range headers are ignored (200 and the whole file)
         # all connections together, in bytes/s (a link: 125e6 is 1 Gbit/s); 0 = unlimited
         self.link_bps = 0
         self._link_lock = threading.Lock()
@@ -528,7 +529,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         start, end = 0, f.size
         status = 200
         rng = self.headers.get("Range")
-        m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng or "")
+        m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng or "") if self.owner.ranges else None
         if m:
             start = int(m.group(1))
             if m.group(2):

@@ -176,6 +176,14 @@ class StreamHasher:
         if release is not None:
             release()
 
+    def on_disk(self, end: int) -> None:
+        """Bytes up to ``end`` are in the file without having been handed over
+        (written out of order, in ranges): the helper hashes them from the file."""
+        with self._lock:
+            if end > self._written:
+                self._written = end
+                self._lock.notify_all()
+
     def reset(self) -> None:
         """The file was truncated to zero: start over."""
         self.close()

@@ -34,8 +34,9 @@ import socket
 import ssl
 import subprocess
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -65,8 +66,12 @@ class Context:
 class Offsets:
     """Where a partial file stands; survives failed attempts within one run."""
 
-    written: int = 0  # bytes in the .k3part file
+    written: int = 0  # bytes in the .k3part file (fetching in ranges: the complete prefix)
     durable: int = 0  # bytes recorded in the sidecar after fsync
+    no_ranges: bool = False  # the server answered a Range request with the whole file
+    # windows fetched in ranges that lie past ``written`` (start -> end): kept for the
+    # next attempt of this run, not across runs (the sidecar records the prefix only)
+    windows: dict[int, int] = field(default_factory=dict)
 
 
 class Checkpointer:
@@ -78,8 +83,9 @@ class Checkpointer:
     asked for while one is running is folded into the next one.
     """
 
-    def __init__(self, partial: Partial, fd: int, offsets: Offsets) -> None:
+    def __init__(self, partial: Partial, fd: int, offsets: Offsets, holes: bool = False) -> None:
         self._partial = partial
+        self._holes = holes  # the file is written in ranges (see Partial.checkpoint)
         self._fd = os.dup(fd)
         self._offsets = offsets
         self._lock = threading.Lock()
@@ -104,7 +110,7 @@ class Checkpointer:
                     return
             try:
                 os.fsync(self._fd)
-                self._partial.checkpoint(target)
+                self._partial.checkpoint(target, holes=self._holes)
             except OSError:
                 with self._lock:  # the disk is in trouble: the writer will find out
                     self._thread = None
@@ -117,9 +123,9 @@ class Checkpointer:
             thread = self._thread
         if thread is not None:
             thread.join()
-        if final is not None and final != self._offsets.durable:
+        if final is not None and (final != self._offsets.durable or self._holes):
             os.fsync(self._fd)
-            self._partial.checkpoint(final)
+            self._partial.checkpoint(final, holes=self._holes)
             self._offsets.durable = final
 
     def close(self) -> None:
@@ -158,34 +164,30 @@ def http_attempt(
     Raises on any failure, leaving ``offsets`` (and the sidecar) describing
     what is safely on disk; the caller decides whether to retry.
     """
-    import httpx2
-    from huggingface_hub import get_hf_file_metadata, get_session, hf_hub_url, hf_raise_for_status
-    from huggingface_hub.utils._headers import build_hf_headers
+    from huggingface_hub import get_session, hf_raise_for_status
 
     guard_session()
-    url = hf_hub_url(ctx.repo, f.path, revision=ctx.revision, endpoint=ctx.endpoint)
-    meta = get_hf_file_metadata(
-        url, token=ctx.token or False, timeout=ctx.options.timeout, endpoint=ctx.endpoint
-    )
-    if meta.size is not None and meta.size != f.size:
-        raise FileChanged(
-            f"{f.path} in {ctx.repo} is {meta.size:,} bytes on the server but the listing at "
-            f"{ctx.revision[:12]} said {f.size:,}.",
-            "The repository changed under the download; run it again to list it afresh.",
-        )
-    headers = build_hf_headers(token=ctx.token or False)
-    if _origin(meta.location) != _origin(ctx.endpoint):
-        # a CDN on another origin gets no credentials (it is sent a signed URL instead)
-        headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
-    headers["Accept-Encoding"] = "identity"
+    location, headers, timeout = _prepare(ctx, f)
+    opts = ctx.options
+    if (
+        opts.ranges_per_file > 1
+        and not offsets.no_ranges
+        and f.size - offsets.written >= 2 * opts.range_window_bytes
+    ):
+        try:
+            _in_ranges(ctx, f, partial, task, hasher, offsets, location, headers, timeout)
+            return
+        except _NoRanges:
+            offsets.no_ranges = True  # this server sends whole files: one stream from here
+            offsets.windows.clear()
+            task.rewind(offsets.written)
     if offsets.written > 0:
         headers["Range"] = f"bytes={offsets.written}-"
-    timeout = httpx2.Timeout(ctx.options.timeout, read=ctx.options.stall_seconds + 5.0)
 
     fd = os.open(partial.data, os.O_WRONLY)
     durable = Checkpointer(partial, fd, offsets)
     try:
-        with get_session().stream("GET", meta.location, headers=headers, timeout=timeout) as r:
+        with get_session().stream("GET", location, headers=headers, timeout=timeout) as r:
             hf_raise_for_status(r)
             if offsets.written > 0 and r.status_code == 200:
                 # the server ignored Range: start over from byte 0
@@ -229,6 +231,241 @@ def http_attempt(
         task.detach()
         durable.close()
         os.close(fd)
+
+
+def _prepare(ctx: Context, f: RemoteFile) -> tuple[str, dict[str, str], Any]:
+    """(URL to GET, request headers, timeouts) for ``f``, after the metadata HEAD."""
+    import httpx2
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.utils._headers import build_hf_headers
+
+    url = hf_hub_url(ctx.repo, f.path, revision=ctx.revision, endpoint=ctx.endpoint)
+    meta = get_hf_file_metadata(
+        url, token=ctx.token or False, timeout=ctx.options.timeout, endpoint=ctx.endpoint
+    )
+    if meta.size is not None and meta.size != f.size:
+        raise FileChanged(
+            f"{f.path} in {ctx.repo} is {meta.size:,} bytes on the server but the listing at "
+            f"{ctx.revision[:12]} said {f.size:,}.",
+            "The repository changed under the download; run it again to list it afresh.",
+        )
+    headers = build_hf_headers(token=ctx.token or False)
+    if _origin(meta.location) != _origin(ctx.endpoint):
+        # a CDN on another origin gets no credentials (it is sent a signed URL instead)
+        headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+    headers["Accept-Encoding"] = "identity"
+    timeout = httpx2.Timeout(ctx.options.timeout, read=ctx.options.stall_seconds + 5.0)
+    return meta.location, headers, timeout
+
+
+class _NoRanges(Exception):
+    """The server answered a Range request with the whole file."""
+
+
+def _in_ranges(
+    ctx: Context,
+    f: RemoteFile,
+    partial: Partial,
+    task: FileTask,
+    hasher: StreamHasher,
+    offsets: Offsets,
+    location: str,
+    headers: dict[str, str],
+    timeout: Any,
+) -> None:
+    """Fetch the rest of ``f`` as windows of ``range_window_bytes``, several at once.
+
+    ``ranges_per_file`` connections each take the next window not yet taken
+    (a Range request) and write it in place; the complete prefix grows as the
+    lowest windows finish: it is hashed (read back from the file, in order)
+    and checkpointed.  A failure of one connection stops the others; the
+    caller's retry fetches only the windows not complete.  A later run (after
+    a pause or a crash) resumes from the checkpointed prefix: it re-fetches at
+    most the windows that were past it.
+    """
+    from huggingface_hub import get_session, hf_raise_for_status
+
+    opts = ctx.options
+    window = opts.range_window_bytes
+    step = opts.checkpoint_bytes
+    last = f.size - step // 2
+    lock = threading.Lock()
+    live: set[Any] = set()  # sockets (or response closers) of the windows in flight
+    errors: list[BaseException] = []
+    finished = offsets.windows  # complete windows above the prefix, kept across attempts
+    todo = deque(
+        a for a in range(offsets.written, f.size, window) if a not in finished
+    )  # window starts still to fetch: the grid from the prefix, less what is complete
+    state = {"asked": offsets.durable}
+    cancel = ctx.cancel
+
+    def stop_all() -> None:
+        with lock:
+            handles = list(live)
+        for h in handles:
+            if isinstance(h, socket.socket):
+                with contextlib.suppress(OSError):
+                    h.shutdown(socket.SHUT_RDWR)
+            else:
+                h()
+
+    def stopped() -> bool:
+        if cancel.cancelled:
+            raise Cancelled()
+        return bool(errors)
+
+    def fetch(fd: int, a: int, b: int) -> None:
+        h = dict(headers)
+        h["Range"] = f"bytes={a}-{b - 1}"
+        with get_session().stream("GET", location, headers=h, timeout=timeout) as r:
+            hf_raise_for_status(r)
+            if r.status_code != 206:
+                raise _NoRanges()
+            if _content_range_start(r.headers.get("Content-Range")) != a:
+                raise ShortRead(
+                    f"asked for bytes from {a} but got {r.headers.get('Content-Range')}"
+                )
+            stream = r.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            handle = sock if isinstance(sock, socket.socket) else r.close
+            with lock:
+                live.add(handle)
+            try:
+                direct = _direct_socket(r, stream, sock, b - a)
+                pos = _read_range(r, direct, fd, a, b, task, stopped, opts.stall_seconds + 5.0)
+            finally:
+                with lock:
+                    live.discard(handle)
+            if pos != b:
+                raise ShortRead(f"the connection ended at byte {pos:,} of {f.size:,}")
+
+    def worker(fd: int, durable: Checkpointer) -> None:
+        while True:
+            with lock:
+                if errors or not todo:
+                    return
+                a = todo.popleft()
+                b = min(f.size, a + window)
+            try:
+                if stopped():
+                    return
+                fetch(fd, a, b)
+            except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+                with lock:
+                    errors.append(exc)
+                stop_all()
+                return
+            with lock:
+                finished[a] = b
+                while offsets.written in finished:
+                    offsets.written = finished.pop(offsets.written)
+                prefix = offsets.written
+                ask = prefix - state["asked"] >= step and prefix < last
+                if ask:
+                    state["asked"] = prefix
+            hasher.on_disk(prefix)
+            if ask:
+                durable.request(prefix)
+
+    fd = os.open(partial.data, os.O_WRONLY)
+    durable = Checkpointer(partial, fd, offsets, holes=True)
+    try:
+        # windows in flight when an attempt failed come again
+        task.rewind(offsets.written + sum(b - a for a, b in finished.items()))
+        # before any byte lands past the prefix: a kill -9 from here on resumes from
+        # the last fsync'ed checkpoint, not from the file's size
+        partial.checkpoint(offsets.durable, holes=True)
+        task.attach(closer=stop_all)
+        cancel.raise_if_cancelled()
+        count = min(opts.ranges_per_file, len(todo))
+        threads = [
+            threading.Thread(target=worker, args=(fd, durable), name=f"range:{f.path}", daemon=True)
+            for _ in range(count)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if cancel.cancelled:
+            raise Cancelled()
+        if errors:
+            first = next((e for e in errors if isinstance(e, _NoRanges)), errors[0])
+            raise first
+        if offsets.written != f.size:
+            raise ShortRead(f"the ranges ended at byte {offsets.written:,} of {f.size:,}")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            # the prefix is what a later run keeps (the sidecar says: holes past it)
+            durable.settle(final=offsets.written)
+        raise
+    else:
+        durable.settle()
+    finally:
+        task.detach()
+        durable.close()
+        os.close(fd)
+
+
+def _pwrite_all(fd: int, data: memoryview, at: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, at)
+        data = data[n:]
+        at += n
+
+
+def _read_range(
+    r: Any,
+    sock: socket.socket | None,
+    fd: int,
+    a: int,
+    b: int,
+    task: FileTask,
+    stopped: Callable[[], bool],
+    timeout: float,
+) -> int:
+    """Bytes [a, b) of a 206 body written in place; returns where it ended."""
+    pos = a
+    if sock is None:
+        for chunk in r.iter_bytes():
+            if stopped():
+                raise ShortRead("another range of the file failed")
+            if pos + len(chunk) > b:
+                raise BodyTooLong(f"it sent more than the {b - a:,} bytes asked for")
+            _pwrite_all(fd, memoryview(chunk), pos)
+            pos += len(chunk)
+            task.add(len(chunk))
+        return pos
+    # as in _Body.from_socket: one chunk through the client, then the socket itself
+    chunks = r.iter_raw()
+    first = next(chunks, b"")
+    if first:
+        _pwrite_all(fd, memoryview(first), pos)
+        pos += len(first)
+        task.add(len(first))
+    sock.settimeout(timeout)
+    buf = bytearray(min(WRITE_BYTES, max(1, b - pos)))
+    view = memoryview(buf)
+    while pos < b:
+        want = min(len(buf), b - pos)
+        got = 0
+        while got < want:
+            if stopped():
+                raise ShortRead("another range of the file failed")
+            try:
+                n = sock.recv_into(view[got:want])
+            except OSError as exc:  # reset, timeout, TLS alert: not the disk's
+                raise ShortRead(f"the connection failed at byte {pos + got:,}: {exc}") from exc
+            if n == 0:
+                break
+            got += n
+            task.add(n)
+        if got:
+            _pwrite_all(fd, view[:got], pos)
+            pos += got
+        if got < want:
+            break
+    del chunks
+    return pos
 
 
 WRITE_BYTES = 4 * 1024 * 1024  # per write, hash and checkpoint check: few calls per GiB
