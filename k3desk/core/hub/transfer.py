@@ -529,8 +529,8 @@ class _Body:
         parser passes or copies per 64 KiB.  What each ``recv_into`` brings is
         written at once (nothing that arrived is held only in memory), and a
         buffer goes to the hash when full, in one call.  The connection is
-        closed afterwards (the client never saw the body end, so it must not
-        reuse it).
+        closed afterwards: the client never saw the body end, so it does not
+        reuse it (httpcore ``HTTP11Connection._response_closed``).
         """
         cancel, task, fd, offsets = self.cancel, self.task, self.fd, self.offsets
         # kept referenced until the end: a dropped generator closes the response
@@ -541,6 +541,8 @@ class _Body:
             task.add(len(first))
         remaining = self.f.size - offsets.written
         if remaining <= 0:
+            for chunk in chunks:  # only the end of the message: the connection is reused
+                self._wrote(chunk, None)
             return
         sock.settimeout(timeout)
         free: list[bytearray] = []
