@@ -9,10 +9,13 @@ Why two transports, and how each is cancelled:
   the HTTP session and the error mapping are huggingface_hub's own
   (``hf_hub_url``, ``get_hf_file_metadata``, ``build_hf_headers``,
   ``get_session``, ``hf_raise_for_status``); we only add a ``Range`` header,
-  append to our ``.k3part`` file and checkpoint it.  It runs in-process:
-  a cancel or a stall shuts the connection's socket down from the watching
-  thread, which wakes the blocked read at once (a child per file would cost a
-  Python start-up per file and could not share the hash-as-you-go).
+  read the body off the connection's socket into large buffers (see
+  :meth:`_Body.from_socket`), append to our ``.k3part`` file and checkpoint it.
+  A large file comes as several Range windows at once (:func:`_in_ranges`).
+  It runs in-process: a cancel or a stall shuts the connections' sockets down
+  from the watching thread, which wakes the blocked reads at once (a child per
+  file would cost a Python start-up per file and could not share the
+  hash-as-you-go).
 
 * ``hub`` (:func:`child_attempt`) runs ``hf_hub_download`` in a child process
   so hf_xet is used when the server offers Xet.  huggingface_hub has no cancel
