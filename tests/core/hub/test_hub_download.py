@@ -637,6 +637,8 @@ def test_a_large_file_comes_in_several_ranges_at_once_and_is_verified_whole(
         hits = hub.content_hits("big.gguf")
     assert_landed(tmp_path, files)
     assert [e.ok for e in rec.of("verified")] == [False, True]
+    progress = [e.done for e in rec.of("file_progress") if e.phase == "download"]
+    assert progress[-1] == len(files["big.gguf"])  # four connections, one count
     first = hits[: len(hits) // 2]
     starts = sorted(h.range_start or 0 for h in first)
     assert starts == list(range(0, 3_000_001, 256 * 1024))  # every window once per round
