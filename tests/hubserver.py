@@ -42,6 +42,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 LFS_MIN = 1024  # files at least this big are stored as LFS (sha256 etag)
 SEND_BLOCK = 64 * 1024
 BIG_BLOCK = 1024 * 1024  # unthrottled sends: few wake-ups per GiB
+LINK_BURST_S = 0.02  # see HubServer._link_wait
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -229,8 +230,10 @@ class HubServer:
             return
         with self._link_lock:
             now = time.monotonic()
-            # an idle link does not bank credit beyond a few ms of burst
-            begin = max(self._link_at, now - 0.004)
+            # credit for at most LINK_BURST_S of idle link: a sender that wakes late
+            # catches up within it (a real link's queue holds about that much), but
+            # an idle link does not bank more
+            begin = max(self._link_at, now - LINK_BURST_S)
             self._link_at = begin + n / bps
         if begin > now:
             time.sleep(begin - now)
