@@ -628,7 +628,7 @@ def _ranged(hub: HubServer, **kw: Any) -> DownloadOptions:
 def test_a_large_file_comes_in_several_ranges_at_once_and_is_verified_whole(
     tmp_path: Path,
 ) -> None:
-    with HubServer() as hub:
+    with HubServer(cdn=True) as hub:  # each window follows the redirect to the CDN
         req, files = _big_repo(hub)
         hub.throttle_bps = 2_000_000  # per connection: the ranges overlap in time
         hub.corrupt_once("big.gguf", 2_100_000)  # in a late window: the whole-file hash sees it
@@ -643,6 +643,7 @@ def test_a_large_file_comes_in_several_ranges_at_once_and_is_verified_whole(
     starts = sorted(h.range_start or 0 for h in first)
     assert starts == list(range(0, 3_000_001, 256 * 1024))  # every window once per round
     assert sum(h.sent for h in first) == len(files["big.gguf"])
+    assert {h.server for h in first} == {"cdn"}
     assert leftovers(tmp_path) == []
 
 
