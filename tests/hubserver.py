@@ -25,12 +25,14 @@ bytes of file content it sent, so tests can measure what was (re-)fetched.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.server
 import json
 import os
 import random
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -210,6 +212,7 @@ class HubServer:
         self._closing.set()
         for srv in (self._hub, self._cdn):
             srv.shutdown()
+            srv.drop_connections()
             srv.server_close()
         for t in self._threads:
             t.join(timeout=5)
@@ -267,6 +270,32 @@ class HubServer:
 
 
 class _QuietServer(http.server.ThreadingHTTPServer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, addr = super().get_request()
+        with self._open_lock:
+            self._open.add(sock)
+        return sock, addr
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def drop_connections(self) -> None:
+        """End the kept-alive connections too: a closed stand-in answers nothing more
+        (a client's pool would otherwise reach this one's handlers through a later
+        stand-in that was given the same port)."""
+        with self._open_lock:
+            open_ = list(self._open)
+        for sock in open_:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         import sys
 
