@@ -13,6 +13,11 @@ download files (no Xet: no ``X-Xet-Hash``/``xet-auth`` headers, no
 * errors keyed by ``X-Error-Code``: RepoNotFound, RevisionNotFound, EntryNotFound,
   GatedRepo; 401 for a bad token
 
+Files on disk are sent with ``os.sendfile`` in large blocks, one thread per
+connection, so the stand-in serves well over 1 GiB/s on loopback and is not
+what a benchmark measures.  ``link_bps`` paces all connections together, like
+a link of that rate (1 Gbit/s is 125e6 bytes/s).
+
 Faults for tests: per-connection throttling, one-off stalls, 429 with
 Retry-After, a corrupted byte served once.  Every request is logged with the
 bytes of file content it sent, so tests can measure what was (re-)fetched.
@@ -20,11 +25,14 @@ bytes of file content it sent, so tests can measure what was (re-)fetched.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.server
 import json
+import os
 import random
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -35,6 +43,8 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 LFS_MIN = 1024  # files at least this big are stored as LFS (sha256 etag)
 SEND_BLOCK = 64 * 1024
+BIG_BLOCK = 1024 * 1024  # unthrottled sends: few wake-ups per GiB
+LINK_BURST_S = 0.02  # see HubServer._link_wait
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -124,6 +134,11 @@ class HubServer:
         self.page_size = page_size
         self.use_cdn = cdn
         self.throttle_bps = 0  # per connection; 0 = unlimited
+        self.ranges = True  # False: Range headers are ignored (200 and the whole file)
+        # all connections together, in bytes/s (a link: 125e6 is 1 Gbit/s); 0 = unlimited
+        self.link_bps = 0
+        self._link_lock = threading.Lock()
+        self._link_at = 0.0  # when the link is free again (time.monotonic())
         self.api_delay = 0.0  # seconds every /api/ answer waits (an overloaded Hub)
         self.hits: list[Hit] = []
         self._lock = threading.Lock()
@@ -197,9 +212,34 @@ class HubServer:
         self._closing.set()
         for srv in (self._hub, self._cdn):
             srv.shutdown()
+            srv.drop_connections()
             srv.server_close()
         for t in self._threads:
             t.join(timeout=5)
+
+    def block_for_link(self) -> int:
+        """Bytes per send: large when the link is fast (few wake-ups), about 2 ms of it else."""
+        bps = self.link_bps
+        if not bps:
+            return BIG_BLOCK
+        return max(SEND_BLOCK, min(BIG_BLOCK, int(bps * 0.002)))
+
+    def _link_wait(self, n: int) -> None:
+        """Pace ``n`` bytes onto the shared link: each send books the next slot of
+        ``n / link_bps`` seconds and waits for its start, so that all connections
+        together stay at ``link_bps`` (first come, first served, like a queue)."""
+        bps = self.link_bps
+        if not bps:
+            return
+        with self._link_lock:
+            now = time.monotonic()
+            # credit for at most LINK_BURST_S of idle link: a sender that wakes late
+            # catches up within it (a real link's queue holds about that much), but
+            # an idle link does not bank more
+            begin = max(self._link_at, now - LINK_BURST_S)
+            self._link_at = begin + n / bps
+        if begin > now:
+            time.sleep(begin - now)
 
     # ------------------------------------------------------------------ log queries
     def content_hits(self, file: str | None = None) -> list[Hit]:
@@ -230,6 +270,32 @@ class HubServer:
 
 
 class _QuietServer(http.server.ThreadingHTTPServer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, addr = super().get_request()
+        with self._open_lock:
+            self._open.add(sock)
+        return sock, addr
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def drop_connections(self) -> None:
+        """End the kept-alive connections too: a closed stand-in answers nothing more
+        (a client's pool would otherwise reach this one's handlers through a later
+        stand-in that was given the same port)."""
+        with self._open_lock:
+            open_ = list(self._open)
+        for sock in open_:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         import sys
 
@@ -495,7 +561,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         start, end = 0, f.size
         status = 200
         rng = self.headers.get("Range")
-        m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng or "")
+        m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng or "") if self.owner.ranges else None
         if m:
             start = int(m.group(1))
             if m.group(2):
@@ -535,6 +601,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 del owner._corrupt[f.path]
             else:
                 corrupt = None
+        if stall is None and corrupt is None and f.source is not None:
+            self._sendfile(f.source, start, end, hit)
+            return
         t0 = time.monotonic()
         pos = start
         try:
@@ -553,6 +622,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     owner._closing.wait(stall[1])
                     stall = None
                     block = block[cut:]
+                owner._link_wait(len(block))
                 self.wfile.write(block)
                 sent += len(block)
                 pos += len(block)
@@ -564,6 +634,33 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                         time.sleep(ahead)
         finally:
             hit.sent = sent
+
+    def _sendfile(self, source: Path, start: int, end: int, hit: Hit) -> None:
+        """Bytes [start, end) of a file on disk, by ``os.sendfile`` (no copy through Python)."""
+        owner = self.owner
+        out = self.connection.fileno()
+        t0 = time.monotonic()
+        pos = start
+        with source.open("rb", buffering=0) as f:
+            fd = f.fileno()
+            while pos < end:
+                bps = owner.throttle_bps
+                n = min(end - pos, SEND_BLOCK if bps else owner.block_for_link())
+                owner._link_wait(n)
+                done = 0
+                while done < n:
+                    sent = os.sendfile(out, fd, pos + done, n - done)
+                    if sent == 0:  # the file shrank under us
+                        hit.sent = pos - start + done
+                        self.close_connection = True
+                        return
+                    done += sent
+                pos += n
+                hit.sent = pos - start
+                if bps:
+                    ahead = (pos - start) / bps - (time.monotonic() - t0)
+                    if ahead > 0:
+                        time.sleep(ahead)
 
     # ------------------------------------------------------------ CDN
     def _cdn(self) -> None:

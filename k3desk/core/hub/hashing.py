@@ -1,15 +1,17 @@
 """Content hashes as the Hub publishes them: SHA-256 for LFS files, git blob SHA-1 otherwise.
 
-:class:`StreamHasher` overlaps hashing with the transfer.  Bytes that arrive
-are hashed as they are written; when a transfer resumes a partial file, a
-helper thread hashes the prefix already on disk while the rest downloads, then
-hands over to in-stream hashing once it has caught up.
+:class:`StreamHasher` overlaps hashing with the transfer: a helper thread
+hashes each chunk once it is written (on the other core), and reads back from
+the file only what it was not handed, such as the prefix of a resumed partial
+file.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import threading
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,97 +54,151 @@ def hash_file(
 
 
 class StreamHasher:
-    """Hash a file that is being appended to, starting ``prefix`` bytes in.
+    """Hash a file that is being appended to, in one pass, on a thread of its own.
 
-    The writer calls :meth:`feed` after writing each chunk.  If ``prefix`` > 0
-    a helper thread first reads bytes ``[0, prefix)`` (and whatever was appended
-    meanwhile) back from disk; as soon as it has caught up, :meth:`feed` hashes
-    the chunks it is given directly.  :meth:`hexdigest` waits for the helper.
+    The writer calls :meth:`feed` after writing each chunk; the chunk is queued
+    for a helper thread that folds it into the hash (hashlib releases the GIL
+    for buffers this size, so hashing runs on another core while the next bytes
+    arrive and are written).  Bytes the helper was not handed are read back
+    from the file instead: the ``prefix`` a resumed transfer already has on
+    disk, and chunks the writer offered while more than :attr:`QUEUE_BYTES`
+    were waiting (the network is never held up by the hash).  A chunk handed
+    over with ``release`` is not touched by the writer until ``release()`` is
+    called.  :meth:`hexdigest` waits for the helper.
     """
+
+    QUEUE_BYTES = 16 * 1024 * 1024
 
     def __init__(self, path: Path, kind: str, size: int, prefix: int = 0) -> None:
         self._kind = kind
         self._size = size
-        self._h = _new(kind, size)
         self._path = path
         self._lock = threading.Condition()
+        self._start(prefix)
+
+    def _start(self, prefix: int) -> None:
+        self._h = _new(self._kind, self._size)
         self._hashed = 0  # bytes of the file folded into the hash
         self._written = prefix  # bytes of the file on disk
+        self._queue: deque[tuple[bytes | memoryview, int, Callable[[], None] | None]] = deque()
+        self._queued = 0  # bytes in the queue
         self._error: BaseException | None = None
         self._stop = False
-        self._thread: threading.Thread | None = None
-        if prefix > 0:
-            self._thread = threading.Thread(
-                target=self._catch_up, name=f"hash-prefix:{path.name}", daemon=True
-            )
-            self._thread.start()
+        self._finishing = False
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._work, name=f"hash:{self._path.name}", daemon=True
+        )
+        self._thread.start()
 
-    def _catch_up(self) -> None:
+    def _work(self) -> None:
+        lock = self._lock
+        reader = None
+        item = None
         try:
-            with self._path.open("rb", buffering=0) as f:
-                while True:
-                    with self._lock:
-                        if self._stop:
+            while True:
+                with lock:
+                    while not (self._stop or self._queue or self._hashed < self._written):
+                        if self._finishing:
                             return
-                        start, end = self._hashed, self._written
-                        if start >= end:
-                            self._thread = None  # writer hashes in-stream from here on
-                            self._lock.notify_all()
-                            return
-                    f.seek(start)
-                    block = f.read(min(BLOCK, end - start))
-                    if not block:
-                        raise OSError(f"{self._path} is shorter than expected")
-                    with self._lock:
-                        self._h.update(block)
-                        self._hashed += len(block)
+                        lock.wait()
+                    if self._stop:
+                        return
+                    item = self._queue.popleft() if self._queue else None
+                    if item is not None:
+                        self._queued -= len(item[0])
+                    hashed, written = self._hashed, self._written
+                # bytes not handed over (a resumed prefix, dropped chunks): from the file
+                end = item[1] if item is not None else written
+                if hashed < end:
+                    if reader is None:
+                        reader = self._path.open("rb", buffering=0)
+                    hashed = self._read_back(reader, hashed, end)
+                if item is not None:
+                    data, offset, release = item
+                    item = None
+                    if offset + len(data) > hashed:
+                        skip = hashed - offset
+                        self._h.update(data[skip:] if skip else data)
+                        hashed = offset + len(data)
+                    if release is not None:
+                        release()
+                with lock:
+                    self._hashed = hashed
+                    lock.notify_all()
         except BaseException as exc:  # noqa: BLE001 - handed to the writer thread
-            with self._lock:
+            with lock:
                 self._error = exc
+        finally:
+            if reader is not None:
+                reader.close()
+            with lock:
+                pending = list(self._queue)
+                if item is not None:
+                    pending.append(item)
+                self._queue.clear()
+                self._queued = 0
                 self._thread = None
-                self._lock.notify_all()
+                lock.notify_all()
+            for _, _, release in pending:
+                if release is not None:
+                    release()
 
-    def feed(self, chunk: bytes | memoryview, offset: int) -> None:
+    def _read_back(self, reader: io.RawIOBase, start: int, end: int) -> int:
+        reader.seek(start)
+        while start < end:
+            if self._stop:
+                raise _Stopped()
+            block = reader.read(min(BLOCK, end - start))
+            if not block:
+                raise OSError(f"{self._path} is shorter than expected")
+            self._h.update(block)
+            start += len(block)
+            with self._lock:
+                self._hashed = start
+        return start
+
+    def feed(
+        self,
+        chunk: bytes | memoryview,
+        offset: int,
+        release: Callable[[], None] | None = None,
+    ) -> None:
         """``chunk`` was written at ``offset`` (== bytes written so far)."""
         n = len(chunk)
         with self._lock:
-            if self._thread is None and self._hashed == offset and self._error is None:
-                self._h.update(chunk)
-                self._hashed += n
             self._written = offset + n
+            if self._thread is not None and self._queued + n <= self.QUEUE_BYTES:
+                self._queue.append((chunk, offset, release))
+                self._queued += n
+                self._lock.notify_all()
+                return
+            self._lock.notify_all()  # too much waiting: the helper reads it back instead
+        if release is not None:
+            release()
+
+    def on_disk(self, end: int) -> None:
+        """Bytes up to ``end`` are in the file without having been handed over
+        (written out of order, in ranges): the helper hashes them from the file."""
+        with self._lock:
+            if end > self._written:
+                self._written = end
+                self._lock.notify_all()
 
     def reset(self) -> None:
         """The file was truncated to zero: start over."""
         self.close()
-        with self._lock:
-            self._h = _new(self._kind, self._size)
-            self._hashed = 0
-            self._written = 0
-            self._stop = False
-            self._error = None
+        self._start(0)
 
     def hexdigest(self) -> str:
         with self._lock:
+            self._finishing = True
+            self._lock.notify_all()
             while self._thread is not None:
                 self._lock.wait(0.5)
             if self._error is not None:
                 raise self._error
             if self._hashed != self._written:
-                # helper finished early or was never started: finish from disk
-                start, end = self._hashed, self._written
-            else:
-                start = end = 0
-        if end > start:
-            with self._path.open("rb", buffering=0) as f:
-                f.seek(start)
-                while start < end:
-                    block = f.read(min(BLOCK, end - start))
-                    if not block:
-                        raise OSError(f"{self._path} is shorter than expected")
-                    self._h.update(block)
-                    start += len(block)
-            with self._lock:
-                self._hashed = end
+                raise OSError(f"{self._path}: hashed {self._hashed} of {self._written} bytes")
         return self._h.hexdigest()
 
     def close(self) -> None:
@@ -150,5 +206,10 @@ class StreamHasher:
         with self._lock:
             self._stop = True
             thread = self._thread
+            self._lock.notify_all()
         if thread is not None:
             thread.join(timeout=10)
+
+
+class _Stopped(Exception):
+    """The helper was told to stop while reading back."""

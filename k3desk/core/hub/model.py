@@ -80,6 +80,11 @@ class DownloadOptions:
     backoff_max: float = 30.0
     max_retry_after: float = 300.0  # longest 429 Retry-After we wait out
     checkpoint_bytes: int = 64 * MiB  # resume granularity: fsync + sidecar every this many bytes
+    # a file with at least two windows left is fetched over this many connections at
+    # once, each a Range of range_window_bytes (1: one stream per file); a pause or a
+    # crash re-fetches at most ranges_per_file windows beyond the durable prefix
+    ranges_per_file: int = 4
+    range_window_bytes: int = 64 * MiB
     margin_bytes: int = 2 * GiB  # free space kept beyond what the download needs
     use_hf_cache: bool = True  # reuse blobs from an earlier `hf download` in HF_HOME/hub
     hf_cache_dir: Path | None = None  # None: $HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub

@@ -174,27 +174,30 @@ class FileTask:
             self.overall.add_work(self.done - offset)
 
     def add(self, n: int, *, network: bool = True) -> None:
+        """``n`` more bytes (from any thread: a file fetched in ranges has several)."""
         now = time.monotonic()
-        self.done += n
-        self.last_byte = now
-        self._rate.add(n, now)
-        if network:
-            self.fetched += n
-            overall_done = self.overall.add(n, now)
-        else:
-            overall_done = self.overall.done
-        if now - self._last_emit >= self.interval or self.done >= self.size:
-            self._last_emit = now
-            speed = self._rate.speed(now)
+        with self._lock:
+            self.done += n
+            done = self.done
+            self.last_byte = now
+            self._rate.add(n, now)
+            if network:
+                self.fetched += n
+            emit = now - self._last_emit >= self.interval or done >= self.size
+            if emit:
+                self._last_emit = now
+                speed = self._rate.speed(now)
+        overall_done = self.overall.add(n, now) if network else self.overall.done
+        if emit:
             # hashing bytes are not network bytes, but the network keeps going meanwhile
             overall_speed = self.overall.speed(now)
             self.events.emit(
                 FileProgress(
                     path=self.path,
-                    done=self.done,
+                    done=done,
                     size=self.size,
                     speed=speed,
-                    eta=eta(self.size - self.done, speed),
+                    eta=eta(self.size - done, speed),
                     overall_done=overall_done,
                     overall_total=self.overall.total,
                     overall_speed=overall_speed,

@@ -253,8 +253,9 @@ class Partial:
         """Bytes of the partial that can be kept.
 
         Everything on disk if it was written since this boot (a killed process
-        loses nothing the kernel already has); after a reboot, only the last
-        fsync'ed checkpoint (``durable``).
+        loses nothing the kernel already has); after a reboot, or while the file
+        is fetched in ranges (``holes``: bytes past ``durable`` may lie beyond a
+        gap), only the last fsync'ed checkpoint (``durable``).
         """
         try:
             raw = json.loads(self.sidecar.read_text(encoding="utf-8"))
@@ -267,7 +268,7 @@ class Partial:
         if not isinstance(durable, int) or durable < 0:
             return 0
         boot = raw.get("boot")
-        if isinstance(boot, int | float) and abs(boot - boot_time()) < 5:
+        if isinstance(boot, int | float) and abs(boot - boot_time()) < 5 and not raw.get("holes"):
             return min(size, self.file.size)
         return min(durable, size, self.file.size)
 
@@ -285,8 +286,9 @@ class Partial:
             os.truncate(self.data, keep)
         return keep
 
-    def checkpoint(self, durable: int) -> None:
-        """Record that ``durable`` bytes are on stable storage (call after fsync).
+    def checkpoint(self, durable: int, *, holes: bool = False) -> None:
+        """Record that ``durable`` bytes are on stable storage (call after fsync);
+        ``holes``: bytes past them are not a contiguous prefix (ranges in flight).
 
         The sidecar has a fixed layout (the number is space-padded), so after
         the first write it is overwritten in place: no new disk block is
@@ -301,6 +303,7 @@ class Partial:
                 "sha256": self.file.sha256,
                 "git_sha1": self.file.git_sha1,
                 "boot": round(boot_time()),
+                "holes": holes,
             },
             sort_keys=True,
         )

@@ -9,10 +9,13 @@ Why two transports, and how each is cancelled:
   the HTTP session and the error mapping are huggingface_hub's own
   (``hf_hub_url``, ``get_hf_file_metadata``, ``build_hf_headers``,
   ``get_session``, ``hf_raise_for_status``); we only add a ``Range`` header,
-  append to our ``.k3part`` file and checkpoint it.  It runs in-process:
-  a cancel or a stall shuts the connection's socket down from the watching
-  thread, which wakes the blocked read at once (a child per file would cost a
-  Python start-up per file and could not share the hash-as-you-go).
+  read the body off the connection's socket into large buffers (see
+  :meth:`_Body.from_socket`), append to our ``.k3part`` file and checkpoint it.
+  A large file comes as several Range windows at once (:func:`_in_ranges`).
+  It runs in-process: a cancel or a stall shuts the connections' sockets down
+  from the watching thread, which wakes the blocked reads at once (a child per
+  file would cost a Python start-up per file and could not share the
+  hash-as-you-go).
 
 * ``hub`` (:func:`child_attempt`) runs ``hf_hub_download`` in a child process
   so hf_xet is used when the server offers Xet.  huggingface_hub has no cancel
@@ -25,13 +28,18 @@ Why two transports, and how each is cancelled:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import threading
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -61,8 +69,12 @@ class Context:
 class Offsets:
     """Where a partial file stands; survives failed attempts within one run."""
 
-    written: int = 0  # bytes in the .k3part file
+    written: int = 0  # bytes in the .k3part file (fetching in ranges: the complete prefix)
     durable: int = 0  # bytes recorded in the sidecar after fsync
+    no_ranges: bool = False  # the server answered a Range request with the whole file
+    # windows fetched in ranges that lie past ``written`` (start -> end): kept for the
+    # next attempt of this run, not across runs (the sidecar records the prefix only)
+    windows: dict[int, int] = field(default_factory=dict)
 
 
 class Checkpointer:
@@ -74,8 +86,9 @@ class Checkpointer:
     asked for while one is running is folded into the next one.
     """
 
-    def __init__(self, partial: Partial, fd: int, offsets: Offsets) -> None:
+    def __init__(self, partial: Partial, fd: int, offsets: Offsets, holes: bool = False) -> None:
         self._partial = partial
+        self._holes = holes  # the file is written in ranges (see Partial.checkpoint)
         self._fd = os.dup(fd)
         self._offsets = offsets
         self._lock = threading.Lock()
@@ -100,7 +113,7 @@ class Checkpointer:
                     return
             try:
                 os.fsync(self._fd)
-                self._partial.checkpoint(target)
+                self._partial.checkpoint(target, holes=self._holes)
             except OSError:
                 with self._lock:  # the disk is in trouble: the writer will find out
                     self._thread = None
@@ -113,9 +126,9 @@ class Checkpointer:
             thread = self._thread
         if thread is not None:
             thread.join()
-        if final is not None and final != self._offsets.durable:
+        if final is not None and (final != self._offsets.durable or self._holes):
             os.fsync(self._fd)
-            self._partial.checkpoint(final)
+            self._partial.checkpoint(final, holes=self._holes)
             self._offsets.durable = final
 
     def close(self) -> None:
@@ -154,34 +167,30 @@ def http_attempt(
     Raises on any failure, leaving ``offsets`` (and the sidecar) describing
     what is safely on disk; the caller decides whether to retry.
     """
-    import httpx2
-    from huggingface_hub import get_hf_file_metadata, get_session, hf_hub_url, hf_raise_for_status
-    from huggingface_hub.utils._headers import build_hf_headers
+    from huggingface_hub import get_session, hf_raise_for_status
 
     guard_session()
-    url = hf_hub_url(ctx.repo, f.path, revision=ctx.revision, endpoint=ctx.endpoint)
-    meta = get_hf_file_metadata(
-        url, token=ctx.token or False, timeout=ctx.options.timeout, endpoint=ctx.endpoint
-    )
-    if meta.size is not None and meta.size != f.size:
-        raise FileChanged(
-            f"{f.path} in {ctx.repo} is {meta.size:,} bytes on the server but the listing at "
-            f"{ctx.revision[:12]} said {f.size:,}.",
-            "The repository changed under the download; run it again to list it afresh.",
-        )
-    headers = build_hf_headers(token=ctx.token or False)
-    if _origin(meta.location) != _origin(ctx.endpoint):
-        # a CDN on another origin gets no credentials (it is sent a signed URL instead)
-        headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
-    headers["Accept-Encoding"] = "identity"
+    location, headers, timeout = _prepare(ctx, f)
+    opts = ctx.options
+    if (
+        opts.ranges_per_file > 1
+        and not offsets.no_ranges
+        and f.size - offsets.written >= 2 * opts.range_window_bytes
+    ):
+        try:
+            _in_ranges(ctx, f, partial, task, hasher, offsets, location, headers, timeout)
+            return
+        except _NoRanges:
+            offsets.no_ranges = True  # this server sends whole files: one stream from here
+            offsets.windows.clear()
+            task.rewind(offsets.written)
     if offsets.written > 0:
         headers["Range"] = f"bytes={offsets.written}-"
-    timeout = httpx2.Timeout(ctx.options.timeout, read=ctx.options.stall_seconds + 5.0)
 
     fd = os.open(partial.data, os.O_WRONLY)
     durable = Checkpointer(partial, fd, offsets)
     try:
-        with get_session().stream("GET", meta.location, headers=headers, timeout=timeout) as r:
+        with get_session().stream("GET", location, headers=headers, timeout=timeout) as r:
             hf_raise_for_status(r)
             if offsets.written > 0 and r.status_code == 200:
                 # the server ignored Range: start over from byte 0
@@ -204,26 +213,12 @@ def http_attempt(
             sock = stream.get_extra_info("socket") if stream is not None else None
             task.attach(sock=sock, closer=None if sock is not None else r.close)
             ctx.cancel.raise_if_cancelled()
-            step = ctx.options.checkpoint_bytes
-            asked = offsets.durable
-            # no checkpoint in a file's last half-step: it is about to be complete anyway
-            last = f.size - step // 2
-            cancel = ctx.cancel
-            # as the socket delivers it (<= 64 KiB): little is ever held only in memory
-            for chunk in r.iter_bytes():
-                if cancel.cancelled:
-                    raise Cancelled()
-                n = len(chunk)
-                at = offsets.written
-                if at + n > f.size:
-                    raise BodyTooLong(f"it sent more than the {f.size:,} bytes listed for {f.path}")
-                _write_all(fd, memoryview(chunk))
-                hasher.feed(chunk, at)
-                offsets.written = at + n
-                task.add(n)
-                if at + n - asked >= step and at + n < last:
-                    asked = at + n
-                    durable.request(asked)
+            body = _Body(ctx, f, fd, task, hasher, offsets, durable)
+            direct = _direct_socket(r, stream, sock, f.size - offsets.written)
+            if direct is not None:
+                body.from_socket(r, direct, ctx.options.stall_seconds + 5.0)
+            else:
+                body.from_chunks(r.iter_bytes())
             if offsets.written != f.size:
                 raise ShortRead(f"the connection ended at byte {offsets.written:,} of {f.size:,}")
     except BaseException:
@@ -239,6 +234,378 @@ def http_attempt(
         task.detach()
         durable.close()
         os.close(fd)
+
+
+def _prepare(ctx: Context, f: RemoteFile) -> tuple[str, dict[str, str], Any]:
+    """(URL to GET, request headers, timeouts) for ``f``, after the metadata HEAD."""
+    import httpx2
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.utils._headers import build_hf_headers
+
+    url = hf_hub_url(ctx.repo, f.path, revision=ctx.revision, endpoint=ctx.endpoint)
+    meta = get_hf_file_metadata(
+        url, token=ctx.token or False, timeout=ctx.options.timeout, endpoint=ctx.endpoint
+    )
+    if meta.size is not None and meta.size != f.size:
+        raise FileChanged(
+            f"{f.path} in {ctx.repo} is {meta.size:,} bytes on the server but the listing at "
+            f"{ctx.revision[:12]} said {f.size:,}.",
+            "The repository changed under the download; run it again to list it afresh.",
+        )
+    headers = build_hf_headers(token=ctx.token or False)
+    if _origin(meta.location) != _origin(ctx.endpoint):
+        # a CDN on another origin gets no credentials (it is sent a signed URL instead)
+        headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+    headers["Accept-Encoding"] = "identity"
+    timeout = httpx2.Timeout(ctx.options.timeout, read=ctx.options.stall_seconds + 5.0)
+    return meta.location, headers, timeout
+
+
+class _NoRanges(Exception):
+    """The server answered a Range request with the whole file."""
+
+
+def _in_ranges(
+    ctx: Context,
+    f: RemoteFile,
+    partial: Partial,
+    task: FileTask,
+    hasher: StreamHasher,
+    offsets: Offsets,
+    location: str,
+    headers: dict[str, str],
+    timeout: Any,
+) -> None:
+    """Fetch the rest of ``f`` as windows of ``range_window_bytes``, several at once.
+
+    ``ranges_per_file`` connections each take the next window not yet taken
+    (a Range request) and write it in place; the complete prefix grows as the
+    lowest windows finish: it is hashed (read back from the file, in order)
+    and checkpointed.  A failure of one connection stops the others; the
+    caller's retry fetches only the windows not complete.  A later run (after
+    a pause or a crash) resumes from the checkpointed prefix: it re-fetches at
+    most the windows that were past it.
+    """
+    from huggingface_hub import get_session, hf_raise_for_status
+
+    opts = ctx.options
+    window = opts.range_window_bytes
+    step = opts.checkpoint_bytes
+    last = f.size - step // 2
+    lock = threading.Lock()
+    live: set[Any] = set()  # sockets (or response closers) of the windows in flight
+    errors: list[BaseException] = []
+    finished = offsets.windows  # complete windows above the prefix, kept across attempts
+    todo = deque(
+        a for a in range(offsets.written, f.size, window) if a not in finished
+    )  # window starts still to fetch: the grid from the prefix, less what is complete
+    state = {"asked": offsets.durable}
+    cancel = ctx.cancel
+
+    def stop_all() -> None:
+        with lock:
+            handles = list(live)
+        for h in handles:
+            if isinstance(h, socket.socket):
+                with contextlib.suppress(OSError):
+                    h.shutdown(socket.SHUT_RDWR)
+            else:
+                h()
+
+    def stopped() -> bool:
+        if cancel.cancelled:
+            raise Cancelled()
+        return bool(errors)
+
+    def fetch(fd: int, a: int, b: int) -> None:
+        h = dict(headers)
+        h["Range"] = f"bytes={a}-{b - 1}"
+        with get_session().stream("GET", location, headers=h, timeout=timeout) as r:
+            hf_raise_for_status(r)
+            if r.status_code != 206:
+                raise _NoRanges()
+            if _content_range_start(r.headers.get("Content-Range")) != a:
+                raise ShortRead(
+                    f"asked for bytes from {a} but got {r.headers.get('Content-Range')}"
+                )
+            stream = r.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            handle = sock if isinstance(sock, socket.socket) else r.close
+            with lock:
+                live.add(handle)
+            try:
+                direct = _direct_socket(r, stream, sock, b - a)
+                pos = _read_range(r, direct, fd, a, b, task, stopped, opts.stall_seconds + 5.0)
+            finally:
+                with lock:
+                    live.discard(handle)
+            if pos != b:
+                raise ShortRead(f"the connection ended at byte {pos:,} of {f.size:,}")
+
+    def worker(fd: int, durable: Checkpointer) -> None:
+        while True:
+            with lock:
+                if errors or not todo:
+                    return
+                a = todo.popleft()
+                b = min(f.size, a + window)
+            try:
+                if stopped():
+                    return
+                fetch(fd, a, b)
+            except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+                with lock:
+                    errors.append(exc)
+                stop_all()
+                return
+            with lock:
+                finished[a] = b
+                while offsets.written in finished:
+                    offsets.written = finished.pop(offsets.written)
+                prefix = offsets.written
+                ask = prefix - state["asked"] >= step and prefix < last
+                if ask:
+                    state["asked"] = prefix
+            hasher.on_disk(prefix)
+            if ask:
+                durable.request(prefix)
+
+    fd = os.open(partial.data, os.O_WRONLY)
+    durable = Checkpointer(partial, fd, offsets, holes=True)
+    try:
+        # windows in flight when an attempt failed come again
+        task.rewind(offsets.written + sum(b - a for a, b in finished.items()))
+        # before any byte lands past the prefix: a kill -9 from here on resumes from
+        # the last fsync'ed checkpoint, not from the file's size
+        partial.checkpoint(offsets.durable, holes=True)
+        task.attach(closer=stop_all)
+        cancel.raise_if_cancelled()
+        count = min(opts.ranges_per_file, len(todo))
+        threads = [
+            threading.Thread(target=worker, args=(fd, durable), name=f"range:{f.path}", daemon=True)
+            for _ in range(count)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if cancel.cancelled:
+            raise Cancelled()
+        if errors:
+            first = next((e for e in errors if isinstance(e, _NoRanges)), errors[0])
+            raise first
+        if offsets.written != f.size:
+            raise ShortRead(f"the ranges ended at byte {offsets.written:,} of {f.size:,}")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            # the prefix is what a later run keeps (the sidecar says: holes past it)
+            durable.settle(final=offsets.written)
+        raise
+    else:
+        durable.settle()
+    finally:
+        task.detach()
+        durable.close()
+        os.close(fd)
+
+
+def _pwrite_all(fd: int, data: memoryview, at: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, at)
+        data = data[n:]
+        at += n
+
+
+def _read_range(
+    r: Any,
+    sock: socket.socket | None,
+    fd: int,
+    a: int,
+    b: int,
+    task: FileTask,
+    stopped: Callable[[], bool],
+    timeout: float,
+) -> int:
+    """Bytes [a, b) of a 206 body written in place; returns where it ended."""
+    pos = a
+    if sock is None:
+        for chunk in r.iter_bytes():
+            if stopped():
+                raise ShortRead("another range of the file failed")
+            if pos + len(chunk) > b:
+                raise BodyTooLong(f"it sent more than the {b - a:,} bytes asked for")
+            _pwrite_all(fd, memoryview(chunk), pos)
+            pos += len(chunk)
+            task.add(len(chunk))
+        return pos
+    # as in _Body.from_socket: one chunk through the client, then the socket itself
+    chunks = r.iter_raw()
+    first = next(chunks, b"")
+    if first:
+        _pwrite_all(fd, memoryview(first), pos)
+        pos += len(first)
+        task.add(len(first))
+    sock.settimeout(timeout)
+    buf = bytearray(min(WRITE_BYTES, max(1, b - pos)))
+    view = memoryview(buf)
+    while pos < b:
+        want = min(len(buf), b - pos)
+        got = 0
+        while got < want:
+            if stopped():
+                raise ShortRead("another range of the file failed")
+            try:
+                n = sock.recv_into(view[got:want])
+            except OSError as exc:  # reset, timeout, TLS alert: not the disk's
+                raise ShortRead(f"the connection failed at byte {pos + got:,}: {exc}") from exc
+            if n == 0:
+                break
+            got += n
+            task.add(n)
+        if got:
+            _pwrite_all(fd, view[:got], pos)
+            pos += got
+        if got < want:
+            break
+    del chunks
+    return pos
+
+
+WRITE_BYTES = 4 * 1024 * 1024  # per write, hash and checkpoint check: few calls per GiB
+
+
+class _Body:
+    """Writes a response body to the partial file, hashes it, checkpoints it."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        f: RemoteFile,
+        fd: int,
+        task: FileTask,
+        hasher: StreamHasher,
+        offsets: Offsets,
+        durable: Checkpointer,
+    ) -> None:
+        self.f, self.fd, self.task, self.hasher = f, fd, task, hasher
+        self.offsets, self.durable, self.cancel = offsets, durable, ctx.cancel
+        self.step = ctx.options.checkpoint_bytes
+        self.asked = offsets.durable
+        # no checkpoint in a file's last half-step: it is about to be complete anyway
+        self.last = f.size - self.step // 2
+
+    def _wrote(self, data: bytes, release: Callable[[], None] | None) -> None:
+        """``data`` goes to the file at ``offsets.written``, then to the hash."""
+        n = len(data)
+        at = self.offsets.written
+        if at + n > self.f.size:
+            raise BodyTooLong(
+                f"it sent more than the {self.f.size:,} bytes listed for {self.f.path}"
+            )
+        _write_all(self.fd, memoryview(data))
+        self.offsets.written = at + n
+        self.hasher.feed(data, at, release)
+        self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        at = self.offsets.written
+        if at - self.asked >= self.step and at < self.last:
+            self.asked = at
+            self.durable.request(at)
+
+    def from_chunks(self, chunks: Iterator[bytes]) -> None:
+        """Chunks as the HTTP client hands them over (<= 64 KiB each)."""
+        cancel, task = self.cancel, self.task
+        for chunk in chunks:
+            if cancel.cancelled:
+                raise Cancelled()
+            self._wrote(chunk, None)
+            task.add(len(chunk))
+
+    def from_socket(self, r: Any, sock: socket.socket, timeout: float) -> None:
+        """The rest of a plain-length body, straight from the connection's socket.
+
+        One chunk goes through the HTTP client first: it holds the bytes that
+        arrived with the headers, and after it the parser's buffer is empty
+        (h11 ``_readers.ContentLengthReader.__call__`` hands over all it has).
+        From there on ``recv_into`` fills large reusable buffers: no objects,
+        parser passes or copies per 64 KiB.  What each ``recv_into`` brings is
+        written at once (nothing that arrived is held only in memory), and a
+        buffer goes to the hash when full, in one call.  The connection is
+        closed afterwards: the client never saw the body end, so it does not
+        reuse it (httpcore ``HTTP11Connection._response_closed``).
+        """
+        cancel, task, fd, offsets = self.cancel, self.task, self.fd, self.offsets
+        # kept referenced until the end: a dropped generator closes the response
+        chunks = r.iter_raw()
+        first = next(chunks, b"")
+        if first:
+            self._wrote(first, None)
+            task.add(len(first))
+        remaining = self.f.size - offsets.written
+        if remaining <= 0:
+            for chunk in chunks:  # only the end of the message: the connection is reused
+                self._wrote(chunk, None)
+            return
+        sock.settimeout(timeout)
+        free: list[bytearray] = []
+        while remaining > 0:
+            buf = free.pop() if free else bytearray(WRITE_BYTES)
+            view = memoryview(buf)
+            base = offsets.written
+            want = min(len(buf), remaining)
+            got = 0
+            try:
+                while got < want:
+                    if cancel.cancelled:
+                        raise Cancelled()
+                    try:
+                        n = sock.recv_into(view[got:want])
+                    except OSError as exc:  # reset, timeout, TLS alert: not the disk's
+                        raise ShortRead(
+                            f"the connection failed at byte {base + got:,}: {exc}"
+                        ) from exc
+                    if n == 0:
+                        break
+                    _write_all(fd, view[got : got + n])
+                    got += n
+                    offsets.written = base + got
+                    task.add(n)
+                    self._checkpoint()
+            finally:
+                if got:  # the buffer is reused only once the hash is done with it
+                    release = functools.partial(free.append, buf) if got == want else None
+                    self.hasher.feed(view[:got], base, release)
+            remaining -= got
+            if got < want:
+                break  # the connection ended: the caller reports the short read
+        del chunks
+
+
+def _direct_socket(r: Any, stream: Any, sock: Any, expected: int) -> socket.socket | None:
+    """The socket to read the body from directly, or None to leave it to the client.
+
+    Only for a plain HTTP/1.1 body of exactly ``expected`` bytes (Content-Length,
+    no transfer or content coding) on a socket that carries the body itself: a
+    plain socket or a TLS one (``ssl.SSLSocket.recv_into`` decrypts), not
+    TLS tunnelled inside TLS through a proxy (httpcore's ``TLSinTLSStream``
+    decrypts in Python with an ``ssl.SSLObject``).
+    """
+    if not isinstance(sock, socket.socket) or r.http_version != "HTTP/1.1":
+        return None
+    if isinstance(stream.get_extra_info("ssl_object"), ssl.SSLObject):
+        return None
+    headers = r.headers
+    if (
+        headers.get("Transfer-Encoding")
+        or headers.get("Content-Encoding", "identity") != "identity"
+    ):
+        return None
+    try:
+        length = int(headers.get("Content-Length", ""))
+    except ValueError:
+        return None
+    return sock if length == expected else None
 
 
 def _content_range_start(value: str | None) -> int:

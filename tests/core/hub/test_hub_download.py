@@ -287,7 +287,9 @@ def test_cancel_is_prompt_keeps_partials_and_leaves_nothing_running(
     assert stop_seconds < 3.0, stop_seconds
     assert isinstance(result[0], Cancelled)
     assert not list(tmp_path.rglob("*.incomplete"))
-    assert not [th for th in threading.enumerate() if th.name.startswith(("download", "hash-"))]
+    assert not [
+        th for th in threading.enumerate() if th.name.startswith(("download", "hash:", "range:"))
+    ]
     # a pause: what arrived is kept, durable, for the next run
     parts = list(tmp_path.rglob("*.k3part"))
     assert parts
@@ -587,3 +589,131 @@ def test_cancel_while_the_hub_is_slow_to_list_returns_at_once(
         DownloadJob(tier_repo.request(), tmp_path, options(hub), cancel=token).run()
     assert time.monotonic() - t0 < 1.5
     timer.join()
+
+
+def test_large_files_land_whole_over_a_link_shared_by_their_connections(tmp_path: Path) -> None:
+    """Files several read buffers long, one sent from disk (sendfile) and one from
+    memory, over a paced link: both land with the Hub's hash, and the two
+    connections together get the link's rate, not twice it."""
+    from tests.hubserver import make_bytes
+
+    files = {"a.gguf": make_bytes(12_000_000, 3), "b.gguf": make_bytes(12_000_001, 4)}
+    on_disk = tmp_path / "served-b.gguf"
+    on_disk.write_bytes(files["b.gguf"])
+    with HubServer() as hub:
+        hub.add_repo("o/big", {"a.gguf": files["a.gguf"], "b.gguf": on_disk})
+        hub.link_bps = 8_000_000  # 24 MB: 3 s at the least
+        t0 = time.monotonic()
+        DownloadJob(
+            DownloadRequest("o/big", ("*.gguf",)), tmp_path / "out", options(hub, parallel=2)
+        ).run()
+        took = time.monotonic() - t0
+    assert_landed(tmp_path / "out", files)
+    assert took >= 2.7
+
+
+def _big_repo(hub: HubServer, size: int = 3_000_001) -> tuple[DownloadRequest, dict[str, bytes]]:
+    from tests.hubserver import make_bytes
+
+    files = {"big.gguf": make_bytes(size, 11)}
+    hub.add_repo("o/ranged", dict(files.items()))
+    return DownloadRequest("o/ranged", ("big.gguf",)), files
+
+
+def _ranged(hub: HubServer, **kw: Any) -> DownloadOptions:
+    return options(hub, ranges_per_file=4, range_window_bytes=256 * 1024, **kw)
+
+
+def test_a_large_file_comes_in_several_ranges_at_once_and_is_verified_whole(
+    tmp_path: Path,
+) -> None:
+    with HubServer(cdn=True) as hub:  # each window follows the redirect to the CDN
+        req, files = _big_repo(hub)
+        hub.throttle_bps = 2_000_000  # per connection: the ranges overlap in time
+        hub.corrupt_once("big.gguf", 2_100_000)  # in a late window: the whole-file hash sees it
+        rec = Recorder()
+        DownloadJob(req, tmp_path, _ranged(hub), rec).run()
+        hits = hub.content_hits("big.gguf")
+    assert_landed(tmp_path, files)
+    assert [e.ok for e in rec.of("verified")] == [False, True]
+    progress = [e.done for e in rec.of("file_progress") if e.phase == "download"]
+    assert progress[-1] == len(files["big.gguf"])  # four connections, one count
+    first = hits[: len(hits) // 2]
+    starts = sorted(h.range_start or 0 for h in first)
+    assert starts == list(range(0, 3_000_001, 256 * 1024))  # every window once per round
+    assert sum(h.sent for h in first) == len(files["big.gguf"])
+    assert {h.server for h in first} == {"cdn"}
+    assert leftovers(tmp_path) == []
+
+
+def test_a_paused_ranged_download_resumes_from_its_complete_prefix(tmp_path: Path) -> None:
+    with HubServer() as hub:
+        req, files = _big_repo(hub)
+        hub.throttle_bps = 500_000
+        token = CancelToken()
+
+        def on(e: DownloadEvent) -> None:
+            if e.kind == "file_progress" and e.done > 1_400_000:
+                token.cancel()
+
+        with pytest.raises(Cancelled):
+            DownloadJob(req, tmp_path, _ranged(hub), Recorder(on), token).run()
+        assert not [th for th in threading.enumerate() if th.name.startswith("range:")]
+        part = next(tmp_path.rglob("*.k3part"))
+        import json
+
+        durable = json.loads(part.with_name(part.name + ".json").read_text())["durable"]
+        assert durable >= 256 * 1024  # the complete windows were kept
+        hub.throttle_bps = 0
+        hub.reset_log()
+        DownloadJob(req, tmp_path, _ranged(hub)).run()
+        again = hub.bytes_sent()
+    assert_landed(tmp_path, files)
+    # only what lies past the durable prefix comes again
+    assert again == len(files["big.gguf"]) - durable
+
+
+def test_a_server_that_ignores_range_gets_one_stream(tmp_path: Path) -> None:
+    with HubServer() as hub:
+        req, files = _big_repo(hub)
+        hub.ranges = False
+        DownloadJob(req, tmp_path, _ranged(hub)).run()
+        last = hub.content_hits("big.gguf")[-1]
+    assert_landed(tmp_path, files)
+    assert (last.status, last.sent) == (200, len(files["big.gguf"]))
+
+
+def test_a_partial_written_in_ranges_resumes_from_its_checkpoint_not_its_size(
+    tmp_path: Path,
+) -> None:
+    """After a kill -9 in the middle of ranges, the bytes past the prefix may lie
+    beyond a gap: only the fsync'ed checkpoint is kept, not the file's size."""
+    from k3desk.core.hub.model import RemoteFile
+    from k3desk.core.hub.state import Partial
+
+    f = RemoteFile("x.gguf", 1000, "ab" * 32, "cd" * 20)
+    part = Partial(tmp_path, f, "o/r", "rev")
+    part.prepare()
+    part.data.write_bytes(b"\1" * 300 + b"\0" * 300 + b"\2" * 100)  # a window past a gap
+    part.checkpoint(300, holes=True)
+    assert part.resumable_bytes() == 300
+    part.checkpoint(300)  # one stream: what the kernel has is a prefix
+    assert part.resumable_bytes() == 700
+
+
+def test_a_stalled_range_is_fetched_again_alone(tmp_path: Path) -> None:
+    with HubServer() as hub:
+        req, files = _big_repo(hub)
+        hub.stall_once("big.gguf", after=100_000, seconds=30)  # the first window asked for
+        rec = Recorder()
+        t0 = time.monotonic()
+        DownloadJob(req, tmp_path, _ranged(hub, stall_seconds=1.0), rec).run()
+        assert time.monotonic() - t0 < 15
+        hits = hub.content_hits("big.gguf")
+    assert_landed(tmp_path, files)
+    assert [s.path for s in rec.of("stalled")] == ["big.gguf"]
+    # the windows that were complete are kept; the stalled one (and at most the
+    # others in flight with it) comes again
+    starts = [h.range_start or 0 for h in hits]
+    assert len(starts) - len(set(starts)) in range(1, 5)
+    assert sum(h.sent for h in hits) < len(files["big.gguf"]) + 256 * 1024 * 4

@@ -16,6 +16,7 @@ from k3desk.core.hub.hashing import StreamHasher, hash_file
 from k3desk.core.hub.listing import crosscheck, manifest_check, parse_manifest, select
 from k3desk.core.hub.model import DownloadRequest, Listing, RemoteFile
 from k3desk.core.hub.preflight import check_space
+from tests.hubserver import make_bytes
 
 SIXBLOCK = [
     "Kimi-K3-IQ1_S-XS-00001-of-00034.gguf",
@@ -119,7 +120,41 @@ def test_resumed_prefix_is_hashed_while_the_rest_is_appended(tmp_path: Path) -> 
             hasher.feed(chunk, pos)
             pos += len(chunk)
     assert hasher.hexdigest() == hashlib.sha256(data).hexdigest()
-    assert not [t for t in threading.enumerate() if t.name.startswith("hash-prefix")]
+    assert not [t for t in threading.enumerate() if t.name.startswith("hash:")]
+
+
+def test_written_buffers_are_hashed_on_a_helper_thread_and_handed_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer reuses its buffers: each is hashed before it comes back, in order,
+    and what did not fit in the queue is read back from the file (never skipped)."""
+    monkeypatch.setattr(StreamHasher, "QUEUE_BYTES", 3 * 1_000_003)
+    data = make_bytes(24_000_000, 7)
+    p = tmp_path / "part"
+    p.write_bytes(b"")
+    hasher = StreamHasher(p, "sha256", len(data))
+    free: list[bytearray] = []
+    released_on: list[str] = []
+    fed = 0
+
+    def release(buf: bytearray) -> None:
+        released_on.append(threading.current_thread().name)
+        free.append(buf)
+
+    with p.open("ab", buffering=0) as f:
+        pos = 0
+        while pos < len(data):
+            buf = free.pop() if free else bytearray(1_000_003)
+            n = min(len(buf), len(data) - pos)
+            buf[:n] = data[pos : pos + n]
+            f.write(memoryview(buf)[:n])
+            hasher.feed(memoryview(buf)[:n], pos, lambda b=buf: release(b))
+            fed += 1
+            pos += n
+    assert hasher.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert len(released_on) == fed  # every buffer came back
+    assert any(name.startswith("hash:") for name in released_on)  # hashed off the writer
+    assert not [t for t in threading.enumerate() if t.name.startswith("hash:")]
 
 
 def test_space_check_refuses_with_how_much_is_missing(
