@@ -25,6 +25,8 @@ upstream's message ("unknown projector type: X").
   cuda89         a CUDA build for sm_89 on a machine with an H200
   ignore_term    serves, and ignores SIGTERM (the supervisor must SIGKILL it)
   wrong_key      serves, but expects an API key other than the one it was given
+$FAKE_GPU (any value) makes any mode list a CUDA device (a CUDA build), so that a plan
+for a GPU machine keeps its GPUs (an engine without a GPU backend gets none).
 $FAKE_BIND_DELAY (seconds) makes any serving mode wait that long before it binds its port,
 as a large model's load does (another program can take the port meanwhile).
 Only the standard library is used: this runs outside the project's venv too.
@@ -95,7 +97,7 @@ HELP_NEW = """-fit,  --fit [on|off]                   whether to adjust unset ar
 
 def list_devices() -> int:
     print("Available devices:")
-    if MODE in ("cuda89", "gpu_oom"):
+    if MODE in ("cuda89", "gpu_oom") or os.environ.get("FAKE_GPU"):
         print("  CUDA0: NVIDIA H200 (143771 MiB, 143181 MiB free)")
     else:
         print("  (none)")

@@ -91,7 +91,7 @@ def test_the_plan_budgets_the_real_projector_file_not_an_assumed_size(
     fake_engine: Callable[..., Path], tiny_k3: TinyModel, h200: HardwareProfile
 ) -> None:
     assert tiny_k3.mmproj is not None
-    p = prepare(tiny_k3, h200, fake_engine("serve"))
+    p = prepare(tiny_k3, h200, fake_engine("serve", FAKE_GPU="1"))
     size = tiny_k3.mmproj.stat().st_size
     assert size + MMPROJ_COMPUTE_BYTES < MMPROJ_DEFAULT_BYTES  # tells the two apart
     holder = [d for d in p.plan.devices if d.other]
@@ -123,7 +123,7 @@ def test_n_cpu_moe_in_the_engine_arguments_is_planned_not_appended(
 ) -> None:
     extra = ("--n-cpu-moe=3", "--threads", "2")
     p = prepare(
-        tiny_k3_single, h200, fake_engine("serve"), options=PlanOptions(ctx=1024, extra_args=extra)
+        tiny_k3_single, h200, fake_engine("serve", FAKE_GPU="1"), options=PlanOptions(ctx=1024, extra_args=extra)
     )
     args = p.spec().args
     assert p.plan.n_cpu_moe == 3
@@ -301,7 +301,7 @@ def test_gpu_oom_replans_the_placement_with_more_expert_layers_in_ram(
     supervised: list[Supervisor],
 ) -> None:
     extra = PlanOptions(ctx=1024, extra_args=("--threads", "2"))
-    p = prepare(tiny_k3, h200, fake_engine("serve"), options=extra)
+    p = prepare(tiny_k3, h200, fake_engine("serve", FAKE_GPU="1"), options=extra)
     assert p.plan.verdict == "gpu"
     assert cpu_moe(p.spec().args) is None  # everything on the GPU
     # the same launch on an engine that runs out of GPU memory below --n-cpu-moe 2
@@ -327,7 +327,7 @@ def test_gpu_oom_replans_the_placement_with_more_expert_layers_in_ram(
 def test_amx_assertion_adds_no_repack_once_and_a_replan_keeps_it(
     fake_engine: Callable[..., Path], tiny_k3_single: TinyModel, h200: HardwareProfile
 ) -> None:
-    p = prepare(tiny_k3_single, h200, fake_engine("serve"))
+    p = prepare(tiny_k3_single, h200, fake_engine("serve", FAKE_GPU="1"))
     first = p.spec().args
     step = p.replan_after_oom(AMX, first)
     assert step is not None
@@ -345,7 +345,7 @@ def test_gpu_oom_with_every_expert_in_ram_gives_up(
     fake_engine: Callable[..., Path], tiny_k3_single: TinyModel, h200: HardwareProfile
 ) -> None:
     p = prepare(
-        tiny_k3_single, h200, fake_engine("serve"), options=PlanOptions(ctx=1024, n_cpu_moe=6)
+        tiny_k3_single, h200, fake_engine("serve", FAKE_GPU="1"), options=PlanOptions(ctx=1024, n_cpu_moe=6)
     )
     assert cpu_moe(p.spec().args) == "6"
     assert p.replan_after_oom(OOM, p.spec().args) is None
@@ -382,7 +382,7 @@ def test_serve_prints_the_real_projector_budget(
     budget = fmt_bytes(tiny_k3.mmproj.stat().st_size + MMPROJ_COMPUTE_BYTES)
     argv = ["serve", str(tiny_k3.first_part), "--mmproj", str(tiny_k3.mmproj), "--ctx", "1024"]
     argv += ["--hardware", str(hardware_file("1xH200-141GB"))]
-    argv += ["--engine", str(fake_engine("serve"))]
+    argv += ["--engine", str(fake_engine("serve", FAKE_GPU="1"))]
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     with subprocess.Popen(
         [sys.executable, "-m", "k3desk", *argv],
