@@ -13,6 +13,7 @@ Modes:
   sigill         dies with SIGILL during warm-up (a native build on the wrong CPU)
   sigill_version dies with SIGILL even on --version
   amx            GGML_ASSERT(*cur_backend_id != -1) then abort, unless --no-repack
+  repack_oom     "unable to allocate CPU_REPACK buffer" (out of RAM), unless --no-repack
   oom_killer     killed with SIGKILL while loading, as the kernel's OOM killer does; it
                  leaves the kernel's traces where $FAKE_OOM_EVENTS (a memory.events file:
                  oom_kill goes up) and $FAKE_KMSG (a kernel log: the OOM report) say
@@ -297,6 +298,13 @@ def main() -> int:
         )
         sys.stdout.flush()
         os.abort()
+    elif MODE == "repack_oom" and "--no-repack" not in argv and "-nr" not in argv:
+        # b11434 on a model whose repacked weights exceed RAM (ggml-backend.cpp's
+        # ggml_backend_cpu_buffer_type_alloc_buffer, then llama-model.cpp's load_tensors)
+        log("ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size "
+            "29839288320", "E")  # fmt: skip
+        return fail_load(["llama_model_load: error loading model: unable to allocate "
+                          "CPU_REPACK buffer"])  # fmt: skip
     elif MODE == "oom_killer":
         log("load_tensors:   CPU_Mapped model buffer size = 412345.00 MiB")
         time.sleep(0.1)

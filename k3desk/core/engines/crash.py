@@ -268,9 +268,10 @@ def classify_exit(
                     "oom_killed",
                     f"The operating system's out-of-memory killer ended the engine ({seen}).",
                     "Leave more RAM free (close other programs), use a smaller context, or "
-                    "pick a smaller tier; k3desk retries once with --no-repack (repacked "
-                    "weights are anonymous memory the kernel cannot page out to the shards).",
-                    "no_repack",
+                    "pick a smaller tier; k3desk restarts it within the retry limit, with "
+                    "--no-repack (repacked weights are anonymous memory the kernel cannot "
+                    "page out to the shards).",
+                    "restart",
                     returncode,
                     oom_evidence,
                 )

@@ -364,6 +364,11 @@ class Supervisor(SupervisedLaunch[Endpoint]):
                 while new_port == port:
                     new_port = free_port()
                 action = f"port {port} was taken, using {new_port}"
+        elif crash.kind == "oom_killed" and not ({"--no-repack", "-nr"} & set(args)):
+            # a restart that changes what matters: repacked weights are anonymous memory
+            # (planning/repack.py); mmap'd, the kernel can drop their pages instead
+            new_args = (*args, "--no-repack")
+            action = "added --no-repack (the out-of-memory killer ended it)"
         elif crash.recovery in _REPLANS:
             plan = self._replan(crash, args)
             if plan is None:

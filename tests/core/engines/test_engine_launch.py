@@ -123,7 +123,10 @@ def test_n_cpu_moe_in_the_engine_arguments_is_planned_not_appended(
 ) -> None:
     extra = ("--n-cpu-moe=3", "--threads", "2")
     p = prepare(
-        tiny_k3_single, h200, fake_engine("serve", FAKE_GPU="1"), options=PlanOptions(ctx=1024, extra_args=extra)
+        tiny_k3_single,
+        h200,
+        fake_engine("serve", FAKE_GPU="1"),
+        options=PlanOptions(ctx=1024, extra_args=extra),
     )
     args = p.spec().args
     assert p.plan.n_cpu_moe == 3
@@ -345,7 +348,10 @@ def test_gpu_oom_with_every_expert_in_ram_gives_up(
     fake_engine: Callable[..., Path], tiny_k3_single: TinyModel, h200: HardwareProfile
 ) -> None:
     p = prepare(
-        tiny_k3_single, h200, fake_engine("serve", FAKE_GPU="1"), options=PlanOptions(ctx=1024, n_cpu_moe=6)
+        tiny_k3_single,
+        h200,
+        fake_engine("serve", FAKE_GPU="1"),
+        options=PlanOptions(ctx=1024, n_cpu_moe=6),
     )
     assert cpu_moe(p.spec().args) == "6"
     assert p.replan_after_oom(OOM, p.spec().args) is None
@@ -430,3 +436,24 @@ def test_chat_plans_an_n_cpu_moe_given_as_an_engine_argument(
     (command,) = [c for c in commands if f"-m {model} " in c]  # not the probe's canary
     assert "--n-cpu-moe=3" not in command
     assert " --threads 1 " in command
+
+
+def test_a_repack_buffer_out_of_ram_is_retried_without_repacking(
+    fake_engine: Callable[..., Path],
+    tiny_k3_single: TinyModel,
+    laptop: HardwareProfile,
+    supervised: list[Supervisor],
+) -> None:
+    p = prepare(tiny_k3_single, laptop, fake_engine("serve"))
+    spec = dataclasses.replace(p.spec(), executable=fake_engine("repack_oom"))
+    sup = Supervisor(spec, default_paths(), policy=FAST, replan=p.replan_after_oom)
+    supervised.append(sup)
+    sup.start()
+    sup.wait_ready(30)
+    first, second = sup.history
+    assert first.crash is not None
+    assert first.crash.kind == "ram_oom"
+    assert "refused" not in first.crash.describe()
+    assert "--no-repack" not in first.argv
+    assert "--no-repack" in second.argv
+    assert "out of RAM" in first.action
