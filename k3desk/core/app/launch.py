@@ -132,7 +132,12 @@ class SlowLaunchError(PlanError):
 
     def __init__(self, launch: LocalLaunch) -> None:
         super().__init__(
-            slow_warning(launch.plan, launch.model_name),
+            " ".join(
+                filter(
+                    None,
+                    (slow_warning(launch.plan, launch.model_name), launch.prepared.replanned_here),
+                )
+            ),
             "Pass --accept-slow to launch it anyway, or free RAM, or choose a smaller tier.",
         )
         self.launch = launch

@@ -114,9 +114,9 @@ def _shards_mapped(pid: int, parts: Sequence[Path]) -> int:
     index = {str(p): i for i, p in enumerate(parts)}
     seen = set()
     for line in maps.splitlines():
-        path = line.split(maxsplit=5)[5].strip() if line.count(" ") >= 5 else ""
-        if path in index:
-            seen.add(index[path])
+        fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
+        if len(fields) == 6 and fields[5].strip() in index:
+            seen.add(index[fields[5].strip()])
     if not seen:
         return 0
     last = max(seen)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import time
@@ -457,3 +458,50 @@ def test_a_repack_buffer_out_of_ram_is_retried_without_repacking(
     assert "--no-repack" not in first.argv
     assert "--no-repack" in second.argv
     assert "out of RAM" in first.action
+
+
+def test_a_launch_plans_for_this_machine_and_streams_a_model_larger_than_ram_only_when_accepted(
+    fake_engine: Callable[..., Path],
+    twin_factory: Callable[[str], list[Path]],
+    hardware_file: Callable[[str], Path],
+    laptop: HardwareProfile,
+    supervised: list[Supervisor],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The 528 GiB IQ1_S on a 32 GB laptop (this machine here): a plan for an RTX 5090 with
+    256 GB is not carried into a launch on it; this machine's plan streams from disk, and
+    a launch (serve, chat, the app) starts it as llama.cpp runs it (mmap, --no-repack, no
+    GPU flags) only once accepted, after saying what a token and the load cost."""
+    from k3desk.app import Services
+    from k3desk.core.app.launch import LocalLaunchRequest, SlowLaunchError, prepare_local_launch
+
+    services = Services()
+    monkeypatch.setattr(services, "this_machine", lambda *a, **k: laptop)
+    shard = twin_factory("grearl-iq1s")[0]
+    request = LocalLaunchRequest(
+        shard, engine=fake_engine("serve"), hardware_file=hardware_file("1xRTX5090-256GB")
+    )
+    with pytest.raises(SlowLaunchError) as refused:
+        prepare_local_launch(services, request)
+    message = refused.value.message
+    assert "does not fit in RAM here" in message
+    assert re.search(r"about [\d,]+ s per token after a load of up to \d+ (s|min)", message)
+    assert "Planned for this machine, not for" in message
+    assert "no CUDA backend" in message
+    assert "fills" in message
+    assert "--accept-slow" in refused.value.hint
+
+    launch = prepare_local_launch(services, dataclasses.replace(request, accept_slow=True))
+    assert launch.plan.verdict == "stream"
+    assert launch.subject == refused.value.launch.subject
+    assert launch.prepared.hardware.label == laptop.label
+    spec = launch.prepared.spec()
+    assert "--no-repack" in spec.args
+    for flag in ("-ngl", "--n-cpu-moe", "-ts", "--mlock", "--no-mmap"):
+        assert flag not in spec.args
+    # no timeout shorter than the load the plan predicts
+    assert spec.timeout() >= launch.plan.load_seconds > 60
+    sup = Supervisor(spec, default_paths(), policy=FAST)
+    supervised.append(sup)
+    sup.start()
+    assert sup.wait_ready(30).pid > 0
