@@ -17,8 +17,10 @@ the ``split.*`` keys in the order llama-gguf-split writes them, and only the
 what llama-gguf-split writes for the same tensors.
 
 Twins exercise everything that reads headers (validation, layouts, planning, the
-downloader's size checks) at the real scale.  Nothing can run on them: the
-weights read back as zeros.
+downloader's size checks) at the real scale, and llama.cpp runs them: the weights
+read back as zeros (the answers are noise), but a twin loads from mmap, renders a
+chat prompt (its template and byte-level tokens) and generates tokens at the real
+size's memory and paging costs, without the disk reads (holes cost none).
 """
 
 from __future__ import annotations
@@ -181,13 +183,18 @@ _STAND_IN_TEMPLATE = (
 def _tokenizer_entries(n_vocab: int) -> tuple[bytes, bytes, bytes]:
     """A stand-in vocabulary of the real size (encoded once per process).
 
-    The strings are not K3's, but the arrays have K3's lengths (163,840 tokens,
-    163,328 merges), so part 1 of a twin is as large and as slow to parse as
-    the real one.
+    The strings are not K3's (beyond the 256 byte tokens every byte-level BPE has), but
+    the arrays have K3's lengths (163,840 tokens, 163,328 merges), so part 1 of a twin
+    is as large and as slow to parse as the real one, and a chat renders a prompt.
     """
     special = {BOS_ID: "[BOS]", EOS_ID: "[EOS]", END_OF_MSG_ID: "<|end_of_msg|>",
                EOT_ID: "[EOT]"}  # fmt: skip
-    tokens = [special.get(i, f"<t{i}>") for i in range(n_vocab)]
+    # the first 256 tokens are the 256 bytes in GPT-2's byte-level alphabet (as in K2's
+    # tiktoken vocabulary), so that any text tokenizes: llama.cpp's BPE tokenizer drops
+    # what no token spells (llm_tokenizer_bpe_session::tokenize), and a prompt of only
+    # stand-in names would render to no tokens at all
+    alphabet = _byte_alphabet()
+    tokens = [special.get(i, alphabet[i] if i < 256 else f"<t{i}>") for i in range(n_vocab)]
     types = [3 if i in special else 1 for i in range(n_vocab)]
     merges = [f"<t{i % 256}> <t{i}>" for i in range(min(N_MERGES, n_vocab))]
     return (
@@ -195,6 +202,20 @@ def _tokenizer_entries(n_vocab: int) -> tuple[bytes, bytes, bytes]:
         encode_kv(KV("tokenizer.ggml.token_type", ARRAY, types, INT32)),
         encode_kv(KV("tokenizer.ggml.merges", ARRAY, merges, STRING)),
     )
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's byte-to-character table (``bytes_to_unicode``): byte ``b`` is spelled
+    ``_byte_alphabet()[b]``, the printable bytes as themselves."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
+    out: dict[int, str] = {b: chr(b) for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in out:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return [out[b] for b in range(256)]
 
 
 def _split_kvs(no: int, count: int, n_tensors: int) -> list[KV | bytes]:
