@@ -179,6 +179,11 @@ _STAND_IN_TEMPLATE = (
 )
 
 
+# the template's markers, special (control) tokens as in K3's tokenizer, so that a prompt
+# is a few dozen tokens, not one per byte of markup (ids from K3's reserved range)
+_TEMPLATE_TOKENS = {163587: "<|open|>", 163588: "<|sep|>", 163589: "<|close|>"}
+
+
 @lru_cache(maxsize=2)
 def _tokenizer_entries(n_vocab: int) -> tuple[bytes, bytes, bytes]:
     """A stand-in vocabulary of the real size (encoded once per process).
@@ -188,7 +193,7 @@ def _tokenizer_entries(n_vocab: int) -> tuple[bytes, bytes, bytes]:
     is as large and as slow to parse as the real one, and a chat renders a prompt.
     """
     special = {BOS_ID: "[BOS]", EOS_ID: "[EOS]", END_OF_MSG_ID: "<|end_of_msg|>",
-               EOT_ID: "[EOT]"}  # fmt: skip
+               EOT_ID: "[EOT]", **_TEMPLATE_TOKENS}  # fmt: skip
     # the first 256 tokens are the 256 bytes in GPT-2's byte-level alphabet (as in K2's
     # tiktoken vocabulary), so that any text tokenizes: llama.cpp's BPE tokenizer drops
     # what no token spells (llm_tokenizer_bpe_session::tokenize), and a prompt of only
