@@ -45,6 +45,7 @@ from k3desk.core.app.services import Services
 from k3desk.core.catalog.loader import load_catalog
 from k3desk.core.engines.discovery import find_llama_server
 from k3desk.core.engines.ports import free_port
+from k3desk.core.paths import default_paths
 from k3desk.core.resources import resources_dir
 from k3desk.core.units import MiB, fmt_bytes
 from k3desk.devtools.twin import write_twin
@@ -171,7 +172,7 @@ def main() -> int:
     ap.add_argument("--engine", type=Path, help="llama-server (default: the one k3desk finds)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    engine = a.engine or find_llama_server()
+    engine = a.engine or find_llama_server(default_paths())
     if engine is None:
         raise SystemExit("no llama-server found: pass --engine")
     tier = load_catalog(resources_dir() / "catalog.json").get(a.tier)
