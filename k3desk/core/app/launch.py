@@ -151,7 +151,7 @@ def slow_warning(plan: LaunchPlan, name: str) -> str:
         f"{name} does not fit in RAM here: {fmt_bytes(plan.stream_bytes)} of its weights "
         "are read from disk as tokens need them. It runs, slowly: "
         f"{per_token} after a load of up to {fmt_duration(plan.load_seconds)} "
-        "(it reads every shard once)."
+        "(it reads every shard once and decodes a test step)."
     )
 
 

@@ -108,13 +108,15 @@ def stream_misses(cache: int, dense: int, experts: int) -> tuple[float, float]:
     return (1.0 if experts > 0 else 0.0), 1.0 - cache / max(dense, 1)
 
 
-def load_seconds(layout: ModelLayout, disk_read_bps: float) -> float:
-    """Seconds llama.cpp takes to map the shards, at most: it maps every part with
+def load_seconds(layout: ModelLayout, disk_read_bps: float, token_s: float = 0.0) -> float:
+    """Seconds llama-server takes to get ready, at most: it maps every part with
     ``MAP_POPULATE`` (``llama_mmap::impl`` in ``src/llama-mmap.cpp``, prefetch on from
     ``llama_model_loader::init_mappings``; no lazy ranges unless a tensor exceeds 4 GiB),
-    which reads each file in full before the model is ready, whatever fits in RAM.
-    Files already in the page cache load faster."""
-    return layout.total_file_bytes / max(disk_read_bps, 1.0)
+    which reads each file in full whatever fits in RAM, and then decodes two tokens even
+    with ``--no-warmup`` (``common_context_can_seq_rm`` in ``common/common.cpp``, called
+    by ``tools/server/server-context.cpp``'s ``load_model``): ``token_s``, one decode
+    step.  Files already in the page cache load faster."""
+    return layout.total_file_bytes / max(disk_read_bps, 1.0) + max(token_s, 0.0)
 
 
 def plan_ctx(layout: ModelLayout, opts: PlanOptions) -> tuple[int, str]:
@@ -541,6 +543,8 @@ def _build(
         ubatch=opts.ubatch,
     )
 
+    token_s = 1.0 / speed.expected_tps if speed.expected_tps > 0 else 0.0
+    load_s = load_seconds(layout, opts.disk_read_bps, token_s)
     args = _server_args(layout, opts, pl, n, ngl, tensor_split, usable, hw, mmproj_on_gpu)
     if no_repack and not asked_no_repack:
         args.append("--no-repack")
@@ -565,7 +569,7 @@ def _build(
         speed.expected_tps,
         no_repack,
         repack,
-        load_seconds(layout, opts.disk_read_bps),
+        load_s,
     )
     if ctx_note:
         notes.insert(0, ctx_note)
@@ -590,7 +594,7 @@ def _build(
         no_repack=no_repack,
         repack_bytes=repack,
         anon_bytes=anon_total,
-        load_seconds=load_seconds(layout, opts.disk_read_bps),
+        load_seconds=load_s,
     )
 
 
@@ -775,7 +779,8 @@ def _explain(
     if verdict == "stream":
         notes.append(
             "Streaming depends on the disk: keep the shards on a local NVMe drive "
-            f"(assumed {opts.disk_read_bps / 1e9:.1f} GB/s). Loading reads every shard once: "
+            f"(assumed {opts.disk_read_bps / 1e9:.1f} GB/s). Loading reads every shard once, then "
+            "decodes a test step: "
             f"up to {fmt_duration(load_s)}."
         )
     mem = hw.memory
