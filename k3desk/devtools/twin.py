@@ -182,6 +182,16 @@ _STAND_IN_TEMPLATE = (
 # the template's markers, special (control) tokens as in K3's tokenizer, so that a prompt
 # is a few dozen tokens, not one per byte of markup (ids from K3's reserved range)
 _TEMPLATE_TOKENS = {163587: "<|open|>", 163588: "<|sep|>", 163589: "<|close|>"}
+# and its words, user-defined tokens (llama.cpp matches them in any text, longest first:
+# tokenizer_st_partition in src/llama-vocab.cpp) standing in for K3's BPE merges, which
+# spell them in a token or two: a one-line chat renders to about a dozen tokens, and a
+# prompt pages in a fifth of the experts instead of most of them
+_TEMPLATE_WORDS = {
+    163590: 'message role="user"',
+    163591: 'message role="assistant"',
+    163592: 'message role="system"',
+    163594: "message",
+}
 
 
 @lru_cache(maxsize=2)
@@ -199,8 +209,12 @@ def _tokenizer_entries(n_vocab: int) -> tuple[bytes, bytes, bytes]:
     # what no token spells (llm_tokenizer_bpe_session::tokenize), and a prompt of only
     # stand-in names would render to no tokens at all
     alphabet = _byte_alphabet()
-    tokens = [special.get(i, alphabet[i] if i < 256 else f"<t{i}>") for i in range(n_vocab)]
-    types = [3 if i in special else 1 for i in range(n_vocab)]
+    words = _TEMPLATE_WORDS
+    tokens = [
+        special.get(i) or words.get(i) or (alphabet[i] if i < 256 else f"<t{i}>")
+        for i in range(n_vocab)
+    ]
+    types = [3 if i in special else 4 if i in words else 1 for i in range(n_vocab)]
     merges = [f"<t{i % 256}> <t{i}>" for i in range(min(N_MERGES, n_vocab))]
     return (
         encode_kv(KV("tokenizer.ggml.tokens", ARRAY, tokens, STRING)),

@@ -148,7 +148,7 @@ def test_a_300_gib_k3_validates_plans_serves_and_answers_on_a_smaller_machine(
 
             chat = _k3(
                 "chat", "--url", url.group(1), "--api-key", key.group(1),
-                "--max-tokens", "1", "--seed", "1", "Hi", timeout=420,
+                "--max-tokens", "1", "--seed", "1", "Hi", timeout=900,
             )  # fmt: skip
             assert chat.returncode == 0, chat.stdout + chat.stderr
             stats = re.search(r"\[(\d+) prompt tokens, (\d+) generated", chat.stderr)
