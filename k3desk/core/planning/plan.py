@@ -20,11 +20,13 @@ first, then on as many expert layers as fit:
 2. If even ``N = n_layer`` does not pack (the non-expert weights alone exceed the
    GPUs), offload only the last ``L`` layers (``-ngl L``) with every expert in RAM.
 3. Whatever is not on a GPU lives in RAM: mmap'd weights in the page cache plus
-   KV, state and compute buffers.  The RAM budget is the available memory
-   (capped by the cgroup limit) minus ``ram_margin``.  If the RAM-side experts do
-   not fit, llama.cpp still runs with the weights mmap'd, reading the missing
-   experts from disk for every token ("stream"); if not even the weights read for
-   every token fit, there is no usable plan ("no-fit").
+   KV, state and compute buffers (and the weights ggml-cpu repacks, repack.py),
+   which are anonymous memory.  The RAM budget is the available memory (capped by
+   the cgroup limit) minus ``ram_margin``.  If the mmap'd weights do not fit,
+   llama.cpp still runs, reading what the page cache misses from disk for every
+   token ("stream"; the plan adds --no-repack so repacked copies do not take the
+   cache); only when the anonymous memory itself does not fit is there no usable
+   plan ("no-fit").
 
 Unified memory (GB10 / DGX Spark): the GPU's memory *is* system RAM, so the GPU
 and the page cache share one budget.
