@@ -91,8 +91,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=("auto", *DIALECT_IDS),
         default="auto",
         metavar="KIND",
-        help="what kind of server --url is: auto (k3desk finds out), "
-        + ", ".join(DIALECT_IDS),
+        help="what kind of server --url is: auto (k3desk finds out), " + ", ".join(DIALECT_IDS),
     )
     p.add_argument("--mmproj", type=Path, metavar="FILE", help="vision projector (with SHARD)")
     p.add_argument(
@@ -133,7 +132,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--hardware",
         type=Path,
         metavar="FILE",
-        help="plan the launch for this hardware file (`k3desk doctor --json`) (SHARD)",
+        help="plan the launch for this hardware file (`k3desk doctor --json`) (SHARD); "
+        "kept only while that plan can run on this machine",
+    )
+    p.add_argument(
+        "--accept-slow",
+        action="store_true",
+        help="launch even when the model does not fit in RAM and streams from disk "
+        "(SHARD; the warning says the seconds per token and the load time)",
     )
     p.add_argument(
         "--engine-arg",
@@ -319,11 +325,11 @@ def _start_engine(
     services: Services,
     cancel: CancelToken,
 ) -> tuple[str, str, int]:
-    from k3desk.core.app.launch import LocalLaunchRequest, prepare_local_launch
+    from k3desk.core.app.launch import LocalLaunchRequest, prepare_local_launch, slow_warning
     from k3desk.core.engines.supervisor import State, Supervisor
 
     quiet = args.json
-    prepared = prepare_local_launch(
+    launch = prepare_local_launch(
         services,
         LocalLaunchRequest(
             shard,
@@ -333,11 +339,15 @@ def _start_engine(
             engine=args.engine,
             configured_engine=services.configured_engine(),
             hardware_file=args.hardware,
+            accept_slow=args.accept_slow,
         ),
         cancel=cancel,
-    ).prepared
+    )
+    prepared = launch.prepared
     if not quiet:
         print(f"Plan: {prepared.plan.reason}", file=sys.stderr)
+        if launch.plan.verdict == "stream":
+            print(f"Warning: {slow_warning(launch.plan, launch.model_name)}", file=sys.stderr)
         for note in (prepared.plan.ctx_note, *prepared.notes):
             if not note:
                 continue

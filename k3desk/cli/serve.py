@@ -46,7 +46,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "sparkinfer|rpc` is `k3desk cluster serve NAME --engine ...` and takes its options",
     )
     p.add_argument("--mmproj", type=Path, metavar="FILE", help="vision projector for images")
-    p.add_argument("--hardware", type=Path, metavar="FILE", help="plan for this hardware file")
+    p.add_argument(
+        "--hardware",
+        type=Path,
+        metavar="FILE",
+        help="plan for this hardware file (a stand-in for GPUs this machine cannot show); "
+        "kept only while that plan can run on this machine, else planned for this one",
+    )
+    p.add_argument(
+        "--accept-slow",
+        action="store_true",
+        help="launch even when the model does not fit in RAM and streams its weights from "
+        "disk (the warning says the seconds per token and the load time)",
+    )
     p.add_argument(
         "--ctx",
         type=int,
@@ -62,7 +74,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace, services: Services) -> int:
-    from k3desk.core.app.launch import LocalLaunchRequest, prepare_local_launch
+    from k3desk.core.app.launch import LocalLaunchRequest, prepare_local_launch, slow_warning
 
     shard = args.shard.expanduser()
     what = what_is(shard)
@@ -93,10 +105,13 @@ def run(args: argparse.Namespace, services: Services) -> int:
             engine=args.engine,
             configured_engine=services.configured_engine(),
             hardware_file=args.hardware,
+            accept_slow=args.accept_slow,
         ),
     )
     prepared, plan = launch.prepared, launch.plan
     print(f"Plan: {plan.reason}")
+    if plan.verdict == "stream":
+        print(f"Warning: {slow_warning(plan, launch.model_name)}", flush=True)
     for note in (*plan.notes, *prepared.notes):
         print(f"  - {note}")
     print(predicted_text(plan.speed))

@@ -15,8 +15,9 @@ TiB = 1024**4
 def fmt_bytes(n: float, binary: bool = True) -> str:
     """Human form: ``fmt_bytes(330_167_807_328) == '307.5 GiB'``."""
     step = 1024.0 if binary else 1000.0
-    units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"] if binary else [
-        "B", "kB", "MB", "GB", "TB", "PB"]
+    units = (
+        ["B", "KiB", "MiB", "GiB", "TiB", "PiB"] if binary else ["B", "kB", "MB", "GB", "TB", "PB"]
+    )
     value = float(n)
     sign = "-" if value < 0 else ""
     value = abs(value)
@@ -38,7 +39,6 @@ def fmt_tps(tps: float) -> str:
     return f"{rounded:.2g}" if rounded < 100 else f"{rounded:,.0f}"
 
 
-
 def fmt_tps3(tps: float) -> str:
     """A measured speed to three significant digits, never in exponent form:
     ``0.553``, ``12.1``, ``402``, ``6,250``."""
@@ -46,3 +46,13 @@ def fmt_tps3(tps: float) -> str:
         return "0"
     rounded = float(f"{tps:.3g}")
     return f"{rounded:.3g}" if rounded < 1000 else f"{rounded:,.0f}"
+
+
+def fmt_duration(seconds: float) -> str:
+    """'5 s', '40 s', '2 min', '1 h 05 min'."""
+    if seconds < 60:
+        return f"{max(1, round(seconds))} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"

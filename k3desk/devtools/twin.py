@@ -17,8 +17,10 @@ the ``split.*`` keys in the order llama-gguf-split writes them, and only the
 what llama-gguf-split writes for the same tensors.
 
 Twins exercise everything that reads headers (validation, layouts, planning, the
-downloader's size checks) at the real scale.  Nothing can run on them: the
-weights read back as zeros.
+downloader's size checks) at the real scale, and llama.cpp runs them: the weights
+read back as zeros (the answers are noise), but a twin loads from mmap, renders a
+chat prompt (its template and byte-level tokens) and generates tokens at the real
+size's memory and paging costs, without the disk reads (holes cost none).
 """
 
 from __future__ import annotations
@@ -177,24 +179,62 @@ _STAND_IN_TEMPLATE = (
 )
 
 
+# the template's markers, special (control) tokens as in K3's tokenizer, so that a prompt
+# is a few dozen tokens, not one per byte of markup (ids from K3's reserved range)
+_TEMPLATE_TOKENS = {163587: "<|open|>", 163588: "<|sep|>", 163589: "<|close|>"}
+# and its words, user-defined tokens (llama.cpp matches them in any text, longest first:
+# tokenizer_st_partition in src/llama-vocab.cpp) standing in for K3's BPE merges, which
+# spell them in a token or two: a one-line chat renders to about a dozen tokens, and a
+# prompt pages in a fifth of the experts instead of most of them
+_TEMPLATE_WORDS = {
+    163590: 'message role="user"',
+    163591: 'message role="assistant"',
+    163592: 'message role="system"',
+    163594: "message",
+}
+
+
 @lru_cache(maxsize=2)
 def _tokenizer_entries(n_vocab: int) -> tuple[bytes, bytes, bytes]:
     """A stand-in vocabulary of the real size (encoded once per process).
 
-    The strings are not K3's, but the arrays have K3's lengths (163,840 tokens,
-    163,328 merges), so part 1 of a twin is as large and as slow to parse as
-    the real one.
+    The strings are not K3's (beyond the 256 byte tokens every byte-level BPE has), but
+    the arrays have K3's lengths (163,840 tokens, 163,328 merges), so part 1 of a twin
+    is as large and as slow to parse as the real one, and a chat renders a prompt.
     """
     special = {BOS_ID: "[BOS]", EOS_ID: "[EOS]", END_OF_MSG_ID: "<|end_of_msg|>",
-               EOT_ID: "[EOT]"}  # fmt: skip
-    tokens = [special.get(i, f"<t{i}>") for i in range(n_vocab)]
-    types = [3 if i in special else 1 for i in range(n_vocab)]
+               EOT_ID: "[EOT]", **_TEMPLATE_TOKENS}  # fmt: skip
+    # the first 256 tokens are the 256 bytes in GPT-2's byte-level alphabet (as in K2's
+    # tiktoken vocabulary), so that any text tokenizes: llama.cpp's BPE tokenizer drops
+    # what no token spells (llm_tokenizer_bpe_session::tokenize), and a prompt of only
+    # stand-in names would render to no tokens at all
+    alphabet = _byte_alphabet()
+    words = _TEMPLATE_WORDS
+    tokens = [
+        special.get(i) or words.get(i) or (alphabet[i] if i < 256 else f"<t{i}>")
+        for i in range(n_vocab)
+    ]
+    types = [3 if i in special else 4 if i in words else 1 for i in range(n_vocab)]
     merges = [f"<t{i % 256}> <t{i}>" for i in range(min(N_MERGES, n_vocab))]
     return (
         encode_kv(KV("tokenizer.ggml.tokens", ARRAY, tokens, STRING)),
         encode_kv(KV("tokenizer.ggml.token_type", ARRAY, types, INT32)),
         encode_kv(KV("tokenizer.ggml.merges", ARRAY, merges, STRING)),
     )
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's byte-to-character table (``bytes_to_unicode``): byte ``b`` is spelled
+    ``_byte_alphabet()[b]``, the printable bytes as themselves."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
+    out: dict[int, str] = {b: chr(b) for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in out:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return [out[b] for b in range(256)]
 
 
 def _split_kvs(no: int, count: int, n_tensors: int) -> list[KV | bytes]:

@@ -320,7 +320,8 @@ class MyModels(QWidget):
     # ------------------------------------------------------------ chatting
     def chat_selected(self) -> None:
         """Plan the selected set for this machine, launch it, and open the chat."""
-        from k3desk.ui.engine.page import prepare_launch
+        from k3desk.core.app.launch import SlowLaunchError
+        from k3desk.ui.engine.page import confirm_slow_launch, prepare_launch
 
         row = self.current()
         if row is None or not row.model.ok or self._launching is not None:
@@ -340,8 +341,13 @@ class MyModels(QWidget):
 
         def error(exc: BaseException) -> None:
             self._launching = None
+            slow = confirm_slow_launch(self, exc)
+            if slow is not None:
+                done(slow)
+                return
             self.say(describe(exc)[0])
-            ctx.reporter.report(exc)
+            if slow is None and not isinstance(exc, SlowLaunchError):
+                ctx.reporter.report(exc)
             self._buttons()
 
         self._launching = ctx.tasks.run(

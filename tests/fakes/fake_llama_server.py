@@ -13,6 +13,7 @@ Modes:
   sigill         dies with SIGILL during warm-up (a native build on the wrong CPU)
   sigill_version dies with SIGILL even on --version
   amx            GGML_ASSERT(*cur_backend_id != -1) then abort, unless --no-repack
+  repack_oom     "unable to allocate CPU_REPACK buffer" (out of RAM), unless --no-repack
   oom_killer     killed with SIGKILL while loading, as the kernel's OOM killer does; it
                  leaves the kernel's traces where $FAKE_OOM_EVENTS (a memory.events file:
                  oom_kill goes up) and $FAKE_KMSG (a kernel log: the OOM report) say
@@ -25,6 +26,8 @@ upstream's message ("unknown projector type: X").
   cuda89         a CUDA build for sm_89 on a machine with an H200
   ignore_term    serves, and ignores SIGTERM (the supervisor must SIGKILL it)
   wrong_key      serves, but expects an API key other than the one it was given
+$FAKE_GPU (any value) makes any mode list a CUDA device (a CUDA build), so that a plan
+for a GPU machine keeps its GPUs (an engine without a GPU backend gets none).
 $FAKE_BIND_DELAY (seconds) makes any serving mode wait that long before it binds its port,
 as a large model's load does (another program can take the port meanwhile).
 Only the standard library is used: this runs outside the project's venv too.
@@ -95,7 +98,7 @@ HELP_NEW = """-fit,  --fit [on|off]                   whether to adjust unset ar
 
 def list_devices() -> int:
     print("Available devices:")
-    if MODE in ("cuda89", "gpu_oom"):
+    if MODE in ("cuda89", "gpu_oom") or os.environ.get("FAKE_GPU"):
         print("  CUDA0: NVIDIA H200 (143771 MiB, 143181 MiB free)")
     else:
         print("  (none)")
@@ -295,6 +298,13 @@ def main() -> int:
         )
         sys.stdout.flush()
         os.abort()
+    elif MODE == "repack_oom" and "--no-repack" not in argv and "-nr" not in argv:
+        # b11434 on a model whose repacked weights exceed RAM (ggml-backend.cpp's
+        # ggml_backend_cpu_buffer_type_alloc_buffer, then llama-model.cpp's load_tensors)
+        log("ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size "
+            "29839288320", "E")  # fmt: skip
+        return fail_load(["llama_model_load: error loading model: unable to allocate "
+                          "CPU_REPACK buffer"])  # fmt: skip
     elif MODE == "oom_killer":
         log("load_tensors:   CPU_Mapped model buffer size = 412345.00 MiB")
         time.sleep(0.1)

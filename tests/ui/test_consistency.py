@@ -121,7 +121,7 @@ def test_every_shell_shows_the_same_figures_for_every_tier(  # type: ignore[no-u
         short = t["shortfall_bytes"]
         if t["verdict"] == "stream":
             assert short == t["stream_bytes"] > 0, where
-            assert verdict == f"won't fit: streams {fmt_bytes(short)} from disk", where
+            assert verdict == f"streams from disk: {fmt_bytes(short)} beyond RAM", where
         elif t["verdict"] == "no-fit":
             assert verdict == f"won't fit: {fmt_bytes(short)} short of RAM", where
         else:

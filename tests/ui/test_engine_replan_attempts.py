@@ -26,7 +26,7 @@ def test_the_attempts_table_shows_each_replan_and_why(  # type: ignore[no-untype
         hardware=h200,
         options=PlanOptions(ctx=1024),
         paths=ctx.services.paths,
-        engine=fake_engine("serve"),
+        engine=fake_engine("serve", FAKE_GPU="1"),  # a CUDA build: the plan keeps the GPU
     )
     # the same launch on an engine that runs out of GPU memory below --n-cpu-moe 2
     oom = fake_engine("gpu_oom", FAKE_OOM_BELOW="2")

@@ -41,6 +41,7 @@ from k3desk.core.localfiles import (
 from k3desk.core.paths import AppPaths
 from k3desk.core.planning.model import PlanOptions
 from k3desk.core.private import write_private
+from k3desk.core.units import fmt_duration
 
 RECORD = "background-engine.json"
 LAST_MODEL_KEY = "last_model"  # Settings.recent: the model launched last, for "Relaunch"
@@ -212,13 +213,3 @@ class LastModel:
             return ""
         how = "as last time" if self.ready_s else "reading it from disk"
         return f"loads in about {fmt_duration(s)} ({how})"
-
-
-def fmt_duration(seconds: float) -> str:
-    """'5 s', '40 s', '2 min', '1 h 05 min'."""
-    if seconds < 60:
-        return f"{max(1, round(seconds))} s"
-    minutes = round(seconds / 60)
-    if minutes < 60:
-        return f"{minutes} min"
-    return f"{minutes // 60} h {minutes % 60:02d} min"

@@ -223,6 +223,32 @@ class TurnRecord:
         return final
 
 
+def nothing_rendered(result: ChatResult) -> ChatStreamError | None:
+    """An answer to nothing: the server counted 0 prompt tokens (the model's chat template
+    or tokenizer turned the conversation into no tokens), or it finished without a
+    single token or character.  Either is an error to name, not an answer."""
+    if result.cancelled or result.partial:
+        return None
+    usage = result.usage
+    if usage is not None and not usage.estimated and usage.prompt_tokens == 0:
+        return ChatStreamError(
+            "The server read the conversation as 0 prompt tokens: the model's chat template "
+            "or tokenizer rendered nothing, so there was nothing to answer.",
+            "Check the model file's chat template and tokenizer (llama-server renders "
+            "tokenizer.chat_template with --jinja); a file whose vocabulary spells none of "
+            "the text cannot be chatted with.",
+            result,
+        )
+    if not result.text and not result.reasoning and (usage is None or usage.completion_tokens == 0):
+        return ChatStreamError(
+            "The server finished without generating anything (an empty reply).",
+            "Ask again; if it repeats, the model ends every answer at once (check its chat "
+            "template and end-of-turn tokens).",
+            result,
+        )
+    return None
+
+
 def run_turn(
     client: ChatClient,
     messages: Sequence[ChatMessage],
@@ -258,6 +284,8 @@ def run_turn(
             record.interrupted()
         raise
     assert result is not None
+    if error is None:
+        error = nothing_rendered(result)
     answer = None
     if record is not None:
         answer = record.finish(result, NOTE_BROKEN if error is not None else "")

@@ -4,7 +4,14 @@ the launch planned for the machine it will run on.
 A launch always plans for this machine: whatever a page is judging (a hardware file,
 a cluster) never reaches here.  The only other machine a launch may be planned for is
 one the person names for this very launch (``k3desk serve/chat --hardware FILE``, a
-stand-in for GPUs this machine cannot show), and the plan then says whose it is.
+stand-in for GPUs this machine cannot show), and only while that plan can run here:
+when the engine cannot use that machine's GPUs, or its plan fills more RAM than this
+machine has, the launch is planned for this machine and its notes say so.
+
+A plan that streams its weights from disk runs (llama.cpp pages them in from the
+shards), slowly: it is launched only when the request accepts that
+(``accept_slow``); otherwise :class:`SlowLaunchError` carries the warning (seconds per
+token, load time) for the shell to ask with.
 """
 
 from __future__ import annotations
@@ -16,11 +23,13 @@ from typing import TYPE_CHECKING
 from k3desk.core.app.models import model_name
 from k3desk.core.app.subject import Subject
 from k3desk.core.engines.launch import PreparedLaunch, prepare_launch
+from k3desk.core.errors import PlanError
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import DEFAULT_CTX, LaunchPlan, PlanOptions
 from k3desk.core.progress import CancelToken, ProgressCallback, no_progress
 from k3desk.core.tuning.calibration import CalibrationStore, SpeedTracker, calibrate_plan
 from k3desk.core.tuning.tune import TuneModelRequest, TuneModelResult, forget_tuned, tune_model
+from k3desk.core.units import fmt_bytes, fmt_duration
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -38,6 +47,7 @@ class LocalLaunchRequest:
     engine: Path | None = None  # this engine and no other
     configured_engine: str | None = None  # the one chosen in Settings, tried first
     hardware_file: Path | None = None  # named for this launch only (see the module docstring)
+    accept_slow: bool = False  # launch a plan that streams from disk (see the module docstring)
 
     def options(self) -> PlanOptions:
         return PlanOptions(
@@ -87,6 +97,7 @@ def prepare_local_launch(
             subject.append(Subject.this_machine(hw))
         return hw
 
+    here = services.this_machine if request.hardware_file is not None else None
     prepared = prepare_launch(
         request.shard,
         mmproj=request.mmproj,
@@ -98,15 +109,49 @@ def prepare_local_launch(
         catalog=services.catalog_tiers(),
         cancel=cancel,
         on_progress=on_progress,
+        here=here,
     )
     store = CalibrationStore(services.paths.state)
     hw, layout = prepared.hardware, prepared.layout
-    return LocalLaunch(
+    who = Subject.this_machine(hw) if prepared.replanned_here else subject[0]
+    launch = LocalLaunch(
         prepared,
-        subject[0],
+        who,
         model_name(request.shard),
         calibrated=calibrate_plan(store, hw, layout, prepared.plan),
         tracker=SpeedTracker(hw, layout, prepared.plan, store),
+    )
+    if launch.plan.verdict == "stream" and not request.accept_slow:
+        raise SlowLaunchError(launch)
+    return launch
+
+
+class SlowLaunchError(PlanError):
+    """The plan streams the weights from disk: it runs, at the speed the message says,
+    once the person accepts it (``LocalLaunchRequest.accept_slow``; ``--accept-slow``)."""
+
+    def __init__(self, launch: LocalLaunch) -> None:
+        super().__init__(
+            " ".join(
+                filter(
+                    None,
+                    (slow_warning(launch.plan, launch.model_name), launch.prepared.replanned_here),
+                )
+            ),
+            "Pass --accept-slow to launch it anyway, or free RAM, or choose a smaller tier.",
+        )
+        self.launch = launch
+
+
+def slow_warning(plan: LaunchPlan, name: str) -> str:
+    """What a launch that streams from disk costs: seconds per token and load time."""
+    tps = plan.speed.calibrated_tps or plan.speed.expected_tps
+    per_token = f"about {1 / tps:,.0f} s per token" if tps > 0 else "an unknown time per token"
+    return (
+        f"{name} does not fit in RAM here: {fmt_bytes(plan.stream_bytes)} of its weights "
+        "are read from disk as tokens need them. It runs, slowly: "
+        f"{per_token} after a load of up to {fmt_duration(plan.load_seconds)} "
+        "(it reads every shard once and decodes a test step)."
     )
 
 

@@ -297,8 +297,9 @@ def label(
     expert_layers_on_cpu: int | None = None,
 ) -> str:
     """A verdict in the words every shell uses: 'GPU: everything on the GPUs',
-    'hybrid: 45 expert layers on CPU', 'CPU only', "won't fit: streams 292.0 GiB from
-    disk", "won't fit: 294.5 GiB short of RAM", 'n/a: <why>'.
+    'hybrid: 45 expert layers on CPU', 'CPU only', 'streams from disk: 292.0 GiB beyond
+    RAM' (it runs, slowly: serve launches it once accepted), "won't fit: 2.5 GiB short of
+    RAM" (the buffers llama.cpp allocates do not fit), 'n/a: <why>'.
 
     ``hybrid`` counts the layers whose experts stay in RAM, not the ``--n-cpu-moe``
     value: ``--n-cpu-moe N`` keeps the experts of layers ``0..N-1`` on the CPU, and
@@ -315,7 +316,7 @@ def label(
         return "CPU only"
     if kind == "stream":
         streamed = plan.stream_bytes if plan is not None else shortfall
-        return f"won't fit: streams {fmt_bytes(streamed)} from disk"
+        return f"streams from disk: {fmt_bytes(streamed)} beyond RAM"
     if kind == "no-fit":
         return f"won't fit: {fmt_bytes(shortfall)} short of RAM"
     return f"n/a: {reason}" if reason else "n/a"

@@ -16,6 +16,7 @@ from typing import Literal
 
 CrashKind = Literal[
     "gpu_oom",
+    "ram_oom",
     "illegal_instruction",
     "amx_repack_assert",
     "unknown_architecture",
@@ -39,7 +40,8 @@ CrashKind = Literal[
 
 # What the supervisor may do on its own:
 #   replan_cpu_moe: restart with more expert layers in RAM (--n-cpu-moe up)
-#   no_repack:      restart with --no-repack
+#   no_repack:      restart with --no-repack (the repacked weights' anonymous memory
+#                   goes; they stay mmap'd from the shards instead)
 #   new_port:       restart on another free port
 #   restart:        restart the same command after a back-off
 #   none:           restarting cannot help; tell the person the fix
@@ -122,6 +124,20 @@ _RULES: tuple[_Rule, ...] = (
         "Keep more expert layers in RAM (a higher --n-cpu-moe), use a smaller context, "
         "or pick a smaller tier.",
         "replan_cpu_moe",
+    ),
+    # RAM, not the file: the CPU backend's buffers (CPU_REPACK holds the repacked weights
+    # in anonymous memory, planning/repack.py), pinned host buffers, an mmap refused with
+    # ENOMEM.  llama_model_load then logs "error loading model: unable to allocate
+    # CPU_REPACK buffer", which must not read as a refusal of the file (load_refused).
+    _rule(
+        "ram_oom",
+        r"(unable|failed) to allocate (CPU\w*|CUDA_Host|ROCm_Host|Vulkan_Host)\s+buffer|"
+        r"mmap failed: Cannot allocate memory|std::bad_alloc|"
+        r"failed to allocate buffer for (the )?(kv cache|compute)",
+        "The engine ran out of RAM while allocating its buffers.",
+        "Leave more RAM free, use a smaller context (--ctx), or run with --no-repack "
+        "(k3desk retries with it automatically).",
+        "no_repack",
     ),
     _rule(
         "unknown_architecture",
@@ -234,6 +250,10 @@ def classify_exit(
                 summary = f"This engine does not know the model architecture '{m.group(1)}'."
                 if m.group(1) == "kimi-k3":
                     summary = "This engine cannot load Kimi-K3: it predates kimi-k3 support."
+            elif rule.kind == "ram_oom":
+                what = re.search(r"allocate (\S+) buffer", line)
+                if what:
+                    summary = f"The engine ran out of RAM allocating its {what.group(1)} buffer."
             elif rule.kind == "gpu_oom":
                 device = _oom_device(lines)
                 if device:
@@ -241,9 +261,9 @@ def classify_exit(
             elif rule.kind == "missing_shard" and m.lastindex and m.group(1):
                 summary = f"A model file is missing: {m.group(1)}."
             elif rule.kind == "invalid_argument":
-                what = (m.group(1) or m.group(2) or "").strip()
+                argument = (m.group(1) or m.group(2) or "").strip()
                 why = (m.group(3) or "").strip()
-                summary = f"llama-server refused the argument {what!r}" + (
+                summary = f"llama-server refused the argument {argument!r}" + (
                     f": {why}." if why else ": it does not take it."
                 )
             elif rule.kind == "load_refused":
@@ -267,7 +287,9 @@ def classify_exit(
                     "oom_killed",
                     f"The operating system's out-of-memory killer ended the engine ({seen}).",
                     "Leave more RAM free (close other programs), use a smaller context, or "
-                    "pick a smaller tier; k3desk restarts it within the retry limit.",
+                    "pick a smaller tier; k3desk restarts it within the retry limit, with "
+                    "--no-repack (repacked weights are anonymous memory the kernel cannot "
+                    "page out to the shards).",
                     "restart",
                     returncode,
                     oom_evidence,

@@ -40,8 +40,9 @@ from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.paths import AppPaths
 from k3desk.core.planning.memory import mmproj_file_bytes
 from k3desk.core.planning.model import LaunchPlan, PlanOptions
-from k3desk.core.planning.plan import make_plan
+from k3desk.core.planning.plan import make_plan, ram_budget
 from k3desk.core.planning.recommend import options_for
+from k3desk.core.planning.repack import NO_REPACK_FLAGS as _NO_REPACK_FLAGS
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 from k3desk.core.tuning.tuned import TunedStore, apply_tuned
 from k3desk.core.units import fmt_bytes
@@ -53,7 +54,6 @@ IMAGES_HINT = (
 )
 _CPU_MOE_FLAGS = ("--n-cpu-moe", "-ncmoe")
 _ALL_CPU_MOE_FLAGS = ("--cpu-moe", "-cmoe")
-_NO_REPACK_FLAGS = ("--no-repack", "-nr")
 
 HardwareSource = HardwareProfile | Callable[[], HardwareProfile]
 
@@ -86,6 +86,9 @@ class PreparedLaunch:
     plan: LaunchPlan
     tier: Tier | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)  # what the shells should say
+    # why the hardware named for the launch was set aside for the machine it runs on
+    # ("" when it was not): see ``here`` in :func:`prepare_launch`
+    replanned_here: str = ""
 
     @property
     def server_args(self) -> tuple[str, ...]:
@@ -104,6 +107,11 @@ class PreparedLaunch:
         ready_timeout: float | None = None,
     ) -> LaunchSpec:
         """What the :class:`Supervisor` starts."""
+        if ready_timeout is None:
+            # never shorter than the load the plan predicts (it reads every shard once),
+            # with room for a disk slower than assumed
+            size = self.layout.total_file_bytes
+            ready_timeout = max(60.0 + size / 250e6, 60.0 + 2 * self.plan.load_seconds)
         return LaunchSpec(
             self.engine,
             self.server_args,
@@ -111,6 +119,7 @@ class PreparedLaunch:
             port=port,
             api_key=api_key,
             ready_timeout=ready_timeout,
+            model_parts=self.layout.parts,
             n_layers=len(self.layout.layers),
             api_key_file=self.api_key_file,
         )
@@ -128,7 +137,7 @@ class PreparedLaunch:
         if crash.recovery == "no_repack":
             if any(a in _NO_REPACK_FLAGS for a in current):
                 return None
-            return (*current, "--no-repack"), "added --no-repack (AMX repack assertion)"
+            return (*current, "--no-repack"), f"added --no-repack ({_why_no_repack(crash)})"
         if crash.recovery != "replan_cpu_moe":
             return None
         bumped = bump_n_cpu_moe(current, len(self.layout.layers))
@@ -157,6 +166,14 @@ class PreparedLaunch:
         return args, what
 
 
+def _why_no_repack(crash: CrashReport) -> str:
+    if crash.kind == "amx_repack_assert":
+        return "AMX repack assertion"
+    if crash.kind == "oom_killed":
+        return "the out-of-memory killer ended it: repacked weights are anonymous memory"
+    return "out of RAM: repacked weights are anonymous memory; mmap'd, they page from disk"
+
+
 def prepare_launch(
     shard: Path,
     *,
@@ -170,6 +187,7 @@ def prepare_launch(
     cancel: CancelToken | None = None,
     on_progress: ProgressCallback | None = None,
     use_tuned: bool = True,
+    here: HardwareSource | None = None,
 ) -> PreparedLaunch:
     """Validate ``shard``'s set, choose and probe an engine, and plan the launch.
 
@@ -183,6 +201,13 @@ def prepare_launch(
     reference ``--n-cpu-moe``.  With ``use_tuned``, the settings ``k3desk tune`` kept
     for this model on this machine are planned with (unless ``options`` set any of
     them), and a note says so.
+
+    A launch runs on the machine it is prepared on.  ``here``: that machine, when
+    ``hardware`` is another one named for the launch (a hardware file).  Its plan is
+    kept only if it could run here: when the engine cannot use that machine's GPUs, or
+    that plan fills more RAM than this machine has to give, the launch is planned for
+    ``here`` instead and :attr:`PreparedLaunch.replanned_here` says why.  GPUs the engine
+    has no backend for are left out of any plan (no -ngl for an engine without CUDA).
     """
     progress = on_progress or no_progress
     tiers = tuple(catalog) if catalog is not None else ()
@@ -223,7 +248,19 @@ def prepare_launch(
     if use_tuned:
         options, tuned_note = apply_tuned(TunedStore(paths.state), hw, layout, options)
     progress(Progress("plan", 0, 1, layout.first_part.name))
-    plan, tier = plan_model(hw, layout, options, tiers)
+    plan, tier = plan_model(usable_hardware(hw, probe), layout, options, tiers)
+    replanned = ""
+    if here is not None:
+        local = here if isinstance(here, HardwareProfile) else here()
+        why = not_this_machine(hw, plan, probe, local, options)
+        if why:
+            named = hw.label or hw.hostname or "the hardware named"
+            replanned = (
+                f"Planned for this machine, not for {named}: {why}. A launch runs here; "
+                f"`k3desk plan {layout.first_part} --hardware FILE` shows that machine's plan."
+            )
+            hw = local
+            plan, tier = plan_model(usable_hardware(hw, probe), layout, options, tiers)
     progress(Progress("plan", 1, 1, plan.verdict))
     if plan.verdict == "no-fit":
         machine = hw.label or hw.hostname
@@ -232,18 +269,60 @@ def prepare_launch(
             f"{layout.first_part.name} does not fit {where}: it is "
             f"{fmt_bytes(plan.shortfall)} short of memory. {plan.reason}",
             f"See `k3desk plan {layout.first_part}` for the numbers, free "
-            f"{fmt_bytes(plan.shortfall)} of RAM, or choose a smaller tier.",
+            f"{fmt_bytes(plan.shortfall)} of RAM, use a smaller context (--ctx), or choose a "
+            "smaller tier.",
             plan,
         )
     notes = [suspicious_note(finding) for finding in report.suspicious]
+    if replanned:
+        notes.insert(0, replanned)
     if tuned_note:
         notes.append(tuned_note)
     gpu_gap = probe.gpu_problems(hw)
     if gpu_gap:
         notes.append(f"The engine {exe} loads Kimi-K3, but {gpu_gap[0]}.")
     return PreparedLaunch(
-        exe, probe, layout, hw, plan_options(options, tier), plan, tier, tuple(notes)
+        exe,
+        probe,
+        layout,
+        usable_hardware(hw, probe),
+        plan_options(options, tier),
+        plan,
+        tier,
+        tuple(notes),
+        replanned,
     )
+
+
+def usable_hardware(hw: HardwareProfile, probe: ProbeResult) -> HardwareProfile:
+    """``hw`` without the GPUs an engine without a CUDA backend cannot use."""
+    if hw.gpus and "CUDA" not in probe.backends:
+        return replace(hw, gpus=())
+    return hw
+
+
+def not_this_machine(
+    named: HardwareProfile,
+    plan: LaunchPlan,
+    probe: ProbeResult,
+    here: HardwareProfile,
+    options: PlanOptions,
+) -> str:
+    """Why ``plan`` (made for the ``named`` machine) cannot run on ``here``; "" if it can."""
+    reasons = []
+    if named.gpus and "CUDA" not in probe.backends:
+        names = ", ".join(sorted({g.name for g in named.gpus}))
+        reasons.append(f"the engine has no CUDA backend for its GPUs ({names})")
+    ram = next((d for d in plan.devices if d.device == "RAM"), None)
+    if ram is not None:
+        fills = min(ram.used, ram.capacity)
+        budget = ram_budget(here, options)
+        if fills > budget:
+            reasons.append(
+                f"its plan fills {fmt_bytes(fills)} of RAM, and this machine has "
+                f"{fmt_bytes(budget)} to give"
+            )
+    return "; ".join(reasons)
 
 
 def suspicious_note(finding: str) -> str:

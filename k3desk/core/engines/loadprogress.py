@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
 
 import psutil
 
@@ -34,6 +38,7 @@ class LoadProgressParser:
         self.percent = 0
         self.phase = "starting"
         self._dots = 0
+        self._first: tuple[float, int] | None = None  # (when, bytes) of the first sample
 
     def feed_line(self, line: str) -> bool:
         """Read one line; True if the estimate changed."""
@@ -52,11 +57,18 @@ class LoadProgressParser:
         (the log says little during a long load at the default verbosity)."""
         if total <= 0 or done <= 0:
             return False
+        now = time.monotonic()
+        if self._first is None:
+            self._first = (now, done)
         lo, hi = _TENSOR_SPAN
         pct = lo + int((hi - lo) * min(1.0, done / total))
         if pct > self.percent:
             self.percent = pct
-            self.phase = f"loading tensors ({fmt_bytes(done)} of {fmt_bytes(total)})"
+            rate = ""
+            t0, b0 = self._first
+            if now - t0 >= 1.0 and done > b0:
+                rate = f", {fmt_bytes((done - b0) / (now - t0))}/s"
+            self.phase = f"loading tensors ({fmt_bytes(done)} of {fmt_bytes(total)} paged in{rate})"
             return True
         return False
 
@@ -70,9 +82,15 @@ class LoadProgressParser:
         return False
 
 
-def bytes_loaded(pid: int) -> int:
-    """How much of the model a loading server has touched: bytes it read from storage or
-    its resident set, whichever is larger (pages already in the page cache are not read)."""
+def bytes_loaded(pid: int, parts: Sequence[Path] = ()) -> int:
+    """How much of the model a loading server has touched: bytes it read from storage, its
+    resident set, or the shards it has mapped in full, whichever is larger.
+
+    Pages already in the page cache are not read, and a model larger than RAM never has
+    more than RAM resident; but llama.cpp maps the shards one after the other, each with
+    ``MAP_POPULATE`` (``src/llama-mmap.cpp``), which returns once the whole shard is paged
+    in: every shard mapped before the last one seen in ``/proc/PID/maps`` is done."""
+    mapped = _shards_mapped(pid, parts)
     try:
         p = psutil.Process(pid)
         rss = int(p.memory_info().rss)
@@ -82,4 +100,29 @@ def bytes_loaded(pid: int) -> int:
             read = 0
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return 0
-    return max(rss, read)
+    return max(rss, read, mapped)
+
+
+def _shards_mapped(pid: int, parts: Sequence[Path]) -> int:
+    """Bytes of the shards ``pid`` has mapped in full (see :func:`bytes_loaded`)."""
+    if len(parts) < 2:
+        return 0
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text(errors="replace")
+    except OSError:
+        return 0
+    index = {str(p): i for i, p in enumerate(parts)}
+    seen = set()
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
+        if len(fields) == 6 and fields[5].strip() in index:
+            seen.add(index[fields[5].strip()])
+    if not seen:
+        return 0
+    last = max(seen)
+    total = 0
+    for i in seen:
+        if i != last:
+            with contextlib.suppress(OSError):
+                total += parts[i].stat().st_size
+    return total

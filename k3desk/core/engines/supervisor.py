@@ -106,6 +106,8 @@ class LaunchSpec:
     # pass the key in a private file (--api-key-file) rather than on the command line,
     # where other local users can read it in /proc; needs an engine that has the flag
     api_key_file: bool = False
+    # the model's shards in order (load progress reads which of them are mapped)
+    model_parts: tuple[Path, ...] = ()
 
     def timeout(self) -> float:
         """Seconds to wait for /health 200: 60 s plus the model read at 250 MB/s."""
@@ -362,6 +364,11 @@ class Supervisor(SupervisedLaunch[Endpoint]):
                 while new_port == port:
                     new_port = free_port()
                 action = f"port {port} was taken, using {new_port}"
+        elif crash.kind == "oom_killed" and not ({"--no-repack", "-nr"} & set(args)):
+            # a restart that changes what matters: repacked weights are anonymous memory
+            # (planning/repack.py); mmap'd, the kernel can drop their pages instead
+            new_args = (*args, "--no-repack")
+            action = "added --no-repack (the out-of-memory killer ended it)"
         elif crash.recovery in _REPLANS:
             plan = self._replan(crash, args)
             if plan is None:
@@ -386,7 +393,8 @@ class Supervisor(SupervisedLaunch[Endpoint]):
         if crash.recovery == "no_repack":
             if "--no-repack" in args or "-nr" in args:
                 return None
-            return (*args, "--no-repack"), "added --no-repack (AMX repack assertion)"
+            why = "AMX repack assertion" if crash.kind == "amx_repack_assert" else "out of RAM"
+            return (*args, "--no-repack"), f"added --no-repack ({why})"
         if crash.recovery == "replan_cpu_moe":
             return bump_n_cpu_moe(args, self.spec.n_layers, self.policy.cpu_moe_step)
         return None
@@ -552,7 +560,8 @@ class Supervisor(SupervisedLaunch[Endpoint]):
                     self._set_state(State.LOADING, attempt.number, self._progress.phase)
                 if self.spec.model_bytes >= BYTES_PROGRESS_MIN and time.monotonic() >= next_bytes:
                     next_bytes = time.monotonic() + 0.5
-                    if self._progress.feed_bytes(bytes_loaded(proc.pid), self.spec.model_bytes):
+                    done = bytes_loaded(proc.pid, self.spec.model_parts)
+                    if self._progress.feed_bytes(done, self.spec.model_bytes):
                         self._loading_progress(attempt.number)
                 if time.monotonic() > deadline:
                     self._terminate(proc)

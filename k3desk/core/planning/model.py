@@ -131,6 +131,15 @@ class LaunchPlan:
     # the note (also in ``notes``) when the default context was capped at the model's
     # trained context length; "" when it was not
     ctx_note: str = ""
+    # --no-repack is in the arguments (asked for, or chosen: see plan.py's verdict)
+    no_repack: bool = False
+    # weights ggml-cpu would repack into anonymous memory (planning/repack.py)
+    repack_bytes: int = 0
+    # RAM the engine allocates (buffers, and repacked weights unless no_repack); what is
+    # left of the budget is page cache for the mmap'd weights
+    anon_bytes: int = 0
+    # the most seconds the engine takes to load (it reads every shard once)
+    load_seconds: float = 0.0
 
     def argv(self, executable: str = "llama-server") -> list[str]:
         return [executable, *self.server_args]

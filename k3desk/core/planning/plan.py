@@ -20,11 +20,13 @@ first, then on as many expert layers as fit:
 2. If even ``N = n_layer`` does not pack (the non-expert weights alone exceed the
    GPUs), offload only the last ``L`` layers (``-ngl L``) with every expert in RAM.
 3. Whatever is not on a GPU lives in RAM: mmap'd weights in the page cache plus
-   KV, state and compute buffers.  The RAM budget is the available memory
-   (capped by the cgroup limit) minus ``ram_margin``.  If the RAM-side experts do
-   not fit, llama.cpp still runs with the weights mmap'd, reading the missing
-   experts from disk for every token ("stream"); if not even the weights read for
-   every token fit, there is no usable plan ("no-fit").
+   KV, state and compute buffers (and the weights ggml-cpu repacks, repack.py),
+   which are anonymous memory.  The RAM budget is the available memory (capped by
+   the cgroup limit) minus ``ram_margin``.  If the mmap'd weights do not fit,
+   llama.cpp still runs, reading what the page cache misses from disk for every
+   token ("stream"; the plan adds --no-repack so repacked copies do not take the
+   cache); only when the anonymous memory itself does not fit is there no usable
+   plan ("no-fit").
 
 Unified memory (GB10 / DGX Spark): the GPU's memory *is* system RAM, so the GPU
 and the page cache share one budget.
@@ -60,8 +62,9 @@ from k3desk.core.planning.model import (
     PlanOptions,
     VerdictKind,
 )
+from k3desk.core.planning.repack import NO_REPACK_FLAGS, repack_bytes
 from k3desk.core.planning.speed import predict_speed
-from k3desk.core.units import fmt_bytes, fmt_tps
+from k3desk.core.units import fmt_bytes, fmt_duration, fmt_tps
 
 DEFAULT_UBATCH = 512  # llama.cpp's -ub (common/common.h: n_ubatch)
 
@@ -89,6 +92,33 @@ def ram_budget(hw: HardwareProfile, opts: PlanOptions) -> int:
     if mem.cgroup_limit is not None:
         avail = min(avail, mem.cgroup_limit)
     return max(0, avail - opts.ram_margin)
+
+
+def stream_misses(cache: int, dense: int, experts: int) -> tuple[float, float]:
+    """(expert miss, dense miss): the shares of the mmap'd RAM-side reads per token that
+    the page cache cannot hold, with ``cache`` bytes of it left for ``dense`` bytes read
+    for every token and ``experts`` bytes of routed experts read a few at a time.
+
+    The weights every token reads are the hottest pages, so the cache holds them first
+    and the experts get what is left; when not even those fit, every expert read and
+    the rest of theirs miss.  More cache never means more misses.
+    """
+    cache = max(0, cache)
+    if cache >= dense:
+        held = min(1.0, (cache - dense) / experts) if experts > 0 else 1.0
+        return 1.0 - held, 0.0
+    return (1.0 if experts > 0 else 0.0), 1.0 - cache / max(dense, 1)
+
+
+def load_seconds(layout: ModelLayout, disk_read_bps: float, token_s: float = 0.0) -> float:
+    """Seconds llama-server takes to get ready, at most: it maps every part with
+    ``MAP_POPULATE`` (``llama_mmap::impl`` in ``src/llama-mmap.cpp``, prefetch on from
+    ``llama_model_loader::init_mappings``; no lazy ranges unless a tensor exceeds 4 GiB),
+    which reads each file in full whatever fits in RAM, and then decodes two tokens even
+    with ``--no-warmup`` (``common_context_can_seq_rm`` in ``common/common.cpp``, called
+    by ``tools/server/server-context.cpp``'s ``load_model``): ``token_s``, one decode
+    step.  Files already in the page cache load faster."""
+    return layout.total_file_bytes / max(disk_read_bps, 1.0) + max(token_s, 0.0)
 
 
 def plan_ctx(layout: ModelLayout, opts: PlanOptions) -> tuple[int, str]:
@@ -251,9 +281,7 @@ def make_plan(hw: HardwareProfile, layout: ModelLayout, opts: PlanOptions) -> La
     usable = [g for g in gpus if g.capacity > g.fixed]
 
     # the AttnRes stack a GPU needs for the last layer it runs (the output: all of it)
-    stack = [
-        attn_res_stack_bytes(hp, layer.index, ubatch=opts.ubatch, ctx=ctx) for layer in layers
-    ]
+    stack = [attn_res_stack_bytes(hp, layer.index, ubatch=opts.ubatch, ctx=ctx) for layer in layers]
     stack_out = attn_res_stack_bytes(hp, n - 1, ubatch=opts.ubatch, ctx=ctx)
     moe_starts = sorted({0} | {layer.index + 1 for layer in layers if layer.ffn == "moe"})
     if opts.n_cpu_moe is not None:
@@ -451,29 +479,51 @@ def _build(
     devices.append(ram)
 
     # ------------------------------------------------------------ verdict
+    # RAM holds two kinds of memory.  The weights are mmap'd: page cache, which the
+    # kernel evicts and pages in again from the shards as tokens need them, so they
+    # may exceed RAM (llama.cpp then reads from disk).  Buffers (KV cache, state,
+    # compute, projector) and weights ggml-cpu repacks (repack.py) are anonymous
+    # memory: when they do not fit, the load fails.
     need = ram.used
-    always = need - ram_expert  # read for every token (or not pageable)
-    shortfall = max(0, need - ram_cap)
+    anon = ram.kv_cache + ram.recurrent_state + ram.compute + ram.other
+    mapped = ram.weights
+    resident_short = max(0, need - ram_cap)  # RAM missing for the whole model to stay
+    repack = repack_bytes(
+        hw,
+        layout,
+        (p.index for p in placements if p.expert_device == "RAM"),
+        (p.index for p in placements if p.non_expert_device == "RAM"),
+        output_device == "RAM",
+    )
+    asked_no_repack = any(a in NO_REPACK_FLAGS for a in opts.extra_args)
+    # Repacked copies replace the file's pages of the same weights, so they cost nothing
+    # while the model stays resident; when it does not, they take from the page cache
+    # the streaming needs and may not be allocatable at all.
+    no_repack = asked_no_repack or (repack > 0 and resident_short > 0)
+    anon_total = anon + (0 if no_repack else repack)
     stream_bytes = 0
-    miss = 0.0
+    miss = dense_miss = 0.0
     moe_on_gpu = [p.index for p in placements if p.expert_device.startswith("CUDA")]
     moe_in_ram = [p.index for p in placements if p.expert_device == "RAM"]
     dense_in_ram = [p.index for p in placements if p.non_expert_device == "RAM"]
     verdict: VerdictKind
-    if shortfall == 0:
+    shortfall = resident_short
+    if anon_total > ram_cap:
+        verdict = "no-fit"
+        shortfall = anon_total - ram_cap
+    elif resident_short == 0:
         if not on_gpu:
             verdict = "cpu"
         elif not moe_in_ram and not dense_in_ram:
             verdict = "gpu"
         else:
             verdict = "hybrid"
-    elif always <= ram_cap and ram_expert > 0:
-        verdict = "stream"
-        cache = ram_cap - always
-        stream_bytes = ram_expert - cache
-        miss = stream_bytes / ram_expert
     else:
-        verdict = "no-fit"
+        verdict = "stream"
+        miss, dense_miss = stream_misses(ram_cap - anon_total, mapped - ram_expert, ram_expert)
+        stream_bytes = mapped - (ram_cap - anon_total)
+    if verdict != "no-fit":
+        shortfall = resident_short
 
     n_cpu_moe = pl.n_cpu_moe if pl is not None else n
     ngl = (n + 1 - pl.first_gpu_layer) if pl is not None else 0
@@ -488,13 +538,18 @@ def _build(
         kv_type=opts.kv_type,
         depth=opts.speed_depth,
         stream_miss=miss,
+        dense_miss=dense_miss,
         disk_read_bps=opts.disk_read_bps,
         threads=opts.threads,
         threads_batch=opts.threads_batch,
         ubatch=opts.ubatch,
     )
 
+    token_s = 1.0 / speed.expected_tps if speed.expected_tps > 0 else 0.0
+    load_s = load_seconds(layout, opts.disk_read_bps, token_s)
     args = _server_args(layout, opts, pl, n, ngl, tensor_split, usable, hw, mmproj_on_gpu)
+    if no_repack and not asked_no_repack:
+        args.append("--no-repack")
     reason, notes = _explain(
         hw,
         layout,
@@ -505,7 +560,7 @@ def _build(
         devices,
         ram,
         need,
-        always,
+        anon_total,
         shortfall,
         stream_bytes,
         moe_on_gpu,
@@ -514,6 +569,9 @@ def _build(
         mmproj,
         mmproj_on_gpu,
         speed.expected_tps,
+        no_repack,
+        repack,
+        load_s,
     )
     if ctx_note:
         notes.insert(0, ctx_note)
@@ -535,6 +593,10 @@ def _build(
         output_device=output_device,
         stream_bytes=stream_bytes,
         ctx_note=ctx_note,
+        no_repack=no_repack,
+        repack_bytes=repack,
+        anon_bytes=anon_total,
+        load_seconds=load_s,
     )
 
 
@@ -552,7 +614,8 @@ def _server_args(
     model = str(layout.first_part) if layout.parts else "model.gguf"
     args = ["-m", model]
     if pl is None:
-        args += ["-ngl", "0"]
+        if hw.gpus:  # an engine without a GPU backend takes no GPU flags
+            args += ["-ngl", "0"]
     else:
         args += ["-ngl", "99" if ngl >= n + 1 else str(ngl)]
         if pl.n_cpu_moe > 0:
@@ -596,7 +659,7 @@ def _explain(
     devices: list[DeviceMemory],
     ram: DeviceMemory,
     need: int,
-    always: int,
+    anon: int,
     shortfall: int,
     stream_bytes: int,
     moe_on_gpu: list[int],
@@ -605,6 +668,9 @@ def _explain(
     mmproj: int,
     mmproj_on_gpu: bool,
     tps: float,
+    no_repack: bool = False,
+    repack: int = 0,
+    load_s: float = 0.0,
 ) -> tuple[str, list[str]]:
     hp = layout.hparams
     n = len(layout.layers)
@@ -644,16 +710,20 @@ def _explain(
             f"of the {fmt_bytes(ram.capacity)} RAM available."
         )
     elif verdict == "stream":
+        cache = max(0, ram.capacity - anon)
         reason = (
-            f"Misses RAM by {fmt_bytes(shortfall)}: {fmt_bytes(stream_bytes)} of the experts "
-            f"would be read from disk as tokens need them (about {fmt_tps(tps)} tok/s)."
+            f"Streams from disk: the model's weights in RAM ({fmt_bytes(ram.weights)}) miss "
+            f"the {fmt_bytes(cache)} of page cache left by {fmt_bytes(stream_bytes)}; "
+            "llama.cpp keeps them mmap'd and reads what a token needs from the shards "
+            f"(about {fmt_tps(tps)} tok/s)."
         )
     else:
+        buffers = ram.kv_cache + ram.recurrent_state + ram.compute + ram.other
         reason = (
-            f"Does not fit: the weights read for every token and the buffers need "
-            f"{fmt_bytes(always)} of RAM, only {fmt_bytes(ram.capacity)} is available "
-            f"after keeping {fmt_bytes(opts.ram_margin)} free for the system "
-            f"(the full model misses by {fmt_bytes(shortfall)})."
+            "Does not fit: the buffers llama.cpp allocates (KV cache, compute"
+            f"{', repacked weights' if anon > buffers else ''}) "
+            f"need {fmt_bytes(anon)} of RAM, only {fmt_bytes(ram.capacity)} is available "
+            f"after keeping {fmt_bytes(opts.ram_margin)} free for the system."
         )
 
     # comparison with the usual recipe (every expert layer in RAM)
@@ -693,14 +763,27 @@ def _explain(
             )
     if any(g.unified_memory for g in hw.gpus):
         notes.append("Unified memory: the GPU and the page cache share one RAM budget.")
-    if verdict in ("stream", "no-fit") and shortfall:
+    if verdict == "stream" and shortfall:
         notes.append(
             f"With {fmt_bytes(shortfall)} more free RAM the whole model would stay resident."
+        )
+    if no_repack and repack:
+        why = (
+            "they would not fit"
+            if anon + repack > ram.capacity
+            else "they would take that much from the page cache the weights stream through"
+        )
+        notes.append(
+            f"--no-repack: ggml-cpu would copy {fmt_bytes(repack)} of weights into repacked "
+            f"buffers in anonymous memory (CPU_REPACK, not mmap'd), and {why}; without "
+            "repacking they stay mmap'd from the shards (matrix products run a little slower)."
         )
     if verdict == "stream":
         notes.append(
             "Streaming depends on the disk: keep the shards on a local NVMe drive "
-            f"(assumed {opts.disk_read_bps / 1e9:.1f} GB/s)."
+            f"(assumed {opts.disk_read_bps / 1e9:.1f} GB/s). Loading reads every shard once, then "
+            "decodes a test step: "
+            f"up to {fmt_duration(load_s)}."
         )
     mem = hw.memory
     if mem.cgroup_limit is not None and mem.cgroup_limit < mem.available:

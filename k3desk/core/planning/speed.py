@@ -303,6 +303,7 @@ def predict_speed(
     stream_miss: float = 0.0,
     disk_read_bps: float = 3.5e9,
     threads: int | None = None,
+    dense_miss: float = 0.0,
     threads_batch: int | None = None,
     ubatch: int = 512,
     prompt_tokens: int = DEFAULT_PROMPT,
@@ -311,7 +312,9 @@ def predict_speed(
     """Decode (and, on the CPU, prompt) speed of ``layers`` placed as given.
 
     ``stream_miss`` is the share of the RAM-resident experts' reads that miss the
-    page cache and come from disk (0 when everything fits).  ``threads`` is
+    page cache and come from disk (0 when everything fits), ``dense_miss`` the same for
+    the RAM-side weights every token reads (attention, shared experts, the output):
+    above 0 only when even those do not fit the page cache.  ``threads`` is
     llama-server's ``-t`` (None: its default, :func:`default_threads`),
     ``threads_batch`` its ``-tb`` for prompts (None: as ``-t``).
     """
@@ -329,12 +332,15 @@ def predict_speed(
         return work.setdefault(name, _Work())
 
     ram_expert_touched = 0.0
+    ram_dense_touched = 0.0  # mmap'd weights in RAM every token reads
     sequence: list[str] = ["RAM"]  # the input embedding is looked up on the CPU
     dev("RAM").nodes += k.nodes("global")
     for p in layers:
         home = dev(p.non_expert_device)
         for t, (wt, b) in tensors.other[p.index].items():
             home.add(t, wt, b)
+            if p.non_expert_device == "RAM":
+                ram_dense_touched += b
         kv_b, macs = _attention_work(hp, p.index, d, kv_type)
         home.extra_bytes += kv_b
         home.extra_macs += macs
@@ -358,6 +364,8 @@ def predict_speed(
     out = dev(output_device)
     for t, (wt, b) in tensors.output.items():
         out.add(t, wt, b)
+        if output_device == "RAM":
+            ram_dense_touched += b
     sequence.append(output_device)
 
     notes: list[str] = []
@@ -415,10 +423,14 @@ def predict_speed(
         steps.append((f"hand-overs ({hops} GPU-GPU, {splits} GPU-CPU)", handover_s))
     expected_s = cpu_s + gpu_s + handover_s
 
+    # the page cache misses (plan.py's stream_misses): what is not there is read from the
+    # disk holding the shards, one page fault at a time
     disk_bytes = ram_expert_touched * min(max(stream_miss, 0.0), 1.0)
+    disk_bytes += ram_dense_touched * min(max(dense_miss, 0.0), 1.0)
     disk_s = disk_bytes / max(disk_read_bps, 1.0)
     if disk_s > 0:
-        steps.append((f"experts read from disk ({disk_bytes / GB:.1f} GB per token)", disk_s))
+        what = "weights" if dense_miss > 0 else "experts"
+        steps.append((f"{what} read from disk ({disk_bytes / GB:.1f} GB per token)", disk_s))
     bound_s += disk_s
     expected_s += disk_s
 
@@ -444,7 +456,7 @@ def predict_speed(
         "GPU memory bandwidth": gpu_s - gpu_nodes,
         "GPU kernel launches": gpu_nodes,
         "GPU-CPU hand-overs": handover_s,
-        f"disk reads ({disk_bytes / GB:.1f} GB of experts per token at "
+        f"disk reads ({disk_bytes / GB:.1f} GB of weights per token at "
         f"{disk_read_bps / GB:.1f} GB/s)": disk_s,
     }
     top = max(shares, key=lambda key: shares[key])

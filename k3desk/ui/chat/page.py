@@ -342,10 +342,24 @@ class ChatPage(Page):
     # ------------------------------------------------------------- engine
     def relaunch(self) -> None:
         """Launch the model launched last (checked and planned as on the Engine page)."""
-        last = self.engine.relaunch_last(on_error=self.ctx.reporter.report)
+        last = self.engine.relaunch_last(on_error=self._relaunch_failed)
         if last is not None:
             self.relaunch_btn.setEnabled(False)
             self.composer.show_notice(f"Relaunching {last.name or Path(last.shard).name}…")
+
+    def _relaunch_failed(self, exc: BaseException) -> None:
+        """A relaunch that streams from disk is started once accepted (the same
+        confirmation as the Engine page's); any other failure is reported."""
+        from k3desk.core.app.launch import SlowLaunchError
+        from k3desk.ui.engine.page import confirm_slow_launch
+
+        slow = confirm_slow_launch(self, exc)
+        if slow is not None:
+            self.engine.launch(slow)
+        elif not isinstance(exc, SlowLaunchError):
+            self.ctx.reporter.report(exc)
+        else:
+            self.relaunch_btn.setEnabled(True)
 
     def _relaunch_offer(self) -> None:
         last = None if self.engine.running else self.engine.last_model()
@@ -397,8 +411,7 @@ class ChatPage(Page):
             name = last.name or Path(last.shard).name
             load = last.load_text()
             self.view.set_empty_text(
-                f"Nothing runs now. {name} was launched last"
-                + (f"; it {load}." if load else "."),
+                f"Nothing runs now. {name} was launched last" + (f"; it {load}." if load else "."),
                 links=((f"Relaunch {name}", "relaunch"), ("Open the Engine page", "engine")),
             )
         elif self.engine.chat_endpoint() is None:

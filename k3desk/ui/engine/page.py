@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLineEdit,
+    QMessageBox,
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
@@ -58,7 +59,7 @@ from k3desk.ui.widgets import (
 )
 
 if TYPE_CHECKING:
-    from k3desk.core.app.launch import LocalLaunchRequest, TuneLaunchRequest
+    from k3desk.core.app.launch import LocalLaunch, LocalLaunchRequest, TuneLaunchRequest
     from k3desk.core.catalog.model import Tier
     from k3desk.core.tuning.calibration import Comparison
     from k3desk.ui.context import AppContext
@@ -183,6 +184,11 @@ def prepare_launch(
         raise DoesNotFitError(
             exc.message, "Choose a smaller tier in the wizard.", exc.plan
         ) from None
+    return request_of(launch, shard, mmproj)
+
+
+def request_of(launch: LocalLaunch, shard: Path, mmproj: Path | None) -> LaunchRequest:
+    """What the engine controller starts for a prepared launch."""
     prepared = launch.prepared
     return LaunchRequest(
         prepared.spec(),
@@ -196,6 +202,35 @@ def prepare_launch(
         shard=shard,
         mmproj=mmproj,
     )
+
+
+def confirm_slow_launch(parent: QWidget, exc: BaseException) -> LaunchRequest | None:
+    """A launch the plan streams from disk, once the person accepts what it costs (the
+    seconds per token and the load time); None when ``exc`` is no such launch or the
+    person declines.  The CLI's counterpart is ``--accept-slow``."""
+    from k3desk.core.app.launch import SlowLaunchError
+
+    if not isinstance(exc, SlowLaunchError):
+        return None
+    box = QMessageBox(parent)
+    box.setObjectName("slowLaunchBox")
+    box.setIcon(QMessageBox.Icon.Warning)
+    box.setWindowTitle("The model streams from disk")
+    box.setText(exc.message)
+    box.setInformativeText("Launch it anyway? Free RAM or a smaller tier makes it faster.")
+    go = box.addButton("Launch anyway", QMessageBox.ButtonRole.AcceptRole)
+    box.addButton(QMessageBox.StandardButton.Cancel)
+    box.exec()
+    if box.clickedButton() is not go:
+        return None
+    launch = exc.launch
+    return request_of(launch, launch.prepared.layout.first_part, launch.prepared.options.mmproj)
+
+
+def _is_slow(exc: BaseException) -> bool:
+    from k3desk.core.app.launch import SlowLaunchError
+
+    return isinstance(exc, SlowLaunchError)
 
 
 def local_request(ctx: AppContext, shard: Path, mmproj: Path | None) -> LocalLaunchRequest:
@@ -420,9 +455,7 @@ class EnginePanel(QWidget):
                 row.error = "not an executable file"
             else:
                 try:
-                    row.probe = probe_engine(
-                        cand.path, paths, use_cache=use_cache, cancel=token
-                    )
+                    row.probe = probe_engine(cand.path, paths, use_cache=use_cache, cancel=token)
                 except EngineError as exc:
                     row.error = exc.message
             rows.append(row)
@@ -642,9 +675,14 @@ class EnginePanel(QWidget):
 
         def error(exc: BaseException) -> None:
             self._prep_task = None
+            slow = confirm_slow_launch(self, exc)
+            if slow is not None:
+                self.engine.launch(slow)
+                return
             self._buttons()
             self.state.setText(describe(exc)[0])
-            self.ctx.reporter.report(exc)
+            if not _is_slow(exc):  # declined: nothing went wrong
+                self.ctx.reporter.report(exc)
 
         self._prep_task = self.ctx.tasks.run(
             lambda t: prepare_launch(self.ctx, shard, mmproj, t),
@@ -739,7 +777,9 @@ class EnginePanel(QWidget):
             self.tune_btn,
             not tune_why and self._prep_task is None,
             tune_why,
-            "Cancel the measurements" if tuning else "Start llama-server with a few launch "
+            "Cancel the measurements"
+            if tuning
+            else "Start llama-server with a few launch "
             "variants (threads, batch sizes, GPU split), time a short request with each, and "
             "use the fastest for the next launch of this model",
         )

@@ -53,6 +53,7 @@ class StandIn:
     finish_reason: str = "stop"
     send_done: bool = True
     send_usage: bool = True
+    prompt_tokens: int = 12  # what the usage says the prompt rendered to
     status: int = 200  # non-200: answer with error_body instead of a stream
     error_body: Any = None
     cut_after: int | None = None  # close the socket after this many tokens
@@ -220,8 +221,8 @@ class _Handler(BaseHTTPRequestHandler):
                         "choices": [],
                         "usage": {
                             "completion_tokens": n,
-                            "prompt_tokens": 12,
-                            "total_tokens": 12 + n,
+                            "prompt_tokens": st.prompt_tokens,
+                            "total_tokens": st.prompt_tokens + n,
                         },
                         "timings": {
                             "cache_n": 0,

@@ -114,6 +114,28 @@ def test_cut_stream_exits_1_and_keeps_the_partial_answer(k3chat: Run, standin: S
     assert "stopped in the middle" in data["error"]
 
 
+def test_a_prompt_rendered_to_nothing_or_an_empty_reply_is_an_error(
+    k3chat: Run, standin: StandIn
+) -> None:
+    # a model whose template/tokenizer turn the conversation into no tokens answers noise
+    # about nothing: named, exit 1 (not an empty answer and exit 0)
+    standin.tokens = []
+    standin.prompt_tokens = 0
+    rc, out, err = k3chat("--url", standin.url, "Q?")
+    assert rc == 1
+    assert out == ""
+    assert "0 prompt tokens" in err
+    assert "chat template" in err
+    rc, out, _ = k3chat("--url", standin.url, "--json", "Q?")
+    assert rc == 1
+    assert "0 prompt tokens" in json.loads(out)["error"]
+    # a prompt that rendered, and a reply of nothing at all
+    standin.prompt_tokens = 12
+    rc, out, err = k3chat("--url", standin.url, "Q?")
+    assert rc == 1
+    assert "without generating anything" in err
+
+
 def test_unreachable_server_is_a_plain_error(k3chat: Run, closed_port: int) -> None:
     rc, out, err = k3chat("--url", f"http://127.0.0.1:{closed_port}", "Hi")
     assert rc == 1

@@ -177,3 +177,25 @@ def test_timeout_and_prefix() -> None:
     assert "90 s" in r.summary
     assert strip_log_prefix("0.00.017.348 W load: x\n") == "load: x"
     assert strip_log_prefix("plain line") == "plain line"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # b11434's load_tensors when the repacked weights do not fit in RAM
+        "0.01.43.120 E llama_model_load: error loading model: unable to allocate CPU_REPACK buffer",
+        "alloc_tensor_range: failed to allocate CUDA_Host buffer of size 2147483648",
+        "llama_model_load: error loading model: mmap failed: Cannot allocate memory",
+        "terminate called after throwing an instance of 'std::bad_alloc'",
+    ],
+)
+def test_running_out_of_ram_is_a_memory_failure_not_a_refused_file(line: str) -> None:
+    r = classify_exit(1, ["srv    load_model: loading model 'K3-00001-of-00094.gguf'", line])
+    assert r.kind == "ram_oom"
+    assert "refused the model file" not in r.summary
+    assert "RAM" in r.summary
+    # the re-plan changes what matters: the repacked copies go (--no-repack)
+    assert r.recovery == "no_repack"
+    assert "--no-repack" in r.fix
+    if "CPU_REPACK" in line:
+        assert r.summary == "The engine ran out of RAM allocating its CPU_REPACK buffer."

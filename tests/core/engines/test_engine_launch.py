@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import time
@@ -91,7 +92,7 @@ def test_the_plan_budgets_the_real_projector_file_not_an_assumed_size(
     fake_engine: Callable[..., Path], tiny_k3: TinyModel, h200: HardwareProfile
 ) -> None:
     assert tiny_k3.mmproj is not None
-    p = prepare(tiny_k3, h200, fake_engine("serve"))
+    p = prepare(tiny_k3, h200, fake_engine("serve", FAKE_GPU="1"))
     size = tiny_k3.mmproj.stat().st_size
     assert size + MMPROJ_COMPUTE_BYTES < MMPROJ_DEFAULT_BYTES  # tells the two apart
     holder = [d for d in p.plan.devices if d.other]
@@ -123,7 +124,10 @@ def test_n_cpu_moe_in_the_engine_arguments_is_planned_not_appended(
 ) -> None:
     extra = ("--n-cpu-moe=3", "--threads", "2")
     p = prepare(
-        tiny_k3_single, h200, fake_engine("serve"), options=PlanOptions(ctx=1024, extra_args=extra)
+        tiny_k3_single,
+        h200,
+        fake_engine("serve", FAKE_GPU="1"),
+        options=PlanOptions(ctx=1024, extra_args=extra),
     )
     args = p.spec().args
     assert p.plan.n_cpu_moe == 3
@@ -301,7 +305,7 @@ def test_gpu_oom_replans_the_placement_with_more_expert_layers_in_ram(
     supervised: list[Supervisor],
 ) -> None:
     extra = PlanOptions(ctx=1024, extra_args=("--threads", "2"))
-    p = prepare(tiny_k3, h200, fake_engine("serve"), options=extra)
+    p = prepare(tiny_k3, h200, fake_engine("serve", FAKE_GPU="1"), options=extra)
     assert p.plan.verdict == "gpu"
     assert cpu_moe(p.spec().args) is None  # everything on the GPU
     # the same launch on an engine that runs out of GPU memory below --n-cpu-moe 2
@@ -327,7 +331,7 @@ def test_gpu_oom_replans_the_placement_with_more_expert_layers_in_ram(
 def test_amx_assertion_adds_no_repack_once_and_a_replan_keeps_it(
     fake_engine: Callable[..., Path], tiny_k3_single: TinyModel, h200: HardwareProfile
 ) -> None:
-    p = prepare(tiny_k3_single, h200, fake_engine("serve"))
+    p = prepare(tiny_k3_single, h200, fake_engine("serve", FAKE_GPU="1"))
     first = p.spec().args
     step = p.replan_after_oom(AMX, first)
     assert step is not None
@@ -345,7 +349,10 @@ def test_gpu_oom_with_every_expert_in_ram_gives_up(
     fake_engine: Callable[..., Path], tiny_k3_single: TinyModel, h200: HardwareProfile
 ) -> None:
     p = prepare(
-        tiny_k3_single, h200, fake_engine("serve"), options=PlanOptions(ctx=1024, n_cpu_moe=6)
+        tiny_k3_single,
+        h200,
+        fake_engine("serve", FAKE_GPU="1"),
+        options=PlanOptions(ctx=1024, n_cpu_moe=6),
     )
     assert cpu_moe(p.spec().args) == "6"
     assert p.replan_after_oom(OOM, p.spec().args) is None
@@ -382,7 +389,7 @@ def test_serve_prints_the_real_projector_budget(
     budget = fmt_bytes(tiny_k3.mmproj.stat().st_size + MMPROJ_COMPUTE_BYTES)
     argv = ["serve", str(tiny_k3.first_part), "--mmproj", str(tiny_k3.mmproj), "--ctx", "1024"]
     argv += ["--hardware", str(hardware_file("1xH200-141GB"))]
-    argv += ["--engine", str(fake_engine("serve"))]
+    argv += ["--engine", str(fake_engine("serve", FAKE_GPU="1"))]
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     with subprocess.Popen(
         [sys.executable, "-m", "k3desk", *argv],
@@ -430,3 +437,71 @@ def test_chat_plans_an_n_cpu_moe_given_as_an_engine_argument(
     (command,) = [c for c in commands if f"-m {model} " in c]  # not the probe's canary
     assert "--n-cpu-moe=3" not in command
     assert " --threads 1 " in command
+
+
+def test_a_repack_buffer_out_of_ram_is_retried_without_repacking(
+    fake_engine: Callable[..., Path],
+    tiny_k3_single: TinyModel,
+    laptop: HardwareProfile,
+    supervised: list[Supervisor],
+) -> None:
+    p = prepare(tiny_k3_single, laptop, fake_engine("serve"))
+    spec = dataclasses.replace(p.spec(), executable=fake_engine("repack_oom"))
+    sup = Supervisor(spec, default_paths(), policy=FAST, replan=p.replan_after_oom)
+    supervised.append(sup)
+    sup.start()
+    sup.wait_ready(30)
+    first, second = sup.history
+    assert first.crash is not None
+    assert first.crash.kind == "ram_oom"
+    assert "refused" not in first.crash.describe()
+    assert "--no-repack" not in first.argv
+    assert "--no-repack" in second.argv
+    assert "out of RAM" in first.action
+
+
+def test_a_launch_plans_for_this_machine_and_streams_a_model_larger_than_ram_only_when_accepted(
+    fake_engine: Callable[..., Path],
+    twin_factory: Callable[[str], list[Path]],
+    hardware_file: Callable[[str], Path],
+    laptop: HardwareProfile,
+    supervised: list[Supervisor],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The 528 GiB IQ1_S on a 32 GB laptop (this machine here): a plan for an RTX 5090 with
+    256 GB is not carried into a launch on it; this machine's plan streams from disk, and
+    a launch (serve, chat, the app) starts it as llama.cpp runs it (mmap, --no-repack, no
+    GPU flags) only once accepted, after saying what a token and the load cost."""
+    from k3desk.app import Services
+    from k3desk.core.app.launch import LocalLaunchRequest, SlowLaunchError, prepare_local_launch
+
+    services = Services()
+    monkeypatch.setattr(services, "this_machine", lambda *a, **k: laptop)
+    shard = twin_factory("grearl-iq1s")[0]
+    request = LocalLaunchRequest(
+        shard, engine=fake_engine("serve"), hardware_file=hardware_file("1xRTX5090-256GB")
+    )
+    with pytest.raises(SlowLaunchError) as refused:
+        prepare_local_launch(services, request)
+    message = refused.value.message
+    assert "does not fit in RAM here" in message
+    assert re.search(r"about [\d,]+ s per token after a load of up to \d+ (s|min)", message)
+    assert "Planned for this machine, not for" in message
+    assert "no CUDA backend" in message
+    assert "fills" in message
+    assert "--accept-slow" in refused.value.hint
+
+    launch = prepare_local_launch(services, dataclasses.replace(request, accept_slow=True))
+    assert launch.plan.verdict == "stream"
+    assert launch.subject == refused.value.launch.subject
+    assert launch.prepared.hardware.label == laptop.label
+    spec = launch.prepared.spec()
+    assert "--no-repack" in spec.args
+    for flag in ("-ngl", "--n-cpu-moe", "-ts", "--mlock", "--no-mmap"):
+        assert flag not in spec.args
+    # no timeout shorter than the load the plan predicts
+    assert spec.timeout() >= launch.plan.load_seconds > 60
+    sup = Supervisor(spec, default_paths(), policy=FAST)
+    supervised.append(sup)
+    sup.start()
+    assert sup.wait_ready(30).pid > 0
