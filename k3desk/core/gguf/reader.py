@@ -197,6 +197,17 @@ def _corrupt(path: Path, what: str) -> ValidationError:
     )
 
 
+def _text(b: bytes | memoryview) -> str:
+    """A GGUF string as text.
+
+    llama.cpp keeps GGUF strings as bytes (``gguf_read_emplace_helper`` reads
+    them into a ``std::string`` and never checks their encoding), so invalid
+    UTF-8 never makes it refuse a file: a byte-level vocabulary's tokens, a name
+    or a chat template with a stray byte load and run.  k3desk reads them the
+    same way; where it shows one, an invalid byte becomes U+FFFD."""
+    return str(b, "utf-8", "replace")
+
+
 _RUN = 256  # strings per regular-expression match in skip_strings
 
 
@@ -276,10 +287,11 @@ class _Window:
         if n > DECODED_STRING_LIMIT:
             return StringRef(n, start), start + n
         rel = self.need(start, n)
-        try:
-            return str(self.buf[rel : rel + n], "utf-8"), start + n
-        except UnicodeDecodeError:
-            raise _corrupt(self.path, f"invalid UTF-8 in a string at offset {pos:,}") from None
+        return _text(self.buf[rel : rel + n]), start + n
+
+    def raw(self, pos: int, n: int) -> bytes:
+        rel = self.need(pos, n)
+        return bytes(self.buf[rel : rel + n])
 
     def skip_strings(self, pos: int, count: int) -> int:
         """Walk over ``count`` length-prefixed strings without decoding them.
@@ -412,13 +424,17 @@ def _parse(f: BinaryIO, p: Path, size: int, eager_array_limit: int) -> GGUFHeade
     kv: dict[str, Value] = {}
     kv_types: dict[str, int] = {}
     elem_types: dict[str, int] = {}
+    raw_keys: set[bytes] = set()  # gguf.cpp compares keys as bytes
     for i in range(n_kv):
         r.what = f"metadata entry {i + 1} of {n_kv}"
-        key, pos = r.string(pos, MAX_KEY)
-        if not isinstance(key, str) or not key:
+        n, start = r.string_length(pos, MAX_KEY)
+        raw_key = r.raw(start, n)
+        key, pos = _text(raw_key), start + n
+        if not key:
             raise _corrupt(p, f"metadata entry {i + 1} has an empty key")  # gguf.cpp refuses
-        if key in kv:
+        if raw_key in raw_keys:
             raise _corrupt(p, f"the metadata key '{key}' appears twice")  # gguf.cpp refuses
+        raw_keys.add(raw_key)
         vtype, pos = r.u32(pos)
         r.what = f"the metadata value of '{key}'"
         value: Value
@@ -460,17 +476,14 @@ def _parse(f: BinaryIO, p: Path, size: int, eager_array_limit: int) -> GGUFHeade
         rel = r.need(pos, 12 + length)
         n_dims = _U32.unpack_from(r.buf, rel + 8 + length)[0]
         if n_dims > GGML_MAX_DIMS:
-            name = bytes(r.buf[rel + 8 : rel + 8 + length]).decode("utf-8", "replace")
+            name = _text(r.buf[rel + 8 : rel + 8 + length])
             raise _corrupt(
                 p, f"tensor '{name}' has {n_dims:,} dimensions (ggml has {GGML_MAX_DIMS})"
             )
         info_bytes = 24 + length + 8 * n_dims
         rel = r.need(pos, info_bytes)
         buf = r.buf
-        try:
-            name = str(buf[rel + 8 : rel + 8 + length], "utf-8")
-        except UnicodeDecodeError:
-            raise _corrupt(p, f"invalid UTF-8 in the name of tensor {i + 1}") from None
+        name = _text(buf[rel + 8 : rel + 8 + length])
         dims = _DIMS[n_dims].unpack_from(buf, rel + 12 + length)
         gtype, rel_offset = _TYPE_OFFSET.unpack_from(buf, rel + 12 + length + 8 * n_dims)
         pos += info_bytes
