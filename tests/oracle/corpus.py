@@ -6,10 +6,12 @@ verdicts agree when k3desk passes exactly the variants llama.cpp loads: a
 variant llama.cpp loads must not be refused or flagged (a false refusal), and
 one it refuses must be refused or flagged suspicious by k3desk.
 
-    python -m tests.oracle.corpus [DIR]
+    python -m tests.oracle.corpus [DIR] [--full] [--jobs=N] [--only=CATEGORY] [-v]
 
-builds the sets, runs the whole corpus and prints the agreement table (the
-README's "Measured" section shows its output).
+builds the sets (kept in DIR for the next run), judges the fast sample the test
+suite runs, or with ``--full`` every variant (about 2,000; the constructed ones
+come from :mod:`tests.oracle.construct`), ``N`` loads at a time (default: one per
+core), and prints the agreement table (the README's shows the full run's).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from k3desk.core.errors import ValidationError
 from k3desk.core.gguf.ggml import BY_ID, BY_NAME
 from k3desk.core.gguf.validate import inspect_shard_set
 from tests.oracle import gguf_edit as ge
+from tests.oracle.construct import CONSTRUCTED, SAMPLE_EVERY, Constructed
 from tests.oracle.gguf_edit import GGUF, KV, Tensor
 from tests.oracle.llama import STEM, OracleSets, Verdict, llama_loads
 
@@ -44,6 +47,7 @@ CATEGORIES = (
     "keys retyped",
     "split sets damaged",
     "experts pruned",
+    *CONSTRUCTED,
 )
 
 Writer = Callable[[Path], Path]  # writes the variant into a folder, returns what -m takes
@@ -54,6 +58,7 @@ class Variant:
     category: str
     name: str
     write: Writer
+    sampled: bool = True  # in the fast sample the test suite runs
 
 
 @dataclass(frozen=True)
@@ -182,9 +187,16 @@ class _Corpus:
         for category, make in zip(CATEGORIES, (
             self.written, self.optional, self.alternatives, self.required, self.shapes,
             self.dtypes, self.keys_removed, self.keys_retyped, self.splits, self.experts,
-        ), strict=True):  # fmt: skip
+        ), strict=False):  # fmt: skip
             self.category = category
             make()
+        counts: dict[str, int] = {}
+
+        def constructed(category: str, name: str, g: GGUF) -> None:
+            i = counts[category] = counts.get(category, -1) + 1
+            self.out.append(Variant(category, name, single(g), i % SAMPLE_EVERY == 0))
+
+        Constructed(self.base, constructed).build()
         return self.out
 
     # the sets as llama.cpp's tools wrote them
@@ -510,9 +522,10 @@ class _Corpus:
         self.one("blk.3.ffn_down_exps left unpruned", count(partly, keep))
 
 
-def variants(sets: OracleSets) -> list[Variant]:
-    """Every variant of the corpus, in its categories' order."""
-    return _Corpus(sets).build()
+def variants(sets: OracleSets, full: bool = True) -> list[Variant]:
+    """Every variant of the corpus, in its categories' order (``full=False``: the
+    hand-picked ones and the sample of the constructed ones)."""
+    return [v for v in _Corpus(sets).build() if full or v.sampled]
 
 
 # ---------------------------------------------------------------- judging
@@ -527,7 +540,12 @@ def k3desk_verdict(path: Path) -> tuple[str, str]:
 
 
 def run_corpus(
-    sets: OracleSets, bin_dir: Path, work: Path, only: str | None = None
+    sets: OracleSets,
+    bin_dir: Path,
+    work: Path,
+    only: str | None = None,
+    full: bool = False,
+    jobs: int | None = None,
 ) -> list[Result]:
     """Judge every variant both ways and return the results.
 
@@ -535,11 +553,11 @@ def run_corpus(
     llama.cpp, checked by k3desk, and deleted, so writing overlaps the loads and
     the corpus never takes more than a few files' worth of disk.
     """
-    corpus = [v for v in variants(sets) if only is None or only in v.category]
+    corpus = [v for v in variants(sets, full) if only is None or only in v.category]
 
     def judge(item: tuple[int, Variant]) -> Result:
         i, v = item
-        d = work / f"{i:03d}"
+        d = work / f"{i:04d}"
         d.mkdir(parents=True, exist_ok=True)
         try:
             first = v.write(d)
@@ -549,7 +567,7 @@ def run_corpus(
             shutil.rmtree(d, ignore_errors=True)
         return Result(v, lv, verdict, message)
 
-    with ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(jobs or max(1, os.cpu_count() or 1)) as pool:
         return list(pool.map(judge, enumerate(corpus)))
 
 
@@ -621,13 +639,15 @@ def main(argv: list[str]) -> int:
     t1 = time.perf_counter()
     work = root / "corpus"
     shutil.rmtree(work, ignore_errors=True)
-    results = run_corpus(sets, bin_dir, work, only)
+    full = "--full" in argv
+    jobs = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--jobs=")), None)
+    results = run_corpus(sets, bin_dir, work, only, full=full, jobs=jobs)
     t2 = time.perf_counter()
     print(table(results))
     print()
     print(
-        f"sets built in {t1 - t0:.1f} s; {len(results)} variants judged in {t2 - t1:.1f} s "
-        f"on {os.cpu_count()} cores"
+        f"sets built in {t1 - t0:.1f} s; {len(results)} variants judged in {t2 - t1:.1f} s, "
+        f"{jobs or os.cpu_count()} at a time"
     )
     bad = disagreements(results)
     if bad:
