@@ -25,6 +25,7 @@ sample ``scripts/test.sh`` runs (the full corpus: ``python -m tests.oracle.corpu
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Callable
@@ -207,7 +208,7 @@ class Constructed:
             self.retyped, self.out_of_range, self.per_layer, self.not_utf8,
             self.alignment, self.tokenizer, self.tensor_types, self.scales,
         ), strict=True):  # fmt: skip
-            make(lambda name, g, c=category: self._add(c, name, g))
+            make(functools.partial(self._add, category))
 
     # ------------------------------------------------------------ keys
     def retyped(self, add: Add) -> None:
@@ -238,12 +239,12 @@ class Constructed:
                     add(f"{key} {label}", b.set(_kv(key, ge.STRING, text)))
                 continue
             if vtype == ge.BOOL:
-                for v in (False, True):
-                    add(f"{key} = {v}", b.set(_kv(key, ge.BOOL, v)))
+                for flag in (False, True):
+                    add(f"{key} = {flag}", b.set(_kv(key, ge.BOOL, flag)))
                 continue
             if vtype in (ge.FLOAT32, ge.FLOAT64):
-                for v in (0.0, -1.0, 1e-30, 1e30, math.inf, math.nan):
-                    add(f"{key} = {v}", b.set(_kv(key, vtype, v)))
+                for x in (0.0, -1.0, 1e-30, 1e30, math.inf, math.nan):
+                    add(f"{key} = {x}", b.set(_kv(key, vtype, x)))
                 continue
             lo, hi = _RANGE[vtype]
             n = int(value) if isinstance(value, int | float) else 1
@@ -316,9 +317,9 @@ class Constructed:
                         b.set(KV.of(kv.key, ge.STRING, value)),
                     )
         for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
-            kv = b.kv(key)
-            assert kv is not None
-            items = kv.strings()
+            arr = b.kv(key)
+            assert arr is not None
+            items = arr.strings()
             for index in (0, 7, len(items) // 2, len(items) - 1):
                 for junk in bad[:3]:
                     changed = list(items)
@@ -333,10 +334,10 @@ class Constructed:
                 f"{key}: two entries alike but for invalid bytes",
                 b.set(KV.of(key, ge.ARRAY, two, ge.STRING)),
             )
-        for key in (b"custom.\xff", b"\xff\xfe", b"general.name\xff"):
-            name = key.decode("utf-8", "surrogateescape")
-            add(f"unknown key {key!r}", b.set(KV.of(name, ge.UINT32, 1)))
-            add(f"unknown key {key!r} with a string value", b.set(KV.of(name, ge.STRING, b"\xff")))
+        for raw in (b"custom.\xff", b"\xff\xfe", b"general.name\xff"):
+            name = raw.decode("utf-8", "surrogateescape")
+            add(f"unknown key {raw!r}", b.set(KV.of(name, ge.UINT32, 1)))
+            add(f"unknown key {raw!r} with a string value", b.set(KV.of(name, ge.STRING, b"\xff")))
         b2 = b.set(KV.of("custom.\udcff", ge.UINT32, 1)).set(KV.of("custom.\udcfe", ge.UINT32, 2))
         add("two unknown keys alike but for invalid bytes", b2)
         t = b.tensors[-1]

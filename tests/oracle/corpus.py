@@ -47,6 +47,7 @@ CATEGORIES = (
     "keys retyped",
     "split sets damaged",
     "experts pruned",
+    "found by an independent corpus",
     *CONSTRUCTED,
 )
 
@@ -187,6 +188,7 @@ class _Corpus:
         for category, make in zip(CATEGORIES, (
             self.written, self.optional, self.alternatives, self.required, self.shapes,
             self.dtypes, self.keys_removed, self.keys_retyped, self.splits, self.experts,
+            self.found,
         ), strict=False):  # fmt: skip
             self.category = category
             make()
@@ -520,6 +522,75 @@ class _Corpus:
         no_down = tuple(x for x in EXPERT_TENSORS if "down" not in x)
         partly = prune(prune(b, keep, (1, 2, 4, 5), EXPERT_TENSORS), keep, (3,), no_down)
         self.one("blk.3.ffn_down_exps left unpruned", count(partly, keep))
+
+    # what a corpus made independently of this one found: files llama.cpp loads that
+    # k3desk refused or flagged, and files it refuses that k3desk passed
+    def found(self) -> None:
+        b = self.base
+        u32 = ge.UINT32
+
+        def s(key: str, value: bytes | str) -> GGUF:
+            return b.set(KV.of(key, ge.STRING, value))
+
+        def strings(key: str, index: int, junk: bytes) -> GGUF:
+            kv = self.kv(key)
+            items = kv.strings()
+            items[index] += junk
+            return b.set(KV.of(key, ge.ARRAY, items, ge.STRING))
+
+        self.one("general.name with a byte 0xff", s("general.name", b"Tiny-K3 \xff"))
+        self.one("token 300 with a lone byte 0xe4", strings("tokenizer.ggml.tokens", 300, b"\xe4"))
+        self.one("merge 10 with a byte 0xc3", strings("tokenizer.ggml.merges", 10, b"\xc3"))
+        template = self.kv("tokenizer.chat_template").text()
+        self.one("chat template with a byte 0xfe", s("tokenizer.chat_template", template + b"\xfe"))
+        self.one("an unknown key named with a byte 0xff", b.set(KV.of("x.\udcff", u32, 1)))
+        n_expert = int(self.kv("kimi-k3.expert_count").scalar())
+        f32 = Tensor("blk.0.attn_q.scale", (1,), F32, struct.pack("<f", 1.0))
+        exps = Tensor(
+            "blk.1.ffn_up_exps.scale", (n_expert,), F32, struct.pack("<f", 1.0) * n_expert
+        )
+        self.one(
+            "blk.0.attn_q.scale and blk.1.ffn_up_exps.scale (NVFP4-style)", b.put(f32).put(exps)
+        )
+        for value in (16, 8):
+            for pad in range(0, 32, 8):  # the first layout that puts the data off 32 bytes
+                g = b.set(KV.of("general.alignment", u32, value))
+                g = replace(g.set(KV.of("x.pad", ge.STRING, "p" * pad)), alignment=value)
+                data = sum(-(-len(t.data) // value) * value for t in g.tensors)
+                if (len(ge.encode(g)) - data - len(g.extra)) % 32:
+                    break
+            self.one(f"general.alignment {value}, data laid out to match", g)
+        self.one("nextn_predict_layers 1", b.set(KV.of("kimi-k3.nextn_predict_layers", u32, 1)))
+        self.one("expert_group_count 3", b.set(KV.of("kimi-k3.expert_group_count", u32, 3)))
+        n_layer = int(self.kv("kimi-k3.block_count").scalar())
+        used = [0] + [int(self.kv("kimi-k3.expert_used_count").scalar())] * (n_layer - 1)
+        self.one(
+            "expert_used_count per layer, 0 on the dense layer",
+            b.set(KV.of("kimi-k3.expert_used_count", ge.ARRAY, used, u32)),
+        )
+        for v in (0, 99):
+            self.one(f"expert_gating_func {v}", b.set(KV.of("kimi-k3.expert_gating_func", u32, v)))
+        llama = s("tokenizer.ggml.model", "llama").drop_key("tokenizer.ggml.scores")
+        self.one("tokenizer model 'llama' without scores", llama)
+        self.one(
+            "tokenizer model 'sentencepiece' (unknown)", s("tokenizer.ggml.model", "sentencepiece")
+        )
+        self.one("pre-tokenizer 'kimi-k3' (unknown)", s("tokenizer.ggml.pre", "kimi-k3"))
+        for model in ("none", "no_vocab"):
+            self.one(f"tokenizer model '{model}'", s("tokenizer.ggml.model", model))
+        tokens = self.kv("tokenizer.ggml.tokens").strings()
+        tokens[301] = tokens[300]
+        self.one(
+            "token 301 a copy of token 300",
+            b.set(KV.of("tokenizer.ggml.tokens", ge.ARRAY, tokens, ge.STRING)),
+        )
+        q, exps_t = self.t("blk.0.attn_q.weight"), self.t("blk.1.ffn_down_exps.weight")
+        self.one("blk.0.attn_q as I16", b.put(reshaped(q, q.dims, BY_NAME["I16"].id)))
+        for name in ("Q8_K", "F64"):
+            self.one(
+                f"blk.1.ffn_down_exps as {name}",
+                b.put(reshaped(exps_t, exps_t.dims, BY_NAME[name].id)),
+            )
 
 
 def variants(sets: OracleSets, full: bool = True) -> list[Variant]:

@@ -146,6 +146,7 @@ class GGUFHeader:
     file_size: int
     elem_types: dict[str, int] | None = None  # array key -> element type
     array_offsets: dict[str, int] | None = None  # array key -> offset of its first element
+    array_ends: dict[str, int] | None = None  # array key -> offset just past its last element
 
     def get(self, key: str, default: Value | None = None) -> Value | None:
         return self.kv.get(key, default)
@@ -173,39 +174,39 @@ class GGUFHeader:
         """The first two elements of the string array ``key`` with the same bytes
         (what llama.cpp compares: strings that differ only in invalid UTF-8 differ),
         as (first index, second index, bytes); an empty element counts as
-        ``[EMPTY_<index>]``, as llama_vocab::impl::load names it.  One tight pass over
-        the array's bytes: about 0.1 s for a 163,840-token vocabulary."""
-        v = self.kv[key]
-        if isinstance(v, ArrayRef):
-            offset, count = v.offset, v.count
-        elif isinstance(v, list):
-            offset, count = (self.array_offsets or {})[key], len(v)
-        else:
-            raise TypeError(f"{key} is not an array")
-        unpack = _U64.unpack_from
-        seen: dict[bytes, int] = {}
+        ``[EMPTY_<index>]``, as llama_vocab::impl::load names it.  The array's bytes
+        (walked and bounded while the header was read) are read at once and passed
+        over in one tight loop: about 0.05 s for a 163,840-token vocabulary."""
+        if self.elem_type(key) != STRING:
+            raise TypeError(f"{key} is not an array of strings")
+        start = (self.array_offsets or {})[key]
+        end = (self.array_ends or {})[key]
+        count = self.array_len(key) or 0
         with self.path.open("rb") as f:
-            f.seek(offset)
-            buf = f.read(_MAX_READ)
-            p = 0
-            for i in range(count):
-                if p + 8 > len(buf):
-                    buf = buf[p:] + f.read(_MAX_READ)
-                    p = 0
-                n = unpack(buf, p)[0]
-                if n > DECODED_STRING_LIMIT:
-                    raise _corrupt(self.path, f"'{key}' holds a string of {n:,} bytes")
-                end = p + 8 + n
-                if end > len(buf):
-                    buf = buf[p:] + f.read(max(_MAX_READ, n + 8))
-                    p, end = 0, 8 + n
-                    if end > len(buf):
-                        raise _truncated(self.path, f"reading '{key}'", self.file_size)
-                word = buf[p + 8 : end] or b"[EMPTY_%d]" % i
-                j = seen.setdefault(word, i)
-                if j != i:
-                    return j, i, word
-                p = end
+            f.seek(start)
+            buf = f.read(end - start)
+        if len(buf) < end - start:
+            raise _truncated(self.path, f"reading '{key}'", self.file_size)
+        unpack = _U64.unpack_from
+        seen: set[bytes] = set()
+        add = seen.add
+        p = 0
+        for i in range(count):
+            n = unpack(buf, p)[0]
+            p += 8
+            add(buf[p : p + n] or b"[EMPTY_%d]" % i)
+            p += n
+        if len(seen) == count:
+            return None
+        first: dict[bytes, int] = {}  # a duplicate: find it (rare, so a second pass)
+        p = 0
+        for i in range(count):
+            n = unpack(buf, p)[0]
+            word = buf[p + 8 : p + 8 + n] or b"[EMPTY_%d]" % i
+            j = first.setdefault(word, i)
+            if j != i:
+                return j, i, word
+            p += 8 + n
         return None
 
     def array_len(self, key: str) -> int | None:
@@ -465,6 +466,7 @@ def _parse(f: BinaryIO, p: Path, size: int, eager_array_limit: int) -> GGUFHeade
     kv_types: dict[str, int] = {}
     elem_types: dict[str, int] = {}
     array_offsets: dict[str, int] = {}
+    array_ends: dict[str, int] = {}
     raw_keys: set[bytes] = set()  # gguf.cpp compares keys as bytes
     for i in range(n_kv):
         r.what = f"metadata entry {i + 1} of {n_kv}"
@@ -486,6 +488,7 @@ def _parse(f: BinaryIO, p: Path, size: int, eager_array_limit: int) -> GGUFHeade
             count, pos = r.u64(pos)
             array_offsets[key] = pos
             value, pos = _array(r, p, key, etype, count, pos, eager_array_limit)
+            array_ends[key] = pos
             elem_types[key] = etype
         elif vtype in _SCALAR:
             value, pos = r.scalar(pos, vtype)
@@ -562,6 +565,7 @@ def _parse(f: BinaryIO, p: Path, size: int, eager_array_limit: int) -> GGUFHeade
         file_size=size,
         elem_types=elem_types,
         array_offsets=array_offsets,
+        array_ends=array_ends,
     )
 
 
