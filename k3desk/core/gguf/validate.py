@@ -72,6 +72,8 @@ LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h; load_hparams asserts 0 < block_co
 LLAMA_MAX_EXPERTS = 1024  # src/llama-hparams.h ("Kimi K3"); load_hparams asserts it
 # enum llama_expert_gating_func_type (src/llama-hparams.h): the values build_moe_ffn
 # (src/llama-graph.cpp) handles; NONE (0) and anything else reach GGML_ABORT
+# LLAMA_ROPE_SCALING_TYPES (src/llama-model.cpp)
+_ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
 _GATING_FUNCS = {1: "softmax", 2: "sigmoid", 3: "softmax_weight", 4: "sqrt_softplus"}
 
 Kind = Literal["u32", "u32s", "f32", "bool", "str"]  # u32s: a UINT32 or a per-layer array
@@ -641,6 +643,17 @@ class _Checker:
             raise self.fail(
                 f"{self.label(0)}: {_P}nextn_predict_layers is {nextn:,} but the model has "
                 f"{n_layer} layers: llama.cpp aborts on the file.",
+                0,
+                _CONVERTER_HINT,
+            )
+        scaling = h.get(_P + "rope.scaling.type", "linear")
+        if scaling not in _ROPE_SCALING_TYPES:
+            # load_hparams: llama_rope_scaling_type_from_string, then
+            # GGML_ASSERT(rope_scaling_type_train != LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED)
+            shown = scaling if isinstance(scaling, str) else "a very long string"
+            raise self.fail(
+                f"{self.label(0)}: {_P}rope.scaling.type is {shown!r}; llama.cpp knows "
+                f"{', '.join(_ROPE_SCALING_TYPES)} and aborts on anything else.",
                 0,
                 _CONVERTER_HINT,
             )
