@@ -42,6 +42,7 @@ Role = Literal[
     "shexp",  # shared expert
     "latent",  # ffn_routed_{up,down} (latent MoE projections)
     "experts",  # ffn_{gate,up,down}_exps: the routed experts
+    "scale",  # the optional .scale / .input_scale of a weight (F32 or F16)
 ]
 
 EXPERT_SUFFIXES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
@@ -240,7 +241,7 @@ def loader_tensors(s: K3Shape, has: Has, output_nvfp4: bool = False) -> Iterator
     if output_nvfp4:  # "output scales": only for an NVFP4 output.weight
         for x in SCALE_SUFFIXES:
             if has("output." + x):
-                yield TensorSpec("output." + x, (1,), "norm", None, required=False)
+                yield TensorSpec("output." + x, (1,), "scale", None, required=False)
 
 
 def _scales(s: K3Shape, created: list[TensorSpec], has: Has) -> Iterator[TensorSpec]:
@@ -253,7 +254,7 @@ def _scales(s: K3Shape, created: list[TensorSpec], has: Has) -> Iterator[TensorS
         shape = (s.n_expert,) if base in _SCALED_PER_EXPERT else (1,)
         for x in SCALE_SUFFIXES:
             if has(f"{stem}.{x}"):
-                yield TensorSpec(f"{stem}.{x}", shape, "norm", spec.layer, required=False)
+                yield TensorSpec(f"{stem}.{x}", shape, "scale", spec.layer, required=False)
 
 
 def _layer_tensors(s: K3Shape, i: int, has: Has) -> Iterator[TensorSpec]:

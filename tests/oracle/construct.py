@@ -313,7 +313,12 @@ class Constructed:
             if kv.vtype == ge.STRING and kv.key != "general.architecture":
                 text = kv.text()
                 for i, junk in enumerate(bad):
-                    value = text[:3] + junk + text[3:]
+                    if kv.key == "tokenizer.chat_template":
+                        # in the template's text, before or after its code: bytes
+                        # inside a {% %} tag would make it a syntax error instead
+                        value = junk + text if i % 2 else text + junk
+                    else:
+                        value = text[:3] + junk + text[3:]
                     add(
                         f"{kv.key} with bytes {junk!r} (#{i})",
                         b.set(KV.of(kv.key, ge.STRING, value)),

@@ -158,7 +158,7 @@ _OTHER_KEYS: tuple[tuple[str, Kind, bool], ...] = (
     ("tokenizer.ggml.normalizer.strip_accents", "bool", False),
     # the special token ids (special_token_types in llama-vocab.cpp); "seperator" sic
     *((f"tokenizer.ggml.{name}_token_id", "u32", False) for name in (
-        "bos", "eos", "eot", "eom", "unknown", "seperator", "padding", "cls", "mask",
+        "bos", "eos", "eot", "eom", "unknown", "seperator", "padding", "mask",
         "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep",
         "prefix", "suffix", "middle",
     )),
@@ -181,6 +181,7 @@ _LAYER_ARRAY_TYPES = (UINT32, INT32, BOOL)
 # "unsupported types", ggml-cpu/ops.cpp (ssm_conv) asserts src1 is F32.
 _F32_ROLES = ("norm", "conv")
 F32_ID = 0
+I32_ID = 26
 TENSOR_ALIGNMENT = 32  # ggml/src/ggml-impl.h
 NVFP4_ID = BY_ID_NAME["NVFP4"].id
 # Tensors b11434 multiplies by (ggml_mul_mat / ggml_mul_mat_id: the weights) and the
@@ -189,16 +190,22 @@ NVFP4_ID = BY_ID_NAME["NVFP4"].id
 # I8, I16, I32, I64 and F64 have none, and ggml_backend_cpu_device_supports_op in
 # ggml-cpu.cpp does not stop them, so the load crashes), and gathers rows of the types
 # ggml_compute_forward_get_rows (ggml-cpu/ops.cpp) lists, through to_float (Q8_1 has
-# none; Q8_K, I8, I16, I64 and F64 reach its GGML_ABORT).
+# none; Q8_K, I8, I16, I64 and F64 reach its GGML_ABORT; I32 rows stay I32, which
+# ggml_set_rows in ggml.c refuses when they reach the cache).
 _MATMUL_ROLES = ("attn", "odd_row", "dense_ffn", "shexp", "latent", "experts", "router", "output")
 _NO_VEC_DOT = frozenset(
     BY_ID_NAME[n].id for n in ("Q8_1", "Q8_K", "I8", "I16", "I32", "I64", "F64")
 )
-_NO_GET_ROWS = _NO_VEC_DOT - {BY_ID_NAME["I32"].id}
+_NO_GET_ROWS = _NO_VEC_DOT
 # tokenizer.ggml.model values llama_vocab::impl::load (llama-vocab.cpp) knows; the BPE
 # ones read tokenizer.ggml.pre, which must be one of _PRE_TOKENIZERS (or absent/empty)
 _NO_VOCAB = ("no_vocab", "none")
 _BPE_MODELS = ("gpt2", "hybriddna", "whitespace", "gemma4")
+# tokenizers that need the <0xNN> byte tokens (llama-vocab.cpp: SPM's byte fallback,
+# llm_tokenizer_plamo2's table), and the one that adds EOS unless told not to (UGM)
+_BYTE_FALLBACK_MODELS = ("llama", "plamo2")
+_EOS_BY_DEFAULT = ("t5",)
+_EOS_KEY = "tokenizer.ggml.add_eos_token"
 _TOKENIZER_MODELS = (*_BPE_MODELS, "llama", "bert", "t5", "rwkv", "test", "plamo2")
 _PRE_TOKENIZERS = frozenset((
     "default", "minicpm5", "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
@@ -674,13 +681,28 @@ class _Checker:
         self.check_groups(n_expert, u32("expert_group_count", 0), u32("expert_group_used_count", 0))
         n_dense = u32("leading_dense_block_count", 0)
         moe_layers = n_dense < n_layer - nextn
-        if n_expert > 0 and moe_layers and used[0] == 0:
-            # llama_model_kimi_k3's graph routes every MoE layer with hparams.n_expert_used(),
-            # layer 0's entry of a per-layer array, whatever the layer
+        # llama_model_kimi_k3's graph selects the experts of every MoE layer with
+        # hparams.n_expert_used(), layer 0's entry of a per-layer array, and
+        # build_moe_ffn (llama-graph.cpp) then sums hparams.n_expert_used(il) of them:
+        # a layer that sums none, or more than were selected, crashes the engine
+        wrong = (
+            [i for i in range(n_dense, n_layer - nextn) if not 0 < used[i] <= used[0]]
+            if n_expert > 0
+            else []
+        )
+        if wrong:
             self.suspicious.append(
-                f"{_P}expert_used_count is 0 for layer 0 (a dense layer): {REFERENCE}'s "
-                "kimi-k3 graph routes every MoE layer with layer 0's count and crashes "
-                "(division by zero)."
+                f"{_P}expert_used_count is {used[wrong[0]]} for layer {wrong[0]} and "
+                f"{used[0]} for layer 0: {REFERENCE}'s kimi-k3 graph selects layer 0's "
+                "count of experts in every MoE layer and adds up each layer's own count, "
+                "so a layer with none or more than layer 0's crashes it."
+            )
+        eps = h.get(_P + "attention.layer_norm_rms_epsilon")
+        if isinstance(eps, float) and not eps >= 0:
+            # ggml-cpu/ops.cpp, ggml_compute_forward_rms_norm_f32: GGML_ASSERT(eps >= 0.0f)
+            self.suspicious.append(
+                f"{_P}attention.layer_norm_rms_epsilon is {eps}: {REFERENCE}'s CPU "
+                "backend asserts that the norm's epsilon is at least 0 and aborts."
             )
         gating = u32("expert_gating_func")
         if moe_layers and gating not in _GATING_FUNCS:
@@ -816,11 +838,26 @@ class _Checker:
                     "not know (llama_vocab::impl::load: unknown pre-tokenizer type); it "
                     "refuses the file."
                 )
-        elif name not in _BPE_MODELS:
+        elif name in _BYTE_FALLBACK_MODELS and not self.has_byte_tokens(h):
+            # llm_tokenizer_plamo2 (llama-vocab.cpp) throws "Byte token for <0x..> is not
+            # set" while loading; the SPM tokenizer ("llama") falls back to those tokens
+            # (llama_vocab::byte_to_token, token_to_id.at) for any text not in the
+            # vocabulary, and throws on the first prompt
             self.suspicious.append(
-                f"tokenizer.ggml.model is '{name}', but the Kimi-K3 vocabulary is byte-level "
-                f"BPE ('gpt2'): {REFERENCE} reads it as another kind of tokenizer, which "
-                "fails on this vocabulary."
+                f"tokenizer.ggml.model is '{name}', whose tokenizer falls back to the 256 "
+                "byte tokens <0x00>..<0xFF>, but the vocabulary has none (the Kimi-K3 "
+                f"vocabulary is byte-level BPE, 'gpt2'): {REFERENCE} fails on it."
+            )
+        add_eos = h.get("tokenizer.ggml.add_eos_token", name in _EOS_BY_DEFAULT)
+        if add_eos is True:
+            # llama-completion (tools/completion/completion.cpp) asserts that a model
+            # without an encoder does not add EOS; llama-server would end every prompt
+            # with the end-of-sequence token
+            why = "true" if _EOS_KEY in h.kv else f"absent: the default of '{name}'"
+            self.suspicious.append(
+                f"The tokenizer adds an end-of-sequence token to every prompt ({_EOS_KEY} "
+                f"{why}): {REFERENCE}'s llama-completion refuses such a model, and "
+                "llama-server would end every prompt where the model stops."
             )
         # a BPE vocabulary needs its merges, except Kimi-K2's (is_kimi_k2); gemma4 always
         array_of(
@@ -842,6 +879,15 @@ class _Checker:
                     _CONVERTER_HINT,
                 )
         return n
+
+    @staticmethod
+    def has_byte_tokens(h: GGUFHeader) -> bool:
+        """Whether the vocabulary holds the 256 byte tokens <0x00>..<0xFF>."""
+        key = "tokenizer.ggml.tokens"
+        if h.elem_type(key) != STRING:
+            return False
+        tokens = set(h.array(key))
+        return all(f"<0x{b:02X}>" in tokens for b in range(256))
 
     def check_duplicate_tokens(self, h: GGUFHeader) -> None:
         """llama_vocab::impl::load maps each token's text to its id and asserts that no
@@ -879,7 +925,10 @@ class _Checker:
                 continue
             created.add(spec.name)
             i, t = found
-            if spec.role in _F32_ROLES and t.ggml_type != F32_ID:
+            # ssm_conv (ggml-cpu/ops.cpp) checks only that the weight's elements are
+            # 4 bytes wide (src1->nb[0] == sizeof(float)): I32 passes
+            conv_i32 = spec.role == "conv" and t.ggml_type == I32_ID
+            if spec.role in _F32_ROLES and t.ggml_type != F32_ID and not conv_i32:
                 not_f32.append(f"'{spec.name}' ({t.type_name})")
             if (spec.role in _MATMUL_ROLES and t.ggml_type in _NO_VEC_DOT) or (
                 spec.role == "token_embd" and t.ggml_type in _NO_GET_ROWS
