@@ -37,7 +37,7 @@ from tests.oracle.gguf_edit import GGUF, KV, Tensor
 
 # One variant in SAMPLE_EVERY of each constructed category runs in the test suite
 # (and the first of each): the full corpus runs with --full.
-SAMPLE_EVERY = 9
+SAMPLE_EVERY = 15
 
 CONSTRUCTED = (
     "every key: retyped",

@@ -285,3 +285,30 @@ def test_invalid_utf8_is_read_as_llama_cpp_reads_it(tmp_path: Path) -> None:
     twice.write_bytes(data.replace(b"custom.\xff\xfd", b"custom.\xff\xfe"))
     with pytest.raises(ValidationError, match="appears twice"):
         read_header(twice)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({}, None),
+        ({900: "tok5"}, (5, 900)),
+        ({255: "tok256"}, (255, 256)),  # across the blocks the fast path reads
+        ({700: "y" * 300, 701: "y" * 300}, (700, 701)),  # over 255 bytes
+        ({10: "a\0\0\0\0\0\0\0b", 11: "a\0\0\0\0\0\0\0b"}, (10, 11)),  # NULs inside
+        ({3: "", 100: ""}, None),  # llama.cpp names an empty token [EMPTY_<id>]
+        ({3: "", 4: "[EMPTY_3]"}, (3, 4)),
+        ({2999: "tok2998"}, (2998, 2999)),  # in the tail after the last full block
+    ],
+)
+def test_duplicate_tokens_are_found_by_their_bytes(
+    tmp_path: Path, change: dict[int, str], expected: tuple[int, int] | None
+) -> None:
+    words = [f"tok{i}" for i in range(3000)]
+    for i, w in change.items():
+        words[i] = w
+    kvs = [KV("tokenizer.ggml.tokens", ARRAY, words, STRING)]
+    write_sparse_gguf(tmp_path / "v.gguf", kvs, [TensorDef("t.weight", (32,), "F32")])
+    found = read_header(tmp_path / "v.gguf", eager_array_limit=0).first_duplicate(
+        "tokenizer.ggml.tokens"
+    )
+    assert (found[:2] if found else None) == expected
