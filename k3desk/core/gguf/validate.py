@@ -16,7 +16,13 @@ engine's own source and says where it comes from:
 * ``src/llama-model.cpp`` (``load_hparams``) and ``src/models/kimi-k3.cpp``
   (``load_arch_hparams``): which keys are required, their defaults, per-layer
   arrays, the asserts on layer and expert counts;
-* ``src/llama-vocab.cpp``: the tokenizer keys;
+* ``src/llama-vocab.cpp``: the tokenizer keys, the tokenizer and pre-tokenizer names it
+  knows, duplicate tokens;
+* ``src/llama-graph.cpp`` (``build_moe_ffn``) and the kimi-k3 graph: gating functions,
+  per-layer expert counts;
+* ggml's CPU backend (``ggml-cpu/ggml-cpu.c`` type traits, ``ggml-cpu/ops.cpp``) and
+  ``ggml-backend.cpp``: the weight types it can compute with, the norms' epsilon, the
+  32-byte start of each mapped buffer;
 * ``src/models/kimi-k3.cpp`` (``load_arch_tensors``, :func:`k3arch.loader_tensors`):
   the tensors, required or optional, their alternatives and their shapes, which
   compare as ggml compares them (padded to 4 dimensions with 1s), and the
