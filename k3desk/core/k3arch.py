@@ -42,6 +42,7 @@ Role = Literal[
     "shexp",  # shared expert
     "latent",  # ffn_routed_{up,down} (latent MoE projections)
     "experts",  # ffn_{gate,up,down}_exps: the routed experts
+    "scale",  # the optional .scale / .input_scale of a weight (F32 or F16)
 ]
 
 EXPERT_SUFFIXES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
@@ -200,7 +201,21 @@ def same_shape(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
 Has = Callable[[str], bool]
 
 
-def loader_tensors(s: K3Shape, has: Has) -> Iterator[TensorSpec]:
+# The weights whose optional ".scale" and ".input_scale" tensors llama.cpp loads
+# for every architecture (llama_model_base::load_tensors in llama-model.cpp, "generic
+# pass: load optional per-tensor/per-expert .scale tensors (e.g. NVFP4 scale2)"):
+# per-tensor ones of shape {1}, per-expert ones of shape {n_expert}.  A scale is
+# created only when its weight was.
+_SCALED = (
+    "attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "attn_gate",
+    "ffn_gate", "ffn_down", "ffn_up", "ffn_gate_shexp", "ffn_down_shexp", "ffn_up_shexp",
+    "ssm_in", "ssm_out", "ssm_alpha", "ssm_beta",
+)  # fmt: skip
+_SCALED_PER_EXPERT = EXPERT_SUFFIXES
+SCALE_SUFFIXES = ("scale", "input_scale")
+
+
+def loader_tensors(s: K3Shape, has: Has, output_nvfp4: bool = False) -> Iterator[TensorSpec]:
     """The tensors llama.cpp b11434 creates for a kimi-k3 model of shape ``s``.
 
     ``has(name)`` says whether the file holds a tensor; it decides the branches
@@ -220,7 +235,26 @@ def loader_tensors(s: K3Shape, has: Has) -> Iterator[TensorSpec]:
     if s.attn_res:  # if (hparams.attn_res_block_size > 0)
         yield TensorSpec("output_res_score.weight", (e,), "norm", None)
     for i in range(s.n_layer):
-        yield from _layer_tensors(s, i, has)
+        created = list(_layer_tensors(s, i, has))
+        yield from created
+        yield from _scales(s, created, has)
+    if output_nvfp4:  # "output scales": only for an NVFP4 output.weight
+        for x in SCALE_SUFFIXES:
+            if has("output." + x):
+                yield TensorSpec("output." + x, (1,), "scale", None, required=False)
+
+
+def _scales(s: K3Shape, created: list[TensorSpec], has: Has) -> Iterator[TensorSpec]:
+    """The optional scale tensors of a layer's weights (see ``_SCALED``)."""
+    for spec in created:
+        stem, _, suffix = spec.name.rpartition(".")
+        base = stem.split(".", 2)[-1]
+        if suffix != "weight" or base not in _SCALED + _SCALED_PER_EXPERT:
+            continue
+        shape = (s.n_expert,) if base in _SCALED_PER_EXPERT else (1,)
+        for x in SCALE_SUFFIXES:
+            if has(f"{stem}.{x}"):
+                yield TensorSpec(f"{stem}.{x}", shape, "scale", spec.layer, required=False)
 
 
 def _layer_tensors(s: K3Shape, i: int, has: Has) -> Iterator[TensorSpec]:

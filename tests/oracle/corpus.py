@@ -6,10 +6,12 @@ verdicts agree when k3desk passes exactly the variants llama.cpp loads: a
 variant llama.cpp loads must not be refused or flagged (a false refusal), and
 one it refuses must be refused or flagged suspicious by k3desk.
 
-    python -m tests.oracle.corpus [DIR]
+    python -m tests.oracle.corpus [DIR] [--full] [--jobs=N] [--only=CATEGORY] [-v]
 
-builds the sets, runs the whole corpus and prints the agreement table (the
-README's "Measured" section shows its output).
+builds the sets (kept in DIR for the next run), judges the fast sample the test
+suite runs, or with ``--full`` every variant (about 2,000; the constructed ones
+come from :mod:`tests.oracle.construct`), ``N`` loads at a time (default: one per
+core), and prints the agreement table (the README's shows the full run's).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from k3desk.core.errors import ValidationError
 from k3desk.core.gguf.ggml import BY_ID, BY_NAME
 from k3desk.core.gguf.validate import inspect_shard_set
 from tests.oracle import gguf_edit as ge
+from tests.oracle.construct import CONSTRUCTED, SAMPLE_EVERY, Constructed
 from tests.oracle.gguf_edit import GGUF, KV, Tensor
 from tests.oracle.llama import STEM, OracleSets, Verdict, llama_loads
 
@@ -44,6 +47,8 @@ CATEGORIES = (
     "keys retyped",
     "split sets damaged",
     "experts pruned",
+    "found by an independent corpus",
+    *CONSTRUCTED,
 )
 
 Writer = Callable[[Path], Path]  # writes the variant into a folder, returns what -m takes
@@ -54,6 +59,7 @@ class Variant:
     category: str
     name: str
     write: Writer
+    sampled: bool = True  # in the fast sample the test suite runs
 
 
 @dataclass(frozen=True)
@@ -182,9 +188,17 @@ class _Corpus:
         for category, make in zip(CATEGORIES, (
             self.written, self.optional, self.alternatives, self.required, self.shapes,
             self.dtypes, self.keys_removed, self.keys_retyped, self.splits, self.experts,
-        ), strict=True):  # fmt: skip
+            self.found,
+        ), strict=False):  # fmt: skip
             self.category = category
             make()
+        counts: dict[str, int] = {}
+
+        def constructed(category: str, name: str, g: GGUF) -> None:
+            i = counts[category] = counts.get(category, -1) + 1
+            self.out.append(Variant(category, name, single(g), i % SAMPLE_EVERY == 0))
+
+        Constructed(self.base, constructed).build()
         return self.out
 
     # the sets as llama.cpp's tools wrote them
@@ -509,10 +523,80 @@ class _Corpus:
         partly = prune(prune(b, keep, (1, 2, 4, 5), EXPERT_TENSORS), keep, (3,), no_down)
         self.one("blk.3.ffn_down_exps left unpruned", count(partly, keep))
 
+    # what a corpus made independently of this one found: files llama.cpp loads that
+    # k3desk refused or flagged, and files it refuses that k3desk passed
+    def found(self) -> None:
+        b = self.base
+        u32 = ge.UINT32
 
-def variants(sets: OracleSets) -> list[Variant]:
-    """Every variant of the corpus, in its categories' order."""
-    return _Corpus(sets).build()
+        def s(key: str, value: bytes | str) -> GGUF:
+            return b.set(KV.of(key, ge.STRING, value))
+
+        def strings(key: str, index: int, junk: bytes) -> GGUF:
+            kv = self.kv(key)
+            items = kv.strings()
+            items[index] += junk
+            return b.set(KV.of(key, ge.ARRAY, items, ge.STRING))
+
+        self.one("general.name with a byte 0xff", s("general.name", b"Tiny-K3 \xff"))
+        self.one("token 300 with a lone byte 0xe4", strings("tokenizer.ggml.tokens", 300, b"\xe4"))
+        self.one("merge 10 with a byte 0xc3", strings("tokenizer.ggml.merges", 10, b"\xc3"))
+        template = self.kv("tokenizer.chat_template").text()
+        self.one("chat template with a byte 0xfe", s("tokenizer.chat_template", template + b"\xfe"))
+        self.one("an unknown key named with a byte 0xff", b.set(KV.of("x.\udcff", u32, 1)))
+        n_expert = int(self.kv("kimi-k3.expert_count").scalar())
+        f32 = Tensor("blk.0.attn_q.scale", (1,), F32, struct.pack("<f", 1.0))
+        exps = Tensor(
+            "blk.1.ffn_up_exps.scale", (n_expert,), F32, struct.pack("<f", 1.0) * n_expert
+        )
+        self.one(
+            "blk.0.attn_q.scale and blk.1.ffn_up_exps.scale (NVFP4-style)", b.put(f32).put(exps)
+        )
+        for value in (16, 8):
+            for pad in range(0, 32, 8):  # the first layout that puts the data off 32 bytes
+                g = b.set(KV.of("general.alignment", u32, value))
+                g = replace(g.set(KV.of("x.pad", ge.STRING, "p" * pad)), alignment=value)
+                data = sum(-(-len(t.data) // value) * value for t in g.tensors)
+                if (len(ge.encode(g)) - data - len(g.extra)) % 32:
+                    break
+            self.one(f"general.alignment {value}, data laid out to match", g)
+        self.one("nextn_predict_layers 1", b.set(KV.of("kimi-k3.nextn_predict_layers", u32, 1)))
+        self.one("expert_group_count 3", b.set(KV.of("kimi-k3.expert_group_count", u32, 3)))
+        n_layer = int(self.kv("kimi-k3.block_count").scalar())
+        used = [0] + [int(self.kv("kimi-k3.expert_used_count").scalar())] * (n_layer - 1)
+        self.one(
+            "expert_used_count per layer, 0 on the dense layer",
+            b.set(KV.of("kimi-k3.expert_used_count", ge.ARRAY, used, u32)),
+        )
+        for v in (0, 99):
+            self.one(f"expert_gating_func {v}", b.set(KV.of("kimi-k3.expert_gating_func", u32, v)))
+        llama = s("tokenizer.ggml.model", "llama").drop_key("tokenizer.ggml.scores")
+        self.one("tokenizer model 'llama' without scores", llama)
+        self.one(
+            "tokenizer model 'sentencepiece' (unknown)", s("tokenizer.ggml.model", "sentencepiece")
+        )
+        self.one("pre-tokenizer 'kimi-k3' (unknown)", s("tokenizer.ggml.pre", "kimi-k3"))
+        for model in ("none", "no_vocab"):
+            self.one(f"tokenizer model '{model}'", s("tokenizer.ggml.model", model))
+        tokens = self.kv("tokenizer.ggml.tokens").strings()
+        tokens[301] = tokens[300]
+        self.one(
+            "token 301 a copy of token 300",
+            b.set(KV.of("tokenizer.ggml.tokens", ge.ARRAY, tokens, ge.STRING)),
+        )
+        q, exps_t = self.t("blk.0.attn_q.weight"), self.t("blk.1.ffn_down_exps.weight")
+        self.one("blk.0.attn_q as I16", b.put(reshaped(q, q.dims, BY_NAME["I16"].id)))
+        for name in ("Q8_K", "F64"):
+            self.one(
+                f"blk.1.ffn_down_exps as {name}",
+                b.put(reshaped(exps_t, exps_t.dims, BY_NAME[name].id)),
+            )
+
+
+def variants(sets: OracleSets, full: bool = True) -> list[Variant]:
+    """Every variant of the corpus, in its categories' order (``full=False``: the
+    hand-picked ones and the sample of the constructed ones)."""
+    return [v for v in _Corpus(sets).build() if full or v.sampled]
 
 
 # ---------------------------------------------------------------- judging
@@ -527,7 +611,12 @@ def k3desk_verdict(path: Path) -> tuple[str, str]:
 
 
 def run_corpus(
-    sets: OracleSets, bin_dir: Path, work: Path, only: str | None = None
+    sets: OracleSets,
+    bin_dir: Path,
+    work: Path,
+    only: str | None = None,
+    full: bool = False,
+    jobs: int | None = None,
 ) -> list[Result]:
     """Judge every variant both ways and return the results.
 
@@ -535,11 +624,11 @@ def run_corpus(
     llama.cpp, checked by k3desk, and deleted, so writing overlaps the loads and
     the corpus never takes more than a few files' worth of disk.
     """
-    corpus = [v for v in variants(sets) if only is None or only in v.category]
+    corpus = [v for v in variants(sets, full) if only is None or only in v.category]
 
     def judge(item: tuple[int, Variant]) -> Result:
         i, v = item
-        d = work / f"{i:03d}"
+        d = work / f"{i:04d}"
         d.mkdir(parents=True, exist_ok=True)
         try:
             first = v.write(d)
@@ -549,7 +638,7 @@ def run_corpus(
             shutil.rmtree(d, ignore_errors=True)
         return Result(v, lv, verdict, message)
 
-    with ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(jobs or max(1, os.cpu_count() or 1)) as pool:
         return list(pool.map(judge, enumerate(corpus)))
 
 
@@ -621,13 +710,15 @@ def main(argv: list[str]) -> int:
     t1 = time.perf_counter()
     work = root / "corpus"
     shutil.rmtree(work, ignore_errors=True)
-    results = run_corpus(sets, bin_dir, work, only)
+    full = "--full" in argv
+    jobs = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--jobs=")), None)
+    results = run_corpus(sets, bin_dir, work, only, full=full, jobs=jobs)
     t2 = time.perf_counter()
     print(table(results))
     print()
     print(
-        f"sets built in {t1 - t0:.1f} s; {len(results)} variants judged in {t2 - t1:.1f} s "
-        f"on {os.cpu_count()} cores"
+        f"sets built in {t1 - t0:.1f} s; {len(results)} variants judged in {t2 - t1:.1f} s, "
+        f"{jobs or os.cpu_count()} at a time"
     )
     bad = disagreements(results)
     if bad:

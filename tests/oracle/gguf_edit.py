@@ -40,6 +40,22 @@ class KV:
         etype, n = struct.unpack_from("<IQ", self.raw)
         return etype, list(struct.unpack_from(f"<{n}{FMT[etype]}", self.raw, 12))
 
+    def strings(self) -> list[bytes]:
+        """The items of an array of strings, as bytes."""
+        etype, n = struct.unpack_from("<IQ", self.raw)
+        assert etype == STRING, self.key
+        out, pos = [], 12
+        for _ in range(n):
+            (length,) = struct.unpack_from("<Q", self.raw, pos)
+            out.append(self.raw[pos + 8 : pos + 8 + length])
+            pos += 8 + length
+        return out
+
+    def text(self) -> bytes:
+        """The bytes of a string value."""
+        assert self.vtype == STRING, self.key
+        return self.raw[8:]
+
 
 @dataclass(frozen=True)
 class Tensor:
@@ -101,7 +117,9 @@ class GGUF:
 
 def encode_value(vtype: int, value: object, elem: int = -1) -> bytes:
     if vtype == STRING:
-        b = str(value).encode("utf-8")
+        # bytes as they are; a str's lone surrogates (surrogateescape) stand for bytes
+        # that are not UTF-8, so a variant can hold any string llama.cpp may meet
+        b = value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogateescape")
         return struct.pack("<Q", len(b)) + b
     if vtype == ARRAY:
         items = list(value)  # type: ignore[call-overload]

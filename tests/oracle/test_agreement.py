@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tests.oracle.corpus import CATEGORIES, Result, disagreements
+from k3desk.core.gguf.ggml import BY_ID
+from tests.oracle.construct import LOADER_KEYS, PRE_TOKENIZERS, ROLE_TENSORS, TOKENIZER_MODELS
+from tests.oracle.corpus import CATEGORIES, Result, disagreements, variants
+from tests.oracle.llama import OracleSets
 
 
 def test_every_variant_gets_the_verdict_llama_cpp_gives(corpus_results: list[Result]) -> None:
@@ -54,3 +57,29 @@ def test_suspicious_is_kept_for_whole_files_the_reference_loader_refuses(
     assert kinds["blk.0.attn_q with type id 99 (unknown)"] == "suspicious"
     assert kinds["output.weight dropped"] == "suspicious"
     assert kinds["every conv stored 4-D (as converters write them)"] == "ok"
+
+
+def test_the_full_corpus_covers_every_key_type_and_name_the_source_enumerates(
+    oracle_sets: OracleSets,
+) -> None:
+    """The constructed corpus (run whole by ``python -m tests.oracle.corpus --full``)
+    holds a variant for every key the loader reads, every ggml type on every tensor
+    role, every tokenizer name llama-vocab.cpp knows, and the sample keeps each kind."""
+    full = variants(oracle_sets, full=True)
+    sample = variants(oracle_sets, full=False)
+    assert len(full) >= 1000
+    assert len(sample) < len(full) // 3
+    names = {v.name for v in full}
+    for key, _ in LOADER_KEYS:
+        assert any(n.startswith(key + " ") for n in names), key
+    for role in ROLE_TENSORS:  # every type but the one it has
+        typed = [t for t in BY_ID.values() if f"{role} as {t.name}" in names]
+        assert len(typed) >= len(BY_ID) - 1, role
+    for model in TOKENIZER_MODELS:
+        assert f"tokenizer.ggml.model '{model}'" in names
+    for pre in PRE_TOKENIZERS:
+        assert f"tokenizer.ggml.pre '{pre}'" in names
+    assert {v.category for v in sample} == set(CATEGORIES)
+    found = [v for v in full if v.category == "found by an independent corpus"]
+    assert len(found) == 22
+    assert all(v.sampled for v in found)

@@ -16,7 +16,13 @@ engine's own source and says where it comes from:
 * ``src/llama-model.cpp`` (``load_hparams``) and ``src/models/kimi-k3.cpp``
   (``load_arch_hparams``): which keys are required, their defaults, per-layer
   arrays, the asserts on layer and expert counts;
-* ``src/llama-vocab.cpp``: the tokenizer keys;
+* ``src/llama-vocab.cpp``: the tokenizer keys, the tokenizer and pre-tokenizer names it
+  knows, duplicate tokens;
+* ``src/llama-graph.cpp`` (``build_moe_ffn``) and the kimi-k3 graph: gating functions,
+  per-layer expert counts;
+* ggml's CPU backend (``ggml-cpu/ggml-cpu.c`` type traits, ``ggml-cpu/ops.cpp``) and
+  ``ggml-backend.cpp``: the weight types it can compute with, the norms' epsilon, the
+  32-byte start of each mapped buffer;
 * ``src/models/kimi-k3.cpp`` (``load_arch_tensors``, :func:`k3arch.loader_tensors`):
   the tensors, required or optional, their alternatives and their shapes, which
   compare as ggml compares them (padded to 4 dimensions with 1s), and the
@@ -44,6 +50,7 @@ from typing import Literal
 from k3desk.core.catalog.model import Tier
 from k3desk.core.errors import ValidationError
 from k3desk.core.gguf.ggml import BY_ID
+from k3desk.core.gguf.ggml import BY_NAME as BY_ID_NAME
 from k3desk.core.gguf.model import K3HParams, LayerLayout, ModelLayout, TensorEntry
 from k3desk.core.gguf.reader import (
     ARRAY,
@@ -69,6 +76,11 @@ _P = ARCH + "."
 REFERENCE = "llama.cpp b11434"
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h; load_hparams asserts 0 < block_count <= it
 LLAMA_MAX_EXPERTS = 1024  # src/llama-hparams.h ("Kimi K3"); load_hparams asserts it
+# enum llama_expert_gating_func_type (src/llama-hparams.h): the values build_moe_ffn
+# (src/llama-graph.cpp) handles; NONE (0) and anything else reach GGML_ABORT
+# LLAMA_ROPE_SCALING_TYPES (src/llama-model.cpp)
+_ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+_GATING_FUNCS = {1: "softmax", 2: "sigmoid", 3: "softmax_weight", 4: "sqrt_softplus"}
 
 Kind = Literal["u32", "u32s", "f32", "bool", "str"]  # u32s: a UINT32 or a per-layer array
 
@@ -152,7 +164,7 @@ _OTHER_KEYS: tuple[tuple[str, Kind, bool], ...] = (
     ("tokenizer.ggml.normalizer.strip_accents", "bool", False),
     # the special token ids (special_token_types in llama-vocab.cpp); "seperator" sic
     *((f"tokenizer.ggml.{name}_token_id", "u32", False) for name in (
-        "bos", "eos", "eot", "eom", "unknown", "seperator", "padding", "cls", "mask",
+        "bos", "eos", "eot", "eom", "unknown", "seperator", "padding", "mask",
         "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep",
         "prefix", "suffix", "middle",
     )),
@@ -175,6 +187,48 @@ _LAYER_ARRAY_TYPES = (UINT32, INT32, BOOL)
 # "unsupported types", ggml-cpu/ops.cpp (ssm_conv) asserts src1 is F32.
 _F32_ROLES = ("norm", "conv")
 F32_ID = 0
+I32_ID = 26
+TENSOR_ALIGNMENT = 32  # ggml/src/ggml-impl.h
+NVFP4_ID = BY_ID_NAME["NVFP4"].id
+# Tensors b11434 multiplies by (ggml_mul_mat / ggml_mul_mat_id: the weights) and the
+# one it gathers rows from (ggml_get_rows: token_embd).  The CPU backend multiplies by
+# a type only through its vec_dot (type_traits_cpu in ggml-cpu/ggml-cpu.c: Q8_1, Q8_K,
+# I8, I16, I32, I64 and F64 have none, and ggml_backend_cpu_device_supports_op in
+# ggml-cpu.cpp does not stop them, so the load crashes), and gathers rows of the types
+# ggml_compute_forward_get_rows (ggml-cpu/ops.cpp) lists, through to_float (Q8_1 has
+# none; Q8_K, I8, I16, I64 and F64 reach its GGML_ABORT; I32 rows stay I32, which
+# ggml_set_rows in ggml.c refuses when they reach the cache).
+_MATMUL_ROLES = ("attn", "odd_row", "dense_ffn", "shexp", "latent", "experts", "router", "output")
+_NO_VEC_DOT = frozenset(
+    BY_ID_NAME[n].id for n in ("Q8_1", "Q8_K", "I8", "I16", "I32", "I64", "F64")
+)
+_NO_GET_ROWS = _NO_VEC_DOT
+# tokenizer.ggml.model values llama_vocab::impl::load (llama-vocab.cpp) knows; the BPE
+# ones read tokenizer.ggml.pre, which must be one of _PRE_TOKENIZERS (or absent/empty)
+_NO_VOCAB = ("no_vocab", "none")
+_BPE_MODELS = ("gpt2", "hybriddna", "whitespace", "gemma4")
+# tokenizers that need the <0xNN> byte tokens (llama-vocab.cpp: SPM's byte fallback,
+# llm_tokenizer_plamo2's table), and the one that adds EOS unless told not to (UGM)
+_BYTE_FALLBACK_MODELS = ("llama", "plamo2")
+_EOS_BY_DEFAULT = ("t5",)
+_EOS_KEY = "tokenizer.ggml.add_eos_token"
+_TOKENIZER_MODELS = (*_BPE_MODELS, "llama", "bert", "t5", "rwkv", "test", "plamo2")
+_PRE_TOKENIZERS = frozenset((
+    "default", "minicpm5", "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
+    "pixtral", "midm-2.0", "lfm2", "jina-v5-nano", "deepseek-llm", "deepseek-coder",
+    "deepseek-v3", "spark2_5", "youtu", "falcon", "mpt", "starcoder", "gpt-2", "phi-2",
+    "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum",
+    "modern-bert", "jais-2", "gemma4", "granite-embed-multi-311m", "mmbert", "sarvam-moe",
+    "jina-v1-en", "jina-v2-code", "roberta-bpe", "whitespace", "refact", "command-r",
+    "qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "qwen35", "stablelm2", "olmo", "dbrx",
+    "smaug-bpe", "poro-chat", "chatglm-bpe", "glm4", "glm5", "viking", "jais", "tekken",
+    "smollm", "codeshell", "bloom", "gpt3-finnish", "exaone", "exaone4", "exaone-moe",
+    "chameleon", "minerva-7b", "megrez", "gpt-4o", "llama4", "kanana2", "talkie",
+    "granite-embed-multi-97m", "tiny_aya", "cohere2moe", "superbpe", "trillion",
+    "granite-docling", "bailingmoe", "bailingmoe2", "llada-moe", "seed-coder", "hunyuan",
+    "hunyuan-dense", "hy_v4", "joyai-llm", "kimi-k2", "ufakzeka", "grok-2", "afmoe",
+    "laguna", "minimax-m2", "solar-open", "mellum2",
+))  # fmt: skip
 _CONVERTER_HINT = (
     "The file comes from an incompatible or outdated converter: use a current "
     "conversion (see `k3desk tiers`)."
@@ -442,6 +496,7 @@ class _Checker:
                         self.download_hint(i).replace("Download it", "Delete it and download it"),
                     )
             trailing += max(0, h.file_size - h.data_end - h.alignment)
+            self.check_mapping(i, h)
         if unknown:
             more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
             self.suspicious.append(
@@ -453,6 +508,27 @@ class _Checker:
                 f"{trailing:,} bytes follow the last tensor of some parts; llama.cpp ignores them."
             )
         return sizes
+
+    def check_mapping(self, i: int, h: GGUFHeader) -> None:
+        """llama.cpp maps each file and hands the span of its tensors to the CPU backend
+        as a buffer (llama_model::load_tensors, llama-model.cpp: buffer_from_host_ptr at
+        the mapping plus the lowest tensor offset, llama_model_loader::get_mapping_range);
+        ggml_backend_cpu_buffer_from_ptr (ggml-backend.cpp) asserts that the start is a
+        multiple of TENSOR_ALIGNMENT (32, ggml-impl.h).  A file written with a
+        general.alignment of 16 or 8 can put its first tensor off that boundary."""
+        if not h.tensors or h.alignment % TENSOR_ALIGNMENT == 0:
+            return
+        first = min(h.tensors, key=lambda t: t.offset)
+        if first.offset % TENSOR_ALIGNMENT:
+            raise self.fail(
+                f"{self.label(i)} has general.alignment = {h.alignment}, and its first tensor "
+                f"'{first.name}' starts at byte {first.offset:,}, not a multiple of "
+                f"{TENSOR_ALIGNMENT}: llama.cpp maps the file and aborts (buffer pointer "
+                "must be aligned).",
+                i,
+                "The file was written with a non-standard alignment: download a copy written "
+                "by llama.cpp's own tools (general.alignment 32).",
+            )
 
     def check_arch(self, h: GGUFHeader) -> None:
         arch = h.get("general.architecture")
@@ -523,6 +599,24 @@ class _Checker:
                 continue
             self.key_type(h, key, kind, n_layer)
 
+    def check_groups(self, n_expert: int, groups: int, used: int) -> None:
+        """The expert-group asserts of load_hparams (llama-model.cpp)."""
+        if n_expert > 0:
+            ok = groups < n_expert and (
+                groups <= 1 or (n_expert % groups == 0 and 0 < used < groups)
+            )
+        else:
+            ok = groups == 0
+        if not ok:
+            raise self.fail(
+                f"{self.label(0)}: {_P}expert_group_count is {groups} (with "
+                f"expert_group_used_count {used} and {n_expert} experts): llama.cpp needs "
+                "fewer groups than experts and, for more than one group, groups that divide "
+                "the experts evenly with 1 to groups - 1 of them used; it aborts on this file.",
+                0,
+                _CONVERTER_HINT,
+            )
+
     def hparams(self, h: GGUFHeader) -> tuple[K3HParams, K3Shape]:
         """The hyper-parameters as llama.cpp b11434 computes them from the keys,
         defaults included (the vocabulary size is filled in by :meth:`vocab_size`)."""
@@ -557,6 +651,25 @@ class _Checker:
             )
         n_embd = u32("embedding_length")
         self.check_keys(h, (k for k in _HPARAM_KEYS if k[0] not in _HEAD_KEYS), n_layer, _P)
+        nextn = u32("nextn_predict_layers", 0)
+        if nextn > n_layer:  # load_hparams: GGML_ASSERT(n_layer_nextn <= n_layer_all)
+            raise self.fail(
+                f"{self.label(0)}: {_P}nextn_predict_layers is {nextn:,} but the model has "
+                f"{n_layer} layers: llama.cpp aborts on the file.",
+                0,
+                _CONVERTER_HINT,
+            )
+        scaling = h.get(_P + "rope.scaling.type", "linear")
+        if scaling not in _ROPE_SCALING_TYPES:
+            # load_hparams: llama_rope_scaling_type_from_string, then
+            # GGML_ASSERT(rope_scaling_type_train != LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED)
+            shown = scaling if isinstance(scaling, str) else "a very long string"
+            raise self.fail(
+                f"{self.label(0)}: {_P}rope.scaling.type is {shown!r}; llama.cpp knows "
+                f"{', '.join(_ROPE_SCALING_TYPES)} and aborts on anything else.",
+                0,
+                _CONVERTER_HINT,
+            )
         n_expert = u32("expert_count", 0)
         used = per_layer("expert_used_count", [0] * n_layer)
         if (
@@ -570,6 +683,40 @@ class _Checker:
                 "1 to expert_count of them used per token, and aborts on this file.",
                 0,
                 _CONVERTER_HINT,
+            )
+        self.check_groups(n_expert, u32("expert_group_count", 0), u32("expert_group_used_count", 0))
+        n_dense = u32("leading_dense_block_count", 0)
+        moe_layers = n_dense < n_layer - nextn
+        # llama_model_kimi_k3's graph selects the experts of every MoE layer with
+        # hparams.n_expert_used(), layer 0's entry of a per-layer array, and
+        # build_moe_ffn (llama-graph.cpp) then sums hparams.n_expert_used(il) of them:
+        # a layer that sums none, or more than were selected, crashes the engine
+        wrong = (
+            [i for i in range(n_dense, n_layer - nextn) if not 0 < used[i] <= used[0]]
+            if n_expert > 0
+            else []
+        )
+        if wrong:
+            self.suspicious.append(
+                f"{_P}expert_used_count is {used[wrong[0]]} for layer {wrong[0]} and "
+                f"{used[0]} for layer 0: {REFERENCE}'s kimi-k3 graph selects layer 0's "
+                "count of experts in every MoE layer and adds up each layer's own count, "
+                "so a layer with none or more than layer 0's crashes it."
+            )
+        eps = h.get(_P + "attention.layer_norm_rms_epsilon")
+        if isinstance(eps, float) and not eps >= 0:
+            # ggml-cpu/ops.cpp, ggml_compute_forward_rms_norm_f32: GGML_ASSERT(eps >= 0.0f)
+            self.suspicious.append(
+                f"{_P}attention.layer_norm_rms_epsilon is {eps}: {REFERENCE}'s CPU "
+                "backend asserts that the norm's epsilon is at least 0 and aborts."
+            )
+        gating = u32("expert_gating_func")
+        if moe_layers and gating not in _GATING_FUNCS:
+            # build_moe_ffn (llama-graph.cpp) aborts on a gating function it does not know
+            self.suspicious.append(
+                f"{_P}expert_gating_func is {gating}: {REFERENCE} routes experts with "
+                f"{', '.join(f'{v} ({n})' for v, n in _GATING_FUNCS.items())} only and "
+                "aborts on any other value."
             )
         n_ff = per_layer("feed_forward_length", [0] * n_layer)
         heads = per_layer("attention.head_count", [0] * n_layer)
@@ -602,7 +749,9 @@ class _Checker:
             )
         shape = K3Shape(
             n_embd=n_embd,
-            n_layer=n_layer,
+            # the kimi-k3 loader creates the layers before the nextn (multi-token
+            # prediction) ones: n_layer = hparams.n_layer() = n_layer_all - n_layer_nextn
+            n_layer=n_layer - nextn,
             n_head=n_head,
             head_dim_kda=u32("kda.head_dim"),
             conv_kernel=u32("ssm.conv_kernel"),
@@ -671,11 +820,56 @@ class _Checker:
                 )
             return h.array_len(key)
 
-        # a "gpt2" vocabulary needs its merges, except Kimi-K2's (is_kimi_k2)
+        name = model if isinstance(model, str) else "?"
+        if name in _NO_VOCAB:
+            # llama_vocab::impl::load returns before reading any token; the vocabulary
+            # size is the <arch>.vocab_size key's (0 without it)
+            self.check_keys(h, (("vocab_size", "u32", False),), 0, _P)
+            self.suspicious.append(
+                f"tokenizer.ggml.model is '{name}': the file has no vocabulary for "
+                f"{REFERENCE}, which then cannot turn a prompt into tokens."
+            )
+            size = h.get(_P + "vocab_size", 0)
+            return size if isinstance(size, int) else 0
+        if name not in _TOKENIZER_MODELS:
+            self.suspicious.append(
+                f"tokenizer.ggml.model is '{name}', a tokenizer {REFERENCE} does not know "
+                "(llama_vocab::impl::load: unknown tokenizer); it refuses the file."
+            )
+        elif name in _BPE_MODELS and name != "gemma4":  # gemma4 sets its own pre-tokenizer
+            pre_name = pre if isinstance(pre, str) else "?"
+            if pre is not None and pre_name != "" and pre_name not in _PRE_TOKENIZERS:
+                self.suspicious.append(
+                    f"tokenizer.ggml.pre is '{pre_name}', a pre-tokenizer {REFERENCE} does "
+                    "not know (llama_vocab::impl::load: unknown pre-tokenizer type); it "
+                    "refuses the file."
+                )
+        elif name in _BYTE_FALLBACK_MODELS and not self.has_byte_tokens(h):
+            # llm_tokenizer_plamo2 (llama-vocab.cpp) throws "Byte token for <0x..> is not
+            # set" while loading; the SPM tokenizer ("llama") falls back to those tokens
+            # (llama_vocab::byte_to_token, token_to_id.at) for any text not in the
+            # vocabulary, and throws on the first prompt
+            self.suspicious.append(
+                f"tokenizer.ggml.model is '{name}', whose tokenizer falls back to the 256 "
+                "byte tokens <0x00>..<0xFF>, but the vocabulary has none (the Kimi-K3 "
+                f"vocabulary is byte-level BPE, 'gpt2'): {REFERENCE} fails on it."
+            )
+        add_eos = h.get("tokenizer.ggml.add_eos_token", name in _EOS_BY_DEFAULT)
+        if add_eos is True:
+            # llama-completion (tools/completion/completion.cpp) asserts that a model
+            # without an encoder does not add EOS; llama-server would end every prompt
+            # with the end-of-sequence token
+            why = "true" if _EOS_KEY in h.kv else f"absent: the default of '{name}'"
+            self.suspicious.append(
+                f"The tokenizer adds an end-of-sequence token to every prompt ({_EOS_KEY} "
+                f"{why}): {REFERENCE}'s llama-completion refuses such a model, and "
+                "llama-server would end every prompt where the model stops."
+            )
+        # a BPE vocabulary needs its merges, except Kimi-K2's (is_kimi_k2); gemma4 always
         array_of(
             "tokenizer.ggml.merges",
             (STRING,),
-            model in ("gpt2", "hybriddna", "whitespace") and pre != "kimi-k2",
+            (name in ("gpt2", "hybriddna", "whitespace") and pre != "kimi-k2") or name == "gemma4",
         )
         n = array_of("tokenizer.ggml.tokens", (STRING,), True) or 0
         for key, types in (
@@ -692,6 +886,33 @@ class _Checker:
                 )
         return n
 
+    @staticmethod
+    def has_byte_tokens(h: GGUFHeader) -> bool:
+        """Whether the vocabulary holds the 256 byte tokens <0x00>..<0xFF>."""
+        key = "tokenizer.ggml.tokens"
+        if h.elem_type(key) != STRING:
+            return False
+        tokens = set(h.array(key))
+        return all(f"<0x{b:02X}>" in tokens for b in range(256))
+
+    def check_duplicate_tokens(self, h: GGUFHeader) -> None:
+        """llama_vocab::impl::load maps each token's text to its id and asserts that no
+        two tokens share a text (GGML_ASSERT(id_to_token.size() == token_to_id.size()),
+        llama-vocab.cpp); an empty token counts as "[EMPTY_<id>]"."""
+        key = "tokenizer.ggml.tokens"
+        if h.get("tokenizer.ggml.model") in _NO_VOCAB or h.elem_type(key) != STRING:
+            return  # llama.cpp reads no token (see vocab_size)
+        dup = h.first_duplicate(key)
+        if dup is not None:
+            j, i, word = dup
+            raise self.fail(
+                f"{self.label(0)}: tokens {j:,} and {i:,} of tokenizer.ggml.tokens are both "
+                f"{word.decode('utf-8', 'replace')!r}: llama.cpp aborts on a vocabulary with "
+                "a duplicate token.",
+                0,
+                _CONVERTER_HINT,
+            )
+
     def check_tensor_set(self, headers: list[GGUFHeader], shape: K3Shape) -> None:
         tensors: dict[str, tuple[int, TensorInfo]] = {
             t.name: (i, t) for i, h in enumerate(headers) for t in h.tensors
@@ -699,7 +920,10 @@ class _Checker:
         created: set[str] = set()
         missing: list[str] = []
         not_f32: list[str] = []
-        for spec in loader_tensors(shape, tensors.__contains__):
+        no_kernel: list[str] = []
+        out = tensors.get("output.weight")
+        nvfp4_out = out is not None and out[1].ggml_type == NVFP4_ID
+        for spec in loader_tensors(shape, tensors.__contains__, nvfp4_out):
             found = tensors.get(spec.name)
             if found is None:
                 if spec.required:
@@ -707,8 +931,15 @@ class _Checker:
                 continue
             created.add(spec.name)
             i, t = found
-            if spec.role in _F32_ROLES and t.ggml_type != F32_ID:
+            # ssm_conv (ggml-cpu/ops.cpp) checks only that the weight's elements are
+            # 4 bytes wide (src1->nb[0] == sizeof(float)): I32 passes
+            conv_i32 = spec.role == "conv" and t.ggml_type == I32_ID
+            if spec.role in _F32_ROLES and t.ggml_type != F32_ID and not conv_i32:
                 not_f32.append(f"'{spec.name}' ({t.type_name})")
+            if (spec.role in _MATMUL_ROLES and t.ggml_type in _NO_VEC_DOT) or (
+                spec.role == "token_embd" and t.ggml_type in _NO_GET_ROWS
+            ):
+                no_kernel.append(f"'{spec.name}' ({t.type_name})")
             if not same_shape(t.shape, spec.shape):
                 raise self.fail(
                     f"{self.label(i)}: tensor '{spec.name}' has shape {list(t.shape)}, but the "
@@ -732,6 +963,13 @@ class _Checker:
                 "biases and convolutions as F32 only (its CPU kernels abort on other types) "
                 "and fails on the set."
             )
+        if no_kernel:
+            more = f" (and {len(no_kernel) - 1} more)" if len(no_kernel) > 1 else ""
+            self.suspicious.append(
+                f"Tensor {no_kernel[0]}{more} has a type {REFERENCE}'s CPU backend cannot "
+                "compute with (no matrix-multiplication or row-gathering kernel for it): "
+                "the engine crashes on the set."
+            )
         extra = [n for n in tensors if n not in created]
         if extra:
             i, _ = tensors[extra[0]]
@@ -745,7 +983,7 @@ class _Checker:
 
     @staticmethod
     def defaulted(h: GGUFHeader) -> str:
-        """", with X absent (llama.cpp takes its default)" for absent keys that shape tensors."""
+        """ ", with X absent (llama.cpp takes its default)" for absent keys that shape tensors."""
         absent = [_P + k for k in _SHAPING_KEYS if _P + k not in h.kv]
         if not absent:
             return ""
@@ -880,6 +1118,7 @@ def inspect_shard_set(
     n_vocab = chk.vocab_size(headers[0])
     hp, shape = replace(hp, vocab_size=n_vocab), replace(shape, n_vocab=n_vocab)
     chk.check_tensor_set(headers, shape)
+    chk.check_duplicate_tokens(headers[0])  # after the shapes: token_embd bounds the count
     return ValidationReport(
         _layout(shards, headers, hp, shape, sizes), tuple(chk.notes), tuple(chk.suspicious)
     )

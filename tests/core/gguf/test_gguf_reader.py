@@ -256,3 +256,59 @@ def test_string_arrays_of_any_lengths_are_skipped_exactly(tmp_path: Path) -> Non
     assert h.kv["after"] == 1234
     assert h.kv["general.architecture"] == "kimi-k3"
     assert h.array("tokenizer.ggml.tokens") == words
+
+
+def test_invalid_utf8_is_read_as_llama_cpp_reads_it(tmp_path: Path) -> None:
+    """llama.cpp keeps GGUF strings as bytes and loads a file whatever their encoding
+    (a byte-level vocabulary has tokens that are not UTF-8 on their own): a stray
+    byte in a name, a token, a key or a template is shown as U+FFFD, never refused."""
+    kvs = [
+        KV("general.architecture", STRING, "kimi-k3"),
+        KV("general.name", STRING, "Tiny-K3 @@"),
+        KV("tokenizer.ggml.tokens", ARRAY, ["a", "@@", "b"], STRING),
+        KV("custom.@@", UINT32, 1),
+        KV("custom.@!", UINT32, 2),  # distinct bytes: not a duplicate key
+        KV("after", UINT32, 7),
+    ]
+    write_sparse_gguf(tmp_path / "ok.gguf", kvs, [TensorDef("t.weight", (32,), "F32")])
+    data = (tmp_path / "ok.gguf").read_bytes()
+    data = data.replace(b"@@", b"\xff\xfe").replace(b"@!", b"\xff\xfd")
+    bad = tmp_path / "bytes.gguf"
+    bad.write_bytes(data)
+    h = read_header(bad)
+    assert h.kv["general.name"] == "Tiny-K3 \ufffd\ufffd"
+    assert h.array("tokenizer.ggml.tokens") == ["a", "\ufffd\ufffd", "b"]
+    assert h.kv["after"] == 7
+    assert h.kv["custom.\ufffd\ufffd"] in (1, 2)
+    # the same key twice, byte for byte, is still corrupt (gguf.cpp refuses it)
+    twice = tmp_path / "twice.gguf"
+    twice.write_bytes(data.replace(b"custom.\xff\xfd", b"custom.\xff\xfe"))
+    with pytest.raises(ValidationError, match="appears twice"):
+        read_header(twice)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({}, None),
+        ({900: "tok5"}, (5, 900)),
+        ({255: "tok256"}, (255, 256)),  # across the blocks the fast path reads
+        ({700: "y" * 300, 701: "y" * 300}, (700, 701)),  # over 255 bytes
+        ({10: "a\0\0\0\0\0\0\0b", 11: "a\0\0\0\0\0\0\0b"}, (10, 11)),  # NULs inside
+        ({3: "", 100: ""}, None),  # llama.cpp names an empty token [EMPTY_<id>]
+        ({3: "", 4: "[EMPTY_3]"}, (3, 4)),
+        ({2999: "tok2998"}, (2998, 2999)),  # in the tail after the last full block
+    ],
+)
+def test_duplicate_tokens_are_found_by_their_bytes(
+    tmp_path: Path, change: dict[int, str], expected: tuple[int, int] | None
+) -> None:
+    words = [f"tok{i}" for i in range(3000)]
+    for i, w in change.items():
+        words[i] = w
+    kvs = [KV("tokenizer.ggml.tokens", ARRAY, words, STRING)]
+    write_sparse_gguf(tmp_path / "v.gguf", kvs, [TensorDef("t.weight", (32,), "F32")])
+    found = read_header(tmp_path / "v.gguf", eager_array_limit=0).first_duplicate(
+        "tokenizer.ggml.tokens"
+    )
+    assert (found[:2] if found else None) == expected

@@ -265,7 +265,9 @@ def test_94_parts_validate_in_well_under_a_second(twin_factory: TwinFactory) -> 
     report = inspect_shard_set(parts[0])
     elapsed = time.perf_counter() - t0
     assert report.layout.tensor_count == 2573
-    assert elapsed < 1.0  # about 0.07 s measured; generous for a busy 2-core machine
+    # about 0.07 s measured, 0.1-0.2 s more since part 1's 163,840 tokens are checked for
+    # duplicates; generous for a busy 2-core machine
+    assert elapsed < 1.0
 
 
 def test_the_gguf_packages_tiny_model_validates(tmp_path: Path) -> None:
