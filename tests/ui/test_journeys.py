@@ -148,6 +148,6 @@ def test_plan_for_another_machine_come_back_and_launch_here(  # type: ignore[no-
     assert req.subject.name == (here.label or here.hostname)
     if not here.gpus:
         assert "-ts" not in req.spec.args
-        assert req.spec.args[req.spec.args.index("-ngl") + 1] == "0"
+        assert "-ngl" not in req.spec.args  # no GPU flag for an engine without GPUs
     assert w.current_page() == "chat"
     settle(ctx, qtbot, w)
