@@ -150,8 +150,8 @@ def k3desk(shard: Path, engine: Path) -> tuple[float, int, int]:
         assert url is not None
         assert key is not None
         chat = subprocess.Popen(
-            [sys.executable, "-m", "k3desk", "chat", "--url", url.group(1), "--api-key",
-             key.group(1), "--max-tokens", "1", "--seed", "1", QUESTION],
+            [sys.executable, "-m", "k3desk", "chat", "--url", url.group(1),
+             f"--api-key={key.group(1)}", "--max-tokens", "1", "--seed", "1", QUESTION],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         own.append(psutil.Process(chat.pid))

@@ -147,7 +147,7 @@ def test_a_300_gib_k3_validates_plans_serves_and_answers_on_a_smaller_machine(
             assert "--no-mmap" not in args
 
             chat = _k3(
-                "chat", "--url", url.group(1), "--api-key", key.group(1),
+                "chat", "--url", url.group(1), f"--api-key={key.group(1)}",
                 "--max-tokens", "1", "--seed", "1", "Hi", timeout=900,
             )  # fmt: skip
             assert chat.returncode == 0, chat.stdout + chat.stderr

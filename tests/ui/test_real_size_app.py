@@ -17,7 +17,7 @@ from k3desk.ui.pages import PageKey
 from tests.ui.test_journeys import open_window, settle
 from tests.ui.test_slow_launch import _answer
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ONE_TOKEN = ChatSettings(thinking=False, max_tokens=1, seed=1, extra_body={"ignore_eos": True})
 

@@ -74,6 +74,8 @@ def bridge_key(secrets: SecretStore, cluster: str) -> tuple[str, bool]:
     if key:
         return key, False
     key = random.token_urlsafe(32)
+    while key.startswith("-"):  # pasted after --key, a leading dash reads as an option
+        key = random.token_urlsafe(32)
     secrets.set(name, key, what="bridge key")
     return key, True
 

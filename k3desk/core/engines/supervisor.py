@@ -90,6 +90,15 @@ class Endpoint:
         return {"Authorization": f"Bearer {self.api_key}"}
 
 
+def fresh_api_key() -> str:
+    """A random key for one launch (192 bits), never starting with "-": the key is printed
+    for the person to paste after ``--api-key``, where a leading dash reads as an option."""
+    while True:
+        key = secrets.token_urlsafe(24)
+        if not key.startswith("-"):
+            return key
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """What to run.  ``args`` are llama-server's arguments after the executable,
@@ -191,7 +200,7 @@ class Supervisor(SupervisedLaunch[Endpoint]):
         self._replan = replan or self._default_replan
         # where a SIGKILL's cause is looked up (the kernel's OOM traces)
         self._oom = oom_watch or OomWatch()
-        self.api_key = spec.api_key or secrets.token_urlsafe(24)
+        self.api_key = spec.api_key or fresh_api_key()
         self._state = State.STOPPED
         self._child: Child | None = None
         self._tail: deque[str] = deque(maxlen=tail_lines)
