@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from k3desk.core.errors import K3Error
+from k3desk.core.safepaths import mode_kind
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ def read_regular(path: Path, *, limit: int = DEFAULT_LIMIT, what: str = "record"
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise DamagedRecord(path, f"it is {_kind(st.st_mode)}, not a regular file", what)
+            raise DamagedRecord(path, f"it is {mode_kind(st.st_mode)}, not a regular file", what)
         if st.st_size > limit:
             raise DamagedRecord(
                 path, f"it holds {st.st_size:,} bytes, more than the {limit:,} it may", what
@@ -104,18 +105,6 @@ def read_regular(path: Path, *, limit: int = DEFAULT_LIMIT, what: str = "record"
         return b"".join(chunks)
     finally:
         os.close(fd)
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISFIFO(mode):
-        return "a named pipe (FIFO)"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a file"
 
 
 def load_json(path: Path, *, limit: int = DEFAULT_LIMIT, what: str = "record") -> Any:

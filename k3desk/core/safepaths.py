@@ -185,6 +185,11 @@ def what_is(path: Path) -> str:
         return "missing"
     except OSError as exc:
         return f"unreadable ({exc.strerror or exc})"
+    return mode_kind(mode)
+
+
+def mode_kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, for a message ("" for a regular file)."""
     if stat.S_ISREG(mode):
         return ""
     if stat.S_ISDIR(mode):
