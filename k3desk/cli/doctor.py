@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from k3desk.core.hardware.bandwidth import fmt_bandwidth
 from k3desk.core.hardware.detect import disk_warnings
+from k3desk.core.hardware.disk_rate import fmt_read_rate
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.units import fmt_bytes
 
@@ -36,7 +37,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--no-benchmark",
         action="store_true",
-        help="skip the short RAM bandwidth benchmark and estimate it from the CPU model",
+        help="skip the short RAM bandwidth benchmark (estimated from the CPU model) and the "
+        "disk read measurement (up to 256 MiB of the largest GGUF file in the folder)",
     )
     p.set_defaults(handler=run)
 
@@ -44,6 +46,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace, services: Services) -> int:
     disk = args.disk if args.disk is not None else services.paths.models_dir
     profile = services.detect_hardware(disk, measure_bandwidth=not args.no_benchmark)
+    if not args.no_benchmark:
+        profile = services.with_measured_disk(profile)
     if args.json:
         print(profile.to_json())
     else:
@@ -129,6 +133,7 @@ def render(profile: HardwareProfile) -> str:
         fs = f", {d.filesystem}" if d.filesystem else ""
         lines.append(f"  {where}")
         lines.append(f"             {fmt_bytes(d.free)} free of {fmt_bytes(d.total)}{fs}")
+        lines.append(f"  Read rate  {fmt_read_rate(d.read_rate)}")
         for w in disk_warnings(d):
             lines.append(f"  warning: {w}")
     return "\n".join(lines)

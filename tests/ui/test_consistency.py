@@ -179,3 +179,25 @@ def test_the_fit_chart_never_doubles_a_shortfall(ctx, qtbot, hardware_file) -> N
         ram = row.need("RAM")
         assert ram is not None
         assert ram.short == row.shortfall <= row.tier.size_bytes + 64 * 2**30, row.tier.id
+
+
+def test_the_disk_read_rate_reads_the_same_in_the_wizard_and_in_doctor() -> None:
+    """The rate every streaming plan divides by: the wizard's machine summary says what
+    ``k3desk doctor`` says, for a measured disk and for an unknown one."""
+    from dataclasses import replace
+
+    from k3desk.cli.doctor import render
+    from k3desk.core.hardware.profile import Bandwidth, DiskInfo, HardwareProfile
+    from k3desk.ui.wizard.machine import machine_html
+
+    base = HardwareProfile.from_json_file(HARDWARE_DIR / "no-gpu-laptop-32GB.json")
+    disk = DiskInfo("/m", "/m", 10**12, 2 * 10**12, "ext4")
+    for rate in (
+        Bandwidth(1.9e9, "measured", "nvme0n1, 256 MiB of k3.gguf read"),
+        Bandwidth(0.0, "unknown", "virtual disk vda"),
+    ):
+        hw = base.with_disk(replace(disk, read_rate=rate))
+        doctor = next(ln for ln in render(hw).splitlines() if "Read rate" in ln)
+        shown = doctor.split("Read rate", 1)[1].strip()
+        assert shown in machine_html(hw)
+        assert ("1.9 GB/s" in shown) == (rate.source == "measured")

@@ -102,7 +102,7 @@ def prepare_local_launch(
         request.shard,
         mmproj=request.mmproj,
         hardware=hardware,
-        options=request.options(),
+        options=services.with_disk_rate(request.options(), request.shard),
         paths=services.paths,
         engine=request.engine,
         configured=request.configured_engine,

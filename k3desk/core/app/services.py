@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from k3desk.core.catalog.loader import Catalog
     from k3desk.core.catalog.model import Tier
     from k3desk.core.hardware.profile import HardwareProfile
+    from k3desk.core.planning.model import PlanOptions
     from k3desk.core.secrets import SecretStore
     from k3desk.core.settings import Settings, SettingsStore
 
@@ -99,6 +100,48 @@ class Services:
         """The machine k3desk runs on, in the quick form a launch plans with (the RAM
         bandwidth estimated, not measured: a second saved)."""
         return self.detect_hardware(disk_path, measure_bandwidth=False)
+
+    def with_disk_rate(self, opts: PlanOptions, shard: Path) -> PlanOptions:
+        """``opts`` with the read rate of the disk holding ``shard`` on this machine:
+        kept from an earlier measurement of that disk, else measured now on the shard
+        (at most 256 MiB, about a second; see :mod:`k3desk.core.hardware.disk_rate`),
+        else the kind of device's figure.  Unknown: ``opts`` as they were."""
+        from dataclasses import replace
+
+        from k3desk.core.hardware.detect import filesystem_type
+        from k3desk.core.hardware.disk_rate import DiskRateStore, read_rate
+
+        try:
+            real = shard.resolve()
+        except OSError:
+            return opts
+        rate = read_rate(real, DiskRateStore(self.paths.state), filesystem=filesystem_type(real))
+        if rate.bytes_per_s <= 0 or rate.source == "unknown":
+            why = f" ({rate.note})" if rate.note else ""
+            return replace(
+                opts, disk_read_note=f"{opts.disk_read_bps / 1e9:.1f} GB/s, assumed{why}"
+            )
+        note = f"{rate.bytes_per_s / 1e9:.1f} GB/s, {rate.source}: {rate.note}"
+        return replace(opts, disk_read_bps=rate.bytes_per_s, disk_read_note=note)
+
+    def with_measured_disk(self, profile: HardwareProfile) -> HardwareProfile:
+        """``profile`` with its disk's read rate measured on the largest GGUF file in the
+        folder (or kept from an earlier measurement of that disk); as it was when the
+        folder holds none or the file is sparse."""
+        from dataclasses import replace
+
+        from k3desk.core.hardware.disk_rate import DiskRateStore, largest_gguf, read_rate
+
+        disk = profile.disk
+        if disk is None:
+            return profile
+        sample = largest_gguf(Path(disk.probed_path))
+        if sample is None:
+            return profile
+        rate = read_rate(sample, DiskRateStore(self.paths.state), filesystem=disk.filesystem)
+        if rate.source != "measured":
+            return profile
+        return profile.with_disk(replace(disk, read_rate=rate))
 
     def load_hardware(self, path: str | Path) -> HardwareProfile:
         """A hardware file (``k3desk doctor --json`` output); missing bandwidths are filled in."""

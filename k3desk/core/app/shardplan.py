@@ -221,6 +221,8 @@ def plan_shard_set(services: Services, request: PlanRequest) -> ShardSetPlan:
         )
         subject = Subject.this_machine(hw)
     opts = PlanOptions(ctx=request.ctx, mmproj=request.mmproj, n_cpu_moe=request.n_cpu_moe)
+    if request.hardware_file is None:
+        opts = services.with_disk_rate(opts, layout.first_part)
     state = services.paths.state
     opts, tuned_note = apply_tuned(TunedStore(state), hw, layout, opts)
     plan, tier = plan_model(hw, layout, opts, tiers)

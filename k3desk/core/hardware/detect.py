@@ -24,6 +24,7 @@ from k3desk.core.hardware.bandwidth import (
     estimate_ram_bandwidth,
     measure_ram_bandwidth,
 )
+from k3desk.core.hardware.disk_rate import table_read_rate
 from k3desk.core.hardware.nvidia import detect_nvidia
 from k3desk.core.hardware.profile import CpuInfo, DiskInfo, HardwareProfile, MemoryInfo
 
@@ -453,12 +454,14 @@ def detect_disk(path: Path, root: Path = REAL_ROOT) -> DiskInfo:
             f"Cannot read free space at {probed} (for {path}): {exc.strerror or exc}",
             "Choose a folder on a mounted, readable disk.",
         ) from exc
+    fs = filesystem_type(real, root)
     return DiskInfo(
         path=str(path.expanduser().absolute()),
         probed_path=str(probed),
         free=int(usage.free),
         total=int(usage.total),
-        filesystem=filesystem_type(real, root),
+        filesystem=fs,
+        read_rate=table_read_rate(real, fs, root),
     )
 
 

@@ -101,6 +101,9 @@ class DiskInfo:
     free: int
     total: int
     filesystem: str = ""  # e.g. ext4, xfs, vfat (vfat cannot hold files over 4 GiB)
+    # sustained read rate of the disk (core/hardware/disk_rate.py): what a plan that
+    # streams from disk, and every load, goes at
+    read_rate: Bandwidth = field(default_factory=lambda: Bandwidth(0.0, "unknown"))
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,12 @@ class HardwareProfile:
                 if isinstance(g.get("bandwidth"), dict):
                     g["bandwidth"] = Bandwidth(**g["bandwidth"])
                 gpus.append(GpuInfo(**g))
-            disk = DiskInfo(**d["disk"]) if d.get("disk") else None
+            disk = None
+            if d.get("disk"):
+                disk_d = dict(d["disk"])
+                if isinstance(disk_d.get("read_rate"), dict):
+                    disk_d["read_rate"] = Bandwidth(**disk_d["read_rate"])
+                disk = DiskInfo(**disk_d)
         except (KeyError, TypeError, ValueError) as exc:
             what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise HardwareError(
@@ -266,6 +274,7 @@ def _check_values(
     if disk is not None:
         count("disk.free", disk.free)
         count("disk.total", disk.total)
+        bandwidth("disk.read_rate", disk.read_rate)
     if problems:
         raise HardwareError(
             f"The hardware description{' ' + source if source else ''} is malformed: "

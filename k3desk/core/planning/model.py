@@ -37,6 +37,8 @@ class PlanOptions:
     ubatch: int = 512  # llama.cpp's default -ub: sizes the compute buffers
     # sustained read rate of the disk holding the shards, for "stream" plans
     disk_read_bps: float = 3.5e9
+    # where that rate comes from ("0.9 GB/s, measured: ..."); "" = the assumption above
+    disk_read_note: str = ""
     # the --n-cpu-moe a model card runs with (None = every expert layer in RAM,
     # the common recipe) and who says so, for the comparison note
     reference_n_cpu_moe: int | None = None

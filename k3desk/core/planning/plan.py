@@ -246,8 +246,23 @@ def _fmt_ranges(indices: Sequence[int]) -> str:
     return ", ".join(out)
 
 
+def with_disk_rate(hw: HardwareProfile, opts: PlanOptions) -> PlanOptions:
+    """``opts`` with the disk's read rate from ``hw`` (its models folder's disk, measured
+    or from the kind of device) unless the options already carry one that says where it
+    came from; without either, the assumed rate stays and the notes say "assumed"."""
+    if opts.disk_read_note or hw.disk is None:
+        return opts
+    rate = hw.disk.read_rate
+    if rate.bytes_per_s <= 0 or rate.source == "unknown":
+        return opts
+    note = f"{rate.bytes_per_s / 1e9:.1f} GB/s, {rate.source}"
+    note += f": {rate.note}" if rate.note else ""
+    return replace(opts, disk_read_bps=rate.bytes_per_s, disk_read_note=note)
+
+
 def make_plan(hw: HardwareProfile, layout: ModelLayout, opts: PlanOptions) -> LaunchPlan:
     """Plan ``layout`` on ``hw`` with ``opts`` (see the module docstring)."""
+    opts = with_disk_rate(hw, opts)
     ctx, ctx_note = plan_ctx(layout, opts)
     _check_options(layout, opts)
     hp = layout.hparams
@@ -781,8 +796,8 @@ def _explain(
     if verdict == "stream":
         notes.append(
             "Streaming depends on the disk: keep the shards on a local NVMe drive "
-            f"(assumed {opts.disk_read_bps / 1e9:.1f} GB/s). Loading reads every shard once, then "
-            "decodes a test step: "
+            f"(read rate {opts.disk_read_note or f'{opts.disk_read_bps / 1e9:.1f} GB/s, assumed'})."
+            " Loading reads every shard once, then decodes a test step: "
             f"up to {fmt_duration(load_s)}."
         )
     mem = hw.memory

@@ -3,6 +3,7 @@ and the choice between one machine and several."""
 
 from __future__ import annotations
 
+import html
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt
@@ -15,6 +16,7 @@ from PySide6.QtWidgets import (
 )
 
 from k3desk.core.app.tiers import TierJudgement
+from k3desk.core.hardware.disk_rate import fmt_read_rate
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.units import fmt_bytes
 from k3desk.ui.judged import JudgedBar
@@ -53,6 +55,7 @@ def machine_html(hw: HardwareProfile) -> str:
                 f"{hw.disk.path} ({hw.disk.filesystem or 'unknown filesystem'})",
             )
         )
+        rows.append(("Disk reads", html.escape(fmt_read_rate(hw.disk.read_rate))))
     body = "".join(
         f"<tr><td style='padding:2px 14px 2px 0;'><b>{k}</b></td><td>{v}</td></tr>" for k, v in rows
     )

@@ -93,3 +93,30 @@ def test_only_the_used_share_of_experts_is_read_per_token(
     plan = make_plan(hw, layout, PlanOptions(n_cpu_moe=93))
     ram_bytes = plan.speed.bytes_per_token["RAM"]
     assert ram_bytes == pytest.approx(layout.expert_bytes * 16 / 896, rel=0.001)
+
+
+def test_a_stream_plan_goes_at_the_disk_the_machine_has(
+    machine: Machine, estimated: Layout
+) -> None:
+    """The rate of the disk the hardware describes (measured, or its kind's) replaces
+    the assumed NVMe rate, in the speed, the load time and the words."""
+    from k3desk.core.hardware.profile import DiskInfo
+
+    hw = machine("epyc9554p-1.5TB-cpu")
+    layout = estimated("grearl-iq1s")
+    squeezed = replace(hw, memory=replace(hw.memory, available=300 * 1024**3))
+    assumed = make_plan(squeezed, layout, PlanOptions())
+    assert any("assumed" in n for n in assumed.notes)
+    hdd = Bandwidth(0.2e9, "table", "spinning disk sda")
+    on_hdd = squeezed.with_disk(DiskInfo("/m", "/m", 10**12, 2 * 10**12, "ext4", read_rate=hdd))
+    slow = make_plan(on_hdd, layout, PlanOptions())
+    assert slow.verdict == "stream"
+    assert slow.speed.expected_tps < assumed.speed.expected_tps / 5
+    assert slow.load_seconds > 10 * assumed.load_seconds
+    assert any("0.2 GB/s, table: spinning disk sda" in n for n in slow.notes)
+    # a rate the caller measured on the shards wins over the file's
+    measured = PlanOptions(disk_read_bps=2e9, disk_read_note="2.0 GB/s, measured: nvme0n1")
+    assert make_plan(on_hdd, layout, measured).speed.expected_tps > slow.speed.expected_tps
+    # unknown in the file: the assumption, said so
+    unknown = squeezed.with_disk(DiskInfo("/m", "/m", 10**12, 2 * 10**12, "ext4"))
+    assert make_plan(unknown, layout, PlanOptions()).speed == assumed.speed
