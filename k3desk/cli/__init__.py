@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from k3desk import __version__
-from k3desk.core.errors import Cancelled, K3Error
-from k3desk.core.safepaths import visible
+from k3desk.core.app.values import Cancelled, K3Error, visible
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -205,8 +204,7 @@ def argument_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     device or a socket (no option reads or writes one: ``--hardware /dev/zero`` would be
     read without end).  File and folder paths keep their bytes: the file system takes
     them as they are."""
-    from k3desk.core.localfiles import DEFAULT_LIMIT
-    from k3desk.core.safepaths import has_undecodable, what_is
+    from k3desk.core.app.values import DEFAULT_LIMIT, has_undecodable, what_is
 
     for path, p in chosen_parsers(parser, args):
         command = path.split(" ", 1)[0] if path else ""

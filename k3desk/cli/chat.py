@@ -18,25 +18,36 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from k3desk.cli import control
-from k3desk.core.app.chat_turn import TurnRecord, run_turn
-from k3desk.core.chat.client import (
+from k3desk.core.app.chat import (
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+    DIALECT_IDS,
     THINKING_EFFORTS,
     ChatClient,
     ChatDelta,
     ChatEndpoint,
     ChatMessage,
     ChatResult,
+    ChatSettings,
+    ImageError,
+    PreparedImage,
+    ignored_settings,
+    load_image,
 )
-from k3desk.core.chat.dialects import DIALECT_IDS, ignored_settings
-from k3desk.core.chat.images import ImageError, PreparedImage, load_image
-from k3desk.core.chat.model import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ChatSettings
-from k3desk.core.errors import ChatError, EngineError, K3Error
-from k3desk.core.progress import CancelToken
-from k3desk.core.safepaths import has_undecodable, scrub, what_is
+from k3desk.core.app.chat_turn import TurnRecord, run_turn
+from k3desk.core.app.values import (
+    CancelToken,
+    ChatError,
+    EngineError,
+    K3Error,
+    has_undecodable,
+    scrub,
+    what_is,
+)
 
 if TYPE_CHECKING:
+    from k3desk.core.app.engines import Event
     from k3desk.core.app.services import Services
-    from k3desk.core.engines.supervisor import Event
 
 API_KEY_ENV = "K3DESK_API_KEY"
 # chat --save writes the streaming answer this often: a process killed mid-answer
@@ -286,7 +297,7 @@ def _describe_server(client: ChatClient, settings: ChatSettings, *, quiet: bool)
 
 
 def _check_shard(shard: Path) -> None:
-    from k3desk.core.gguf.shards import discover
+    from k3desk.core.app.shards import discover
 
     what = what_is(shard)
     if what == "missing":
@@ -325,8 +336,8 @@ def _start_engine(
     services: Services,
     cancel: CancelToken,
 ) -> tuple[str, str, int]:
+    from k3desk.core.app.engines import State, Supervisor
     from k3desk.core.app.launch import LocalLaunchRequest, prepare_local_launch, slow_warning
-    from k3desk.core.engines.supervisor import State, Supervisor
 
     quiet = args.json
     launch = prepare_local_launch(
@@ -482,7 +493,7 @@ def _record(
     """``--save``: a new conversation in the chat history holding the question (committed
     now); :func:`run_turn` keeps the answer in it as it streams (every
     :data:`SAVE_EVERY_S`)."""
-    from k3desk.core.chat.history import HistoryStore
+    from k3desk.core.app.chat import HistoryStore
 
     store = stack.enter_context(HistoryStore(services.paths.history_db))
     return TurnRecord.new_conversation(

@@ -22,26 +22,33 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from k3desk.core.chat.dialects import DIALECT_IDS, DIALECTS
-from k3desk.core.cluster.endpoints import EndpointStore
-from k3desk.core.cluster.group import GroupEvent, GroupPolicy, GroupState, GroupSupervisor
-from k3desk.core.cluster.nodes import Cluster, ClusterError, ClusterStore, parse_node_spec
-from k3desk.core.cluster.probe import NodeReport, ShardSetSpec, probe_cluster
-from k3desk.core.cluster.recipe import (
+from k3desk.core.app.chat import DIALECT_IDS, DIALECTS
+from k3desk.core.app.clusters import (
     DEFAULT_PROFILE,
     LAUNCHER_MAX_CTX,
     PROFILES,
     SPARKINFER_TIER,
+    Cluster,
+    ClusterError,
+    ClusterStore,
+    GroupEvent,
+    GroupPolicy,
+    GroupState,
+    GroupSupervisor,
+    NodeReport,
+    ShardSetSpec,
+    parse_node_spec,
+    probe_cluster,
     spec_draft_note,
 )
-from k3desk.core.gguf.shards import discover
-from k3desk.core.progress import Progress
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.endpoints import EndpointStore
+from k3desk.core.app.shards import discover
+from k3desk.core.app.values import Progress, fmt_bytes
 
 if TYPE_CHECKING:
+    from k3desk.core.app.clusters import ClusterPlan
     from k3desk.core.app.services import Services
-    from k3desk.core.catalog.model import Tier
-    from k3desk.core.cluster.plan import ClusterPlan
+    from k3desk.core.app.values import Tier
 
 RPC_CTX = 8192
 
@@ -272,7 +279,7 @@ def run_add(args: argparse.Namespace, services: Services) -> int:
     store.add(cluster, replace_existing=args.replace)
     print(f"Saved cluster {args.name!r} with {len(nodes)} node(s) in {store.file}.")
     if args.check:
-        from k3desk.core.cluster.ssh import SshClient, SshError
+        from k3desk.core.app.clusters import SshClient, SshError
 
         failed = 0
         for n in nodes:
@@ -365,7 +372,7 @@ def _describe(rep: NodeReport) -> list[str]:
 def _plan(
     engine: str, reports: Sequence[NodeReport], model_bytes: int, ctx: int, services: Services
 ) -> ClusterPlan:
-    from k3desk.core.cluster.plan import plan_rpc, plan_sparkinfer
+    from k3desk.core.app.clusters import plan_rpc, plan_sparkinfer
 
     if engine == "sparkinfer":
         return plan_sparkinfer(reports, model_bytes, ctx)
@@ -392,7 +399,7 @@ def run_probe(args: argparse.Namespace, services: Services) -> int:
         )
     bridge: tuple[str, ...] = ()
     if args.engine == "sparkinfer":  # rank 0 also needs the bridge's tokenizer and template
-        from k3desk.core.cluster.sparkinfer import SparkInferConfig
+        from k3desk.core.app.clusters import SparkInferConfig
 
         bridge = SparkInferConfig(cluster).bridge_paths
     reports = probe_cluster(
@@ -455,8 +462,7 @@ def _on_event(ev: GroupEvent) -> None:
 def _sparkinfer(
     args: argparse.Namespace, services: Services, cluster: Cluster
 ) -> GroupSupervisor | None:
-    from k3desk.core.app.sparkinfer_launch import SparkInferRequest, configure_sparkinfer
-    from k3desk.core.cluster.sparkinfer import (
+    from k3desk.core.app.clusters import (
         SparkInferCluster,
         bridge_key_name,
         check_sparkinfer,
@@ -464,6 +470,7 @@ def _sparkinfer(
         describe_launch,
         reply_caps,
     )
+    from k3desk.core.app.sparkinfer_launch import SparkInferRequest, configure_sparkinfer
 
     tier = _tier(services, args.tier or SPARKINFER_TIER)
     why = check_tier(tier)
@@ -564,9 +571,9 @@ def _sparkinfer(
 
 
 def _rpc(args: argparse.Namespace, services: Services, cluster: Cluster) -> GroupSupervisor | None:
-    from k3desk.core.cluster.rpc import RPC_WARNING, RpcCluster, RpcConfig, worker_argv
-    from k3desk.core.engines.discovery import find_llama_server
-    from k3desk.core.errors import EngineError
+    from k3desk.core.app.clusters import RPC_WARNING, RpcCluster, RpcConfig, worker_argv
+    from k3desk.core.app.engines import find_llama_server
+    from k3desk.core.app.values import EngineError
 
     if not args.model:
         raise ClusterError(
@@ -591,8 +598,8 @@ def _rpc(args: argparse.Namespace, services: Services, cluster: Cluster) -> Grou
     )
     print(f"warning: {RPC_WARNING}", file=sys.stderr)
     if args.dry_run:
-        from k3desk.core.cluster.ssh import remote_command
-        from k3desk.core.hardware.nvidia import launch_env
+        from k3desk.core.app.clusters import remote_command
+        from k3desk.core.app.hardware import launch_env
 
         for n in cluster.nodes:
             print(f"{n.label}: {remote_command(worker_argv(config, n), launch_env())}")
@@ -649,9 +656,8 @@ def run_serve(args: argparse.Namespace, services: Services) -> int:
 
 
 def _smoke(group: GroupSupervisor) -> int:
-    from k3desk.core.chat.client import ChatClient, ChatMessage
-    from k3desk.core.chat.model import ChatSettings
-    from k3desk.core.cluster.sparkinfer import SparkInferCluster
+    from k3desk.core.app.chat import ChatClient, ChatMessage, ChatSettings
+    from k3desk.core.app.clusters import SparkInferCluster
 
     ep = group.endpoint
     assert ep is not None
@@ -674,7 +680,7 @@ def _smoke(group: GroupSupervisor) -> int:
 
 
 def run_explain(args: argparse.Namespace, services: Services) -> int:
-    from k3desk.core.cluster.sparkinfer import CARD_COMMAND, explain_card_command
+    from k3desk.core.app.clusters import CARD_COMMAND, explain_card_command
 
     print(explain_card_command(args.command or CARD_COMMAND))
     return 0

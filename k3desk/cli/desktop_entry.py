@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from k3desk.core.errors import K3Error
+from k3desk.core.app.values import K3Error
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services

@@ -6,11 +6,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from k3desk.core.hardware.bandwidth import fmt_bandwidth
-from k3desk.core.hardware.detect import disk_warnings
-from k3desk.core.hardware.disk_rate import fmt_read_rate
-from k3desk.core.hardware.profile import HardwareProfile
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.hardware import HardwareProfile, disk_warnings, fmt_bandwidth, fmt_read_rate
+from k3desk.core.app.values import fmt_bytes
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services

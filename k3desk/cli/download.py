@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from k3desk.cli import control
-from k3desk.core.errors import Cancelled, K3Error
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.values import Cancelled, K3Error, fmt_bytes
 
 if TYPE_CHECKING:
+    from k3desk.core.app.downloads import DownloadEvent, DownloadRequest, DownloadSummary
     from k3desk.core.app.services import Services
-    from k3desk.core.hub.model import DownloadEvent, DownloadRequest, DownloadSummary
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -109,7 +108,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _request(args: argparse.Namespace, services: Services) -> tuple[DownloadRequest, str]:
-    from k3desk.core.hub.model import DownloadRequest
+    from k3desk.core.app.downloads import DownloadRequest
 
     if args.repo:
         if args.tier:
@@ -135,9 +134,7 @@ def _request(args: argparse.Namespace, services: Services) -> tuple[DownloadRequ
 
 
 def run(args: argparse.Namespace, services: Services) -> int:
-    from k3desk.core.hub.job import DownloadJob
-    from k3desk.core.hub.model import DownloadOptions
-    from k3desk.core.hub.tokens import TokenStore
+    from k3desk.core.app.downloads import DownloadJob, DownloadOptions, TokenStore
 
     if args.parallel < 1:
         raise K3Error(f"--parallel must be at least 1 (got {args.parallel}).")

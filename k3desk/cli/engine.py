@@ -8,31 +8,26 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from k3desk.core.engines.discovery import discover_engines
-from k3desk.core.engines.install import (
+from k3desk.core.app.engines import (
     DEFAULT_VERSION,
-    choose_build,
-    find_nvcc,
-    install_engine,
-    nvcc_version,
-)
-from k3desk.core.engines.probe import ProbeResult, cached_probe, probe_engine
-from k3desk.core.engines.source import (
     FORKS,
     SOURCE_ARGS,
     TARGETS,
-    install_from_git,
+    ProbeResult,
+    build_engine,
+    check_build,
+    list_engines,
     parse_source,
-    vision_check,
+    plan_build,
+    probe_for_tier,
+    vision_tiers,
 )
-from k3desk.core.errors import EngineError
-from k3desk.core.progress import CancelToken, Progress
+from k3desk.core.app.values import CancelToken, EngineError, Progress
 
 if TYPE_CHECKING:
+    from k3desk.core.app.engines import VisionCheck
+    from k3desk.core.app.hardware import HardwareProfile
     from k3desk.core.app.services import Services
-    from k3desk.core.catalog.model import Tier
-    from k3desk.core.engines.source import GitSource, VisionCheck
-    from k3desk.core.hardware.profile import HardwareProfile
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -100,21 +95,19 @@ def _hardware(args: argparse.Namespace, services: Services) -> HardwareProfile:
 
 
 def run_list(args: argparse.Namespace, services: Services) -> int:
-    engines = discover_engines(
-        services.paths, configured=args.engine or services.configured_engine()
-    )
+    engines = list_engines(services.paths, args.engine or services.configured_engine())
     if not engines:
         print("No llama-server found.")
         print("  Build one with `k3desk engine install`, or set K3DESK_LLAMA_SERVER.")
         return 1
-    chosen = next((c for c in engines if c.exists), None)
-    for c in engines:
-        mark = "*" if c is chosen else " "
+    chosen = next((e for e in engines if e.candidate.exists), None)
+    for e in engines:
+        c, cached = e.candidate, e.cached
+        mark = "*" if e is chosen else " "
         print(f"{mark} {c.path}  [{c.source}] {c.note}")
         if not c.exists:
             print("    does not exist or is not executable")
             continue
-        cached = cached_probe(c.path, services.paths)
         if cached is None:
             print("    not probed yet (run `k3desk engine probe`)")
         else:
@@ -148,7 +141,7 @@ def run_probe(args: argparse.Namespace, services: Services) -> int:
     if args.path is not None:
         targets = [args.path]
     else:
-        targets = [c.path for c in discover_engines(services.paths) if c.exists]
+        targets = [e.candidate.path for e in list_engines(services.paths) if e.candidate.exists]
         if not targets:
             raise EngineError(
                 "No llama-server found to probe.",
@@ -161,13 +154,8 @@ def run_probe(args: argparse.Namespace, services: Services) -> int:
     for t in targets:
         if not args.json:
             print(f"probing {t} ...", file=sys.stderr)
-        r = probe_engine(t, services.paths, use_cache=not args.no_cache)
+        r, check = probe_for_tier(t, services.paths, tier, args.mmproj, use_cache=not args.no_cache)
         results.append(r)
-        check = (
-            vision_check(Path(r.path), services.paths, tier, args.mmproj)
-            if tier is not None and r.runs
-            else None
-        )
         vision.append(_vision_dict(check))
     if args.json:
         out = [{**r.to_dict(), "tier_vision": v} for r, v in zip(results, vision, strict=True)]
@@ -205,9 +193,7 @@ def _print_vision(v: dict[str, object]) -> None:
 
 def run_install(args: argparse.Namespace, services: Services) -> int:
     hw = _hardware(args, services)
-    nvcc = find_nvcc()
-    version = nvcc_version(nvcc) if nvcc is not None else None
-    config = choose_build(hw, nvcc, version, force_cpu=args.cpu)
+    config = plan_build(hw, force_cpu=args.cpu)
     tier = services.catalog.get(args.tier) if args.tier else None
     if args.source and args.from_file:
         raise EngineError(
@@ -236,48 +222,25 @@ def run_install(args: argparse.Namespace, services: Services) -> int:
             print(line[:160], flush=True)
 
     try:
-        if source is not None:
-            engine = install_from_git(
-                services.paths, config, source, jobs=args.jobs, progress=show, cancel=cancel
-            )
-        else:
-            engine = install_engine(
-                services.paths,
-                config,
-                version=args.version,
-                source=args.from_file,
-                jobs=args.jobs,
-                progress=show,
-                cancel=cancel,
-            )
+        engine = build_engine(
+            services.paths,
+            config,
+            source,
+            version=args.version,
+            from_file=args.from_file,
+            jobs=args.jobs,
+            progress=show,
+            cancel=cancel,
+        )
     except KeyboardInterrupt:
         cancel.cancel()
         raise
     print(f"Installed {engine.server}")
     print(f"  build log: {engine.log_file}")
-    result = probe_engine(engine.server, services.paths, use_cache=False)
-    _print_probe(result, hw)
-    if result.runs:
-        tiers = [tier] if tier is not None else _vision_tiers(services, source)
-        for t in tiers:
-            check = vision_check(engine.server, services.paths, t)
-            if check is not None:
-                print(f"  images with {t.name} ({t.publisher}): "
-                      f"{'yes' if check.usable else 'no'}: {check.reason}")  # fmt: skip
-    return 0 if result.usable else 1
-
-
-def _vision_tiers(services: Services, source: GitSource | None) -> list[Tier]:
-    """One tier per projector type (or per fork) a build could serve images for."""
-    seen: set[str] = set()
-    out = []
-    for t in services.catalog.tiers:
-        if t.vision != "fork" or not t.mmproj or t.reference:
-            continue
-        key = t.mmproj_type or t.vision_engine
-        if source is not None and not t.mmproj_type and t.vision_engine != source.name:
-            continue  # a type no source states: only the fork it names can be judged
-        if key not in seen:
-            seen.add(key)
-            out.append(t)
-    return out
+    tiers = [tier] if tier is not None else vision_tiers(services.catalog.tiers, source)
+    built = check_build(services.paths, engine, tiers)
+    _print_probe(built.probe, hw)
+    for t, check in built.vision:
+        print(f"  images with {t.name} ({t.publisher}): "
+              f"{'yes' if check.usable else 'no'}: {check.reason}")  # fmt: skip
+    return 0 if built.probe.usable else 1

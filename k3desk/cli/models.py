@@ -15,7 +15,7 @@ from k3desk.core.app.library import (
     remove_model,
 )
 from k3desk.core.app.subject import judged_machine
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.values import fmt_bytes
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services

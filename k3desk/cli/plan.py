@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from k3desk.core.app.engines import speed_lines
+from k3desk.core.app.hardware import HardwareProfile
 from k3desk.core.app.shardplan import PlanRequest, PlanView, ShardSetPlan, plan_shard_set
-from k3desk.core.hardware.profile import HardwareProfile
-from k3desk.core.planning.speed import speed_lines
-from k3desk.core.units import GiB, fmt_bytes
+from k3desk.core.app.values import GiB, fmt_bytes
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services

@@ -11,20 +11,19 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from k3desk.core.engines.ports import check_port
-from k3desk.core.engines.supervisor import (
+from k3desk.core.app.engines import (
+    Comparison,
     Endpoint,
     Event,
     RestartPolicy,
+    SpeedTracker,
+    SpeedWatcher,
     State,
     Supervisor,
+    check_port,
+    predicted_text,
 )
-from k3desk.core.errors import EngineError, ValidationError
-from k3desk.core.planning.speed import predicted_text
-from k3desk.core.safepaths import what_is
-from k3desk.core.tuning.calibration import Comparison, SpeedTracker
-from k3desk.core.tuning.metrics import SpeedWatcher
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.values import EngineError, ValidationError, fmt_bytes, what_is
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services

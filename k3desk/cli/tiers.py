@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from k3desk.core.app.subject import judged_machine
 from k3desk.core.app.tiers import TierJudgement, TierRequest, TierRow, judge_tiers
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.values import fmt_bytes
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
-    from k3desk.core.catalog.model import Tier
+    from k3desk.core.app.values import Tier
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

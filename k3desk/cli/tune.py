@@ -8,10 +8,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from k3desk.core.errors import ValidationError
-from k3desk.core.progress import Progress
-from k3desk.core.safepaths import what_is
-from k3desk.core.tuning import DECODE_TOKENS, PROMPT_TOKENS
+from k3desk.core.app.engines import DECODE_TOKENS, PROMPT_TOKENS
+from k3desk.core.app.values import Progress, ValidationError, what_is
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services

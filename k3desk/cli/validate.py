@@ -15,14 +15,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from k3desk.core.errors import CatalogError, ValidationError
-from k3desk.core.gguf.model import ModelLayout
-from k3desk.core.gguf.validate import REFERENCE, inspect_shard_set
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.shards import REFERENCE, ModelLayout, inspect_shard_set
+from k3desk.core.app.values import CatalogError, ValidationError, fmt_bytes
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
-    from k3desk.core.catalog.model import Tier
+    from k3desk.core.app.values import Tier
 
 
 SUSPICIOUS = 3  # exit status of a set the reference engine refuses though its files are whole

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from k3desk.cli import control
-from k3desk.core.progress import Progress
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.values import Progress, fmt_bytes
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -31,7 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace, services: Services) -> int:
-    from k3desk.core.hub.verify import verify_target
+    from k3desk.core.app.downloads import verify_target
 
     tty = sys.stderr.isatty() and not args.json
 

@@ -169,14 +169,14 @@ class Automation(QObject):
         if name == "launch":
             from pathlib import Path
 
-            from k3desk.ui.engine.page import prepare_launch
+            from k3desk.ui.engine.controller import prepare_engine_request
 
             shard = Path(str(cmd["shard"]))
             mm = cmd.get("mmproj")
             mmproj = Path(str(mm)) if mm else None
             engine = self.ctx.engine
             self.ctx.tasks.run(
-                lambda t: prepare_launch(self.ctx, shard, mmproj, t),
+                lambda t: prepare_engine_request(self.ctx, shard, mmproj, t),
                 on_done=engine.launch,
                 name="prepare-launch",
             )

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from PySide6.QtCore import QObject, Signal
 
-from k3desk.core.settings import Settings, SettingsStore
+from k3desk.core.app.values import Settings, SettingsStore
 from k3desk.ui.errors import ErrorReporter
 from k3desk.ui.tasks import TaskManager
 
 if TYPE_CHECKING:
+    from k3desk.core.app.downloads import TokenStore
     from k3desk.core.app.services import Services
-    from k3desk.core.hub.tokens import TokenStore
     from k3desk.ui.cluster.controller import ClusterController
     from k3desk.ui.downloads.controller import DownloadsController
     from k3desk.ui.engine.controller import EngineController
@@ -73,7 +73,7 @@ class AppContext(QObject):
     @cached_property
     def token_store(self) -> TokenStore:
         """The one Hugging Face token store (a session-only token lives in it)."""
-        from k3desk.core.hub.tokens import TokenStore
+        from k3desk.core.app.downloads import TokenStore
 
         return TokenStore()
 

@@ -22,8 +22,7 @@ from PySide6.QtCore import QObject, QUrl, Signal
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import QMessageBox, QWidget
 
-from k3desk.core.errors import Cancelled, K3Error
-from k3desk.core.private import private_dir, private_file
+from k3desk.core.app.values import Cancelled, K3Error, private_dir, private_file
 
 log = logging.getLogger("k3desk")
 

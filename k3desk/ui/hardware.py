@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal
 
+from k3desk.core.app.hardware import HardwareProfile, Recommendation
 from k3desk.core.app.subject import Subject
 from k3desk.core.app.tiers import TierJudgement, TierRequest, judge_tiers
-from k3desk.core.hardware.profile import HardwareProfile
-from k3desk.core.planning.recommend import Recommendation
-from k3desk.core.progress import CancelToken
+from k3desk.core.app.values import CancelToken
 from k3desk.ui.errors import describe
 
 if TYPE_CHECKING:

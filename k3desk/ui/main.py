@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
-from k3desk.core.errors import K3Error
-from k3desk.core.settings import Settings
+from k3desk.core.app.values import K3Error, Settings
 from k3desk.ui.context import AppContext
 from k3desk.ui.errors import ErrorReporter, setup_logging
 from k3desk.ui.tasks import TaskManager

@@ -4,7 +4,7 @@ verdict for the machine the page judges, and "Chat with it", which plans the set
 machine, launches it and opens the chat.
 
 Everything shown comes from :mod:`k3desk.core.app.library`; the launch is the Engine page's
-(:func:`k3desk.ui.engine.page.prepare_launch`), which always plans for this machine.
+(:func:`k3desk.ui.engine.controller.prepare_engine_request`), which always plans for this machine.
 """
 
 from __future__ import annotations
@@ -27,17 +27,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from k3desk.core.app.hardware import FITS
 from k3desk.core.app.library import AddResult, ModelRow, ModelsJudgement
 from k3desk.core.app.tiers import plan_label
-from k3desk.core.planning.recommend import FITS
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.values import fmt_bytes
 from k3desk.ui import theme
 from k3desk.ui.errors import describe
 from k3desk.ui.pages import Navigator, PageKey
 from k3desk.ui.widgets import label, muted, primary, set_enabled
 
 if TYPE_CHECKING:
-    from k3desk.core.progress import CancelToken
+    from k3desk.core.app.values import CancelToken
     from k3desk.ui.context import AppContext
     from k3desk.ui.engine.controller import LaunchRequest
 
@@ -268,7 +268,7 @@ class MyModels(QWidget):
     def add_paths(self, paths: Sequence[Path]) -> None:
         """Add each path (file or folder); each refusal is reported with its reason."""
         from k3desk.core.app.library import add_model
-        from k3desk.core.errors import K3Error
+        from k3desk.core.app.values import K3Error
 
         services = self.ctx.services
         self.say("Reading the headers of " + ", ".join(p.name for p in paths) + "…")
@@ -303,7 +303,7 @@ class MyModels(QWidget):
 
     def remove_selected(self) -> None:
         from k3desk.core.app.library import remove_model
-        from k3desk.core.errors import K3Error
+        from k3desk.core.app.values import K3Error
 
         row = self.current()
         if row is None:
@@ -321,7 +321,8 @@ class MyModels(QWidget):
     def chat_selected(self) -> None:
         """Plan the selected set for this machine, launch it, and open the chat."""
         from k3desk.core.app.launch import SlowLaunchError
-        from k3desk.ui.engine.page import confirm_slow_launch, prepare_launch
+        from k3desk.ui.engine.controller import prepare_engine_request
+        from k3desk.ui.engine.page import confirm_slow_launch
 
         row = self.current()
         if row is None or not row.model.ok or self._launching is not None:
@@ -351,7 +352,7 @@ class MyModels(QWidget):
             self._buttons()
 
         self._launching = ctx.tasks.run(
-            lambda t: prepare_launch(ctx, m.shard, m.projector, t),
+            lambda t: prepare_engine_request(ctx, m.shard, m.projector, t),
             on_done=done,
             on_error=error,
             name="prepare-launch",

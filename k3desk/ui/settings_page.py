@@ -24,8 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from k3desk.core.errors import K3Error
-from k3desk.core.settings import EFFORTS, THEMES, Settings
+from k3desk.core.app.values import EFFORTS, THEMES, K3Error, Settings
 from k3desk.ui.pages import Navigator, Page, PageKey
 from k3desk.ui.tokens import TokenAccess
 from k3desk.ui.widgets import Card, PageHeader, dialog_folder, label, muted, primary, set_enabled

@@ -19,8 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from k3desk.core.errors import Cancelled
-from k3desk.core.progress import CancelToken
+from k3desk.core.app.values import Cancelled, CancelToken
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPalette, QP
 from PySide6.QtSvg import QSvgRenderer
 from PySide6.QtWidgets import QAbstractButton, QApplication
 
-from k3desk.core.resources import resources_dir
+from k3desk.core.app.values import resources_dir
 
 
 @dataclass(frozen=True)

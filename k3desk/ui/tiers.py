@@ -15,8 +15,7 @@ from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTab
 
 from k3desk.core.app.cluster_tiers import ClusterTierRow
 from k3desk.core.app.tiers import TierJudgement, TierRow, files_note
-from k3desk.core.catalog.model import Tier
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.values import Tier, fmt_bytes
 from k3desk.ui import theme
 
 COLUMNS = ("Tier", "Verdict", "Speed", "Size", "Quality", "Vision", "Engines")

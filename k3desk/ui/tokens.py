@@ -6,7 +6,7 @@ runs them through the task manager.  Only a masked form ever reaches a widget.
 
 from __future__ import annotations
 
-from k3desk.core.hub.tokens import TokenStore, mask
+from k3desk.core.app.downloads import TokenStore, mask
 
 SOURCE_NOTES = {
     "HF_TOKEN": "From the HF_TOKEN environment variable (it wins over a saved token).",

@@ -11,7 +11,8 @@ import pytest
 from PySide6.QtWidgets import QApplication
 
 from k3desk.core.progress import CancelToken
-from k3desk.ui.engine.page import EnginePage, prepare_launch
+from k3desk.ui.engine.controller import prepare_engine_request
+from k3desk.ui.engine.page import EnginePage
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -73,7 +74,7 @@ def test_launch_plan_log_attempts_api_and_restart_after_a_crash(  # type: ignore
     qtbot.waitUntil(lambda: page.measured.text().startswith("Measured: prompt"), timeout=30_000)
     assert "predicted" in page.measured.text()
     assert "decode" in page.measured.text()
-    again = prepare_launch(ctx, tiny_k3.first_part, tiny_k3.mmproj, CancelToken())
+    again = prepare_engine_request(ctx, tiny_k3.first_part, tiny_k3.mmproj, CancelToken())
     assert again.plan is not None
     assert again.plan.speed.calibration.startswith("measured here: ")
     # kill -9: the supervisor restarts it and the attempts table shows both
@@ -125,5 +126,5 @@ def test_the_tune_button_measures_variants_and_the_next_launch_uses_the_fastest(
     assert "Over llama.cpp's own defaults" in text
     assert "Saved: the next launch of this model on this machine uses" in text
     assert panel.launch_btn.isEnabled()
-    again = prepare_launch(ctx, tiny_k3_single.first_part, None, CancelToken())
+    again = prepare_engine_request(ctx, tiny_k3_single.first_part, None, CancelToken())
     assert any("measured fastest on this machine" in n for n in again.notes)

@@ -17,7 +17,32 @@ my models: add, list, judge, remove    :mod:`k3desk.core.app.library`
 prepare a local launch                 :mod:`k3desk.core.app.launch`
 run and record a chat turn             :mod:`k3desk.core.app.chat_turn`
 configure a SparkInfer launch          :mod:`k3desk.core.app.sparkinfer_launch`
+engines: list, probe, choose, check    :mod:`k3desk.core.app.engines`
+for images, build; the launch and the
+tuning run the app's settings make
+downloads from the Hub                 :mod:`k3desk.core.app.downloads`
+clusters: nodes, probe, plan, serve    :mod:`k3desk.core.app.clusters`
+remote endpoints                       :mod:`k3desk.core.app.endpoints`
 =====================================  ==========================================
+
+The value types the shells use as they are come from a short list of modules here too,
+never from the core package that defines them:
+
+=====================================  ==========================================
+values                                 module
+=====================================  ==========================================
+errors, units, progress and cancel     :mod:`k3desk.core.app.values`
+tokens, settings, the tier, printable
+paths
+chat client, dialects, history,        :mod:`k3desk.core.app.chat`
+images
+the machine, its disks, verdicts       :mod:`k3desk.core.app.hardware`
+shard sets and their inspection        :mod:`k3desk.core.app.shards`
+=====================================  ==========================================
+
+Each names what it offers in ``__all__``.  An import-linter contract (pyproject.toml)
+forbids ``k3desk.ui`` and ``k3desk.cli`` every other module of the core, with no
+exemption: a shell that needs something new from the core gets it added here.
 
 Modules are imported one by one (``from k3desk.core.app.tiers import judge_tiers``),
 so a shell pays only for what it uses.

@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from k3desk.core.chat.images import PreparedImage
+from k3desk.core.app.chat import PreparedImage
 from k3desk.ui import theme
 from k3desk.ui.widgets import label, primary, set_enabled
 

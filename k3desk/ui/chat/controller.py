@@ -23,6 +23,22 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QImage
 
+from k3desk.core.app.chat import (
+    ChatClient,
+    ChatDelta,
+    ChatEndpoint,
+    ChatSettings,
+    Conversation,
+    HistoryStore,
+    Message,
+    PreparedImage,
+    SearchHit,
+    ServerInfo,
+    Timings,
+    ensure_vision,
+    load_image,
+    prepare_image,
+)
 from k3desk.core.app.chat_turn import (
     NOTE_BROKEN,
     NOTE_STOPPED,
@@ -31,13 +47,7 @@ from k3desk.core.app.chat_turn import (
     TurnRecord,
     run_turn,
 )
-from k3desk.core.chat.client import ChatClient, ChatDelta, ChatEndpoint
-from k3desk.core.chat.dialects import ServerInfo
-from k3desk.core.chat.history import Conversation, HistoryStore, Message, SearchHit
-from k3desk.core.chat.images import PreparedImage, ensure_vision, load_image, prepare_image
-from k3desk.core.chat.model import ChatSettings, Timings
-from k3desk.core.errors import ChatError
-from k3desk.core.progress import CancelToken
+from k3desk.core.app.values import CancelToken, ChatError
 from k3desk.ui.bridge import StreamBuffer
 from k3desk.ui.chat.view import ImageVM, MessageVM
 

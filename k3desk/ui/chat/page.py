@@ -33,14 +33,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from k3desk.core.app.chat import ChatSettings, PreparedImage, ServerInfo, query_words, snippet_spans
 from k3desk.core.app.folders import Kind, start_folder
-from k3desk.core.chat.dialects import ServerInfo
-from k3desk.core.chat.history import query_words, snippet_spans
-from k3desk.core.chat.images import PreparedImage
-from k3desk.core.chat.model import ChatSettings
-from k3desk.core.errors import K3Error
-from k3desk.core.safepaths import safe_file_name
-from k3desk.core.settings import EFFORTS
+from k3desk.core.app.values import EFFORTS, K3Error, safe_file_name
 from k3desk.ui import theme
 from k3desk.ui.chat.composer import Composer
 from k3desk.ui.chat.controller import ChatController, ListEntry, OpenState

@@ -17,8 +17,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from k3desk.core.cluster.assess import Assessment
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.clusters import Assessment
+from k3desk.core.app.values import fmt_bytes
 from k3desk.ui import theme
 from k3desk.ui.widgets import label, muted
 

@@ -21,36 +21,42 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QObject, Signal
 
 from k3desk.core.app.cluster_tiers import ClusterTierRow
-from k3desk.core.cluster.assess import (
-    RPC_NEEDS_MODEL,
-    Assessment,
-    EngineKind,
-    assess_rpc,
-    assess_sparkinfer,
-    rpc_config,
-)
-from k3desk.core.cluster.endpoints import EndpointStatus, EndpointStore, RemoteEndpoint
-from k3desk.core.cluster.group import GroupEvent, GroupState, GroupSupervisor
-from k3desk.core.cluster.members import Member, group_members
-from k3desk.core.cluster.nodes import Cluster, ClusterError, ClusterStore
-from k3desk.core.cluster.probe import NodeReport, ShardSetSpec, probe_cluster
-from k3desk.core.cluster.recipe import DEFAULT_PROFILE, SPARKINFER_TIER
-from k3desk.core.cluster.rpc import DEFAULT_RPC_PORT, RpcCluster
-from k3desk.core.cluster.sparkinfer import (
+from k3desk.core.app.clusters import (
     BRIDGE_PORT,
     COORD_PORT,
+    DEFAULT_PROFILE,
+    DEFAULT_RPC_PORT,
+    RPC_NEEDS_MODEL,
     SERVE_PORT,
+    SPARKINFER_TIER,
+    Assessment,
+    Cluster,
+    ClusterError,
+    ClusterStore,
+    EngineKind,
+    GroupEvent,
+    GroupState,
+    GroupSupervisor,
+    Member,
+    NodeReport,
+    RpcCluster,
     ServeStats,
+    ShardSetSpec,
     SparkInferCluster,
     SparkInferConfig,
+    assess_rpc,
+    assess_sparkinfer,
+    group_members,
+    probe_cluster,
+    rpc_config,
 )
-from k3desk.core.errors import K3Error
-from k3desk.core.progress import CancelToken, Progress
+from k3desk.core.app.endpoints import EndpointStatus, EndpointStore, RemoteEndpoint
+from k3desk.core.app.values import CancelToken, K3Error, Progress
 from k3desk.ui.bridge import Relay
 
 if TYPE_CHECKING:
-    from k3desk.core.catalog.model import Tier
-    from k3desk.core.chat.client import ChatEndpoint
+    from k3desk.core.app.chat import ChatEndpoint
+    from k3desk.core.app.values import Tier
     from k3desk.ui.context import AppContext
     from k3desk.ui.tasks import Task
 
@@ -281,7 +287,7 @@ class ClusterController(QObject):
         ``model_bytes`` (RPC): judge a model of that size that is not on this machine yet
         (a tier about to be downloaded) instead of ``choice.model``'s files.
         """
-        from k3desk.core.engines.discovery import find_llama_server
+        from k3desk.core.app.engines import find_llama_server
 
         cluster = self.cluster(name)
         reports = self.reports(name, choice.tier_id)
@@ -332,7 +338,7 @@ class ClusterController(QObject):
 
     def start(self, name: str, choice: LaunchChoice) -> GroupSupervisor:
         """Start ``choice`` on cluster ``name``; refused (ClusterError) while refusals remain."""
-        from k3desk.core.engines.discovery import find_llama_server
+        from k3desk.core.app.engines import find_llama_server
 
         if self.group_running or self._stopping:
             raise ClusterError(

@@ -27,8 +27,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from k3desk.core.cluster.nodes import Cluster, Node
-from k3desk.core.errors import K3Error
+from k3desk.core.app.clusters import Cluster, Node
+from k3desk.core.app.values import K3Error
 from k3desk.ui.widgets import label, muted
 
 if TYPE_CHECKING:

@@ -29,9 +29,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from k3desk.core.chat.dialects import DIALECT_IDS, DIALECTS
-from k3desk.core.cluster.endpoints import EndpointStatus, RemoteEndpoint
-from k3desk.core.errors import K3Error
+from k3desk.core.app.chat import DIALECT_IDS, DIALECTS
+from k3desk.core.app.endpoints import EndpointStatus, RemoteEndpoint
+from k3desk.core.app.values import K3Error
 from k3desk.ui import theme
 from k3desk.ui.widgets import Card, label, muted, primary, set_enabled
 

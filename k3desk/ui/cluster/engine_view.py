@@ -25,9 +25,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from k3desk.core.cluster.group import GroupEvent, GroupState
-from k3desk.core.cluster.members import launch_fraction
-from k3desk.core.cluster.sparkinfer import PHASE_TEXT, ServeStats, SparkInferCluster
+from k3desk.core.app.clusters import (
+    PHASE_TEXT,
+    GroupEvent,
+    GroupState,
+    ServeStats,
+    SparkInferCluster,
+    launch_fraction,
+)
 from k3desk.ui import theme
 from k3desk.ui.widgets import Card, CopyField, label, muted, set_enabled
 

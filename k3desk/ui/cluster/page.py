@@ -39,23 +39,24 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from k3desk.core.cluster.assess import Assessment
-from k3desk.core.cluster.nodes import Cluster, Node
-from k3desk.core.cluster.probe import NodeReport
-from k3desk.core.cluster.recipe import DEFAULT_PROFILE, PROFILES, SPARKINFER_TIER
-from k3desk.core.cluster.sparkinfer import (
+from k3desk.core.app.clusters import (
     BRIDGE_PORT,
     CARD_COMMAND,
     CHAT_TEMPLATE_NAME,
     COORD_PORT,
+    DEFAULT_PROFILE,
+    PROFILES,
     SERVE_PORT,
+    SPARKINFER_TIER,
+    Assessment,
+    Cluster,
+    Node,
+    NodeReport,
     SparkInferConfig,
     describe_launch,
     explain_card_command,
 )
-from k3desk.core.errors import K3Error
-from k3desk.core.progress import Progress
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.values import K3Error, Progress, fmt_bytes
 from k3desk.ui import theme
 from k3desk.ui.cluster.assessment import AssessmentView, fit_height, fixed_table
 from k3desk.ui.cluster.controller import ClusterController, LaunchChoice

@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
-from k3desk.core.errors import K3Error
-from k3desk.core.hub.job import DownloadJob
-from k3desk.core.hub.model import (
+from k3desk.core.app.downloads import (
     Done,
+    DownloadJob,
     DownloadOptions,
     DownloadRequest,
     DownloadSummary,
@@ -27,7 +26,7 @@ from k3desk.core.hub.model import (
     Stalled,
     Verified,
 )
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.values import K3Error, fmt_bytes
 from k3desk.ui.bridge import Relay
 from k3desk.ui.errors import describe
 

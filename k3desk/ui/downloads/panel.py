@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.values import fmt_bytes
 from k3desk.ui.downloads.controller import DownloadsController, DownloadState
 from k3desk.ui.widgets import Banner, label, muted, set_enabled
 

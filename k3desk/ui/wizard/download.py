@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtWidgets import QHBoxLayout, QPushButton
 
-from k3desk.core.hub.model import DownloadRequest
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.downloads import DownloadRequest
+from k3desk.core.app.values import fmt_bytes
 from k3desk.ui.downloads.panel import DownloadPanel
 from k3desk.ui.widgets import primary, set_enabled
 from k3desk.ui.wizard.base import StepPage

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QScrollArea, QVBoxLayout, QWidget
 
-from k3desk.core.errors import K3Error
+from k3desk.core.app.values import K3Error
 from k3desk.ui.cluster.assessment import AssessmentView
 from k3desk.ui.widgets import Card, label, muted, primary, set_enabled
 from k3desk.ui.wizard.base import StepPage

@@ -15,10 +15,9 @@ from PySide6.QtWidgets import (
     QScrollArea,
 )
 
+from k3desk.core.app.hardware import HardwareProfile, fmt_read_rate
 from k3desk.core.app.tiers import TierJudgement
-from k3desk.core.hardware.disk_rate import fmt_read_rate
-from k3desk.core.hardware.profile import HardwareProfile
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.values import fmt_bytes
 from k3desk.ui.judged import JudgedBar
 from k3desk.ui.widgets import Card, label
 from k3desk.ui.wizard.base import Step, StepPage

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QHBoxLayout, QPushButton, QTextBrowser
 from k3desk.core.app.cluster_tiers import SPARKINFER_ONLY, ClusterTierRow, cluster_pick
 from k3desk.core.app.subject import Subject
 from k3desk.core.app.tiers import TierJudgement, TierRow
-from k3desk.core.errors import K3Error
+from k3desk.core.app.values import K3Error
 from k3desk.ui.judged import JudgedBar
 from k3desk.ui.tiers import TierTable
 from k3desk.ui.widgets import Banner, label, muted

@@ -22,13 +22,13 @@ from PySide6.QtWidgets import (
     QSpinBox,
 )
 
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.values import fmt_bytes
 from k3desk.ui.tokens import TokenAccess
 from k3desk.ui.widgets import Banner, label, muted, set_enabled
 from k3desk.ui.wizard.base import StepPage
 
 if TYPE_CHECKING:
-    from k3desk.core.hardware.profile import DiskInfo
+    from k3desk.core.app.hardware import DiskInfo
     from k3desk.ui.context import AppContext
     from k3desk.ui.wizard.wizard import TierWizard
 
@@ -164,7 +164,7 @@ class WherePage(StepPage):
         return base / tier.tier.id if tier is not None else base
 
     def _folder_changed(self) -> None:
-        from k3desk.core.hardware.detect import detect_disk
+        from k3desk.core.app.hardware import detect_disk
 
         path = Path(self.folder.text().strip() or ".").expanduser()
         tv = self.wiz.selected_tier()
