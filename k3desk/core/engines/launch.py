@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from k3desk.core.catalog.identify import identify_tier
 from k3desk.core.catalog.model import Tier
 from k3desk.core.engines.crash import CrashReport
 from k3desk.core.engines.discovery import SERVER_NAME, discover_engines
@@ -32,7 +33,6 @@ from k3desk.core.engines.probe import ProbeResult, as_clause, probe_engine, prob
 from k3desk.core.engines.source import FORKS, projector_type_of
 from k3desk.core.engines.supervisor import LaunchSpec, arg_changes
 from k3desk.core.errors import EngineError, PlanError, ValidationError
-from k3desk.core.gguf.identify import identify_tier
 from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.gguf.reader import read_header
 from k3desk.core.gguf.validate import inspect_shard_set
@@ -430,7 +430,8 @@ def plan_model(
 
 
 def tier_of(layout: ModelLayout, tiers: Iterable[Tier]) -> Tier | None:
-    """The catalog tier this layout is, by its header facts (:mod:`k3desk.core.gguf.identify`)."""
+    """The catalog tier this layout is, by its header facts
+    (:mod:`k3desk.core.catalog.identify`)."""
     match = identify_tier(layout, tiers)
     return match.tier if match is not None else None
 
