@@ -357,14 +357,7 @@ def probe_engine(
     """Probe ``executable`` (see the module docstring).  Raises EngineError only when
     the file does not exist; every other finding is in the result."""
     exe = Path(executable).expanduser().absolute()
-    try:
-        st = exe.stat()
-    except OSError as exc:
-        raise EngineError(
-            f"Engine {exe} does not exist.", "Run `k3desk engine list` to see the engines found."
-        ) from exc
-    if not os.access(exe, os.X_OK):
-        raise EngineError(f"Engine {exe} is not executable.", f"Run `chmod +x {exe}`.")
+    st = _engine_file(exe)
     if use_cache:
         hit = cached_probe(exe, paths)
         if hit is not None:
@@ -380,15 +373,7 @@ def probe_engine(
     step(0, "--version")
     rc, out = _run([str(exe), "--version"], 20.0)
     if rc is None or rc != 0:
-        if rc is None:
-            problem = "`--version` did not finish within 20 s"
-        elif rc == -1000:
-            problem = f"it cannot be executed ({out.strip()})"
-        else:
-            crash = classify_exit(rc, out.splitlines())
-            problem = crash.summary
-            if crash.kind == "illegal_instruction":
-                problem = "it dies with an illegal instruction (built for another CPU)"
+        problem = _version_problem(rc, out)
         result = ProbeResult(**base, runs=False, run_problem=problem, probed_at=time.time())
         _save_cache(paths, key, result)
         return result
@@ -430,6 +415,31 @@ def probe_engine(
     if canary.established:
         _save_cache(paths, key, result)
     return result
+
+
+def _engine_file(exe: Path) -> os.stat_result:
+    """``exe``'s status, once it is an executable file (EngineError otherwise)."""
+    try:
+        st = exe.stat()
+    except OSError as exc:
+        raise EngineError(
+            f"Engine {exe} does not exist.", "Run `k3desk engine list` to see the engines found."
+        ) from exc
+    if not os.access(exe, os.X_OK):
+        raise EngineError(f"Engine {exe} is not executable.", f"Run `chmod +x {exe}`.")
+    return st
+
+
+def _version_problem(rc: int | None, out: str) -> str:
+    """Why ``--version`` failed (exit ``rc``, None: it did not finish), as a clause."""
+    if rc is None:
+        return "`--version` did not finish within 20 s"
+    if rc == -1000:
+        return f"it cannot be executed ({out.strip()})"
+    crash = classify_exit(rc, out.splitlines())
+    if crash.kind == "illegal_instruction":
+        return "it dies with an illegal instruction (built for another CPU)"
+    return crash.summary
 
 
 # Crashes that say nothing about the engine: the port was taken by another program
