@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from k3desk.core.catalog.model import (
+    KNOWN_FORKS,
     ROLES,
     Engine,
     QualityFigure,
@@ -321,14 +322,25 @@ def _parse_tier(item: object, where: str) -> Tier:
         vision_engine=f.str_("vision_engine", ""),
         mmproj_type=f.str_("mmproj_type", ""),
     )
+    _check_tier(tier, f)
+    return tier
+
+
+def _check_tier(tier: Tier, f: _Fields) -> None:
+    """What must hold between a tier's fields."""
     _check_shard_naming(tier, f)
     if tier.vision == "fork" and not tier.vision_engine:
         raise f.fail("vision_engine", "a tier whose vision needs a fork names that fork")
+    if tier.vision_engine and tier.vision_engine not in KNOWN_FORKS:
+        raise f.fail(
+            "vision_engine",
+            f"{tier.vision_engine!r} is not a fork k3desk can build "
+            f"(known forks: {', '.join(KNOWN_FORKS)})",
+        )
     if tier.experts_kept > 896:
         raise f.fail("experts_kept", f"Kimi-K3 has 896 routed experts, not {tier.experts_kept}")
     if tier.manifest and tier.manifest not in tier.extra_files:
         raise f.fail("manifest", "must also be listed in extra_files so it gets downloaded")
-    return tier
 
 
 def _engine(e: str) -> Engine:
