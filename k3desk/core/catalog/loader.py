@@ -251,18 +251,7 @@ def _parse_tier(item: object, where: str) -> Tier:
     _check_keys(item, Tier, where)
     f = _Fields(item, where)
 
-    tensor_types = item.get("tensor_types")
-    if not isinstance(tensor_types, dict):
-        raise f.fail("tensor_types", "missing or not an object of role -> ggml type")
-    missing_roles = [r for r in ROLES if r not in tensor_types]
-    if missing_roles:
-        raise f.fail("tensor_types", "no type for role(s) " + ", ".join(missing_roles))
-    for role, t in tensor_types.items():
-        if role not in ROLES:
-            raise f.fail("tensor_types", f"unknown role {role!r} (roles: {', '.join(ROLES)})")
-        if t not in _GGML_TYPES:
-            raise f.fail("tensor_types", f"unknown ggml type {t!r} for role {role!r}")
-
+    tensor_types = _tensor_types(f)
     vision = f.str_("vision")
     if vision not in get_args(VisionSupport):
         raise f.fail("vision", f"expected one of {', '.join(get_args(VisionSupport))}")
@@ -297,7 +286,7 @@ def _parse_tier(item: object, where: str) -> Tier:
         expert_quant=f.str_("expert_quant"),
         dense_quant=f.str_("dense_quant"),
         imatrix=f.opt_bool("imatrix"),
-        tensor_types={str(k): str(v) for k, v in tensor_types.items()},
+        tensor_types=tensor_types,
         mmproj=f.strs("mmproj"),
         vision="fork" if vision == "fork" else "upstream" if vision == "upstream" else "none",
         vision_note=f.str_("vision_note"),
@@ -324,6 +313,22 @@ def _parse_tier(item: object, where: str) -> Tier:
     )
     _check_tier(tier, f)
     return tier
+
+
+def _tensor_types(f: _Fields) -> dict[str, str]:
+    """The ggml type of every tensor role (each role once, each type a known one)."""
+    tensor_types = f.data.get("tensor_types")
+    if not isinstance(tensor_types, dict):
+        raise f.fail("tensor_types", "missing or not an object of role -> ggml type")
+    missing_roles = [r for r in ROLES if r not in tensor_types]
+    if missing_roles:
+        raise f.fail("tensor_types", "no type for role(s) " + ", ".join(missing_roles))
+    for role, t in tensor_types.items():
+        if role not in ROLES:
+            raise f.fail("tensor_types", f"unknown role {role!r} (roles: {', '.join(ROLES)})")
+        if t not in _GGML_TYPES:
+            raise f.fail("tensor_types", f"unknown ggml type {t!r} for role {role!r}")
+    return {str(k): str(v) for k, v in tensor_types.items()}
 
 
 def _check_tier(tier: Tier, f: _Fields) -> None:
