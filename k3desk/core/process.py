@@ -1,8 +1,10 @@
 """Child processes k3desk owns: started in their own session, never left behind.
 
 Every program k3desk starts (llama-server, the ssh client that carries a cluster
-rank, an engine build with its compilers, a download child) goes through
-:func:`spawn`, which returns a :class:`Child`:
+rank, an engine build with its compilers, a download child, a ``--version`` check)
+goes through :func:`spawn`, which returns a :class:`Child`.  (The cluster's node probe,
+``cluster/node_probe.py``, is sent to another machine as text and runs there on the
+standard library alone.)
 
 * the child leads a new session, so it has a process group of its own: stopping
   signals the whole group, the compilers a build started included, and a Ctrl-C
@@ -20,6 +22,9 @@ rank, an engine build with its compilers, a download child) goes through
   a grace period, SIGKILL);
 * :meth:`Child.stop` is SIGTERM to the group, a grace period, then SIGKILL, and a
   last SIGKILL for anything the leader left in its group;
+* :func:`run` is :func:`spawn` for a short command whose output is all k3desk wants
+  (``--version``, ``git rev-parse``): it waits, collects, and past its time limit
+  stops the whole group, not only the leader as ``subprocess.run`` would;
 * :func:`pump` reads a child's output as lines (and, for a caller that wants
   them, the raw chunks and an unterminated last line, e.g. llama-server's
   progress dots), on the calling thread or on a thread of its own.
@@ -260,6 +265,55 @@ def spawn(
         except OSError:
             log.exception("could not start the watchdog of pid %d", popen.pid)
     return Child(popen, watchdog)
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    merge_stderr: bool = False,
+    grace: float = 2.0,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` to its end as a :func:`spawn`ed child (stdin from /dev/null) and
+    collect its output, decoded as UTF-8 with undecodable bytes replaced; with
+    ``merge_stderr`` the error stream is interleaved into ``stdout``.
+
+    Past ``timeout`` seconds the child's whole group is stopped (SIGTERM, ``grace``,
+    SIGKILL) and ``subprocess.TimeoutExpired`` raised with what it printed so far.
+    Raises ``OSError`` when the program cannot be started.  The calling thread waits,
+    so the child dies with it (PDEATHSIG) as with any :func:`spawn`."""
+    child = spawn(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+        env=env,
+        cwd=cwd,
+    )
+    args = [os.fspath(a) for a in argv]
+    try:
+        out, err = child.popen.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.stop(grace)
+        try:  # the rest of what it printed (a process that left the group may hold the pipe)
+            out, err = child.popen.communicate(timeout=grace)
+        except subprocess.TimeoutExpired:
+            out = err = None
+        raise subprocess.TimeoutExpired(
+            args, timeout, output=_text(out), stderr=_text(err)
+        ) from None
+    except BaseException:  # Ctrl-C while waiting: the child goes too
+        child.stop(grace)
+        raise
+    finally:
+        child.close_pipes()
+    child.finish()
+    return subprocess.CompletedProcess(args, child.popen.returncode, _text(out), _text(err))
+
+
+def _text(data: bytes | None) -> str:
+    return data.decode("utf-8", "replace") if data else ""
 
 
 def pump(

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from k3desk.core.process import has_pdeathsig, pump, spawn
+from k3desk.core.process import has_pdeathsig, pump, run, spawn
 from tests.processes import gone_within as gone
 
 REPO = Path(__file__).resolve().parents[2]
@@ -164,3 +164,30 @@ def test_a_killed_app_leaves_no_compiler_running(tmp_path: Path) -> None:
     finally:
         if app.poll() is None:
             app.kill()
+
+
+def test_run_collects_the_output_and_the_exit_status() -> None:
+    done = run(["sh", "-c", "echo out; echo err >&2; printf '\\377'; exit 3"], timeout=30)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out\n\ufffd", "err\n")
+    merged = run(["sh", "-c", "echo out; echo err >&2"], timeout=30, merge_stderr=True)
+    assert merged.stdout.split() == ["out", "err"]
+    assert merged.stderr == ""
+    with pytest.raises(FileNotFoundError):
+        run(["/nonexistent/k3desk-tool", "--version"], timeout=30)
+
+
+def test_a_command_past_its_time_limit_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A short command that hangs (an engine's --version, a git query) is stopped with
+    everything it started; subprocess.run would kill the leader and leave the rest."""
+    from k3desk.core.engines.probe import _run as probe_run
+
+    pids = tmp_path / "pids"
+    script = f"echo started; sleep 300 & echo $! > {pids}; wait"
+    with pytest.raises(subprocess.TimeoutExpired) as caught:
+        run(["sh", "-c", script], timeout=1.0)
+    assert caught.value.stdout == "started\n"
+    assert gone(int(wait_for_lines(pids, 1)[0]), 5)
+    pids.unlink()
+    # the engine probe's --version / --help / --list-devices go through it
+    assert probe_run(["sh", "-c", script], 1.0) == (None, "started\n")
+    assert gone(int(wait_for_lines(pids, 1)[0]), 5)

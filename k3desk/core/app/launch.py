@@ -27,7 +27,8 @@ from k3desk.core.errors import PlanError
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import DEFAULT_CTX, LaunchPlan, PlanOptions
 from k3desk.core.progress import CancelToken, ProgressCallback, no_progress
-from k3desk.core.tuning.calibration import CalibrationStore, SpeedTracker, calibrate_plan
+from k3desk.core.tuning.applied import LaunchTuning
+from k3desk.core.tuning.calibration import SpeedTracker
 from k3desk.core.tuning.tune import TuneModelRequest, TuneModelResult, forget_tuned, tune_model
 from k3desk.core.units import fmt_bytes, fmt_duration
 
@@ -98,6 +99,7 @@ def prepare_local_launch(
         return hw
 
     here = services.this_machine if request.hardware_file is not None else None
+    tuning = LaunchTuning.at(services.paths.state)
     prepared = prepare_launch(
         request.shard,
         mmproj=request.mmproj,
@@ -109,17 +111,17 @@ def prepare_local_launch(
         catalog=services.catalog_tiers(),
         cancel=cancel,
         on_progress=on_progress,
+        tuned=tuning.settings,
         here=here,
     )
-    store = CalibrationStore(services.paths.state)
     hw, layout = prepared.hardware, prepared.layout
     who = Subject.this_machine(hw) if prepared.replanned_here else subject[0]
     launch = LocalLaunch(
         prepared,
         who,
         model_name(request.shard),
-        calibrated=calibrate_plan(store, hw, layout, prepared.plan),
-        tracker=SpeedTracker(hw, layout, prepared.plan, store),
+        calibrated=tuning.calibrate(hw, layout, prepared.plan),
+        tracker=SpeedTracker(hw, layout, prepared.plan, tuning.calibration),
     )
     if launch.plan.verdict == "stream" and not request.accept_slow:
         raise SlowLaunchError(launch)

@@ -7,7 +7,7 @@ replaced atomically); the files themselves are never moved or written.
 
 A set is checked as a launch checks it (:func:`~k3desk.core.gguf.validate.inspect_shard_set`:
 every part's header, the split keys, the kimi-k3 tensors), recognised as a catalog tier
-by its header facts (:mod:`k3desk.core.gguf.identify`), and paired with the vision
+by its header facts (:mod:`k3desk.core.catalog.identify`), and paired with the vision
 projector beside it once that file's header shows it is one
 (:func:`~k3desk.core.engines.launch.projector_bytes`).  Its verdict is the planner's, in
 the words of the tiers table (:func:`~k3desk.core.app.tiers.plan_label`).
@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from k3desk.core.app.models import find_models, is_projector
 from k3desk.core.app.subject import Subject
 from k3desk.core.app.tiers import RUNS, SpeedRange, plan_label
+from k3desk.core.catalog.identify import TierMatch, identify_tier
 from k3desk.core.catalog.model import Tier
 from k3desk.core.errors import K3Error, ValidationError
-from k3desk.core.gguf.identify import TierMatch, identify_tier
 from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.gguf.reader import read_header
 from k3desk.core.gguf.shards import discover

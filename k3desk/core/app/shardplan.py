@@ -20,8 +20,7 @@ from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.gguf.validate import inspect_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import LaunchPlan, PlanOptions
-from k3desk.core.tuning.calibration import CalibrationStore, calibrate_plan
-from k3desk.core.tuning.tuned import TunedStore, apply_tuned
+from k3desk.core.tuning.applied import LaunchTuning
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -223,10 +222,10 @@ def plan_shard_set(services: Services, request: PlanRequest) -> ShardSetPlan:
     opts = PlanOptions(ctx=request.ctx, mmproj=request.mmproj, n_cpu_moe=request.n_cpu_moe)
     if request.hardware_file is None:
         opts = services.with_disk_rate(opts, layout.first_part)
-    state = services.paths.state
-    opts, tuned_note = apply_tuned(TunedStore(state), hw, layout, opts)
+    tuning = LaunchTuning.at(services.paths.state)
+    opts, tuned_note = tuning.settings(hw, layout, opts)
     plan, tier = plan_model(hw, layout, opts, tiers)
-    plan = calibrate_plan(CalibrationStore(state), hw, layout, plan)
+    plan = tuning.calibrate(hw, layout, plan)
     if tuned_note:
         plan = replace(plan, notes=(tuned_note, *plan.notes))
     return ShardSetPlan(layout, hw, subject, tier, plan_view(plan), report.suspicious)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from k3desk.core.catalog.model import (
+    KNOWN_FORKS,
     ROLES,
     Engine,
     QualityFigure,
@@ -250,18 +251,7 @@ def _parse_tier(item: object, where: str) -> Tier:
     _check_keys(item, Tier, where)
     f = _Fields(item, where)
 
-    tensor_types = item.get("tensor_types")
-    if not isinstance(tensor_types, dict):
-        raise f.fail("tensor_types", "missing or not an object of role -> ggml type")
-    missing_roles = [r for r in ROLES if r not in tensor_types]
-    if missing_roles:
-        raise f.fail("tensor_types", "no type for role(s) " + ", ".join(missing_roles))
-    for role, t in tensor_types.items():
-        if role not in ROLES:
-            raise f.fail("tensor_types", f"unknown role {role!r} (roles: {', '.join(ROLES)})")
-        if t not in _GGML_TYPES:
-            raise f.fail("tensor_types", f"unknown ggml type {t!r} for role {role!r}")
-
+    tensor_types = _tensor_types(f)
     vision = f.str_("vision")
     if vision not in get_args(VisionSupport):
         raise f.fail("vision", f"expected one of {', '.join(get_args(VisionSupport))}")
@@ -296,7 +286,7 @@ def _parse_tier(item: object, where: str) -> Tier:
         expert_quant=f.str_("expert_quant"),
         dense_quant=f.str_("dense_quant"),
         imatrix=f.opt_bool("imatrix"),
-        tensor_types={str(k): str(v) for k, v in tensor_types.items()},
+        tensor_types=tensor_types,
         mmproj=f.strs("mmproj"),
         vision="fork" if vision == "fork" else "upstream" if vision == "upstream" else "none",
         vision_note=f.str_("vision_note"),
@@ -321,14 +311,41 @@ def _parse_tier(item: object, where: str) -> Tier:
         vision_engine=f.str_("vision_engine", ""),
         mmproj_type=f.str_("mmproj_type", ""),
     )
+    _check_tier(tier, f)
+    return tier
+
+
+def _tensor_types(f: _Fields) -> dict[str, str]:
+    """The ggml type of every tensor role (each role once, each type a known one)."""
+    tensor_types = f.data.get("tensor_types")
+    if not isinstance(tensor_types, dict):
+        raise f.fail("tensor_types", "missing or not an object of role -> ggml type")
+    missing_roles = [r for r in ROLES if r not in tensor_types]
+    if missing_roles:
+        raise f.fail("tensor_types", "no type for role(s) " + ", ".join(missing_roles))
+    for role, t in tensor_types.items():
+        if role not in ROLES:
+            raise f.fail("tensor_types", f"unknown role {role!r} (roles: {', '.join(ROLES)})")
+        if t not in _GGML_TYPES:
+            raise f.fail("tensor_types", f"unknown ggml type {t!r} for role {role!r}")
+    return {str(k): str(v) for k, v in tensor_types.items()}
+
+
+def _check_tier(tier: Tier, f: _Fields) -> None:
+    """What must hold between a tier's fields."""
     _check_shard_naming(tier, f)
     if tier.vision == "fork" and not tier.vision_engine:
         raise f.fail("vision_engine", "a tier whose vision needs a fork names that fork")
+    if tier.vision_engine and tier.vision_engine not in KNOWN_FORKS:
+        raise f.fail(
+            "vision_engine",
+            f"{tier.vision_engine!r} is not a fork k3desk can build "
+            f"(known forks: {', '.join(KNOWN_FORKS)})",
+        )
     if tier.experts_kept > 896:
         raise f.fail("experts_kept", f"Kimi-K3 has 896 routed experts, not {tier.experts_kept}")
     if tier.manifest and tier.manifest not in tier.extra_files:
         raise f.fail("manifest", "must also be listed in extra_files so it gets downloaded")
-    return tier
 
 
 def _engine(e: str) -> Engine:

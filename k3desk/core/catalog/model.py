@@ -17,6 +17,10 @@ from huggingface_hub.utils import filter_repo_objects  # type: ignore[attr-defin
 from k3desk.core.gguf.shards import split_part_names
 
 Engine = Literal["llama.cpp", "sparkinfer", "vllm"]
+# The llama.cpp forks k3desk builds for images (``k3desk engine install --source NAME``):
+# a tier's ``vision_engine`` is one of them.  k3desk.core.engines.source.FORKS gives
+# each its repository and ref, under exactly these names.
+KNOWN_FORKS: tuple[str, ...] = ("unsloth", "atomicchat")
 VisionSupport = Literal["upstream", "fork", "none"]
 
 # The k3arch roles a tier's ``tensor_types`` must cover (see k3desk.core.k3arch.Role).

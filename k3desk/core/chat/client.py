@@ -351,7 +351,7 @@ class ChatClient:
         info = caps.server
         if ep.dialect and ep.dialect != info.dialect:
             kind = dialects.dialect(ep.dialect)
-            base = dialects.BRIDGE_LIMITS if kind.id == "sparkinfer-bridge" else info.limits
+            base = kind.fixed_limits if kind.fixed_limits is not None else info.limits
             info = ServerInfo(
                 kind.id,
                 detail=f"k3desk found {info.kind.label}",
@@ -361,7 +361,7 @@ class ChatClient:
         elif ep.dialect:
             info = replace(info, overridden=True)
         told = ep.limits
-        if info.dialect == "sparkinfer-bridge" and (told is None or told.max_tokens is None):
+        if info.kind.probe_limits and (told is None or told.max_tokens is None):
             info = self._learn_bridge_limits(info, caps.model)
         if told is not None:
             lim = info.limits
@@ -480,9 +480,7 @@ class ChatClient:
         ep = self.endpoint
         if ep.dialect:
             kind = dialects.dialect(ep.dialect)
-            limits = ep.limits or (
-                dialects.BRIDGE_LIMITS if kind.id == "sparkinfer-bridge" else Limits()
-            )
+            limits = ep.limits or kind.fixed_limits or Limits()
             return ServerInfo(kind.id, limits=limits, overridden=True)
         return ServerInfo("openai")
 
@@ -513,8 +511,8 @@ class ChatClient:
         model = self.endpoint.model
         if model is None and self._caps is not None:
             model = self._caps.model
-        if model is None and info.dialect == "sparkinfer-bridge":
-            model = dialects.BRIDGE_MODEL  # server.py refuses any other name with 404
+        if model is None:
+            model = info.kind.model_name  # the bridge refuses any other name
         return dialects.request_body(info, wire, s, model)
 
     def stream(

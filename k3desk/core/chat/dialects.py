@@ -52,6 +52,43 @@ LIMIT_PROBE_TOKENS = 2**31 - 1
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What a server allows per request (None: it does not say, or there is no limit)."""
+
+    max_tokens: int | None = None  # the most a request may ask for
+    default_max_tokens: int | None = None  # what it generates when not told
+    context: int | None = None  # prompt plus answer
+    source: str = ""  # where the numbers come from, in words
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_tokens": self.max_tokens,
+            "default_max_tokens": self.default_max_tokens,
+            "context": self.context,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Limits:
+        if not data:
+            return cls()
+        return cls(
+            max_tokens=_opt_int(data.get("max_tokens")),
+            default_max_tokens=_opt_int(data.get("default_max_tokens")),
+            context=_opt_int(data.get("context")),
+            source=str(data.get("source") or ""),
+        )
+
+
+BRIDGE_LIMITS = Limits(
+    BRIDGE_MAX_TOKENS,
+    BRIDGE_DEFAULT_MAX_TOKENS,
+    BRIDGE_MAX_CONTEXT_TOKENS,
+    "the recipe's defaults (K3_MAX_TOKENS 512, K3_MAX_CONTEXT_TOKENS 8192)",
+)
+
+
+@dataclass(frozen=True)
 class Dialect:
     """What one kind of server reads and reports; ``differs`` is said to the user."""
 
@@ -66,6 +103,13 @@ class Dialect:
     timings: bool
     images: bool | None  # None: as the server says
     differs: str
+    # the quirks of a server with limits of its own (the SparkInfer bridge's K3_* settings)
+    fixed_limits: Limits | None = None  # its limits until k3desk learns them; None: it reports
+    probe_limits: bool = False  # k3desk learns the limits with a request it refuses
+    limits_setting: str = ""  # the server setting that caps an answer, named in messages
+    context_covers_answer: bool = False  # refuses prompt + answer over its context
+    short_default_answer: bool = False  # answers briefly when not told: ask for its most
+    model_name: str | None = None  # the only model name it takes (None: any it lists)
 
 
 DIALECTS: dict[DialectId, Dialect] = {
@@ -99,6 +143,12 @@ DIALECTS: dict[DialectId, Dialect] = {
         "max_tokens capped by K3_MAX_TOKENS (default 512) and prompt plus answer by "
         "K3_MAX_CONTEXT_TOKENS (8192); text only; no usage or timings when streaming "
         "(k3desk measures them)",
+        fixed_limits=BRIDGE_LIMITS,
+        probe_limits=True,
+        limits_setting="K3_MAX_TOKENS on the bridge",
+        context_covers_answer=True,
+        short_default_answer=True,
+        model_name=BRIDGE_MODEL,  # server.py refuses any other name with 404
     ),
     "vllm": Dialect(
         "vllm",
@@ -141,43 +191,6 @@ def dialect(dialect_id: str) -> Dialect:
         )
     result: Dialect = found
     return result
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What a server allows per request (None: it does not say, or there is no limit)."""
-
-    max_tokens: int | None = None  # the most a request may ask for
-    default_max_tokens: int | None = None  # what it generates when not told
-    context: int | None = None  # prompt plus answer
-    source: str = ""  # where the numbers come from, in words
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "max_tokens": self.max_tokens,
-            "default_max_tokens": self.default_max_tokens,
-            "context": self.context,
-            "source": self.source,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> Limits:
-        if not data:
-            return cls()
-        return cls(
-            max_tokens=_opt_int(data.get("max_tokens")),
-            default_max_tokens=_opt_int(data.get("default_max_tokens")),
-            context=_opt_int(data.get("context")),
-            source=str(data.get("source") or ""),
-        )
-
-
-BRIDGE_LIMITS = Limits(
-    BRIDGE_MAX_TOKENS,
-    BRIDGE_DEFAULT_MAX_TOKENS,
-    BRIDGE_MAX_CONTEXT_TOKENS,
-    "the recipe's defaults (K3_MAX_TOKENS 512, K3_MAX_CONTEXT_TOKENS 8192)",
-)
 
 
 @dataclass(frozen=True)
@@ -378,9 +391,7 @@ def check_request(
         )
     lim = info.limits
     want = settings.max_tokens
-    where = (
-        " (K3_MAX_TOKENS on the bridge)" if info.dialect == "sparkinfer-bridge" else ""
-    )
+    where = f" ({info.kind.limits_setting})" if info.kind.limits_setting else ""
     if want is not None and lim.max_tokens is not None and want > lim.max_tokens:
         raise ChatError(
             f"This conversation asks for up to {want:,} tokens per answer, and the "
@@ -389,7 +400,7 @@ def check_request(
             f"Set Max tokens to {lim.max_tokens:,} or less (or leave it empty for the most "
             "the server allows), or restart the server with a larger limit.",
         )
-    if lim.context is not None and info.dialect == "sparkinfer-bridge":
+    if lim.context is not None and info.kind.context_covers_answer:
         low = estimate_prompt(messages, lowest=True)
         if low + 1 > lim.context:
             raise ContextOverflowError(
@@ -408,7 +419,7 @@ def answer_budget(
 ) -> int | None:
     """The ``max_tokens`` to send: what the user set, else as much as the server allows."""
     lim = info.limits
-    if info.dialect != "sparkinfer-bridge":
+    if not info.kind.short_default_answer:
         return settings.max_tokens
     # the bridge generates only K3_DEFAULT_MAX_TOKENS when not told: ask for its limit,
     # but no more than the context leaves after the prompt (it refuses prompt + answer
@@ -465,8 +476,7 @@ def ignored_settings(info: ServerInfo, settings: ChatSettings) -> list[str]:
     out = []
     if settings.thinking and settings.thinking_effort and not kind.effort:
         out.append(
-            f"The {kind.label} takes no thinking effort: its chat template's default (max) "
-            "applies."
+            f"The {kind.label} takes no thinking effort: its chat template's default (max) applies."
         )
     if not kind.sampling and (
         settings.temperature != DEFAULT_TEMPERATURE or settings.top_p != DEFAULT_TOP_P

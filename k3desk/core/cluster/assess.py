@@ -21,6 +21,7 @@ from k3desk.core.cluster.probe import NodeReport
 from k3desk.core.cluster.rpc import DEFAULT_RPC_PORT, RpcConfig, check_rpc
 from k3desk.core.cluster.sparkinfer import SparkInferConfig, check_sparkinfer
 from k3desk.core.gguf.shards import discover
+from k3desk.core.planning.argv import rpc_base_args
 
 if TYPE_CHECKING:
     from k3desk.core.catalog.model import Tier
@@ -118,7 +119,7 @@ def rpc_config(
         cluster,
         model if model is not None else Path(),
         server if server is not None else Path(),
-        server_args=("-ngl", "99", "-c", str(ctx), "--jinja", "--no-warmup"),
+        server_args=rpc_base_args(ctx),
         port=port,
         bind=dict(bind or {}),
         allow_public=allow_public,

@@ -42,6 +42,7 @@ from k3desk.core.engines.supervisor import (
 )
 from k3desk.core.hardware.nvidia import launch_env
 from k3desk.core.paths import AppPaths
+from k3desk.core.planning.argv import rpc_base_args, rpc_server_args, rpc_worker_args
 from k3desk.core.progress import CancelToken
 
 DEFAULT_RPC_PORT = 50052
@@ -64,7 +65,7 @@ class RpcConfig:
     cluster: Cluster
     model: Path  # the first shard, on this machine
     server: Path  # llama-server, on this machine
-    server_args: tuple[str, ...] = ("-ngl", "99", "-c", "8192", "--jinja", "--no-warmup")
+    server_args: tuple[str, ...] = rpc_base_args(8192)
     port: int = DEFAULT_RPC_PORT  # each worker's port (one worker per node)
     ports: dict[str, int] = field(default_factory=dict)  # per node label, overrides ``port``
     bind: dict[str, str] = field(default_factory=dict)  # per node label; default: its address
@@ -95,15 +96,13 @@ class RpcConfig:
         return ",".join(parts)
 
     def server_argv(self) -> tuple[str, ...]:
-        return ("-m", str(self.model), "--rpc", self.rpc_list(), *self.server_args)
+        return rpc_server_args(self.model, self.rpc_list(), self.server_args)
 
 
 def worker_argv(config: RpcConfig, node: Node) -> list[str]:
-    args = ["-H", config.bind_address(node), "-p", str(config.worker_port(node))]
-    if config.threads:
-        args += ["-t", str(config.threads)]
-    if config.cache:
-        args.append("-c")
+    args = rpc_worker_args(
+        config.bind_address(node), config.worker_port(node), config.threads, config.cache
+    )
     if node.rpc_server_bin:
         return [node.rpc_server_bin, *args]
     names = " ".join(RPC_BINARIES)

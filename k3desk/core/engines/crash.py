@@ -240,89 +240,11 @@ def classify_exit(
     does; ``oom_killer_seen``: the same without the words.  A SIGKILL from outside k3desk
     is blamed on the OOM killer only with such evidence."""
     lines = [strip_log_prefix(x) for x in tail]
-    for rule in _RULES:
-        for line in reversed(lines):
-            m = rule.pattern.search(line)
-            if m is None:
-                continue
-            summary = rule.summary
-            if rule.kind == "unknown_architecture" and m.group(1):
-                summary = f"This engine does not know the model architecture '{m.group(1)}'."
-                if m.group(1) == "kimi-k3":
-                    summary = "This engine cannot load Kimi-K3: it predates kimi-k3 support."
-            elif rule.kind == "ram_oom":
-                what = re.search(r"allocate (\S+) buffer", line)
-                if what:
-                    summary = f"The engine ran out of RAM allocating its {what.group(1)} buffer."
-            elif rule.kind == "gpu_oom":
-                device = _oom_device(lines)
-                if device:
-                    summary = f"{device} ran out of memory while loading or running the model."
-            elif rule.kind == "missing_shard" and m.lastindex and m.group(1):
-                summary = f"A model file is missing: {m.group(1)}."
-            elif rule.kind == "invalid_argument":
-                argument = (m.group(1) or m.group(2) or "").strip()
-                why = (m.group(3) or "").strip()
-                summary = f"llama-server refused the argument {argument!r}" + (
-                    f": {why}." if why else ": it does not take it."
-                )
-            elif rule.kind == "load_refused":
-                summary = f"llama.cpp refused the model file: {m.group(1).strip()}."
-            return CrashReport(rule.kind, summary, rule.fix, rule.recovery, returncode, line)
-    if returncode is not None and returncode < 0:
-        sig = -returncode
-        if sig == signal.SIGILL:
-            return CrashReport(
-                "illegal_instruction",
-                "Illegal instruction: the engine was built for another CPU "
-                "(e.g. a native build using AMX or AVX-512 instructions this CPU lacks).",
-                "Build a portable engine with `k3desk engine install` (GGML_NATIVE=OFF).",
-                "none",
-                returncode,
-            )
-        if sig == signal.SIGKILL and not stopped_by_us:
-            if oom_evidence or oom_killer_seen:
-                seen = oom_evidence or "its memory cgroup's oom_kill counter went up"
-                return CrashReport(
-                    "oom_killed",
-                    f"The operating system's out-of-memory killer ended the engine ({seen}).",
-                    "Leave more RAM free (close other programs), use a smaller context, or "
-                    "pick a smaller tier; k3desk restarts it within the retry limit, with "
-                    "--no-repack (repacked weights are anonymous memory the kernel cannot "
-                    "page out to the shards).",
-                    "restart",
-                    returncode,
-                    oom_evidence,
-                )
-            return CrashReport(
-                "killed",
-                "The engine was killed by a signal (SIGKILL) from outside k3desk; if memory "
-                "was short, the operating system's out-of-memory killer is the usual cause.",
-                "If memory was short, leave more RAM free (close other programs), use a "
-                "smaller context, or pick a smaller tier; k3desk restarts it within the "
-                "retry limit.",
-                "restart",
-                returncode,
-            )
-        if sig == signal.SIGABRT:
-            last = _last_error_line(lines)
-            return CrashReport(
-                "aborted",
-                "The engine aborted" + (f": {last}" if last else "."),
-                "See the engine log; k3desk restarts it within the retry limit.",
-                "restart",
-                returncode,
-                last,
-            )
-        if sig in (signal.SIGSEGV, signal.SIGBUS):
-            return CrashReport(
-                "segfault",
-                "The engine crashed (memory access fault).",
-                "See the engine log; k3desk restarts it within the retry limit.",
-                "restart",
-                returncode,
-                _last_error_line(lines),
-            )
+    found = _from_log(lines, returncode)
+    if found is None and returncode is not None and returncode < 0:
+        found = _from_signal(-returncode, lines, stopped_by_us, oom_killer_seen, oom_evidence)
+    if found is not None:
+        return found
     if returncode == 132:  # 128 + SIGILL through a shell
         return classify_exit(-int(signal.SIGILL), tail, stopped_by_us=stopped_by_us)
     last = _last_error_line(lines)
@@ -333,6 +255,113 @@ def classify_exit(
         "restart",
         returncode,
         last,
+    )
+
+
+def _from_log(lines: Sequence[str], returncode: int | None) -> CrashReport | None:
+    """The first rule (in the order of ``_RULES``) that the log's latest lines match."""
+    for rule in _RULES:
+        for line in reversed(lines):
+            m = rule.pattern.search(line)
+            if m is not None:
+                summary = _summary(rule, m, line, lines)
+                return CrashReport(rule.kind, summary, rule.fix, rule.recovery, returncode, line)
+    return None
+
+
+def _summary(rule: _Rule, m: re.Match[str], line: str, lines: Sequence[str]) -> str:
+    """``rule``'s summary with what the matching ``line`` names."""
+    if rule.kind == "unknown_architecture" and m.group(1):
+        if m.group(1) == "kimi-k3":
+            return "This engine cannot load Kimi-K3: it predates kimi-k3 support."
+        return f"This engine does not know the model architecture '{m.group(1)}'."
+    if rule.kind == "ram_oom":
+        what = re.search(r"allocate (\S+) buffer", line)
+        if what:
+            return f"The engine ran out of RAM allocating its {what.group(1)} buffer."
+    elif rule.kind == "gpu_oom":
+        device = _oom_device(lines)
+        if device:
+            return f"{device} ran out of memory while loading or running the model."
+    elif rule.kind == "missing_shard" and m.lastindex and m.group(1):
+        return f"A model file is missing: {m.group(1)}."
+    elif rule.kind == "invalid_argument":
+        argument = (m.group(1) or m.group(2) or "").strip()
+        why = (m.group(3) or "").strip()
+        return f"llama-server refused the argument {argument!r}" + (
+            f": {why}." if why else ": it does not take it."
+        )
+    elif rule.kind == "load_refused":
+        return f"llama.cpp refused the model file: {m.group(1).strip()}."
+    return rule.summary
+
+
+def _from_signal(
+    sig: int,
+    lines: Sequence[str],
+    stopped_by_us: bool,
+    oom_killer_seen: bool,
+    oom_evidence: str,
+) -> CrashReport | None:
+    """What the signal that ended the engine says (None: nothing more than its number)."""
+    returncode = -sig
+    if sig == signal.SIGILL:
+        return CrashReport(
+            "illegal_instruction",
+            "Illegal instruction: the engine was built for another CPU "
+            "(e.g. a native build using AMX or AVX-512 instructions this CPU lacks).",
+            "Build a portable engine with `k3desk engine install` (GGML_NATIVE=OFF).",
+            "none",
+            returncode,
+        )
+    if sig == signal.SIGKILL and not stopped_by_us:
+        return _killed(returncode, oom_killer_seen, oom_evidence)
+    if sig == signal.SIGABRT:
+        last = _last_error_line(lines)
+        return CrashReport(
+            "aborted",
+            "The engine aborted" + (f": {last}" if last else "."),
+            "See the engine log; k3desk restarts it within the retry limit.",
+            "restart",
+            returncode,
+            last,
+        )
+    if sig in (signal.SIGSEGV, signal.SIGBUS):
+        return CrashReport(
+            "segfault",
+            "The engine crashed (memory access fault).",
+            "See the engine log; k3desk restarts it within the retry limit.",
+            "restart",
+            returncode,
+            _last_error_line(lines),
+        )
+    return None
+
+
+def _killed(returncode: int, oom_killer_seen: bool, oom_evidence: str) -> CrashReport:
+    """A SIGKILL k3desk did not send: the OOM killer's only with evidence."""
+    if oom_evidence or oom_killer_seen:
+        seen = oom_evidence or "its memory cgroup's oom_kill counter went up"
+        return CrashReport(
+            "oom_killed",
+            f"The operating system's out-of-memory killer ended the engine ({seen}).",
+            "Leave more RAM free (close other programs), use a smaller context, or "
+            "pick a smaller tier; k3desk restarts it within the retry limit, with "
+            "--no-repack (repacked weights are anonymous memory the kernel cannot "
+            "page out to the shards).",
+            "restart",
+            returncode,
+            oom_evidence,
+        )
+    return CrashReport(
+        "killed",
+        "The engine was killed by a signal (SIGKILL) from outside k3desk; if memory "
+        "was short, the operating system's out-of-memory killer is the usual cause.",
+        "If memory was short, leave more RAM free (close other programs), use a "
+        "smaller context, or pick a smaller tier; k3desk restarts it within the "
+        "retry limit.",
+        "restart",
+        returncode,
     )
 
 

@@ -1,53 +1,16 @@
-"""llama-server's arguments edited and compared: a re-plan's changes, said in words."""
+"""llama-server's arguments compared: a re-plan's changes, said in words (they are built
+and edited in :mod:`k3desk.core.planning.argv`)."""
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
+
+from k3desk.core.planning.argv import bump_n_cpu_moe as bump_n_cpu_moe
 
 
 def redact(argv: Sequence[str], secret: str) -> tuple[str, ...]:
     return tuple("***" if a == secret else a for a in argv)
-
-
-_CPU_MOE = ("--n-cpu-moe", "-ncmoe")
-
-
-def bump_n_cpu_moe(
-    args: Sequence[str], n_layers: int = 0, step: int = 0
-) -> tuple[tuple[str, ...], str] | None:
-    """Keep more expert layers in RAM: raise ``--n-cpu-moe`` by ``step`` (default about a
-    tenth of the layers, at least 1; 4 when the layer count is unknown).  ``--n-cpu-moe N``
-    covers layers 0..N-1, so N = ``n_layers`` puts every expert in RAM; None then."""
-    out = list(args)
-    if "--cpu-moe" in out or "-cmoe" in out:
-        return None
-    if step <= 0:
-        step = max(1, math.ceil(n_layers / 10)) if n_layers else 4
-    current, index = 0, -1
-    for i, a in enumerate(out):
-        if a in _CPU_MOE and i + 1 < len(out):
-            current, index = int(out[i + 1]), i + 1
-        elif a.startswith("--n-cpu-moe="):
-            current, index = int(a.split("=", 1)[1]), i
-            out[i] = "--n-cpu-moe"
-            out.insert(i + 1, str(current))
-            index = i + 1
-    limit = n_layers or None
-    if limit is not None and current >= limit:
-        return None
-    new = current + step if limit is None else min(limit, current + step)
-    if index >= 0:
-        out[index] = str(new)
-    else:
-        out += ["--n-cpu-moe", str(new)]
-    return (
-        tuple(out),
-        f"re-planned after GPU out-of-memory: --n-cpu-moe {current} -> {new} "
-        f"(expert weights of {new - current} more layer{'s' if new - current > 1 else ''} "
-        "kept in RAM)",
-    )
 
 
 _NUMBER = re.compile(r"-\d")

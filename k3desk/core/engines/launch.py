@@ -25,26 +25,32 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from k3desk.core.catalog.identify import identify_tier
 from k3desk.core.catalog.model import Tier
 from k3desk.core.engines.crash import CrashReport
 from k3desk.core.engines.discovery import SERVER_NAME, discover_engines
 from k3desk.core.engines.probe import ProbeResult, as_clause, probe_engine, probe_projector
 from k3desk.core.engines.source import FORKS, projector_type_of
-from k3desk.core.engines.supervisor import LaunchSpec, arg_changes, bump_n_cpu_moe
+from k3desk.core.engines.supervisor import LaunchSpec, arg_changes
 from k3desk.core.errors import EngineError, PlanError, ValidationError
-from k3desk.core.gguf.identify import identify_tier
 from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.gguf.reader import read_header
 from k3desk.core.gguf.validate import inspect_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.paths import AppPaths
+from k3desk.core.planning.argv import (
+    NO_REPACK,
+    bump_n_cpu_moe,
+    has,
+    n_cpu_moe_value,
+    take_cpu_moe,
+    with_no_repack,
+)
 from k3desk.core.planning.memory import mmproj_file_bytes
 from k3desk.core.planning.model import LaunchPlan, PlanOptions
 from k3desk.core.planning.plan import make_plan, ram_budget
 from k3desk.core.planning.recommend import options_for
-from k3desk.core.planning.repack import NO_REPACK_FLAGS as _NO_REPACK_FLAGS
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
-from k3desk.core.tuning.tuned import TunedStore, apply_tuned
 from k3desk.core.units import fmt_bytes
 
 INSTALL_HINT = "Build one with `k3desk engine install`, or pass --engine PATH."
@@ -52,10 +58,10 @@ IMAGES_HINT = (
     "Leave the projector out to chat in text only, or use an engine built with support "
     "for this projector."
 )
-_CPU_MOE_FLAGS = ("--n-cpu-moe", "-ncmoe")
-_ALL_CPU_MOE_FLAGS = ("--cpu-moe", "-cmoe")
 
 HardwareSource = HardwareProfile | Callable[[], HardwareProfile]
+# (machine, model, options) -> (options with the settings tuned for them, a note saying so)
+TunedSettings = Callable[[HardwareProfile, ModelLayout, PlanOptions], tuple[PlanOptions, str]]
 
 
 class NoEngineError(EngineError):
@@ -135,16 +141,16 @@ class PreparedLaunch:
         assertion adds ``--no-repack``.  A ``--no-repack`` already added is kept.
         """
         if crash.recovery == "no_repack":
-            if any(a in _NO_REPACK_FLAGS for a in current):
+            if has(current, NO_REPACK):
                 return None
-            return (*current, "--no-repack"), f"added --no-repack ({_why_no_repack(crash)})"
+            return with_no_repack(current), f"added --no-repack ({_why_no_repack(crash)})"
         if crash.recovery != "replan_cpu_moe":
             return None
         bumped = bump_n_cpu_moe(current, len(self.layout.layers))
         if bumped is None:
             return None
         bumped_args, what = bumped
-        new_n = _cpu_moe_value(bumped_args)
+        new_n = n_cpu_moe_value(bumped_args)
         if new_n is None:  # bump_n_cpu_moe always writes one; be safe
             return bumped
         try:
@@ -152,10 +158,8 @@ class PreparedLaunch:
         except PlanError:
             return bumped
         args = tuple(again.server_args)
-        if any(a in _NO_REPACK_FLAGS for a in current) and not any(
-            a in _NO_REPACK_FLAGS for a in args
-        ):
-            args += ("--no-repack",)
+        if has(current, NO_REPACK):
+            args = with_no_repack(args)
         if args == tuple(current):
             # e.g. a CPU-only plan, where --n-cpu-moe means nothing: not a re-plan at all
             return None
@@ -186,7 +190,7 @@ def prepare_launch(
     catalog: Iterable[Tier] | None = None,
     cancel: CancelToken | None = None,
     on_progress: ProgressCallback | None = None,
-    use_tuned: bool = True,
+    tuned: TunedSettings | None = None,
     here: HardwareSource | None = None,
 ) -> PreparedLaunch:
     """Validate ``shard``'s set, choose and probe an engine, and plan the launch.
@@ -198,9 +202,9 @@ def prepare_launch(
     shard set and the engine have passed).  ``options.extra_args`` are passed on to
     llama-server; a ``--n-cpu-moe N`` (or ``--cpu-moe``) among them is planned for
     rather than appended.  ``catalog``: the tiers, for better advice and the tier's
-    reference ``--n-cpu-moe``.  With ``use_tuned``, the settings ``k3desk tune`` kept
-    for this model on this machine are planned with (unless ``options`` set any of
-    them), and a note says so.
+    reference ``--n-cpu-moe``.  ``tuned``: the settings ``k3desk tune`` kept for this
+    model on this machine (:class:`k3desk.core.tuning.applied.LaunchTuning`), planned
+    with unless ``options`` set any of them, and a note says so; None: plan as asked.
 
     A launch runs on the machine it is prepared on.  ``here``: that machine, when
     ``hardware`` is another one named for the launch (a hardware file).  Its plan is
@@ -219,60 +223,19 @@ def prepare_launch(
     check()
     report = inspect_shard_set(shard, tiers=tiers, progress=progress, cancel=cancel)
     layout = report.layout
-    if mmproj is not None:
-        options = replace(options, mmproj=mmproj, mmproj_bytes=projector_bytes(mmproj))
-    else:
-        options = replace(options, mmproj=None, mmproj_bytes=None)
-    options = _cpu_moe_from_extra_args(options, len(layout.layers))
+    options = _launch_options(options, mmproj, len(layout.layers))
     check()
-    ptype = ""
-    images_hint = IMAGES_HINT
-    if mmproj is not None:
-        tier_here = tier_of(layout, tiers)
-        ptype = projector_type_of(tier_here, mmproj)
-        images_hint = _fork_hint(ptype, tier_here, tiers)
-    exe, probe = choose_engine(
-        paths,
-        engine=engine,
-        configured=configured,
-        vision=mmproj is not None,
-        projector_type=ptype,
-        images_hint=images_hint,
-        cancel=cancel,
-        on_progress=progress,
-    )
+    exe, probe = _engine_for(paths, layout, tiers, mmproj, engine, configured, cancel, progress)
     check()
     hw = hardware if isinstance(hardware, HardwareProfile) else hardware()
     check()
     tuned_note = ""
-    if use_tuned:
-        options, tuned_note = apply_tuned(TunedStore(paths.state), hw, layout, options)
+    if tuned is not None:
+        options, tuned_note = tuned(hw, layout, options)
     progress(Progress("plan", 0, 1, layout.first_part.name))
-    plan, tier = plan_model(usable_hardware(hw, probe), layout, options, tiers)
-    replanned = ""
-    if here is not None:
-        local = here if isinstance(here, HardwareProfile) else here()
-        why = not_this_machine(hw, plan, probe, local, options)
-        if why:
-            named = hw.label or hw.hostname or "the hardware named"
-            replanned = (
-                f"Planned for this machine, not for {named}: {why}. A launch runs here; "
-                f"`k3desk plan {layout.first_part} --hardware FILE` shows that machine's plan."
-            )
-            hw = local
-            plan, tier = plan_model(usable_hardware(hw, probe), layout, options, tiers)
+    hw, plan, tier, replanned = _plan_here(hw, probe, layout, options, tiers, here)
     progress(Progress("plan", 1, 1, plan.verdict))
-    if plan.verdict == "no-fit":
-        machine = hw.label or hw.hostname
-        where = f"this machine ({machine})" if machine else "this machine"
-        raise DoesNotFitError(
-            f"{layout.first_part.name} does not fit {where}: it is "
-            f"{fmt_bytes(plan.shortfall)} short of memory. {plan.reason}",
-            f"See `k3desk plan {layout.first_part}` for the numbers, free "
-            f"{fmt_bytes(plan.shortfall)} of RAM, use a smaller context (--ctx), or choose a "
-            "smaller tier.",
-            plan,
-        )
+    _refuse_no_fit(hw, layout, plan)
     notes = [suspicious_note(finding) for finding in report.suspicious]
     if replanned:
         notes.insert(0, replanned)
@@ -291,6 +254,86 @@ def prepare_launch(
         tier,
         tuple(notes),
         replanned,
+    )
+
+
+def _launch_options(options: PlanOptions, mmproj: Path | None, n_layers: int) -> PlanOptions:
+    """``options`` with the projector's real size and the ``--n-cpu-moe`` among the extra
+    arguments taken into the plan."""
+    if mmproj is not None:
+        options = replace(options, mmproj=mmproj, mmproj_bytes=projector_bytes(mmproj))
+    else:
+        options = replace(options, mmproj=None, mmproj_bytes=None)
+    return _cpu_moe_from_extra_args(options, n_layers)
+
+
+def _engine_for(
+    paths: AppPaths,
+    layout: ModelLayout,
+    tiers: Sequence[Tier],
+    mmproj: Path | None,
+    engine: Path | None,
+    configured: str | Path | None,
+    cancel: CancelToken | None,
+    progress: ProgressCallback,
+) -> tuple[Path, ProbeResult]:
+    """:func:`choose_engine` for this launch: with a projector, one that knows its type."""
+    ptype = ""
+    images_hint = IMAGES_HINT
+    if mmproj is not None:
+        tier_here = tier_of(layout, tiers)
+        ptype = projector_type_of(tier_here, mmproj)
+        images_hint = _fork_hint(ptype, tier_here, tiers)
+    return choose_engine(
+        paths,
+        engine=engine,
+        configured=configured,
+        vision=mmproj is not None,
+        projector_type=ptype,
+        images_hint=images_hint,
+        cancel=cancel,
+        on_progress=progress,
+    )
+
+
+def _plan_here(
+    hw: HardwareProfile,
+    probe: ProbeResult,
+    layout: ModelLayout,
+    options: PlanOptions,
+    tiers: Sequence[Tier],
+    here: HardwareSource | None,
+) -> tuple[HardwareProfile, LaunchPlan, Tier | None, str]:
+    """(the machine planned for, the plan, the tier, why not ``hw`` as named: "" when it is)
+    (see ``here`` in :func:`prepare_launch`)."""
+    plan, tier = plan_model(usable_hardware(hw, probe), layout, options, tiers)
+    if here is None:
+        return hw, plan, tier, ""
+    local = here if isinstance(here, HardwareProfile) else here()
+    why = not_this_machine(hw, plan, probe, local, options)
+    if not why:
+        return hw, plan, tier, ""
+    named = hw.label or hw.hostname or "the hardware named"
+    replanned = (
+        f"Planned for this machine, not for {named}: {why}. A launch runs here; "
+        f"`k3desk plan {layout.first_part} --hardware FILE` shows that machine's plan."
+    )
+    plan, tier = plan_model(usable_hardware(local, probe), layout, options, tiers)
+    return local, plan, tier, replanned
+
+
+def _refuse_no_fit(hw: HardwareProfile, layout: ModelLayout, plan: LaunchPlan) -> None:
+    if plan.verdict != "no-fit":
+        return
+    machine = hw.label or hw.hostname
+    where = f"this machine ({machine})" if machine else "this machine"
+    raise DoesNotFitError(
+        f"{layout.first_part.name} does not fit {where}: it is "
+        f"{fmt_bytes(plan.shortfall)} short of memory. {plan.reason}",
+        f"See `k3desk plan {layout.first_part}` for the numbers, free "
+        f"{fmt_bytes(plan.shortfall)} of RAM, use a smaller context (--ctx), or choose a "
+        "smaller tier.",
+        plan,
     )
 
 
@@ -387,7 +430,8 @@ def plan_model(
 
 
 def tier_of(layout: ModelLayout, tiers: Iterable[Tier]) -> Tier | None:
-    """The catalog tier this layout is, by its header facts (:mod:`k3desk.core.gguf.identify`)."""
+    """The catalog tier this layout is, by its header facts
+    (:mod:`k3desk.core.catalog.identify`)."""
     match = identify_tier(layout, tiers)
     return match.tier if match is not None else None
 
@@ -485,50 +529,12 @@ def _advice(result: ProbeResult, vision: bool) -> str:
     return "Build an engine that can run Kimi-K3 with `k3desk engine install`."
 
 
-def _cpu_moe_value(args: Sequence[str]) -> int | None:
-    """The last ``--n-cpu-moe`` value in ``args`` (the one llama-server uses)."""
-    value: int | None = None
-    for i, a in enumerate(args):
-        if a in _CPU_MOE_FLAGS and i + 1 < len(args):
-            value = int(args[i + 1])
-        elif a.startswith("--n-cpu-moe="):
-            value = int(a.split("=", 1)[1])
-    return value
-
-
 def _cpu_moe_from_extra_args(options: PlanOptions, n_layers: int) -> PlanOptions:
     """Take ``--n-cpu-moe N`` / ``--cpu-moe`` out of the extra arguments into the plan, so
     the plan checks it fits and a re-plan after a GPU out-of-memory can raise it."""
-    extra = list(options.extra_args)
-    n_cpu_moe = options.n_cpu_moe
-    kept: list[str] = []
-    i = 0
-    while i < len(extra):
-        a = extra[i]
-        raw: str | None = None
-        if a in _CPU_MOE_FLAGS:
-            if i + 1 >= len(extra):
-                raise PlanError(f"{a} needs a number of layers.", f"For example: {a} 60.")
-            raw = extra[i + 1]
-            i += 2
-        elif a.startswith("--n-cpu-moe="):
-            raw = a.split("=", 1)[1]
-            i += 1
-        elif a in _ALL_CPU_MOE_FLAGS:
-            n_cpu_moe = n_layers
-            i += 1
-            continue
-        else:
-            kept.append(a)
-            i += 1
-            continue
-        try:
-            n_cpu_moe = int(raw)
-        except ValueError:
-            raise PlanError(
-                f"--n-cpu-moe needs a whole number of layers, not {raw!r}.",
-                f"Use a number from 0 to {n_layers}.",
-            ) from None
-    if kept == extra:
+    kept, n_cpu_moe = take_cpu_moe(options.extra_args, n_layers)
+    if kept == options.extra_args:
         return options
-    return replace(options, extra_args=tuple(kept), n_cpu_moe=n_cpu_moe)
+    if n_cpu_moe is None:
+        n_cpu_moe = options.n_cpu_moe
+    return replace(options, extra_args=kept, n_cpu_moe=n_cpu_moe)

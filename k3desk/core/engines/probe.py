@@ -33,7 +33,21 @@ from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.k3arch import TINY_K3
 from k3desk.core.localfiles import check_dict, load_checked
 from k3desk.core.paths import AppPaths
+from k3desk.core.planning.argv import (
+    API_KEY,
+    API_KEY_FILE,
+    FIT,
+    JINJA,
+    MMPROJ,
+    N_CPU_MOE,
+    NO_MMPROJ_OFFLOAD,
+    NO_REPACK,
+    RPC,
+    VERBOSITY,
+    canary_args,
+)
 from k3desk.core.private import write_private
+from k3desk.core.process import run as run_child
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 
 PROBE_SCHEMA = 3
@@ -42,15 +56,15 @@ INSTALL = "`k3desk engine install`"
 
 # Flags k3desk uses, and what it loses without them.
 FLAGS: dict[str, str] = {
-    "--n-cpu-moe": "cannot keep expert layers in RAM (needed for every hybrid plan)",
-    "--fit": "has no automatic memory fitting",
-    "--mmproj": "cannot take images",
-    "--no-mmproj-offload": "cannot keep the vision projector on the CPU",
-    "--rpc": "cannot spread layers over other machines",
-    "--api-key": "cannot require an API key (k3desk will not start it without one)",
-    "--api-key-file": "needs the API key on its command line, where other local users can see it",
-    "--no-repack": "cannot turn off weight repacking (the AMX workaround)",
-    "--jinja": "cannot use the model's chat template",
+    N_CPU_MOE.name: "cannot keep expert layers in RAM (needed for every hybrid plan)",
+    FIT.name: "has no automatic memory fitting",
+    MMPROJ.name: "cannot take images",
+    NO_MMPROJ_OFFLOAD.name: "cannot keep the vision projector on the CPU",
+    RPC.name: "cannot spread layers over other machines",
+    API_KEY.name: "cannot require an API key (k3desk will not start it without one)",
+    API_KEY_FILE.name: "needs the API key on its command line, where other local users can see it",
+    NO_REPACK.name: "cannot turn off weight repacking (the AMX workaround)",
+    JINJA.name: "cannot use the model's chat template",
 }
 _LIB_BACKENDS = {
     "cuda": "CUDA",
@@ -268,21 +282,17 @@ def backends_of(executable: Path, devices: Sequence[str]) -> tuple[str, ...]:
 # ------------------------------------------------------------ running
 def _run(argv: Sequence[str], timeout: float) -> tuple[int | None, str]:
     try:
-        p = subprocess.run(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+        p = run_child(
+            argv,
             timeout=timeout,
-            check=False,
+            merge_stderr=True,
             env={**os.environ, **launch_env()},  # --list-devices in NVML's order
         )
     except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode("utf-8", "replace") if isinstance(exc.stdout, bytes) else ""
-        return None, out
+        return None, exc.stdout if isinstance(exc.stdout, str) else ""
     except OSError as exc:
         return -1000, str(exc)
-    return p.returncode, p.stdout.decode("utf-8", "replace")
+    return p.returncode, p.stdout
 
 
 def _cache_path(paths: AppPaths) -> Path:
@@ -344,14 +354,7 @@ def probe_engine(
     """Probe ``executable`` (see the module docstring).  Raises EngineError only when
     the file does not exist; every other finding is in the result."""
     exe = Path(executable).expanduser().absolute()
-    try:
-        st = exe.stat()
-    except OSError as exc:
-        raise EngineError(
-            f"Engine {exe} does not exist.", "Run `k3desk engine list` to see the engines found."
-        ) from exc
-    if not os.access(exe, os.X_OK):
-        raise EngineError(f"Engine {exe} is not executable.", f"Run `chmod +x {exe}`.")
+    st = _engine_file(exe)
     if use_cache:
         hit = cached_probe(exe, paths)
         if hit is not None:
@@ -367,15 +370,7 @@ def probe_engine(
     step(0, "--version")
     rc, out = _run([str(exe), "--version"], 20.0)
     if rc is None or rc != 0:
-        if rc is None:
-            problem = "`--version` did not finish within 20 s"
-        elif rc == -1000:
-            problem = f"it cannot be executed ({out.strip()})"
-        else:
-            crash = classify_exit(rc, out.splitlines())
-            problem = crash.summary
-            if crash.kind == "illegal_instruction":
-                problem = "it dies with an illegal instruction (built for another CPU)"
+        problem = _version_problem(rc, out)
         result = ProbeResult(**base, runs=False, run_problem=problem, probed_at=time.time())
         _save_cache(paths, key, result)
         return result
@@ -393,7 +388,7 @@ def probe_engine(
 
     step(3, "loading a tiny Kimi-K3 canary")
     for _ in range(CANARY_TRIES):
-        canary = _probe_canary(exe, paths, flags, "-lv" in known, timeout, cancel)
+        canary = _probe_canary(exe, paths, flags, VERBOSITY.name in known, timeout, cancel)
         if canary.established:
             break
     step(5, "done")
@@ -417,6 +412,31 @@ def probe_engine(
     if canary.established:
         _save_cache(paths, key, result)
     return result
+
+
+def _engine_file(exe: Path) -> os.stat_result:
+    """``exe``'s status, once it is an executable file (EngineError otherwise)."""
+    try:
+        st = exe.stat()
+    except OSError as exc:
+        raise EngineError(
+            f"Engine {exe} does not exist.", "Run `k3desk engine list` to see the engines found."
+        ) from exc
+    if not os.access(exe, os.X_OK):
+        raise EngineError(f"Engine {exe} is not executable.", f"Run `chmod +x {exe}`.")
+    return st
+
+
+def _version_problem(rc: int | None, out: str) -> str:
+    """Why ``--version`` failed (exit ``rc``, None: it did not finish), as a clause."""
+    if rc is None:
+        return "`--version` did not finish within 20 s"
+    if rc == -1000:
+        return f"it cannot be executed ({out.strip()})"
+    crash = classify_exit(rc, out.splitlines())
+    if crash.kind == "illegal_instruction":
+        return "it dies with an illegal instruction (built for another CPU)"
+    return crash.summary
 
 
 # Crashes that say nothing about the engine: the port was taken by another program
@@ -453,11 +473,12 @@ def _probe_canary(
         d = Path(tmp)
         model = write_k3_gguf(d, "k3-canary", shape=TINY_K3, seed=7)[0]
         proj = write_mlp_projector(d / "mmproj-k3-canary-F16.gguf", TINY_K3.n_embd, seed=8)
-        with_mmproj = flags.get("--mmproj", True)
-        args: list[str] = ["-m", str(model), "-c", "256", "-np", "1"]
-        if verbose_flag:  # level 4 prints system_info, where a CUDA build lists its ARCHS
-            args += ["-lv", "4"]
-        sup = _serve(exe, paths, [*args, "--mmproj", str(proj)] if with_mmproj else args, timeout)
+        with_mmproj = flags.get(MMPROJ.name, True)
+        # level 4 prints system_info, where a CUDA build lists its ARCHS
+        verbosity = 4 if verbose_flag else None
+        args = canary_args(model, verbosity=verbosity)  # without the projector
+        first = canary_args(model, mmproj=proj, verbosity=verbosity) if with_mmproj else args
+        sup = _serve(exe, paths, first, timeout)
         try:
             ok, vision = _wait_canary(sup, cancel)
             result.cuda_archs = parse_cuda_archs("\n".join(sup.tail()))
@@ -561,8 +582,7 @@ def probe_projector(
             projector_type=projector_type,
         )  # fmt: skip
         for _ in range(CANARY_TRIES):
-            sup = _serve(exe, paths, ["-m", str(model), "-c", "256", "-np", "1", "--mmproj",
-                                      str(proj)], timeout)  # fmt: skip
+            sup = _serve(exe, paths, canary_args(model, mmproj=proj), timeout)
             try:
                 ready, _ = _wait_canary(sup, cancel)
             finally:

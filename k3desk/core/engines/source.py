@@ -52,6 +52,7 @@ from k3desk.core.errors import EngineError, K3Error
 from k3desk.core.gguf.reader import read_header
 from k3desk.core.paths import AppPaths
 from k3desk.core.private import private_dir
+from k3desk.core.process import run as run_child
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 
 TARGETS = ("llama-server", "llama-mtmd-cli")  # the server, and the mtmd tools' CLI
@@ -267,6 +268,39 @@ def parse_git_line(line: str) -> Progress | None:
     return Progress("fetch", int(m.group(3)), 100, f"{m.group(1)} {m.group(2)}")
 
 
+@dataclass
+class _Steps:
+    """The build steps of one install, each in its own process group, into one log."""
+
+    env: Mapping[str, str]
+    log_file: Path
+    progress: ProgressCallback
+    cancel: CancelToken
+    kill_grace: float
+    done: int = 0
+
+    def run(
+        self,
+        argv: list[str],
+        what: str,
+        lines: Callable[[str], None] | None = None,
+        limit: float = STEP_TIME_LIMIT,
+    ) -> None:
+        _run_build(
+            argv,
+            self.env,
+            self.log_file,
+            self.progress,
+            self.cancel,
+            self.kill_grace,
+            lines,
+            append=self.done > 0,
+            what=what,
+            time_limit=limit,
+        )
+        self.done += 1
+
+
 def install_from_git(
     paths: AppPaths,
     config: BuildConfig,
@@ -291,61 +325,15 @@ def install_from_git(
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_file = paths.logs_dir / f"engine-install-{stamp}-{source.slug}.log"
     env = git_env({**os.environ, "PYTHONUNBUFFERED": "1"})
-    steps = 0
-
-    def run(
-        argv: list[str],
-        what: str,
-        lines: Callable[[str], None] | None = None,
-        limit: float = STEP_TIME_LIMIT,
-    ) -> None:
-        nonlocal steps
-        _run_build(
-            argv,
-            env,
-            log_file,
-            progress,
-            cancel,
-            kill_grace,
-            lines,
-            append=steps > 0,
-            what=what,
-            time_limit=limit,
-        )
-        steps += 1
-
-    def git_lines(line: str) -> None:
-        if on_line is not None:
-            on_line(line)
-        p = parse_git_line(line)
-        if p is not None and not cancel.cancelled:
-            progress(p)
-
+    steps = _Steps(env, log_file, progress, cancel, kill_grace)
     with staged(staging, log_file):
-        progress(Progress("fetch", 0, 0, f"fetching {source.label}"))
-        src.mkdir()
-        run([str(git), "init", "-q", "--", str(src)], "git init", on_line)
-        ref = source.ref or "HEAD"
-        fetch = [str(git), "-C", str(src), "fetch", "--progress"]
-        # "--": the URL and the ref are never read as options (checked, too: check_source)
-        try:
-            run([*fetch, "--depth", "1", "--", source.url, ref], f"Fetching {source.label}",
-                git_lines, FETCH_TIME_LIMIT)  # fmt: skip
-            target = "FETCH_HEAD"
-        except EngineError:
-            # a commit a server will not hand out alone, or a dumb transport: fetch it all
-            cancel.raise_if_cancelled()
-            run([*fetch, "--", source.url, "+refs/*:refs/remotes/src/*"],
-                f"Fetching {source.url}", git_lines, FETCH_TIME_LIMIT)  # fmt: skip
-            target = _resolve(git, src, ref, source, log_file, env)
-        run([str(git), "-C", str(src), "checkout", "-q", "--detach", target], "git checkout")
-        commit = _query(git, src, ["rev-parse", "HEAD"], env)
+        commit = _fetch(steps, git, src, source, on_line)
         args = [*SOURCE_ARGS, *config.cmake_args]
         progress(Progress("configure", 0, 100, " ".join(args)))
-        run([str(cmake), "-S", str(src), "-B", str(build), *args], "Configuring", on_line,
-            FETCH_TIME_LIMIT)  # fmt: skip
+        steps.run([str(cmake), "-S", str(src), "-B", str(build), *args], "Configuring",
+                  on_line, FETCH_TIME_LIMIT)  # fmt: skip
         n = str(jobs or os.cpu_count() or 1)
-        run(
+        steps.run(
             [str(cmake), "--build", str(build), "--config", "Release", "-j", n,
              "--target", *TARGETS],
             "Building",
@@ -380,17 +368,47 @@ def install_from_git(
     return InstalledEngine(final, final / "bin" / SERVER_NAME, config, version, log_file)
 
 
+def _fetch(
+    steps: _Steps,
+    git: Path,
+    src: Path,
+    source: GitSource,
+    on_line: Callable[[str], None] | None,
+) -> str:
+    """Fetch ``source`` into ``src`` and check it out; its commit ("" if git cannot say)."""
+    progress, cancel = steps.progress, steps.cancel
+
+    def git_lines(line: str) -> None:
+        if on_line is not None:
+            on_line(line)
+        p = parse_git_line(line)
+        if p is not None and not cancel.cancelled:
+            progress(p)
+
+    progress(Progress("fetch", 0, 0, f"fetching {source.label}"))
+    src.mkdir()
+    steps.run([str(git), "init", "-q", "--", str(src)], "git init", on_line)
+    ref = source.ref or "HEAD"
+    fetch = [str(git), "-C", str(src), "fetch", "--progress"]
+    # "--": the URL and the ref are never read as options (checked, too: check_source)
+    try:
+        steps.run([*fetch, "--depth", "1", "--", source.url, ref], f"Fetching {source.label}",
+                  git_lines, FETCH_TIME_LIMIT)  # fmt: skip
+        target = "FETCH_HEAD"
+    except EngineError:
+        # a commit a server will not hand out alone, or a dumb transport: fetch it all
+        cancel.raise_if_cancelled()
+        steps.run([*fetch, "--", source.url, "+refs/*:refs/remotes/src/*"],
+                  f"Fetching {source.url}", git_lines, FETCH_TIME_LIMIT)  # fmt: skip
+        target = _resolve(git, src, ref, source, steps.log_file, steps.env)
+    steps.run([str(git), "-C", str(src), "checkout", "-q", "--detach", target], "git checkout")
+    return _query(git, src, ["rev-parse", "HEAD"], steps.env)
+
+
 def _query(git: Path, src: Path, args: list[str], env: Mapping[str, str]) -> str:
     """The output of a quick git command ("" when it fails or takes over a minute)."""
     try:
-        done = subprocess.run(
-            [str(git), "-C", str(src), *args],
-            capture_output=True,
-            text=True,
-            check=False,
-            env=env,
-            timeout=QUERY_TIME_LIMIT,
-        )
+        done = run_child([str(git), "-C", str(src), *args], env=env, timeout=QUERY_TIME_LIMIT)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return done.stdout.strip() if done.returncode == 0 else ""

@@ -46,6 +46,7 @@ from k3desk.core.engines.ports import port_problem as port_problem
 from k3desk.core.errors import EngineError
 from k3desk.core.hardware.nvidia import launch_env
 from k3desk.core.paths import AppPaths
+from k3desk.core.planning.argv import NO_REPACK, endpoint_args, has, with_no_repack
 from k3desk.core.private import open_private, private_dir
 from k3desk.core.process import Child, pump_thread, spawn
 from k3desk.core.progress import Progress
@@ -373,10 +374,10 @@ class Supervisor(SupervisedLaunch[Endpoint]):
                 while new_port == port:
                     new_port = free_port()
                 action = f"port {port} was taken, using {new_port}"
-        elif crash.kind == "oom_killed" and not ({"--no-repack", "-nr"} & set(args)):
+        elif crash.kind == "oom_killed" and not has(args, NO_REPACK):
             # a restart that changes what matters: repacked weights are anonymous memory
             # (planning/repack.py); mmap'd, the kernel can drop their pages instead
-            new_args = (*args, "--no-repack")
+            new_args = with_no_repack(args)
             action = "added --no-repack (the out-of-memory killer ended it)"
         elif crash.recovery in _REPLANS:
             plan = self._replan(crash, args)
@@ -400,10 +401,10 @@ class Supervisor(SupervisedLaunch[Endpoint]):
         self, crash: CrashReport, args: tuple[str, ...]
     ) -> tuple[tuple[str, ...], str] | None:
         if crash.recovery == "no_repack":
-            if "--no-repack" in args or "-nr" in args:
+            if has(args, NO_REPACK):
                 return None
             why = "AMX repack assertion" if crash.kind == "amx_repack_assert" else "out of RAM"
-            return (*args, "--no-repack"), f"added --no-repack ({why})"
+            return with_no_repack(args), f"added --no-repack ({why})"
         if crash.recovery == "replan_cpu_moe":
             return bump_n_cpu_moe(args, self.spec.n_layers, self.policy.cpu_moe_step)
         return None
@@ -413,15 +414,10 @@ class Supervisor(SupervisedLaunch[Endpoint]):
     ) -> tuple[Attempt, CrashReport | None]:
         log_path = self._new_log_file(number)
         key_file = self._write_key_file(log_path) if self.spec.api_key_file else None
-        key_args = ("--api-key-file", str(key_file)) if key_file else ("--api-key", self.api_key)
         argv = (
             str(self.spec.executable),
             *args,
-            "--host",
-            LOOPBACK,
-            "--port",
-            str(port),
-            *key_args,
+            *endpoint_args(LOOPBACK, port, api_key=self.api_key, key_file=key_file),
         )
         try:
             return self._launch(number, argv, port, log_path, key_file, changes)

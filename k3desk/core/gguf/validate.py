@@ -42,12 +42,11 @@ load is the final word.  ``notes`` are oddities llama.cpp does not mind.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
-from k3desk.core.catalog.model import Tier
 from k3desk.core.errors import ValidationError
 from k3desk.core.gguf.ggml import BY_ID
 from k3desk.core.gguf.ggml import BY_NAME as BY_ID_NAME
@@ -233,6 +232,17 @@ _CONVERTER_HINT = (
     "The file comes from an incompatible or outdated converter: use a current "
     "conversion (see `k3desk tiers`)."
 )
+
+
+class Tier(Protocol):
+    """What the checks ask of a catalog tier (:class:`k3desk.core.catalog.model.Tier`): the
+    names of its published parts, for "download it again" advice.  The catalog reads
+    GGUF names and types, so this package names only what it needs of it."""
+
+    @property
+    def id(self) -> str: ...
+
+    def shard_names(self) -> Sequence[str]: ...
 
 
 @dataclass(frozen=True)

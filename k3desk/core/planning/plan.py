@@ -44,6 +44,13 @@ from dataclasses import dataclass, replace
 from k3desk.core.errors import PlanError
 from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.hardware.profile import GpuInfo, HardwareProfile
+from k3desk.core.planning.argv import (
+    ALL_LAYERS,
+    NO_REPACK,
+    Offload,
+    has,
+    server_args,
+)
 from k3desk.core.planning.memory import (
     CUDA_RUNTIME_BYTES,
     MMPROJ_COMPUTE_BYTES,
@@ -62,11 +69,9 @@ from k3desk.core.planning.model import (
     PlanOptions,
     VerdictKind,
 )
-from k3desk.core.planning.repack import NO_REPACK_FLAGS, repack_bytes
+from k3desk.core.planning.repack import repack_bytes
 from k3desk.core.planning.speed import predict_speed
 from k3desk.core.units import fmt_bytes, fmt_duration, fmt_tps
-
-DEFAULT_UBATCH = 512  # llama.cpp's -ub (common/common.h: n_ubatch)
 
 
 @dataclass(frozen=True)
@@ -260,24 +265,43 @@ def with_disk_rate(hw: HardwareProfile, opts: PlanOptions) -> PlanOptions:
     return replace(opts, disk_read_bps=rate.bytes_per_s, disk_read_note=note)
 
 
-def make_plan(hw: HardwareProfile, layout: ModelLayout, opts: PlanOptions) -> LaunchPlan:
-    """Plan ``layout`` on ``hw`` with ``opts`` (see the module docstring)."""
-    opts = with_disk_rate(hw, opts)
-    ctx, ctx_note = plan_ctx(layout, opts)
-    _check_options(layout, opts)
+@dataclass(frozen=True)
+class _Sizes:
+    """What each layer and the output need on the device that runs them, for one context."""
+
+    kv: list[int]  # KV cache per layer
+    state: list[int]  # recurrent (KDA) state per layer
+    stack: list[int]  # the AttnRes stack a GPU needs when this is its last layer
+    stack_out: int  # ... when it runs the output (all of it)
+    output_bytes: int  # the output layer's weights
+    logits: int
+    mmproj: int  # the projector with its compute buffer (0: no projector)
+
+
+def _sizes(layout: ModelLayout, opts: PlanOptions, ctx: int) -> _Sizes:
     hp = layout.hparams
     layers = layout.layers
     n = len(layers)
-    kv = [kv_cache_layer_bytes(hp, i, ctx, opts.kv_type) for i in range(n)]
-    state = [recurrent_state_layer_bytes(hp, i, opts.parallel) for i in range(n)]
-    output_bytes = layout.global_bytes - layout.token_embd_bytes
-    logits = 4 * opts.ubatch * hp.vocab_size
-    want_mmproj = opts.mmproj is not None or (opts.mmproj_bytes or 0) > 0
     mmproj = 0
-    if want_mmproj:
+    if opts.mmproj is not None or (opts.mmproj_bytes or 0) > 0:
         mmproj = (opts.mmproj_bytes or MMPROJ_DEFAULT_BYTES) + MMPROJ_COMPUTE_BYTES
+    return _Sizes(
+        kv=[kv_cache_layer_bytes(hp, i, ctx, opts.kv_type) for i in range(n)],
+        state=[recurrent_state_layer_bytes(hp, i, opts.parallel) for i in range(n)],
+        stack=[attn_res_stack_bytes(hp, x.index, ubatch=opts.ubatch, ctx=ctx) for x in layers],
+        stack_out=attn_res_stack_bytes(hp, n - 1, ubatch=opts.ubatch, ctx=ctx),
+        output_bytes=layout.global_bytes - layout.token_embd_bytes,
+        logits=4 * opts.ubatch * hp.vocab_size,
+        mmproj=mmproj,
+    )
 
-    pool = ram_budget(hw, opts)
+
+def _gpus(
+    hw: HardwareProfile, layout: ModelLayout, opts: PlanOptions, pool: int, ctx: int
+) -> list[_Gpu]:
+    """Every GPU with its budget: free memory less the margin, or on unified memory its
+    share of the one RAM pool less what the CPU side needs at least."""
+    hp = layout.hparams
     unified = [g for g in hw.gpus if g.unified_memory]
     gpu_compute = compute_buffer_bytes(hp, ctx, ubatch=opts.ubatch, flash_attn=opts.flash_attn)
     cpu_compute = compute_buffer_bytes(
@@ -287,83 +311,289 @@ def make_plan(hw: HardwareProfile, layout: ModelLayout, opts: PlanOptions) -> La
     for pos, g in enumerate(hw.gpus):
         fixed = CUDA_RUNTIME_BYTES + gpu_compute
         if g.unified_memory:
-            # one pool: what the CPU side needs at least comes off the GPU's share
             share = pool // max(len(unified), 1)
             cap = share - (layout.token_embd_bytes + cpu_compute) // max(len(unified), 1)
         else:
             cap = g.vram_free - opts.gpu_margin
         gpus.append(_Gpu(pos, g, max(cap, 0), fixed))
-    usable = [g for g in gpus if g.capacity > g.fixed]
+    return gpus
 
-    # the AttnRes stack a GPU needs for the last layer it runs (the output: all of it)
-    stack = [attn_res_stack_bytes(hp, layer.index, ubatch=opts.ubatch, ctx=ctx) for layer in layers]
-    stack_out = attn_res_stack_bytes(hp, n - 1, ubatch=opts.ubatch, ctx=ctx)
+
+def _place(
+    layout: ModelLayout,
+    opts: PlanOptions,
+    sizes: _Sizes,
+    usable: list[_Gpu],
+    reserve_mmproj: bool,
+) -> _Placement | None:
+    """Steps 1 and 2 of the module docstring (None: no GPU has room for even one layer)."""
+    if not usable:
+        return None
+    layers = layout.layers
+    n = len(layers)
+    caps = [
+        max(g.capacity - g.fixed - (sizes.mmproj if reserve_mmproj and k == 0 else 0), 0)
+        for k, g in enumerate(usable)
+    ]
+    out_item = sizes.output_bytes + sizes.logits
     moe_starts = sorted({0} | {layer.index + 1 for layer in layers if layer.ffn == "moe"})
     if opts.n_cpu_moe is not None:
         moe_starts = [min(opts.n_cpu_moe, n)]
-
-    def place(reserve_mmproj: bool) -> _Placement | None:
-        if not usable:
-            return None
-        caps = [
-            g.capacity - g.fixed - (mmproj if reserve_mmproj and k == 0 else 0)
-            for k, g in enumerate(usable)
+    for cut in moe_starts:
+        items = [
+            layer.other_bytes
+            + (layer.expert_bytes if layer.ffn == "moe" and layer.index >= cut else 0)
+            + sizes.kv[layer.index]
+            + sizes.state[layer.index]
+            for layer in layers
         ]
-        caps = [max(c, 0) for c in caps]
-        out_item = output_bytes + logits
-        for cut in moe_starts:
-            items = [
-                layer.other_bytes
-                + (layer.expert_bytes if layer.ffn == "moe" and layer.index >= cut else 0)
-                + kv[layer.index]
-                + state[layer.index]
-                for layer in layers
-            ]
-            assign = _balanced([*items, out_item], caps, [*stack, stack_out])
-            if assign is not None:
-                return _Placement(cut, 0, assign, reserve_mmproj)
-        if opts.n_cpu_moe is not None and opts.n_cpu_moe < n:
-            raise PlanError(
-                f"With --n-cpu-moe {opts.n_cpu_moe} the layers of {layout.first_part} do not "
-                f"fit the GPUs ({_fmt_free(usable)} usable after the margin).",
-                f"Use a larger --n-cpu-moe (up to {n}) or leave it out to let k3desk choose.",
-            )
-        for first in range(1, n + 1):  # fewer layers on the GPUs, every expert in RAM
-            items = [layers[i].other_bytes + kv[i] + state[i] for i in range(first, n)]
-            assign = _balanced([*items, out_item], caps, [*stack[first:], stack_out])
-            if assign is not None:
-                return _Placement(n, first, assign, reserve_mmproj)
-        return None
-
-    plain = place(False)
-    chosen = plain
-    if want_mmproj and plain is not None and opts.mmproj_on_cpu is not True:
-        try:
-            with_mm = place(True)
-        except PlanError:  # a forced --n-cpu-moe leaves no room for the projector
-            with_mm = None
-        forced = opts.mmproj_on_cpu is False
-        same = (
-            with_mm is not None
-            and with_mm.n_cpu_moe == plain.n_cpu_moe
-            and with_mm.first_gpu_layer == plain.first_gpu_layer
+        assign = _balanced([*items, out_item], caps, [*sizes.stack, sizes.stack_out])
+        if assign is not None:
+            return _Placement(cut, 0, assign, reserve_mmproj)
+    if opts.n_cpu_moe is not None and opts.n_cpu_moe < n:
+        raise PlanError(
+            f"With --n-cpu-moe {opts.n_cpu_moe} the layers of {layout.first_part} do not "
+            f"fit the GPUs ({_fmt_free(usable)} usable after the margin).",
+            f"Use a larger --n-cpu-moe (up to {n}) or leave it out to let k3desk choose.",
         )
-        if with_mm is not None and (same or forced or bool(unified)):
-            chosen = with_mm
-    return _build(
+    for first in range(1, n + 1):  # fewer layers on the GPUs, every expert in RAM
+        items = [layers[i].other_bytes + sizes.kv[i] + sizes.state[i] for i in range(first, n)]
+        assign = _balanced([*items, out_item], caps, [*sizes.stack[first:], sizes.stack_out])
+        if assign is not None:
+            return _Placement(n, first, assign, reserve_mmproj)
+    return None
+
+
+def _choose_placement(
+    layout: ModelLayout, opts: PlanOptions, sizes: _Sizes, usable: list[_Gpu], unified: bool
+) -> _Placement | None:
+    """The placement, with the projector on GPU 0 when that costs no expert layer (or
+    when asked, or on unified memory, where both sides share one pool)."""
+    plain = _place(layout, opts, sizes, usable, False)
+    if not sizes.mmproj or plain is None or opts.mmproj_on_cpu is True:
+        return plain
+    try:
+        with_mm = _place(layout, opts, sizes, usable, True)
+    except PlanError:  # a forced --n-cpu-moe leaves no room for the projector
+        return plain
+    if with_mm is None:
+        return plain
+    same = with_mm.n_cpu_moe == plain.n_cpu_moe and with_mm.first_gpu_layer == plain.first_gpu_layer
+    return with_mm if (same or opts.mmproj_on_cpu is False or unified) else plain
+
+
+def make_plan(hw: HardwareProfile, layout: ModelLayout, opts: PlanOptions) -> LaunchPlan:
+    """Plan ``layout`` on ``hw`` with ``opts`` (see the module docstring)."""
+    opts = with_disk_rate(hw, opts)
+    ctx, ctx_note = plan_ctx(layout, opts)
+    _check_options(layout, opts)
+    sizes = _sizes(layout, opts, ctx)
+    pool = ram_budget(hw, opts)
+    usable = [g for g in _gpus(hw, layout, opts, pool, ctx) if g.capacity > g.fixed]
+    unified = any(g.unified_memory for g in hw.gpus)
+    chosen = _choose_placement(layout, opts, sizes, usable, unified)
+    return _build(hw, layout, replace(opts, ctx=ctx), chosen, usable, pool, sizes, ctx_note)
+
+
+@dataclass
+class _Map:
+    """Where each layer went, and what that puts on each device."""
+
+    placements: list[LayerPlacement]
+    gpu_w: dict[int, int]  # by GPU position: weights
+    gpu_kv: dict[int, int]
+    gpu_state: dict[int, int]
+    gpu_layers: dict[int, int]  # layers it runs (the output counted as one)
+    gpu_last: dict[int, int]  # the last layer it runs (its AttnRes stack)
+    ram_last: int = -1
+    output_device: str = "RAM"
+    ram_w: int = 0  # the token embedding
+    ram_kv: int = 0
+    ram_state: int = 0
+    ram_expert: int = 0
+    ram_dense: int = 0
+
+
+def _layer_map(
+    layout: ModelLayout, pl: _Placement | None, usable: list[_Gpu], sizes: _Sizes
+) -> _Map:
+    def zeros() -> dict[int, int]:
+        return {g.pos: 0 for g in usable}
+
+    m = _Map([], zeros(), zeros(), zeros(), zeros(), {}, ram_w=layout.token_embd_bytes)
+    for layer in layout.layers:
+        i = layer.index
+        if pl is not None and i >= pl.first_gpu_layer:
+            pos = usable[pl.assign[i - pl.first_gpu_layer]].pos
+            home = f"CUDA{pos}"
+            m.gpu_w[pos] += layer.other_bytes
+            m.gpu_kv[pos] += sizes.kv[i]
+            m.gpu_state[pos] += sizes.state[i]
+            m.gpu_layers[pos] += 1
+            m.gpu_last[pos] = i
+        else:
+            home = "RAM"
+            m.ram_last = i
+            m.ram_dense += layer.other_bytes
+            m.ram_kv += sizes.kv[i]
+            m.ram_state += sizes.state[i]
+        if layer.ffn != "moe" or layer.expert_bytes == 0:
+            exp_dev = "none"
+        elif pl is not None and i >= pl.n_cpu_moe and home != "RAM":
+            exp_dev = home
+            m.gpu_w[usable[pl.assign[i - pl.first_gpu_layer]].pos] += layer.expert_bytes
+        else:
+            exp_dev = "RAM"
+            m.ram_expert += layer.expert_bytes
+        m.placements.append(
+            LayerPlacement(
+                i, layer.attention, layer.ffn, home, exp_dev, layer.other_bytes, layer.expert_bytes
+            )
+        )
+    n = len(layout.layers)
+    if pl is not None:
+        pos = usable[pl.assign[-1]].pos
+        m.output_device = f"CUDA{pos}"
+        m.gpu_w[pos] += sizes.output_bytes
+        m.gpu_layers[pos] += 1
+        m.gpu_last[pos] = n - 1  # the final res_mix reads the whole stack
+    else:
+        m.ram_dense += sizes.output_bytes
+        m.ram_last = n - 1
+    return m
+
+
+def _devices(
+    layout: ModelLayout,
+    opts: PlanOptions,
+    pl: _Placement | None,
+    usable: list[_Gpu],
+    m: _Map,
+    sizes: _Sizes,
+    pool: int,
+) -> tuple[list[DeviceMemory], DeviceMemory]:
+    """The memory of every GPU the plan uses, then of RAM (also the last of the list)."""
+    hp = layout.hparams
+    ctx = _resolved_ctx(opts)
+    devices: list[DeviceMemory] = []
+    unified_used = 0
+    for g in usable if pl is not None else ():
+        stack = m.gpu_last.get(g.pos)
+        mem = DeviceMemory(
+            device=f"CUDA{g.pos}",
+            capacity=g.capacity,
+            weights=m.gpu_w[g.pos],
+            kv_cache=m.gpu_kv[g.pos],
+            recurrent_state=m.gpu_state[g.pos],
+            compute=g.fixed
+            + (sizes.logits if m.output_device == f"CUDA{g.pos}" else 0)
+            + (
+                attn_res_stack_bytes(hp, stack, ubatch=opts.ubatch, ctx=ctx)
+                if stack is not None
+                else 0
+            ),
+            other=sizes.mmproj if (pl is not None and pl.mmproj_on_gpu and g is usable[0]) else 0,
+        )
+        devices.append(mem)
+        if g.info.unified_memory:
+            unified_used += mem.used
+    mmproj_on_gpu = pl is not None and pl.mmproj_on_gpu
+    ram_compute = compute_buffer_bytes(
+        hp,
+        ctx,
+        ubatch=opts.ubatch,
+        flash_attn=opts.flash_attn,
+        with_output=pl is None,
+        experts_here=pl is None or m.ram_expert > 0,
+        last_layer=m.ram_last if m.ram_last >= 0 else None,
+    )
+    ram = DeviceMemory(
+        device="RAM",
+        capacity=max(0, pool - unified_used) if unified_used else pool,
+        weights=m.ram_w + m.ram_dense + m.ram_expert,
+        kv_cache=m.ram_kv,
+        recurrent_state=m.ram_state,
+        compute=ram_compute,
+        other=sizes.mmproj if (sizes.mmproj and not mmproj_on_gpu) else 0,
+    )
+    devices.append(ram)
+    return devices, ram
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """The verdict and the RAM figures behind it."""
+
+    verdict: VerdictKind
+    need: int  # RAM for the whole model to stay resident
+    anon: int  # anonymous memory: buffers, and repacked weights unless --no-repack
+    shortfall: int
+    stream_bytes: int  # mmap'd weights the page cache cannot hold
+    miss: float  # share of expert reads that miss the page cache
+    dense_miss: float
+    no_repack: bool
+    repack: int  # bytes ggml-cpu would repack
+
+
+def _fit(
+    hw: HardwareProfile,
+    layout: ModelLayout,
+    opts: PlanOptions,
+    placements: list[LayerPlacement],
+    ram: DeviceMemory,
+    ram_expert: int,
+    output_device: str,
+) -> _Fit:
+    """RAM holds two kinds of memory.  The weights are mmap'd: page cache, which the
+    kernel evicts and pages in again from the shards as tokens need them, so they may
+    exceed RAM (llama.cpp then reads from disk).  Buffers (KV cache, state, compute,
+    projector) and weights ggml-cpu repacks (repack.py) are anonymous memory: when they
+    do not fit, the load fails."""
+    ram_cap = ram.capacity
+    anon = ram.kv_cache + ram.recurrent_state + ram.compute + ram.other
+    resident_short = max(0, ram.used - ram_cap)  # RAM missing for the whole model to stay
+    repack = repack_bytes(
         hw,
         layout,
-        replace(opts, ctx=ctx),
-        chosen,
-        usable,
-        pool,
-        kv,
-        state,
-        mmproj,
-        gpu_compute,
-        cpu_compute,
-        ctx_note,
+        (p.index for p in placements if p.expert_device == "RAM"),
+        (p.index for p in placements if p.non_expert_device == "RAM"),
+        output_device == "RAM",
     )
+    # Repacked copies replace the file's pages of the same weights, so they cost nothing
+    # while the model stays resident; when it does not, they take from the page cache
+    # the streaming needs and may not be allocatable at all.
+    no_repack = has(opts.extra_args, NO_REPACK) or (repack > 0 and resident_short > 0)
+    anon_total = anon + (0 if no_repack else repack)
+    verdict: VerdictKind
+    if anon_total > ram_cap:
+        return _Fit("no-fit", ram.used, anon_total, anon_total - ram_cap, 0, 0.0, 0.0,
+                    no_repack, repack)  # fmt: skip
+    if resident_short > 0:
+        cache = ram_cap - anon_total
+        miss, dense_miss = stream_misses(cache, ram.weights - ram_expert, ram_expert)
+        return _Fit("stream", ram.used, anon_total, resident_short, ram.weights - cache, miss,
+                    dense_miss, no_repack, repack)  # fmt: skip
+    if output_device == "RAM":  # nothing on a GPU
+        verdict = "cpu"
+    elif any(p.expert_device == "RAM" or p.non_expert_device == "RAM" for p in placements):
+        verdict = "hybrid"
+    else:
+        verdict = "gpu"
+    return _Fit(verdict, ram.used, anon_total, 0, 0, 0.0, 0.0, no_repack, repack)
+
+
+def _offload(
+    hw: HardwareProfile, pl: _Placement | None, n: int, m: _Map, usable: list[_Gpu]
+) -> Offload:
+    """The placement as llama-server's options: -ngl, --n-cpu-moe, -ts, the projector."""
+    if pl is None:
+        # an engine without a GPU backend takes no GPU flags
+        return Offload(gpu_layers=0 if hw.gpus else None)
+    ngl = n + 1 - pl.first_gpu_layer
+    split: tuple[int, ...] = ()
+    if len(usable) > 1:  # -ts covers every CUDA device in order; unusable ones get 0
+        split = tuple(m.gpu_layers.get(p, 0) for p in range(len(hw.gpus)))
+    return Offload(ALL_LAYERS if ngl >= n + 1 else ngl, pl.n_cpu_moe, split, pl.mmproj_on_gpu)
 
 
 def _build(
@@ -373,379 +603,164 @@ def _build(
     pl: _Placement | None,
     usable: list[_Gpu],
     pool: int,
-    kv: list[int],
-    state: list[int],
-    mmproj: int,
-    gpu_compute: int,
-    cpu_compute: int,
+    sizes: _Sizes,
     ctx_note: str,
 ) -> LaunchPlan:
-    hp = layout.hparams
     ctx = _resolved_ctx(opts)
-    layers = layout.layers
-    n = len(layers)
-    output_bytes = layout.global_bytes - layout.token_embd_bytes
-    logits = 4 * opts.ubatch * hp.vocab_size
-    on_gpu = pl is not None
-
-    def dev(k: int) -> str:
-        return f"CUDA{usable[k].pos}"
-
-    # ------------------------------------------------------------ per-layer map
-    placements: list[LayerPlacement] = []
-    gpu_w = {g.pos: 0 for g in usable}
-    gpu_kv = {g.pos: 0 for g in usable}
-    gpu_state = {g.pos: 0 for g in usable}
-    gpu_layers = {g.pos: 0 for g in usable}
-    gpu_last: dict[int, int] = {}  # the last layer each GPU runs (its AttnRes stack)
-    ram_last = -1
-    output_device = "RAM"
-    ram_w = layout.token_embd_bytes
-    ram_kv = ram_state = 0
-    ram_expert = 0
-    ram_dense = 0
-    for layer in layers:
-        i = layer.index
-        if pl is not None and i >= pl.first_gpu_layer:
-            k = pl.assign[i - pl.first_gpu_layer]
-            home = dev(k)
-            pos = usable[k].pos
-            gpu_w[pos] += layer.other_bytes
-            gpu_kv[pos] += kv[i]
-            gpu_state[pos] += state[i]
-            gpu_layers[pos] += 1
-            gpu_last[pos] = i
-        else:
-            home = "RAM"
-            ram_last = i
-            ram_dense += layer.other_bytes
-            ram_kv += kv[i]
-            ram_state += state[i]
-        if layer.ffn != "moe" or layer.expert_bytes == 0:
-            exp_dev = "none"
-        elif pl is not None and i >= pl.n_cpu_moe and home != "RAM":
-            exp_dev = home
-            gpu_w[usable[pl.assign[i - pl.first_gpu_layer]].pos] += layer.expert_bytes
-        else:
-            exp_dev = "RAM"
-            ram_expert += layer.expert_bytes
-        placements.append(
-            LayerPlacement(
-                i, layer.attention, layer.ffn, home, exp_dev, layer.other_bytes, layer.expert_bytes
-            )
-        )
-    if pl is not None:
-        k = pl.assign[-1]
-        output_device = dev(k)
-        gpu_w[usable[k].pos] += output_bytes
-        gpu_layers[usable[k].pos] += 1
-        gpu_last[usable[k].pos] = n - 1  # the final res_mix reads the whole stack
-    else:
-        ram_dense += output_bytes
-        ram_last = n - 1
-
-    # ------------------------------------------------------------ devices
-    devices: list[DeviceMemory] = []
-    unified_used = 0
-    for g in usable:
-        if pl is None:
-            break
-        holds_output = output_device == f"CUDA{g.pos}"
-        other = mmproj if (pl.mmproj_on_gpu and g is usable[0]) else 0
-        mem = DeviceMemory(
-            device=f"CUDA{g.pos}",
-            capacity=g.capacity,
-            weights=gpu_w[g.pos],
-            kv_cache=gpu_kv[g.pos],
-            recurrent_state=gpu_state[g.pos],
-            compute=g.fixed
-            + (logits if holds_output else 0)
-            + (
-                attn_res_stack_bytes(hp, gpu_last[g.pos], ubatch=opts.ubatch, ctx=ctx)
-                if g.pos in gpu_last
-                else 0
-            ),
-            other=other,
-        )
-        devices.append(mem)
-        if g.info.unified_memory:
-            unified_used += mem.used
-    mmproj_on_gpu = pl is not None and pl.mmproj_on_gpu
-    ram_other = mmproj if (mmproj and not mmproj_on_gpu) else 0
-    ram_compute = compute_buffer_bytes(
-        hp,
-        ctx,
-        ubatch=opts.ubatch,
-        flash_attn=opts.flash_attn,
-        with_output=pl is None,
-        experts_here=pl is None or ram_expert > 0,
-        last_layer=ram_last if ram_last >= 0 else None,
-    )
-    ram_cap = max(0, pool - unified_used) if unified_used else pool
-    ram = DeviceMemory(
-        device="RAM",
-        capacity=ram_cap,
-        weights=ram_w + ram_dense + ram_expert,
-        kv_cache=ram_kv,
-        recurrent_state=ram_state,
-        compute=ram_compute,
-        other=ram_other,
-    )
-    devices.append(ram)
-
-    # ------------------------------------------------------------ verdict
-    # RAM holds two kinds of memory.  The weights are mmap'd: page cache, which the
-    # kernel evicts and pages in again from the shards as tokens need them, so they
-    # may exceed RAM (llama.cpp then reads from disk).  Buffers (KV cache, state,
-    # compute, projector) and weights ggml-cpu repacks (repack.py) are anonymous
-    # memory: when they do not fit, the load fails.
-    need = ram.used
-    anon = ram.kv_cache + ram.recurrent_state + ram.compute + ram.other
-    mapped = ram.weights
-    resident_short = max(0, need - ram_cap)  # RAM missing for the whole model to stay
-    repack = repack_bytes(
-        hw,
-        layout,
-        (p.index for p in placements if p.expert_device == "RAM"),
-        (p.index for p in placements if p.non_expert_device == "RAM"),
-        output_device == "RAM",
-    )
-    asked_no_repack = any(a in NO_REPACK_FLAGS for a in opts.extra_args)
-    # Repacked copies replace the file's pages of the same weights, so they cost nothing
-    # while the model stays resident; when it does not, they take from the page cache
-    # the streaming needs and may not be allocatable at all.
-    no_repack = asked_no_repack or (repack > 0 and resident_short > 0)
-    anon_total = anon + (0 if no_repack else repack)
-    stream_bytes = 0
-    miss = dense_miss = 0.0
-    moe_on_gpu = [p.index for p in placements if p.expert_device.startswith("CUDA")]
-    moe_in_ram = [p.index for p in placements if p.expert_device == "RAM"]
-    dense_in_ram = [p.index for p in placements if p.non_expert_device == "RAM"]
-    verdict: VerdictKind
-    shortfall = resident_short
-    if anon_total > ram_cap:
-        verdict = "no-fit"
-        shortfall = anon_total - ram_cap
-    elif resident_short == 0:
-        if not on_gpu:
-            verdict = "cpu"
-        elif not moe_in_ram and not dense_in_ram:
-            verdict = "gpu"
-        else:
-            verdict = "hybrid"
-    else:
-        verdict = "stream"
-        miss, dense_miss = stream_misses(ram_cap - anon_total, mapped - ram_expert, ram_expert)
-        stream_bytes = mapped - (ram_cap - anon_total)
-    if verdict != "no-fit":
-        shortfall = resident_short
-
-    n_cpu_moe = pl.n_cpu_moe if pl is not None else n
-    ngl = (n + 1 - pl.first_gpu_layer) if pl is not None else 0
-    tensor_split = tuple(gpu_layers[g.pos] for g in usable) if (pl and len(usable) > 1) else ()
-
+    n = len(layout.layers)
+    m = _layer_map(layout, pl, usable, sizes)
+    devices, ram = _devices(layout, opts, pl, usable, m, sizes, pool)
+    fit = _fit(hw, layout, opts, m.placements, ram, m.ram_expert, m.output_device)
     speed = predict_speed(
         hw,
         layout,
-        placements,
-        output_device,
+        m.placements,
+        m.output_device,
         ctx=ctx,
         kv_type=opts.kv_type,
         depth=opts.speed_depth,
-        stream_miss=miss,
-        dense_miss=dense_miss,
+        stream_miss=fit.miss,
+        dense_miss=fit.dense_miss,
         disk_read_bps=opts.disk_read_bps,
         threads=opts.threads,
         threads_batch=opts.threads_batch,
         ubatch=opts.ubatch,
     )
-
     token_s = 1.0 / speed.expected_tps if speed.expected_tps > 0 else 0.0
     load_s = load_seconds(layout, opts.disk_read_bps, token_s)
-    args = _server_args(layout, opts, pl, n, ngl, tensor_split, usable, hw, mmproj_on_gpu)
-    if no_repack and not asked_no_repack:
-        args.append("--no-repack")
-    reason, notes = _explain(
-        hw,
-        layout,
-        opts,
-        verdict,
-        pl,
-        placements,
-        devices,
-        ram,
-        need,
-        anon_total,
-        shortfall,
-        stream_bytes,
-        moe_on_gpu,
-        moe_in_ram,
-        dense_in_ram,
-        mmproj,
-        mmproj_on_gpu,
-        speed.expected_tps,
-        no_repack,
-        repack,
-        load_s,
-    )
+    model = str(layout.first_part) if layout.parts else "model.gguf"
+    offload = _offload(hw, pl, n, m, usable)
+    facts = _Facts(hw, layout, opts, pl, m.placements, devices, ram, fit, sizes.mmproj)
+    reason, notes = _explain(facts, speed.expected_tps, load_s)
     if ctx_note:
         notes.insert(0, ctx_note)
     return LaunchPlan(
-        verdict=verdict,
+        verdict=fit.verdict,
         reason=reason,
-        n_cpu_moe=n_cpu_moe if on_gpu else 0,
-        n_gpu_layers=ngl,
-        server_args=tuple(args),
+        n_cpu_moe=pl.n_cpu_moe if pl is not None else 0,
+        n_gpu_layers=(n + 1 - pl.first_gpu_layer) if pl is not None else 0,
+        server_args=server_args(model, opts, offload, no_repack=fit.no_repack),
         devices=tuple(devices),
-        layers=tuple(placements),
+        layers=tuple(m.placements),
         speed=speed,
         ctx=ctx,
         model_bytes=layout.total_tensor_bytes,
-        shortfall=shortfall,
+        shortfall=fit.shortfall,
         notes=tuple(notes),
-        tensor_split=tensor_split,
-        mmproj_on_gpu=mmproj_on_gpu,
-        output_device=output_device,
-        stream_bytes=stream_bytes,
+        tensor_split=offload.tensor_split and tuple(m.gpu_layers[g.pos] for g in usable),
+        mmproj_on_gpu=pl is not None and pl.mmproj_on_gpu,
+        output_device=m.output_device,
+        stream_bytes=fit.stream_bytes,
         ctx_note=ctx_note,
-        no_repack=no_repack,
-        repack_bytes=repack,
-        anon_bytes=anon_total,
+        no_repack=fit.no_repack,
+        repack_bytes=fit.repack,
+        anon_bytes=fit.anon,
         load_seconds=load_s,
     )
 
 
-def _server_args(
-    layout: ModelLayout,
-    opts: PlanOptions,
-    pl: _Placement | None,
-    n: int,
-    ngl: int,
-    tensor_split: tuple[int, ...],
-    usable: list[_Gpu],
-    hw: HardwareProfile,
-    mmproj_on_gpu: bool,
-) -> list[str]:
-    model = str(layout.first_part) if layout.parts else "model.gguf"
-    args = ["-m", model]
-    if pl is None:
-        if hw.gpus:  # an engine without a GPU backend takes no GPU flags
-            args += ["-ngl", "0"]
-    else:
-        args += ["-ngl", "99" if ngl >= n + 1 else str(ngl)]
-        if pl.n_cpu_moe > 0:
-            args += ["--n-cpu-moe", str(pl.n_cpu_moe)]
-        if tensor_split:
-            # -ts covers every CUDA device in order; unusable ones get 0
-            by_pos = {g.pos: c for g, c in zip(usable, tensor_split, strict=True)}
-            args += ["-ts", ",".join(str(by_pos.get(p, 0)) for p in range(len(hw.gpus)))]
-    ctx = _resolved_ctx(opts)
-    args += ["-c", str(ctx), "-ctk", opts.kv_type, "-ctv", opts.kv_type]
-    args += ["-fa", "on" if opts.flash_attn else "off", "--jinja"]
-    if opts.no_warmup:
-        args.append("--no-warmup")
-    args += ["--parallel", str(opts.parallel)]
-    # the prompt and decode counters calibration reads (k3desk.core.tuning.metrics)
-    args.append("--metrics")
-    if opts.threads is not None:
-        args += ["-t", str(opts.threads)]
-    if opts.threads_batch is not None:
-        args += ["-tb", str(opts.threads_batch)]
-    if opts.batch is not None:
-        args += ["-b", str(opts.batch)]
-    if opts.ubatch != DEFAULT_UBATCH:
-        args += ["-ub", str(opts.ubatch)]
-    args += ["--temp", repr(float(opts.temperature)), "--top-p", repr(float(opts.top_p))]
-    if opts.mmproj is not None:
-        args += ["--mmproj", str(opts.mmproj)]
-        if pl is not None and not mmproj_on_gpu:
-            args.append("--no-mmproj-offload")
-    args += list(opts.extra_args)
-    return args
+@dataclass(frozen=True)
+class _Facts:
+    """A finished placement, for the words that explain it."""
+
+    hw: HardwareProfile
+    layout: ModelLayout
+    opts: PlanOptions
+    pl: _Placement | None
+    placements: list[LayerPlacement]
+    devices: list[DeviceMemory]
+    ram: DeviceMemory
+    fit: _Fit
+    mmproj: int
+
+    @property
+    def gpus(self) -> list[DeviceMemory]:
+        return [d for d in self.devices if d.device != "RAM"]
+
+    @property
+    def ram_expert(self) -> int:
+        return sum(p.expert_bytes for p in self.placements if p.expert_device == "RAM")
+
+    @property
+    def moe_on_gpu(self) -> list[int]:
+        return [p.index for p in self.placements if p.expert_device.startswith("CUDA")]
+
+    @property
+    def dense_in_ram(self) -> list[int]:
+        return [p.index for p in self.placements if p.non_expert_device == "RAM"]
+
+    @property
+    def mmproj_on_gpu(self) -> bool:
+        return self.pl is not None and self.pl.mmproj_on_gpu
 
 
-def _explain(
-    hw: HardwareProfile,
-    layout: ModelLayout,
-    opts: PlanOptions,
-    verdict: VerdictKind,
-    pl: _Placement | None,
-    placements: list[LayerPlacement],
-    devices: list[DeviceMemory],
-    ram: DeviceMemory,
-    need: int,
-    anon: int,
-    shortfall: int,
-    stream_bytes: int,
-    moe_on_gpu: list[int],
-    moe_in_ram: list[int],
-    dense_in_ram: list[int],
-    mmproj: int,
-    mmproj_on_gpu: bool,
-    tps: float,
-    no_repack: bool = False,
-    repack: int = 0,
-    load_s: float = 0.0,
-) -> tuple[str, list[str]]:
-    hp = layout.hparams
-    n = len(layout.layers)
-    ctx = _resolved_ctx(opts)
-    gpus = [d for d in devices if d.device != "RAM"]
-    gpu_used = sum(d.used for d in gpus)
-    gpu_cap = sum(d.capacity for d in gpus)
-    ram_expert = sum(p.expert_bytes for p in placements if p.expert_device == "RAM")
-    notes: list[str] = []
-    if verdict == "gpu":
+def _explain(f: _Facts, tps: float, load_s: float) -> tuple[str, list[str]]:
+    return _reason(f, tps), [*_placement_notes(f), *_memory_notes(f, load_s)]
+
+
+def _reason(f: _Facts, tps: float) -> str:
+    """The verdict in one sentence."""
+    hw, opts, ram, fit = f.hw, f.opts, f.ram, f.fit
+    if fit.verdict == "gpu":
         if any(g.unified_memory for g in hw.gpus):
             left = f"{fmt_bytes(opts.ram_margin)} of RAM left for the system"
         else:
             left = f"{fmt_bytes(opts.gpu_margin)} left free on each"
-        reason = (
-            f"Everything fits on the {len(gpus)} GPU(s): {fmt_bytes(gpu_used)} of "
-            f"{fmt_bytes(gpu_cap)} usable, {left}."
+        return (
+            f"Everything fits on the {len(f.gpus)} GPU(s): "
+            f"{fmt_bytes(sum(d.used for d in f.gpus))} of "
+            f"{fmt_bytes(sum(d.capacity for d in f.gpus))} usable, {left}."
         )
-    elif verdict == "hybrid":
+    if fit.verdict == "hybrid":
+        dense_in_ram = f.dense_in_ram
         if dense_in_ram:
-            on_gpus = [p.index for p in placements if p.index not in dense_in_ram]
-            reason = (
+            on_gpus = [p.index for p in f.placements if p.index not in dense_in_ram]
+            return (
                 f"The GPUs hold only layers {_fmt_ranges(on_gpus)} without their experts; "
                 f"layers {_fmt_ranges(dense_in_ram)} and every expert "
-                f"({fmt_bytes(ram_expert)}) run from RAM."
+                f"({fmt_bytes(f.ram_expert)}) run from RAM."
             )
-        else:
-            reason = (
-                f"The GPUs hold every layer's attention and shared weights and the experts of "
-                f"{len(moe_on_gpu)} layers; the experts of {len(moe_in_ram)} layers "
-                f"({fmt_bytes(ram_expert)}) stay in RAM (--n-cpu-moe {pl.n_cpu_moe if pl else n})."
-            )
-    elif verdict == "cpu":
+        moe_in_ram = [p.index for p in f.placements if p.expert_device == "RAM"]
+        n_cpu_moe = f.pl.n_cpu_moe if f.pl else len(f.layout.layers)
+        return (
+            f"The GPUs hold every layer's attention and shared weights and the experts of "
+            f"{len(f.moe_on_gpu)} layers; the experts of {len(moe_in_ram)} layers "
+            f"({fmt_bytes(f.ram_expert)}) stay in RAM (--n-cpu-moe {n_cpu_moe})."
+        )
+    if fit.verdict == "cpu":
         why = "no GPU was found" if not hw.gpus else "no GPU has room for even one layer"
-        reason = (
-            f"Runs on the CPU ({why}): the model and its buffers need {fmt_bytes(need)} "
+        return (
+            f"Runs on the CPU ({why}): the model and its buffers need {fmt_bytes(fit.need)} "
             f"of the {fmt_bytes(ram.capacity)} RAM available."
         )
-    elif verdict == "stream":
-        cache = max(0, ram.capacity - anon)
-        reason = (
+    if fit.verdict == "stream":
+        cache = max(0, ram.capacity - fit.anon)
+        return (
             f"Streams from disk: the model's weights in RAM ({fmt_bytes(ram.weights)}) miss "
-            f"the {fmt_bytes(cache)} of page cache left by {fmt_bytes(stream_bytes)}; "
+            f"the {fmt_bytes(cache)} of page cache left by {fmt_bytes(fit.stream_bytes)}; "
             "llama.cpp keeps them mmap'd and reads what a token needs from the shards "
             f"(about {fmt_tps(tps)} tok/s)."
         )
-    else:
-        buffers = ram.kv_cache + ram.recurrent_state + ram.compute + ram.other
-        reason = (
-            "Does not fit: the buffers llama.cpp allocates (KV cache, compute"
-            f"{', repacked weights' if anon > buffers else ''}) "
-            f"need {fmt_bytes(anon)} of RAM, only {fmt_bytes(ram.capacity)} is available "
-            f"after keeping {fmt_bytes(opts.ram_margin)} free for the system."
-        )
+    buffers = ram.kv_cache + ram.recurrent_state + ram.compute + ram.other
+    return (
+        "Does not fit: the buffers llama.cpp allocates (KV cache, compute"
+        f"{', repacked weights' if fit.anon > buffers else ''}) "
+        f"need {fmt_bytes(fit.anon)} of RAM, only {fmt_bytes(ram.capacity)} is available "
+        f"after keeping {fmt_bytes(opts.ram_margin)} free for the system."
+    )
 
-    # comparison with the usual recipe (every expert layer in RAM)
-    if pl is not None and moe_on_gpu:
+
+def _placement_notes(f: _Facts) -> list[str]:
+    """The comparison with the usual recipe, the layers, the KV cache, the projector."""
+    opts, pl, n = f.opts, f.pl, len(f.layout.layers)
+    notes: list[str] = []
+    moe_on_gpu = f.moe_on_gpu
+    if pl is not None and moe_on_gpu:  # the usual recipe: every expert layer in RAM
         ref = opts.reference_n_cpu_moe if opts.reference_n_cpu_moe is not None else n
-        ref_ram = {p.index for p in placements if p.ffn == "moe" and p.index < ref}
-        moved = [p for p in placements if p.index in ref_ram and p.expert_device.startswith("CUDA")]
+        ref_ram = {p.index for p in f.placements if p.ffn == "moe" and p.index < ref}
+        moved = [
+            p for p in f.placements if p.index in ref_ram and p.expert_device.startswith("CUDA")
+        ]
         if moved:
             who = opts.reference_label or "The usual recipe"
             notes.append(
@@ -759,41 +774,48 @@ def _explain(
             f"-ngl {n + 1 - pl.first_gpu_layer} offloads the last layers only; "
             "the rest run on the CPU."
         )
-    kv_total = sum(d.kv_cache for d in devices)
     notes.append(
-        f"KV cache: {fmt_bytes(kv_total)} for {ctx} tokens "
-        f"({kv_bytes_per_token(hp, opts.kv_type)} bytes per token, MLA layers only); "
-        f"KDA state: {fmt_bytes(sum(d.recurrent_state for d in devices))}."
+        f"KV cache: {fmt_bytes(sum(d.kv_cache for d in f.devices))} for "
+        f"{_resolved_ctx(opts)} tokens "
+        f"({kv_bytes_per_token(f.layout.hparams, opts.kv_type)} bytes per token, MLA layers "
+        f"only); KDA state: {fmt_bytes(sum(d.recurrent_state for d in f.devices))}."
     )
-    if mmproj:
-        if mmproj_on_gpu:
-            notes.append(
-                f"The projector ({fmt_bytes(mmproj)} with its buffer) goes on {gpus[0].device}."
-            )
-        elif pl is not None:
-            notes.append(
-                f"The projector ({fmt_bytes(mmproj)} with its buffer) stays in RAM "
-                "(--no-mmproj-offload) so it does not push an expert layer off the GPUs; "
-                "images encode more slowly."
-            )
+    if f.mmproj and f.mmproj_on_gpu:
+        notes.append(
+            f"The projector ({fmt_bytes(f.mmproj)} with its buffer) goes on {f.gpus[0].device}."
+        )
+    elif f.mmproj and pl is not None:
+        notes.append(
+            f"The projector ({fmt_bytes(f.mmproj)} with its buffer) stays in RAM "
+            "(--no-mmproj-offload) so it does not push an expert layer off the GPUs; "
+            "images encode more slowly."
+        )
+    return notes
+
+
+def _memory_notes(f: _Facts, load_s: float) -> list[str]:
+    """Unified memory, streaming, repacking and the cgroup limit."""
+    hw, opts, fit = f.hw, f.opts, f.fit
+    notes: list[str] = []
     if any(g.unified_memory for g in hw.gpus):
         notes.append("Unified memory: the GPU and the page cache share one RAM budget.")
-    if verdict == "stream" and shortfall:
+    if fit.verdict == "stream" and fit.shortfall:
         notes.append(
-            f"With {fmt_bytes(shortfall)} more free RAM the whole model would stay resident."
+            f"With {fmt_bytes(fit.shortfall)} more free RAM the whole model would stay resident."
         )
-    if no_repack and repack:
+    if fit.no_repack and fit.repack:
         why = (
             "they would not fit"
-            if anon + repack > ram.capacity
+            if fit.anon + fit.repack > f.ram.capacity
             else "they would take that much from the page cache the weights stream through"
         )
         notes.append(
-            f"--no-repack: ggml-cpu would copy {fmt_bytes(repack)} of weights into repacked "
-            f"buffers in anonymous memory (CPU_REPACK, not mmap'd), and {why}; without "
-            "repacking they stay mmap'd from the shards (matrix products run a little slower)."
+            f"--no-repack: ggml-cpu would copy {fmt_bytes(fit.repack)} of weights into "
+            f"repacked buffers in anonymous memory (CPU_REPACK, not mmap'd), and {why}; "
+            "without repacking they stay mmap'd from the shards (matrix products run a "
+            "little slower)."
         )
-    if verdict == "stream":
+    if fit.verdict == "stream":
         notes.append(
             "Streaming depends on the disk: keep the shards on a local NVMe drive "
             f"(read rate {opts.disk_read_note or f'{opts.disk_read_bps / 1e9:.1f} GB/s, assumed'})."
@@ -803,4 +825,4 @@ def _explain(
     mem = hw.memory
     if mem.cgroup_limit is not None and mem.cgroup_limit < mem.available:
         notes.append(f"A cgroup limit of {fmt_bytes(mem.cgroup_limit)} caps the RAM budget.")
-    return reason, notes
+    return notes

@@ -27,8 +27,9 @@ from collections.abc import Iterable, Mapping
 from k3desk.core.gguf.model import ModelLayout, TensorEntry
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.k3arch import is_expert_tensor, layer_of
+from k3desk.core.planning.argv import NO_REPACK
 
-NO_REPACK_FLAGS = ("--no-repack", "-nr")
+NO_REPACK_FLAGS = NO_REPACK.names
 
 # type -> the row count (ne[1]) a repacked kernel needs a multiple of
 _X86_AVX2 = {"Q4_0": 8, "Q4_K": 8, "IQ4_NL": 8, "MXFP4": 8}

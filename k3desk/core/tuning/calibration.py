@@ -32,6 +32,7 @@ from typing import Any
 from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.localfiles import check_dict, check_int, check_text, check_when, load_checked
+from k3desk.core.planning.argv import THREADS, int_value
 from k3desk.core.planning.model import LaunchPlan, SpeedPrediction
 from k3desk.core.planning.speed import predict_speed
 from k3desk.core.private import write_private
@@ -331,7 +332,7 @@ class SpeedTracker:
         self.plan = plan
         self.store = store
         if threads is None:
-            threads = arg_int(plan.server_args, "-t", "--threads")
+            threads = int_value(plan.server_args, THREADS)
         self.threads = threads
         self._clock = clock
 

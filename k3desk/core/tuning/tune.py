@@ -43,6 +43,7 @@ from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.gguf.validate import inspect_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.paths import AppPaths
+from k3desk.core.planning.argv import BATCH, UBATCH, engine_defaults_args, without
 from k3desk.core.planning.model import LaunchPlan, PlanOptions
 from k3desk.core.planning.plan import make_plan
 from k3desk.core.planning.speed import default_threads
@@ -302,16 +303,7 @@ def candidates(req: TuneRequest) -> list[Candidate]:
 
 def without_batch_args(args: Sequence[str]) -> tuple[str, ...]:
     """``args`` less its ``-b``/``-ub`` flags and their values."""
-    out: list[str] = []
-    skip = False
-    for a in args:
-        if skip:
-            skip = False
-        elif a in ("-b", "-ub", "--batch-size", "--ubatch-size"):
-            skip = True
-        else:
-            out.append(a)
-    return tuple(out)
+    return without(args, BATCH, UBATCH)
 
 
 def budget(n_candidates: int) -> int:
@@ -345,10 +337,8 @@ def choose(cands: Sequence[Candidate], n: int) -> list[Candidate]:
 
 def engine_default_candidate(req: TuneRequest, base: Candidate) -> Candidate:
     """llama.cpp's own defaults for the same model: -m, the same context, nothing else."""
-    args = ["-m", str(req.layout.first_part), "-c", str(base.plan.ctx)]
-    if req.options.mmproj is not None:
-        args += ["--mmproj", str(req.options.mmproj)]
-    plan = replace(base.plan, server_args=tuple(args))
+    args = engine_defaults_args(str(req.layout.first_part), base.plan.ctx, req.options.mmproj)
+    plan = replace(base.plan, server_args=args)
     return Candidate(Variant(engine_defaults=True), plan, math.inf)
 
 
@@ -591,7 +581,7 @@ def tune_model(
         catalog=req.catalog,
         cancel=cancel,
         on_progress=progress,
-        use_tuned=False,
+        tuned=None,  # measured from the plan itself, not from an earlier tuning
     )
     ctx = prepared.plan.ctx
     if req.prompt_tokens + req.decode_tokens > ctx:

@@ -17,13 +17,13 @@ from typing import Any
 from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.localfiles import check_dict, check_float, check_text, check_when, load_checked
+from k3desk.core.planning.argv import DEFAULT_UBATCH
 from k3desk.core.planning.model import PlanOptions
 from k3desk.core.private import write_private
 from k3desk.core.tuning.identity import is_this_machine, machine_key, model_key, model_label
 
 TUNED_FILE = "tuned-launch.json"
 SCHEMA = 1
-DEFAULT_UBATCH = 512  # llama.cpp's -ub
 
 
 @dataclass(frozen=True)

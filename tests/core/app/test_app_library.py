@@ -24,7 +24,7 @@ from k3desk.core.app.library import (
 from k3desk.core.app.services import Services
 from k3desk.core.app.subject import Subject
 from k3desk.core.app.tiers import TierRequest, judge_tiers
-from k3desk.core.gguf.identify import identify_tier
+from k3desk.core.catalog.identify import identify_tier
 from k3desk.core.gguf.validate import inspect_shard_set
 from k3desk.core.settings import Settings, SettingsStore
 from k3desk.devtools.tinyk3 import TinyModel

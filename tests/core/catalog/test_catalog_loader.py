@@ -206,6 +206,11 @@ def test_unknown_tier_id_lists_the_valid_ones(catalog: Catalog) -> None:
         (lambda t: t["tensor_types"].update(experts="IQ9"), "unknown ggml type 'IQ9'"),
         (lambda t: t.update(vision="maybe"), "field 'vision'"),
         (lambda t: t.update(engines=["ollama"]), "unknown engine 'ollama'"),
+        (
+            lambda t: t.update(vision="fork", vision_engine="unslot"),
+            "tier 'grearl-iq1s', field 'vision_engine': 'unslot' is not a fork k3desk can "
+            "build (known forks: unsloth, atomicchat)",
+        ),
         (lambda t: t["speeds"][0].update(kind="tg"), "speeds[0], field 'kind'"),
         (lambda t: t["speeds"][0].update(tok=1), "speeds[0]: unknown field(s) 'tok'"),
     ],

@@ -360,3 +360,41 @@ def test_channel_markers_a_server_hands_through_are_separated_and_hidden(
     assert result.reasoning == "what is here"
     assert result.text.strip() == "hello world"
     no_marker(result.text, result.reasoning)
+
+
+def test_a_server_kind_with_the_bridges_quirks_is_treated_like_the_bridge(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The quirks follow the Dialect's fields, not its name: a kind given the bridge's
+    limits, model name and short default answer is refused, budgeted and addressed the
+    same way before anything is sent (no server is needed for that)."""
+    from dataclasses import replace
+
+    from k3desk.core.chat import dialects
+
+    quirky = replace(
+        dialects.DIALECTS["vllm"],
+        fixed_limits=dialects.Limits(100, 10, 400, "its settings"),
+        limits_setting="MAX_NEW on the server",
+        context_covers_answer=True,
+        short_default_answer=True,
+        model_name="the-only-model",
+    )
+    monkeypatch.setitem(dialects.DIALECTS, "vllm", quirky)
+    client = ChatClient(ChatEndpoint("http://127.0.0.1:9", dialect="vllm"))
+    try:
+        body = client.build_body([ChatMessage("user", "hello")])
+        assert body["model"] == "the-only-model"
+        assert 0 < body["max_tokens"] <= 100  # asked for, within what it allows
+        with pytest.raises(ChatError, match=r"at most 100 \(MAX_NEW on the server\)"):
+            client.build_body([ChatMessage("user", "hello")], ChatSettings(max_tokens=101))
+        with pytest.raises(ContextOverflowError):
+            client.build_body([ChatMessage("user", "word " * 2000)])
+    finally:
+        client.close()
+    plain = ChatClient(ChatEndpoint("http://127.0.0.1:9", dialect="openai"))
+    try:
+        body = plain.build_body([ChatMessage("user", "word " * 2000)])
+        assert "max_tokens" not in body or body["max_tokens"] is None
+    finally:
+        plain.close()

@@ -17,6 +17,7 @@ import pytest
 from k3desk.app import Services
 from k3desk.cli import main
 from k3desk.core.catalog.loader import load_catalog
+from k3desk.core.catalog.model import KNOWN_FORKS
 from k3desk.core.engines.discovery import discover_engines, engine_manifest
 from k3desk.core.engines.install import BuildConfig, choose_build
 from k3desk.core.engines.probe import probe_engine
@@ -99,6 +100,14 @@ def cpu_config() -> BuildConfig:
 def leftovers() -> list[str]:
     root = default_paths().engines_dir
     return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+
+
+def test_the_forks_k3desk_builds_are_the_ones_the_catalog_may_name() -> None:
+    """Every fork a tier may name as its vision engine can be built, by that name."""
+    assert tuple(FORKS) == KNOWN_FORKS
+    assert all(FORKS[name].name == name for name in KNOWN_FORKS)
+    vision = {t.vision_engine for t in load_catalog(resources_dir() / "catalog.json").tiers}
+    assert vision - {""} <= set(FORKS)
 
 
 def test_parse_source() -> None:

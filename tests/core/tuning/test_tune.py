@@ -20,6 +20,7 @@ from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.paths import default_paths
 from k3desk.core.planning.estimate import estimate_layout
 from k3desk.core.planning.model import LaunchPlan, PlanOptions
+from k3desk.core.tuning.applied import LaunchTuning
 from k3desk.core.tuning.calibration import arg_int
 from k3desk.core.tuning.tune import (
     Measurement,
@@ -187,6 +188,7 @@ def test_the_choice_is_kept_and_the_next_launch_uses_it(
         options=PlanOptions(ctx=512),
         paths=paths,
         engine=llama_server,
+        tuned=LaunchTuning.at(paths.state).settings,
     )
     assert arg_int(prepared.plan.server_args, "-t") == 1
     assert any("k3desk tune" in n for n in prepared.notes)
@@ -197,7 +199,6 @@ def test_the_choice_is_kept_and_the_next_launch_uses_it(
         options=PlanOptions(ctx=512),
         paths=paths,
         engine=llama_server,
-        use_tuned=False,
     )
     assert arg_int(untuned.plan.server_args, "-t") is None
 
