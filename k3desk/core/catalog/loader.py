@@ -250,37 +250,8 @@ def _parse_tier(item: object, where: str) -> Tier:
     _check_keys(item, Tier, where)
     f = _Fields(item, where)
 
-    tensor_types = item.get("tensor_types")
-    if not isinstance(tensor_types, dict):
-        raise f.fail("tensor_types", "missing or not an object of role -> ggml type")
-    missing_roles = [r for r in ROLES if r not in tensor_types]
-    if missing_roles:
-        raise f.fail("tensor_types", "no type for role(s) " + ", ".join(missing_roles))
-    for role, t in tensor_types.items():
-        if role not in ROLES:
-            raise f.fail("tensor_types", f"unknown role {role!r} (roles: {', '.join(ROLES)})")
-        if t not in _GGML_TYPES:
-            raise f.fail("tensor_types", f"unknown ggml type {t!r} for role {role!r}")
-
-    vision = f.str_("vision")
-    if vision not in get_args(VisionSupport):
-        raise f.fail("vision", f"expected one of {', '.join(get_args(VisionSupport))}")
-    engines = f.strs("engines")
-    for e in engines:
-        if e not in get_args(Engine):
-            raise f.fail("engines", f"unknown engine {e!r}")
-    if not engines:
-        raise f.fail("engines", "must name at least one engine")
-    include = f.strs("include")
-    if not include:
-        raise f.fail("include", "must have at least one pattern")
-    for name in ("expert_quant", "dense_quant"):
-        if f.str_(name) not in _GGML_TYPES:
-            raise f.fail(name, f"unknown ggml type {item[name]!r}")
-    derived = f.strs("derived", [])
-    for d in derived:
-        if d not in {x.name for x in dataclasses.fields(Tier)}:
-            raise f.fail("derived", f"names no field: {d!r}")
+    tensor_types = _tensor_types(f, item.get("tensor_types"))
+    vision, engines, include, derived = _choices(f, item)
 
     tier = Tier(
         id=f.nonempty("id"),
@@ -296,7 +267,7 @@ def _parse_tier(item: object, where: str) -> Tier:
         expert_quant=f.str_("expert_quant"),
         dense_quant=f.str_("dense_quant"),
         imatrix=f.opt_bool("imatrix"),
-        tensor_types={str(k): str(v) for k, v in tensor_types.items()},
+        tensor_types=tensor_types,
         mmproj=f.strs("mmproj"),
         vision="fork" if vision == "fork" else "upstream" if vision == "upstream" else "none",
         vision_note=f.str_("vision_note"),
@@ -321,6 +292,54 @@ def _parse_tier(item: object, where: str) -> Tier:
         vision_engine=f.str_("vision_engine", ""),
         mmproj_type=f.str_("mmproj_type", ""),
     )
+    _check_tier(tier, f)
+    return tier
+
+
+def _tensor_types(f: _Fields, tensor_types: object) -> dict[str, str]:
+    """The ``tensor_types`` object: a known ggml type for every role, no other role."""
+    if not isinstance(tensor_types, dict):
+        raise f.fail("tensor_types", "missing or not an object of role -> ggml type")
+    missing_roles = [r for r in ROLES if r not in tensor_types]
+    if missing_roles:
+        raise f.fail("tensor_types", "no type for role(s) " + ", ".join(missing_roles))
+    for role, t in tensor_types.items():
+        if role not in ROLES:
+            raise f.fail("tensor_types", f"unknown role {role!r} (roles: {', '.join(ROLES)})")
+        if t not in _GGML_TYPES:
+            raise f.fail("tensor_types", f"unknown ggml type {t!r} for role {role!r}")
+    return {str(k): str(v) for k, v in tensor_types.items()}
+
+
+def _choices(
+    f: _Fields, item: dict[str, Any]
+) -> tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(vision, engines, include, derived), each checked against what k3desk knows, and
+    the quant names."""
+    vision = f.str_("vision")
+    if vision not in get_args(VisionSupport):
+        raise f.fail("vision", f"expected one of {', '.join(get_args(VisionSupport))}")
+    engines = f.strs("engines")
+    for e in engines:
+        if e not in get_args(Engine):
+            raise f.fail("engines", f"unknown engine {e!r}")
+    if not engines:
+        raise f.fail("engines", "must name at least one engine")
+    include = f.strs("include")
+    if not include:
+        raise f.fail("include", "must have at least one pattern")
+    for name in ("expert_quant", "dense_quant"):
+        if f.str_(name) not in _GGML_TYPES:
+            raise f.fail(name, f"unknown ggml type {item[name]!r}")
+    derived = f.strs("derived", [])
+    for d in derived:
+        if d not in {x.name for x in dataclasses.fields(Tier)}:
+            raise f.fail("derived", f"names no field: {d!r}")
+    return vision, engines, include, derived
+
+
+def _check_tier(tier: Tier, f: _Fields) -> None:
+    """What holds between a tier's fields."""
     _check_shard_naming(tier, f)
     if tier.vision == "fork" and not tier.vision_engine:
         raise f.fail("vision_engine", "a tier whose vision needs a fork names that fork")
@@ -328,7 +347,6 @@ def _parse_tier(item: object, where: str) -> Tier:
         raise f.fail("experts_kept", f"Kimi-K3 has 896 routed experts, not {tier.experts_kept}")
     if tier.manifest and tier.manifest not in tier.extra_files:
         raise f.fail("manifest", "must also be listed in extra_files so it gets downloaded")
-    return tier
 
 
 def _engine(e: str) -> Engine:
