@@ -411,7 +411,3 @@ def probe_cluster(
     if cancel is not None:
         cancel.raise_if_cancelled()
     return [reports[i] for i in range(total)]
-
-
-def first_complete(reports: Sequence[NodeReport]) -> NodeReport | None:
-    return next((r for r in reports if r.copy is not None and r.copy.complete), None)

@@ -93,10 +93,6 @@ class ArrayRef:
     count: int
     offset: int  # absolute offset of the first element
 
-    @property
-    def elem_type_name(self) -> str:
-        return VALUE_TYPE_NAMES[self.elem_type]
-
 
 @dataclass(frozen=True, slots=True)
 class StringRef:

@@ -9,7 +9,7 @@ bandwidths bytes per second.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -126,9 +126,6 @@ class HardwareProfile:
     @property
     def has_unified_memory(self) -> bool:
         return any(g.unified_memory for g in self.gpus)
-
-    def with_disk(self, disk: DiskInfo | None) -> HardwareProfile:
-        return replace(self, disk=disk)
 
     # ------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
