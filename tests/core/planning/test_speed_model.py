@@ -7,6 +7,7 @@ timings of this machine (``bench/speed_vs_measured.py`` compares with real runs)
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -333,3 +334,23 @@ def test_faster_gpus_or_a_faster_disk_never_slow_a_plan(
     assert speed(fast_gpus, 1e9) > base
     assert speed(hw, 4e9) > base
     assert speed(fast_gpus, 4e9) > max(speed(fast_gpus, 1e9), speed(hw, 4e9))
+
+
+def test_every_layer_whose_experts_stay_in_ram_costs_two_hand_overs(
+    machine: Machine, estimated: Layout
+) -> None:
+    hw = machine("8xH100-2TB")
+    layout = estimated("grearl-iq1s")
+
+    def handovers(n_cpu_moe: int) -> tuple[int, int, float]:
+        s = make_plan(hw, layout, PlanOptions(ctx=8192, n_cpu_moe=n_cpu_moe)).speed
+        (label, seconds), *_ = (step for step in s.steps if step[0].startswith("hand-overs"))
+        gpu_gpu, gpu_cpu = (int(n) for n in re.findall(r"\d+", label))
+        return gpu_gpu, gpu_cpu, seconds
+
+    # all on the GPUs: they take turns, and the input embedding is looked up on the CPU
+    assert handovers(0)[:2] == (len(hw.gpus) - 1, 1)
+    few, many = handovers(10), handovers(40)
+    assert few[0] == many[0] == len(hw.gpus) - 1
+    assert many[1] - few[1] == 2 * 30  # to the experts in RAM and back, per layer
+    assert many[2] > few[2]
