@@ -91,6 +91,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     # options may come between SHARD and PROMPT (as in the usage line)
     p.__class__ = _IntermixedParser
     p.add_argument("positional", nargs="+", metavar="[SHARD] PROMPT", help=argparse.SUPPRESS)
+    _server_options(p)
+    _sampling_options(p)
+    _launch_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.add_argument("--save", action="store_true", help="keep the exchange in the chat history")
+    p.set_defaults(handler=run)
+
+
+def _server_options(p: argparse.ArgumentParser) -> None:
+    """Where the question goes (a running server), and what it carries (images)."""
     p.add_argument("--url", help="a running OpenAI-compatible server (e.g. http://host:8080)")
     p.add_argument(
         "--api-key",
@@ -113,6 +123,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="FILE",
         help="attach an image (PNG, JPEG, GIF or WebP; repeatable)",
     )
+
+
+def _sampling_options(p: argparse.ArgumentParser) -> None:
+    """How the model answers."""
     p.add_argument("--system", metavar="TEXT", help="system prompt")
     p.add_argument("--no-thinking", action="store_true", help="answer without reasoning first")
     p.add_argument("--effort", choices=THINKING_EFFORTS, help="how much to think")
@@ -132,6 +146,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="end the answer where TEXT would come (repeatable)",
     )
     p.add_argument("--seed", type=int, help="sampling seed (repeatable answers)")
+
+
+def _launch_options(p: argparse.ArgumentParser) -> None:
+    """How k3desk starts llama-server for a SHARD."""
     p.add_argument(
         "--ctx",
         type=int,
@@ -159,9 +177,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="ARG",
         help="extra llama-server argument (SHARD; repeatable, e.g. --engine-arg=--n-cpu-moe=60)",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
-    p.add_argument("--save", action="store_true", help="keep the exchange in the chat history")
-    p.set_defaults(handler=run)
 
 
 def _split_positional(args: argparse.Namespace) -> tuple[Path | None, str]:

@@ -46,7 +46,7 @@ from k3desk.core.app.shards import discover
 from k3desk.core.app.values import Progress, fmt_bytes
 
 if TYPE_CHECKING:
-    from k3desk.core.app.clusters import ClusterPlan
+    from k3desk.core.app.clusters import ClusterPlan, RecipeProfile
     from k3desk.core.app.services import Services
     from k3desk.core.app.values import Tier
 
@@ -64,7 +64,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.set_defaults(handler=lambda a, s: _help(p))
     cs = p.add_subparsers(dest="cluster_command", metavar="ACTION")
+    _add_parser(cs)
+    _list_and_remove_parsers(cs)
+    _probe_parser(cs)
+    _serve_parser(cs)
+    _explain_parser(cs)
+    _endpoint_parsers(cs)
 
+
+def _add_parser(cs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """cluster add"""
     a = cs.add_parser("add", help="describe a cluster (its nodes)")
     a.add_argument("name")
     a.add_argument(
@@ -86,6 +95,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     a.set_defaults(handler=run_add)
 
+
+def _list_and_remove_parsers(cs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """cluster list, cluster remove"""
     ls = cs.add_parser("list", help="list clusters and attached endpoints")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(handler=run_list)
@@ -94,6 +106,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rm.add_argument("name")
     rm.set_defaults(handler=run_remove)
 
+
+def _probe_parser(cs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """cluster probe"""
     pr = cs.add_parser("probe", help="hardware, engines and model copy on every node")
     pr.add_argument("name")
     pr.add_argument("--tier", help="check each node's copy of this tier (catalog id)")
@@ -110,6 +125,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(handler=run_probe)
 
+
+def _serve_parser(cs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """cluster serve"""
     sv = cs.add_parser(
         "serve",
         help="run Kimi-K3 across the cluster and keep every process running",
@@ -131,6 +149,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=f"--max-ctx / -c (default: SparkInfer {LAUNCHER_MAX_CTX}, as the recipe's launcher; "
         f"RPC {RPC_CTX})",
     )
+    _sparkinfer_serve_options(sv)
+    sv.add_argument("--rpc-port", type=int, default=50052, help="RPC worker port (default 50052)")
+    sv.add_argument("--bind", action="append", default=[], metavar="NODE=ADDR")
+    sv.add_argument("--allow-public", action="store_true", help="allow wildcard/public RPC binds")
+    sv.add_argument("--server", type=Path, metavar="PATH", help="llama-server to use (RPC)")
+    sv.add_argument("--no-probe", action="store_true", help="skip the hardware/copy probe")
+    sv.add_argument("--force", action="store_true", help="start despite refusals (SparkInfer)")
+    sv.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
+    sv.add_argument(
+        "--check",
+        action="store_true",
+        help="start, send one short chat, stop everything and report (a smoke test)",
+    )
+    sv.add_argument("--max-restarts", type=int, default=3, help="failures in a row (default 3)")
+    sv.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for ready")
+    sv.set_defaults(handler=run_serve)
+
+
+def _sparkinfer_serve_options(sv: argparse.ArgumentParser) -> None:
+    """cluster serve: drafting, profile, environment, ports and bridge (SparkInfer's, the
+    environment and ports also RPC's)."""
     sv.add_argument(
         "--spec-draft",
         type=int,
@@ -176,28 +215,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="SparkInfer: k3_chat_template.jinja on rank 0 "
         "(default <model>/k3_chat_template.jinja)",
     )
-    sv.add_argument("--rpc-port", type=int, default=50052, help="RPC worker port (default 50052)")
-    sv.add_argument("--bind", action="append", default=[], metavar="NODE=ADDR")
-    sv.add_argument("--allow-public", action="store_true", help="allow wildcard/public RPC binds")
-    sv.add_argument("--server", type=Path, metavar="PATH", help="llama-server to use (RPC)")
-    sv.add_argument("--no-probe", action="store_true", help="skip the hardware/copy probe")
-    sv.add_argument("--force", action="store_true", help="start despite refusals (SparkInfer)")
-    sv.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
-    sv.add_argument(
-        "--check",
-        action="store_true",
-        help="start, send one short chat, stop everything and report (a smoke test)",
-    )
-    sv.add_argument("--max-restarts", type=int, default=3, help="failures in a row (default 3)")
-    sv.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for ready")
-    sv.set_defaults(handler=run_serve)
 
+
+def _explain_parser(cs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """cluster explain-card"""
     ex = cs.add_parser(
         "explain-card", help="what is wrong with the model card's SparkInfer command"
     )
     ex.add_argument("command", nargs="?", help="the command you copied (default: the card's)")
     ex.set_defaults(handler=run_explain)
 
+
+def _endpoint_parsers(cs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """cluster endpoint add, set, list, remove, check"""
     ep = cs.add_parser("endpoint", help="attach OpenAI-compatible servers (vLLM, bridges, ...)")
     eps = ep.add_subparsers(dest="endpoint_command", metavar="ACTION")
     ep.set_defaults(handler=lambda a, s: _help(ep))
@@ -496,57 +526,23 @@ def _sparkinfer(
             load_timeout=args.timeout,
         ),
     )
-    store = services.secrets
     kept = (
         f"the system keyring (service 'k3desk', entry {bridge_key_name(cluster.name)!r})"
-        if store.keyring_usable()
+        if services.secrets.keyring_usable()
         else "this session only (no usable system keyring; a new key next time)"
     )
-    profile = config.recipe_profile
-    cap, default = reply_caps(ctx)
-    notes = [
-        f"profile {profile.name}: {profile.title}, {profile.note} ({profile.source})",
-        f"replies up to {cap} tokens (K3_MAX_TOKENS; {default} when a request names no limit)",
-    ]
-    width = spec_draft_note(profile.name, config.spec_draft)
-    if width:
-        notes.append(width)
+    notes = _launch_notes(config.recipe_profile, config.spec_draft, *reply_caps(ctx))
     if args.dry_run:
-        for node, command in describe_launch(config):
-            print(f"{node}: {command}")
-        for note in notes:
-            print(f"# {note}")
-        print(f"# K3_API_KEY is masked: the key is kept in {kept}, shown when the bridge is ready")
-        print(
-            "# before the start every rank's binary and libsparkinfer_*.so are compared by "
-            "SHA-256 (as the recipe's k3_cluster.sh sync does)"
-        )
         # what can be told without the nodes: the same warnings and refusals a start gives
         # (the hardware is not probed in a dry run)
         unprobed = check_sparkinfer(config, tier=tier)
-        for w in unprobed.warnings:
-            if "hardware not probed" not in w:
-                print(f"# warning: {w}")
-        for refusal in unprobed.refusals:
-            print(f"# refused: {refusal}")
-        print("# not probed (dry run): the nodes' GPUs and model copies are checked at the start")
+        _print_dry_run(describe_launch(config), notes, kept, unprobed.warnings, unprobed.refusals)
         return None
     for note in notes:
         print(note, file=sys.stderr)
     print(f"The bridge's API key is kept in {kept}.", file=sys.stderr)
-    reports: list[NodeReport] = []
     nodes = _store(services)
-    if not args.no_probe:
-        print("Probing the nodes...", file=sys.stderr)
-        reports = probe_cluster(
-            cluster,
-            nodes.known_hosts,
-            spec=ShardSetSpec.from_tier(tier),
-            rank0_paths=config.bridge_paths,
-        )
-        for r in reports:
-            if not r.ok:
-                raise ClusterError(f"Node {r.node.label} cannot be probed: {r.error}")
+    reports = [] if args.no_probe else _probe_for_launch(cluster, nodes, tier, config.bridge_paths)
     check = check_sparkinfer(
         config,
         tier=tier,
@@ -568,6 +564,64 @@ def _sparkinfer(
         on_event=_on_event,
         secrets=services.secrets,
     )
+
+
+def _launch_notes(
+    profile: RecipeProfile, spec_draft: int | None, cap: int, default: int
+) -> list[str]:
+    """What a SparkInfer start says first: the recipe profile, the reply cap and the draft
+    width."""
+    notes = [
+        f"profile {profile.name}: {profile.title}, {profile.note} ({profile.source})",
+        f"replies up to {cap} tokens (K3_MAX_TOKENS; {default} when a request names no limit)",
+    ]
+    width = spec_draft_note(profile.name, spec_draft)
+    if width:
+        notes.append(width)
+    return notes
+
+
+def _print_dry_run(
+    launch: Sequence[tuple[str, str]],
+    notes: Sequence[str],
+    kept: str,
+    warnings: Sequence[str],
+    refusals: Sequence[str],
+) -> None:
+    """What ``cluster serve --dry-run`` says for SparkInfer: the commands, the notes, and
+    the warnings and refusals that need no probe."""
+    for node, command in launch:
+        print(f"{node}: {command}")
+    for note in notes:
+        print(f"# {note}")
+    print(f"# K3_API_KEY is masked: the key is kept in {kept}, shown when the bridge is ready")
+    print(
+        "# before the start every rank's binary and libsparkinfer_*.so are compared by "
+        "SHA-256 (as the recipe's k3_cluster.sh sync does)"
+    )
+    for w in warnings:
+        if "hardware not probed" not in w:
+            print(f"# warning: {w}")
+    for refusal in refusals:
+        print(f"# refused: {refusal}")
+    print("# not probed (dry run): the nodes' GPUs and model copies are checked at the start")
+
+
+def _probe_for_launch(
+    cluster: Cluster, nodes: ClusterStore, tier: Tier, rank0_paths: Sequence[str]
+) -> list[NodeReport]:
+    """Every node probed before a start; one that cannot be probed stops it."""
+    print("Probing the nodes...", file=sys.stderr)
+    reports = probe_cluster(
+        cluster,
+        nodes.known_hosts,
+        spec=ShardSetSpec.from_tier(tier),
+        rank0_paths=rank0_paths,
+    )
+    for r in reports:
+        if not r.ok:
+            raise ClusterError(f"Node {r.node.label} cannot be probed: {r.error}")
+    return reports
 
 
 def _rpc(args: argparse.Namespace, services: Services, cluster: Cluster) -> GroupSupervisor | None:

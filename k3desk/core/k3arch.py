@@ -257,89 +257,110 @@ def _scales(s: K3Shape, created: list[TensorSpec], has: Has) -> Iterator[TensorS
                 yield TensorSpec(f"{stem}.{x}", shape, "scale", spec.layer, required=False)
 
 
+class _LayerSpecs:
+    """The tensor specs of layer ``i``: required ones, and optional ones the file has."""
+
+    def __init__(self, i: int, has: Has) -> None:
+        self.i, self.has, self.prefix = i, has, f"blk.{i}."
+
+    def __contains__(self, name: str) -> bool:
+        return self.has(self.prefix + name)
+
+    def t(self, name: str, shape: tuple[int, ...], role: Role, required: bool = True) -> TensorSpec:
+        return TensorSpec(self.prefix + name, shape, role, self.i, required)
+
+    def opt(self, name: str, shape: tuple[int, ...], role: Role) -> Iterator[TensorSpec]:
+        if name in self:
+            yield self.t(name, shape, role, required=False)
+
+
 def _layer_tensors(s: K3Shape, i: int, has: Has) -> Iterator[TensorSpec]:
-    e, n_ff = s.n_embd, s.n_ff_dense
-    p = f"blk.{i}."
-
-    def t(name: str, shape: tuple[int, ...], role: Role, required: bool = True) -> TensorSpec:
-        return TensorSpec(p + name, shape, role, i, required)
-
-    def opt(name: str, shape: tuple[int, ...], role: Role) -> Iterator[TensorSpec]:
-        if has(p + name):
-            yield t(name, shape, role, required=False)
-
-    yield t("attn_norm.weight", (e,), "norm")
-    yield t("ffn_norm.weight", (e,), "norm")
+    e = s.n_embd
+    blk = _LayerSpecs(i, has)
+    yield blk.t("attn_norm.weight", (e,), "norm")
+    yield blk.t("ffn_norm.weight", (e,), "norm")
     if s.attn_res:
-        yield t("attn_res_score.weight", (e,), "norm")
-        yield t("ffn_res_score.weight", (e,), "norm")
-
+        yield blk.t("attn_res_score.weight", (e,), "norm")
+        yield blk.t("ffn_res_score.weight", (e,), "norm")
     if not s.is_mla(i):  # hparams.is_recr(i): head_count_kv[i] == 0 marks a KDA layer
-        d = s.n_head * s.head_dim_kda
-        # conv1d "may be stored 4D [d_conv, 1, d_inner, 1] or 3D": one shape to ggml
-        for x in ("q", "k", "v"):
-            yield t(f"ssm_conv1d_{x}.weight", (s.conv_kernel, 1, d), "conv")
-        # create_tensor_qkv (llama-model.cpp): a fused attn_qkv may stand for q, k, v
-        if has(p + "attn_qkv.weight"):
-            yield t("attn_qkv.weight", (e, 3 * d), "attn", required=False)
-            if has(p + "attn_qkv.bias"):
-                yield t("attn_qkv.bias", (3 * d,), "norm", required=False)
-            else:
-                for x in ("q", "k", "v"):
-                    yield from opt(f"attn_{x}.bias", (d,), "norm")
-        else:
-            for x in ("q", "k", "v"):
-                yield t(f"attn_{x}.weight", (e, d), "attn")
-            for x in ("q", "k", "v"):
-                yield from opt(f"attn_{x}.bias", (d,), "norm")
-        yield t("ssm_f_a.weight", (e, s.head_dim_kda), "attn")
-        yield t("ssm_f_b.weight", (s.head_dim_kda, d), "odd_row")
-        yield t("ssm_beta.weight", (e, s.n_head), "attn")
-        yield t("ssm_a", (s.n_head,), "norm")  # LLM_TENSOR_SSM_A_NOSCAN: no ".weight"
-        yield t("ssm_dt.bias", (d,), "norm")
-        yield t("ssm_g.weight", (e, d), "attn")
-        yield t("ssm_norm.weight", (s.head_dim_kda,), "norm")
-        yield t("attn_output.weight", (d, e), "attn")
+        yield from _kda_tensors(s, blk)
     else:
-        h = s.n_head
-        nope = s.key_length_mla - s.rope_dim  # qk_nope_head_dim = n_embd_head_k - n_rot
-        yield from opt("attn_q_a_norm.weight", (s.q_lora_rank,), "norm")
-        yield t("attn_kv_a_norm.weight", (s.kv_lora_rank,), "norm")
-        if has(p + "attn_q_a_norm.weight"):
-            yield t("attn_q_a.weight", (e, s.q_lora_rank), "attn")
-            yield t("attn_q_b.weight", (s.q_lora_rank, h * s.key_length_mla), "attn")
-        else:
-            yield t("attn_q.weight", (e, h * s.key_length_mla), "attn")
-        yield t("attn_kv_a_mqa.weight", (e, s.kv_lora_rank + s.rope_dim), "attn")
-        # TENSOR_NOT_REQUIRED | TENSOR_SKIP_IF_VIRTUAL; without it, k_b and v_b
-        kv_b = (s.kv_lora_rank, h * (nope + s.value_length_mla))
-        if has(p + "attn_kv_b.weight"):
-            yield t("attn_kv_b.weight", kv_b, "attn", required=False)
-        else:
-            yield t("attn_k_b.weight", (nope, s.kv_lora_rank, h), "odd_row")
-            yield t("attn_v_b.weight", (s.kv_lora_rank, s.value_length_mla, h), "odd_row")
-        yield from opt("attn_gate.weight", (e, h * s.value_length_mla), "attn")
-        yield t("attn_output.weight", (h * s.value_length_mla, e), "attn")
+        yield from _mla_tensors(s, blk)
+    yield from _ffn_tensors(s, blk)
 
-    if i < s.n_dense_lead:
-        yield t("ffn_gate.weight", (e, n_ff), "dense_ffn")
-        yield t("ffn_down.weight", (n_ff, e), "dense_ffn")
-        yield t("ffn_up.weight", (e, n_ff), "dense_ffn")
+
+def _kda_tensors(s: K3Shape, blk: _LayerSpecs) -> Iterator[TensorSpec]:
+    e = s.n_embd
+    d = s.n_head * s.head_dim_kda
+    # conv1d "may be stored 4D [d_conv, 1, d_inner, 1] or 3D": one shape to ggml
+    for x in ("q", "k", "v"):
+        yield blk.t(f"ssm_conv1d_{x}.weight", (s.conv_kernel, 1, d), "conv")
+    # create_tensor_qkv (llama-model.cpp): a fused attn_qkv may stand for q, k, v
+    if "attn_qkv.weight" in blk:
+        yield blk.t("attn_qkv.weight", (e, 3 * d), "attn", required=False)
+        if "attn_qkv.bias" in blk:
+            yield blk.t("attn_qkv.bias", (3 * d,), "norm", required=False)
+        else:
+            for x in ("q", "k", "v"):
+                yield from blk.opt(f"attn_{x}.bias", (d,), "norm")
     else:
-        n, lat, ff = s.n_expert, s.n_embd_latent, s.n_ff_expert
-        yield t("ffn_gate_inp.weight", (e, n), "router")
-        yield t("exp_probs_b.bias", (n,), "norm")
-        yield t("ffn_gate_exps.weight", (lat, ff, n), "experts")
-        yield t("ffn_down_exps.weight", (ff, lat, n), "experts")
-        yield t("ffn_up_exps.weight", (lat, ff, n), "experts")
-        if s.n_latent > 0:  # if (hparams.n_expert_latent > 0)
-            yield t("ffn_routed_down.weight", (e, lat), "latent")
-            yield t("ffn_routed_up.weight", (lat, e), "latent")
-            yield from opt("ffn_routed_norm.weight", (lat,), "norm")
-        sh = s.n_ff_shexp
-        yield from opt("ffn_gate_shexp.weight", (e, sh), "shexp")
-        yield from opt("ffn_down_shexp.weight", (sh, e), "shexp")
-        yield from opt("ffn_up_shexp.weight", (e, sh), "shexp")
+        for x in ("q", "k", "v"):
+            yield blk.t(f"attn_{x}.weight", (e, d), "attn")
+        for x in ("q", "k", "v"):
+            yield from blk.opt(f"attn_{x}.bias", (d,), "norm")
+    yield blk.t("ssm_f_a.weight", (e, s.head_dim_kda), "attn")
+    yield blk.t("ssm_f_b.weight", (s.head_dim_kda, d), "odd_row")
+    yield blk.t("ssm_beta.weight", (e, s.n_head), "attn")
+    yield blk.t("ssm_a", (s.n_head,), "norm")  # LLM_TENSOR_SSM_A_NOSCAN: no ".weight"
+    yield blk.t("ssm_dt.bias", (d,), "norm")
+    yield blk.t("ssm_g.weight", (e, d), "attn")
+    yield blk.t("ssm_norm.weight", (s.head_dim_kda,), "norm")
+    yield blk.t("attn_output.weight", (d, e), "attn")
+
+
+def _mla_tensors(s: K3Shape, blk: _LayerSpecs) -> Iterator[TensorSpec]:
+    e, h = s.n_embd, s.n_head
+    nope = s.key_length_mla - s.rope_dim  # qk_nope_head_dim = n_embd_head_k - n_rot
+    yield from blk.opt("attn_q_a_norm.weight", (s.q_lora_rank,), "norm")
+    yield blk.t("attn_kv_a_norm.weight", (s.kv_lora_rank,), "norm")
+    if "attn_q_a_norm.weight" in blk:
+        yield blk.t("attn_q_a.weight", (e, s.q_lora_rank), "attn")
+        yield blk.t("attn_q_b.weight", (s.q_lora_rank, h * s.key_length_mla), "attn")
+    else:
+        yield blk.t("attn_q.weight", (e, h * s.key_length_mla), "attn")
+    yield blk.t("attn_kv_a_mqa.weight", (e, s.kv_lora_rank + s.rope_dim), "attn")
+    # TENSOR_NOT_REQUIRED | TENSOR_SKIP_IF_VIRTUAL; without it, k_b and v_b
+    kv_b = (s.kv_lora_rank, h * (nope + s.value_length_mla))
+    if "attn_kv_b.weight" in blk:
+        yield blk.t("attn_kv_b.weight", kv_b, "attn", required=False)
+    else:
+        yield blk.t("attn_k_b.weight", (nope, s.kv_lora_rank, h), "odd_row")
+        yield blk.t("attn_v_b.weight", (s.kv_lora_rank, s.value_length_mla, h), "odd_row")
+    yield from blk.opt("attn_gate.weight", (e, h * s.value_length_mla), "attn")
+    yield blk.t("attn_output.weight", (h * s.value_length_mla, e), "attn")
+
+
+def _ffn_tensors(s: K3Shape, blk: _LayerSpecs) -> Iterator[TensorSpec]:
+    e, n_ff = s.n_embd, s.n_ff_dense
+    if blk.i < s.n_dense_lead:
+        yield blk.t("ffn_gate.weight", (e, n_ff), "dense_ffn")
+        yield blk.t("ffn_down.weight", (n_ff, e), "dense_ffn")
+        yield blk.t("ffn_up.weight", (e, n_ff), "dense_ffn")
+        return
+    n, lat, ff = s.n_expert, s.n_embd_latent, s.n_ff_expert
+    yield blk.t("ffn_gate_inp.weight", (e, n), "router")
+    yield blk.t("exp_probs_b.bias", (n,), "norm")
+    yield blk.t("ffn_gate_exps.weight", (lat, ff, n), "experts")
+    yield blk.t("ffn_down_exps.weight", (ff, lat, n), "experts")
+    yield blk.t("ffn_up_exps.weight", (lat, ff, n), "experts")
+    if s.n_latent > 0:  # if (hparams.n_expert_latent > 0)
+        yield blk.t("ffn_routed_down.weight", (e, lat), "latent")
+        yield blk.t("ffn_routed_up.weight", (lat, e), "latent")
+        yield from blk.opt("ffn_routed_norm.weight", (lat,), "norm")
+    sh = s.n_ff_shexp
+    yield from blk.opt("ffn_gate_shexp.weight", (e, sh), "shexp")
+    yield from blk.opt("ffn_down_shexp.weight", (sh, e), "shexp")
+    yield from blk.opt("ffn_up_shexp.weight", (e, sh), "shexp")
 
 
 def _written(s: K3Shape) -> Has:

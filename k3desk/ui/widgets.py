@@ -85,42 +85,6 @@ class PageHeader(QWidget):
         lay.addWidget(self.subtitle)
         self.subtitle.setVisible(bool(subtitle))
 
-    def set_subtitle(self, text: str) -> None:
-        self.subtitle.setText(text)
-        self.subtitle.setVisible(bool(text))
-
-
-class EmptyState(QWidget):
-    """Centered text that tells the user what to do, with an optional action button."""
-
-    def __init__(
-        self,
-        text: str,
-        action: str = "",
-        on_action: Callable[[], None] | None = None,
-        parent: QWidget | None = None,
-    ) -> None:
-        super().__init__(parent)
-        lay = QVBoxLayout(self)
-        lay.addStretch(1)
-        self.text = label(text, "emptyState")
-        self.text.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        lay.addWidget(self.text)
-        self.button: QPushButton | None = None
-        if action:
-            self.button = primary(QPushButton(action))
-            if on_action is not None:
-                self.button.clicked.connect(on_action)
-            row = QHBoxLayout()
-            row.addStretch(1)
-            row.addWidget(self.button)
-            row.addStretch(1)
-            lay.addLayout(row)
-        lay.addStretch(2)
-
-    def set_text(self, text: str) -> None:
-        self.text.setText(text)
-
 
 class Banner(QFrame):
     """A coloured strip for warnings and notes; hidden when empty."""
@@ -198,11 +162,3 @@ def click(button: QAbstractButton) -> None:
     """Click ``button`` if enabled (automation hook and keyboard shortcuts)."""
     if button.isEnabled():
         button.click()
-
-
-def hline() -> QFrame:
-    line = QFrame()
-    line.setFrameShape(QFrame.Shape.HLine)
-    line.setFrameShadow(QFrame.Shadow.Plain)
-    line.setStyleSheet(f"color: {theme.current().border};")
-    return line

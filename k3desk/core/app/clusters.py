@@ -27,6 +27,7 @@ from k3desk.core.cluster.recipe import (
     LAUNCHER_MAX_CTX,
     PROFILES,
     SPARKINFER_TIER,
+    RecipeProfile,
     spec_draft_note,
 )
 from k3desk.core.cluster.rpc import (
@@ -82,6 +83,7 @@ __all__ = [
     "Member",
     "Node",
     "NodeReport",
+    "RecipeProfile",
     "RpcCluster",
     "RpcConfig",
     "ServeStats",

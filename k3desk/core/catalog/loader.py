@@ -251,26 +251,8 @@ def _parse_tier(item: object, where: str) -> Tier:
     _check_keys(item, Tier, where)
     f = _Fields(item, where)
 
-    tensor_types = _tensor_types(f)
-    vision = f.str_("vision")
-    if vision not in get_args(VisionSupport):
-        raise f.fail("vision", f"expected one of {', '.join(get_args(VisionSupport))}")
-    engines = f.strs("engines")
-    for e in engines:
-        if e not in get_args(Engine):
-            raise f.fail("engines", f"unknown engine {e!r}")
-    if not engines:
-        raise f.fail("engines", "must name at least one engine")
-    include = f.strs("include")
-    if not include:
-        raise f.fail("include", "must have at least one pattern")
-    for name in ("expert_quant", "dense_quant"):
-        if f.str_(name) not in _GGML_TYPES:
-            raise f.fail(name, f"unknown ggml type {item[name]!r}")
-    derived = f.strs("derived", [])
-    for d in derived:
-        if d not in {x.name for x in dataclasses.fields(Tier)}:
-            raise f.fail("derived", f"names no field: {d!r}")
+    tensor_types = _tensor_types(f, item.get("tensor_types"))
+    vision, engines, include, derived = _choices(f, item)
 
     tier = Tier(
         id=f.nonempty("id"),
@@ -315,9 +297,8 @@ def _parse_tier(item: object, where: str) -> Tier:
     return tier
 
 
-def _tensor_types(f: _Fields) -> dict[str, str]:
-    """The ggml type of every tensor role (each role once, each type a known one)."""
-    tensor_types = f.data.get("tensor_types")
+def _tensor_types(f: _Fields, tensor_types: object) -> dict[str, str]:
+    """The ``tensor_types`` object: a known ggml type for every role, no other role."""
     if not isinstance(tensor_types, dict):
         raise f.fail("tensor_types", "missing or not an object of role -> ggml type")
     missing_roles = [r for r in ROLES if r not in tensor_types]
@@ -331,8 +312,35 @@ def _tensor_types(f: _Fields) -> dict[str, str]:
     return {str(k): str(v) for k, v in tensor_types.items()}
 
 
+def _choices(
+    f: _Fields, item: dict[str, Any]
+) -> tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(vision, engines, include, derived), each checked against what k3desk knows, and
+    the quant names."""
+    vision = f.str_("vision")
+    if vision not in get_args(VisionSupport):
+        raise f.fail("vision", f"expected one of {', '.join(get_args(VisionSupport))}")
+    engines = f.strs("engines")
+    for e in engines:
+        if e not in get_args(Engine):
+            raise f.fail("engines", f"unknown engine {e!r}")
+    if not engines:
+        raise f.fail("engines", "must name at least one engine")
+    include = f.strs("include")
+    if not include:
+        raise f.fail("include", "must have at least one pattern")
+    for name in ("expert_quant", "dense_quant"):
+        if f.str_(name) not in _GGML_TYPES:
+            raise f.fail(name, f"unknown ggml type {item[name]!r}")
+    derived = f.strs("derived", [])
+    for d in derived:
+        if d not in {x.name for x in dataclasses.fields(Tier)}:
+            raise f.fail("derived", f"names no field: {d!r}")
+    return vision, engines, include, derived
+
+
 def _check_tier(tier: Tier, f: _Fields) -> None:
-    """What must hold between a tier's fields."""
+    """What holds between a tier's fields."""
     _check_shard_naming(tier, f)
     if tier.vision == "fork" and not tier.vision_engine:
         raise f.fail("vision_engine", "a tier whose vision needs a fork names that fork")

@@ -798,34 +798,9 @@ class ChatStream:
 
     def _read(self, resp: httpx.Response) -> Iterator[ChatDelta]:
         ep = self._client.endpoint
-        data_lines: list[str] = []
-        pending = 0  # characters in data_lines
         done = False
         try:
-            for line in wire.iter_lines(resp, "the answer stream"):
-                if done:
-                    continue  # read to the end, so the connection closes cleanly
-                if line:
-                    if line.startswith("data:"):
-                        data_lines.append(line[6:] if line.startswith("data: ") else line[5:])
-                    elif line.startswith("error:"):
-                        data_lines.append(json.dumps({"error": _loads(line[6:].strip())}))
-                    else:
-                        continue  # comments (":" pings), "event:", "id:", "retry:"
-                    pending += len(data_lines[-1])
-                    if pending > wire.MAX_LINE:
-                        raise wire.TooLong(
-                            f"one event of the answer stream is longer than {wire.MAX_LINE:,} bytes"
-                        )
-                    continue
-                if not data_lines:
-                    continue
-                payload = data_lines[0] if len(data_lines) == 1 else "\n".join(data_lines)
-                data_lines.clear()
-                pending = 0
-                self._events += 1
-                if self._events > wire.MAX_EVENTS:
-                    raise wire.TooLong(f"the answer has more than {wire.MAX_EVENTS:,} events")
+            for payload in self._payloads(resp):
                 if payload == "[DONE]":
                     done = True
                     continue
@@ -834,12 +809,6 @@ class ChatStream:
                     yield from deltas
                 if self._stopped_here:
                     break  # k3desk cut the answer at a stop sequence: hang up
-            if data_lines and not done and not self._stopped_here:
-                payload = "\n".join(data_lines)
-                if payload == "[DONE]":
-                    done = True
-                else:
-                    yield from self._handle(payload)
         except (wire.TooLong, wire.UnknownEncoding) as exc:
             self._abort()
             result = self._snapshot(partial=True)
@@ -861,6 +830,46 @@ class ChatStream:
                 "Check the engine log, then retry.",
                 result,
             ) from None
+        yield from self._finish(done)
+
+    def _payloads(self, resp: httpx.Response) -> Iterator[str]:
+        """The data of each server-sent event, "[DONE]" included; after it the stream is
+        read to the end (so the connection closes cleanly) and dropped.  An event not
+        ended by a blank line when the stream ends comes last."""
+        data_lines: list[str] = []
+        pending = 0  # characters in data_lines
+        done = False
+        for line in wire.iter_lines(resp, "the answer stream"):
+            if done:
+                continue
+            if line:
+                if line.startswith("data:"):
+                    data_lines.append(line[6:] if line.startswith("data: ") else line[5:])
+                elif line.startswith("error:"):
+                    data_lines.append(json.dumps({"error": _loads(line[6:].strip())}))
+                else:
+                    continue  # comments (":" pings), "event:", "id:", "retry:"
+                pending += len(data_lines[-1])
+                if pending > wire.MAX_LINE:
+                    raise wire.TooLong(
+                        f"one event of the answer stream is longer than {wire.MAX_LINE:,} bytes"
+                    )
+                continue
+            if not data_lines:
+                continue
+            payload = data_lines[0] if len(data_lines) == 1 else "\n".join(data_lines)
+            data_lines.clear()
+            pending = 0
+            self._events += 1
+            if self._events > wire.MAX_EVENTS:
+                raise wire.TooLong(f"the answer has more than {wire.MAX_EVENTS:,} events")
+            done = payload == "[DONE]"
+            yield payload
+        if data_lines and not done:
+            yield "\n".join(data_lines)
+
+    def _finish(self, done: bool) -> Iterator[ChatDelta]:
+        """After the stream: what is held back, and the result (or why it is partial)."""
         if self._aborted:
             self.result = self._snapshot(partial=True, cancelled=True)
             return
@@ -871,7 +880,9 @@ class ChatStream:
         if not done and self._finish_reason is None:
             result = self._snapshot(partial=True)
             raise ChatStreamError(
-                _cut_message(ep, result, "the stream ended without a final message"),
+                _cut_message(
+                    self._client.endpoint, result, "the stream ended without a final message"
+                ),
                 "The engine may have crashed or been stopped; the partial answer is kept. "
                 "Check the engine log, then retry.",
                 result,

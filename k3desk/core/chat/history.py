@@ -368,20 +368,7 @@ class HistoryStore:
         content, reasoning, model = scrub(content), scrub(reasoning), _scrub_opt(model)
         now = time.time()
         with self._tx() as con:
-            conv = con.execute(
-                "SELECT current_leaf FROM conversations WHERE id = ?", (conversation_id,)
-            ).fetchone()
-            if conv is None:
-                raise HistoryError(f"There is no conversation {conversation_id} in {self.path}.")
-            parent = conv[0] if isinstance(parent_id, _Keep) else parent_id
-            if parent is not None:
-                owner = con.execute(
-                    "SELECT conversation_id FROM messages WHERE id = ?", (parent,)
-                ).fetchone()
-                if owner is None or owner[0] != conversation_id:
-                    raise HistoryError(
-                        f"Message {parent} is not part of conversation {conversation_id}."
-                    )
+            parent = self._parent(con, conversation_id, parent_id)
             cur = con.execute(
                 "INSERT INTO messages (conversation_id, parent_id, role, content, reasoning, "
                 "created, usage, timings, partial, finish_reason, model) "
@@ -402,14 +389,7 @@ class HistoryStore:
             )
             mid = int(cur.lastrowid or 0)
             if stored:
-                con.executemany(
-                    "INSERT INTO message_images (message_id, position, sha256, format, width, "
-                    "height, size, name) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (mid, i, s.sha256, s.format, s.width, s.height, s.size, s.name)
-                        for i, s in enumerate(stored)
-                    ],
-                )
+                _insert_images(con, mid, stored)
             con.execute(
                 "UPDATE conversations SET current_leaf = ?, updated = ? WHERE id = ?",
                 (mid, now, conversation_id),
@@ -429,6 +409,27 @@ class HistoryStore:
             finish_reason,
             model,
         )
+
+    def _parent(
+        self, con: sqlite3.Connection, conversation_id: int, parent_id: int | _Keep | None
+    ) -> int | None:
+        """The parent a new message gets: the conversation's leaf (``KEEP``) or
+        ``parent_id``, which must be a message of that conversation."""
+        conv = con.execute(
+            "SELECT current_leaf FROM conversations WHERE id = ?", (conversation_id,)
+        ).fetchone()
+        if conv is None:
+            raise HistoryError(f"There is no conversation {conversation_id} in {self.path}.")
+        parent: int | None = conv[0] if isinstance(parent_id, _Keep) else parent_id
+        if parent is not None:
+            owner = con.execute(
+                "SELECT conversation_id FROM messages WHERE id = ?", (parent,)
+            ).fetchone()
+            if owner is None or owner[0] != conversation_id:
+                raise HistoryError(
+                    f"Message {parent} is not part of conversation {conversation_id}."
+                )
+        return parent
 
     def update_message(
         self,
@@ -800,3 +801,15 @@ def _snippet(text: str, words: Sequence[str], width: int = 60) -> str:
     for w in words:
         piece = re.sub(f"({re.escape(w)})", r"[\1]", piece, flags=re.IGNORECASE)
     return ("…" if start > 0 else "") + piece + ("…" if start + width < len(text) else "")
+
+
+def _insert_images(con: sqlite3.Connection, message_id: int, stored: Sequence[StoredImage]) -> None:
+    """Link the stored images to ``message_id``, in order."""
+    con.executemany(
+        "INSERT INTO message_images (message_id, position, sha256, format, width, "
+        "height, size, name) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (message_id, i, s.sha256, s.format, s.width, s.height, s.size, s.name)
+            for i, s in enumerate(stored)
+        ],
+    )

@@ -22,6 +22,7 @@ import json
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from k3desk.core.cluster.group import LaunchFailure
 from k3desk.core.cluster.ssh import SshClient
@@ -158,6 +159,28 @@ def parse_report(
     version = str(data.get("transformers") or "")
     if data.get("ok"):
         return BridgeEnvReport(python, True, version, tokens=int(data.get("tokens") or 0))
+    return _failure(
+        python,
+        data,
+        version,
+        where=where,
+        fix=fix,
+        tokenizer_dir=tokenizer_dir,
+        chat_template=chat_template,
+    )
+
+
+def _failure(
+    python: str,
+    data: dict[str, Any],
+    version: str,
+    *,
+    where: str,
+    fix: str,
+    tokenizer_dir: str,
+    chat_template: str,
+) -> BridgeEnvReport:
+    """The report of a check that ran and failed, by the stage it failed at."""
     stage = data.get("stage")
     if stage == "files":
         gone = [

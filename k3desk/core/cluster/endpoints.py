@@ -180,34 +180,7 @@ class EndpointStore:
         With ``check`` the server must answer now (what it is and can do is recorded).
         ``server``: what kind of server it is (None or "auto": k3desk finds out).
         """
-        if not _NAME_RE.fullmatch(name):
-            raise ClusterError(
-                f"Endpoint name {name!r} may use only letters, digits, '.', '_' and '-'."
-            )
-        if not re.match(r"https?://[^/\s]+", url.strip()):
-            raise ClusterError(
-                f"{url!r} is not an http(s) URL.",
-                "Example: http://10.0.0.21:8008 (with or without /v1).",
-            )
-        try:
-            check_url(url.strip())  # e.g. http://[::1 (an unclosed bracket)
-        except ChatError as exc:
-            raise ClusterError(exc.message, exc.hint) from None
-        try:
-            parts = urlsplit(url.strip())
-            parts.port  # noqa: B018 - raises ValueError for a port that is no number
-        except ValueError as exc:
-            raise ClusterError(
-                f"{url!r} is not a URL k3desk can use: {exc}.",
-                "Example: http://10.0.0.21:8008 (with or without /v1).",
-            ) from None
-        if "@" in parts.netloc:
-            raise ClusterError(
-                "The URL carries a user name or password (user:pass@host); k3desk never "
-                "keeps a password in its files, so it was not attached.",
-                "Attach the URL without it and give the secret as an API key "
-                "(--api-key, kept in the system keyring, or --key-env VAR).",
-            )
+        _check_name_and_url(name, url)
         if server == "auto":
             server = None
         if server is not None:
@@ -241,18 +214,22 @@ class EndpointStore:
             caps = self._capabilities(ep, api_key)
             ep = _with_capabilities(ep, caps, model=model or (caps.model or ""))
         if api_key and not key_env:
-            if self._secrets.set(ep.keyring_user, api_key, what="key") == "keyring":
-                ep = RemoteEndpoint(**{**asdict(ep), "key_in_keyring": True})
-                where = "API key saved in the system keyring (service 'k3desk')"
-            else:
-                where = (
-                    "no usable system keyring: the API key is kept for this session only "
-                    "(k3desk never writes it to a plain file); use --key-env VAR to read it "
-                    "from the environment instead"
-                )
+            ep, where = self._keep_key(ep, api_key)
         others = [e for e in self.load() if e.name != name]
         self._save([*others, ep])
         return ep, where
+
+    def _keep_key(self, ep: RemoteEndpoint, api_key: str) -> tuple[RemoteEndpoint, str]:
+        """Put ``api_key`` in the system keyring (or this session only); returns the
+        endpoint as recorded and where the key went (in words)."""
+        if self._secrets.set(ep.keyring_user, api_key, what="key") == "keyring":
+            ep = RemoteEndpoint(**{**asdict(ep), "key_in_keyring": True})
+            return ep, "API key saved in the system keyring (service 'k3desk')"
+        return ep, (
+            "no usable system keyring: the API key is kept for this session only "
+            "(k3desk never writes it to a plain file); use --key-env VAR to read it "
+            "from the environment instead"
+        )
 
     def set_server(self, name: str, server: str | None) -> RemoteEndpoint:
         """Say what kind of server ``name`` is (None: let k3desk find out again)."""
@@ -362,3 +339,35 @@ def _with_capabilities(
         server_detail=info.describe(),
         server_problem=info.problem,
     )
+
+
+def _check_name_and_url(name: str, url: str) -> None:
+    """A name k3desk can keep, and an http(s) URL without a user or password in it."""
+    if not _NAME_RE.fullmatch(name):
+        raise ClusterError(
+            f"Endpoint name {name!r} may use only letters, digits, '.', '_' and '-'."
+        )
+    if not re.match(r"https?://[^/\s]+", url.strip()):
+        raise ClusterError(
+            f"{url!r} is not an http(s) URL.",
+            "Example: http://10.0.0.21:8008 (with or without /v1).",
+        )
+    try:
+        check_url(url.strip())  # e.g. http://[::1 (an unclosed bracket)
+    except ChatError as exc:
+        raise ClusterError(exc.message, exc.hint) from None
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018 - raises ValueError for a port that is no number
+    except ValueError as exc:
+        raise ClusterError(
+            f"{url!r} is not a URL k3desk can use: {exc}.",
+            "Example: http://10.0.0.21:8008 (with or without /v1).",
+        ) from None
+    if "@" in parts.netloc:
+        raise ClusterError(
+            "The URL carries a user name or password (user:pass@host); k3desk never "
+            "keeps a password in its files, so it was not attached.",
+            "Attach the URL without it and give the secret as an API key "
+            "(--api-key, kept in the system keyring, or --key-env VAR).",
+        )

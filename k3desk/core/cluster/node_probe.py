@@ -191,31 +191,10 @@ def check_copy(spec: dict[str, Any], folder: str, sizes: dict[str, list[int]]) -
             entry["problem"] = f"unreadable header: {exc}"
             problems.append(f"{name}: {entry['problem']}")
             continue
-        kv = head["kv"]
-        arch = kv.get("general.architecture", "")
-        why = ""
-        if len(names) > 1:
-            no = kv.get("split.no")
-            if no != i:
-                got = str(no + 1) if isinstance(no, int) else "not a split part"
-                why = f"is part {got}, expected part {i + 1}"
-            elif kv.get("split.count") != len(names):
-                why = f"says the set has {kv.get('split.count')} parts, expected {len(names)}"
-        if not why and head["data_end"] > size:
-            need = head["data_end"]
-            why = f"is truncated: its tensors need {need} bytes, the file has {size}"
-        expected = (spec.get("sizes") or {}).get(name)
-        if not why and expected is not None and size != expected:
-            why = f"has {size} bytes, the publisher lists {expected}"
+        why = _part_problem(spec, names, i, head, size)
         if i == 0:
-            geometry = {
-                "architecture": arch,
-                "name": kv.get("general.name", ""),
-                "expert_count": kv.get(arch + ".expert_count"),
-                "expert_feed_forward_length": kv.get(arch + ".expert_feed_forward_length"),
-                "block_count": kv.get(arch + ".block_count"),
-                "expert_tensor": head["expert_tensor"],
-            }
+            geometry = _geometry(head)
+            arch = geometry["architecture"]
             if spec.get("architecture") and arch != spec["architecture"]:
                 why = why or f"has architecture {arch!r}, expected {spec['architecture']!r}"
         want_sha = (spec.get("sha256") or {}).get(name)
@@ -240,6 +219,43 @@ def check_copy(spec: dict[str, Any], folder: str, sizes: dict[str, list[int]]) -
         "total_bytes": total,
         "problems": problems,
         "geometry": geometry,
+    }
+
+
+def _part_problem(
+    spec: dict[str, Any], names: list[str], i: int, head: dict[str, Any], size: int
+) -> str:
+    """What is wrong with part ``i`` from its header and size ('' when nothing): its
+    split number and count, tensor data past its end, a size the publisher does not list."""
+    kv = head["kv"]
+    why = ""
+    if len(names) > 1:
+        no = kv.get("split.no")
+        if no != i:
+            got = str(no + 1) if isinstance(no, int) else "not a split part"
+            why = f"is part {got}, expected part {i + 1}"
+        elif kv.get("split.count") != len(names):
+            why = f"says the set has {kv.get('split.count')} parts, expected {len(names)}"
+    if not why and head["data_end"] > size:
+        need = head["data_end"]
+        why = f"is truncated: its tensors need {need} bytes, the file has {size}"
+    expected = (spec.get("sizes") or {}).get(names[i])
+    if not why and expected is not None and size != expected:
+        why = f"has {size} bytes, the publisher lists {expected}"
+    return why
+
+
+def _geometry(head: dict[str, Any]) -> dict[str, Any]:
+    """The model's shape as the first part's header states it."""
+    kv = head["kv"]
+    arch = kv.get("general.architecture", "")
+    return {
+        "architecture": arch,
+        "name": kv.get("general.name", ""),
+        "expert_count": kv.get(arch + ".expert_count"),
+        "expert_feed_forward_length": kv.get(arch + ".expert_feed_forward_length"),
+        "block_count": kv.get(arch + ".block_count"),
+        "expert_tensor": head["expert_tensor"],
     }
 
 

@@ -10,7 +10,7 @@ which k3desk has not measured itself; the plan says so.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -217,7 +217,3 @@ def plan_rpc(
 
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else "no reason given"
-
-
-def profiles_by_label(reports: Sequence[NodeReport]) -> Mapping[str, HardwareProfile | None]:
-    return {r.node.label: r.hardware for r in reports}

@@ -279,17 +279,7 @@ def probe_node(
     """
     t0 = time.monotonic()
     client = SshClient(node, known_hosts, connect_timeout=connect_timeout)
-    config: dict[str, Any] = {
-        "k3desk": shlex.split(node.k3desk) if node.k3desk else [],
-        "model_path": node.model_path,
-        "binaries": node_binaries(node),
-    }
-    if paths:
-        config["paths"] = list(dict.fromkeys(p for p in paths if p))
-    if spec is not None:
-        config["spec"] = spec.to_wire(check_sha256)
-        config["ggml_sizes"] = _ggml_sizes()
-    command = " ".join(shlex.quote(a) for a in (node.python, "-", json.dumps(config)))
+    command = _probe_command(node, spec, check_sha256, paths)
     if check_sha256 and spec is not None and spec.sha256:
         timeout = max(timeout, 6 * 3600.0)  # hashing hundreds of GB takes a while
     try:
@@ -300,14 +290,7 @@ def probe_node(
         return NodeReport(node, False, error=str(exc), elapsed_s=time.monotonic() - t0)
     elapsed = time.monotonic() - t0
     if result.returncode != 0:
-        err = result.error_text.splitlines()[-1] if result.error_text else ""
-        if result.returncode == 127:
-            why = (
-                f"{node.python} is not installed on {node.label}; the probe needs Python 3.8+ "
-                "there (set python= to its path)"
-            )
-        else:
-            why = f"the probe failed on {node.label} (exit {result.returncode}): {err}"
+        why = _failed_probe(node, result.returncode, result.error_text)
         return NodeReport(node, False, error=why, elapsed_s=elapsed)
     try:
         data = json.loads(result.text.strip().splitlines()[-1])
@@ -315,18 +298,7 @@ def probe_node(
         return NodeReport(
             node, False, error=f"the probe on {node.label} printed no result", elapsed_s=elapsed
         )
-    hardware: HardwareProfile | None = None
-    error = ""
-    hw = data.get("hardware")
-    if isinstance(hw, dict):
-        try:
-            hardware = _fill_gpu_facts(
-                HardwareProfile.from_dict(hw, source=f"ssh://{node.destination}:{node.port}")
-            )
-        except HardwareError as exc:
-            error = f"the hardware report from {node.label} is malformed: {exc.message}"
-    else:
-        error = str(data.get("hardware_error") or f"{node.label} reported no hardware")
+    hardware, error = _hardware_from(node, data)
     copy = None
     if isinstance(data.get("copy"), dict):
         copy = _copy_from_wire(data["copy"], check_sha256 and bool(spec and spec.sha256))
@@ -343,6 +315,50 @@ def probe_node(
         note=str(data.get("k3desk_note", "")),
         paths={str(k): str(v) for k, v in (data.get("paths") or {}).items()},
     )
+
+
+def _probe_command(
+    node: Node, spec: ShardSetSpec | None, check_sha256: bool, paths: Sequence[str]
+) -> str:
+    """The command that runs the probe (its script comes on stdin) with its settings."""
+    config: dict[str, Any] = {
+        "k3desk": shlex.split(node.k3desk) if node.k3desk else [],
+        "model_path": node.model_path,
+        "binaries": node_binaries(node),
+    }
+    if paths:
+        config["paths"] = list(dict.fromkeys(p for p in paths if p))
+    if spec is not None:
+        config["spec"] = spec.to_wire(check_sha256)
+        config["ggml_sizes"] = _ggml_sizes()
+    return " ".join(shlex.quote(a) for a in (node.python, "-", json.dumps(config)))
+
+
+def _failed_probe(node: Node, returncode: int, error_text: str) -> str:
+    """Why the probe exited with ``returncode``, in words."""
+    err = error_text.splitlines()[-1] if error_text else ""
+    if returncode == 127:
+        return (
+            f"{node.python} is not installed on {node.label}; the probe needs Python 3.8+ "
+            "there (set python= to its path)"
+        )
+    return f"the probe failed on {node.label} (exit {returncode}): {err}"
+
+
+def _hardware_from(node: Node, data: dict[str, Any]) -> tuple[HardwareProfile | None, str]:
+    """The node's hardware profile from the probe's report, or why there is none."""
+    hw = data.get("hardware")
+    if not isinstance(hw, dict):
+        return None, str(data.get("hardware_error") or f"{node.label} reported no hardware")
+    try:
+        return (
+            _fill_gpu_facts(
+                HardwareProfile.from_dict(hw, source=f"ssh://{node.destination}:{node.port}")
+            ),
+            "",
+        )
+    except HardwareError as exc:
+        return None, f"the hardware report from {node.label} is malformed: {exc.message}"
 
 
 def probe_cluster(
@@ -395,7 +411,3 @@ def probe_cluster(
     if cancel is not None:
         cancel.raise_if_cancelled()
     return [reports[i] for i in range(total)]
-
-
-def first_complete(reports: Sequence[NodeReport]) -> NodeReport | None:
-    return next((r for r in reports if r.copy is not None and r.copy.complete), None)

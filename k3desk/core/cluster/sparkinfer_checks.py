@@ -84,8 +84,30 @@ def check_sparkinfer(
     """Everything k3desk can tell before launching (``profiles`` by node label)."""
     refusals: list[str] = []
     warnings: list[str] = []
-    nodes = config.cluster.nodes
-    world = len(nodes)
+    _check_world(config, refusals, warnings)
+    if tier is not None:
+        why = check_tier(tier)
+        if why:
+            refusals.append(why)
+    refusals += _model_file_refusals(config)
+    refusals += _address_refusals(config)
+    if config.profile not in PROFILES:
+        refusals.append(
+            f"There is no SparkInfer profile {config.profile!r}; the recipe's are "
+            f"{profile_names()}."
+        )
+    elif config.cluster.nodes:
+        refusals += engine_refusals(rank_argv(config, 0), config.rank_env)
+    if config.bridge_needs_tokenizer and config.cluster.nodes:
+        _check_bridge(config, reports, refusals, warnings)
+    _check_hardware(config, profiles or {}, refusals, warnings)
+    refusals += _copy_refusals(reports)
+    return SparkInferCheck(tuple(refusals), tuple(warnings))
+
+
+def _check_world(config: SparkInferConfig, refusals: list[str], warnings: list[str]) -> None:
+    """TP3 or TP4, nothing else; TP4 is not the qualified setup."""
+    world = len(config.cluster.nodes)
     if world not in (3, 4):
         refusals.append(
             f"SparkInfer runs on 3 nodes (TP3) or 4 (TP4); cluster {config.cluster.name!r} "
@@ -97,22 +119,26 @@ def check_sparkinfer(
             "K=8/P8 profile is qualified for TP3 only, and the recipe says not to quote a "
             "TP4 speed (the card's 7.90 tok/s is unverified)."
         )
-    if tier is not None:
-        why = check_tier(tier)
-        if why:
-            refusals.append(why)
+
+
+def _model_file_refusals(config: SparkInferConfig) -> list[str]:
     named = file_name_problem(config.model_file)  # joined to every node's model folder
     if named:
-        refusals.append(
+        return [
             f"--model must be shard 1's file name in each node's model folder, not "
             f"{config.model_file!r}: {named}."
-        )
-    elif not config.model_file.endswith(".gguf"):
-        refusals.append(
+        ]
+    if not config.model_file.endswith(".gguf"):
+        return [
             f"--model must be the first shard file (…-00001-of-00009.gguf), not "
             f"{config.model_file!r}."
-        )
-    for node in nodes:
+        ]
+    return []
+
+
+def _address_refusals(config: SparkInferConfig) -> list[str]:
+    refusals = []
+    for node in config.cluster.nodes:
         addr = node.engine_address
         if not is_ipv4_literal(addr):
             kind = "an IPv6 address" if ":" in addr else "a host name"
@@ -120,36 +146,49 @@ def check_sparkinfer(
                 f"Node {node.label}: SparkInfer takes IPv4 literals only for --listen/--coord, "
                 f"and {addr!r} is {kind}; set address=<its IPv4 address> for this node."
             )
-    if config.profile not in PROFILES:
-        refusals.append(
-            f"There is no SparkInfer profile {config.profile!r}; the recipe's are "
-            f"{profile_names()}."
+    return refusals
+
+
+def _check_bridge(
+    config: SparkInferConfig,
+    reports: Sequence[NodeReport],
+    refusals: list[str],
+    warnings: list[str],
+) -> None:
+    """The HTTP bridge's tokenizer folder and chat template: given, and there."""
+    missing = [
+        what
+        for what, value in (
+            ("tokenizer folder (K3_TOKENIZER_DIR)", config.tokenizer_path),
+            ("chat template (K3_CHAT_TEMPLATE)", config.chat_template_path),
         )
-    elif world:
-        refusals += engine_refusals(rank_argv(config, 0), config.rank_env)
-    if config.bridge_needs_tokenizer and world:
-        missing = [
-            what
-            for what, value in (
-                ("tokenizer folder (K3_TOKENIZER_DIR)", config.tokenizer_path),
-                ("chat template (K3_CHAT_TEMPLATE)", config.chat_template_path),
-            )
-            if not value
-        ]
-        if missing:
-            refusals.append(
-                f"The recipe's HTTP bridge (api-server/run-api.sh) needs the model's "
-                f"{' and its '.join(missing)}, and rank 0 ({config.rank0.label}) has no model "
-                f"folder to find them in: set model=FOLDER for that node (the recipe keeps "
-                f"{CHAT_TEMPLATE_NAME} with the shards and {TOKENIZER_DIRNAME}/ beside that "
-                "folder) or give --tokenizer-dir and --chat-template."
-            )
-        else:
-            bad, unchecked = _bridge_files(config, reports)
-            refusals += bad
-            warnings += unchecked
+        if not value
+    ]
+    if missing:
+        refusals.append(
+            f"The recipe's HTTP bridge (api-server/run-api.sh) needs the model's "
+            f"{' and its '.join(missing)}, and rank 0 ({config.rank0.label}) has no model "
+            f"folder to find them in: set model=FOLDER for that node (the recipe keeps "
+            f"{CHAT_TEMPLATE_NAME} with the shards and {TOKENIZER_DIRNAME}/ beside that "
+            "folder) or give --tokenizer-dir and --chat-template."
+        )
+    else:
+        bad, unchecked = _bridge_files(config, reports)
+        refusals += bad
+        warnings += unchecked
+
+
+def _check_hardware(
+    config: SparkInferConfig,
+    profiles: Mapping[str, HardwareProfile | None],
+    refusals: list[str],
+    warnings: list[str],
+) -> None:
+    """Every node's GPUs: GB10 qualified, another Blackwell warned about, the rest
+    refused; and each rank's GPU index within its machine's GPUs."""
+    nodes = config.cluster.nodes
     for node in nodes:
-        profile = (profiles or {}).get(node.label)
+        profile = profiles.get(node.label)
         if profile is None:
             warnings.append(f"Node {node.label}: hardware not probed; GB10 is assumed.")
             continue
@@ -173,7 +212,7 @@ def check_sparkinfer(
             "is Hopper (sm_90)."
         )
     for rank, node in enumerate(nodes):
-        profile = (profiles or {}).get(node.label)
+        profile = profiles.get(node.label)
         gpu = rank_gpu(config, rank)
         if profile is not None and profile.gpus and gpu.isdigit() and int(gpu) >= len(profile.gpus):
             refusals.append(
@@ -181,6 +220,11 @@ def check_sparkinfer(
                 f"and that machine has {len(profile.gpus)}: ranks that share an address share "
                 "a machine and take GPUs 0, 1, 2, ... in turn; set gpu= for the node."
             )
+
+
+def _copy_refusals(reports: Sequence[NodeReport]) -> list[str]:
+    """Each node's copy of the model: the pruned geometry, complete."""
+    refusals = []
     for rep in reports:
         copy = rep.copy
         if copy is None:
@@ -199,7 +243,7 @@ def check_sparkinfer(
                 f"Node {rep.node.label} has no complete copy of the model ({copy.summary()}); "
                 "every rank loads its own copy from the same path."
             )
-    return SparkInferCheck(tuple(refusals), tuple(warnings))
+    return refusals
 
 
 _BRIDGE_FILES = (

@@ -28,7 +28,7 @@ import operator
 import os
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -92,10 +92,6 @@ class ArrayRef:
     elem_type: int
     count: int
     offset: int  # absolute offset of the first element
-
-    @property
-    def elem_type_name(self) -> str:
-        return VALUE_TYPE_NAMES[self.elem_type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,6 +442,42 @@ def read_header(path: Path | str, eager_array_limit: int = EAGER_ARRAY_LIMIT) ->
 
 def _parse(f: BinaryIO, p: Path, size: int, eager_array_limit: int) -> GGUFHeader:
     r = _Window(f, p, size)
+    version, n_tensors, n_kv = _read_start(r, p, size)
+    meta = _read_metadata(r, p, n_kv, eager_array_limit)
+    alignment = _alignment(p, meta.kv, meta.kv_types)
+    raw_infos, pos = _read_tensor_infos(r, p, meta.end, n_tensors)
+    header_bytes = pos
+    data_start = -(-pos // alignment) * alignment
+    if n_tensors and data_start > size:
+        raise _truncated(p, "before its tensor data starts", size)
+
+    tensors = []
+    for name, dims, gtype, rel_offset in raw_infos:
+        n = 1
+        for d in dims:
+            n *= d
+        t = BY_ID.get(gtype)
+        nbytes = n // t.block_size * t.type_size if t is not None else -1
+        tensors.append(TensorInfo(name, dims, gtype, rel_offset, data_start + rel_offset, nbytes))
+    return GGUFHeader(
+        path=p,
+        version=version,
+        kv=meta.kv,
+        kv_types=meta.kv_types,
+        tensors=tensors,
+        alignment=alignment,
+        data_start=data_start,
+        header_bytes=header_bytes,
+        file_size=size,
+        elem_types=meta.elem_types,
+        array_offsets=meta.array_offsets,
+        array_ends=meta.array_ends,
+    )
+
+
+def _read_start(r: _Window, p: Path, size: int) -> tuple[int, int, int]:
+    """(version, tensor count, key count) of the fixed header, refused when the file is
+    no GGUF, a version llama.cpp does not read, or counts the file cannot hold."""
     if size < 4:
         raise ValidationError(
             f"{p.name} is not a GGUF file: it has only {size} bytes.",
@@ -484,12 +516,24 @@ def _parse(f: BinaryIO, p: Path, size: int, eager_array_limit: int) -> GGUFHeade
         raise _truncated(
             p, f"{n_tensors:,} tensors and {n_kv:,} keys need at least {least:,} bytes", size
         )
+    return version, n_tensors, n_kv
+
+
+@dataclass
+class _Metadata:
+    """The key/value section as read: values, their types, where the arrays lie."""
+
+    kv: dict[str, Value] = field(default_factory=dict)
+    kv_types: dict[str, int] = field(default_factory=dict)
+    elem_types: dict[str, int] = field(default_factory=dict)
+    array_offsets: dict[str, int] = field(default_factory=dict)
+    array_ends: dict[str, int] = field(default_factory=dict)
+    end: int = 0  # the offset just past the section
+
+
+def _read_metadata(r: _Window, p: Path, n_kv: int, eager_array_limit: int) -> _Metadata:
+    meta = _Metadata()
     pos = _HEADER.size
-    kv: dict[str, Value] = {}
-    kv_types: dict[str, int] = {}
-    elem_types: dict[str, int] = {}
-    array_offsets: dict[str, int] = {}
-    array_ends: dict[str, int] = {}
     raw_keys: set[bytes] = set()  # gguf.cpp compares keys as bytes
     for i in range(n_kv):
         r.what = f"metadata entry {i + 1} of {n_kv}"
@@ -509,17 +553,22 @@ def _parse(f: BinaryIO, p: Path, size: int, eager_array_limit: int) -> GGUFHeade
         elif vtype == ARRAY:
             etype, pos = r.u32(pos)
             count, pos = r.u64(pos)
-            array_offsets[key] = pos
+            meta.array_offsets[key] = pos
             value, pos = _array(r, p, key, etype, count, pos, eager_array_limit)
-            array_ends[key] = pos
-            elem_types[key] = etype
+            meta.array_ends[key] = pos
+            meta.elem_types[key] = etype
         elif vtype in _SCALAR:
             value, pos = r.scalar(pos, vtype)
         else:
             raise _corrupt(p, f"'{key}' has unknown value type {vtype}")
-        kv[key] = value
-        kv_types[key] = vtype
+        meta.kv[key] = value
+        meta.kv_types[key] = vtype
+    meta.end = pos
+    return meta
 
+
+def _alignment(p: Path, kv: dict[str, Value], kv_types: dict[str, int]) -> int:
+    """general.alignment (32 when absent): a UINT32 power of two, as gguf.cpp requires."""
     alignment = kv.get("general.alignment", DEFAULT_ALIGNMENT)
     if "general.alignment" in kv and kv_types["general.alignment"] != UINT32:
         raise _corrupt(
@@ -529,7 +578,13 @@ def _parse(f: BinaryIO, p: Path, size: int, eager_array_limit: int) -> GGUFHeade
         )
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise _corrupt(p, f"general.alignment is {alignment!r}, not a power of two")
+    return alignment
 
+
+def _read_tensor_infos(
+    r: _Window, p: Path, pos: int, n_tensors: int
+) -> tuple[list[tuple[str, tuple[int, ...], int, int]], int]:
+    """(name, dims, type, offset in the data) of every tensor, and the offset past them."""
     raw_infos: list[tuple[str, tuple[int, ...], int, int]] = []
     r.what = f"the tensor infos ({n_tensors:,} tensors)"
     for i in range(n_tensors):
@@ -563,33 +618,7 @@ def _parse(f: BinaryIO, p: Path, size: int, eager_array_limit: int) -> GGUFHeade
         if n > _INT64_MAX:
             raise _corrupt(p, f"tensor '{name}' has {n:,} elements, more than ggml can count")
         raw_infos.append((name, dims, gtype, rel_offset))
-    header_bytes = pos
-    data_start = -(-pos // alignment) * alignment
-    if n_tensors and data_start > size:
-        raise _truncated(p, "before its tensor data starts", size)
-
-    tensors = []
-    for name, dims, gtype, rel_offset in raw_infos:
-        n = 1
-        for d in dims:
-            n *= d
-        t = BY_ID.get(gtype)
-        nbytes = n // t.block_size * t.type_size if t is not None else -1
-        tensors.append(TensorInfo(name, dims, gtype, rel_offset, data_start + rel_offset, nbytes))
-    return GGUFHeader(
-        path=p,
-        version=version,
-        kv=kv,
-        kv_types=kv_types,
-        tensors=tensors,
-        alignment=alignment,
-        data_start=data_start,
-        header_bytes=header_bytes,
-        file_size=size,
-        elem_types=elem_types,
-        array_offsets=array_offsets,
-        array_ends=array_ends,
-    )
+    return raw_infos, pos
 
 
 def _array(

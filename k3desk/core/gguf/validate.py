@@ -267,6 +267,54 @@ def _vtype(h: GGUFHeader, key: str) -> str:
     return VALUE_TYPE_NAMES[t]
 
 
+def _u32(h: GGUFHeader, name: str, default: int | None = None) -> int:
+    """The integer key ``<arch>.name`` (``default`` when absent)."""
+    v = h.get(_P + name)
+    if v is None:
+        if default is None:  # the key is required: check_keys has refused it
+            raise AssertionError(name)
+        return default
+    assert isinstance(v, int)
+    return int(v)
+
+
+def _per_layer(h: GGUFHeader, name: str, default: list[int], n_layer: int) -> list[int]:
+    """A per-layer key: an array, or one value for every layer (``default`` when absent)."""
+    v = h.get(_P + name)
+    if v is None:
+        return default
+    if isinstance(v, list):
+        return [int(x) for x in v]
+    assert isinstance(v, int)
+    return [int(v)] * n_layer
+
+
+def _k3_hparams(shape: K3Shape, n_layer: int, head_count_kv: tuple[int, ...]) -> K3HParams:
+    """The hyper-parameters the planner reads, from the shape (``n_layer``: every block,
+    the nextn ones included)."""
+    return K3HParams(
+        context_length=shape.context_length,
+        embedding_length=shape.n_embd,
+        block_count=n_layer,
+        head_count=shape.n_head,
+        head_count_kv=head_count_kv,
+        kv_lora_rank=shape.kv_lora_rank,
+        key_length_mla=shape.key_length_mla,
+        value_length_mla=shape.value_length_mla,
+        rope_dimension_count=shape.rope_dim,
+        ssm_conv_kernel=shape.conv_kernel,
+        kda_head_dim=shape.head_dim_kda,
+        expert_count=shape.n_expert,
+        expert_used_count=shape.n_expert_used,
+        expert_feed_forward_length=shape.n_ff_expert,
+        expert_shared_count=shape.n_expert_shared,
+        expert_latent_length=shape.n_latent,
+        leading_dense_block_count=shape.n_dense_lead,
+        vocab_size=0,
+        attn_res_block_size=shape.attn_res_block_size,
+    )
+
+
 class _Checker:
     def __init__(self, shards: ShardSet, tiers: Iterable[Tier]) -> None:
         self.shards = shards
@@ -630,38 +678,70 @@ class _Checker:
     def hparams(self, h: GGUFHeader) -> tuple[K3HParams, K3Shape]:
         """The hyper-parameters as llama.cpp b11434 computes them from the keys,
         defaults included (the vocabulary size is filled in by :meth:`vocab_size`)."""
+        n_layer, nextn = self.check_layer_counts(h)
+        n_embd = _u32(h, "embedding_length")
+        self.check_rope_scaling(h)
+        n_expert, used = self.check_experts(h, n_layer, nextn)
+        n_dense = _u32(h, "leading_dense_block_count", 0)
+        self.check_norm_and_gating(h, moe_layers=n_dense < n_layer - nextn)
+        n_ff = _per_layer(h, "feed_forward_length", [0] * n_layer, n_layer)
+        heads = _per_layer(h, "attention.head_count", [0] * n_layer, n_layer)
+        hkv = _per_layer(h, "attention.head_count_kv", heads, n_layer)  # defaults to head_count
+        n_head = heads[0]
+        key_length = 0
+        if n_head > 0:  # load_hparams reads these only for models with attention heads
+            self.check_keys(h, (k for k in _HPARAM_KEYS if k[0] in _HEAD_KEYS), n_layer, _P)
+            # (not attention.value_length: kimi-k3 sets the MLA value width to kv_lora_rank)
+            key_length = _u32(h, "attention.key_length", n_embd // n_head)
+        n_rot = _u32(h, "rope.dimension_count", key_length)
+        kv_lora = _u32(h, "attention.kv_lora_rank")
+        n_ff_exp = _per_layer(h, "expert_feed_forward_length", [0] * n_layer, n_layer)[0]
+        attn_res_bs = _u32(h, "attn_res.block_size")
+        latent = _u32(h, "expert_latent_length", 0)
+        if n_head > 0:
+            self.check_mla_width(h, key_length, hkv, kv_lora + n_rot)
+        shape = K3Shape(
+            n_embd=n_embd,
+            # the kimi-k3 loader creates the layers before the nextn (multi-token
+            # prediction) ones: n_layer = hparams.n_layer() = n_layer_all - n_layer_nextn
+            n_layer=n_layer - nextn,
+            n_head=n_head,
+            head_dim_kda=_u32(h, "kda.head_dim"),
+            conv_kernel=_u32(h, "ssm.conv_kernel"),
+            q_lora_rank=_u32(h, "attention.q_lora_rank", 0),
+            kv_lora_rank=kv_lora,
+            rope_dim=n_rot,
+            key_length_mla=_u32(h, "attention.key_length_mla"),
+            value_length_mla=_u32(h, "attention.value_length_mla"),
+            n_ff_dense=n_ff[0],
+            n_dense_lead=n_dense,
+            n_expert=n_expert,
+            n_expert_used=max(used),
+            n_ff_expert=n_ff_exp,
+            n_latent=latent,
+            n_expert_shared=_u32(h, "expert_shared_count"),
+            n_vocab=0,  # from the vocabulary, below
+            context_length=_u32(h, "context_length"),
+            mla_layers=frozenset(i for i, v in enumerate(hkv) if v != 0),
+            attn_res=attn_res_bs > 0,
+            attn_res_block_size=attn_res_bs,
+        )
+        return _k3_hparams(shape, n_layer, tuple(hkv)), shape
 
-        def u32(name: str, default: int | None = None) -> int:
-            v = h.get(_P + name)
-            if v is None:
-                if default is None:  # the key is required: check_keys has refused it
-                    raise AssertionError(name)
-                return default
-            assert isinstance(v, int)
-            return int(v)
-
-        def per_layer(name: str, default: list[int]) -> list[int]:
-            v = h.get(_P + name)
-            if v is None:
-                return default
-            if isinstance(v, list):
-                return [int(x) for x in v]
-            assert isinstance(v, int)
-            return [int(v)] * n_layer
-
-        # block_count first: load_hparams asserts its range before reading arrays
+    def check_layer_counts(self, h: GGUFHeader) -> tuple[int, int]:
+        """(block_count, nextn_predict_layers), with the keys' types checked.  block_count
+        first: load_hparams asserts its range before reading arrays."""
         first = ("context_length", "embedding_length", "block_count")
         self.check_keys(h, (k for k in _HPARAM_KEYS if k[0] in first), 0, _P)
-        n_layer = u32("block_count")
+        n_layer = _u32(h, "block_count")
         if not 0 < n_layer <= LLAMA_MAX_LAYERS:
             raise self.fail(
                 f"{self.label(0)}: {_P}block_count is {n_layer:,}; llama.cpp loads 1 to "
                 f"{LLAMA_MAX_LAYERS} layers (Kimi-K3 has 93): the header is corrupt.",
                 0,
             )
-        n_embd = u32("embedding_length")
         self.check_keys(h, (k for k in _HPARAM_KEYS if k[0] not in _HEAD_KEYS), n_layer, _P)
-        nextn = u32("nextn_predict_layers", 0)
+        nextn = _u32(h, "nextn_predict_layers", 0)
         if nextn > n_layer:  # load_hparams: GGML_ASSERT(n_layer_nextn <= n_layer_all)
             raise self.fail(
                 f"{self.label(0)}: {_P}nextn_predict_layers is {nextn:,} but the model has "
@@ -669,6 +749,9 @@ class _Checker:
                 0,
                 _CONVERTER_HINT,
             )
+        return n_layer, nextn
+
+    def check_rope_scaling(self, h: GGUFHeader) -> None:
         scaling = h.get(_P + "rope.scaling.type", "linear")
         if scaling not in _ROPE_SCALING_TYPES:
             # load_hparams: llama_rope_scaling_type_from_string, then
@@ -680,8 +763,11 @@ class _Checker:
                 0,
                 _CONVERTER_HINT,
             )
-        n_expert = u32("expert_count", 0)
-        used = per_layer("expert_used_count", [0] * n_layer)
+
+    def check_experts(self, h: GGUFHeader, n_layer: int, nextn: int) -> tuple[int, list[int]]:
+        """(expert_count, expert_used_count per layer) after load_hparams' asserts."""
+        n_expert = _u32(h, "expert_count", 0)
+        used = _per_layer(h, "expert_used_count", [0] * n_layer, n_layer)
         if (
             n_expert > LLAMA_MAX_EXPERTS
             or max(used) > n_expert
@@ -694,9 +780,10 @@ class _Checker:
                 0,
                 _CONVERTER_HINT,
             )
-        self.check_groups(n_expert, u32("expert_group_count", 0), u32("expert_group_used_count", 0))
-        n_dense = u32("leading_dense_block_count", 0)
-        moe_layers = n_dense < n_layer - nextn
+        self.check_groups(
+            n_expert, _u32(h, "expert_group_count", 0), _u32(h, "expert_group_used_count", 0)
+        )
+        n_dense = _u32(h, "leading_dense_block_count", 0)
         # llama_model_kimi_k3's graph selects the experts of every MoE layer with
         # hparams.n_expert_used(), layer 0's entry of a per-layer array, and
         # build_moe_ffn (llama-graph.cpp) then sums hparams.n_expert_used(il) of them:
@@ -713,6 +800,9 @@ class _Checker:
                 "count of experts in every MoE layer and adds up each layer's own count, "
                 "so a layer with none or more than layer 0's crashes it."
             )
+        return n_expert, used
+
+    def check_norm_and_gating(self, h: GGUFHeader, moe_layers: bool) -> None:
         eps = h.get(_P + "attention.layer_norm_rms_epsilon")
         if isinstance(eps, float) and not eps >= 0:
             # ggml-cpu/ops.cpp, ggml_compute_forward_rms_norm_f32: GGML_ASSERT(eps >= 0.0f)
@@ -720,7 +810,7 @@ class _Checker:
                 f"{_P}attention.layer_norm_rms_epsilon is {eps}: {REFERENCE}'s CPU "
                 "backend asserts that the norm's epsilon is at least 0 and aborts."
             )
-        gating = u32("expert_gating_func")
+        gating = _u32(h, "expert_gating_func")
         if moe_layers and gating not in _GATING_FUNCS:
             # build_moe_ffn (llama-graph.cpp) aborts on a gating function it does not know
             self.suspicious.append(
@@ -728,25 +818,14 @@ class _Checker:
                 f"{', '.join(f'{v} ({n})' for v, n in _GATING_FUNCS.items())} only and "
                 "aborts on any other value."
             )
-        n_ff = per_layer("feed_forward_length", [0] * n_layer)
-        heads = per_layer("attention.head_count", [0] * n_layer)
-        hkv = per_layer("attention.head_count_kv", heads)  # defaults to head_count
-        n_head = heads[0]
-        key_length = value_length = 0
-        if n_head > 0:  # load_hparams reads these only for models with attention heads
-            self.check_keys(h, (k for k in _HPARAM_KEYS if k[0] in _HEAD_KEYS), n_layer, _P)
-            key_length = u32("attention.key_length", n_embd // n_head)
-            value_length = u32("attention.value_length", n_embd // n_head)
-        n_rot = u32("rope.dimension_count", key_length)
-        kv_lora = u32("attention.kv_lora_rank")
-        n_ff_exp = per_layer("expert_feed_forward_length", [0] * n_layer)[0]
-        attn_res_bs = u32("attn_res.block_size")
-        attn_res = attn_res_bs > 0
-        latent = u32("expert_latent_length", 0)
-        del value_length  # kimi-k3 sets the MLA value width to kv_lora_rank itself
-        per_token = kv_lora + n_rot  # what an MLA layer caches: the latent and the rope part
+
+    def check_mla_width(
+        self, h: GGUFHeader, key_length: int, hkv: list[int], per_token: int
+    ) -> None:
+        """The MLA layers' K cache row against what they store per token: the latent
+        (kv_lora_rank) and the rope part."""
         widths = sorted({key_length * v for v in hkv if v != 0})
-        if n_head > 0 and widths and widths != [per_token]:
+        if widths and widths != [per_token]:
             # the K cache is n_embd_head_k * n_head_kv wide (llama-kv-cache.cpp), and
             # ggml_set_rows asserts the rows written into it fit (ggml.c)
             absent = _P + "attention.key_length" not in h.kv
@@ -757,79 +836,12 @@ class _Checker:
                 f"store kv_lora_rank + rope.dimension_count = {per_token} per token: "
                 f"{REFERENCE} aborts on it."
             )
-        shape = K3Shape(
-            n_embd=n_embd,
-            # the kimi-k3 loader creates the layers before the nextn (multi-token
-            # prediction) ones: n_layer = hparams.n_layer() = n_layer_all - n_layer_nextn
-            n_layer=n_layer - nextn,
-            n_head=n_head,
-            head_dim_kda=u32("kda.head_dim"),
-            conv_kernel=u32("ssm.conv_kernel"),
-            q_lora_rank=u32("attention.q_lora_rank", 0),
-            kv_lora_rank=kv_lora,
-            rope_dim=n_rot,
-            key_length_mla=u32("attention.key_length_mla"),
-            value_length_mla=u32("attention.value_length_mla"),
-            n_ff_dense=n_ff[0],
-            n_dense_lead=u32("leading_dense_block_count", 0),
-            n_expert=n_expert,
-            n_expert_used=max(used),
-            n_ff_expert=n_ff_exp,
-            n_latent=latent,
-            n_expert_shared=u32("expert_shared_count"),
-            n_vocab=0,  # from the vocabulary, below
-            context_length=u32("context_length"),
-            mla_layers=frozenset(i for i, v in enumerate(hkv) if v != 0),
-            attn_res=attn_res,
-            attn_res_block_size=attn_res_bs,
-        )
-        hp = K3HParams(
-            context_length=shape.context_length,
-            embedding_length=n_embd,
-            block_count=n_layer,
-            head_count=n_head,
-            head_count_kv=tuple(hkv),
-            kv_lora_rank=kv_lora,
-            key_length_mla=shape.key_length_mla,
-            value_length_mla=shape.value_length_mla,
-            rope_dimension_count=n_rot,
-            ssm_conv_kernel=shape.conv_kernel,
-            kda_head_dim=shape.head_dim_kda,
-            expert_count=n_expert,
-            expert_used_count=max(used),
-            expert_feed_forward_length=n_ff_exp,
-            expert_shared_count=shape.n_expert_shared,
-            expert_latent_length=latent,
-            leading_dense_block_count=shape.n_dense_lead,
-            vocab_size=0,
-            attn_res_block_size=attn_res_bs,
-        )
-        return hp, shape
 
     def vocab_size(self, h: GGUFHeader) -> int:
         """The number of tokens, after the checks llama_vocab::impl::load makes."""
         self.check_keys(h, _OTHER_KEYS, 0, "")
         model = h.get("tokenizer.ggml.model")
         pre = h.get("tokenizer.ggml.pre")
-
-        def array_of(key: str, types: tuple[int, ...], required: bool) -> int | None:
-            if key not in h.kv_types:
-                if required:
-                    raise self.fail(
-                        f"{self.label(0)} lacks {key}: llama.cpp cannot load the tokenizer.",
-                        0,
-                        _CONVERTER_HINT,
-                    )
-                return None
-            if h.kv_types[key] != ARRAY or h.elem_type(key) not in types:
-                raise self.fail(
-                    f"{self.label(0)} stores {key} as {_vtype(h, key)}; llama.cpp refuses "
-                    "the tokenizer (invalid gguf type).",
-                    0,
-                    _CONVERTER_HINT,
-                )
-            return h.array_len(key)
-
         name = model if isinstance(model, str) else "?"
         if name in _NO_VOCAB:
             # llama_vocab::impl::load returns before reading any token; the vocabulary
@@ -841,6 +853,55 @@ class _Checker:
             )
             size = h.get(_P + "vocab_size", 0)
             return size if isinstance(size, int) else 0
+        self.check_tokenizer(h, name, pre)
+        self.check_add_eos(h, name)
+        # a BPE vocabulary needs its merges, except Kimi-K2's (is_kimi_k2); gemma4 always
+        self.tokenizer_array(
+            h,
+            "tokenizer.ggml.merges",
+            (STRING,),
+            (name in ("gpt2", "hybriddna", "whitespace") and pre != "kimi-k2") or name == "gemma4",
+        )
+        n = self.tokenizer_array(h, "tokenizer.ggml.tokens", (STRING,), True) or 0
+        for key, types in (
+            ("tokenizer.ggml.scores", (INT32, FLOAT32)),
+            ("tokenizer.ggml.token_type", (INT32,)),
+        ):
+            m = self.tokenizer_array(h, key, types, False)
+            if m is not None and m < n:
+                raise self.fail(
+                    f"{self.label(0)}: {key} has {m:,} entries for {n:,} tokens; llama.cpp "
+                    "refuses the tokenizer.",
+                    0,
+                    _CONVERTER_HINT,
+                )
+        return n
+
+    def tokenizer_array(
+        self, h: GGUFHeader, key: str, types: tuple[int, ...], required: bool
+    ) -> int | None:
+        """The length of the tokenizer array ``key`` (None: absent and not required),
+        refused when it is missing but required or holds the wrong type."""
+        if key not in h.kv_types:
+            if required:
+                raise self.fail(
+                    f"{self.label(0)} lacks {key}: llama.cpp cannot load the tokenizer.",
+                    0,
+                    _CONVERTER_HINT,
+                )
+            return None
+        if h.kv_types[key] != ARRAY or h.elem_type(key) not in types:
+            raise self.fail(
+                f"{self.label(0)} stores {key} as {_vtype(h, key)}; llama.cpp refuses "
+                "the tokenizer (invalid gguf type).",
+                0,
+                _CONVERTER_HINT,
+            )
+        return h.array_len(key)
+
+    def check_tokenizer(self, h: GGUFHeader, name: str, pre: object) -> None:
+        """The tokenizer and pre-tokenizer names llama_vocab::impl::load knows, and the
+        byte tokens the byte-fallback tokenizers need."""
         if name not in _TOKENIZER_MODELS:
             self.suspicious.append(
                 f"tokenizer.ggml.model is '{name}', a tokenizer {REFERENCE} does not know "
@@ -864,6 +925,8 @@ class _Checker:
                 "byte tokens <0x00>..<0xFF>, but the vocabulary has none (the Kimi-K3 "
                 f"vocabulary is byte-level BPE, 'gpt2'): {REFERENCE} fails on it."
             )
+
+    def check_add_eos(self, h: GGUFHeader, name: str) -> None:
         add_eos = h.get("tokenizer.ggml.add_eos_token", name in _EOS_BY_DEFAULT)
         if add_eos is True:
             # llama-completion (tools/completion/completion.cpp) asserts that a model
@@ -875,26 +938,6 @@ class _Checker:
                 f"{why}): {REFERENCE}'s llama-completion refuses such a model, and "
                 "llama-server would end every prompt where the model stops."
             )
-        # a BPE vocabulary needs its merges, except Kimi-K2's (is_kimi_k2); gemma4 always
-        array_of(
-            "tokenizer.ggml.merges",
-            (STRING,),
-            (name in ("gpt2", "hybriddna", "whitespace") and pre != "kimi-k2") or name == "gemma4",
-        )
-        n = array_of("tokenizer.ggml.tokens", (STRING,), True) or 0
-        for key, types in (
-            ("tokenizer.ggml.scores", (INT32, FLOAT32)),
-            ("tokenizer.ggml.token_type", (INT32,)),
-        ):
-            m = array_of(key, types, False)
-            if m is not None and m < n:
-                raise self.fail(
-                    f"{self.label(0)}: {key} has {m:,} entries for {n:,} tokens; llama.cpp "
-                    "refuses the tokenizer.",
-                    0,
-                    _CONVERTER_HINT,
-                )
-        return n
 
     @staticmethod
     def has_byte_tokens(h: GGUFHeader) -> bool:

@@ -76,11 +76,6 @@ def architecture_for(cc: tuple[int, int]) -> str:
     return _FAMILY_BY_MAJOR.get(cc[0], f"unknown (compute capability {cc[0]}.{cc[1]})")
 
 
-def chips_for(cc: tuple[int, int]) -> str:
-    """Which products share a compute capability: (12, 1) -> 'GB10, DGX Spark'."""
-    return _CC_TABLE.get(cc, ("", ""))[1]
-
-
 def is_unified_cc(cc: tuple[int, int]) -> bool:
     return cc in _UNIFIED_CC
 

@@ -144,13 +144,40 @@ def token_hint(where: Where, *, sentence: bool = True) -> str:
 
 
 def hub_error(exc: BaseException, where: Where) -> HubError:
-    """The HubError for ``exc`` (returns ``exc`` itself if it already is one)."""
+    """The HubError for ``exc`` (returns ``exc`` itself if it already is one).
+
+    The first that applies, in this order: the disk, the error's class (offline,
+    gated, revision, entry), the HTTP status (with the repository's absence), how the
+    connection failed, then any other status and the plain message.
+    """
     if isinstance(exc, HubError):
         return exc
-    names = _names(exc)
-    rev = where.revision[:12] if len(where.revision) == 40 else where.revision
     if isinstance(exc, OSError) and is_disk_error(exc):
         return disk_error(exc, where)
+    names = _names(exc)
+    code = _status(exc)
+    found = (
+        _by_class(names, where)
+        or _by_status(exc, names, code, where)
+        or _by_transport(exc, names, where)
+    )
+    if found is not None:
+        return found
+    if code is not None:
+        return HubError(
+            f"The Hub answered HTTP {code} for {where.path or where.repo}.",
+            "Run the download again; if it keeps failing, check the repository page "
+            f"{where.repo_url}.",
+        )
+    return HubError(
+        f"Downloading {where.path or where.repo} failed: {_plain(exc)}.",
+        "Run the same download again to resume.",
+    )
+
+
+def _by_class(names: set[str], where: Where) -> HubError | None:
+    """huggingface_hub's own errors that say what is wrong without a status."""
+    rev = where.revision[:12] if len(where.revision) == 40 else where.revision
     if "OfflineModeIsEnabled" in names:
         return HubError(
             f"Cannot reach {where.endpoint}: HF_HUB_OFFLINE is set.",
@@ -181,7 +208,13 @@ def hub_error(exc: BaseException, where: Where) -> HubError:
             "The repository changed since the catalog was written; "
             f"see {where.repo_url}/tree/main for its files.",
         )
-    code = _status(exc)
+    return None
+
+
+def _by_status(
+    exc: BaseException, names: set[str], code: int | None, where: Where
+) -> HubError | None:
+    """The statuses that say what to do: a token, the repository, a wait, later."""
     if (
         code == 401
         and (where.has_token or "Invalid credentials" in (_header(exc, "X-Error-Message") or ""))
@@ -236,6 +269,11 @@ def hub_error(exc: BaseException, where: Where) -> HubError:
             f"The server refused the byte range asked for {where.path} (416).",
             "Run the download again; the partial file will be re-checked.",
         )
+    return None
+
+
+def _by_transport(exc: BaseException, names: set[str], where: Where) -> HubError | None:
+    """A connection that broke off, a server that broke the protocol, a Hub out of reach."""
     if "ShortRead" in names or _dropped(exc):
         return HubError(
             f"The transfer of {where.path or where.repo} from {where.endpoint} kept breaking off "
@@ -257,16 +295,7 @@ def hub_error(exc: BaseException, where: Where) -> HubError:
             "Check the network connection, proxy settings (HTTPS_PROXY) or HF_ENDPOINT; "
             "partial files are kept and the download resumes when run again.",
         )
-    if code is not None:
-        return HubError(
-            f"The Hub answered HTTP {code} for {where.path or where.repo}.",
-            "Run the download again; if it keeps failing, check the repository page "
-            f"{where.repo_url}.",
-        )
-    return HubError(
-        f"Downloading {where.path or where.repo} failed: {_plain(exc)}.",
-        "Run the same download again to resume.",
-    )
+    return None
 
 
 def _plain(exc: BaseException) -> str:

@@ -210,6 +210,45 @@ class DownloadJob:
 
     def _run(self, started: float) -> DownloadSummary:
         opts = self.options
+        listing = self._list()
+        state = self._open_target(listing)
+        items = self._classify(listing, state)
+        if not items:  # every listed file was refused
+            raise self._refused_error(listing)
+        self._emit(Queued(tuple(_queued(it) for it in items)))
+        fetch_bytes = self._preflight(items)
+        ctx = Context(
+            repo=listing.repo,
+            revision=listing.revision,
+            endpoint=listing.endpoint,
+            token=opts.token,
+            options=opts,
+            cancel=self._stop,
+        )
+        overall = Overall(fetch_bytes)
+        self._fetch_all(items, ctx, state, overall, listing)
+        if self._refused:
+            raise self._refused_error(listing)
+
+        seconds = time.monotonic() - started
+        summary = DownloadSummary(
+            repo=listing.repo,
+            revision=listing.revision,
+            target=str(self.target),
+            files=len(listing.files),
+            total_bytes=listing.total_bytes,
+            fetched_bytes=overall.done,
+            reused_files=self._reused,
+            refetched=tuple(self._refetched),
+            seconds=seconds,
+            warnings=tuple(self._warnings),
+        )
+        self._emit(Done(summary))
+        return summary
+
+    def _list(self) -> Listing:
+        """The repository's files at the pinned revision; refused if none is to fetch."""
+        opts = self.options
         endpoint = resolve_endpoint(opts.endpoint)
         self._stop.raise_if_cancelled()
         listing = self._interruptible(
@@ -239,7 +278,10 @@ class DownloadJob:
             self._refuse(name, why)
         for w in crosscheck(self.request, listing):
             self._warn(w)
+        return listing
 
+    def _open_target(self, listing: Listing) -> TargetState:
+        """The target folder, checked writable, with the listing recorded in its state."""
         check_writable(self.target, self._where(local=str(self.target)))
         state = TargetState(self.target)
         if state.load_error:
@@ -252,11 +294,12 @@ class DownloadJob:
             listing.endpoint,
             listing.files,
         )
+        return state
 
-        items = self._classify(listing, state)
-        if not items:  # every listed file was refused
-            raise self._refused_error(listing)
-        self._emit(Queued(tuple(_queued(it) for it in items)))
+    def _preflight(self, items: list[_Item]) -> int:
+        """Check the free space for what is to come (a copy from the HF cache on another
+        filesystem included) and report it; returns the bytes to fetch."""
+        opts = self.options
         needed = 0
         target_dev = os.stat(self.target).st_dev
         for it in items:
@@ -287,16 +330,17 @@ class DownloadJob:
         )
         for w in fs_warnings:
             self._warn(w)
+        return fetch_bytes
 
-        ctx = Context(
-            repo=listing.repo,
-            revision=listing.revision,
-            endpoint=listing.endpoint,
-            token=opts.token,
-            options=opts,
-            cancel=self._stop,
-        )
-        overall = Overall(fetch_bytes)
+    def _fetch_all(
+        self,
+        items: list[_Item],
+        ctx: Context,
+        state: TargetState,
+        overall: Overall,
+        listing: Listing,
+    ) -> None:
+        """Every item, the manifest first, with the stall watch running."""
         self._stop.on_cancel(self._abort_all)
         self._monitor_wake = threading.Event()
         self._stop.on_cancel(self._monitor_wake.set)
@@ -319,24 +363,6 @@ class DownloadJob:
             self._monitor_done = True
             self._monitor_wake.set()  # not a quarter second's nap at the end of every run
             monitor.join(timeout=5)
-        if self._refused:
-            raise self._refused_error(listing)
-
-        seconds = time.monotonic() - started
-        summary = DownloadSummary(
-            repo=listing.repo,
-            revision=listing.revision,
-            target=str(self.target),
-            files=len(listing.files),
-            total_bytes=listing.total_bytes,
-            fetched_bytes=overall.done,
-            reused_files=self._reused,
-            refetched=tuple(self._refetched),
-            seconds=seconds,
-            warnings=tuple(self._warnings),
-        )
-        self._emit(Done(summary))
-        return summary
 
     def _refused_error(self, listing: Listing) -> HubError:
         names = ", ".join(repr(n) for n, _ in self._refused[:5])

@@ -100,10 +100,6 @@ class RemoteFile:
     git_sha1: str  # git blob id (for non-LFS files it is the content check)
     xet_hash: str | None = None
 
-    @property
-    def is_lfs(self) -> bool:
-        return self.sha256 is not None
-
 
 @dataclass(frozen=True)
 class Listing:

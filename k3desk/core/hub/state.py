@@ -334,11 +334,6 @@ class Partial:
                 p.unlink()
 
 
-def partial_files(target: Path) -> list[Path]:
-    root = meta_dir(target) / "partial"
-    return sorted(root.rglob("*.k3part")) if root.is_dir() else []
-
-
 def discard_partials(target: Path) -> int:
     """Delete every partial file under ``target`` (a cancel, as opposed to a pause)."""
     root = meta_dir(target) / "partial"

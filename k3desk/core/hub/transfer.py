@@ -38,7 +38,7 @@ import ssl
 import subprocess
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,53 +187,40 @@ def http_attempt(
     if offsets.written > 0:
         headers["Range"] = f"bytes={offsets.written}-"
 
-    fd = os.open(partial.data, os.O_WRONLY)
-    durable = Checkpointer(partial, fd, offsets)
-    try:
-        with get_session().stream("GET", location, headers=headers, timeout=timeout) as r:
-            hf_raise_for_status(r)
-            if offsets.written > 0 and r.status_code == 200:
-                # the server ignored Range: start over from byte 0
-                durable.settle()
-                offsets.written = offsets.durable = 0
-                os.ftruncate(fd, 0)
-                partial.checkpoint(0)
-                hasher.reset()
-                task.rewind(0)
-            elif r.status_code == 206:
-                start = _content_range_start(r.headers.get("Content-Range"))
-                if start != offsets.written:
-                    raise ShortRead(
-                        f"asked for bytes from {offsets.written} but got "
-                        f"{r.headers.get('Content-Range')}"
-                    )
-            os.ftruncate(fd, offsets.written)
-            os.lseek(fd, offsets.written, os.SEEK_SET)
-            stream = r.extensions.get("network_stream")
-            sock = stream.get_extra_info("socket") if stream is not None else None
-            task.attach(sock=sock, closer=None if sock is not None else r.close)
-            ctx.cancel.raise_if_cancelled()
-            body = _Body(ctx, f, fd, task, hasher, offsets, durable)
-            direct = _direct_socket(r, stream, sock, f.size - offsets.written)
-            if direct is not None:
-                body.from_socket(r, direct, ctx.options.stall_seconds + 5.0)
-            else:
-                body.from_chunks(r.iter_bytes())
-            if offsets.written != f.size:
-                raise ShortRead(f"the connection ended at byte {offsets.written:,} of {f.size:,}")
-    except BaseException:
-        # keep everything that arrived: a pause or a retry resumes from here
-        with contextlib.suppress(OSError):
-            durable.settle(final=offsets.written)
-        raise
-    else:
-        # complete: no fsync here (see TargetState.is_trusted); just let a running
-        # checkpoint finish before the caller removes the sidecar
-        durable.settle()
-    finally:
-        task.detach()
-        durable.close()
-        os.close(fd)
+    with (
+        _writing(partial, offsets, task) as (fd, durable),
+        get_session().stream("GET", location, headers=headers, timeout=timeout) as r,
+    ):
+        hf_raise_for_status(r)
+        if offsets.written > 0 and r.status_code == 200:
+            # the server ignored Range: start over from byte 0
+            durable.settle()
+            offsets.written = offsets.durable = 0
+            os.ftruncate(fd, 0)
+            partial.checkpoint(0)
+            hasher.reset()
+            task.rewind(0)
+        elif r.status_code == 206:
+            start = _content_range_start(r.headers.get("Content-Range"))
+            if start != offsets.written:
+                raise ShortRead(
+                    f"asked for bytes from {offsets.written} but got "
+                    f"{r.headers.get('Content-Range')}"
+                )
+        os.ftruncate(fd, offsets.written)
+        os.lseek(fd, offsets.written, os.SEEK_SET)
+        stream = r.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        task.attach(sock=sock, closer=None if sock is not None else r.close)
+        ctx.cancel.raise_if_cancelled()
+        body = _Body(ctx, f, fd, task, hasher, offsets, durable)
+        direct = _direct_socket(r, stream, sock, f.size - offsets.written)
+        if direct is not None:
+            body.from_socket(r, direct, ctx.options.stall_seconds + 5.0)
+        else:
+            body.from_chunks(r.iter_bytes())
+        if offsets.written != f.size:
+            raise ShortRead(f"the connection ended at byte {offsets.written:,} of {f.size:,}")
 
 
 def _prepare(ctx: Context, f: RemoteFile) -> tuple[str, dict[str, str], Any]:
@@ -261,6 +248,34 @@ def _prepare(ctx: Context, f: RemoteFile) -> tuple[str, dict[str, str], Any]:
     return meta.location, headers, timeout
 
 
+@contextlib.contextmanager
+def _writing(
+    partial: Partial, offsets: Offsets, task: FileTask, holes: bool = False
+) -> Iterator[tuple[int, Checkpointer]]:
+    """The partial file open for writing, with its checkpointer, for one attempt.
+
+    On a failure, a pause or a cancel everything that arrived is kept: what
+    ``offsets.written`` says is made durable, and a retry or a later run resumes from
+    there (fetching in ranges: the prefix; the sidecar says holes lie past it).  When
+    complete there is no fsync (see TargetState.is_trusted): a running checkpoint is
+    only let finish before the caller removes the sidecar.
+    """
+    fd = os.open(partial.data, os.O_WRONLY)
+    durable = Checkpointer(partial, fd, offsets, holes=holes)
+    try:
+        yield fd, durable
+    except BaseException:
+        with contextlib.suppress(OSError):
+            durable.settle(final=offsets.written)
+        raise
+    else:
+        durable.settle()
+    finally:
+        task.detach()
+        durable.close()
+        os.close(fd)
+
+
 class _NoRanges(Exception):
     """The server answered a Range request with the whole file."""
 
@@ -286,25 +301,75 @@ def _in_ranges(
     a pause or a crash) resumes from the checkpointed prefix: it re-fetches at
     most the windows that were past it.
     """
-    from huggingface_hub import get_session, hf_raise_for_status
+    ranges = _Ranges(ctx, f, task, hasher, offsets, location, headers, timeout)
+    with _writing(partial, offsets, task, holes=True) as (fd, durable):
+        # windows in flight when an attempt failed come again
+        task.rewind(offsets.written + sum(b - a for a, b in ranges.finished.items()))
+        # before any byte lands past the prefix: a kill -9 from here on resumes from
+        # the last fsync'ed checkpoint, not from the file's size
+        partial.checkpoint(offsets.durable, holes=True)
+        task.attach(closer=ranges.stop_all)
+        ctx.cancel.raise_if_cancelled()
+        ranges.run(fd, durable)
 
-    opts = ctx.options
-    window = opts.range_window_bytes
-    step = opts.checkpoint_bytes
-    last = f.size - step // 2
-    lock = threading.Lock()
-    live: set[Any] = set()  # sockets (or response closers) of the windows in flight
-    errors: list[BaseException] = []
-    finished = offsets.windows  # complete windows above the prefix, kept across attempts
-    todo = deque(
-        a for a in range(offsets.written, f.size, window) if a not in finished
-    )  # window starts still to fetch: the grid from the prefix, less what is complete
-    state = {"asked": offsets.durable}
-    cancel = ctx.cancel
 
-    def stop_all() -> None:
-        with lock:
-            handles = list(live)
+class _Ranges:
+    """The windows of one attempt and the connections fetching them."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        f: RemoteFile,
+        task: FileTask,
+        hasher: StreamHasher,
+        offsets: Offsets,
+        location: str,
+        headers: dict[str, str],
+        timeout: Any,
+    ) -> None:
+        self.f, self.task, self.hasher, self.offsets = f, task, hasher, offsets
+        self.location, self.headers, self.timeout = location, headers, timeout
+        self.opts = ctx.options
+        self.cancel = ctx.cancel
+        self.window = self.opts.range_window_bytes
+        self.step = self.opts.checkpoint_bytes
+        self.last = f.size - self.step // 2
+        self.lock = threading.Lock()
+        self.live: set[Any] = set()  # sockets (or response closers) of the windows in flight
+        self.errors: list[BaseException] = []
+        self.finished = offsets.windows  # complete windows above the prefix, kept across attempts
+        # window starts still to fetch: the grid from the prefix, less what is complete
+        self.todo = deque(
+            a for a in range(offsets.written, f.size, self.window) if a not in self.finished
+        )
+        self.asked = offsets.durable
+
+    def run(self, fd: int, durable: Checkpointer) -> None:
+        """Fetch every window on ``ranges_per_file`` threads; raise the first failure."""
+        count = min(self.opts.ranges_per_file, len(self.todo))
+        threads = [
+            threading.Thread(
+                target=self.worker, args=(fd, durable), name=f"range:{self.f.path}", daemon=True
+            )
+            for _ in range(count)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if self.cancel.cancelled:
+            raise Cancelled()
+        if self.errors:
+            first = next((e for e in self.errors if isinstance(e, _NoRanges)), self.errors[0])
+            raise first
+        if self.offsets.written != self.f.size:
+            raise ShortRead(
+                f"the ranges ended at byte {self.offsets.written:,} of {self.f.size:,}"
+            )
+
+    def stop_all(self) -> None:
+        with self.lock:
+            handles = list(self.live)
         for h in handles:
             if isinstance(h, socket.socket):
                 with contextlib.suppress(OSError):
@@ -312,15 +377,17 @@ def _in_ranges(
             else:
                 h()
 
-    def stopped() -> bool:
-        if cancel.cancelled:
+    def stopped(self) -> bool:
+        if self.cancel.cancelled:
             raise Cancelled()
-        return bool(errors)
+        return bool(self.errors)
 
-    def fetch(fd: int, a: int, b: int) -> None:
-        h = dict(headers)
+    def fetch(self, fd: int, a: int, b: int) -> None:
+        from huggingface_hub import get_session, hf_raise_for_status
+
+        h = dict(self.headers)
         h["Range"] = f"bytes={a}-{b - 1}"
-        with get_session().stream("GET", location, headers=h, timeout=timeout) as r:
+        with get_session().stream("GET", self.location, headers=h, timeout=self.timeout) as r:
             hf_raise_for_status(r)
             if r.status_code != 206:
                 raise _NoRanges()
@@ -331,82 +398,52 @@ def _in_ranges(
             stream = r.extensions.get("network_stream")
             sock = stream.get_extra_info("socket") if stream is not None else None
             handle = sock if isinstance(sock, socket.socket) else r.close
-            with lock:
-                live.add(handle)
+            with self.lock:
+                self.live.add(handle)
             try:
                 direct = _direct_socket(r, stream, sock, b - a)
-                pos = _read_range(r, direct, fd, a, b, task, stopped, opts.stall_seconds + 5.0)
+                pos = _read_range(
+                    r, direct, fd, a, b, self.task, self.stopped, self.opts.stall_seconds + 5.0
+                )
             finally:
-                with lock:
-                    live.discard(handle)
+                with self.lock:
+                    self.live.discard(handle)
             if pos != b:
-                raise ShortRead(f"the connection ended at byte {pos:,} of {f.size:,}")
+                raise ShortRead(f"the connection ended at byte {pos:,} of {self.f.size:,}")
 
-    def worker(fd: int, durable: Checkpointer) -> None:
+    def worker(self, fd: int, durable: Checkpointer) -> None:
         while True:
-            with lock:
-                if errors or not todo:
+            with self.lock:
+                if self.errors or not self.todo:
                     return
-                a = todo.popleft()
-                b = min(f.size, a + window)
+                a = self.todo.popleft()
+                b = min(self.f.size, a + self.window)
             try:
-                if stopped():
+                if self.stopped():
                     return
-                fetch(fd, a, b)
+                self.fetch(fd, a, b)
             except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
-                with lock:
-                    errors.append(exc)
-                stop_all()
+                with self.lock:
+                    self.errors.append(exc)
+                self.stop_all()
                 return
-            with lock:
-                finished[a] = b
-                while offsets.written in finished:
-                    offsets.written = finished.pop(offsets.written)
-                prefix = offsets.written
-                ask = prefix - state["asked"] >= step and prefix < last
-                if ask:
-                    state["asked"] = prefix
-            hasher.on_disk(prefix)
-            if ask:
-                durable.request(prefix)
+            self.window_done(a, b, durable)
 
-    fd = os.open(partial.data, os.O_WRONLY)
-    durable = Checkpointer(partial, fd, offsets, holes=True)
-    try:
-        # windows in flight when an attempt failed come again
-        task.rewind(offsets.written + sum(b - a for a, b in finished.items()))
-        # before any byte lands past the prefix: a kill -9 from here on resumes from
-        # the last fsync'ed checkpoint, not from the file's size
-        partial.checkpoint(offsets.durable, holes=True)
-        task.attach(closer=stop_all)
-        cancel.raise_if_cancelled()
-        count = min(opts.ranges_per_file, len(todo))
-        threads = [
-            threading.Thread(target=worker, args=(fd, durable), name=f"range:{f.path}", daemon=True)
-            for _ in range(count)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if cancel.cancelled:
-            raise Cancelled()
-        if errors:
-            first = next((e for e in errors if isinstance(e, _NoRanges)), errors[0])
-            raise first
-        if offsets.written != f.size:
-            raise ShortRead(f"the ranges ended at byte {offsets.written:,} of {f.size:,}")
-    except BaseException:
-        with contextlib.suppress(OSError):
-            # the prefix is what a later run keeps (the sidecar says: holes past it)
-            durable.settle(final=offsets.written)
-        raise
-    else:
-        durable.settle()
-    finally:
-        task.detach()
-        durable.close()
-        os.close(fd)
+    def window_done(self, a: int, b: int, durable: Checkpointer) -> None:
+        """[a, b) is on disk: grow the prefix over complete windows, hash it, and ask for
+        a checkpoint every ``checkpoint_bytes`` (none in the file's last half-step)."""
+        offsets = self.offsets
+        with self.lock:
+            self.finished[a] = b
+            while offsets.written in self.finished:
+                offsets.written = self.finished.pop(offsets.written)
+            prefix = offsets.written
+            ask = prefix - self.asked >= self.step and prefix < self.last
+            if ask:
+                self.asked = prefix
+        self.hasher.on_disk(prefix)
+        if ask:
+            durable.request(prefix)
 
 
 def _pwrite_all(fd: int, data: memoryview, at: int) -> None:
@@ -654,14 +691,6 @@ def child_attempt(ctx: Context, f: RemoteFile, staging: Path, task: FileTask) ->
     Returns the downloaded file (inside ``staging``).  On cancel, stall or
     failure the child is terminated and ``staging`` deleted.
     """
-    env = dict(os.environ)
-    env.pop("HF_TOKEN", None)
-    if ctx.token:
-        env["HF_TOKEN"] = ctx.token  # through the environment: never on a command line
-    if ctx.options.xet_high_performance:
-        env["HF_XET_HIGH_PERFORMANCE"] = "1"
-    env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    env["PYTHONUNBUFFERED"] = "1"
     spec = {
         "repo": ctx.repo,
         "path": f.path,
@@ -677,7 +706,7 @@ def child_attempt(ctx: Context, f: RemoteFile, staging: Path, task: FileTask) ->
         _hfchild.command(),
         stdin=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=env,
+        env=_child_env(ctx),
         text=True,
         bufsize=1,
     )
@@ -697,43 +726,18 @@ def child_attempt(ctx: Context, f: RemoteFile, staging: Path, task: FileTask) ->
         if proc.poll() is None:
             child.signal_group(signal.SIGTERM)
 
-    result: dict[str, Any] = {}
     try:
         proc.stdin.write(json.dumps(spec) + "\n")
         proc.stdin.flush()
         task.attach(closer=stop)
         ctx.cancel.raise_if_cancelled()
-        for line in proc.stdout:
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if "n" in msg:
-                task.add(int(msg["n"]))
-            elif "done" in msg or "error" in msg:
-                result = msg
-                break
+        result = _child_result(proc.stdout, task)
         if ctx.cancel.cancelled:
             raise Cancelled()
         if "done" in result:
             proc.wait(timeout=30)
             return Path(result["done"])
-        if "error" in result:
-            raise ChildFailure(
-                error=str(result["error"]),
-                status=result.get("status"),
-                message=str(result.get("message") or result["error"]),
-                retry_after=result.get("retry_after"),
-                error_code=result.get("error_code"),
-            )
-        if task.abort_reason:
-            raise ShortRead(f"transfer of {f.path} {task.abort_reason}")
-        tail = "".join(stderr_tail).strip().splitlines()
-        raise ChildFailure(
-            error="ChildExited",
-            status=None,
-            message=(tail[-1] if tail else f"the download process exited with {proc.poll()}"),
-        )
+        raise _child_failure(f, task, result, stderr_tail, proc.poll())
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -745,3 +749,57 @@ def child_attempt(ctx: Context, f: RemoteFile, staging: Path, task: FileTask) ->
         child.stop(5.0)
         errs.join(timeout=5)
         child.close_pipes()
+
+
+def _child_env(ctx: Context) -> dict[str, str]:
+    """The child's environment: the token through it (never on a command line)."""
+    env = dict(os.environ)
+    env.pop("HF_TOKEN", None)
+    if ctx.token:
+        env["HF_TOKEN"] = ctx.token  # through the environment: never on a command line
+    if ctx.options.xet_high_performance:
+        env["HF_XET_HIGH_PERFORMANCE"] = "1"
+    env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _child_result(lines: Iterable[str], task: FileTask) -> dict[str, Any]:
+    """The child's progress counted into ``task`` up to its last word: {"done": path},
+    {"error": ...}, or {} when it ended without one."""
+    for line in lines:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        if "n" in msg:
+            task.add(int(msg["n"]))
+        elif "done" in msg or "error" in msg:
+            return dict(msg)
+    return {}
+
+
+def _child_failure(
+    f: RemoteFile,
+    task: FileTask,
+    result: dict[str, Any],
+    stderr_tail: list[str],
+    returncode: int | None,
+) -> Exception:
+    """What to raise for a child that did not bring the file."""
+    if "error" in result:
+        return ChildFailure(
+            error=str(result["error"]),
+            status=result.get("status"),
+            message=str(result.get("message") or result["error"]),
+            retry_after=result.get("retry_after"),
+            error_code=result.get("error_code"),
+        )
+    if task.abort_reason:
+        return ShortRead(f"transfer of {f.path} {task.abort_reason}")
+    tail = "".join(stderr_tail).strip().splitlines()
+    return ChildFailure(
+        error="ChildExited",
+        status=None,
+        message=(tail[-1] if tail else f"the download process exited with {returncode}"),
+    )

@@ -151,11 +151,6 @@ class Recommendation:
     summary: str
     notes: tuple[str, ...] = ()  # other ways to run a tier on this kind of machine
 
-    @property
-    def runners_up(self) -> tuple[TierVerdict, ...]:
-        chosen = self.best or self.closest
-        return tuple(v for v in self.verdicts if chosen is None or v.tier.id != chosen.tier.id)
-
 
 def _bpw(type_name: str) -> float:
     try:

@@ -291,6 +291,233 @@ def _pp_node_scale(k: kernel_costs.Kernels, batch: float) -> float:
     return k.pp_tokens / max(batch, 1.0)
 
 
+@dataclass
+class _Placed:
+    """Who does what for one token: each device's work, the order the token visits the
+    devices in, and the RAM-side bytes a page-cache miss sends to the disk."""
+
+    work: dict[str, _Work]
+    sequence: list[str]
+    ram_expert_touched: float = 0.0
+    ram_dense_touched: float = 0.0  # mmap'd weights in RAM every token reads
+
+    def dev(self, name: str) -> _Work:
+        return self.work.setdefault(name, _Work())
+
+
+def _place_work(
+    k: kernel_costs.Kernels,
+    hp: K3HParams,
+    tensors: _Tensors,
+    layers: Sequence[LayerPlacement],
+    output_device: str,
+    depth: float,
+    kv_type: str,
+) -> _Placed:
+    """Add up each device's share of one token, layer by layer."""
+    frac = hp.expert_used_count / max(hp.expert_count, 1)
+    placed = _Placed(work={}, sequence=["RAM"])  # the input embedding is looked up on the CPU
+    placed.dev("RAM").nodes += k.nodes("global")
+    for p in layers:
+        _place_layer(placed, k, hp, tensors, p, frac, depth, kv_type)
+    out = placed.dev(output_device)
+    for t, (wt, b) in tensors.output.items():
+        out.add(t, wt, b)
+        if output_device == "RAM":
+            placed.ram_dense_touched += b
+    placed.sequence.append(output_device)
+    return placed
+
+
+def _place_layer(
+    placed: _Placed,
+    k: kernel_costs.Kernels,
+    hp: K3HParams,
+    tensors: _Tensors,
+    p: LayerPlacement,
+    frac: float,
+    depth: float,
+    kv_type: str,
+) -> None:
+    """One layer: its own tensors and attention where it runs, the used share of its
+    experts where they are (with the expert nodes, and two more hand-overs, when that
+    is elsewhere)."""
+    home = placed.dev(p.non_expert_device)
+    for t, (wt, b) in tensors.other[p.index].items():
+        home.add(t, wt, b)
+        if p.non_expert_device == "RAM":
+            placed.ram_dense_touched += b
+    kv_b, macs = _attention_work(hp, p.index, depth, kv_type)
+    home.extra_bytes += kv_b
+    home.extra_macs += macs
+    home.kda_layers += 0 if is_mla_layer(hp, p.index) else 1
+    moe = p.ffn == "moe"
+    nodes = _layer_nodes(k, hp, p.index, moe)
+    placed.sequence.append(p.non_expert_device)
+    if moe and tensors.experts[p.index]:
+        where = placed.dev(p.expert_device)
+        for t, (wt, b) in tensors.experts[p.index].items():
+            where.add(t, wt * frac, b * frac)
+        if p.expert_device == "RAM":
+            placed.ram_expert_touched += (
+                sum(b for _, b in tensors.experts[p.index].values()) * frac
+            )
+        if p.expert_device != p.non_expert_device:
+            moved = min(EXPERT_NODES, nodes)
+            where.nodes += moved
+            nodes -= moved
+            placed.sequence.append(p.expert_device)
+            placed.sequence.append(p.non_expert_device)
+    home.nodes += nodes
+
+
+@dataclass
+class _DeviceTimes:
+    """Seconds per token on the devices, before hand-overs and disk reads."""
+
+    bound_s: float = 0.0  # every device's bytes at its peak bandwidth
+    gpu_s: float = 0.0
+    gpu_stream: float = 0.0  # the GPUs' reads beyond the peak's time
+    gpu_nodes: float = 0.0  # the GPUs' kernel launches
+    cpu: _Costed | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _device_times(
+    hw: HardwareProfile,
+    work: dict[str, _Work],
+    k: kernel_costs.Kernels,
+    threads: int,
+    hp: K3HParams,
+) -> _DeviceTimes:
+    """Each device's time: a GPU streams at ``GPU_STREAM_SHARE`` of its peak plus a
+    launch per node, the CPU as ``_cpu_time`` costs it."""
+    times = _DeviceTimes()
+    for device, w in work.items():
+        bw, note = device_bandwidth(hw, device)
+        if note:
+            times.notes.append(note)
+        times.bound_s += w.total_bytes / bw
+        if _on_gpu(device):
+            stream = w.total_bytes / (bw * GPU_STREAM_SHARE)
+            nodes = w.nodes * GPU_NODE_S
+            times.gpu_stream += stream - w.total_bytes / bw
+            times.gpu_nodes += nodes
+            times.gpu_s += stream + nodes
+        else:
+            times.cpu = _cpu_time(w, k, threads, ram_stream_bandwidth(hw), "tg", _kda_state(hp))
+            times.notes.extend(times.cpu.notes)
+    return times
+
+
+def _device_steps(
+    hw: HardwareProfile, work: dict[str, _Work], times: _DeviceTimes, threads: int
+) -> list[tuple[str, float]]:
+    """The steps from the bound to the devices' time (``SpeedPrediction.steps``)."""
+    steps: list[tuple[str, float]] = [
+        ("reading the weights at the peak bandwidth (the bound)", times.bound_s)
+    ]
+    cpu = times.cpu
+    if cpu is not None:
+        ram_bytes = work["RAM"].total_bytes
+        peak, _ = device_bandwidth(hw, "RAM")
+        below_peak = cpu.bandwidth_s - ram_bytes / peak
+        if below_peak > 0:
+            steps.append(("CPU reads below the peak (measured or 80 % of it)", below_peak))
+        if cpu.compute_s > 0:
+            label = f"CPU kernels decoding the weights on {threads} thread(s)"
+            steps.append((label, cpu.compute_s))
+        if cpu.nodes_s > 0:
+            steps.append(
+                (f"CPU graph overhead ({work['RAM'].nodes:,.0f} nodes per token)", cpu.nodes_s)
+            )
+    if times.gpu_stream > 0:
+        steps.append((f"GPU reads at {GPU_STREAM_SHARE:.0%} of the peak", times.gpu_stream))
+    if times.gpu_nodes > 0:
+        n_gpu_nodes = sum(w.nodes for dv, w in work.items() if _on_gpu(dv))
+        steps.append(
+            (f"GPU kernel launches ({n_gpu_nodes:,.0f} nodes per token)", times.gpu_nodes)
+        )
+    return steps
+
+
+def _handovers(sequence: Sequence[str]) -> tuple[int, int]:
+    """(GPU-GPU hops, GPU-CPU splits) of a token visiting the devices in ``sequence``."""
+    hops = splits = 0
+    for here, there in itertools.pairwise(sequence):
+        if here == there:
+            continue
+        if "RAM" in (here, there):
+            splits += 1
+        else:
+            hops += 1
+    return hops, splits
+
+
+def _disk_reads(
+    placed: _Placed, stream_miss: float, dense_miss: float, disk_read_bps: float
+) -> tuple[float, float]:
+    """(bytes, seconds) read from disk per token.  The page cache misses (plan.py's
+    stream_misses): what is not there is read from the disk holding the shards, one
+    page fault at a time."""
+    disk_bytes = placed.ram_expert_touched * min(max(stream_miss, 0.0), 1.0)
+    disk_bytes += placed.ram_dense_touched * min(max(dense_miss, 0.0), 1.0)
+    return disk_bytes, disk_bytes / max(disk_read_bps, 1.0)
+
+
+def _tps_range(
+    bound_s: float, expected_s: float, gpu_side_s: float, disk_s: float | None
+) -> tuple[float, float, float, float]:
+    """(bound, expected, low, high) tok/s from the seconds per token; the range is
+    ``RANGE_CPU`` for the CPU's share of the time and ``RANGE_GPU`` for the rest.
+    ``disk_s``: the disk reads' time when some are made (None: none)."""
+    bound = 1.0 / bound_s if bound_s > 0 else 0.0
+    expected = min(1.0 / expected_s, bound) if expected_s > 0 else 0.0
+    gpu_share = gpu_side_s / expected_s if expected_s > 0 else 0.0
+    r = RANGE_CPU * (1.0 - gpu_share) + RANGE_GPU * gpu_share
+    low = expected / (1.0 + r)
+    high = min(expected * (1.0 + r), bound)
+    if disk_s is not None:
+        # page faults on scattered expert slices rarely reach the sequential rate:
+        # the low end assumes half of it
+        low = 1.0 / (expected_s + disk_s) if expected_s > 0 else 0.0
+    return bound, expected, low, high
+
+
+def _shares(
+    times: _DeviceTimes,
+    handover_s: float,
+    disk_bytes: float,
+    disk_read_bps: float,
+    disk_s: float,
+) -> dict[str, float]:
+    """What the time per token goes to, by cause (the bottleneck is the largest)."""
+    cpu = times.cpu
+    return {
+        "RAM bandwidth (CPU)": cpu.bandwidth_s if cpu else 0.0,
+        "CPU kernels (decoding quantized weights)": cpu.compute_s if cpu else 0.0,
+        "CPU graph overhead (thread start and barrier per node)": cpu.nodes_s if cpu else 0.0,
+        "GPU memory bandwidth": times.gpu_s - times.gpu_nodes,
+        "GPU kernel launches": times.gpu_nodes,
+        "GPU-CPU hand-overs": handover_s,
+        f"disk reads ({disk_bytes / GB:.1f} GB of weights per token at "
+        f"{disk_read_bps / GB:.1f} GB/s)": disk_s,
+    }
+
+
+def _bottleneck(shares: dict[str, float], expected_s: float, notes: list[str]) -> str:
+    """The largest share of the time per token, and the notes on guessed bandwidths."""
+    top = max(shares, key=lambda key: shares[key])
+    if expected_s > 0 and shares[top] > 0:
+        bottleneck = f"{top}: {shares[top] / expected_s:.0%} of the time per token"
+    else:
+        bottleneck = "nothing placed"
+    notes = list(dict.fromkeys(notes))
+    if notes:
+        bottleneck += " (" + "; ".join(notes) + ")"
+    return bottleneck
+
+
 def predict_speed(
     hw: HardwareProfile,
     layout: ModelLayout,
@@ -324,149 +551,34 @@ def predict_speed(
     n_batch_threads = threads_batch if threads_batch and threads_batch > 0 else n_threads
     d = min(ctx, DEFAULT_DEPTH) if depth is None else max(0, min(depth, ctx))
     tensors = _tensors(layout)
-    frac = hp.expert_used_count / max(hp.expert_count, 1)
+    placed = _place_work(k, hp, tensors, layers, output_device, d, kv_type)
+    work = placed.work
 
-    work: dict[str, _Work] = {}
-
-    def dev(name: str) -> _Work:
-        return work.setdefault(name, _Work())
-
-    ram_expert_touched = 0.0
-    ram_dense_touched = 0.0  # mmap'd weights in RAM every token reads
-    sequence: list[str] = ["RAM"]  # the input embedding is looked up on the CPU
-    dev("RAM").nodes += k.nodes("global")
-    for p in layers:
-        home = dev(p.non_expert_device)
-        for t, (wt, b) in tensors.other[p.index].items():
-            home.add(t, wt, b)
-            if p.non_expert_device == "RAM":
-                ram_dense_touched += b
-        kv_b, macs = _attention_work(hp, p.index, d, kv_type)
-        home.extra_bytes += kv_b
-        home.extra_macs += macs
-        home.kda_layers += 0 if is_mla_layer(hp, p.index) else 1
-        moe = p.ffn == "moe"
-        nodes = _layer_nodes(k, hp, p.index, moe)
-        sequence.append(p.non_expert_device)
-        if moe and tensors.experts[p.index]:
-            where = dev(p.expert_device)
-            for t, (wt, b) in tensors.experts[p.index].items():
-                where.add(t, wt * frac, b * frac)
-            if p.expert_device == "RAM":
-                ram_expert_touched += sum(b for _, b in tensors.experts[p.index].values()) * frac
-            if p.expert_device != p.non_expert_device:
-                moved = min(EXPERT_NODES, nodes)
-                where.nodes += moved
-                nodes -= moved
-                sequence.append(p.expert_device)
-                sequence.append(p.non_expert_device)
-        home.nodes += nodes
-    out = dev(output_device)
-    for t, (wt, b) in tensors.output.items():
-        out.add(t, wt, b)
-        if output_device == "RAM":
-            ram_dense_touched += b
-    sequence.append(output_device)
-
-    notes: list[str] = []
-    bound_s = 0.0
-    expected_s = 0.0
-    gpu_s = 0.0
-    cpu: _Costed | None = None
-    steps: list[tuple[str, float]] = []
-    gpu_stream = gpu_nodes = 0.0
-    for device, w in work.items():
-        bw, note = device_bandwidth(hw, device)
-        if note:
-            notes.append(note)
-        bound_s += w.total_bytes / bw
-        if _on_gpu(device):
-            stream = w.total_bytes / (bw * GPU_STREAM_SHARE)
-            nodes = w.nodes * GPU_NODE_S
-            gpu_stream += stream - w.total_bytes / bw
-            gpu_nodes += nodes
-            gpu_s += stream + nodes
-        else:
-            cpu = _cpu_time(w, k, n_threads, ram_stream_bandwidth(hw), "tg", _kda_state(hp))
-            notes.extend(cpu.notes)
-    steps.append(("reading the weights at the peak bandwidth (the bound)", bound_s))
-    cpu_s = cpu.seconds if cpu else 0.0
-    if cpu is not None:
-        ram_bytes = work["RAM"].total_bytes
-        peak, _ = device_bandwidth(hw, "RAM")
-        below_peak = cpu.bandwidth_s - ram_bytes / peak
-        if below_peak > 0:
-            steps.append(("CPU reads below the peak (measured or 80 % of it)", below_peak))
-        if cpu.compute_s > 0:
-            label = f"CPU kernels decoding the weights on {n_threads} thread(s)"
-            steps.append((label, cpu.compute_s))
-        if cpu.nodes_s > 0:
-            steps.append(
-                (f"CPU graph overhead ({work['RAM'].nodes:,.0f} nodes per token)", cpu.nodes_s)
-            )
-    if gpu_stream > 0:
-        steps.append((f"GPU reads at {GPU_STREAM_SHARE:.0%} of the peak", gpu_stream))
-    if gpu_nodes > 0:
-        n_gpu_nodes = sum(w.nodes for dv, w in work.items() if _on_gpu(dv))
-        steps.append((f"GPU kernel launches ({n_gpu_nodes:,.0f} nodes per token)", gpu_nodes))
-
-    hops = splits = 0
-    for here, there in itertools.pairwise(sequence):
-        if here == there:
-            continue
-        if "RAM" in (here, there):
-            splits += 1
-        else:
-            hops += 1
-    handover_s = hops * GPU_HOP_S + splits * SPLIT_S if gpu_s > 0 else 0.0
+    times = _device_times(hw, work, k, n_threads, hp)
+    steps = _device_steps(hw, work, times, n_threads)
+    cpu_s = times.cpu.seconds if times.cpu else 0.0
+    hops, splits = _handovers(placed.sequence)
+    handover_s = hops * GPU_HOP_S + splits * SPLIT_S if times.gpu_s > 0 else 0.0
     if handover_s > 0:
         steps.append((f"hand-overs ({hops} GPU-GPU, {splits} GPU-CPU)", handover_s))
-    expected_s = cpu_s + gpu_s + handover_s
+    expected_s = cpu_s + times.gpu_s + handover_s
 
-    # the page cache misses (plan.py's stream_misses): what is not there is read from the
-    # disk holding the shards, one page fault at a time
-    disk_bytes = ram_expert_touched * min(max(stream_miss, 0.0), 1.0)
-    disk_bytes += ram_dense_touched * min(max(dense_miss, 0.0), 1.0)
-    disk_s = disk_bytes / max(disk_read_bps, 1.0)
+    disk_bytes, disk_s = _disk_reads(placed, stream_miss, dense_miss, disk_read_bps)
     if disk_s > 0:
         what = "weights" if dense_miss > 0 else "experts"
         steps.append((f"{what} read from disk ({disk_bytes / GB:.1f} GB per token)", disk_s))
-    bound_s += disk_s
+    bound_s = times.bound_s + disk_s
     expected_s += disk_s
 
-    bound = 1.0 / bound_s if bound_s > 0 else 0.0
-    expected = min(1.0 / expected_s, bound) if expected_s > 0 else 0.0
-    gpu_share = (gpu_s + handover_s) / expected_s if expected_s > 0 else 0.0
-    r = RANGE_CPU * (1.0 - gpu_share) + RANGE_GPU * gpu_share
-    low = expected / (1.0 + r)
-    high = min(expected * (1.0 + r), bound)
-    if disk_bytes > 0:
-        # page faults on scattered expert slices rarely reach the sequential rate:
-        # the low end assumes half of it
-        low = 1.0 / (expected_s + disk_s) if expected_s > 0 else 0.0
+    bound, expected, low, high = _tps_range(
+        bound_s, expected_s, times.gpu_s + handover_s, disk_s if disk_bytes > 0 else None
+    )
 
     prompt = 0.0
     if not any(_on_gpu(dv) for dv in work) and "RAM" in work:
         prompt = _prompt_tps(hw, layout, tensors, layers, k, n_batch_threads, ubatch, prompt_tokens)
 
-    shares = {
-        "RAM bandwidth (CPU)": cpu.bandwidth_s if cpu else 0.0,
-        "CPU kernels (decoding quantized weights)": cpu.compute_s if cpu else 0.0,
-        "CPU graph overhead (thread start and barrier per node)": cpu.nodes_s if cpu else 0.0,
-        "GPU memory bandwidth": gpu_s - gpu_nodes,
-        "GPU kernel launches": gpu_nodes,
-        "GPU-CPU hand-overs": handover_s,
-        f"disk reads ({disk_bytes / GB:.1f} GB of weights per token at "
-        f"{disk_read_bps / GB:.1f} GB/s)": disk_s,
-    }
-    top = max(shares, key=lambda key: shares[key])
-    if expected_s > 0 and shares[top] > 0:
-        bottleneck = f"{top}: {shares[top] / expected_s:.0%} of the time per token"
-    else:
-        bottleneck = "nothing placed"
-    notes = list(dict.fromkeys(notes))
-    if notes:
-        bottleneck += " (" + "; ".join(notes) + ")"
+    shares = _shares(times, handover_s, disk_bytes, disk_read_bps, disk_s)
     return SpeedPrediction(
         upper_bound_tps=bound,
         expected_tps=expected,
@@ -474,7 +586,7 @@ def predict_speed(
         high_tps=high,
         bytes_per_token={key: round(w.total_bytes) for key, w in work.items()}
         | ({"disk": round(disk_bytes)} if disk_bytes > 0 else {}),
-        bottleneck=bottleneck,
+        bottleneck=_bottleneck(shares, expected_s, times.notes),
         depth=d,
         prompt_tps=prompt,
         prompt_tokens=prompt_tokens if prompt > 0 else 0,

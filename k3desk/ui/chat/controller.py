@@ -236,11 +236,6 @@ class ChatController(QObject):
     def last_context(self) -> tuple[int, int | None] | None:
         return self.figures.context
 
-    @property
-    def last_tps(self) -> float | None:
-        t = self.last_timings
-        return t.predicted_per_second if t is not None and t.predicted_per_second > 0 else None
-
     def client(self, endpoint: ChatEndpoint) -> ChatClient:
         """The chat client for ``endpoint`` (kept while the chat goes there)."""
         with self._client_lock:

@@ -446,9 +446,6 @@ class MessageView(QTextBrowser):
     def code_blocks(self, message_id: str) -> list[str]:
         return list(self._codes.get(message_id, []))
 
-    def is_expanded(self, message_id: str) -> bool:
-        return message_id in self._expanded
-
     def toggle_reasoning(self, message_id: str) -> None:
         if message_id in self._expanded:
             self._expanded.discard(message_id)

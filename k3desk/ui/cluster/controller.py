@@ -239,11 +239,6 @@ class ClusterController(QObject):
             work, on_done=done, on_error=error, on_finally=end, name=f"probe-{name}"
         )
 
-    def cancel_probe(self, name: str) -> None:
-        task = self._probe_tasks.get(name)
-        if task is not None:
-            task.cancel()
-
     def reports(self, name: str, tier_id: str | None = None) -> list[NodeReport]:
         """The last probe's reports; their copy checks only when probed for ``tier_id``."""
         run = self.probes.get(name)

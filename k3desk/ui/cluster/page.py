@@ -723,9 +723,6 @@ class ClusterPage(Page):
         self.card_toggle.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
         self.card_box.setVisible(on)
 
-    def show_card_explanation(self) -> None:
-        self.card_toggle.setChecked(True)
-
     def _explain(self) -> None:
         text = self.card_input.toPlainText().strip()
         self.card_explain.setPlainText(explain_card_command(text or CARD_COMMAND))

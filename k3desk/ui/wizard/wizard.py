@@ -41,8 +41,6 @@ if TYPE_CHECKING:
     from k3desk.ui.cluster.controller import LaunchChoice
     from k3desk.ui.context import AppContext
 
-PAGE_KEYS = tuple(s.key for s in Step)
-
 
 class TierWizard(QWizard):
     """Signals:

@@ -7,6 +7,7 @@ timings of this machine (``bench/speed_vs_measured.py`` compares with real runs)
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -288,3 +289,68 @@ def test_the_prediction_follows_the_measured_routed_expert_cost(
     cheap, dear = speeds(0.5), speeds(2.0)
     assert dear[0] < 0.8 * cheap[0]
     assert dear[1] == cheap[1]
+
+
+@pytest.mark.parametrize("hardware", ["epyc9554p-1.5TB-cpu", "8xH100-2TB", "512GB-ddr5-96GB-vram"])
+def test_every_tier_gets_a_range_around_its_figure_below_the_bound(
+    machine: Machine, twin_catalog: Catalog, estimated: Layout, hardware: str
+) -> None:
+    hw = machine(hardware)
+    for tier in twin_catalog.tiers:
+        layout = estimated(tier.id)
+        plan = make_plan(hw, layout, PlanOptions(ctx=8192))
+        for miss in (0.0, 0.5):
+            s = predict_speed(
+                hw, layout, plan.layers, plan.output_device, ctx=8192, stream_miss=miss
+            )
+            assert 0 < s.low_tps <= s.expected_tps <= s.high_tps <= s.upper_bound_tps, tier.id
+            assert s.bottleneck != "nothing placed"
+            assert sum(s.bytes_per_token.values()) > 0
+
+
+def test_faster_gpus_or_a_faster_disk_never_slow_a_plan(
+    machine: Machine, estimated: Layout
+) -> None:
+    hw = machine("8xH100-2TB")
+    layout = estimated("grearl-iq1s")
+    plan = make_plan(hw, layout, PlanOptions(ctx=8192, n_cpu_moe=40))
+    gpus = tuple(
+        replace(g, bandwidth=Bandwidth(2 * g.bandwidth.bytes_per_s, "override")) for g in hw.gpus
+    )
+    fast_gpus = replace(hw, gpus=gpus)
+
+    def speed(profile: HardwareProfile, disk: float) -> float:
+        return predict_speed(
+            profile,
+            layout,
+            plan.layers,
+            plan.output_device,
+            ctx=8192,
+            stream_miss=0.3,
+            disk_read_bps=disk,
+        ).expected_tps
+
+    base = speed(hw, 1e9)
+    assert speed(fast_gpus, 1e9) > base
+    assert speed(hw, 4e9) > base
+    assert speed(fast_gpus, 4e9) > max(speed(fast_gpus, 1e9), speed(hw, 4e9))
+
+
+def test_every_layer_whose_experts_stay_in_ram_costs_two_hand_overs(
+    machine: Machine, estimated: Layout
+) -> None:
+    hw = machine("8xH100-2TB")
+    layout = estimated("grearl-iq1s")
+
+    def handovers(n_cpu_moe: int) -> tuple[int, int, float]:
+        s = make_plan(hw, layout, PlanOptions(ctx=8192, n_cpu_moe=n_cpu_moe)).speed
+        (label, seconds), *_ = (step for step in s.steps if step[0].startswith("hand-overs"))
+        gpu_gpu, gpu_cpu = (int(n) for n in re.findall(r"\d+", label))
+        return gpu_gpu, gpu_cpu, seconds
+
+    # all on the GPUs: they take turns, and the input embedding is looked up on the CPU
+    assert handovers(0)[:2] == (len(hw.gpus) - 1, 1)
+    few, many = handovers(10), handovers(40)
+    assert few[0] == many[0] == len(hw.gpus) - 1
+    assert many[1] - few[1] == 2 * 30  # to the experts in RAM and back, per layer
+    assert many[2] > few[2]
