@@ -27,7 +27,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from k3desk.core.app import actions
 from k3desk.core.app.library import AddResult, ModelRow, ModelsJudgement
+from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.app.tiers import plan_label
 from k3desk.core.planning.recommend import FITS
 from k3desk.core.units import fmt_bytes
@@ -37,7 +39,6 @@ from k3desk.ui.pages import Navigator, PageKey
 from k3desk.ui.widgets import label, muted, primary, set_enabled
 
 if TYPE_CHECKING:
-    from k3desk.core.progress import CancelToken
     from k3desk.ui.context import AppContext
     from k3desk.ui.engine.controller import LaunchRequest
 
@@ -138,20 +139,18 @@ class MyModels(QWidget):
         self.table.itemDoubleClicked.connect(lambda _i: self.chat_selected())
         self.hardware.judged.connect(lambda _j: self.refresh())
         ctx.settings_changed.connect(lambda _s: self.refresh())
+        ctx.ops.did_execute.connect(self._changed)
         ctx.engine.state_changed.connect(lambda _s, _m: self._buttons())
         self._buttons()
 
     # ------------------------------------------------------------ listing
     def refresh(self) -> None:
         """List and judge every local model for the machine the page judges."""
-        from k3desk.core.app.library import list_models
-
         hw, subject = self.hardware.profile, self.hardware.subject
         if hw is None or subject is None:
             return  # judged once the machine is known (hardware.judged)
         self._gen += 1
         gen = self._gen
-        services, ctx_size = self.ctx.services, self.ctx.settings.ctx
 
         def done(judged: ModelsJudgement) -> None:
             if gen == self._gen:
@@ -162,12 +161,12 @@ class MyModels(QWidget):
                 self.say(describe(exc)[0])
                 self.ctx.reporter.report(exc)
 
-        self.ctx.tasks.run(
-            lambda _t: list_models(services, hw, subject, ctx=ctx_size),
-            on_done=done,
-            on_error=error,
-            name="my-models",
-        )
+        op = actions.list_models(self.ctx.services, hw, subject, self.ctx.settings.ctx)
+        self.ctx.ops.run(op, on_success=done, on_failure=error)
+
+    def _changed(self, changes: OpChanges, _initiator: object) -> None:
+        if changes.touches(Change.MODELS):  # added, removed (here, or dropped on the window)
+            self.refresh()
 
     def show_judgement(self, judged: ModelsJudgement) -> None:
         keep = self.current()
@@ -267,34 +266,21 @@ class MyModels(QWidget):
 
     def add_paths(self, paths: Sequence[Path]) -> None:
         """Add each path (file or folder); each refusal is reported with its reason."""
-        from k3desk.core.app.library import add_model
-        from k3desk.core.errors import K3Error
-
-        services = self.ctx.services
         self.say("Reading the headers of " + ", ".join(p.name for p in paths) + "…")
 
-        def work(_t: CancelToken) -> tuple[list[AddResult], list[K3Error]]:
-            done, failed = [], []
-            for p in paths:
-                try:
-                    done.append(add_model(services, p))
-                except K3Error as exc:
-                    failed.append(exc)
-            return done, failed
-
-        def finished(result: tuple[list[AddResult], list[K3Error]]) -> None:
-            added, failed = result
-            for exc in failed:
+        def finished(out: actions.AddOutcome) -> None:
+            for exc in out.failed:
                 self.ctx.reporter.report(exc)
-            said = [_added_text(a) for a in added] + [describe(e)[0] for e in failed]
+            said = [_added_text(a) for a in out.added] + [describe(e)[0] for e in out.failed]
             self.say(" ".join(said))
-            self.refresh()
-            if added and added[-1].added:
-                self._select_after = added[-1].added[0].id
+            if not out.changed:
+                self.refresh()  # nothing to announce: the list is shown again all the same
+            if out.added and out.added[-1].added:
+                self._select_after = out.added[-1].added[0].id
 
         self._select_after = ""
         self.changed.connect(self._after_add)
-        self.ctx.tasks.run(work, on_done=finished, name="add-model")
+        self.ctx.ops.run(actions.add_models(self.ctx.services, paths), on_success=finished)
 
     def _after_add(self, _judged: object) -> None:
         self.changed.disconnect(self._after_add)
@@ -302,20 +288,21 @@ class MyModels(QWidget):
             self.select(self._select_after)
 
     def remove_selected(self) -> None:
-        from k3desk.core.app.library import remove_model
-        from k3desk.core.errors import K3Error
-
         row = self.current()
         if row is None:
             return
-        try:
-            removed = remove_model(self.ctx.services, row.model.id)
-        except K3Error as exc:
+
+        def failed(exc: BaseException) -> None:
             self.say(describe(exc)[0])
             self.ctx.reporter.report(exc)
-            return
-        self.say(f"Removed {removed} from your models (the files stay).")
-        self.refresh()
+
+        self.ctx.ops.run(
+            actions.remove_model(self.ctx.services, row.model.id),
+            on_success=lambda removed: self.say(
+                f"Removed {removed} from your models (the files stay)."
+            ),
+            on_failure=failed,
+        )
 
     # ------------------------------------------------------------ chatting
     def chat_selected(self) -> None:
@@ -350,11 +337,10 @@ class MyModels(QWidget):
                 ctx.reporter.report(exc)
             self._buttons()
 
-        self._launching = ctx.tasks.run(
-            lambda t: prepare_launch(ctx, m.shard, m.projector, t),
-            on_done=done,
-            on_error=error,
-            name="prepare-launch",
+        self._launching = ctx.ops.run(
+            Operation("prepare-launch", lambda t: prepare_launch(ctx, m.shard, m.projector, t)),
+            on_success=done,
+            on_failure=error,
         )
         self._buttons()
 
