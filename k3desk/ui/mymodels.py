@@ -28,11 +28,16 @@ from PySide6.QtWidgets import (
 )
 
 from k3desk.core.app import actions
-from k3desk.core.app.library import AddResult, ModelRow, ModelsJudgement
+from k3desk.core.app.library import ModelRow, ModelsJudgement
 from k3desk.core.app.operations import Change, OpChanges, Operation
+from k3desk.core.app.presenters.my_models import (
+    COLUMNS,
+    EMPTY,
+    added_text,
+    row_cells,
+    summary_text,
+)
 from k3desk.core.app.tiers import plan_label
-from k3desk.core.planning.recommend import FITS
-from k3desk.core.units import fmt_bytes
 from k3desk.ui import theme
 from k3desk.ui.errors import describe
 from k3desk.ui.pages import Navigator, PageKey
@@ -43,41 +48,6 @@ if TYPE_CHECKING:
     from k3desk.ui.engine.controller import LaunchRequest
 
 MAX_ROWS_SHOWN = 4
-COLUMNS = ("Model", "Verdict", "Speed", "Size", "Vision", "Tier", "Where")
-EMPTY = (
-    "No models of your own yet. Add a .gguf file or a folder, drop one on the window, or "
-    "add a model folder in Settings."
-)
-
-
-def row_cells(row: ModelRow) -> tuple[tuple[str, str], ...]:
-    """The table's cells for ``row`` (text, tooltip): what the automation hook reports too."""
-    m = row.model
-    tier = m.tier
-    speed = (
-        (row.speed.text(), row.speed.details())
-        if row.speed is not None
-        else ("—", "Does not run there: no speed to predict." if m.ok else m.problem)
-    )
-    where = "added" if m.source == "added" else f"folder {m.origin}"
-    notes = "\n".join(m.suspicious)
-    return (
-        (m.name, f"{m.shard}\n{m.parts} part(s)" + (f"\n{notes}" if notes else "")),
-        (row.label, m.problem or (row.plan.reason if row.plan is not None else "")),
-        speed,
-        (fmt_bytes(m.size_bytes), f"{m.size_bytes:,} bytes in {m.parts} part(s)"),
-        (
-            "yes" if m.projector is not None else "no",
-            str(m.projector) if m.projector is not None else "No vision projector beside it.",
-        ),
-        (
-            f"{tier.tier.name} · {tier.tier.publisher}" if tier is not None else "—",
-            f"Recognised from its headers: {tier.text()}"
-            if tier is not None
-            else "Not a catalog tier (its headers match none).",
-        ),
-        (where, str(m.origin)),
-    )
 
 
 class MyModels(QWidget):
@@ -176,28 +146,20 @@ class MyModels(QWidget):
         self.table.clearSelection()
         self.table.setRowCount(len(judged.rows))
         for r, row in enumerate(judged.rows):
-            color = c.ok if row.kind in FITS else c.warn if row.kind == "stream" else c.danger
-            for col, (text, tip) in enumerate(row_cells(row)):
-                item = QTableWidgetItem(text)
-                item.setToolTip(tip)
-                if col == 1:
-                    item.setForeground(QColor(color))
+            for col, cell in enumerate(row_cells(row)):
+                item = QTableWidgetItem(cell.text)
+                item.setToolTip(cell.tooltip)
+                if cell.tone is not None:
+                    item.setForeground(QColor(c.tone(cell.tone)))
                 self.table.setItem(r, col, item)
         self.table.blockSignals(False)
-        n = len(judged.rows)
-        self._fit_height(n)
-        text = (
-            EMPTY
-            if not n
-            else f"{n} model{'s' if n != 1 else ''}, judged for {judged.subject.describe()}. "
-            "Chat with it launches on this machine."
-        )
-        self._summary = " ".join([text, *judged.problems])
+        self._fit_height(len(judged.rows))
+        self._summary = summary_text(judged)
         self._show_status()
         ids = [r.model.id for r in judged.rows]
         if keep is not None and keep.model.id in ids:
             self.table.selectRow(ids.index(keep.model.id))
-        elif n:
+        elif ids:
             self.table.selectRow(0)
         self._buttons()
         self.changed.emit(judged)
@@ -271,7 +233,7 @@ class MyModels(QWidget):
         def finished(out: actions.AddOutcome) -> None:
             for exc in out.failed:
                 self.ctx.reporter.report(exc)
-            said = [_added_text(a) for a in out.added] + [describe(e)[0] for e in out.failed]
+            said = [added_text(a) for a in out.added] + [describe(e)[0] for e in out.failed]
             self.say(" ".join(said))
             if not out.changed:
                 self.refresh()  # nothing to announce: the list is shown again all the same
@@ -370,13 +332,3 @@ class MyModels(QWidget):
             why,
             "Plan it for this machine, start llama-server with it, and open the chat",
         )
-
-
-def _added_text(result: AddResult) -> str:
-    names = ", ".join(m.name for m in result.added)
-    if result.already:
-        return f"{names} is already in your models."
-    text = f"Added {names}."
-    if result.skipped:
-        text += f" Skipped {len(result.skipped)} set(s) that cannot be used."
-    return text

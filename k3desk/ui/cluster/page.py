@@ -39,9 +39,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from k3desk.core.app.presenters.cluster_nodes import NODE_COLUMNS, node_cells
 from k3desk.core.cluster.assess import Assessment
-from k3desk.core.cluster.nodes import Cluster, Node
-from k3desk.core.cluster.probe import NodeReport
+from k3desk.core.cluster.nodes import Cluster
 from k3desk.core.cluster.recipe import DEFAULT_PROFILE, PROFILES, SPARKINFER_TIER
 from k3desk.core.cluster.sparkinfer import (
     BRIDGE_PORT,
@@ -55,7 +55,6 @@ from k3desk.core.cluster.sparkinfer import (
 )
 from k3desk.core.errors import K3Error
 from k3desk.core.progress import Progress
-from k3desk.core.units import fmt_bytes
 from k3desk.ui import theme
 from k3desk.ui.cluster.assessment import AssessmentView, fit_height, fixed_table
 from k3desk.ui.cluster.controller import ClusterController, LaunchChoice
@@ -66,59 +65,6 @@ from k3desk.ui.widgets import Card, PageHeader, dialog_folder, label, muted, pri
 
 if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
-
-NODE_COLUMNS = ("Node", "SSH", "GPUs", "Memory", "Free disk", "Model copy")
-
-
-def gpu_text(rep: NodeReport) -> str:
-    """The node's GPUs, short: "GB10 (sm_121)", "8x H100 80GB HBM3 (sm_90)", "none (...)"."""
-    hw = rep.hardware
-    if hw is None:
-        return ""
-    if not hw.gpus:
-        return f"none ({hw.gpu_note})" if hw.gpu_note else "none"
-    names: dict[str, int] = {}
-    for g in hw.gpus:
-        key = f"{g.name.removeprefix('NVIDIA ')} (sm_{g.sm})"
-        names[key] = names.get(key, 0) + 1
-    return ", ".join(f"{n}x {k}" if n > 1 else k for k, n in names.items())
-
-
-def gpu_detail(rep: NodeReport) -> str:
-    hw = rep.hardware
-    if hw is None or not hw.gpus:
-        return gpu_text(rep)
-    return "\n".join(
-        f"GPU {g.index}: {g.name}, {g.architecture or 'unknown architecture'} (sm_{g.sm}), "
-        + ("memory unified with RAM" if g.unified_memory else f"{fmt_bytes(g.vram_total)} VRAM")
-        for g in hw.gpus
-    )
-
-
-def memory_text(rep: NodeReport) -> str:
-    """ "119.7 GiB unified, 115.0 free" / "2.0 TiB RAM, 1.9 free; 640.0 GiB VRAM"."""
-    hw = rep.hardware
-    if hw is None:
-        return ""
-    mem = hw.memory
-    unified = hw.has_unified_memory
-    vram = hw.total_vram
-    free = fmt_bytes(mem.available).split()[0]
-    text = f"{fmt_bytes(mem.usable_total)} {'unified' if unified else 'RAM'}, {free} free"
-    if vram:
-        text += f"; {fmt_bytes(vram)} VRAM"
-    return text
-
-
-def disk_text(rep: NodeReport) -> str:
-    hw = rep.hardware
-    if hw is None or hw.disk is None:
-        return ""
-    return fmt_bytes(hw.disk.free)
-
-
-def ssh_text(node: Node) -> str:
-    return f"{node.destination}:{node.port}" if node.port != 22 else node.destination
 
 
 class ClusterPage(Page):
@@ -599,49 +545,15 @@ class ClusterPage(Page):
         name = cluster.name
         reports = {r.node: r for r in self.controller.reports(name, self.tier_id())}
         run = self.controller.probes.get(name)
+        stale = run is not None and run.tier_id != self.tier_id()
         c = theme.current()
         self.nodes.setRowCount(len(cluster.nodes))
         for i, node in enumerate(cluster.nodes):
-            rep = reports.get(node)
-            ssh = ssh_text(node)
-            if rep is None:
-                cells = [node.label, ssh, "—", "—", "—", "not probed"]
-                colors: list[str | None] = [None] * 6
-            elif not rep.ok:
-                first = rep.error.splitlines()[0] if rep.error else "probe failed"
-                cells = [node.label, ssh, "unreachable", "—", "—", first]
-                colors = [None, None, c.danger, None, None, c.danger]
-            else:
-                copy = rep.copy
-                if copy is not None:
-                    copy_text = copy.summary()
-                elif run is not None and run.tier_id != self.tier_id():
-                    copy_text = "probe again to check this tier"
-                else:
-                    copy_text = "not checked"
-                gpus = gpu_text(rep)
-                cells = [node.label, ssh, gpus, memory_text(rep), disk_text(rep), copy_text]
-                ok = copy is not None and copy.complete
-                colors = [None, None, c.warn if gpus.startswith("none") else None, None, None]
-                colors.append(c.ok if ok else c.danger if copy is not None else None)
-            for j, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                tip = text
-                if rep is not None and j == 5:
-                    tip = (
-                        rep.error
-                        if not rep.ok
-                        else "\n".join([text, *(rep.copy.problems if rep.copy is not None else ())])
-                    )
-                if rep is not None and rep.ok and j == 2:
-                    tip = "\n".join(x for x in (gpu_detail(rep), rep.note) if x)
-                if rep is not None and rep.ok and j == 4 and rep.hardware is not None:
-                    disk = rep.hardware.disk
-                    tip = f"{text} free at {disk.probed_path}" if disk is not None else text
-                item.setToolTip(tip)
-                color = colors[j]
-                if color:
-                    item.setForeground(QColor(color))
+            for j, cell in enumerate(node_cells(node, reports.get(node), stale)):
+                item = QTableWidgetItem(cell.text)
+                item.setToolTip(cell.tooltip)
+                if cell.tone is not None:
+                    item.setForeground(QColor(c.tone(cell.tone)))
                 self.nodes.setItem(i, j, item)
         fit_height(self.nodes)
         probing = self.controller.probing(name)
