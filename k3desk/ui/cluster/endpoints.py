@@ -78,6 +78,15 @@ class EndpointsPanel(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
 
+        lay.addWidget(self._attach_card())
+        lay.addWidget(self._attached_card())
+        lay.addStretch(1)
+        self._wire()
+        self.refresh()
+
+    # ------------------------------------------------------------ building
+    def _attach_card(self) -> Card:
+        """Name, URL, key and kind of a server to attach."""
         add = Card()
         add.body.addWidget(label("Attach a server", "sectionTitle"))
         add.body.addWidget(
@@ -117,8 +126,10 @@ class EndpointsPanel(QWidget):
         self.attach_btn.setObjectName("attachEndpoint")
         row.addWidget(self.attach_btn)
         add.body.addLayout(row)
-        lay.addWidget(add)
+        return add
 
+    def _attached_card(self) -> Card:
+        """The attached servers, what to do with the selected one, and its kind."""
         have = Card()
         have.body.addWidget(label("Attached servers", "sectionTitle"))
         self.table = QTableWidget(0, 6)
@@ -158,9 +169,9 @@ class EndpointsPanel(QWidget):
         self.kind_note.setWordWrap(True)
         krow.addWidget(self.kind_note, 1)
         have.body.addLayout(krow)
-        lay.addWidget(have)
-        lay.addStretch(1)
+        return have
 
+    def _wire(self) -> None:
         self.attach_btn.clicked.connect(self.attach)
         self.use_btn.clicked.connect(lambda: self._with_selected(self.controller.use_endpoint))
         self.unuse_btn.clicked.connect(lambda: self.controller.use_endpoint(""))
@@ -171,10 +182,9 @@ class EndpointsPanel(QWidget):
         self.kind.activated.connect(lambda _i: self._set_kind())
         for edit in (self.name, self.url):
             edit.textChanged.connect(lambda _t: self._buttons())
-        controller.endpoints_changed.connect(self.refresh)
-        controller.changed.connect(self._chat_state)
-        ctx.engine.state_changed.connect(lambda _s, _m: self._chat_state())
-        self.refresh()
+        self.controller.endpoints_changed.connect(self.refresh)
+        self.controller.changed.connect(self._chat_state)
+        self.ctx.engine.state_changed.connect(lambda _s, _m: self._chat_state())
 
     # ------------------------------------------------------------- list
     def refresh(self) -> None:

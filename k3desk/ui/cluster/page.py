@@ -106,10 +106,46 @@ class ClusterPage(Page):
             self.tabs = QTabWidget()
             self.tabs.setObjectName("clusterTabs")
 
-        # ------------------------------------------------------ clusters tab
         ctab = QWidget()
         clay = QHBoxLayout(ctab)
         clay.setContentsMargins(0, 0 if embedded else 10, 0, 0)
+        clay.addLayout(self._cluster_list())
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        body = QWidget()
+        self.body = QVBoxLayout(body)
+        self.body.setContentsMargins(6, 0, 10, 0)
+        scroll.setWidget(body)
+        clay.addWidget(scroll, 1)
+        self.empty = muted(
+            "No cluster yet. Add one: a name and its nodes (host, SSH user, port, key, and "
+            "the folder that holds the model on each node)."
+        )
+        self.empty.setObjectName("clusterEmpty")
+        self.body.addWidget(self.empty)
+
+        self.body.addWidget(self._nodes_card())
+        self.body.addWidget(self._engine_card())
+        self.body.addWidget(self._card_command_card())
+        self.body.addStretch(1)
+        if self.tabs is None:
+            self.start_btn.hide()
+            outer.addWidget(ctab, 1)
+        else:
+            self.tabs.addTab(ctab, "Clusters")
+            # -------------------------------------------------- servers tab
+            self.servers = EndpointsPanel(self.ctx, self.controller)
+            self.tabs.addTab(self.servers, "Attached servers")
+            outer.addWidget(self.tabs, 1)
+
+        self._wire()
+        self._explain()
+        self.reload()
+
+    # ------------------------------------------------------------ building
+    def _cluster_list(self) -> QVBoxLayout:
+        """The clusters, and Add / Edit / Remove."""
         left = QVBoxLayout()
         left.addWidget(label("Clusters", "sectionTitle"))
         self.list = QListWidget()
@@ -130,24 +166,10 @@ class ClusterPage(Page):
         lrow.addWidget(self.edit_btn, 0, 1)
         lrow.addWidget(self.remove_btn, 1, 0, 1, 2)
         left.addLayout(lrow)
-        clay.addLayout(left)
+        return left
 
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        body = QWidget()
-        self.body = QVBoxLayout(body)
-        self.body.setContentsMargins(6, 0, 10, 0)
-        scroll.setWidget(body)
-        clay.addWidget(scroll, 1)
-        self.empty = muted(
-            "No cluster yet. Add one: a name and its nodes (host, SSH user, port, key, and "
-            "the folder that holds the model on each node)."
-        )
-        self.empty.setObjectName("clusterEmpty")
-        self.body.addWidget(self.empty)
-
-        # nodes + probe
+    def _nodes_card(self) -> Card:
+        """The nodes and their probe, for the tier whose copies are checked."""
         self.nodes_card = Card()
         nb = self.nodes_card.body
         head = QHBoxLayout()
@@ -156,7 +178,7 @@ class ClusterPage(Page):
         head.addWidget(muted("Check copies of"))
         self.tier = QComboBox()
         self.tier.setObjectName("clusterTier")
-        for t in ctx.services.catalog.tiers:
+        for t in self.ctx.services.catalog.tiers:
             self.tier.addItem(f"{t.publisher} {t.name} ({t.shard_count} shards)", t.id)
         self.tier.setCurrentIndex(max(0, self.tier.findData(SPARKINFER_TIER)))
         head.addWidget(self.tier)
@@ -173,9 +195,10 @@ class ClusterPage(Page):
         self.probe_note = label("", selectable=True)
         self.probe_note.setObjectName("probeNote")
         nb.addWidget(self.probe_note)
-        self.body.addWidget(self.nodes_card)
+        return self.nodes_card
 
-        # engine choice + verdict
+    def _engine_card(self) -> Card:
+        """The engine choice, its options, the verdict and the commands it runs."""
         self.engine_card = Card()
         eb = self.engine_card.body
         ehead = QHBoxLayout()
@@ -198,14 +221,50 @@ class ClusterPage(Page):
         erow.addStretch(1)
         eb.addLayout(erow)
 
+        eb.addLayout(self._engine_options())
+        self.verdict_view = AssessmentView()
+        eb.addWidget(self.verdict_view)
+        self.verdict = self.verdict_view.verdict
+        self.plan = self.verdict_view.plan
+        self.refusals = self.verdict_view.refusals
+        self.warnings = self.verdict_view.warnings
+        self.notes = self.verdict_view.notes
+        srow = QHBoxLayout()
+        self.commands_btn = QToolButton()
+        self.commands_btn.setText("Commands k3desk will run")
+        self.commands_btn.setCheckable(True)
+        self.commands_btn.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.commands_btn.setArrowType(Qt.ArrowType.RightArrow)
+        srow.addWidget(self.commands_btn)
+        srow.addStretch(1)
+        eb.addLayout(srow)
+        self.commands = QPlainTextEdit()
+        self.commands.setObjectName("clusterCommands")
+        self.commands.setReadOnly(True)
+        self.commands.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        self.commands.setMaximumHeight(130)
+        self.commands.hide()
+        eb.addWidget(self.commands)
+        return self.engine_card
+
+    def _engine_options(self) -> QHBoxLayout:
+        """The context, then SparkInfer's options and ports or RPC's model and port."""
         opts = QHBoxLayout()
         form = QFormLayout()
         self.ctx_size = QSpinBox()
         self.ctx_size.setRange(512, 1_048_576)
         self.ctx_size.setSingleStep(1024)
-        self.ctx_size.setValue(ctx.settings.ctx)
+        self.ctx_size.setValue(self.ctx.settings.ctx)
         form.addRow("Context", self.ctx_size)
         opts.addLayout(form)
+        opts.addWidget(self._spark_options())
+        opts.addWidget(self._spark_ports())
+        opts.addWidget(self._rpc_options(), 1)
+        opts.addStretch(0)
+        return opts
+
+    def _spark_options(self) -> QWidget:
+        """SparkInfer's profile, drafts, and the bridge's tokenizer and chat template."""
         self.spark_opts = QWidget()
         sform = QFormLayout(self.spark_opts)
         sform.setContentsMargins(0, 0, 0, 0)
@@ -245,7 +304,10 @@ class ClusterPage(Page):
             f"empty = {CHAT_TEMPLATE_NAME} in the model folder, downloaded with the shards"
         )
         sform.addRow("Chat template", self.chat_template)
-        opts.addWidget(self.spark_opts)
+        return self.spark_opts
+
+    def _spark_ports(self) -> QWidget:
+        """SparkInfer's coordinator, serve socket and HTTP bridge ports."""
         self.ports = QWidget()
         pform = QFormLayout(self.ports)
         pform.setContentsMargins(0, 0, 0, 0)
@@ -255,7 +317,10 @@ class ClusterPage(Page):
         pform.addRow("Coordinator port", self.coord_port)
         pform.addRow("Serve socket port", self.serve_port)
         pform.addRow("HTTP bridge port", self.bridge_port)
-        opts.addWidget(self.ports)
+        return self.ports
+
+    def _rpc_options(self) -> QWidget:
+        """RPC: the model on this machine, the workers' port, public addresses."""
         self.rpc_opts = QWidget()
         rform = QFormLayout(self.rpc_opts)
         rform.setContentsMargins(0, 0, 0, 0)
@@ -275,36 +340,10 @@ class ClusterPage(Page):
         )
         self.allow_public.setObjectName("allowPublic")
         rform.addRow("", self.allow_public)
-        opts.addWidget(self.rpc_opts, 1)
-        opts.addStretch(0)
-        eb.addLayout(opts)
+        return self.rpc_opts
 
-        self.verdict_view = AssessmentView()
-        eb.addWidget(self.verdict_view)
-        self.verdict = self.verdict_view.verdict
-        self.plan = self.verdict_view.plan
-        self.refusals = self.verdict_view.refusals
-        self.warnings = self.verdict_view.warnings
-        self.notes = self.verdict_view.notes
-        srow = QHBoxLayout()
-        self.commands_btn = QToolButton()
-        self.commands_btn.setText("Commands k3desk will run")
-        self.commands_btn.setCheckable(True)
-        self.commands_btn.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
-        self.commands_btn.setArrowType(Qt.ArrowType.RightArrow)
-        srow.addWidget(self.commands_btn)
-        srow.addStretch(1)
-        eb.addLayout(srow)
-        self.commands = QPlainTextEdit()
-        self.commands.setObjectName("clusterCommands")
-        self.commands.setReadOnly(True)
-        self.commands.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
-        self.commands.setMaximumHeight(130)
-        self.commands.hide()
-        eb.addWidget(self.commands)
-        self.body.addWidget(self.engine_card)
-
-        # the model card's command
+    def _card_command_card(self) -> Card:
+        """The model card's SparkInfer command, explained."""
         self.card_card = Card()
         kb = self.card_card.body
         self.card_toggle = QToolButton()
@@ -329,19 +368,10 @@ class ClusterPage(Page):
         cl.addWidget(self.card_explain)
         self.card_box.hide()
         kb.addWidget(self.card_box)
-        self.body.addWidget(self.card_card)
-        self.body.addStretch(1)
-        if self.tabs is None:
-            self.start_btn.hide()
-            outer.addWidget(ctab, 1)
-        else:
-            self.tabs.addTab(ctab, "Clusters")
-            # -------------------------------------------------- servers tab
-            self.servers = EndpointsPanel(ctx, self.controller)
-            self.tabs.addTab(self.servers, "Attached servers")
-            outer.addWidget(self.tabs, 1)
+        return self.card_card
 
-        # ------------------------------------------------------------ wiring
+    def _wire(self) -> None:
+        """Every control refreshes the verdict; the controller's news reach the page."""
         self.list.currentRowChanged.connect(lambda _r: self.refresh())
         self.add_btn.clicked.connect(self.add_cluster)
         self.edit_btn.clicked.connect(self.edit_cluster)
@@ -372,8 +402,6 @@ class ClusterPage(Page):
         self.controller.probe_progress.connect(self._probe_progress)
         self.controller.probe_finished.connect(lambda _n: self.refresh())
         self.controller.group_changed.connect(self._buttons)
-        self._explain()
-        self.reload()
 
     def _port(self, value: int, name: str) -> QSpinBox:
         spin = QSpinBox()
