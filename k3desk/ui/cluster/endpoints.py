@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from k3desk.core.app.operations import Change, OpChanges
 from k3desk.core.chat.dialects import DIALECT_IDS, DIALECTS
 from k3desk.core.cluster.endpoints import EndpointStatus, RemoteEndpoint
 from k3desk.core.errors import K3Error
@@ -182,11 +183,15 @@ class EndpointsPanel(QWidget):
         self.kind.activated.connect(lambda _i: self._set_kind())
         for edit in (self.name, self.url):
             edit.textChanged.connect(lambda _t: self._buttons())
-        self.controller.endpoints_changed.connect(self.refresh)
+        self.ctx.ops.did_execute.connect(self._changed)
         self.controller.changed.connect(self._chat_state)
         self.ctx.engine.state_changed.connect(lambda _s, _m: self._chat_state())
 
     # ------------------------------------------------------------- list
+    def _changed(self, changes: OpChanges, _initiator: object) -> None:
+        if changes.touches(Change.ENDPOINTS):  # attached, checked, detached, chosen for chat
+            self.refresh()
+
     def refresh(self) -> None:
         try:
             rows = self.controller.endpoint_list()

@@ -39,6 +39,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from k3desk.core.app.operations import Change, OpChanges
 from k3desk.core.app.presenters.cluster_nodes import NODE_COLUMNS, node_cells
 from k3desk.core.cluster.assess import Assessment
 from k3desk.core.cluster.nodes import Cluster
@@ -398,10 +399,14 @@ class ClusterPage(Page):
         self.card_toggle.toggled.connect(self._toggle_card)
         self.card_input.textChanged.connect(self._explain)
         self.start_btn.clicked.connect(self.start)
-        self.controller.clusters_changed.connect(self.reload)
+        self.ctx.ops.did_execute.connect(self._changed)
         self.controller.probe_progress.connect(self._probe_progress)
         self.controller.probe_finished.connect(lambda _n: self.refresh())
         self.controller.group_changed.connect(self._buttons)
+
+    def _changed(self, changes: OpChanges, _initiator: object) -> None:
+        if changes.touches(Change.CLUSTERS):  # added, edited, removed (here or in the wizard)
+            self.reload()
 
     def _port(self, value: int, name: str) -> QSpinBox:
         spin = QSpinBox()
