@@ -117,3 +117,4 @@ def test_a_model_dropped_on_the_window_appears_in_my_models(  # type: ignore[no-
     mine.remove_selected()
     qtbot.waitUntil(lambda: not mine.rows(), timeout=30_000)
     assert "Removed" in mine.status.text()
+

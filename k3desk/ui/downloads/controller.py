@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
+from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.errors import K3Error
 from k3desk.core.hub.job import DownloadJob
 from k3desk.core.hub.model import (
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
 
 
+FINISHED = OpChanges.of(Change.DOWNLOADS, Change.MODELS)
 RECENT_KEY = "download"  # Settings.recent: the unfinished download, resumed on the next start
 
 
@@ -181,12 +183,12 @@ class DownloadsController(QObject):
             self._end(state)
             self.ctx.reporter.report(exc)
 
-        self._task = self.ctx.tasks.run(
-            lambda _t: job.run(),
-            on_done=done,
+        # a finished set lies in the download folder, which My models lists
+        self._task = self.ctx.ops.run(
+            Operation("download", lambda _t: job.run(), FINISHED),
+            on_success=done,
             on_cancelled=cancelled,
-            on_error=error,
-            name="download",
+            on_failure=error,
         )
         self.changed.emit(state)
 
