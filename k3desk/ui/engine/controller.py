@@ -18,6 +18,7 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from k3desk.core.app import background
 from k3desk.core.app.background import LAST_MODEL_KEY, BackgroundEngine, LastModel
+from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.engines.supervisor import (
     Endpoint,
     Event,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
 
 log = logging.getLogger(__name__)
+ENGINE = OpChanges.of(Change.ENGINE)
 
 STATE_TEXT = {
     "not started": "Engine: not running",
@@ -248,7 +250,8 @@ class EngineController(QObject):
             self.failed.emit(message, hint)
             self.attempts_changed.emit()
 
-        self._wait_task = self.ctx.tasks.run(work, on_done=done, on_error=error, name="engine")
+        op = Operation("engine", work, ENGINE)
+        self._wait_task = self.ctx.ops.run(op, on_success=done, on_failure=error)
 
     def stop(self) -> None:
         kept = self.background
@@ -256,10 +259,9 @@ class EngineController(QObject):
             self._bg_timer.stop()
             self._set_state(State.STOPPING.value, "Stopping the engine kept in the background…")
             paths = self.ctx.services.paths
-            self.ctx.tasks.run(
-                lambda _t: background.stop(paths, kept),
-                on_done=lambda _r: self._background_ended(kept, ""),
-                name="engine-stop",
+            self.ctx.ops.run(
+                Operation("engine-stop", lambda _t: background.stop(paths, kept), ENGINE),
+                on_success=lambda _r: self._background_ended(kept, ""),
             )
             return
         sup = self.supervisor
@@ -269,10 +271,9 @@ class EngineController(QObject):
         if self._wait_task is not None:
             self._wait_task.cancel()
         self._set_state(State.STOPPING.value, "Stopping llama-server…")
-        self.ctx.tasks.run(
-            lambda _t: sup.stop(),
-            on_done=lambda _r: self._stopped(sup),
-            name="engine-stop",
+        self.ctx.ops.run(
+            Operation("engine-stop", lambda _t: sup.stop(), ENGINE),
+            on_success=lambda _r: self._stopped(sup),
         )
 
     def restart(self) -> None:
@@ -287,11 +288,12 @@ class EngineController(QObject):
         from k3desk.ui.engine.page import prepare_launch
 
         mmproj = Path(last.mmproj) if last.mmproj else None
-        self.ctx.tasks.run(
-            lambda t: prepare_launch(self.ctx, Path(last.shard), mmproj, t),
-            on_done=self.launch,
-            on_error=on_error,
-            name="prepare-launch",
+        self.ctx.ops.run(
+            Operation(
+                "prepare-launch", lambda t: prepare_launch(self.ctx, Path(last.shard), mmproj, t)
+            ),
+            on_success=self.launch,
+            on_failure=on_error,
         )
         return last
 
@@ -314,8 +316,8 @@ class EngineController(QObject):
             self._set_state(State.READY.value, f"Listening on {url}: {rec.describe()}")
             self._bg_timer.start()
 
-        self.ctx.tasks.run(
-            lambda _t: background.take_up(paths), on_done=done, name="engine-take-up"
+        self.ctx.ops.run(
+            Operation("engine-take-up", lambda _t: background.take_up(paths)), on_success=done
         )
 
     def keep_in_background(self) -> bool:
