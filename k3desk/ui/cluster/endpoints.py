@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 )
 
 from k3desk.core.app.operations import Change, OpChanges
+from k3desk.core.app.presenters.endpoints import ENDPOINT_COLUMNS, endpoint_cells
 from k3desk.core.chat.dialects import DIALECT_IDS, DIALECTS
 from k3desk.core.cluster.endpoints import EndpointStatus, RemoteEndpoint
 from k3desk.core.errors import K3Error
@@ -53,19 +54,6 @@ def server_box(name: str) -> QComboBox:
         box.addItem(DIALECTS[d].label, d)
         box.setItemData(box.count() - 1, DIALECTS[d].differs, Qt.ItemDataRole.ToolTipRole)
     return box
-
-
-def server_text(ep: RemoteEndpoint) -> str:
-    text = ep.server_text()
-    if not text:
-        return "not checked yet"
-    return text
-
-
-def key_text(ep: RemoteEndpoint) -> str:
-    if ep.key_env:
-        return f"from ${ep.key_env}"
-    return "keyring" if ep.key_in_keyring else "none or this session's"
 
 
 class EndpointsPanel(QWidget):
@@ -133,9 +121,9 @@ class EndpointsPanel(QWidget):
         """The attached servers, what to do with the selected one, and its kind."""
         have = Card()
         have.body.addWidget(label("Attached servers", "sectionTitle"))
-        self.table = QTableWidget(0, 6)
+        self.table = QTableWidget(0, len(ENDPOINT_COLUMNS))
         self.table.setObjectName("endpointTable")
-        self.table.setHorizontalHeaderLabels(["Name", "URL", "Server", "Model", "API key", "Chat"])
+        self.table.setHorizontalHeaderLabels(list(ENDPOINT_COLUMNS))
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
@@ -204,15 +192,11 @@ class EndpointsPanel(QWidget):
         c = theme.current()
         for i, ep in enumerate(rows):
             using = ep.name == self.controller.active_endpoint
-            vals = (ep.name, ep.url, server_text(ep), ep.model or "—", key_text(ep),
-                    "in use" if using else "")  # fmt: skip
-            for j, v in enumerate(vals):
-                item = QTableWidgetItem(v)
-                item.setToolTip(v)
-                if j == 5 and using:
-                    item.setForeground(QColor(c.ok))
-                if j == 2 and ep.server_problem:
-                    item.setForeground(QColor(c.danger))
+            for j, cell in enumerate(endpoint_cells(ep, using)):
+                item = QTableWidgetItem(cell.text)
+                item.setToolTip(cell.tooltip)
+                if cell.tone is not None:
+                    item.setForeground(QColor(c.tone(cell.tone)))
                 self.table.setItem(i, j, item)
             if ep.name == selected:
                 self.table.selectRow(i)

@@ -13,11 +13,13 @@ from k3desk.core.app.library import add_model, list_models
 from k3desk.core.app.presenters import Cell
 from k3desk.core.app.presenters import cluster_nodes as nodes_p
 from k3desk.core.app.presenters import downloads as dl_p
+from k3desk.core.app.presenters import endpoints as ep_p
 from k3desk.core.app.presenters import my_models as mine_p
 from k3desk.core.app.presenters import tiers as tiers_p
 from k3desk.core.app.services import Services
 from k3desk.core.app.subject import Subject
 from k3desk.core.app.tiers import TierRequest, judge_tiers
+from k3desk.core.cluster.endpoints import RemoteEndpoint
 from k3desk.core.cluster.nodes import Node
 from k3desk.core.cluster.probe import CopyCheck, FileCheck, NodeReport
 from k3desk.core.hub.model import DownloadRequest, DownloadSummary
@@ -212,3 +214,34 @@ def test_a_download_says_its_numbers_notes_and_files_in_name_order(tmp_path: Pat
     assert dl_p.numbers_text(st) == "3 files, 3.0 KiB, all verified in 1 min 15 s"
     st.status, st.summary = "paused", None
     assert dl_p.numbers_text(st) == "2.0 KiB of 3.0 KiB  ·  free on disk 10.0 GiB"
+
+
+# ------------------------------------------------------------------ attached servers
+def test_an_attached_server_row_says_its_kind_key_and_whether_the_chat_uses_it() -> None:
+    fresh = RemoteEndpoint("vllm-h200", "http://10.0.0.21:8008")
+    cells = ep_p.endpoint_cells(fresh, in_use=False)
+    assert [c.text for c in cells] == [
+        "vllm-h200",
+        "http://10.0.0.21:8008",
+        "not checked yet",
+        "—",
+        "none or this session's",
+        "",
+    ]
+    assert all(c.tone is None for c in cells)
+    assert [c.tooltip for c in cells] == [c.text for c in cells]
+    mute = RemoteEndpoint(
+        "bridge",
+        "http://spark-1:8010",
+        model="kimi-k3",
+        key_env="BRIDGE_KEY",
+        server="sparkinfer-bridge",
+        server_problem="it answers /v1/models but not /v1/chat/completions",
+    )
+    cells = ep_p.endpoint_cells(mute, in_use=True)
+    assert cells[2].text == mute.server_text()
+    assert cells[2].tone == "danger"
+    assert (cells[3].text, cells[4].text) == ("kimi-k3", "from $BRIDGE_KEY")
+    assert cells[5] == Cell("in use", None, "ok")
+    kept = RemoteEndpoint("box", "http://box:8080", key_in_keyring=True)
+    assert ep_p.endpoint_cells(kept, False)[4].text == "keyring"

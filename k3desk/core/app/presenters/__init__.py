@@ -10,6 +10,7 @@ the Cluster page's nodes               :mod:`.cluster_nodes`
 the published tiers                    :mod:`.tiers`
 My models                              :mod:`.my_models`
 the downloads                          :mod:`.downloads`
+the attached servers                   :mod:`.endpoints`
 =====================================  ==========================================
 """
 
