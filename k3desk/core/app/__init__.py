@@ -17,6 +17,9 @@ my models: add, list, judge, remove    :mod:`k3desk.core.app.library`
 prepare a local launch                 :mod:`k3desk.core.app.launch`
 run and record a chat turn             :mod:`k3desk.core.app.chat_turn`
 configure a SparkInfer launch          :mod:`k3desk.core.app.sparkinfer_launch`
+a user action and what it changed      :mod:`k3desk.core.app.operations`
+the app's named operations             :mod:`k3desk.core.app.actions`
+a table row -> its cells               :mod:`k3desk.core.app.presenters`
 =====================================  ==========================================
 
 Modules are imported one by one (``from k3desk.core.app.tiers import judge_tiers``),
