@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from k3desk.core.app.presenters.cluster_engine import MEMBER_COLUMNS, member_cells
 from k3desk.core.cluster.group import GroupEvent, GroupState
 from k3desk.core.cluster.members import launch_fraction
 from k3desk.core.cluster.sparkinfer import PHASE_TEXT, ServeStats, SparkInferCluster
@@ -34,8 +35,6 @@ from k3desk.ui.widgets import Card, CopyField, label, muted, set_enabled
 if TYPE_CHECKING:
     from k3desk.ui.cluster.controller import ClusterController
     from k3desk.ui.context import AppContext
-
-MEMBER_COLUMNS = ("Process", "Node", "Host", "Role", "State", "PID")
 
 
 def stats_text(s: ServeStats) -> str:
@@ -232,15 +231,11 @@ class ClusterEngineView(Card):
         c = theme.current()
         self.members.setRowCount(len(rows))
         for i, m in enumerate(rows):
-            cells = (m.name, m.node, m.host, m.role, m.state, str(m.pid or ""))
-            for j, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                item.setToolTip(f"{text}\nlog: {m.log}" if m.log else text)
-                if j == 4:
-                    if m.state.startswith("ended"):
-                        item.setForeground(QColor(c.danger))
-                    elif m.state in ("running", "ready"):
-                        item.setForeground(QColor(c.ok))
+            for j, cell in enumerate(member_cells(m)):
+                item = QTableWidgetItem(cell.text)
+                item.setToolTip(cell.tooltip)
+                if cell.tone is not None:
+                    item.setForeground(QColor(c.tone(cell.tone)))
                 self.members.setItem(i, j, item)
         rows_h = sum(self.members.rowHeight(r) for r in range(self.members.rowCount()))
         self.members.setFixedHeight(self.members.horizontalHeader().height() + rows_h + 6)

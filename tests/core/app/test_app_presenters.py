@@ -11,6 +11,7 @@ import pytest
 
 from k3desk.core.app.library import add_model, list_models
 from k3desk.core.app.presenters import Cell
+from k3desk.core.app.presenters import cluster_engine as engine_p
 from k3desk.core.app.presenters import cluster_nodes as nodes_p
 from k3desk.core.app.presenters import downloads as dl_p
 from k3desk.core.app.presenters import endpoints as ep_p
@@ -19,11 +20,16 @@ from k3desk.core.app.presenters import tiers as tiers_p
 from k3desk.core.app.services import Services
 from k3desk.core.app.subject import Subject
 from k3desk.core.app.tiers import TierRequest, judge_tiers
+from k3desk.core.cluster.assess import assess_sparkinfer
 from k3desk.core.cluster.endpoints import RemoteEndpoint
-from k3desk.core.cluster.nodes import Node
+from k3desk.core.cluster.members import Member
+from k3desk.core.cluster.nodes import Cluster, Node
+from k3desk.core.cluster.plan import NodeBudget
 from k3desk.core.cluster.probe import CopyCheck, FileCheck, NodeReport
+from k3desk.core.cluster.sparkinfer import SparkInferConfig
 from k3desk.core.hub.model import DownloadRequest, DownloadSummary
 from k3desk.devtools.tinyk3 import TinyModel
+from tests.core.cluster.reports import report
 from tests.fixtures.hardware import HARDWARE_DIR
 
 
@@ -245,3 +251,54 @@ def test_an_attached_server_row_says_its_kind_key_and_whether_the_chat_uses_it()
     assert cells[5] == Cell("in use", None, "ok")
     kept = RemoteEndpoint("box", "http://box:8080", key_in_keyring=True)
     assert ep_p.endpoint_cells(kept, False)[4].text == "keyring"
+
+
+# ------------------------------------------------------------------ cluster engine
+def test_the_cluster_verdict_plan_and_processes(services: Services) -> None:
+    nodes = tuple(
+        Node(host=f"spark{i}", address=f"10.0.0.{11 + i}", model_path="/models/k3")
+        for i in range(3)
+    )
+    cfg = SparkInferConfig(Cluster("spark", nodes))
+    tier = next(t for t in services.catalog.tiers if t.id == "vcruz305-ud-iq1s")
+    before = assess_sparkinfer(cfg, tier=tier)
+    assert engine_p.verdict_line(before) == (
+        "SparkInfer TP3: can start (probe for the memory plan)",
+        None,
+    )
+    after = assess_sparkinfer(cfg, tier=tier, reports=[report(n) for n in nodes])
+    head, tone = engine_p.verdict_line(after)
+    assert after.plan is not None
+    assert head.startswith("SparkInfer TP3: fits")
+    assert tone == {"fits": "ok", "tight": "warn"}[after.plan.verdict]
+    refused = assess_sparkinfer(
+        cfg, tier=tier, reports=[report(nodes[0], "1xH200-141GB"), *map(report, nodes[1:])]
+    )
+    assert engine_p.verdict_line(refused) == ("SparkInfer TP3: refused", "danger")
+    rank0 = engine_p.plan_cells(after.plan.nodes[0])
+    assert [c.text for c in rank0[:2]] == ["spark0", "rank 0 (coordinator, bridge)"]
+    assert all(c.tone is None for c in rank0)
+
+    short = NodeBudget("spark1", "rank 1", "RAM", 10 * 2**30, 12 * 2**30, "80 GiB short", False,
+                       ("the KV cache takes 2 GiB",))  # fmt: skip
+    cells = engine_p.plan_cells(short)
+    assert [c.text for c in cells] == [
+        "spark1", "rank 1", "12.0 GiB", "10.0 GiB", "RAM", "80 GiB short"
+    ]  # fmt: skip
+    assert [c.tone for c in cells] == [None, None, "danger", None, None, "danger"]
+    assert cells[3].tooltip == "10.0 GiB\nthe KV cache takes 2 GiB"
+    unknown = engine_p.plan_cells(replace(short, capacity=None, disk_ok=None))
+    assert unknown[3].text == "unknown"
+    assert [c.tone for c in unknown] == [None] * 6
+
+    member = Member("rank 0", "coordinator", "spark0", "k3@spark0:22", "running", True, 4242,
+                    "/tmp/rank0.log")  # fmt: skip
+    cells = engine_p.member_cells(member)
+    assert [c.text for c in cells] == [
+        "rank 0", "spark0", "k3@spark0:22", "coordinator", "running", "4242"
+    ]  # fmt: skip
+    assert [c.tone for c in cells] == [None, None, None, None, "ok", None]
+    assert cells[0].tooltip == "rank 0\nlog: /tmp/rank0.log"
+    ended = engine_p.member_cells(replace(member, state="ended: exit 1", pid=None, log=""))
+    assert (ended[4].tone, ended[5].text, ended[4].tooltip) == ("danger", "", "ended: exit 1")
+    assert engine_p.member_cells(replace(member, state="waiting"))[4].tone is None

@@ -7,6 +7,7 @@ a widget only writes the cells and maps each :data:`Tone` to its theme's colour.
 table                                  module
 =====================================  ==========================================
 the Cluster page's nodes               :mod:`.cluster_nodes`
+a cluster engine: verdict, plan, ranks :mod:`.cluster_engine`
 the published tiers                    :mod:`.tiers`
 My models                              :mod:`.my_models`
 the downloads                          :mod:`.downloads`
