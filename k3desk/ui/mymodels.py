@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QStandardPaths, Signal
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFileDialog,
@@ -38,7 +37,7 @@ from k3desk.core.app.presenters.my_models import (
     summary_text,
 )
 from k3desk.core.app.tiers import plan_label
-from k3desk.ui import theme
+from k3desk.ui.cells import cell_item
 from k3desk.ui.errors import describe
 from k3desk.ui.pages import Navigator, PageKey
 from k3desk.ui.widgets import label, muted, primary, set_enabled
@@ -141,17 +140,12 @@ class MyModels(QWidget):
     def show_judgement(self, judged: ModelsJudgement) -> None:
         keep = self.current()
         self.judgement = judged
-        c = theme.current()
         self.table.blockSignals(True)
         self.table.clearSelection()
         self.table.setRowCount(len(judged.rows))
         for r, row in enumerate(judged.rows):
             for col, cell in enumerate(row_cells(row)):
-                item = QTableWidgetItem(cell.text)
-                item.setToolTip(cell.tooltip)
-                if cell.tone is not None:
-                    item.setForeground(QColor(c.tone(cell.tone)))
-                self.table.setItem(r, col, item)
+                self.table.setItem(r, col, cell_item(cell))
         self.table.blockSignals(False)
         self._fit_height(len(judged.rows))
         self._summary = summary_text(judged)

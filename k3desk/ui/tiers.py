@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QColor, QFont, QResizeEvent
-from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem
+from PySide6.QtGui import QFont, QResizeEvent
+from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget
 
 from k3desk.core.app.cluster_tiers import ClusterTierRow
 from k3desk.core.app.presenters import Cell
@@ -26,6 +26,7 @@ from k3desk.core.app.presenters.tiers import (
 )
 from k3desk.core.app.tiers import TierJudgement, TierRow
 from k3desk.ui import theme
+from k3desk.ui.cells import cell_item
 
 # how narrow each column may get when space is short (its text then elided); the speed
 # column never shrinks
@@ -62,12 +63,9 @@ class TierTable(QTableWidget):
         self.itemSelectionChanged.connect(self._selected)
 
     def _fill_row(self, r: int, cells: Sequence[Cell], star: bool) -> None:
-        c = theme.current()
+        text = theme.current().text  # a verdict without a tone: the text's own colour
         for col, cell in enumerate(cells):
-            item = QTableWidgetItem(cell.text)
-            item.setToolTip(cell.tooltip)
-            if col == VERDICT_COLUMN:
-                item.setForeground(QColor(c.tone(cell.tone) if cell.tone else c.text))
+            item = cell_item(cell, text if col == VERDICT_COLUMN else None)
             if star:
                 f = QFont(item.font())
                 f.setBold(True)

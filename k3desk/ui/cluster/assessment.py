@@ -7,12 +7,10 @@ Shown on the Cluster page and on the wizard's engine step, so both say the same 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHeaderView,
     QTableWidget,
-    QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
@@ -20,6 +18,7 @@ from PySide6.QtWidgets import (
 from k3desk.core.app.presenters.cluster_engine import PLAN_COLUMNS, plan_cells, verdict_line
 from k3desk.core.cluster.assess import Assessment
 from k3desk.ui import theme
+from k3desk.ui.cells import cell_item
 from k3desk.ui.widgets import label, muted
 
 
@@ -90,11 +89,7 @@ class AssessmentView(QWidget):
         self.plan.setRowCount(len(rows))
         for i, b in enumerate(rows):
             for j, cell in enumerate(plan_cells(b)):
-                item = QTableWidgetItem(cell.text)
-                item.setToolTip(cell.tooltip)
-                if cell.tone is not None:
-                    item.setForeground(QColor(c.tone(cell.tone)))
-                self.plan.setItem(i, j, item)
+                self.plan.setItem(i, j, cell_item(cell))
         if rows:
             fit_height(self.plan)
         self.refusals.setText("\n".join(f"✗ {r}" for r in a.refusals))

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -24,7 +23,6 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPushButton,
     QTableWidget,
-    QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
@@ -34,7 +32,7 @@ from k3desk.core.app.presenters.endpoints import ENDPOINT_COLUMNS, endpoint_cell
 from k3desk.core.chat.dialects import DIALECT_IDS, DIALECTS
 from k3desk.core.cluster.endpoints import EndpointStatus, RemoteEndpoint
 from k3desk.core.errors import K3Error
-from k3desk.ui import theme
+from k3desk.ui.cells import cell_item
 from k3desk.ui.widgets import Card, label, muted, primary, set_enabled
 
 if TYPE_CHECKING:
@@ -189,15 +187,10 @@ class EndpointsPanel(QWidget):
         selected = self.selected()
         self._rows = rows
         self.table.setRowCount(len(rows))
-        c = theme.current()
         for i, ep in enumerate(rows):
             using = ep.name == self.controller.active_endpoint
             for j, cell in enumerate(endpoint_cells(ep, using)):
-                item = QTableWidgetItem(cell.text)
-                item.setToolTip(cell.tooltip)
-                if cell.tone is not None:
-                    item.setForeground(QColor(c.tone(cell.tone)))
-                self.table.setItem(i, j, item)
+                self.table.setItem(i, j, cell_item(cell))
             if ep.name == selected:
                 self.table.selectRow(i)
         if rows and self.selected() is None:

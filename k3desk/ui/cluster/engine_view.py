@@ -12,7 +12,6 @@ import time
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
@@ -21,7 +20,6 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QTableWidget,
-    QTableWidgetItem,
     QWidget,
 )
 
@@ -30,6 +28,7 @@ from k3desk.core.cluster.group import GroupEvent, GroupState
 from k3desk.core.cluster.members import launch_fraction
 from k3desk.core.cluster.sparkinfer import PHASE_TEXT, ServeStats, SparkInferCluster
 from k3desk.ui import theme
+from k3desk.ui.cells import cell_item
 from k3desk.ui.widgets import Card, CopyField, label, muted, set_enabled
 
 if TYPE_CHECKING:
@@ -228,15 +227,10 @@ class ClusterEngineView(Card):
 
     def _members(self) -> None:
         rows = self.controller.members()
-        c = theme.current()
         self.members.setRowCount(len(rows))
         for i, m in enumerate(rows):
             for j, cell in enumerate(member_cells(m)):
-                item = QTableWidgetItem(cell.text)
-                item.setToolTip(cell.tooltip)
-                if cell.tone is not None:
-                    item.setForeground(QColor(c.tone(cell.tone)))
-                self.members.setItem(i, j, item)
+                self.members.setItem(i, j, cell_item(cell))
         rows_h = sum(self.members.rowHeight(r) for r in range(self.members.rowCount()))
         self.members.setFixedHeight(self.members.horizontalHeader().height() + rows_h + 6)
 

@@ -14,7 +14,6 @@ import time
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
@@ -32,7 +31,6 @@ from PySide6.QtWidgets import (
     QRadioButton,
     QScrollArea,
     QSpinBox,
-    QTableWidgetItem,
     QTabWidget,
     QToolButton,
     QVBoxLayout,
@@ -56,7 +54,7 @@ from k3desk.core.cluster.sparkinfer import (
 )
 from k3desk.core.errors import K3Error
 from k3desk.core.progress import Progress
-from k3desk.ui import theme
+from k3desk.ui.cells import cell_item
 from k3desk.ui.cluster.assessment import AssessmentView, fit_height, fixed_table
 from k3desk.ui.cluster.controller import ClusterController, LaunchChoice
 from k3desk.ui.cluster.editor import ClusterEditor
@@ -579,15 +577,10 @@ class ClusterPage(Page):
         reports = {r.node: r for r in self.controller.reports(name, self.tier_id())}
         run = self.controller.probes.get(name)
         stale = run is not None and run.tier_id != self.tier_id()
-        c = theme.current()
         self.nodes.setRowCount(len(cluster.nodes))
         for i, node in enumerate(cluster.nodes):
             for j, cell in enumerate(node_cells(node, reports.get(node), stale)):
-                item = QTableWidgetItem(cell.text)
-                item.setToolTip(cell.tooltip)
-                if cell.tone is not None:
-                    item.setForeground(QColor(c.tone(cell.tone)))
-                self.nodes.setItem(i, j, item)
+                self.nodes.setItem(i, j, cell_item(cell))
         fit_height(self.nodes)
         probing = self.controller.probing(name)
         self.probe_bar.setVisible(probing)
