@@ -198,7 +198,8 @@ class ChatController(QObject):
         ctx.ops.did_execute.connect(self._changed)
 
     def _changed(self, changes: OpChanges, _initiator: object) -> None:
-        if changes.touches(Change.CHATS):  # renamed, deleted, answered, a branch chosen
+        # renamed, deleted, answered, a branch chosen (a closed chat opens no store again)
+        if changes.touches(Change.CHATS) and not self._closed:
             self.refresh_list()
 
     # ------------------------------------------------------------ store
