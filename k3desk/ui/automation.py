@@ -169,17 +169,17 @@ class Automation(QObject):
         if name == "launch":
             from pathlib import Path
 
+            from k3desk.core.app.operations import Operation
             from k3desk.ui.engine.controller import prepare_engine_request
 
             shard = Path(str(cmd["shard"]))
             mm = cmd.get("mmproj")
             mmproj = Path(str(mm)) if mm else None
-            engine = self.ctx.engine
-            self.ctx.tasks.run(
-                lambda t: prepare_engine_request(self.ctx, shard, mmproj, t),
-                on_done=engine.launch,
-                name="prepare-launch",
+            ctx = self.ctx
+            op = Operation(
+                "prepare-launch", lambda t: prepare_engine_request(ctx, shard, mmproj, t)
             )
+            ctx.ops.run(op, on_success=ctx.engine.launch)
             return {}
         if name == "relaunch":
             page = self.window.chat_page()

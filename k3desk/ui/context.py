@@ -17,6 +17,7 @@ from PySide6.QtCore import QObject, Signal
 
 from k3desk.core.app.values import Settings, SettingsStore
 from k3desk.ui.errors import ErrorReporter
+from k3desk.ui.operations import OperationRunner
 from k3desk.ui.tasks import TaskManager
 
 if TYPE_CHECKING:
@@ -37,7 +38,8 @@ class _Closable(Protocol):
 
 
 class AppContext(QObject):
-    """Services, task manager, error reporter, settings and theme, shared by all pages.
+    """Services, task manager, operation runner, error reporter, settings and theme,
+    shared by all pages.
 
     Signals:
         settings_changed(object): the new :class:`Settings` after a save.
@@ -58,6 +60,7 @@ class AppContext(QObject):
         super().__init__(parent)
         self.services = services
         self.tasks = tasks
+        self.ops = OperationRunner(tasks, self)  # user actions, and what they changed
         self.reporter = reporter
         self.store = store
         self._settings = settings

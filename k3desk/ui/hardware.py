@@ -9,20 +9,23 @@ Detection and judging run through the task manager; results arrive as signals.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal
 
+from k3desk.core.app import actions
 from k3desk.core.app.hardware import HardwareProfile, Recommendation
+from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.app.subject import Subject
-from k3desk.core.app.tiers import TierJudgement, TierRequest, judge_tiers
+from k3desk.core.app.tiers import TierJudgement, TierRequest
 from k3desk.core.app.values import CancelToken
 from k3desk.ui.errors import describe
 
 if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
+
+MACHINE = OpChanges.of(Change.MACHINE)
 
 
 class HardwareController(QObject):
@@ -92,7 +95,7 @@ class HardwareController(QObject):
             hw = self.ctx.services.this_machine(target)
             return hw, Subject.this_machine(hw)
 
-        self._start(work)
+        self._start(Operation("hardware", work, MACHINE))
 
     def load_file(self, path: str | Path) -> None:
         """Judge the machine described in ``path`` (``k3desk doctor --json`` output)."""
@@ -102,7 +105,7 @@ class HardwareController(QObject):
             hw = self.ctx.services.load_hardware(p)
             return hw, Subject.hardware_file(p, hw)
 
-        self._start(work)
+        self._start(Operation("hardware-file", work, MACHINE))
         self._know_this_machine()
 
     def _know_this_machine(self) -> None:
@@ -115,7 +118,7 @@ class HardwareController(QObject):
             self.machine = hw
             self.machine_known.emit(hw)
 
-        self.ctx.tasks.run(lambda _t: self.this_machine(), on_done=done, name="this-machine")
+        self.ctx.ops.run(Operation("this-machine", lambda _t: self.this_machine()), on_success=done)
 
     def judge(self, gen: int | None = None) -> None:
         """Judge every tier for the machine (again, e.g. after the context size changed)."""
@@ -139,7 +142,7 @@ class HardwareController(QObject):
                 self.judgement = judgement
                 self.judged.emit(judgement)
 
-        self.ctx.tasks.run(lambda _t: judge_tiers(request, tiers), on_done=done, name="judge")
+        self.ctx.ops.run(actions.judge_tiers(request, tiers), on_success=done)
 
     def close(self) -> None:
         self._gen += 1  # results still on their way are dropped
@@ -148,7 +151,7 @@ class HardwareController(QObject):
     def _disk(self) -> Path:
         return self.ctx.settings.effective_download_dir(self.ctx.services.paths.models_dir)
 
-    def _start(self, work: Callable[[CancelToken], tuple[HardwareProfile, Subject]]) -> None:
+    def _start(self, op: Operation[tuple[HardwareProfile, Subject]]) -> None:
         self._gen += 1
         gen = self._gen
         self.judgement = None
@@ -169,4 +172,4 @@ class HardwareController(QObject):
                 self.failed.emit(describe(exc)[0])
                 self.ctx.reporter.report(exc)
 
-        self.ctx.tasks.run(work, on_done=done, on_error=error, name="hardware")
+        self.ctx.ops.run(op, on_success=done, on_failure=error)

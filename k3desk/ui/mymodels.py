@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QStandardPaths, Signal
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFileDialog,
@@ -27,56 +26,27 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from k3desk.core.app.hardware import FITS
-from k3desk.core.app.library import AddResult, ModelRow, ModelsJudgement
+from k3desk.core.app import actions
+from k3desk.core.app.library import ModelRow, ModelsJudgement
+from k3desk.core.app.operations import Change, OpChanges, Operation
+from k3desk.core.app.presenters.my_models import (
+    COLUMNS,
+    EMPTY,
+    added_text,
+    row_cells,
+    summary_text,
+)
 from k3desk.core.app.tiers import plan_label
-from k3desk.core.app.values import fmt_bytes
-from k3desk.ui import theme
+from k3desk.ui.cells import cell_item
 from k3desk.ui.errors import describe
 from k3desk.ui.pages import Navigator, PageKey
 from k3desk.ui.widgets import label, muted, primary, set_enabled
 
 if TYPE_CHECKING:
-    from k3desk.core.app.values import CancelToken
     from k3desk.ui.context import AppContext
     from k3desk.ui.engine.controller import LaunchRequest
 
 MAX_ROWS_SHOWN = 4
-COLUMNS = ("Model", "Verdict", "Speed", "Size", "Vision", "Tier", "Where")
-EMPTY = (
-    "No models of your own yet. Add a .gguf file or a folder, drop one on the window, or "
-    "add a model folder in Settings."
-)
-
-
-def row_cells(row: ModelRow) -> tuple[tuple[str, str], ...]:
-    """The table's cells for ``row`` (text, tooltip): what the automation hook reports too."""
-    m = row.model
-    tier = m.tier
-    speed = (
-        (row.speed.text(), row.speed.details())
-        if row.speed is not None
-        else ("—", "Does not run there: no speed to predict." if m.ok else m.problem)
-    )
-    where = "added" if m.source == "added" else f"folder {m.origin}"
-    notes = "\n".join(m.suspicious)
-    return (
-        (m.name, f"{m.shard}\n{m.parts} part(s)" + (f"\n{notes}" if notes else "")),
-        (row.label, m.problem or (row.plan.reason if row.plan is not None else "")),
-        speed,
-        (fmt_bytes(m.size_bytes), f"{m.size_bytes:,} bytes in {m.parts} part(s)"),
-        (
-            "yes" if m.projector is not None else "no",
-            str(m.projector) if m.projector is not None else "No vision projector beside it.",
-        ),
-        (
-            f"{tier.tier.name} · {tier.tier.publisher}" if tier is not None else "—",
-            f"Recognised from its headers: {tier.text()}"
-            if tier is not None
-            else "Not a catalog tier (its headers match none).",
-        ),
-        (where, str(m.origin)),
-    )
 
 
 class MyModels(QWidget):
@@ -138,20 +108,18 @@ class MyModels(QWidget):
         self.table.itemDoubleClicked.connect(lambda _i: self.chat_selected())
         self.hardware.judged.connect(lambda _j: self.refresh())
         ctx.settings_changed.connect(lambda _s: self.refresh())
+        ctx.ops.did_execute.connect(self._changed)
         ctx.engine.state_changed.connect(lambda _s, _m: self._buttons())
         self._buttons()
 
     # ------------------------------------------------------------ listing
     def refresh(self) -> None:
         """List and judge every local model for the machine the page judges."""
-        from k3desk.core.app.library import list_models
-
         hw, subject = self.hardware.profile, self.hardware.subject
         if hw is None or subject is None:
             return  # judged once the machine is known (hardware.judged)
         self._gen += 1
         gen = self._gen
-        services, ctx_size = self.ctx.services, self.ctx.settings.ctx
 
         def done(judged: ModelsJudgement) -> None:
             if gen == self._gen:
@@ -162,43 +130,30 @@ class MyModels(QWidget):
                 self.say(describe(exc)[0])
                 self.ctx.reporter.report(exc)
 
-        self.ctx.tasks.run(
-            lambda _t: list_models(services, hw, subject, ctx=ctx_size),
-            on_done=done,
-            on_error=error,
-            name="my-models",
-        )
+        op = actions.list_models(self.ctx.services, hw, subject, self.ctx.settings.ctx)
+        self.ctx.ops.run(op, on_success=done, on_failure=error)
+
+    def _changed(self, changes: OpChanges, _initiator: object) -> None:
+        if changes.touches(Change.MODELS):  # added, removed (here, or dropped on the window)
+            self.refresh()
 
     def show_judgement(self, judged: ModelsJudgement) -> None:
         keep = self.current()
         self.judgement = judged
-        c = theme.current()
         self.table.blockSignals(True)
         self.table.clearSelection()
         self.table.setRowCount(len(judged.rows))
         for r, row in enumerate(judged.rows):
-            color = c.ok if row.kind in FITS else c.warn if row.kind == "stream" else c.danger
-            for col, (text, tip) in enumerate(row_cells(row)):
-                item = QTableWidgetItem(text)
-                item.setToolTip(tip)
-                if col == 1:
-                    item.setForeground(QColor(color))
-                self.table.setItem(r, col, item)
+            for col, cell in enumerate(row_cells(row)):
+                self.table.setItem(r, col, cell_item(cell))
         self.table.blockSignals(False)
-        n = len(judged.rows)
-        self._fit_height(n)
-        text = (
-            EMPTY
-            if not n
-            else f"{n} model{'s' if n != 1 else ''}, judged for {judged.subject.describe()}. "
-            "Chat with it launches on this machine."
-        )
-        self._summary = " ".join([text, *judged.problems])
+        self._fit_height(len(judged.rows))
+        self._summary = summary_text(judged)
         self._show_status()
         ids = [r.model.id for r in judged.rows]
         if keep is not None and keep.model.id in ids:
             self.table.selectRow(ids.index(keep.model.id))
-        elif n:
+        elif ids:
             self.table.selectRow(0)
         self._buttons()
         self.changed.emit(judged)
@@ -267,34 +222,21 @@ class MyModels(QWidget):
 
     def add_paths(self, paths: Sequence[Path]) -> None:
         """Add each path (file or folder); each refusal is reported with its reason."""
-        from k3desk.core.app.library import add_model
-        from k3desk.core.app.values import K3Error
-
-        services = self.ctx.services
         self.say("Reading the headers of " + ", ".join(p.name for p in paths) + "…")
 
-        def work(_t: CancelToken) -> tuple[list[AddResult], list[K3Error]]:
-            done, failed = [], []
-            for p in paths:
-                try:
-                    done.append(add_model(services, p))
-                except K3Error as exc:
-                    failed.append(exc)
-            return done, failed
-
-        def finished(result: tuple[list[AddResult], list[K3Error]]) -> None:
-            added, failed = result
-            for exc in failed:
+        def finished(out: actions.AddOutcome) -> None:
+            for exc in out.failed:
                 self.ctx.reporter.report(exc)
-            said = [_added_text(a) for a in added] + [describe(e)[0] for e in failed]
+            said = [added_text(a) for a in out.added] + [describe(e)[0] for e in out.failed]
             self.say(" ".join(said))
-            self.refresh()
-            if added and added[-1].added:
-                self._select_after = added[-1].added[0].id
+            if not out.changed:
+                self.refresh()  # nothing to announce: the list is shown again all the same
+            if out.added and out.added[-1].added:
+                self._select_after = out.added[-1].added[0].id
 
         self._select_after = ""
         self.changed.connect(self._after_add)
-        self.ctx.tasks.run(work, on_done=finished, name="add-model")
+        self.ctx.ops.run(actions.add_models(self.ctx.services, paths), on_success=finished)
 
     def _after_add(self, _judged: object) -> None:
         self.changed.disconnect(self._after_add)
@@ -302,20 +244,22 @@ class MyModels(QWidget):
             self.select(self._select_after)
 
     def remove_selected(self) -> None:
-        from k3desk.core.app.library import remove_model
-        from k3desk.core.app.values import K3Error
 
         row = self.current()
         if row is None:
             return
-        try:
-            removed = remove_model(self.ctx.services, row.model.id)
-        except K3Error as exc:
+
+        def failed(exc: BaseException) -> None:
             self.say(describe(exc)[0])
             self.ctx.reporter.report(exc)
-            return
-        self.say(f"Removed {removed} from your models (the files stay).")
-        self.refresh()
+
+        self.ctx.ops.run(
+            actions.remove_model(self.ctx.services, row.model.id),
+            on_success=lambda removed: self.say(
+                f"Removed {removed} from your models (the files stay)."
+            ),
+            on_failure=failed,
+        )
 
     # ------------------------------------------------------------ chatting
     def chat_selected(self) -> None:
@@ -351,11 +295,12 @@ class MyModels(QWidget):
                 ctx.reporter.report(exc)
             self._buttons()
 
-        self._launching = ctx.tasks.run(
-            lambda t: prepare_engine_request(ctx, m.shard, m.projector, t),
-            on_done=done,
-            on_error=error,
-            name="prepare-launch",
+        self._launching = ctx.ops.run(
+            Operation(
+                "prepare-launch", lambda t: prepare_engine_request(ctx, m.shard, m.projector, t)
+            ),
+            on_success=done,
+            on_failure=error,
         )
         self._buttons()
 
@@ -385,13 +330,3 @@ class MyModels(QWidget):
             why,
             "Plan it for this machine, start llama-server with it, and open the chat",
         )
-
-
-def _added_text(result: AddResult) -> str:
-    names = ", ".join(m.name for m in result.added)
-    if result.already:
-        return f"{names} is already in your models."
-    text = f"Added {names}."
-    if result.skipped:
-        text += f" Skipped {len(result.skipped)} set(s) that cannot be used."
-    return text

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from k3desk.core.app.operations import Change, OpChanges
 from k3desk.core.app.values import EFFORTS, THEMES, K3Error, Settings
 from k3desk.ui.pages import Navigator, Page, PageKey
 from k3desk.ui.tokens import TokenAccess
@@ -57,7 +58,23 @@ class SettingsPage(Page):
         scroll.setWidget(body)
         outer.addWidget(scroll, 1)
 
-        # ---- folders
+        for card in (
+            self._folders_card(),
+            self._engine_card(),
+            self._chat_card(),
+            self._token_card(),
+            self._look_card(),
+        ):
+            lay.addWidget(card)
+        lay.addStretch(1)
+        outer.addLayout(self._footer())
+        self._connect()
+        self.load()
+        self.refresh_token()
+
+    # ------------------------------------------------------------ building
+    def _folders_card(self) -> Card:
+        """Model folders, the download folder, parallel downloads."""
         folders = Card()
         folders.body.addWidget(label("Model folders", "sectionTitle"))
         folders.body.addWidget(
@@ -80,20 +97,22 @@ class SettingsPage(Page):
         form = QFormLayout()
         self.download_dir = QLineEdit()
         self.download_dir.setObjectName("downloadDir")
-        self.download_dir.setPlaceholderText(str(ctx.services.paths.models_dir))
+        self.download_dir.setPlaceholderText(str(self.ctx.services.paths.models_dir))
         browse = QPushButton("Browse…")
         dl_row = QHBoxLayout()
         dl_row.addWidget(self.download_dir, 1)
         dl_row.addWidget(browse)
+        browse.clicked.connect(self._browse_download)
         form.addRow("Download folder", dl_row)
         self.workers = QSpinBox()
         self.workers.setRange(1, 16)
         self.workers.setToolTip("How many shards download at the same time")
         form.addRow("Parallel downloads", self.workers)
         folders.body.addLayout(form)
-        lay.addWidget(folders)
+        return folders
 
-        # ---- engine
+    def _engine_card(self) -> Card:
+        """The llama-server binary, and where the chat goes."""
         engine = Card()
         engine.body.addWidget(label("Engine", "sectionTitle"))
         eform = QFormLayout()
@@ -104,6 +123,7 @@ class SettingsPage(Page):
         e_row = QHBoxLayout()
         e_row.addWidget(self.engine_binary, 1)
         e_row.addWidget(ebrowse)
+        ebrowse.clicked.connect(self._browse_engine)
         eform.addRow("llama-server", e_row)
         engine.body.addLayout(eform)
         # remote servers are attached in one place only: the Cluster page's Attached servers
@@ -119,9 +139,10 @@ class SettingsPage(Page):
         )
         r_row.addWidget(self.servers_btn)
         engine.body.addLayout(r_row)
-        lay.addWidget(engine)
+        return engine
 
-        # ---- chat defaults
+    def _chat_card(self) -> Card:
+        """The defaults for new chats."""
         chat = Card()
         chat.body.addWidget(label("Defaults for new chats", "sectionTitle"))
         cform = QFormLayout()
@@ -150,9 +171,10 @@ class SettingsPage(Page):
         self.system_prompt.setMaximumHeight(80)
         cform.addRow("System prompt", self.system_prompt)
         chat.body.addLayout(cform)
-        lay.addWidget(chat)
+        return chat
 
-        # ---- token
+    def _token_card(self) -> Card:
+        """The Hugging Face token (shown masked only)."""
         tok = Card()
         tok.body.addWidget(label("Hugging Face token", "sectionTitle"))
         tok.body.addWidget(
@@ -179,9 +201,10 @@ class SettingsPage(Page):
         tok.body.addLayout(trow)
         self.token_note = muted("")
         tok.body.addWidget(self.token_note)
-        lay.addWidget(tok)
+        return tok
 
-        # ---- appearance
+    def _look_card(self) -> Card:
+        """The theme, and the way back to the set-up wizard."""
         look = Card()
         look.body.addWidget(label("Appearance", "sectionTitle"))
         aform = QFormLayout()
@@ -195,10 +218,10 @@ class SettingsPage(Page):
         wiz = QPushButton("Run the set-up wizard again…")
         wiz.clicked.connect(self._open_wizard)
         look.body.addWidget(wiz, 0, Qt.AlignmentFlag.AlignLeft)
-        lay.addWidget(look)
-        lay.addStretch(1)
+        return look
 
-        # ---- footer
+    def _footer(self) -> QHBoxLayout:
+        """The status line, Revert and Save changes."""
         foot = QHBoxLayout()
         self.status = muted("")
         foot.addWidget(self.status, 1)
@@ -207,12 +230,12 @@ class SettingsPage(Page):
         self.save.setObjectName("saveSettings")
         foot.addWidget(self.revert)
         foot.addWidget(self.save)
-        outer.addLayout(foot)
+        return foot
 
+    def _connect(self) -> None:
+        """Every control marks the page changed; the page follows the app."""
         self.add_dir.clicked.connect(self._add_dir)
         self.remove_dir.clicked.connect(self._remove_dir)
-        browse.clicked.connect(self._browse_download)
-        ebrowse.clicked.connect(self._browse_engine)
         self.save.clicked.connect(self.apply)
         self.revert.clicked.connect(self.load)
         self.token_save.clicked.connect(self._save_token)
@@ -222,8 +245,7 @@ class SettingsPage(Page):
         for w in (self.download_dir, self.engine_binary):
             w.textChanged.connect(self._dirty)
         self.servers_btn.clicked.connect(self.open_attached_servers)
-        engine_ctl = ctx.engine
-        engine_ctl.state_changed.connect(lambda _s, _m: self._show_chat_target())
+        self.ctx.engine.state_changed.connect(lambda _s, _m: self._show_chat_target())
         self._show_chat_target()
         for s in (self.workers, self.ctx_size):
             s.valueChanged.connect(self._dirty)
@@ -233,9 +255,8 @@ class SettingsPage(Page):
         self.effort.currentIndexChanged.connect(self._dirty)
         self.theme.currentIndexChanged.connect(self._dirty)
         self.system_prompt.textChanged.connect(self._dirty)
-        ctx.settings_changed.connect(lambda _s: self.load())
-        self.load()
-        self.refresh_token()
+        self.ctx.settings_changed.connect(lambda _s: self.load())
+        self.ctx.ops.did_execute.connect(self._changed)
 
     # ------------------------------------------------------------ values
     def load(self) -> None:
@@ -361,7 +382,11 @@ class SettingsPage(Page):
             self.token_note.setText(note)
             self._token_buttons()
 
-        self.ctx.tasks.run(lambda _t: self.tokens.describe(), on_done=done, name="token-state")
+        self.ctx.ops.run(self.tokens.describe_op(), on_success=done)
+
+    def _changed(self, changes: OpChanges, _initiator: object) -> None:
+        if changes.touches(Change.TOKEN):  # saved here, in the wizard, or removed
+            self.refresh_token()
 
     def _token_buttons(self) -> None:
         typed = self.token_edit.text().strip()
@@ -370,18 +395,11 @@ class SettingsPage(Page):
         set_enabled(self.token_remove, has, "No token is saved.")
 
     def _save_token(self) -> None:
-        value = self.token_edit.text().strip()
-
         def done(message: str) -> None:
             self.token_edit.clear()
-            self.refresh_token()
             self.status.setText(message)
 
-        self.ctx.tasks.run(lambda _t: self.tokens.save(value), on_done=done, name="token-save")
+        self.ctx.ops.run(self.tokens.save_op(self.token_edit.text().strip()), on_success=done)
 
     def _remove_token(self) -> None:
-        self.ctx.tasks.run(
-            lambda _t: self.tokens.remove(),
-            on_done=lambda _r: self.refresh_token(),
-            name="token-remove",
-        )
+        self.ctx.ops.run(self.tokens.remove_op())

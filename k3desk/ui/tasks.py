@@ -7,6 +7,9 @@ function itself must not (it runs on a worker thread).
 
 Two pools: ``serial=True`` tasks (history database writes) run one at a time
 in submission order; the rest share a small pool.
+
+A user action is an operation, run (and its changes announced) by
+:class:`k3desk.ui.operations.OperationRunner` over this manager.
 """
 
 from __future__ import annotations

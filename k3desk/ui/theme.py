@@ -20,6 +20,7 @@ from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPalette, QP
 from PySide6.QtSvg import QSvgRenderer
 from PySide6.QtWidgets import QAbstractButton, QApplication
 
+from k3desk.core.app.presenters import Tone
 from k3desk.core.app.values import resources_dir
 
 
@@ -52,6 +53,10 @@ class Colors:
     bar_ram: str
     bar_disk: str
     bar_track: str
+
+    def tone(self, tone: Tone) -> str:
+        """The colour of a presenter's tone (a verdict's ok / warn / danger)."""
+        return {"ok": self.ok, "warn": self.warn, "danger": self.danger}[tone]
 
 
 LIGHT = Colors(

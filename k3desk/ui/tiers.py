@@ -2,7 +2,8 @@
 speed, size, quality, vision and engines; the recommended one is preselected and starred.
 
 It renders a :class:`~k3desk.core.app.tiers.TierJudgement` (or the rows of a cluster) and
-computes nothing: the verdict, the shortfall, the speed and the needs are the core's.
+computes nothing: the verdict, the shortfall, the speed and the needs are the core's, and
+each cell's text, tooltip and tone come from :mod:`k3desk.core.app.presenters.tiers`.
 """
 
 from __future__ import annotations
@@ -10,63 +11,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QColor, QFont, QResizeEvent
-from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem
+from PySide6.QtGui import QFont, QResizeEvent
+from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget
 
 from k3desk.core.app.cluster_tiers import ClusterTierRow
-from k3desk.core.app.tiers import TierJudgement, TierRow, files_note
-from k3desk.core.app.values import Tier, fmt_bytes
+from k3desk.core.app.presenters import Cell
+from k3desk.core.app.presenters.tiers import (
+    COLUMNS,
+    QUALITY_COLUMN,
+    SPEED_COLUMN,
+    VERDICT_COLUMN,
+    cluster_row_cells,
+    judged_row_cells,
+)
+from k3desk.core.app.tiers import TierJudgement, TierRow
 from k3desk.ui import theme
+from k3desk.ui.cells import cell_item
 
-COLUMNS = ("Tier", "Verdict", "Speed", "Size", "Quality", "Vision", "Engines")
-QUALITY_COLUMN = 4
 # how narrow each column may get when space is short (its text then elided); the speed
 # column never shrinks
 FLOORS = {0: 150, 1: 150, 3: 90, QUALITY_COLUMN: 80, 5: 70, 6: 70}
-VERDICT_COLUMN = 1
-SPEED_COLUMN = 2
 
 AnyRow = TierRow | ClusterTierRow
-
-
-def vision_text(t: Tier) -> str:
-    if not t.mmproj or t.vision == "none":
-        return "no"
-    return "yes" if t.vision == "upstream" else "yes (fork build)"
-
-
-def quality_text(t: Tier) -> tuple[str, str]:
-    if not t.quality:
-        return "not published", t.quality_caveat
-    q = t.quality[0]
-    tip = "\n".join(f"{f.metric}: {f.value} ({f.conditions})" for f in t.quality)
-    if t.quality_caveat:
-        tip += f"\n\nCaveat: {t.quality_caveat}"
-    text = f"{q.metric} {q.value}"
-    if len(text) > 34:
-        text = text[:33].rstrip() + "…"
-    return text + (" *" if t.quality_caveat else ""), tip
-
-
-def verdict_tip(row: TierRow) -> str:
-    """The verdict cell's tooltip: the plan's reason, what it needs of the machine against
-    what the plan may use there, and why it is not the recommendation."""
-    tv = row.verdict
-    lines = [tv.reason]
-    if row.kind == "hybrid" and row.n_cpu_moe:
-        lines.append(f"--n-cpu-moe {row.n_cpu_moe}")
-    needs = [n.text() for n in row.needs]
-    if needs:
-        lines += ["", "Needs / usable here: " + "; ".join(needs)]
-    if tv.why_not:
-        lines += ["", f"Why not: {tv.why_not}"]
-    return "\n".join(lines)
-
-
-def speed_cells(row: TierRow) -> tuple[str, str]:
-    if row.speed is None:
-        return "—", "Does not run here: no speed to predict."
-    return row.speed.text(), row.speed.details()
+__all__ = ["COLUMNS", "SPEED_COLUMN", "VERDICT_COLUMN", "AnyRow", "TierTable"]
 
 
 class TierTable(QTableWidget):
@@ -95,37 +62,14 @@ class TierTable(QTableWidget):
         self.recommended: AnyRow | None = None
         self.itemSelectionChanged.connect(self._selected)
 
-    def _tier_cells(self, tier: Tier) -> tuple[tuple[str, str], ...]:
-        """Size, quality, vision and engines: the tier's own facts (columns 3-6)."""
-        quality, qtip = quality_text(tier)
-        return (
-            (fmt_bytes(tier.size_bytes), f"{tier.shard_count} shards; card: {tier.size_text}"),
-            (quality, qtip),
-            (vision_text(tier), tier.vision_note),
-            (", ".join(tier.engines), ""),
-        )
-
-    def _fill_row(
-        self, r: int, tier: Tier, cells: Sequence[tuple[str, str]], color: str, star: bool
-    ) -> None:
-        for col, (text, tip) in enumerate(cells):
-            item = QTableWidgetItem(text)
-            item.setToolTip(tip)
-            if col == VERDICT_COLUMN:
-                item.setForeground(QColor(color))
+    def _fill_row(self, r: int, cells: Sequence[Cell], star: bool) -> None:
+        text = theme.current().text  # a verdict without a tone: the text's own colour
+        for col, cell in enumerate(cells):
+            item = cell_item(cell, text if col == VERDICT_COLUMN else None)
             if star:
                 f = QFont(item.font())
                 f.setBold(True)
                 item.setFont(f)
-            if tier.reference and col == 0:
-                text += "  (reference)"
-            guessed = files_note(tier)
-            if guessed and col in (0, 3):  # the name's tooltip, and the size column
-                if col == 3:
-                    text += " · guessed"
-                tip = f"{tip}\n{guessed}"
-            item.setText(text)
-            item.setToolTip(tip)
             self.setItem(r, col, item)
 
     def set_cluster(
@@ -134,30 +78,12 @@ class TierTable(QTableWidget):
         """Every tier judged for a cluster (no speed prediction: the engines report it)."""
         self.rows = list(rows)
         self.recommended = recommended
-        c = theme.current()
         self.blockSignals(True)
         self.clearSelection()
         self.setRowCount(len(rows))
         for r, row in enumerate(rows):
-            t = row.tier
             star = row is recommended
-            plan = row.assessment.plan
-            color = (
-                c.danger
-                if not row.runs
-                else c.ok
-                if plan is not None and plan.verdict == "fits"
-                else c.warn
-                if plan is not None and plan.verdict == "tight"
-                else c.text
-            )
-            cells = (
-                (f"{'★ ' if star else ''}{t.name}  ·  {t.publisher}", t.repo),
-                (row.label, row.detail()),
-                ("—", "No speed prediction for a cluster: the engine reports it per answer."),
-                *self._tier_cells(t),
-            )
-            self._fill_row(r, t, cells, color, star)
+            self._fill_row(r, cluster_row_cells(row, star), star)
         self.blockSignals(False)
         self._fit_columns()
         if recommended is not None:
@@ -167,23 +93,11 @@ class TierTable(QTableWidget):
         """Every tier judged for one machine; the pick preselected and starred."""
         self.rows = list(judged.rows)
         self.recommended = judged.chosen
-        c = theme.current()
         self.blockSignals(True)
         self.clearSelection()
         self.setRowCount(len(judged.rows))
         for r, row in enumerate(judged.rows):
-            tier = row.tier
-            star = row.recommended
-            name = f"{'★ ' if star else ''}{tier.name}  ·  {tier.publisher}"
-            basis = row.basis_text and f"\nRank #{row.verdict.rank} rests on: {row.basis_text}"
-            cells = (
-                (name, f"{tier.repo}\n{row.verdict.reason}{basis}"),
-                (row.label, verdict_tip(row)),
-                speed_cells(row),
-                *self._tier_cells(tier),
-            )
-            color = c.ok if row.fits else c.warn if row.kind == "stream" else c.danger
-            self._fill_row(r, tier, cells, color, star)
+            self._fill_row(r, judged_row_cells(row), row.recommended)
         self.blockSignals(False)
         self._fit_columns()
         if self.recommended is not None:

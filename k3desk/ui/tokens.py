@@ -1,12 +1,17 @@
 """The Settings page's access to the Hugging Face token, through the core TokenStore.
 
-Calls may block (the Secret Service can wait on an unlock prompt), so the page
-runs them through the task manager.  Only a masked form ever reaches a widget.
+Calls may block (the Secret Service can wait on an unlock prompt), so the pages
+run them as operations (:meth:`TokenAccess.describe_op` and the others): saving or
+removing the token announces :attr:`Change.TOKEN`, and every page that shows the token
+shows it again.  Only a masked form ever reaches a widget.
 """
 
 from __future__ import annotations
 
 from k3desk.core.app.downloads import TokenStore, mask
+from k3desk.core.app.operations import Change, OpChanges, Operation
+
+TOKEN = OpChanges.of(Change.TOKEN)
 
 SOURCE_NOTES = {
     "HF_TOKEN": "From the HF_TOKEN environment variable (it wins over a saved token).",
@@ -35,3 +40,15 @@ class TokenAccess:
 
     def remove(self) -> None:
         self.store.clear()
+
+    # ------------------------------------------------------------ operations
+    def describe_op(self) -> Operation[tuple[str, str]]:
+        """Read what is saved (a read: it changes nothing)."""
+        return Operation("token-state", lambda _t: self.describe())
+
+    def save_op(self, token: str) -> Operation[str]:
+        """Save ``token``; the result is the message that says where it went."""
+        return Operation("token-save", lambda _t: self.save(token), TOKEN)
+
+    def remove_op(self) -> Operation[None]:
+        return Operation("token-remove", lambda _t: self.remove(), TOKEN)

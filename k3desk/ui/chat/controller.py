@@ -47,6 +47,7 @@ from k3desk.core.app.chat_turn import (
     TurnRecord,
     run_turn,
 )
+from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.app.values import CancelToken, ChatError
 from k3desk.ui.bridge import StreamBuffer
 from k3desk.ui.chat.view import ImageVM, MessageVM
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from k3desk.ui.engine.controller import EngineController
 
 log = logging.getLogger(__name__)
+CHATS = OpChanges.of(Change.CHATS)
 
 THUMB_HEIGHT = 192
 
@@ -203,6 +205,12 @@ class ChatController(QObject):
         self._closed = False  # closed: no new client (a late background task gets a ChatError)
         self.search_text = ""
         self._pending_settings: tuple[str, ChatSettings] | None = None
+        ctx.ops.did_execute.connect(self._changed)
+
+    def _changed(self, changes: OpChanges, _initiator: object) -> None:
+        # renamed, deleted, answered, a branch chosen (a closed chat opens no store again)
+        if changes.touches(Change.CHATS) and not self._closed:
+            self.refresh_list()
 
     # ------------------------------------------------------------ store
     def store(self) -> HistoryStore:
@@ -276,7 +284,7 @@ class ChatController(QObject):
             if on_done is not None and info is not None:
                 on_done(info)
 
-        self.ctx.tasks.run(work, on_done=done, name="chat-server")
+        self.ctx.ops.run(Operation("chat-server", work), on_success=done)
 
     def answer_stats(self) -> list[str]:
         """The last answer's speed and the context it used, for the status line."""
@@ -312,7 +320,8 @@ class ChatController(QObject):
                 for cid, h in first.items()
             ]
 
-        self.ctx.tasks.run(work, on_done=self.conversations.emit, name="chat-list", serial=True)
+        op = Operation("chat-list", work, serial=True)
+        self.ctx.ops.run(op, on_success=self.conversations.emit)
 
     def search(self, text: str) -> None:
         self.search_text = text
@@ -335,7 +344,9 @@ class ChatController(QObject):
                 return  # the person moved on meanwhile
             self._opened(state)
 
-        self.ctx.tasks.run(work, on_done=done, on_error=failed, name="chat-open", serial=True)
+        self.ctx.ops.run(
+            Operation("chat-open", work, serial=True), on_success=done, on_failure=failed
+        )
 
     def new_conversation(self) -> None:
         """Show an empty conversation (it is created in the store on first send); the
@@ -350,49 +361,49 @@ class ChatController(QObject):
         def done(conv: Conversation) -> None:
             if self.current is not None and self.current.conversation.id == conv.id:
                 self.current.conversation = conv
-            self.refresh_list()
 
-        self.ctx.tasks.run(
+        op = Operation(
+            "chat-rename",
             lambda _t: self.store().rename_conversation(conversation_id, title),
-            on_done=done,
-            name="chat-rename",
+            CHATS,
             serial=True,
         )
+        self.ctx.ops.run(op, on_success=done)
 
     def delete(self, conversation_id: int) -> None:
         def done(_r: object) -> None:
             if self.current is not None and self.current.conversation.id == conversation_id:
                 self.new_conversation()
-            self.refresh_list()
 
-        self.ctx.tasks.run(
+        op = Operation(
+            "chat-delete",
             lambda _t: self.store().delete_conversation(conversation_id),
-            on_done=done,
-            name="chat-delete",
+            CHATS,
             serial=True,
         )
+        self.ctx.ops.run(op, on_success=done)
 
     def export(self, conversation_id: int, target: Path, fmt: str) -> None:
-        self.ctx.tasks.run(
+        op = Operation(
+            "chat-export",
             lambda _t: self.store().write_export(conversation_id, target, fmt=fmt),
-            on_done=self.exported.emit,
-            name="chat-export",
             serial=True,
         )
+        self.ctx.ops.run(op, on_success=self.exported.emit)
 
     def update_settings(self, system_prompt: str, settings: ChatSettings) -> None:
         if self.current is None:
             self._pending_settings = (system_prompt, settings)
             return
         cid = self.current.conversation.id
-        self.ctx.tasks.run(
+        op = Operation(
+            "chat-settings",
             lambda _t: self.store().update_conversation(
                 cid, system_prompt=system_prompt, settings=settings
             ),
-            on_done=self._settings_saved,
-            name="chat-settings",
             serial=True,
         )
+        self.ctx.ops.run(op, on_success=self._settings_saved)
 
     def _settings_saved(self, conv: Conversation) -> None:
         if self.current is not None and self.current.conversation.id == conv.id:
@@ -456,7 +467,7 @@ class ChatController(QObject):
             else:
                 self.ctx.reporter.report(exc)
 
-        self.ctx.tasks.run(work, on_done=done, on_error=error, name="chat-image")
+        self.ctx.ops.run(Operation("chat-image", work), on_success=done, on_failure=error)
 
     # ------------------------------------------------------------ sending
     def send(self, text: str, images: list[PreparedImage]) -> None:
@@ -501,7 +512,9 @@ class ChatController(QObject):
             conv, msgs = store.open_conversation(target.conversation_id)
             return self._open_state(conv, msgs)
 
-        self.ctx.tasks.run(work, on_done=self._opened, name="chat-branch", serial=True)
+        # the branch chosen is stored: the list shows the conversation as it is now
+        op = Operation("chat-branch", work, CHATS, serial=True)
+        self.ctx.ops.run(op, on_success=self._opened)
 
     def stop(self) -> None:
         if self._task is not None:
@@ -552,13 +565,12 @@ class ChatController(QObject):
             return outcome
 
         self.busy.emit(True)
-        self._task = self.ctx.tasks.run(
-            work,
-            on_done=self._finished,
-            on_error=self._failed,
+        # the turn is stored (its conversation moves to the top of the list)
+        self._task = self.ctx.ops.run(
+            Operation("chat-stream", work, CHATS, token=token),
+            on_success=self._finished,
+            on_failure=self._failed,
             on_cancelled=self._cancelled_before_start,
-            name="chat-stream",
-            token=token,
         )
 
     # -------------------------------------------------------- main thread
@@ -612,7 +624,7 @@ class ChatController(QObject):
         self.current = state
         self.opened.emit(state)
         self.stream_started.emit(vm)
-        self.refresh_list()
+        self.ctx.ops.announce(CHATS)  # a new conversation, or one moved to the top
 
     def _on_batch(self, batch: dict[str, Any]) -> None:
         vm = self._vm
@@ -646,7 +658,6 @@ class ChatController(QObject):
         self.stream_finished.emit(done)
         self.busy.emit(False)
         self._emit_status()
-        self.refresh_list()
 
     def _failed(self, exc: BaseException) -> None:
         self._buffer.flush()

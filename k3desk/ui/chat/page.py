@@ -186,7 +186,21 @@ class ChatPage(Page):
         split = QSplitter()
         root.addWidget(split)
 
-        # ---- conversation list
+        split.addWidget(self._conversation_list())
+        split.addWidget(self._conversation())
+        split.setStretchFactor(1, 1)
+        split.setSizes([260, 1000])
+        self._wire()
+        self._engine_changed()
+        self.chat.refresh_list()
+        self.chat.new_conversation()
+        last = ctx.settings.recent.get(LAST_CONVERSATION_KEY)
+        if isinstance(last, int):
+            self.chat.open(last, quiet=True)  # where the person left off (if still there)
+
+    # ------------------------------------------------------------ building
+    def _conversation_list(self) -> QWidget:
+        """New chat, the search, and the conversations."""
         left = QWidget()
         left.setMinimumWidth(220)
         llay = QVBoxLayout(left)
@@ -209,13 +223,40 @@ class ChatPage(Page):
         self.list_empty = muted("No conversations yet. Type below to start one.")
         self.list_empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
         llay.addWidget(self.list_empty)
-        split.addWidget(left)
+        return left
 
-        # ---- conversation
+    def _conversation(self) -> QWidget:
+        """The open conversation: its header, the messages, the composer and the status."""
         right = QWidget()
         rlay = QVBoxLayout(right)
         rlay.setContentsMargins(16, 10, 16, 8)
         rlay.setSpacing(6)
+        rlay.addLayout(self._header())
+        self.view = MessageView()
+        rlay.addWidget(self.view, 1)
+        self.editing_bar = muted("")
+        self.editing_bar.hide()
+        rlay.addWidget(self.editing_bar)
+        self.composer = Composer()
+        self.composer.start_folder = lambda: str(
+            start_folder(Kind.IMAGE, self.ctx.settings, self.ctx.services.paths)
+        )
+        rlay.addWidget(self.composer)
+        self.status = muted("")
+        self.status.setObjectName("chatStatus")
+        rlay.addWidget(self.status)
+        # "Exported to <file>" with a link that opens it
+        self.notice = QLabel("")
+        self.notice.setObjectName("chatNotice")
+        self.notice.setTextFormat(Qt.TextFormat.RichText)
+        self.notice.setOpenExternalLinks(True)
+        self.notice.setWordWrap(True)
+        self.notice.hide()
+        rlay.addWidget(self.notice)
+        return right
+
+    def _header(self) -> QHBoxLayout:
+        """The title, the model answering, Relaunch, Export, Delete and Chat settings."""
         head = QHBoxLayout()
         titles = QVBoxLayout()
         titles.setSpacing(0)
@@ -247,33 +288,10 @@ class ChatPage(Page):
         self.settings_btn.setObjectName("chatSettings")
         self.settings_btn.setToolTip("System prompt, sampling and thinking for this conversation")
         head.addWidget(self.settings_btn)
-        rlay.addLayout(head)
-        self.view = MessageView()
-        rlay.addWidget(self.view, 1)
-        self.editing_bar = muted("")
-        self.editing_bar.hide()
-        rlay.addWidget(self.editing_bar)
-        self.composer = Composer()
-        self.composer.start_folder = lambda: str(
-            start_folder(Kind.IMAGE, ctx.settings, ctx.services.paths)
-        )
-        rlay.addWidget(self.composer)
-        self.status = muted("")
-        self.status.setObjectName("chatStatus")
-        rlay.addWidget(self.status)
-        # "Exported to <file>" with a link that opens it
-        self.notice = QLabel("")
-        self.notice.setObjectName("chatNotice")
-        self.notice.setTextFormat(Qt.TextFormat.RichText)
-        self.notice.setOpenExternalLinks(True)
-        self.notice.setWordWrap(True)
-        self.notice.hide()
-        rlay.addWidget(self.notice)
-        split.addWidget(right)
-        split.setStretchFactor(1, 1)
-        split.setSizes([260, 1000])
+        return head
 
-        # ---- wiring
+    def _wire(self) -> None:
+        """The controls drive the controller; its news reach the page."""
         self.new_btn.clicked.connect(self.new_chat)
         self.search.textChanged.connect(self.chat.search)
         self.list.currentItemChanged.connect(self._select)
@@ -299,15 +317,9 @@ class ChatPage(Page):
         self.chat.busy.connect(self.composer.set_streaming)
         self.chat.status.connect(lambda _s: self._update_status())
         self.engine.state_changed.connect(lambda _s, _m: self._engine_changed())
-        ctx.settings_changed.connect(lambda _s: self._engine_changed())
-        if ctx.theme is not None:
-            ctx.theme.changed.connect(self._restyle)
-        self._engine_changed()
-        self.chat.refresh_list()
-        self.chat.new_conversation()
-        last = ctx.settings.recent.get(LAST_CONVERSATION_KEY)
-        if isinstance(last, int):
-            self.chat.open(last, quiet=True)  # where the person left off (if still there)
+        self.ctx.settings_changed.connect(lambda _s: self._engine_changed())
+        if self.ctx.theme is not None:
+            self.ctx.theme.changed.connect(self._restyle)
 
     def _shortcuts(self) -> None:
         """Ctrl+N new chat, Ctrl+F search, Ctrl+E export, Delete (in the list) delete."""

@@ -7,28 +7,19 @@ Shown on the Cluster page and on the wizard's engine step, so both say the same 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHeaderView,
     QTableWidget,
-    QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
 from k3desk.core.app.clusters import Assessment
-from k3desk.core.app.values import fmt_bytes
+from k3desk.core.app.presenters.cluster_engine import PLAN_COLUMNS, plan_cells, verdict_line
 from k3desk.ui import theme
+from k3desk.ui.cells import cell_item
 from k3desk.ui.widgets import label, muted
-
-PLAN_COLUMNS = ("Node", "Role", "Needs", "Usable", "Memory", "Disk")
-VERDICT_TEXT = {
-    "fits": "fits",
-    "tight": "fits",
-    "no-fit": "does not fit",
-    "unknown": "unknown",
-}
 
 
 def fit_height(table: QTableWidget) -> None:
@@ -54,21 +45,6 @@ def fixed_table(columns: tuple[str, ...], name: str, stretch: int) -> QTableWidg
         hh.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
     hh.setSectionResizeMode(stretch, QHeaderView.ResizeMode.Stretch)
     return table
-
-
-def verdict_line(a: Assessment) -> tuple[str, str]:
-    """(the one-line verdict, its colour): "SparkInfer TP3: fits — …", "…: refused"."""
-    c = theme.current()
-    plan = a.plan
-    if not a.ok:
-        return f"{a.title}: refused", c.danger
-    if plan is not None:
-        word = VERDICT_TEXT.get(plan.verdict, plan.verdict)
-        reason = plan.reason
-        head = f"{a.title}: " + (reason if reason.startswith(word) else f"{word} — {reason}")
-        color = {"fits": c.ok, "tight": c.warn, "no-fit": c.danger}.get(plan.verdict, c.text)
-        return head, color
-    return f"{a.title}: can start (probe for the memory plan)", c.text
 
 
 class AssessmentView(QWidget):
@@ -104,22 +80,16 @@ class AssessmentView(QWidget):
     def show_assessment(self, a: Assessment) -> None:
         self.assessment = a
         c = theme.current()
-        head, color = verdict_line(a)
+        head, tone = verdict_line(a)
         self.verdict.setText(head)
-        self.verdict.setStyleSheet(f"color: {color};")
+        self.verdict.setStyleSheet(f"color: {c.tone(tone) if tone else c.text};")
         plan = a.plan
         rows = plan.nodes if plan is not None else ()
         self.plan.setVisible(bool(rows))
         self.plan.setRowCount(len(rows))
         for i, b in enumerate(rows):
-            cap = fmt_bytes(b.capacity) if b.capacity is not None else "unknown"
-            cells = (b.node, b.role, fmt_bytes(b.need), cap, b.memory_kind, b.disk)
-            for j, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                item.setToolTip("\n".join([text, *b.notes]))
-                if (j == 2 and b.fits is False) or (j == 5 and b.disk_ok is False):
-                    item.setForeground(QColor(c.danger))
-                self.plan.setItem(i, j, item)
+            for j, cell in enumerate(plan_cells(b)):
+                self.plan.setItem(i, j, cell_item(cell))
         if rows:
             fit_height(self.plan)
         self.refusals.setText("\n".join(f"✗ {r}" for r in a.refusals))

@@ -51,6 +51,7 @@ from k3desk.core.app.clusters import (
     rpc_config,
 )
 from k3desk.core.app.endpoints import EndpointStatus, EndpointStore, RemoteEndpoint
+from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.app.values import CancelToken, K3Error, Progress
 from k3desk.ui.bridge import Relay
 
@@ -59,6 +60,9 @@ if TYPE_CHECKING:
     from k3desk.core.app.values import Tier
     from k3desk.ui.context import AppContext
     from k3desk.ui.tasks import Task
+
+CLUSTERS = OpChanges.of(Change.CLUSTERS)
+ENDPOINTS = OpChanges.of(Change.ENDPOINTS)
 
 log = logging.getLogger(__name__)
 
@@ -96,23 +100,23 @@ class ProbeRun:
 
 class ClusterController(QObject):
     """Signals:
-    clusters_changed(): the saved clusters changed (added, edited, removed).
     probe_progress(str, object): cluster name, a core Progress while its nodes are probed.
     probe_finished(str): the probe of that cluster ended (see :meth:`probe` / ``probe_errors``).
     group_changed(): a cluster engine was started or stopped, or changed state.
     group_event(object): a core GroupEvent of the running engine (phases, restarts).
     stats(object): a ServeStats line of SparkInfer's rank 0 (one per answer).
-    endpoints_changed(): attached servers were added, removed or chosen for chat.
     changed(): where the chat goes may have changed.
+
+    A change of the saved clusters (added, edited, removed) or of the attached servers
+    (added, checked, removed, chosen for chat) is announced on ``ctx.ops.did_execute``
+    (:data:`Change.CLUSTERS`, :data:`Change.ENDPOINTS`).
     """
 
-    clusters_changed = Signal()
     probe_progress = Signal(str, object)
     probe_finished = Signal(str)
     group_changed = Signal()
     group_event = Signal(object)
     stats = Signal(object)
-    endpoints_changed = Signal()
     changed = Signal()
 
     def __init__(self, ctx: AppContext, parent: QObject | None = None) -> None:
@@ -174,7 +178,7 @@ class ClusterController(QObject):
             if old_name in self.probes:
                 self.probes[cluster.name] = self.probes.pop(old_name)
         self._clusters = None
-        self.clusters_changed.emit()
+        self.ctx.ops.announce(CLUSTERS)
         return cluster
 
     def remove_cluster(self, name: str) -> None:
@@ -186,7 +190,7 @@ class ClusterController(QObject):
         self.probes.pop(name, None)
         self.probe_errors.pop(name, None)
         self._clusters = None
-        self.clusters_changed.emit()
+        self.ctx.ops.announce(CLUSTERS)
 
     # --------------------------------------------------------------- probe
     def probing(self, name: str) -> bool:
@@ -235,8 +239,8 @@ class ClusterController(QObject):
             self.probe_finished.emit(name)
 
         self.probe_errors.pop(name, None)
-        self._probe_tasks[name] = self.ctx.tasks.run(
-            work, on_done=done, on_error=error, on_finally=end, name=f"probe-{name}"
+        self._probe_tasks[name] = self.ctx.ops.run(
+            Operation(f"probe-{name}", work), on_success=done, on_failure=error, on_finally=end
         )
 
     def reports(self, name: str, tier_id: str | None = None) -> list[NodeReport]:
@@ -407,7 +411,7 @@ class ClusterController(QObject):
             if then is not None:
                 then()
 
-        self.ctx.tasks.run(lambda _t: group.stop(), on_finally=end, name="cluster-stop")
+        self.ctx.ops.run(Operation("cluster-stop", lambda _t: group.stop()), on_finally=end)
 
     def restart(self) -> None:
         """Stop every process, then start the same engine on the same cluster again."""
@@ -474,12 +478,12 @@ class ClusterController(QObject):
 
         def done(result: tuple[RemoteEndpoint, str]) -> None:
             ep, where = result
-            self.endpoints_changed.emit()
             self.use_endpoint(ep.name)
             if on_done is not None:
                 on_done(ep, where)
 
-        self.ctx.tasks.run(work, on_done=done, on_error=on_error, name="endpoint-attach")
+        op = Operation("endpoint-attach", work, ENDPOINTS)
+        self.ctx.ops.run(op, on_success=done, on_failure=on_error)
 
     def _adopt_remote_url(self, url: str) -> str:
         """Move the old Settings "Remote server" into the attached servers (one way to attach
@@ -523,23 +527,20 @@ class ClusterController(QObject):
             return self.endpoints.status(name)
 
         def done(st: EndpointStatus) -> None:
-            self.endpoints_changed.emit()
             if self.active_endpoint == name:
                 self.use_endpoint(name)  # the chat speaks the new dialect from now on
             if on_done is not None:
                 on_done(st)
 
-        self.ctx.tasks.run(work, on_done=done, name="endpoint-kind")
+        self.ctx.ops.run(Operation("endpoint-kind", work, ENDPOINTS), on_success=done)
 
     def detach(self, name: str) -> None:
         def done(_ep: RemoteEndpoint) -> None:
             if self.active_endpoint == name:
                 self._set_active("", None, remember=True)
-            self.endpoints_changed.emit()
 
-        self.ctx.tasks.run(
-            lambda _t: self.endpoints.remove(name), on_done=done, name="endpoint-detach"
-        )
+        op = Operation("endpoint-detach", lambda _t: self.endpoints.remove(name), ENDPOINTS)
+        self.ctx.ops.run(op, on_success=done)
 
     def use_endpoint(self, name: str, *, remember: bool = True) -> None:
         """Send the chat to attached server ``name`` ("" = to none) when no engine runs."""
@@ -555,23 +556,15 @@ class ClusterController(QObject):
             self.endpoint_error = (
                 f"{exc.message} {exc.hint}".strip() if isinstance(exc, K3Error) else str(exc)
             )
-            self.endpoints_changed.emit()
+            self.ctx.ops.announce(ENDPOINTS)  # the panel says why
 
-        self.ctx.tasks.run(
-            lambda _t: self.endpoints.chat_endpoint(name),
-            on_done=done,
-            on_error=error,
-            name="endpoint-use",
-        )
+        op = Operation("endpoint-use", lambda _t: self.endpoints.chat_endpoint(name))
+        self.ctx.ops.run(op, on_success=done, on_failure=error)
 
     def check_endpoint(self, name: str, on_done: Callable[[EndpointStatus], None]) -> None:
-        def done(st: EndpointStatus) -> None:
-            self.endpoints_changed.emit()  # what the check found is kept with the endpoint
-            on_done(st)
-
-        self.ctx.tasks.run(
-            lambda _t: self.endpoints.status(name), on_done=done, name="endpoint-check"
-        )
+        # what the check found is kept with the endpoint
+        op = Operation("endpoint-check", lambda _t: self.endpoints.status(name), ENDPOINTS)
+        self.ctx.ops.run(op, on_success=on_done)
 
     def _set_active(self, name: str, ep: ChatEndpoint | None, *, remember: bool) -> None:
         self.active_endpoint = name
@@ -586,7 +579,7 @@ class ClusterController(QObject):
                 self.ctx.update_settings(recent=recent)
             except K3Error as exc:
                 self.ctx.reporter.report(exc)
-        self.endpoints_changed.emit()
+        self.ctx.ops.announce(ENDPOINTS)
         self.changed.emit()
 
     # ---------------------------------------------------------------- chat

@@ -89,6 +89,34 @@ class ClusterEditor(QDialog):
         )
 
         body = QHBoxLayout()
+        body.addLayout(self._node_list(), 2)
+        body.addWidget(self._node_form(), 3)
+        lay.addLayout(body, 1)
+
+        self.problems = label("", "errorText", selectable=True)
+        self.problems.setTextFormat(Qt.TextFormat.PlainText)
+        lay.addWidget(self.problems)
+        self.buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel
+        )
+        lay.addWidget(self.buttons)
+
+        self.add_btn.clicked.connect(self.add_node)
+        self.remove_btn.clicked.connect(self._remove)
+        self.up_btn.clicked.connect(lambda: self._move(-1))
+        self.down_btn.clicked.connect(lambda: self._move(1))
+        self.list.currentRowChanged.connect(self._select)
+        self.name.textEdited.connect(lambda _t: self._check())
+        self.buttons.accepted.connect(self.save)
+        self.buttons.rejected.connect(self.reject)
+        self._fill_list(0 if self.nodes else -1)
+        if not self.nodes:
+            self.add_node()
+        self._check()
+
+    # ------------------------------------------------------------- building
+    def _node_list(self) -> QVBoxLayout:
+        """The nodes in rank order, and Add node / Remove / Up / Down."""
         left = QVBoxLayout()
         self.list = QListWidget()
         self.list.setObjectName("nodeList")
@@ -102,8 +130,10 @@ class ClusterEditor(QDialog):
         for b in (self.add_btn, self.remove_btn, self.up_btn, self.down_btn):
             row.addWidget(b)
         left.addLayout(row)
-        body.addLayout(left, 2)
+        return left
 
+    def _node_form(self) -> QWidget:
+        """The selected node's fields (the SSH port right after the user)."""
         form_w = QWidget()
         form = QFormLayout(form_w)
         self.fields: dict[str, QLineEdit] = {}
@@ -129,29 +159,7 @@ class ClusterEditor(QDialog):
                 self.port.setValue(22)
                 self.port.valueChanged.connect(lambda _v: self._field_changed("port"))
                 form.addRow("SSH port", self.port)
-        body.addWidget(form_w, 3)
-        lay.addLayout(body, 1)
-
-        self.problems = label("", "errorText", selectable=True)
-        self.problems.setTextFormat(Qt.TextFormat.PlainText)
-        lay.addWidget(self.problems)
-        self.buttons = QDialogButtonBox(
-            QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel
-        )
-        lay.addWidget(self.buttons)
-
-        self.add_btn.clicked.connect(self.add_node)
-        self.remove_btn.clicked.connect(self._remove)
-        self.up_btn.clicked.connect(lambda: self._move(-1))
-        self.down_btn.clicked.connect(lambda: self._move(1))
-        self.list.currentRowChanged.connect(self._select)
-        self.name.textEdited.connect(lambda _t: self._check())
-        self.buttons.accepted.connect(self.save)
-        self.buttons.rejected.connect(self.reject)
-        self._fill_list(0 if self.nodes else -1)
-        if not self.nodes:
-            self.add_node()
-        self._check()
+        return form_w
 
     # ---------------------------------------------------------------- nodes
     def current(self) -> int:

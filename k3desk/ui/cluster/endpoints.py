@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -24,15 +23,16 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPushButton,
     QTableWidget,
-    QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
 from k3desk.core.app.chat import DIALECT_IDS, DIALECTS
 from k3desk.core.app.endpoints import EndpointStatus, RemoteEndpoint
+from k3desk.core.app.operations import Change, OpChanges
+from k3desk.core.app.presenters.endpoints import ENDPOINT_COLUMNS, endpoint_cells
 from k3desk.core.app.values import K3Error
-from k3desk.ui import theme
+from k3desk.ui.cells import cell_item
 from k3desk.ui.widgets import Card, label, muted, primary, set_enabled
 
 if TYPE_CHECKING:
@@ -54,19 +54,6 @@ def server_box(name: str) -> QComboBox:
     return box
 
 
-def server_text(ep: RemoteEndpoint) -> str:
-    text = ep.server_text()
-    if not text:
-        return "not checked yet"
-    return text
-
-
-def key_text(ep: RemoteEndpoint) -> str:
-    if ep.key_env:
-        return f"from ${ep.key_env}"
-    return "keyring" if ep.key_in_keyring else "none or this session's"
-
-
 class EndpointsPanel(QWidget):
     """Attach, list, check, choose for chat and detach servers."""
 
@@ -78,6 +65,15 @@ class EndpointsPanel(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
 
+        lay.addWidget(self._attach_card())
+        lay.addWidget(self._attached_card())
+        lay.addStretch(1)
+        self._wire()
+        self.refresh()
+
+    # ------------------------------------------------------------ building
+    def _attach_card(self) -> Card:
+        """Name, URL, key and kind of a server to attach."""
         add = Card()
         add.body.addWidget(label("Attach a server", "sectionTitle"))
         add.body.addWidget(
@@ -117,13 +113,15 @@ class EndpointsPanel(QWidget):
         self.attach_btn.setObjectName("attachEndpoint")
         row.addWidget(self.attach_btn)
         add.body.addLayout(row)
-        lay.addWidget(add)
+        return add
 
+    def _attached_card(self) -> Card:
+        """The attached servers, what to do with the selected one, and its kind."""
         have = Card()
         have.body.addWidget(label("Attached servers", "sectionTitle"))
-        self.table = QTableWidget(0, 6)
+        self.table = QTableWidget(0, len(ENDPOINT_COLUMNS))
         self.table.setObjectName("endpointTable")
-        self.table.setHorizontalHeaderLabels(["Name", "URL", "Server", "Model", "API key", "Chat"])
+        self.table.setHorizontalHeaderLabels(list(ENDPOINT_COLUMNS))
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
@@ -158,9 +156,9 @@ class EndpointsPanel(QWidget):
         self.kind_note.setWordWrap(True)
         krow.addWidget(self.kind_note, 1)
         have.body.addLayout(krow)
-        lay.addWidget(have)
-        lay.addStretch(1)
+        return have
 
+    def _wire(self) -> None:
         self.attach_btn.clicked.connect(self.attach)
         self.use_btn.clicked.connect(lambda: self._with_selected(self.controller.use_endpoint))
         self.unuse_btn.clicked.connect(lambda: self.controller.use_endpoint(""))
@@ -171,12 +169,15 @@ class EndpointsPanel(QWidget):
         self.kind.activated.connect(lambda _i: self._set_kind())
         for edit in (self.name, self.url):
             edit.textChanged.connect(lambda _t: self._buttons())
-        controller.endpoints_changed.connect(self.refresh)
-        controller.changed.connect(self._chat_state)
-        ctx.engine.state_changed.connect(lambda _s, _m: self._chat_state())
-        self.refresh()
+        self.ctx.ops.did_execute.connect(self._changed)
+        self.controller.changed.connect(self._chat_state)
+        self.ctx.engine.state_changed.connect(lambda _s, _m: self._chat_state())
 
     # ------------------------------------------------------------- list
+    def _changed(self, changes: OpChanges, _initiator: object) -> None:
+        if changes.touches(Change.ENDPOINTS):  # attached, checked, detached, chosen for chat
+            self.refresh()
+
     def refresh(self) -> None:
         try:
             rows = self.controller.endpoint_list()
@@ -186,19 +187,10 @@ class EndpointsPanel(QWidget):
         selected = self.selected()
         self._rows = rows
         self.table.setRowCount(len(rows))
-        c = theme.current()
         for i, ep in enumerate(rows):
             using = ep.name == self.controller.active_endpoint
-            vals = (ep.name, ep.url, server_text(ep), ep.model or "—", key_text(ep),
-                    "in use" if using else "")  # fmt: skip
-            for j, v in enumerate(vals):
-                item = QTableWidgetItem(v)
-                item.setToolTip(v)
-                if j == 5 and using:
-                    item.setForeground(QColor(c.ok))
-                if j == 2 and ep.server_problem:
-                    item.setForeground(QColor(c.danger))
-                self.table.setItem(i, j, item)
+            for j, cell in enumerate(endpoint_cells(ep, using)):
+                self.table.setItem(i, j, cell_item(cell))
             if ep.name == selected:
                 self.table.selectRow(i)
         if rows and self.selected() is None:

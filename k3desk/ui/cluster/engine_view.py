@@ -12,7 +12,6 @@ import time
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
@@ -21,7 +20,6 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QTableWidget,
-    QTableWidgetItem,
     QWidget,
 )
 
@@ -33,14 +31,14 @@ from k3desk.core.app.clusters import (
     SparkInferCluster,
     launch_fraction,
 )
+from k3desk.core.app.presenters.cluster_engine import MEMBER_COLUMNS, member_cells
 from k3desk.ui import theme
+from k3desk.ui.cells import cell_item
 from k3desk.ui.widgets import Card, CopyField, label, muted, set_enabled
 
 if TYPE_CHECKING:
     from k3desk.ui.cluster.controller import ClusterController
     from k3desk.ui.context import AppContext
-
-MEMBER_COLUMNS = ("Process", "Node", "Host", "Role", "State", "PID")
 
 
 def stats_text(s: ServeStats) -> str:
@@ -234,19 +232,10 @@ class ClusterEngineView(Card):
 
     def _members(self) -> None:
         rows = self.controller.members()
-        c = theme.current()
         self.members.setRowCount(len(rows))
         for i, m in enumerate(rows):
-            cells = (m.name, m.node, m.host, m.role, m.state, str(m.pid or ""))
-            for j, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                item.setToolTip(f"{text}\nlog: {m.log}" if m.log else text)
-                if j == 4:
-                    if m.state.startswith("ended"):
-                        item.setForeground(QColor(c.danger))
-                    elif m.state in ("running", "ready"):
-                        item.setForeground(QColor(c.ok))
-                self.members.setItem(i, j, item)
+            for j, cell in enumerate(member_cells(m)):
+                self.members.setItem(i, j, cell_item(cell))
         rows_h = sum(self.members.rowHeight(r) for r in range(self.members.rowCount()))
         self.members.setFixedHeight(self.members.horizontalHeader().height() + rows_h + 6)
 

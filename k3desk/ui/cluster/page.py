@@ -14,7 +14,6 @@ import time
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
@@ -32,7 +31,6 @@ from PySide6.QtWidgets import (
     QRadioButton,
     QScrollArea,
     QSpinBox,
-    QTableWidgetItem,
     QTabWidget,
     QToolButton,
     QVBoxLayout,
@@ -50,14 +48,14 @@ from k3desk.core.app.clusters import (
     SPARKINFER_TIER,
     Assessment,
     Cluster,
-    Node,
-    NodeReport,
     SparkInferConfig,
     describe_launch,
     explain_card_command,
 )
-from k3desk.core.app.values import K3Error, Progress, fmt_bytes
-from k3desk.ui import theme
+from k3desk.core.app.operations import Change, OpChanges
+from k3desk.core.app.presenters.cluster_nodes import NODE_COLUMNS, node_cells
+from k3desk.core.app.values import K3Error, Progress
+from k3desk.ui.cells import cell_item
 from k3desk.ui.cluster.assessment import AssessmentView, fit_height, fixed_table
 from k3desk.ui.cluster.controller import ClusterController, LaunchChoice
 from k3desk.ui.cluster.editor import ClusterEditor
@@ -67,59 +65,6 @@ from k3desk.ui.widgets import Card, PageHeader, dialog_folder, label, muted, pri
 
 if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
-
-NODE_COLUMNS = ("Node", "SSH", "GPUs", "Memory", "Free disk", "Model copy")
-
-
-def gpu_text(rep: NodeReport) -> str:
-    """The node's GPUs, short: "GB10 (sm_121)", "8x H100 80GB HBM3 (sm_90)", "none (...)"."""
-    hw = rep.hardware
-    if hw is None:
-        return ""
-    if not hw.gpus:
-        return f"none ({hw.gpu_note})" if hw.gpu_note else "none"
-    names: dict[str, int] = {}
-    for g in hw.gpus:
-        key = f"{g.name.removeprefix('NVIDIA ')} (sm_{g.sm})"
-        names[key] = names.get(key, 0) + 1
-    return ", ".join(f"{n}x {k}" if n > 1 else k for k, n in names.items())
-
-
-def gpu_detail(rep: NodeReport) -> str:
-    hw = rep.hardware
-    if hw is None or not hw.gpus:
-        return gpu_text(rep)
-    return "\n".join(
-        f"GPU {g.index}: {g.name}, {g.architecture or 'unknown architecture'} (sm_{g.sm}), "
-        + ("memory unified with RAM" if g.unified_memory else f"{fmt_bytes(g.vram_total)} VRAM")
-        for g in hw.gpus
-    )
-
-
-def memory_text(rep: NodeReport) -> str:
-    """ "119.7 GiB unified, 115.0 free" / "2.0 TiB RAM, 1.9 free; 640.0 GiB VRAM"."""
-    hw = rep.hardware
-    if hw is None:
-        return ""
-    mem = hw.memory
-    unified = hw.has_unified_memory
-    vram = hw.total_vram
-    free = fmt_bytes(mem.available).split()[0]
-    text = f"{fmt_bytes(mem.usable_total)} {'unified' if unified else 'RAM'}, {free} free"
-    if vram:
-        text += f"; {fmt_bytes(vram)} VRAM"
-    return text
-
-
-def disk_text(rep: NodeReport) -> str:
-    hw = rep.hardware
-    if hw is None or hw.disk is None:
-        return ""
-    return fmt_bytes(hw.disk.free)
-
-
-def ssh_text(node: Node) -> str:
-    return f"{node.destination}:{node.port}" if node.port != 22 else node.destination
 
 
 class ClusterPage(Page):
@@ -161,10 +106,46 @@ class ClusterPage(Page):
             self.tabs = QTabWidget()
             self.tabs.setObjectName("clusterTabs")
 
-        # ------------------------------------------------------ clusters tab
         ctab = QWidget()
         clay = QHBoxLayout(ctab)
         clay.setContentsMargins(0, 0 if embedded else 10, 0, 0)
+        clay.addLayout(self._cluster_list())
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        body = QWidget()
+        self.body = QVBoxLayout(body)
+        self.body.setContentsMargins(6, 0, 10, 0)
+        scroll.setWidget(body)
+        clay.addWidget(scroll, 1)
+        self.empty = muted(
+            "No cluster yet. Add one: a name and its nodes (host, SSH user, port, key, and "
+            "the folder that holds the model on each node)."
+        )
+        self.empty.setObjectName("clusterEmpty")
+        self.body.addWidget(self.empty)
+
+        self.body.addWidget(self._nodes_card())
+        self.body.addWidget(self._engine_card())
+        self.body.addWidget(self._card_command_card())
+        self.body.addStretch(1)
+        if self.tabs is None:
+            self.start_btn.hide()
+            outer.addWidget(ctab, 1)
+        else:
+            self.tabs.addTab(ctab, "Clusters")
+            # -------------------------------------------------- servers tab
+            self.servers = EndpointsPanel(self.ctx, self.controller)
+            self.tabs.addTab(self.servers, "Attached servers")
+            outer.addWidget(self.tabs, 1)
+
+        self._wire()
+        self._explain()
+        self.reload()
+
+    # ------------------------------------------------------------ building
+    def _cluster_list(self) -> QVBoxLayout:
+        """The clusters, and Add / Edit / Remove."""
         left = QVBoxLayout()
         left.addWidget(label("Clusters", "sectionTitle"))
         self.list = QListWidget()
@@ -185,24 +166,10 @@ class ClusterPage(Page):
         lrow.addWidget(self.edit_btn, 0, 1)
         lrow.addWidget(self.remove_btn, 1, 0, 1, 2)
         left.addLayout(lrow)
-        clay.addLayout(left)
+        return left
 
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        body = QWidget()
-        self.body = QVBoxLayout(body)
-        self.body.setContentsMargins(6, 0, 10, 0)
-        scroll.setWidget(body)
-        clay.addWidget(scroll, 1)
-        self.empty = muted(
-            "No cluster yet. Add one: a name and its nodes (host, SSH user, port, key, and "
-            "the folder that holds the model on each node)."
-        )
-        self.empty.setObjectName("clusterEmpty")
-        self.body.addWidget(self.empty)
-
-        # nodes + probe
+    def _nodes_card(self) -> Card:
+        """The nodes and their probe, for the tier whose copies are checked."""
         self.nodes_card = Card()
         nb = self.nodes_card.body
         head = QHBoxLayout()
@@ -211,7 +178,7 @@ class ClusterPage(Page):
         head.addWidget(muted("Check copies of"))
         self.tier = QComboBox()
         self.tier.setObjectName("clusterTier")
-        for t in ctx.services.catalog.tiers:
+        for t in self.ctx.services.catalog.tiers:
             self.tier.addItem(f"{t.publisher} {t.name} ({t.shard_count} shards)", t.id)
         self.tier.setCurrentIndex(max(0, self.tier.findData(SPARKINFER_TIER)))
         head.addWidget(self.tier)
@@ -228,9 +195,10 @@ class ClusterPage(Page):
         self.probe_note = label("", selectable=True)
         self.probe_note.setObjectName("probeNote")
         nb.addWidget(self.probe_note)
-        self.body.addWidget(self.nodes_card)
+        return self.nodes_card
 
-        # engine choice + verdict
+    def _engine_card(self) -> Card:
+        """The engine choice, its options, the verdict and the commands it runs."""
         self.engine_card = Card()
         eb = self.engine_card.body
         ehead = QHBoxLayout()
@@ -253,14 +221,50 @@ class ClusterPage(Page):
         erow.addStretch(1)
         eb.addLayout(erow)
 
+        eb.addLayout(self._engine_options())
+        self.verdict_view = AssessmentView()
+        eb.addWidget(self.verdict_view)
+        self.verdict = self.verdict_view.verdict
+        self.plan = self.verdict_view.plan
+        self.refusals = self.verdict_view.refusals
+        self.warnings = self.verdict_view.warnings
+        self.notes = self.verdict_view.notes
+        srow = QHBoxLayout()
+        self.commands_btn = QToolButton()
+        self.commands_btn.setText("Commands k3desk will run")
+        self.commands_btn.setCheckable(True)
+        self.commands_btn.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.commands_btn.setArrowType(Qt.ArrowType.RightArrow)
+        srow.addWidget(self.commands_btn)
+        srow.addStretch(1)
+        eb.addLayout(srow)
+        self.commands = QPlainTextEdit()
+        self.commands.setObjectName("clusterCommands")
+        self.commands.setReadOnly(True)
+        self.commands.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        self.commands.setMaximumHeight(130)
+        self.commands.hide()
+        eb.addWidget(self.commands)
+        return self.engine_card
+
+    def _engine_options(self) -> QHBoxLayout:
+        """The context, then SparkInfer's options and ports or RPC's model and port."""
         opts = QHBoxLayout()
         form = QFormLayout()
         self.ctx_size = QSpinBox()
         self.ctx_size.setRange(512, 1_048_576)
         self.ctx_size.setSingleStep(1024)
-        self.ctx_size.setValue(ctx.settings.ctx)
+        self.ctx_size.setValue(self.ctx.settings.ctx)
         form.addRow("Context", self.ctx_size)
         opts.addLayout(form)
+        opts.addWidget(self._spark_options())
+        opts.addWidget(self._spark_ports())
+        opts.addWidget(self._rpc_options(), 1)
+        opts.addStretch(0)
+        return opts
+
+    def _spark_options(self) -> QWidget:
+        """SparkInfer's profile, drafts, and the bridge's tokenizer and chat template."""
         self.spark_opts = QWidget()
         sform = QFormLayout(self.spark_opts)
         sform.setContentsMargins(0, 0, 0, 0)
@@ -300,7 +304,10 @@ class ClusterPage(Page):
             f"empty = {CHAT_TEMPLATE_NAME} in the model folder, downloaded with the shards"
         )
         sform.addRow("Chat template", self.chat_template)
-        opts.addWidget(self.spark_opts)
+        return self.spark_opts
+
+    def _spark_ports(self) -> QWidget:
+        """SparkInfer's coordinator, serve socket and HTTP bridge ports."""
         self.ports = QWidget()
         pform = QFormLayout(self.ports)
         pform.setContentsMargins(0, 0, 0, 0)
@@ -310,7 +317,10 @@ class ClusterPage(Page):
         pform.addRow("Coordinator port", self.coord_port)
         pform.addRow("Serve socket port", self.serve_port)
         pform.addRow("HTTP bridge port", self.bridge_port)
-        opts.addWidget(self.ports)
+        return self.ports
+
+    def _rpc_options(self) -> QWidget:
+        """RPC: the model on this machine, the workers' port, public addresses."""
         self.rpc_opts = QWidget()
         rform = QFormLayout(self.rpc_opts)
         rform.setContentsMargins(0, 0, 0, 0)
@@ -330,36 +340,10 @@ class ClusterPage(Page):
         )
         self.allow_public.setObjectName("allowPublic")
         rform.addRow("", self.allow_public)
-        opts.addWidget(self.rpc_opts, 1)
-        opts.addStretch(0)
-        eb.addLayout(opts)
+        return self.rpc_opts
 
-        self.verdict_view = AssessmentView()
-        eb.addWidget(self.verdict_view)
-        self.verdict = self.verdict_view.verdict
-        self.plan = self.verdict_view.plan
-        self.refusals = self.verdict_view.refusals
-        self.warnings = self.verdict_view.warnings
-        self.notes = self.verdict_view.notes
-        srow = QHBoxLayout()
-        self.commands_btn = QToolButton()
-        self.commands_btn.setText("Commands k3desk will run")
-        self.commands_btn.setCheckable(True)
-        self.commands_btn.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
-        self.commands_btn.setArrowType(Qt.ArrowType.RightArrow)
-        srow.addWidget(self.commands_btn)
-        srow.addStretch(1)
-        eb.addLayout(srow)
-        self.commands = QPlainTextEdit()
-        self.commands.setObjectName("clusterCommands")
-        self.commands.setReadOnly(True)
-        self.commands.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
-        self.commands.setMaximumHeight(130)
-        self.commands.hide()
-        eb.addWidget(self.commands)
-        self.body.addWidget(self.engine_card)
-
-        # the model card's command
+    def _card_command_card(self) -> Card:
+        """The model card's SparkInfer command, explained."""
         self.card_card = Card()
         kb = self.card_card.body
         self.card_toggle = QToolButton()
@@ -384,19 +368,10 @@ class ClusterPage(Page):
         cl.addWidget(self.card_explain)
         self.card_box.hide()
         kb.addWidget(self.card_box)
-        self.body.addWidget(self.card_card)
-        self.body.addStretch(1)
-        if self.tabs is None:
-            self.start_btn.hide()
-            outer.addWidget(ctab, 1)
-        else:
-            self.tabs.addTab(ctab, "Clusters")
-            # -------------------------------------------------- servers tab
-            self.servers = EndpointsPanel(ctx, self.controller)
-            self.tabs.addTab(self.servers, "Attached servers")
-            outer.addWidget(self.tabs, 1)
+        return self.card_card
 
-        # ------------------------------------------------------------ wiring
+    def _wire(self) -> None:
+        """Every control refreshes the verdict; the controller's news reach the page."""
         self.list.currentRowChanged.connect(lambda _r: self.refresh())
         self.add_btn.clicked.connect(self.add_cluster)
         self.edit_btn.clicked.connect(self.edit_cluster)
@@ -423,12 +398,14 @@ class ClusterPage(Page):
         self.card_toggle.toggled.connect(self._toggle_card)
         self.card_input.textChanged.connect(self._explain)
         self.start_btn.clicked.connect(self.start)
-        self.controller.clusters_changed.connect(self.reload)
+        self.ctx.ops.did_execute.connect(self._changed)
         self.controller.probe_progress.connect(self._probe_progress)
         self.controller.probe_finished.connect(lambda _n: self.refresh())
         self.controller.group_changed.connect(self._buttons)
-        self._explain()
-        self.reload()
+
+    def _changed(self, changes: OpChanges, _initiator: object) -> None:
+        if changes.touches(Change.CLUSTERS):  # added, edited, removed (here or in the wizard)
+            self.reload()
 
     def _port(self, value: int, name: str) -> QSpinBox:
         spin = QSpinBox()
@@ -600,50 +577,11 @@ class ClusterPage(Page):
         name = cluster.name
         reports = {r.node: r for r in self.controller.reports(name, self.tier_id())}
         run = self.controller.probes.get(name)
-        c = theme.current()
+        stale = run is not None and run.tier_id != self.tier_id()
         self.nodes.setRowCount(len(cluster.nodes))
         for i, node in enumerate(cluster.nodes):
-            rep = reports.get(node)
-            ssh = ssh_text(node)
-            if rep is None:
-                cells = [node.label, ssh, "—", "—", "—", "not probed"]
-                colors: list[str | None] = [None] * 6
-            elif not rep.ok:
-                first = rep.error.splitlines()[0] if rep.error else "probe failed"
-                cells = [node.label, ssh, "unreachable", "—", "—", first]
-                colors = [None, None, c.danger, None, None, c.danger]
-            else:
-                copy = rep.copy
-                if copy is not None:
-                    copy_text = copy.summary()
-                elif run is not None and run.tier_id != self.tier_id():
-                    copy_text = "probe again to check this tier"
-                else:
-                    copy_text = "not checked"
-                gpus = gpu_text(rep)
-                cells = [node.label, ssh, gpus, memory_text(rep), disk_text(rep), copy_text]
-                ok = copy is not None and copy.complete
-                colors = [None, None, c.warn if gpus.startswith("none") else None, None, None]
-                colors.append(c.ok if ok else c.danger if copy is not None else None)
-            for j, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                tip = text
-                if rep is not None and j == 5:
-                    tip = (
-                        rep.error
-                        if not rep.ok
-                        else "\n".join([text, *(rep.copy.problems if rep.copy is not None else ())])
-                    )
-                if rep is not None and rep.ok and j == 2:
-                    tip = "\n".join(x for x in (gpu_detail(rep), rep.note) if x)
-                if rep is not None and rep.ok and j == 4 and rep.hardware is not None:
-                    disk = rep.hardware.disk
-                    tip = f"{text} free at {disk.probed_path}" if disk is not None else text
-                item.setToolTip(tip)
-                color = colors[j]
-                if color:
-                    item.setForeground(QColor(color))
-                self.nodes.setItem(i, j, item)
+            for j, cell in enumerate(node_cells(node, reports.get(node), stale)):
+                self.nodes.setItem(i, j, cell_item(cell))
         fit_height(self.nodes)
         probing = self.controller.probing(name)
         self.probe_bar.setVisible(probing)

@@ -26,6 +26,7 @@ from k3desk.core.app.downloads import (
     Stalled,
     Verified,
 )
+from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.app.values import K3Error, fmt_bytes
 from k3desk.ui.bridge import Relay
 from k3desk.ui.errors import describe
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
 
 
+FINISHED = OpChanges.of(Change.DOWNLOADS, Change.MODELS)
 RECENT_KEY = "download"  # Settings.recent: the unfinished download, resumed on the next start
 
 
@@ -180,12 +182,12 @@ class DownloadsController(QObject):
             self._end(state)
             self.ctx.reporter.report(exc)
 
-        self._task = self.ctx.tasks.run(
-            lambda _t: job.run(),
-            on_done=done,
+        # a finished set lies in the download folder, which My models lists
+        self._task = self.ctx.ops.run(
+            Operation("download", lambda _t: job.run(), FINISHED),
+            on_success=done,
             on_cancelled=cancelled,
-            on_error=error,
-            name="download",
+            on_failure=error,
         )
         self.changed.emit(state)
 

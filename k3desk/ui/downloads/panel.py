@@ -19,38 +19,23 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from k3desk.core.app.values import fmt_bytes
+from k3desk.core.app.presenters.downloads import (
+    FILE_COLUMNS,
+    NO_DOWNLOAD,
+    file_rows,
+    fmt_eta,
+    notes,
+    numbers_text,
+    title_text,
+    where_text,
+)
 from k3desk.ui.downloads.controller import DownloadsController, DownloadState
 from k3desk.ui.widgets import Banner, label, muted, set_enabled
 
 if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
 
-STATE_TEXT = {
-    "queued": "queued",
-    "downloading": "downloading",
-    "verifying": "verifying sha256",
-    "verified": "✓ verified",
-    "reused": "✓ reused",
-    "failed": "✗ failed",
-    "retrying": "retrying",
-    "paused": "paused",
-    "cancelled": "cancelled",
-}
-
-
-def fmt_eta(seconds: float | None) -> str:
-    """A duration for people: "—" while unknown, "< 1 s" rather than "0 s"."""
-    if seconds is None or seconds < 0:
-        return "—"
-    if seconds < 1:
-        return "< 1 s"
-    s = int(seconds)
-    if s >= 3600:
-        return f"{s // 3600} h {s % 3600 // 60:02d} min"
-    if s >= 60:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s} s"
+__all__ = ["DownloadPanel", "fmt_eta"]  # fmt_eta: still importable from here
 
 
 class DownloadPanel(QWidget):
@@ -76,7 +61,7 @@ class DownloadPanel(QWidget):
         lay.addWidget(self.banner)
         self.table = QTableWidget(0, 4)
         self.table.setObjectName("shardTable")
-        self.table.setHorizontalHeaderLabels(["File", "Progress", "Size", "State"])
+        self.table.setHorizontalHeaderLabels(list(FILE_COLUMNS))
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
@@ -120,35 +105,20 @@ class DownloadPanel(QWidget):
             self.cancel_btn, running, "Nothing is downloading.", "Stop and delete the partial files"
         )
         if st is None:
-            self.title.setText("No download yet.")
-            self.where.setText("Pick a tier in the wizard (Models page) to download it.")
+            self.title.setText(NO_DOWNLOAD[0])
+            self.where.setText(NO_DOWNLOAD[1])
             self.total.setValue(0)
             self.numbers.setText("")
             return
-        name = st.request.label or st.request.repo
-        self.title.setText(f"{name}: {st.status}")
-        self.where.setText(f"{st.request.repo} → {st.target}")
+        self.title.setText(title_text(st))
+        self.where.setText(where_text(st))
         self.total.setValue(int(st.fraction * 1000))
-        parts = [f"{fmt_bytes(st.done)} of {fmt_bytes(st.total)}"]
-        if st.status == "running":
-            parts.append(f"{fmt_bytes(st.speed)}/s")
-            parts.append(f"ETA {fmt_eta(st.eta)}")
-        if st.free:
-            parts.append(f"free on disk {fmt_bytes(st.free)}")
-        if st.summary is not None and st.status == "done":
-            parts = [
-                f"{st.summary.files} files, {fmt_bytes(st.summary.total_bytes)}, "
-                f"all verified in {fmt_eta(st.summary.seconds)}"
-            ]
-        self.numbers.setText("  ·  ".join(parts))
-        notes = list(st.warnings[-3:])
-        if st.error:
-            notes.insert(0, st.error)
-        self.banner.show_text("<br/>".join(notes))
+        self.numbers.setText(numbers_text(st))
+        self.banner.show_text("<br/>".join(notes(st)))
         self._fill(st)
 
     def _fill(self, st: DownloadState) -> None:
-        rows = sorted(st.files.values(), key=lambda r: r.path)
+        rows = file_rows(st)
         if self.table.rowCount() != len(rows):
             self.table.setRowCount(len(rows))
             self._bars.clear()
@@ -163,9 +133,9 @@ class DownloadPanel(QWidget):
                 self._bars[r.path] = bar
             cell = self._bars.get(r.path) or self.table.cellWidget(i, 1)
             if isinstance(cell, QProgressBar):
-                cell.setValue(int(1000 * r.done / r.size) if r.size else 0)
-            self.table.setItem(i, 2, QTableWidgetItem(fmt_bytes(r.size)))
-            state = QTableWidgetItem(STATE_TEXT.get(r.state, r.state))
-            state.setToolTip(r.note)
+                cell.setValue(r.permille)
+            self.table.setItem(i, 2, QTableWidgetItem(r.size.text))
+            state = QTableWidgetItem(r.state.text)
+            state.setToolTip(r.state.tooltip)
             state.setTextAlignment(Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft)
             self.table.setItem(i, 3, state)

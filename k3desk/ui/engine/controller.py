@@ -33,6 +33,7 @@ from k3desk.core.app.engines import (
     alive_pid,
     prepare_settings_launch,
 )
+from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.app.values import CancelToken, EngineError
 from k3desk.ui.bridge import Relay, StreamBuffer
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
 
 log = logging.getLogger(__name__)
+ENGINE = OpChanges.of(Change.ENGINE)
 
 STATE_TEXT = {
     "not started": "Engine: not running",
@@ -289,7 +291,8 @@ class EngineController(QObject):
             self.failed.emit(message, hint)
             self.attempts_changed.emit()
 
-        self._wait_task = self.ctx.tasks.run(work, on_done=done, on_error=error, name="engine")
+        op = Operation("engine", work, ENGINE)
+        self._wait_task = self.ctx.ops.run(op, on_success=done, on_failure=error)
 
     def stop(self) -> None:
         kept = self.background
@@ -297,10 +300,9 @@ class EngineController(QObject):
             self._bg_timer.stop()
             self._set_state(State.STOPPING.value, "Stopping the engine kept in the background…")
             paths = self.ctx.services.paths
-            self.ctx.tasks.run(
-                lambda _t: background.stop(paths, kept),
-                on_done=lambda _r: self._background_ended(kept, ""),
-                name="engine-stop",
+            self.ctx.ops.run(
+                Operation("engine-stop", lambda _t: background.stop(paths, kept), ENGINE),
+                on_success=lambda _r: self._background_ended(kept, ""),
             )
             return
         sup = self.supervisor
@@ -310,10 +312,9 @@ class EngineController(QObject):
         if self._wait_task is not None:
             self._wait_task.cancel()
         self._set_state(State.STOPPING.value, "Stopping llama-server…")
-        self.ctx.tasks.run(
-            lambda _t: sup.stop(),
-            on_done=lambda _r: self._stopped(sup),
-            name="engine-stop",
+        self.ctx.ops.run(
+            Operation("engine-stop", lambda _t: sup.stop(), ENGINE),
+            on_success=lambda _r: self._stopped(sup),
         )
 
     def restart(self) -> None:
@@ -326,11 +327,13 @@ class EngineController(QObject):
         if last is None:
             return None
         mmproj = Path(last.mmproj) if last.mmproj else None
-        self.ctx.tasks.run(
-            lambda t: prepare_engine_request(self.ctx, Path(last.shard), mmproj, t),
-            on_done=self.launch,
-            on_error=on_error,
-            name="prepare-launch",
+        self.ctx.ops.run(
+            Operation(
+                "prepare-launch",
+                lambda t: prepare_engine_request(self.ctx, Path(last.shard), mmproj, t),
+            ),
+            on_success=self.launch,
+            on_failure=on_error,
         )
         return last
 
@@ -353,8 +356,8 @@ class EngineController(QObject):
             self._set_state(State.READY.value, f"Listening on {url}: {rec.describe()}")
             self._bg_timer.start()
 
-        self.ctx.tasks.run(
-            lambda _t: background.take_up(paths), on_done=done, name="engine-take-up"
+        self.ctx.ops.run(
+            Operation("engine-take-up", lambda _t: background.take_up(paths)), on_success=done
         )
 
     def keep_in_background(self) -> bool:
@@ -492,4 +495,3 @@ class EngineController(QObject):
         text = batch.get("line", "")
         if text:
             self.log_lines.emit(text)
-

@@ -22,6 +22,8 @@ from PySide6.QtWidgets import (
     QSpinBox,
 )
 
+from k3desk.core.app.actions import measure_disk
+from k3desk.core.app.operations import Change, OpChanges
 from k3desk.core.app.values import fmt_bytes
 from k3desk.ui.tokens import TokenAccess
 from k3desk.ui.widgets import Banner, label, muted, set_enabled
@@ -91,6 +93,7 @@ class WherePage(StepPage):
         self.have.clicked.connect(wizard.have_files)
         self.folder.textChanged.connect(self._folder_changed)
         self.token_save.clicked.connect(self._save_token)
+        ctx.ops.did_execute.connect(self._changed)
         self.token_edit.textChanged.connect(
             lambda t: set_enabled(self.token_save, bool(t.strip()), "Paste a token first.")
         )
@@ -112,9 +115,7 @@ class WherePage(StepPage):
         self.folder.blockSignals(False)
         self._folder_changed()  # the tier may be another one than last time: measure again
         self.parallel.setValue(s.download_workers)
-        self.ctx.tasks.run(
-            lambda _t: self.tokens.describe(), on_done=self._token_shown, name="token-state"
-        )
+        self.ctx.ops.run(self.tokens.describe_op(), on_success=self._token_shown)
         self._cluster_note()
 
     def _cluster_note(self) -> None:
@@ -144,14 +145,17 @@ class WherePage(StepPage):
         self.token_state.setToolTip(state[1])
 
     def _save_token(self) -> None:
-        value = self.token_edit.text().strip()
-
         def done(message: str) -> None:
             self.token_edit.clear()
             self.banner.show_text(message)
             self.initializePage()
 
-        self.ctx.tasks.run(lambda _t: self.tokens.save(value), on_done=done, name="token-save")
+        value = self.token_edit.text().strip()
+        self.ctx.ops.run(self.tokens.save_op(value), on_success=done, initiator=self)
+
+    def _changed(self, changes: OpChanges, initiator: object) -> None:
+        if changes.touches(Change.TOKEN) and initiator is not self:  # saved in Settings
+            self.ctx.ops.run(self.tokens.describe_op(), on_success=self._token_shown)
 
     def _browse(self) -> None:
         d = QFileDialog.getExistingDirectory(self, "Download folder", self.folder.text())
@@ -164,7 +168,6 @@ class WherePage(StepPage):
         return base / tier.tier.id if tier is not None else base
 
     def _folder_changed(self) -> None:
-        from k3desk.core.app.hardware import detect_disk
 
         path = Path(self.folder.text().strip() or ".").expanduser()
         tv = self.wiz.selected_tier()
@@ -203,7 +206,7 @@ class WherePage(StepPage):
             )
             self.completeChanged.emit()
 
-        self.ctx.tasks.run(lambda _t: detect_disk(path), on_done=done, name="disk")
+        self.ctx.ops.run(measure_disk(path), on_success=done)
 
     def download_optional(self) -> bool:
         """SparkInfer on a cluster reads each node's own copy: a download here is optional."""
