@@ -576,6 +576,24 @@ def test_token_never_reaches_logs_or_events_even_at_debug_level(
     assert all(h.token == secret for h in hub.hits if h.server == "hub" and "/api/" in h.path)
 
 
+def test_a_private_repo_s_files_on_a_cdn_never_get_the_token(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    """As on the real Hub, the large files are answered with a redirect to a CDN on another
+    origin (a signed URL): the Hub gets the token, the CDN never does."""
+    secret = "hf_TheCdnMustNeverSeeThis0123456789ab"
+    hub = tier_repo.hub
+    hub.use_cdn = True
+    hub.valid_tokens.add(secret)
+    hub.add_repo(TIER_REPO, tier_repo.files, private=True, allowed_tokens={secret})
+    DownloadJob(tier_repo.request(), tmp_path, options(hub, token=secret), Recorder()).run()
+    assert_landed(tmp_path, tier_repo.wanted)
+    cdn = [h for h in hub.hits if h.server == "cdn" and h.method == "GET"]
+    assert cdn, "the large files came from the CDN"
+    assert all(h.token is None for h in cdn)
+    assert all(h.token == secret for h in hub.hits if h.server == "hub")
+
+
 def test_cancel_while_the_hub_is_slow_to_list_returns_at_once(
     tier_repo: TierRepo, tmp_path: Path
 ) -> None:
