@@ -204,7 +204,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "k3desk/core/private.py",
         'fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0), FILE_MODE)',
         'fd = os.open(path, flags | getattr(os, "O_NOCTTY", 0), FILE_MODE)',
-        "tests/hostile/test_local_files.py",
+        "tests/hostile/test_local_files.py::test_a_history_file_that_is_a_pipe_does_not_hang_chat_save",
         "a named pipe where a private file should be is refused, never waited on",
     ),
     # -------------------------------------------------------------------- paths
@@ -378,7 +378,7 @@ MUTANTS: tuple[Mutant, ...] = (
         PLAN,
         "no_repack = asked_no_repack or (repack > 0 and resident_short > 0)",
         "no_repack = asked_no_repack",
-        T_PLAN,
+        f"{T_PLAN}::test_a_laptop_streams_the_real_model_without_repacking_and_says_what_it_costs",
         "a model that does not stay resident is launched with --no-repack",
     ),
     m(
@@ -386,7 +386,7 @@ MUTANTS: tuple[Mutant, ...] = (
         PLAN,
         "if anon_total > ram_cap:",
         "if anon_total > 2 * ram_cap:",
-        T_PLAN,
+        f"{T_PLAN}::test_only_buffers_that_cannot_be_allocated_make_a_model_not_fit",
         "a plan whose own memory exceeds the RAM budget is 'no-fit', not launched",
     ),
     m(
@@ -394,7 +394,7 @@ MUTANTS: tuple[Mutant, ...] = (
         PLAN,
         "cap = g.vram_free - opts.gpu_margin",
         "cap = g.vram_free",
-        T_PLAN,
+        f"{T_PLAN}::test_8xh100_keeps_as_many_expert_layers_on_gpus_as_fit",
         "the GPU margin is kept free of weights",
     ),
     m(
@@ -402,7 +402,7 @@ MUTANTS: tuple[Mutant, ...] = (
         PLAN,
         "moe_starts = [min(opts.n_cpu_moe, n)]",
         "pass",
-        T_PLAN,
+        f"{T_PLAN}::test_card_setting_can_be_forced_and_keeps_every_expert_in_ram",
         "an --n-cpu-moe given by the person is the one planned",
     ),
     m(
@@ -410,7 +410,7 @@ MUTANTS: tuple[Mutant, ...] = (
         PLAN,
         "avail = min(avail, mem.cgroup_limit)",
         "pass",
-        T_PLAN,
+        f"{T_PLAN}::test_a_cgroup_limit_shrinks_the_ram_budget",
         "the RAM budget is capped by the cgroup's memory limit",
     ),
     # --------------------------------------------------------------- supervision
@@ -435,7 +435,7 @@ MUTANTS: tuple[Mutant, ...] = (
         CRASH,
         "if oom_evidence or oom_killer_seen:",
         "if True:",
-        "tests/core/engines/test_engine_oom.py",
+        "tests/core/engines/test_engine_oom.py::test_a_sigkill_is_blamed_on_the_oom_killer_only_with_evidence",
         "a SIGKILL from outside is blamed on the OOM killer only with evidence",
     ),
     m(
@@ -461,6 +461,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "elif False:",
         f"{T_FAULTS}::test_oom_killer_restarts_are_bounded",
         "restarts stop after max_failures failed attempts in a row",
+    ),
+    m(
+        "restart-back-off-grows",
+        "k3desk/core/supervision.py",
+        "delay = self.backoff_initial * self.backoff_factor ** max(0, failures - 1)",
+        "delay = self.backoff_initial",
+        f"{T_FAULTS}::test_oom_killer_restarts_are_bounded",
+        "each failed attempt in a row waits longer before the next (1, 2, 4 ... s)",
+    ),
+    m(
+        "a-stable-run-gets-its-budget-back",
+        "k3desk/core/supervision.py",
+        "if end.ready_at is not None and end.ended_at - end.ready_at >= self.stable_after:",
+        "if False:",
+        "tests/core/cluster/test_group_and_gpus.py::test_a_stable_group_gets_its_budget_back",
+        "a launch that stayed ready long enough has its failure count reset",
     ),
     m(
         "oom-kill-restarts-without-repack",
@@ -518,6 +534,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "self._user_cancel.on_cancel(lambda: None)",
         f"{T_HUB}::test_cancel_is_prompt_keeps_partials_and_leaves_nothing_running",
         "a cancelled (paused) download stops at once and keeps its partial files",
+    ),
+    m(
+        "a-pause-shuts-silent-connections",
+        "k3desk/core/hub/job.py",
+        "self._stop.on_cancel(self._abort_all)",
+        "pass",
+        f"{T_HUB}::test_a_pause_while_the_hub_is_silent_returns_at_once",
+        "a pause ends the download at once even while the Hub sends nothing",
     ),
     # ------------------------------------------------------------------- tuning
     m(
