@@ -86,7 +86,7 @@ def test_a_first_tensor_off_the_32_byte_boundary_is_refused(
         if len(ge.encode(empty)) % 32:
             break
     ge.save(trial, path)
-    with pytest.raises(ValidationError, match="not a multiple of 32: llama.cpp maps the file"):
+    with pytest.raises(ValidationError, match=r"not a multiple of 32: llama\.cpp maps the file"):
         validate_shard_set(path)
     # the same file with its header ending on the 32-byte grid loads
     ge.save(g.set(ge.KV.of("general.description", ge.STRING, "x" * (n + 16))), path)
