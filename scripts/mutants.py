@@ -634,6 +634,19 @@ def forget_bytecode(source: Path) -> None:
     cached.unlink(missing_ok=True)
 
 
+# process groups of the pytest runs in flight (each its own session), ended on Ctrl-C
+_live: set[int] = set()
+_live_lock = threading.Lock()
+
+
+def stop_all_runs() -> None:
+    with _live_lock:
+        groups = list(_live)
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
 def run_pytest(copy: Path, tests: tuple[str, ...], timeout: float, tmp: Path) -> tuple[str, str]:
     """(passed/failed/timeout/error, the last lines of pytest's output)."""
     env = dict(os.environ)
@@ -649,6 +662,8 @@ def run_pytest(copy: Path, tests: tuple[str, ...], timeout: float, tmp: Path) ->
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    with _live_lock:
+        _live.add(proc.pid)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -659,6 +674,8 @@ def run_pytest(copy: Path, tests: tuple[str, ...], timeout: float, tmp: Path) ->
     finally:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever the tests left running
+        with _live_lock:
+            _live.discard(proc.pid)
     text = out.decode("utf-8", "replace")
     tail = "\n".join(text.strip().splitlines()[-15:])
     if proc.returncode == 0:
@@ -764,6 +781,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"baseline passed ({time.monotonic() - start:.0f} s)", flush=True)
 
         lock = threading.Lock()
+        interrupted = threading.Event()
         outcomes: list[Outcome] = []
 
         def one(mutant: Mutant) -> Outcome:
@@ -772,6 +790,8 @@ def main(argv: list[str] | None = None) -> int:
                 outcome = run_mutant(mutant, copy, args.timeout, tmp)
             finally:
                 copies.put((copy, tmp))
+            if interrupted.is_set():
+                return outcome
             with lock:
                 outcomes.append(outcome)
                 detail = f"  {outcome.detail}" if outcome.detail else ""
@@ -783,7 +803,17 @@ def main(argv: list[str] | None = None) -> int:
             return outcome
 
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            list(pool.map(one, mutants))
+            futures = [pool.submit(one, x) for x in mutants]
+            try:
+                for fut in futures:
+                    fut.result()
+            except KeyboardInterrupt:
+                interrupted.set()
+                for fut in futures:
+                    fut.cancel()
+                stop_all_runs()
+                print("interrupted: the mutants were applied in a copy, nothing here changed")
+                return 130
 
     order = {x.name: i for i, x in enumerate(mutants)}
     outcomes.sort(key=lambda o: order[o.mutant.name])
