@@ -9,6 +9,8 @@ export QT_QPA_PLATFORM=offscreen PYTHONDONTWRITEBYTECODE=1
 echo "== ruff";          ruff check .
 echo "== mypy";          mypy
 echo "== import-linter"; lint-imports
+echo "== mutants: every promised line scripts/mutants.py breaks is still where it says"
+python scripts/mutants.py --check
 echo "== core and hostile-input tests, with Qt made unimportable"
 # (pytest-qt is switched off there: its qt_api setting is then unknown, hence the -W)
 python -m pytest -q -p tests.noqt -p no:pytest-qt \

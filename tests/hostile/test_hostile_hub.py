@@ -303,6 +303,35 @@ def test_a_next_page_on_another_origin_gets_no_token_and_nothing_is_downloaded(
     assert not target.exists() or files_under(target) == set()
 
 
+def test_while_listing_no_request_carries_the_token_to_another_origin(
+    hostile_hub: HostileHub,
+) -> None:
+    """The last guard, whoever builds the request (a pagination link followed by a newer
+    huggingface_hub, a redirect handled by hand): in a listing's thread, a request with
+    the token to any origin but the Hub's is refused before a byte is sent; the Hub's
+    own origin still gets it, and requests without it go anywhere."""
+    from huggingface_hub import get_session
+
+    from k3desk.core.hub.session import TokenRefused, guard_session, token_only_to
+
+    hostile_hub.add_repo(REPO_ID, GOOD)
+    guard_session()
+    auth = {"authorization": f"Bearer {SECRET}"}
+    other = f"{hostile_hub.cdn_endpoint}/api/models/{REPO_ID}"
+    with token_only_to(hostile_hub.endpoint):
+        with pytest.raises(TokenRefused, match="would have carried the HF token"):
+            get_session().get(other, headers=auth)
+        get_session().get(other)  # no token: not the guard's business
+        get_session().get(f"{hostile_hub.endpoint}/api/models/{REPO_ID}", headers=auth)
+    deadline = time.monotonic() + 5  # the stand-in logs a request after answering it
+    while len(hostile_hub.hits) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted((h.server, h.token) for h in hostile_hub.hits) == [
+        ("cdn", None),
+        ("hub", SECRET),
+    ]
+
+
 def test_an_endless_run_of_listing_pages_stops_with_a_message_in_bounded_time_and_memory(
     hostile_hub: HostileHub, tmp_path: Path
 ) -> None:

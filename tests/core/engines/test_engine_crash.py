@@ -50,6 +50,16 @@ CASES = [
             "unknown model architecture: 'kimi-k9'"
         ],
     ),
+    (  # any other reason the loader gives: loading the same file again fails the same way
+        "load_refused",
+        "none",
+        1,
+        [
+            "llama_model_load: error loading model: check_tensor_dims: tensor "
+            "'blk.1.ffn_gate_exps.weight' has wrong shape; expected  7168,  2048,   384, got  "
+            "7168,  2048,   383,     1"
+        ],
+    ),
     (
         "bad_magic",
         "none",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -75,10 +76,12 @@ def test_gpu_oom_is_replanned_with_more_expert_layers_in_ram(
 def test_replans_are_not_counted_as_repeated_failures_but_are_bounded(
     fake_engine: Callable[..., Path], supervise: Callable[..., Supervisor]
 ) -> None:
-    step1 = RestartPolicy(max_failures=2, cpu_moe_step=1, backoff_initial=0.01)
+    step1 = RestartPolicy(max_failures=2, cpu_moe_step=1, backoff_initial=0.1)
     sup = supervise(fake_engine("gpu_oom", FAKE_OOM_BELOW="7"), "--n-cpu-moe", "2", policy=step1)
     sup.wait_ready(30)
     assert len(sup.history) == 6  # 2 -> 3 -> 4 -> 5 -> 6 -> 7: five re-plans, then ready
+    # each re-plan waits the first back-off: a changed command is no repeated failure
+    assert [a.action.rpartition("; ")[2] for a in sup.history[:-1]] == ["restarting in 0.1 s"] * 5
 
     capped = RestartPolicy(max_replans=3, backoff_initial=0.01)
     sup2 = supervise(fake_engine("gpu_oom"), "--n-cpu-moe", "2", policy=capped)  # never fits
@@ -141,7 +144,7 @@ def test_oom_killer_restarts_are_bounded(
     events.write_text("oom 0\noom_kill 0\n")
     watch = OomWatch(tmp_path / "sys", tmp_path / "proc", None)
     exe = fake_engine("oom_killer", FAKE_OOM_EVENTS=str(events))
-    policy = RestartPolicy(max_failures=3, backoff_initial=0.05, backoff_factor=2.0)
+    policy = RestartPolicy(max_failures=3, backoff_initial=0.1, backoff_factor=2.0)
     t0 = time.monotonic()
     sup = supervise(exe, policy=policy, oom_watch=watch)
     with pytest.raises(EngineError, match="after 3 attempts") as err:
@@ -150,14 +153,50 @@ def test_oom_killer_restarts_are_bounded(
     hist = sup.history
     assert len(hist) == 3
     assert all(a.crash is not None and a.crash.kind == "oom_killed" for a in hist)
-    assert "restarting in 0.1 s" in hist[0].action
-    assert "restarting in 0.1 s" in hist[1].action  # 0.05 then 0.1: back-off grows
+    assert hist[0].action.endswith("restarting in 0.1 s")
+    assert hist[1].action.endswith("restarting in 0.2 s")  # the back-off grows
+    # the first restart changes what matters: the repacked weights go (--no-repack)
+    assert hist[0].action.startswith("added --no-repack (the out-of-memory killer ended it)")
+    assert "--no-repack" not in hist[0].argv
+    assert all("--no-repack" in a.argv for a in hist[1:])
     assert hist[2].action == "gave up: 3 failed attempts in a row"
-    assert time.monotonic() - t0 >= 0.15
+    assert time.monotonic() - t0 >= 0.3
     states = [e.state for e in sup.events]  # type: ignore[attr-defined]
     assert states.count(State.STARTING) == 3
     assert sup.wait_stopped(1)
     assert sup.state is State.CRASHED
+
+
+def test_a_port_taken_while_the_engine_restarts_is_refused_naming_who_holds_it(
+    fake_engine: Callable[..., Path], supervise: Callable[..., Supervisor]
+) -> None:
+    """The --port given was free at the start; the engine is killed, and during the
+    back-off another program takes the port.  The restart starts nothing there: the
+    message names the program that holds the port, as at the start."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    policy = RestartPolicy(backoff_initial=1.0, backoff_max=1.0, stop_grace=3.0)
+    sup = supervise(fake_engine("serve"), policy=policy, port=port)
+    sup.wait_ready(30)
+    first = sup.pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while "restarting in" not in (sup.history[0].action or ""):
+        assert time.monotonic() < deadline, sup.history[0].action
+        time.sleep(0.01)
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        with pytest.raises(EngineError, match=f"Port {port} on 127.0.0.1 is already in use by "):
+            sup.wait_ready(30)
+    first_try, restart = sup.history
+    assert first_try.pid == first
+    assert restart.pid == 0  # the restart ran nothing
+    assert restart.crash is not None
+    assert f"(pid {os.getpid()})" in restart.crash.summary
 
 
 def test_a_server_ignoring_sigterm_is_killed_after_the_grace_period(
@@ -171,6 +210,31 @@ def test_a_server_ignoring_sigterm_is_killed_after_the_grace_period(
     assert 0.5 <= took < 5
     assert sup.state is State.STOPPED
     assert sup.history[-1].returncode == -signal.SIGKILL
+
+
+def test_an_engine_that_prints_its_command_line_never_shows_the_key(
+    fake_engine: Callable[..., Path], supervise: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    """A wrapper script (or a fork's start-up banner) that echoes its arguments puts the
+    key into the engine's output: the log file and the lines k3desk shows say ``***``."""
+    real = fake_engine("serve")
+    wrapper = tmp_path / "wrapped" / "llama-server"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\necho "starting {real} $*"\nexec "{real}" "$@"\n')
+    wrapper.chmod(0o755)
+    sup = supervise(wrapper)
+    ep = sup.wait_ready(30)
+    log = sup.log_file
+    assert log is not None
+    text = log.read_text()
+    echoed = [line for line in text.splitlines() if line.startswith("starting ")]
+    assert echoed, text
+    assert "--api-key ***" in echoed[0]
+    assert ep.api_key not in text
+    shown = [line for line in sup.tail() if line.startswith("starting ")]
+    assert shown
+    assert "--api-key ***" in shown[0]
+    assert all(ep.api_key not in line for line in sup.tail())
 
 
 def test_projector_refused_by_the_engine(

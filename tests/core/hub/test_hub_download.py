@@ -233,6 +233,43 @@ def test_a_stalled_transfer_is_detected_and_resumed(tier_repo: TierRepo, tmp_pat
     assert_landed(tmp_path, tier_repo.wanted)
 
 
+def test_a_pause_while_the_hub_is_silent_returns_at_once(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    """No byte arrives to notice the pause by: the connection waiting on the Hub is shut
+    down, so the job ends at once, not when the Hub speaks again (30 s here)."""
+    hub = tier_repo.hub
+    slow = shard_name(6)
+    hub.stall_once(slow, after=300_000, seconds=30)
+    token = CancelToken()
+    silent = threading.Event()
+
+    def on(e: DownloadEvent) -> None:
+        if e.kind == "file_progress" and e.path == slow:
+            silent.set()
+
+    job = DownloadJob(tier_repo.request(), tmp_path, options(hub), Recorder(on), token)
+    result: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job.run()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            result.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert silent.wait(20)
+    time.sleep(1.0)  # the connection is now waiting for the Hub's next byte
+    t0 = time.monotonic()
+    token.cancel()
+    t.join(15)
+    assert not t.is_alive()
+    assert time.monotonic() - t0 < 3.0
+    assert isinstance(result[0], Cancelled)
+    assert sum(p.stat().st_size for p in tmp_path.rglob("*.k3part")) >= 300_000  # kept
+
+
 def test_rate_limiting_waits_for_retry_after(tier_repo: TierRepo, tmp_path: Path) -> None:
     hub = tier_repo.hub
     hub.fail_next(shard_name(1), 429, {"Retry-After": "1"})
@@ -574,6 +611,24 @@ def test_token_never_reaches_logs_or_events_even_at_debug_level(
     assert secret not in caplog.text
     assert secret not in repr(rec.events)
     assert all(h.token == secret for h in hub.hits if h.server == "hub" and "/api/" in h.path)
+
+
+def test_a_private_repo_s_files_on_a_cdn_never_get_the_token(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    """As on the real Hub, the large files are answered with a redirect to a CDN on another
+    origin (a signed URL): the Hub gets the token, the CDN never does."""
+    secret = "hf_TheCdnMustNeverSeeThis0123456789ab"
+    hub = tier_repo.hub
+    hub.use_cdn = True
+    hub.valid_tokens.add(secret)
+    hub.add_repo(TIER_REPO, tier_repo.files, private=True, allowed_tokens={secret})
+    DownloadJob(tier_repo.request(), tmp_path, options(hub, token=secret), Recorder()).run()
+    assert_landed(tmp_path, tier_repo.wanted)
+    cdn = [h for h in hub.hits if h.server == "cdn" and h.method == "GET"]
+    assert cdn, "the large files came from the CDN"
+    assert all(h.token is None for h in cdn)
+    assert all(h.token == secret for h in hub.hits if h.server == "hub")
 
 
 def test_cancel_while_the_hub_is_slow_to_list_returns_at_once(

@@ -1,0 +1,843 @@
+"""Mutation test of k3desk's promises: break one promised line at a time, see a test fail.
+
+    python scripts/mutants.py            run every mutant, print the score and the survivors
+    python scripts/mutants.py --list     the mutants, the promise each one breaks, its tests
+    python scripts/mutants.py --check    every mutant's snippet occurs exactly once (fast; CI)
+    python scripts/mutants.py --only NAME[,NAME]  [--jobs N] [--timeout S] [--min PERCENT]
+
+Each mutant is one promise that a docstring or the README states (secrets, paths,
+ports, history transactions, the GGUF validator's rules, planning, supervision,
+downloads), broken by replacing one exact source snippet, which must occur exactly
+once in its file.  The tests named with it must then fail.
+
+Nothing is changed in this checkout: each worker copies the tree (the files git
+tracks or would track) into a temporary folder, and mutants are applied and undone
+there, so an interrupted run leaves no mutant behind.  Before the mutants, the tests
+of the mutants chosen run once on the unchanged copy: a test that already fails
+would count every mutant it covers as killed.
+
+Outcomes: ``killed`` (a covering test failed, or the mutant made the code fail to
+import), ``survived`` (the tests passed: a promise no test holds), ``timeout`` (the
+tests ran past ``--timeout``: counted as killed, a hang is noticed, but listed so that
+a slow machine cannot hide a survivor), ``error`` (stale: the snippet is not found
+exactly once, or pytest could not run the named tests; never counted as killed).
+The score is killed (timeouts included) over all mutants run; the exit status is 1
+when it is under ``--min`` or the baseline fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import importlib.util
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# the core suite's invocation (scripts/test.sh): Qt unimportable, pytest-qt off
+PYTEST = (
+    "-m",
+    "pytest",
+    "-q",
+    "-x",
+    "-p",
+    "tests.noqt",
+    "-p",
+    "no:pytest-qt",
+    "-p",
+    "no:cacheprovider",
+    "-W",
+    "ignore:Unknown config option:pytest.PytestConfigWarning",
+)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    promise: str  # the promise the mutant breaks, in one line
+    file: str  # relative to the repository root
+    find: str  # an exact snippet, present exactly once in ``file``
+    replace: str
+    tests: tuple[str, ...]  # pytest node ids or files that must catch it
+
+
+def m(name: str, file: str, find: str, replace: str, tests: str, promise: str) -> Mutant:
+    return Mutant(name, promise, file, find, replace, tuple(tests.split()))
+
+
+SUP = "k3desk/core/engines/supervisor.py"
+T_SUP = "tests/core/engines/test_engine_supervisor.py"
+T_FAULTS = "tests/core/engines/test_engine_faults.py"
+T_HUB = "tests/core/hub/test_hub_download.py"
+T_HOSTILE_HUB = "tests/hostile/test_hostile_hub.py"
+T_SQUAT = "tests/hostile/test_port_squatter.py"
+T_SAFEPATHS = "tests/core/test_safepaths.py"
+T_NAMES = (
+    f"{T_HOSTILE_HUB}::test_listed_names_that_leave_the_folder_are_refused_and_the_rest_lands[http]"
+)
+VALIDATE = "k3desk/core/gguf/validate.py"
+T_RULES = "tests/core/gguf/test_gguf_split_rules.py"
+T_BROKEN = "tests/core/gguf/test_gguf_validate.py::test_each_broken_twin_fails_with_its_own_message"
+PLAN = "k3desk/core/planning/plan.py"
+T_PLAN = "tests/core/planning/test_planning_plan.py"
+HISTORY = "k3desk/core/chat/history.py"
+T_HISTORY = "tests/core/chat/test_chat_history.py"
+CRASH = "k3desk/core/engines/crash.py"
+T_CRASH = "tests/core/engines/test_engine_crash.py"
+
+MUTANTS: tuple[Mutant, ...] = (
+    # ------------------------------------------------------------------ secrets
+    m(
+        "key-masked-in-engine-log",
+        SUP,
+        'logf.write(data.replace(secret, b"***"))',
+        "logf.write(data)",
+        f"{T_FAULTS}::test_an_engine_that_prints_its_command_line_never_shows_the_key",
+        "the launch's API key is written as *** in the engine log",
+    ),
+    m(
+        "key-masked-in-log-tail",
+        SUP,
+        'line = line.rstrip("\\r").replace(self.api_key, "***")',
+        'line = line.rstrip("\\r")',
+        f"{T_FAULTS}::test_an_engine_that_prints_its_command_line_never_shows_the_key",
+        "the log lines k3desk shows (the tail, a crash's reason) show the key as ***",
+    ),
+    m(
+        "key-masked-in-command",
+        "k3desk/core/engines/engine_args.py",
+        'return tuple("***" if a == secret else a for a in argv)',
+        "return tuple(argv)",
+        f"{T_SUP}::test_key_is_required_and_only_loopback_listens",
+        "the command k3desk records and shows carries *** instead of the key",
+    ),
+    m(
+        "key-in-a-file-not-argv",
+        SUP,
+        'key_args = ("--api-key-file", str(key_file)) if key_file else ("--api-key", self.api_key)',
+        'key_args = ("--api-key", self.api_key)',
+        f"{T_SUP}::test_key_can_be_passed_in_a_private_file",
+        "where the engine takes --api-key-file, the key is not on its command line",
+    ),
+    m(
+        "key-file-deleted-once-ready",
+        SUP,
+        "if key_file is not None:  # read at start-up; do not leave it lying around\n"
+        "                        key_file.unlink(missing_ok=True)",
+        "if key_file is not None:  # read at start-up; do not leave it lying around\n"
+        "                        pass",
+        f"{T_SUP}::test_key_can_be_passed_in_a_private_file",
+        "the key file is deleted once the engine is verified",
+    ),
+    m(
+        "fresh-key-never-an-option",
+        SUP,
+        'if not key.startswith("-"):',
+        "if True:",
+        "tests/core/engines/test_api_key.py",
+        "a launch's key never starts with a dash (pasted after --api-key it reads as an option)",
+    ),
+    m(
+        "token-not-sent-to-a-cdn",
+        "k3desk/core/hub/transfer.py",
+        'headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}',
+        "headers = dict(headers)",
+        f"{T_HUB}::test_a_private_repo_s_files_on_a_cdn_never_get_the_token",
+        "the HF token goes only to the Hub's origin, never to a CDN a download redirects to",
+    ),
+    m(
+        "token-only-to-the-hub-while-listing",
+        "k3desk/core/hub/session.py",
+        "if origin(request.url) != allowed:",
+        "if False:",
+        f"{T_HOSTILE_HUB}::test_while_listing_no_request_carries_the_token_to_another_origin",
+        "while listing, no request carries the token to another origin",
+    ),
+    m(
+        "token-masked",
+        "k3desk/core/hub/tokens.py",
+        'return f"{token[:3]}…{token[-4:]}" if len(token) > 12 else "…"',
+        "return token",
+        "tests/core/hub/test_hub_tokens.py",
+        "the token is shown masked (hf_…9xQz), never in full",
+    ),
+    m(
+        "keyring-secret-replaces-session",
+        "k3desk/core/secrets.py",
+        "            else:\n                with self._lock:\n"
+        "                    self._session.pop(name, None)",
+        "            else:\n                with self._lock:\n"
+        "                    pass",
+        "tests/core/test_secrets.py",
+        "a secret saved in the keyring replaces the one this session held",
+    ),
+    # ---------------------------------------------------------- private files
+    m(
+        "private-files-0600",
+        "k3desk/core/private.py",
+        "FILE_MODE = 0o600",
+        "FILE_MODE = 0o644",
+        "tests/hostile/test_private.py",
+        "k3desk's own files (history, logs, key files, settings) are created 0600",
+    ),
+    m(
+        "loose-files-tightened",
+        "k3desk/core/private.py",
+        "if st.st_uid == os.getuid() and st.st_mode & 0o777 & ~mode:",
+        "if False:",
+        "tests/hostile/test_private.py",
+        "looser files and folders left by older versions are tightened when opened",
+    ),
+    m(
+        "a-pipe-is-never-waited-on",
+        "k3desk/core/private.py",
+        'fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0), FILE_MODE)',
+        'fd = os.open(path, flags | getattr(os, "O_NOCTTY", 0), FILE_MODE)',
+        "tests/hostile/test_local_files.py::test_a_history_file_that_is_a_pipe_does_not_hang_chat_save",
+        "a named pipe where a private file should be is refused, never waited on",
+    ),
+    # -------------------------------------------------------------------- paths
+    m(
+        "name-never-climbs-out",
+        "k3desk/core/safepaths.py",
+        'if segment == "..":',
+        'if segment == "...":',
+        f"{T_SAFEPATHS} {T_NAMES}",
+        "a listed name with '..' is refused",
+    ),
+    m(
+        "name-without-backslash",
+        "k3desk/core/safepaths.py",
+        'if "\\\\" in name:',
+        "if False:",
+        f"{T_SAFEPATHS} {T_NAMES}",
+        "a listed name with a backslash is refused",
+    ),
+    m(
+        "name-without-control-characters",
+        "k3desk/core/safepaths.py",
+        "if _CONTROL.search(name):",
+        "if False:",
+        f"{T_SAFEPATHS} {T_NAMES}",
+        "a listed name with a control character is refused",
+    ),
+    m(
+        "no-link-leads-out",
+        "k3desk/core/safepaths.py",
+        "if not _inside(os.path.realpath(dest.parent), os.path.realpath(root)):",
+        "if False:",
+        f"{T_HOSTILE_HUB}::test_a_link_planted_in_the_target_folder_does_not_lead_files_out",
+        "a symbolic link planted in the folder cannot lead a file out of it",
+    ),
+    m(
+        "inside-means-inside-not-a-sibling",
+        "k3desk/core/safepaths.py",
+        "return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)",
+        "return real.startswith(real_root)",
+        T_SAFEPATHS,
+        "a link to a sibling folder whose name starts like the folder's still leads out",
+    ),
+    m(
+        "verify-stays-in-the-folder",
+        "k3desk/core/hub/verify.py",
+        'p = confined(folder, path, what="The recorded file")',
+        "p = folder / path",
+        f"{T_HOSTILE_HUB}::test_verify_does_not_follow_a_forged_download_record_out_of_the_folder",
+        "verify never follows a forged download record out of the folder",
+    ),
+    # -------------------------------------------------------------------- ports
+    m(
+        "port-in-range",
+        "k3desk/core/engines/ports.py",
+        "not 1 <= port <= 65535",
+        "not 0 <= port <= 65535",
+        f"{T_SQUAT}::test_serve_refuses_a_port_out_of_range",
+        "a --port out of 1-65535 is refused before anything starts",
+    ),
+    m(
+        "port-in-use-refused-before-start",
+        SUP,
+        "if problem:  # taken since it was chosen: start nothing that would trust it",
+        "if False:",
+        f"{T_FAULTS}::test_a_port_taken_while_the_engine_restarts_is_refused_naming_who_holds_it",
+        "a port taken since it was chosen is refused before the engine starts",
+    ),
+    m(
+        "squatter-gets-no-key",
+        SUP,
+        "foreign = [pid for pid in listeners(port) if pid not in ours]",
+        "foreign: list[int | None] = []",
+        f"{T_SQUAT}::test_a_port_taken_after_launch_is_not_trusted_and_gets_no_key",
+        "the engine is ready only when no other process listens on its port",
+    ),
+    m(
+        "chat-checks-the-owner",
+        "k3desk/core/chat/client.py",
+        "problem = owner_problem(ep.owner_pid, port or 80)",
+        'problem = ""',
+        "tests/hostile/test_owner_and_transport.py::"
+        "test_a_chat_request_to_a_restarted_engine_s_old_port_carries_no_key",
+        "chat checks that the engine it was given still owns its port before sending the key",
+    ),
+    m(
+        "engine-listens-on-loopback-only",
+        SUP,
+        '"--host",\n            LOOPBACK,',
+        '"--host",\n            "0.0.0.0",',
+        f"{T_SUP}::test_key_is_required_and_only_loopback_listens",
+        "the engine listens on 127.0.0.1 only",
+    ),
+    # ------------------------------------------------------ history transactions
+    m(
+        "history-batch-rolled-back",
+        HISTORY,
+        'self._con.execute("ROLLBACK")\n                    raise',
+        'self._con.execute("COMMIT")\n                    raise',
+        f"{T_HISTORY}::test_a_batch_that_fails_half_way_leaves_nothing_behind",
+        "a history write is all or nothing: a batch that fails half-way is undone",
+    ),
+    m(
+        "history-nested-write-waits-for-the-batch",
+        HISTORY,
+        'if outer:\n                    try:\n                        self._con.execute("COMMIT")',
+        'if True:\n                    try:\n                        self._con.execute("COMMIT")',
+        f"{T_HISTORY}::test_a_batch_that_fails_half_way_leaves_nothing_behind",
+        "writes inside a batch are committed with the batch, not one by one",
+    ),
+    # ---------------------------------------------------------------- validation
+    m(
+        "validate-split-tensor-count",
+        VALIDATE,
+        "if total != declared:",
+        "if False:",
+        f"{T_RULES}::test_parts_holding_another_tensor_count_than_declared_are_refused",
+        "parts holding another number of tensors than split.tensors.count are refused",
+    ),
+    m(
+        "validate-duplicate-tensors",
+        VALIDATE,
+        "if t.name in seen:",
+        "if False:",
+        f"{T_BROKEN}[duplicate-tensor]",
+        "a tensor present twice is refused (llama.cpp refuses the set)",
+    ),
+    m(
+        "validate-truncated-part",
+        VALIDATE,
+        "if t.end > h.file_size:",
+        "if False:",
+        f"{T_BROKEN}[truncated]",
+        "a truncated part is refused, naming how many bytes are missing",
+    ),
+    m(
+        "validate-split-number",
+        VALIDATE,
+        "if v != i:",
+        "if False:",
+        f"{T_RULES}::test_a_part_whose_split_number_disagrees_with_its_name_is_refused",
+        "a part whose split.no disagrees with its name is refused",
+    ),
+    m(
+        "validate-tensor-offsets",
+        VALIDATE,
+        "if known and t.rel_offset != expected_rel:",
+        "if False:",
+        f"{T_RULES}::test_a_tensor_not_where_the_sizes_before_it_put_it_is_refused",
+        "tensors not at the offsets the sizes before them give are refused",
+    ),
+    m(
+        "validate-mapping-alignment",
+        VALIDATE,
+        "if first.offset % TENSOR_ALIGNMENT:",
+        "if False:",
+        f"{T_RULES}::test_a_first_tensor_off_the_32_byte_boundary_is_refused",
+        "a first tensor off the 32-byte boundary llama.cpp's mapping asserts is refused",
+    ),
+    m(
+        "validate-missing-parts",
+        VALIDATE,
+        "missing = s.missing()",
+        "missing: list[int] = []",
+        f"{T_BROKEN}[missing-part]",
+        "missing parts are named before anything is read",
+    ),
+    # ------------------------------------------------------------------ planning
+    m(
+        "plan-no-repack-when-streaming",
+        PLAN,
+        "no_repack = asked_no_repack or (repack > 0 and resident_short > 0)",
+        "no_repack = asked_no_repack",
+        f"{T_PLAN}::test_a_laptop_streams_the_real_model_without_repacking_and_says_what_it_costs",
+        "a model that does not stay resident is launched with --no-repack",
+    ),
+    m(
+        "plan-no-fit",
+        PLAN,
+        "if anon_total > ram_cap:",
+        "if anon_total > 2 * ram_cap:",
+        f"{T_PLAN}::test_only_buffers_that_cannot_be_allocated_make_a_model_not_fit",
+        "a plan whose own memory exceeds the RAM budget is 'no-fit', not launched",
+    ),
+    m(
+        "plan-gpu-margin",
+        PLAN,
+        "cap = g.vram_free - opts.gpu_margin",
+        "cap = g.vram_free",
+        f"{T_PLAN}::test_8xh100_keeps_as_many_expert_layers_on_gpus_as_fit",
+        "the GPU margin is kept free of weights",
+    ),
+    m(
+        "plan-forced-n-cpu-moe",
+        PLAN,
+        "moe_starts = [min(opts.n_cpu_moe, n)]",
+        "pass",
+        f"{T_PLAN}::test_card_setting_can_be_forced_and_keeps_every_expert_in_ram",
+        "an --n-cpu-moe given by the person is the one planned",
+    ),
+    m(
+        "plan-cgroup-limit",
+        PLAN,
+        "avail = min(avail, mem.cgroup_limit)",
+        "pass",
+        f"{T_PLAN}::test_a_cgroup_limit_shrinks_the_ram_budget",
+        "the RAM budget is capped by the cgroup's memory limit",
+    ),
+    # --------------------------------------------------------------- supervision
+    m(
+        "refused-argument-not-restarted",
+        CRASH,
+        '"`llama-server --help` lists what this engine takes.",\n        "none",',
+        '"`llama-server --help` lists what this engine takes.",\n        "restart",',
+        T_CRASH,
+        "an argument llama-server refuses is reported once, not restarted",
+    ),
+    m(
+        "refused-file-not-restarted",
+        CRASH,
+        '"(`k3desk engine install`).",\n        "none",',
+        '"(`k3desk engine install`).",\n        "restart",',
+        T_CRASH,
+        "a file the engine's loader refuses is not restarted",
+    ),
+    m(
+        "oom-killer-only-with-evidence",
+        CRASH,
+        "if oom_evidence or oom_killer_seen:",
+        "if True:",
+        "tests/core/engines/test_engine_oom.py::test_a_sigkill_is_blamed_on_the_oom_killer_only_with_evidence",
+        "a SIGKILL from outside is blamed on the OOM killer only with evidence",
+    ),
+    m(
+        "same-command-is-not-run-again",
+        SUP,
+        "elif tuple(plan[0]) == tuple(args):",
+        "elif False:",
+        "tests/hostile/test_recovery.py::test_a_replan_that_gives_the_same_command_is_not_a_replan",
+        "a re-plan that would run the same command again is not made: k3desk stops",
+    ),
+    m(
+        "replans-not-counted-as-failures",
+        SUP,
+        "return AttemptEnd(attempt.ready_at, ended, crash, counts=not replanned)",
+        "return AttemptEnd(attempt.ready_at, ended, crash, counts=True)",
+        f"{T_FAULTS}::test_replans_are_not_counted_as_repeated_failures_but_are_bounded",
+        "re-plans have a budget of their own, not counted as repeated failures",
+    ),
+    m(
+        "restarts-are-bounded",
+        SUP,
+        "elif crash.recovery not in _REPLANS and failures >= self.policy.max_failures:",
+        "elif False:",
+        f"{T_FAULTS}::test_oom_killer_restarts_are_bounded",
+        "restarts stop after max_failures failed attempts in a row",
+    ),
+    m(
+        "restart-back-off-grows",
+        "k3desk/core/supervision.py",
+        "delay = self.backoff_initial * self.backoff_factor ** max(0, failures - 1)",
+        "delay = self.backoff_initial",
+        f"{T_FAULTS}::test_oom_killer_restarts_are_bounded",
+        "each failed attempt in a row waits longer before the next (1, 2, 4 ... s)",
+    ),
+    m(
+        "a-stable-run-gets-its-budget-back",
+        "k3desk/core/supervision.py",
+        "if end.ready_at is not None and end.ended_at - end.ready_at >= self.stable_after:",
+        "if False:",
+        "tests/core/cluster/test_group_and_gpus.py::test_a_stable_group_gets_its_budget_back",
+        "a launch that stayed ready long enough has its failure count reset",
+    ),
+    m(
+        "oom-kill-restarts-without-repack",
+        SUP,
+        'elif crash.kind == "oom_killed" and not ({"--no-repack", "-nr"} & set(args)):',
+        "elif False:",
+        f"{T_FAULTS}::test_oom_killer_restarts_are_bounded",
+        "after the OOM killer, the restart adds --no-repack (the command changes)",
+    ),
+    m(
+        "local-engine-gpu-order",
+        SUP,
+        "env = {**os.environ, **launch_env(self.spec.env)}",
+        "env = {**os.environ, **(self.spec.env or {})}",
+        "tests/core/engines/test_engine_env.py",
+        "every engine k3desk starts numbers GPUs in PCI order (CUDA_DEVICE_ORDER=PCI_BUS_ID)",
+    ),
+    # ---------------------------------------------------------------- downloads
+    m(
+        "download-hash-checked",
+        "k3desk/core/hub/job.py",
+        "if actual != expected:\n            partial.discard()",
+        "if False:\n            partial.discard()",
+        f"{T_HUB}::test_bytes_corrupted_in_transit_are_caught_and_only_that_file_fetched_again",
+        "every downloaded file is checked against the Hub's SHA-256 before it is kept",
+    ),
+    m(
+        "files-on-disk-verified-not-trusted",
+        "k3desk/core/hub/job.py",
+        "return actual == expected, expected, actual",
+        "return True, expected, actual",
+        f"{T_HUB}::test_one_corrupted_byte_on_disk_refetches_only_that_shard",
+        "a file already in the folder is verified by hash before it counts as done",
+    ),
+    m(
+        "no-more-than-the-listed-size",
+        "k3desk/core/hub/transfer.py",
+        "if at + n > self.f.size:",
+        "if False:",
+        f"{T_HOSTILE_HUB}::test_a_body_longer_than_listed_is_a_protocol_violation_not_an_outage",
+        "no more than the listed size is written",
+    ),
+    m(
+        "download-resumes",
+        "k3desk/core/hub/state.py",
+        "keep = self.resumable_bytes()",
+        "keep = 0",
+        f"{T_HUB}::test_disk_full_mid_transfer_keeps_the_partial_and_resumes",
+        "a download resumes from what it kept, not from byte 0",
+    ),
+    m(
+        "download-cancel-reaches-the-job",
+        "k3desk/core/hub/job.py",
+        "self._user_cancel.on_cancel(self._stop.cancel)",
+        "self._user_cancel.on_cancel(lambda: None)",
+        f"{T_HUB}::test_cancel_is_prompt_keeps_partials_and_leaves_nothing_running",
+        "a cancelled (paused) download stops at once and keeps its partial files",
+    ),
+    m(
+        "a-pause-shuts-silent-connections",
+        "k3desk/core/hub/job.py",
+        "self._stop.on_cancel(self._abort_all)",
+        "pass",
+        f"{T_HUB}::test_a_pause_while_the_hub_is_silent_returns_at_once",
+        "a pause ends the download at once even while the Hub sends nothing",
+    ),
+    # ------------------------------------------------------------------- tuning
+    m(
+        "tuned-settings-keyed-on-gpus",
+        "k3desk/core/tuning/identity.py",
+        'f"{hw.memory.total >> 30}|{gpus}"',
+        'f"{hw.memory.total >> 30}|"',
+        "tests/core/tuning/test_tune.py::"
+        "test_a_choice_measured_before_a_gpu_change_is_not_used_after_it",
+        "settings measured on one machine are not used after its GPUs change",
+    ),
+)
+
+
+# ---------------------------------------------------------------------- checks
+
+
+def test_file(node: str) -> str:
+    return node.split("::", 1)[0]
+
+
+def snippet_problem(mutant: Mutant, root: Path = REPO) -> str:
+    """Why ``mutant`` cannot be applied to the tree at ``root`` ("" when it can)."""
+    path = root / mutant.file
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        return f"{mutant.file}: {exc.strerror or exc}"
+    count = text.count(mutant.find)
+    if count != 1:
+        where = "not found" if count == 0 else f"found {count} times"
+        return f"its snippet is {where} in {mutant.file} (stale mutant)"
+    if mutant.find == mutant.replace:
+        return "its replacement is the snippet itself"
+    for node in mutant.tests:
+        if not (root / test_file(node)).is_file():
+            return f"its test file {test_file(node)} does not exist"
+    return ""
+
+
+def check(mutants: tuple[Mutant, ...], root: Path = REPO) -> list[str]:
+    """Every problem that makes a mutant stale, one line each (empty: all apply)."""
+    out: list[str] = []
+    names = [x.name for x in mutants]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    out += [f"{n}: the name is used twice" for n in twice]
+    for mutant in mutants:
+        problem = snippet_problem(mutant, root)
+        if problem:
+            out.append(f"{mutant.name}: {problem}")
+    return out
+
+
+# ----------------------------------------------------------------------- running
+
+
+def tree_files(root: Path) -> list[str]:
+    """The files git tracks or would track (ignored ones left out), as in this checkout."""
+    raw = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root,
+        check=True,
+        capture_output=True,
+    ).stdout
+    return [name for name in raw.decode("utf-8", "surrogateescape").split("\0") if name]
+
+
+def copy_tree(root: Path, dest: Path, files: list[str]) -> None:
+    for name in files:
+        src = root / name
+        if not src.is_file() or src.is_symlink():
+            continue  # a deleted tracked file, or a link (the venvs)
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+
+
+@dataclass
+class Outcome:
+    mutant: Mutant
+    status: str  # killed, survived, timeout, error
+    seconds: float
+    detail: str = ""
+
+
+def forget_bytecode(source: Path) -> None:
+    """Remove ``source``'s cached bytecode: a mutant and its original of the same size
+    written within one second would otherwise share it."""
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    cached.unlink(missing_ok=True)
+
+
+# process groups of the pytest runs in flight (each its own session), ended on Ctrl-C
+_live: set[int] = set()
+_live_lock = threading.Lock()
+
+
+def stop_all_runs() -> None:
+    with _live_lock:
+        groups = list(_live)
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def run_pytest(copy: Path, tests: tuple[str, ...], timeout: float, tmp: Path) -> tuple[str, str]:
+    """(passed/failed/timeout/error, the last lines of pytest's output)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(copy)
+    env.setdefault("QT_QPA_PLATFORM", "offscreen")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [sys.executable, *PYTEST, f"--basetemp={tmp}", *tests]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=copy,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    with _live_lock:
+        _live.add(proc.pid)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return "timeout", ""
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever the tests left running
+        with _live_lock:
+            _live.discard(proc.pid)
+    text = out.decode("utf-8", "replace")
+    tail = "\n".join(text.strip().splitlines()[-15:])
+    if proc.returncode == 0:
+        return "passed", tail
+    if proc.returncode in (1, 2):  # tests failed, or collection failed (an import error)
+        return "failed", tail
+    return "error", tail
+
+
+def first_failure(tail: str) -> str:
+    for line in tail.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            return line.split(" - ")[0]
+    return tail.splitlines()[-1] if tail else ""
+
+
+def run_mutant(mutant: Mutant, copy: Path, timeout: float, tmp: Path) -> Outcome:
+    t0 = time.monotonic()
+    problem = snippet_problem(mutant, copy)
+    if problem:
+        return Outcome(mutant, "error", 0.0, problem)
+    path = copy / mutant.file
+    original = path.read_bytes()
+    text = original.decode("utf-8")
+    try:
+        path.write_text(text.replace(mutant.find, mutant.replace), encoding="utf-8")
+        forget_bytecode(path)
+        result, tail = run_pytest(copy, mutant.tests, timeout, tmp)
+    finally:
+        path.write_bytes(original)
+        forget_bytecode(path)
+    seconds = time.monotonic() - t0
+    if result == "failed":
+        return Outcome(mutant, "killed", seconds, first_failure(tail))
+    if result == "passed":
+        return Outcome(mutant, "survived", seconds)
+    if result == "timeout":
+        return Outcome(mutant, "timeout", seconds, f"past {timeout:.0f} s")
+    return Outcome(mutant, "error", seconds, f"pytest could not run the tests: {tail[-300:]}")
+
+
+def select(only: str | None) -> tuple[Mutant, ...]:
+    if not only:
+        return MUTANTS
+    wanted = [n.strip() for n in only.split(",") if n.strip()]
+    known = {x.name: x for x in MUTANTS}
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise SystemExit(f"mutants.py: no mutant named {', '.join(unknown)} (see --list)")
+    return tuple(known[n] for n in wanted)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument(
+        "--check", action="store_true", help="check every snippet occurs exactly once, and exit"
+    )
+    ap.add_argument("--only", metavar="NAME", help="run only these mutants (comma-separated)")
+    ap.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
+    ap.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds per mutant (default 300)"
+    )
+    ap.add_argument("--min", type=float, default=95.0, help="lowest passing score in %%")
+    ap.add_argument(
+        "--no-baseline", action="store_true", help="skip the run of the tests on the unchanged copy"
+    )
+    args = ap.parse_args(argv)
+    mutants = select(args.only)
+
+    if args.list:
+        for x in mutants:
+            print(f"{x.name}\n    {x.promise}\n    {x.file}\n    {' '.join(x.tests)}")
+        print(f"{len(mutants)} mutants")
+        return 0
+    if args.check:
+        problems = check(mutants)
+        for line in problems:
+            print(line)
+        print(f"{len(mutants)} mutants, {len(problems)} stale")
+        return 1 if problems else 0
+
+    start = time.monotonic()
+    jobs = max(1, args.jobs)
+    files = tree_files(REPO)
+    with tempfile.TemporaryDirectory(prefix="k3mut-") as work:
+        base = Path(work)
+        copies: queue.Queue[tuple[Path, Path]] = queue.Queue()
+        for k in range(jobs):
+            copy = base / f"tree{k}"
+            copy_tree(REPO, copy, files)
+            copies.put((copy, base / f"t{k}"))
+
+        if not args.no_baseline:
+            tests = tuple(dict.fromkeys(t for x in mutants for t in x.tests))
+            copy, tmp = copies.get()
+            print(f"baseline: {len(tests)} test sets on the unchanged tree ...", flush=True)
+            result, tail = run_pytest(copy, tests, args.timeout * 4, tmp)
+            copies.put((copy, tmp))
+            if result != "passed":
+                print(f"baseline {result}: the tests fail without any mutant\n{tail}")
+                return 1
+            print(f"baseline passed ({time.monotonic() - start:.0f} s)", flush=True)
+
+        lock = threading.Lock()
+        interrupted = threading.Event()
+        outcomes: list[Outcome] = []
+
+        def one(mutant: Mutant) -> Outcome:
+            copy, tmp = copies.get()
+            try:
+                outcome = run_mutant(mutant, copy, args.timeout, tmp)
+            finally:
+                copies.put((copy, tmp))
+            if interrupted.is_set():
+                return outcome
+            with lock:
+                outcomes.append(outcome)
+                detail = f"  {outcome.detail}" if outcome.detail else ""
+                print(
+                    f"[{len(outcomes):>2}/{len(mutants)}] {outcome.status:<8} "
+                    f"{mutant.name} ({outcome.seconds:.0f} s){detail}",
+                    flush=True,
+                )
+            return outcome
+
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            futures = [pool.submit(one, x) for x in mutants]
+            try:
+                for fut in futures:
+                    fut.result()
+            except KeyboardInterrupt:
+                interrupted.set()
+                for fut in futures:
+                    fut.cancel()
+                stop_all_runs()
+                print("interrupted: the mutants were applied in a copy, nothing here changed")
+                return 130
+
+    order = {x.name: i for i, x in enumerate(mutants)}
+    outcomes.sort(key=lambda o: order[o.mutant.name])
+    count = {s: sum(o.status == s for o in outcomes) for s in ("killed", "survived", "timeout")}
+    errors = [o for o in outcomes if o.status == "error"]
+    detected = count["killed"] + count["timeout"]
+    score = 100.0 * detected / len(outcomes) if outcomes else 0.0
+    print(
+        f"\n{detected} of {len(outcomes)} mutants killed ({score:.1f} %): "
+        f"{count['killed']} by a failing test, {count['timeout']} by a timeout; "
+        f"{count['survived']} survived, {len(errors)} stale; "
+        f"{time.monotonic() - start:.0f} s with {jobs} job(s)"
+    )
+    for o in outcomes:
+        if o.status in ("survived", "error", "timeout"):
+            print(f"  {o.status}: {o.mutant.name}: {o.mutant.promise}")
+            print(f"      {o.mutant.file}; tests: {' '.join(o.mutant.tests)}")
+            if o.detail:
+                print(f"      {o.detail}")
+    if score < args.min:
+        print(f"score {score:.1f} % is under --min {args.min:g} %")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
