@@ -77,6 +77,7 @@ def m(name: str, file: str, find: str, replace: str, tests: str, promise: str) -
 
 
 SUP = "k3desk/core/engines/supervisor.py"
+ARGV = "k3desk/core/planning/argv.py"
 T_SUP = "tests/core/engines/test_engine_supervisor.py"
 T_FAULTS = "tests/core/engines/test_engine_faults.py"
 T_HUB = "tests/core/hub/test_hub_download.py"
@@ -124,9 +125,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "key-in-a-file-not-argv",
-        SUP,
-        'key_args = ("--api-key-file", str(key_file)) if key_file else ("--api-key", self.api_key)',
-        'key_args = ("--api-key", self.api_key)',
+        ARGV,
+        "key = (API_KEY_FILE.name, str(key_file)) if key_file else (API_KEY.name, api_key)",
+        "key = (API_KEY.name, api_key)",
         f"{T_SUP}::test_key_can_be_passed_in_a_private_file",
         "where the engine takes --api-key-file, the key is not on its command line",
     ),
@@ -293,8 +294,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "engine-listens-on-loopback-only",
         SUP,
-        '"--host",\n            LOOPBACK,',
-        '"--host",\n            "0.0.0.0",',
+        "*endpoint_args(LOOPBACK, port, api_key=self.api_key, key_file=key_file),",
+        '*endpoint_args("0.0.0.0", port, api_key=self.api_key, key_file=key_file),',
         f"{T_SUP}::test_key_is_required_and_only_loopback_listens",
         "the engine listens on 127.0.0.1 only",
     ),
@@ -376,8 +377,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "plan-no-repack-when-streaming",
         PLAN,
-        "no_repack = asked_no_repack or (repack > 0 and resident_short > 0)",
-        "no_repack = asked_no_repack",
+        "no_repack = has(opts.extra_args, NO_REPACK) or (repack > 0 and resident_short > 0)",
+        "no_repack = has(opts.extra_args, NO_REPACK)",
         f"{T_PLAN}::test_a_laptop_streams_the_real_model_without_repacking_and_says_what_it_costs",
         "a model that does not stay resident is launched with --no-repack",
     ),
@@ -481,7 +482,7 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "oom-kill-restarts-without-repack",
         SUP,
-        'elif crash.kind == "oom_killed" and not ({"--no-repack", "-nr"} & set(args)):',
+        'elif crash.kind == "oom_killed" and not has(args, NO_REPACK):',
         "elif False:",
         f"{T_FAULTS}::test_oom_killer_restarts_are_bounded",
         "after the OOM killer, the restart adds --no-repack (the command changes)",
