@@ -391,6 +391,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "a plan whose own memory exceeds the RAM budget is 'no-fit', not launched",
     ),
     m(
+        "plan-streams-at-the-disks-rate",
+        PLAN,
+        "    opts = with_disk_rate(hw, opts)\n",
+        "",
+        "tests/core/planning/test_planning_speed.py::test_a_stream_plan_goes_at_the_disk_the_machine_has",
+        "a streaming plan goes at the read rate of the disk the hardware describes",
+    ),
+    m(
+        "disk-rate-skips-holes",
+        "k3desk/core/hardware/disk_rate.py",
+        "if data < MIN_MEASURED or data < size // 4:",
+        "if False:",
+        "tests/core/hardware/test_disk_rate.py::test_a_sparse_file_is_not_timed_and_says_why",
+        "a sparse file's holes are never timed as the disk's read rate",
+    ),
+    m(
         "plan-gpu-margin",
         PLAN,
         "cap = g.vram_free - opts.gpu_margin",
