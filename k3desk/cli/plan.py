@@ -9,7 +9,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from k3desk.core.app.remote_plan import (
+    RemotePlan,
+    RemotePlanRequest,
+    parse_remote,
+    plan_remote_set,
+)
 from k3desk.core.app.shardplan import PlanRequest, PlanView, ShardSetPlan, plan_shard_set
+from k3desk.core.errors import K3Error
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.speed import speed_lines
 from k3desk.core.units import GiB, fmt_bytes
@@ -26,7 +33,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(GPU, RAM, or streamed from disk), print the llama-server command, the memory "
         "per device, a per-layer map and the expected decode speed.",
     )
-    p.add_argument("shard", type=Path, help="part 1 (or any part) of the shard set")
+    p.add_argument("shard", type=Path, nargs="?", help="part 1 (or any part) of the shard set")
+    p.add_argument(
+        "--remote",
+        metavar="REPO[@REV]",
+        help="plan a set on the Hub from its real headers, read by HTTP ranges, before "
+        "downloading it (a few MB; cached per commit)",
+    )
+    p.add_argument(
+        "--include",
+        metavar="PATTERN",
+        help="with --remote: the set to plan, as `k3desk download --include` selects it",
+    )
     p.add_argument(
         "--hardware",
         type=Path,
@@ -58,16 +76,41 @@ def machine(args: argparse.Namespace, services: Services, disk: Path | None) -> 
 
 
 def run(args: argparse.Namespace, services: Services) -> int:
-    planned = plan_shard_set(
-        services,
-        PlanRequest(
-            args.shard,
-            hardware_file=args.hardware,
-            ctx=args.ctx,
-            mmproj=args.mmproj,
-            n_cpu_moe=args.n_cpu_moe,
-        ),
-    )
+    if (args.remote is None) == (args.shard is None):
+        raise K3Error(
+            "Give either a SHARD file or --remote REPO[@REV].",
+            "Example: k3desk plan --remote GrEarl/Kimi-K3-GGUF-IQ1_S",
+        )
+    if args.include and args.remote is None:
+        raise K3Error("--include goes with --remote REPO[@REV].")
+    if args.mmproj is not None and args.remote is not None:
+        raise K3Error("--mmproj is for a downloaded set; leave it out with --remote.")
+    remote = None
+    if args.remote is not None:
+        repo, rev = parse_remote(args.remote)
+        remote = plan_remote_set(
+            services,
+            RemotePlanRequest(
+                repo,
+                rev,
+                include=args.include,
+                hardware_file=args.hardware,
+                ctx=args.ctx,
+                n_cpu_moe=args.n_cpu_moe,
+            ),
+        )
+        planned = remote.planned
+    else:
+        planned = plan_shard_set(
+            services,
+            PlanRequest(
+                args.shard,
+                hardware_file=args.hardware,
+                ctx=args.ctx,
+                mmproj=args.mmproj,
+                n_cpu_moe=args.n_cpu_moe,
+            ),
+        )
     layout, hw, plan, tier = planned.layout, planned.hardware, planned.plan, planned.tier
     for note in planned.notes:  # planned all the same: the engine decides
         print(note, file=sys.stderr)
@@ -82,12 +125,47 @@ def run(args: argparse.Namespace, services: Services) -> int:
             "verdict_text": planned.view.label,
             "expert_layers_on_cpu": planned.view.expert_layers_on_cpu,
             "suspicious": list(planned.suspicious),
+            "basis": remote.basis if remote is not None else "files",
             **plan.to_dict(),
         }
+        if remote is not None:
+            data["remote"] = remote_json(remote)
         print(json.dumps(data, indent=2, default=str))
         return 0
     print(render(planned))
+    if remote is not None:
+        print("")
+        print(remote_text(remote))
     return 0
+
+
+def remote_json(remote: RemotePlan) -> dict[str, Any]:
+    h = remote.headers
+    return {
+        "repo": h.repo,
+        "revision": h.revision,
+        "set": remote.remote.name,
+        "include": remote.remote.include,
+        "header_twin": str(remote.first_part),
+        "header_bytes_read": h.received,
+        "requests": h.requests,
+        "cached": h.cached,
+        "seconds": round(h.seconds, 3),
+        "projectors": list(remote.projectors),
+    }
+
+
+def remote_text(remote: RemotePlan) -> str:
+    h = remote.headers
+    return "\n".join(
+        [
+            f"Planned before download: {h.repo} at {h.revision[:12]}, {remote.remote.name}",
+            f"  {remote.basis_text()}.",
+            f"  Header twin: {remote.first_part}",
+            f"  Download it with: k3desk download --repo {h.repo} --revision {h.revision} "
+            f"--include '{remote.remote.include}'",
+        ]
+    )
 
 
 # ------------------------------------------------------------------ text
