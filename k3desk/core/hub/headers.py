@@ -135,8 +135,10 @@ class _Budget:
 class _RemotePrefix:
     """The first bytes of one remote file, fetched by ranges as the parser asks for them.
 
-    It is what :func:`read_header_from` reads from (``seek``/``read``); what it holds is
-    always a prefix of the file, ``self.buf`` = bytes [0, len(buf)).
+    It is what :func:`read_header_from` reads from (``seek``/``read``).  What it holds
+    is a prefix of the file, ``self.buf`` = bytes [0, len(buf)), grown as the parser
+    walks on, plus windows further on where the parser jumps over bytes it does not
+    need (a long string it leaves undecoded): those bytes are never fetched.
     """
 
     def __init__(
@@ -155,6 +157,7 @@ class _RemotePrefix:
         self.budget = budget
         self.cancel = cancel
         self.buf = bytearray()
+        self.windows: list[tuple[int, bytes]] = []  # (offset, bytes) beyond the prefix
         self.pos = 0
         self.received = 0
         self.requests = 0
@@ -173,10 +176,42 @@ class _RemotePrefix:
 
     def read(self, n: int = -1) -> bytes:
         end = self.size if n < 0 else min(self.size, self.pos + n)
-        self._ensure(end)
-        data = bytes(self.buf[self.pos : end])
+        if self.pos > len(self.buf) + MAX_STEP and not self.ranges_ignored:
+            data = self._window(self.pos, end)
+        else:
+            self._ensure(end)
+            data = bytes(self.buf[self.pos : end])
         self.pos += len(data)
         return data
+
+    def _window(self, start: int, end: int) -> bytes:
+        """Bytes [start, end) far past the prefix, fetched on their own (a jump)."""
+        for at, data in self.windows:
+            if at <= start and end <= at + len(data):
+                return data[start - at : end - at]
+        self._check_position(end)
+        want = min(self.size, max(end, start + FIRST_READ))
+        held = self.buf
+        self.buf = bytearray()
+        try:
+            self._fetch(start, want, base=start)
+            data = bytes(self.buf)
+        finally:
+            self.buf = held
+        if self.ranges_ignored:  # no ranges here: the stream from byte 0, to the cap
+            self._ensure(end)
+            return bytes(self.buf[start:end])
+        self.windows.append((start, data))
+        return data[: end - start]
+
+    def _check_position(self, end: int) -> None:
+        if end > MAX_PART_BYTES:
+            raise HeaderTooLong(
+                f"The header of {self.name} goes on past {fmt_bytes(MAX_PART_BYTES)} "
+                f"(it asks for byte {end:,}); k3desk reads no more of it before a download.",
+                "No Kimi-K3 GGUF has a header that long: the file is damaged or not a "
+                "Kimi-K3 GGUF. Pick another set.",
+            )
 
     def close(self) -> None:
         if self._stream is not None:
@@ -191,13 +226,7 @@ class _RemotePrefix:
             return
         want = max(end, FIRST_READ, min(2 * have, have + MAX_STEP))
         want = min(want, self.size, max(end, MAX_PART_BYTES))
-        if end > MAX_PART_BYTES:
-            raise HeaderTooLong(
-                f"The header of {self.name} goes on past {fmt_bytes(MAX_PART_BYTES)} "
-                f"(it asks for byte {end:,}); k3desk reads no more of it before a download.",
-                "No Kimi-K3 GGUF has a header that long: the file is damaged or not a "
-                "Kimi-K3 GGUF. Pick another set.",
-            )
+        self._check_position(end)
         if self.cancel is not None:
             self.cancel.raise_if_cancelled()
         if self._chunks is not None:
@@ -205,7 +234,8 @@ class _RemotePrefix:
         else:
             self._fetch(have, want)
 
-    def _fetch(self, start: int, end: int) -> None:
+    def _fetch(self, start: int, end: int, base: int = 0) -> None:
+        """Fetch bytes [start, end) onto ``self.buf``, which holds [base, start)."""
         import httpx2
         from huggingface_hub import get_session, hf_raise_for_status
 
@@ -231,9 +261,12 @@ class _RemotePrefix:
                     )
                 if total is not None and total != self.size:
                     raise _changed(self.name, total, self.size)
-                self._take(r.iter_bytes(), end)
+                self._take(r.iter_bytes(), end - base)
                 return
             # 200: the server ignored Range and sends the file from byte 0
+            self.ranges_ignored = True
+            if base:
+                return  # a jump (see _window): read on from the prefix instead
             length = r.headers.get("Content-Length")
             if length is not None and length.isdigit() and int(length) != self.size:
                 raise _changed(self.name, int(length), self.size)
@@ -350,18 +383,23 @@ def _read_part(
     finally:
         src.close()
     data_start = header.data_start
-    _write_twin_part(folder / f.path, bytes(src.buf[: min(len(src.buf), data_start)]), f.size)
+    pieces = [(0, bytes(src.buf[: min(len(src.buf), data_start)]))]
+    pieces += [(at, data[: max(0, data_start - at)]) for at, data in src.windows]
+    _write_twin_part(folder / f.path, pieces, f.size)
     return PartRead(
         f.path, f.size, data_start, src.received, src.requests, False, src.ranges_ignored
     )
 
 
-def _write_twin_part(path: Path, header: bytes, size: int) -> None:
-    """The header at offset 0, then a hole to ``size`` (written beside, then renamed)."""
+def _write_twin_part(path: Path, pieces: Sequence[tuple[int, bytes]], size: int) -> None:
+    """The header's bytes at their offsets, holes elsewhere, ``size`` bytes in all
+    (written beside, then renamed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".part")
     with tmp.open("wb") as out:
-        out.write(header)
+        for at, data in pieces:
+            out.seek(at)
+            out.write(data)
         out.truncate(size)
     os.replace(tmp, path)
 
