@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from k3desk.core.app.remote_plan import (
     RemotePlan,
     RemotePlanRequest,
+    engine_estimate,
     parse_remote,
     plan_remote_set,
 )
@@ -64,6 +65,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         help="keep the experts of layers 0..N-1 in RAM (default: the smallest N that fits)",
     )
+    p.add_argument(
+        "--fit-params",
+        action="store_true",
+        help="also ask the engine's llama-fit-params what the launch needs per device on "
+        "this machine (it reads the headers only: with --remote, of the header twin)",
+    )
     p.add_argument("--json", action="store_true", help="print the whole plan as JSON")
     p.set_defaults(handler=run)
 
@@ -85,6 +92,11 @@ def run(args: argparse.Namespace, services: Services) -> int:
         raise K3Error("--include goes with --remote REPO[@REV].")
     if args.mmproj is not None and args.remote is not None:
         raise K3Error("--mmproj is for a downloaded set; leave it out with --remote.")
+    if args.fit_params and args.hardware is not None:
+        raise K3Error(
+            "--fit-params measures this machine's devices; it does not go with --hardware.",
+            "Leave out --hardware to compare with the engine on this machine.",
+        )
     remote = None
     if args.remote is not None:
         repo, rev = parse_remote(args.remote)
@@ -112,6 +124,13 @@ def run(args: argparse.Namespace, services: Services) -> int:
             ),
         )
     layout, hw, plan, tier = planned.layout, planned.hardware, planned.plan, planned.tier
+    engine = engine_estimate(services, planned) if args.fit_params else None
+    if args.fit_params and engine is None:
+        print(
+            "note: no llama-fit-params beside the engine's llama-server; "
+            "the engine's own estimate is left out",
+            file=sys.stderr,
+        )
     for note in planned.notes:  # planned all the same: the engine decides
         print(note, file=sys.stderr)
     if args.json:
@@ -130,9 +149,19 @@ def run(args: argparse.Namespace, services: Services) -> int:
         }
         if remote is not None:
             data["remote"] = remote_json(remote)
+        if engine is not None:
+            data["engine_memory_mib"] = [
+                {"device": d.device, "model": d.model, "context": d.context, "compute": d.compute}
+                for d in engine.devices
+            ]
         print(json.dumps(data, indent=2, default=str))
         return 0
     print(render(planned))
+    if engine is not None:
+        print("")
+        print(f"The engine's own estimate ({engine.tool.name}, MiB):")
+        for d in engine.devices:
+            print(f"  {d.device}: model {d.model:,}, context {d.context:,}, compute {d.compute:,}")
     if remote is not None:
         print("")
         print(remote_text(remote))

@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from k3desk.core.app.search import SearchRequest, SearchResult, SetRow, search_hub
-from k3desk.core.units import fmt_bytes
+from k3desk.core.app.search import SearchRequest, SearchResult, SetRow, search_hub, size_text
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -121,7 +120,7 @@ def render(result: SearchResult) -> str:
     if result.offline:
         rows: list[tuple[str, ...]] = [("tier", "repository", "size", "fit (catalog estimate)")]
         for t in result.catalog.rows:
-            rows.append((t.tier.id, t.tier.repo, fmt_bytes(t.tier.size_bytes), t.label))
+            rows.append((t.tier.id, t.tier.repo, size_text(t.tier.size_bytes), t.label))
         return "\n".join(
             [f"Catalog only (offline): {result.offline_reason}", f"Judged for {machine}.", "",
              *_table(rows)]
@@ -140,7 +139,7 @@ def render(result: SearchResult) -> str:
                 f"{r.repo}@{r.revision[:7]}",
                 r.remote.name,
                 str(r.remote.count),
-                fmt_bytes(r.remote.total_bytes),
+                size_text(r.remote.total_bytes),
                 r.tier.id if r.tier else "-",
                 fit,
                 r.basis_text(),
@@ -153,7 +152,7 @@ def render(result: SearchResult) -> str:
     read = sum(r.header_bytes for r in result.rows)
     lines += [
         "",
-        f"Headers read this time: {fmt_bytes(read)}. Plan one set in full with "
+        f"Headers read this time: {size_text(read)}. Plan one set in full with "
         "`k3desk plan --remote REPO@REV --include PATTERN`.",
     ]
     return "\n".join(lines)

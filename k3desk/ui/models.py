@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout
 
 from k3desk.core.app.tiers import TierJudgement
+from k3desk.ui.hubmodels import HubModels
 from k3desk.ui.judged import JudgedBar
 from k3desk.ui.mymodels import MyModels
 from k3desk.ui.pages import Navigator, Page
@@ -43,6 +44,8 @@ class ModelsPage(Page):
         lay.addWidget(self.summary)
         self.table = TierTable()
         lay.addWidget(self.table, 1)
+        self.hub = HubModels(ctx)
+        lay.addWidget(self.hub, 1)
         row = QHBoxLayout()
         self.rule = muted("")
         row.addWidget(self.rule, 1)

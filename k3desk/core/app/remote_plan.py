@@ -11,6 +11,7 @@ data is fetched.  The plan says it rests on the real headers (``basis``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -186,3 +187,79 @@ def plan_listed_set(
             "Pick another set.",
         ) from None
     return RemotePlan(chosen, headers, planned, tuple(f.path for f in listed.projectors))
+
+
+# ------------------------------------------------------------------ the engine's own figures
+
+FIT_PARAMS = "llama-fit-params"
+# the plan's llama-server arguments llama-fit-params takes too (it refuses server-only
+# ones such as --jinja and --no-warmup: tools/fit-params in llama.cpp b11434 parses the
+# common arguments only)
+_FIT_FLAGS = frozenset(
+    ("-ngl", "--n-cpu-moe", "-c", "-ctk", "-ctv", "-fa", "--parallel", "-ts", "-sm", "-mg",
+     "-ot", "-b", "-ub")
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """llama.cpp's own estimate for one device, MiB (``llama-fit-params --fit-print on``)."""
+
+    device: str
+    model: int
+    context: int
+    compute: int
+
+
+@dataclass(frozen=True)
+class EngineEstimate:
+    tool: Path
+    args: tuple[str, ...]
+    devices: tuple[EngineMemory, ...]
+
+
+def fit_params_args(server_args: Sequence[str]) -> list[str]:
+    """The plan's arguments llama-fit-params understands, ``-m`` first."""
+    args = list(server_args)
+    out: list[str] = []
+    for i, a in enumerate(args[:-1]):
+        if a == "-m" or a in _FIT_FLAGS:
+            out += [a, args[i + 1]]
+    return out
+
+
+def engine_estimate(
+    services: Services, planned: ShardSetPlan, timeout: float = 300.0
+) -> EngineEstimate | None:
+    """What the engine's ``llama-fit-params`` (beside llama-server) says the plan's launch
+    needs per device on this machine, measured on the header twin with no data loaded
+    (``no_alloc``); None when there is no such tool.  Raises EngineError when it fails."""
+    import subprocess
+
+    from k3desk.core.engines.discovery import find_llama_server
+    from k3desk.core.errors import EngineError
+
+    server = find_llama_server(services.paths, services.configured_engine())
+    if server is None or not (server.parent / FIT_PARAMS).is_file():
+        return None
+    tool = server.parent / FIT_PARAMS
+    args = [*fit_params_args(planned.plan.argv()[1:]), "--fit-print", "on"]
+    try:
+        done = subprocess.run(
+            [str(tool), *args], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EngineError(f"{FIT_PARAMS} did not finish: {exc}.") from None
+    devices = []
+    for line in done.stdout.splitlines():
+        cells = line.split()
+        if len(cells) == 4 and all(c.isdigit() for c in cells[1:]):
+            devices.append(EngineMemory(cells[0], int(cells[1]), int(cells[2]), int(cells[3])))
+    if done.returncode != 0 or not devices:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EngineError(
+            f"{FIT_PARAMS} could not judge {Path(args[1]).name} (exit {done.returncode}): "
+            f"{last[-300:]}",
+            "The engine's own estimate is missing; k3desk's plan above still stands.",
+        )
+    return EngineEstimate(tool, tuple(args), tuple(devices))

@@ -36,6 +36,7 @@ from k3desk.core.hub.discovery import (
 )
 from k3desk.core.hub.listing import resolve_endpoint, select
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
+from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -111,6 +112,11 @@ class SearchResult:
             + ("y" if repos == 1 else "ies")
             + f" on {self.endpoint}"
         )
+
+
+def size_text(n: int) -> str:
+    """A set's or a tier's bytes as every shell shows them ('528.0 GiB')."""
+    return fmt_bytes(n)
 
 
 def catalog_tier_for(remote: RemoteSet, tiers: tuple[Tier, ...]) -> Tier | None:

@@ -322,3 +322,29 @@ def test_offline_or_unreachable_the_catalog_alone_is_shown_and_says_so(
     out = capsys.readouterr().out
     assert out.startswith("Catalog only (offline): HF_HUB_OFFLINE is set")
     assert "grearl-iq1s" in out
+
+
+def test_llama_fit_params_judges_the_header_twin_as_it_judges_the_files(
+    grearl_hub: Any,
+    llama_server: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    hub, parts = grearl_hub
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    assert cli_main(["plan", "--remote", GREARL, "--fit-params", "--json"], Services()) == 0
+    remote = json.loads(capsys.readouterr().out)
+    assert cli_main(["plan", str(parts[0]), "--fit-params", "--json"], Services()) == 0
+    local = json.loads(capsys.readouterr().out)
+    # the engine's own figures for this machine: the same for the twin as for the files
+    assert remote["engine_memory_mib"] == local["engine_memory_mib"]
+    host = next(d for d in remote["engine_memory_mib"] if d["device"] == "Host")
+    assert host["model"] > 0
+    assert (
+        remote["command"].split(" -m ")[1].split()[1:]
+        == local["command"].split(" -m ")[1].split()[1:]
+    )
+    # with a hardware file the engine would measure another machine: refused, clearly
+    args = ["plan", "--remote", GREARL, "--fit-params", "--hardware", "x.json"]
+    assert cli_main(args, Services()) != 0
+    assert "does not go with --hardware" in capsys.readouterr().err
