@@ -135,12 +135,12 @@ def run(args: argparse.Namespace, services: Services) -> int:
         print(note, file=sys.stderr)
     if args.json:
         data: dict[str, Any] = {
-            "model": str(layout.first_part),
+            "model": str(remote.download_path if remote else layout.first_part),
             "parts": len(layout.parts),
             "tier": tier.id if tier else None,
             "hardware": hw.label or hw.hostname or hw.source,
             "judged": planned.subject.to_dict(),
-            "command": shlex.join(plan.argv()),
+            "command": shlex.join(remote.argv() if remote else plan.argv()),
             "verdict_text": planned.view.label,
             "expert_layers_on_cpu": planned.view.expert_layers_on_cpu,
             "suspicious": list(planned.suspicious),
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
             ]
         print(json.dumps(data, indent=2, default=str))
         return 0
-    print(render(planned))
+    print(render(planned, remote.argv() if remote else None))
     if engine is not None:
         print("")
         print(f"The engine's own estimate ({engine.tool.name}, MiB):")
@@ -250,7 +250,7 @@ def layer_map(view: PlanView) -> list[str]:
     return lines
 
 
-def render(planned: ShardSetPlan) -> str:
+def render(planned: ShardSetPlan, argv: list[str] | None = None) -> str:
     layout, view, plan = planned.layout, planned.view, planned.plan
     machine_name = planned.subject.name or "this machine"
     s = plan.speed
@@ -261,8 +261,8 @@ def render(planned: ShardSetPlan) -> str:
         f"Verdict: {view.label}",
         f"  {plan.reason}",
         "",
-        "Command:",
-        f"  {shlex.join(plan.argv())}",
+        "Command:" if argv is None else "Command, once downloaded:",
+        f"  {shlex.join(argv if argv is not None else plan.argv())}",
         "",
         f"Memory (GiB), context {plan.ctx}:",
         *memory_table(view),

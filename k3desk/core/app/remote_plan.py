@@ -58,7 +58,8 @@ class RemotePlanRequest:
     n_cpu_moe: int | None = None
     endpoint: str | None = None
     token: str | None = None  # None: the saved token (HF_TOKEN, keyring, `hf auth login`)
-    # where the download would go: this machine's free disk is measured there
+    # where the download would go (None: the models folder, as `k3desk download --repo`
+    # puts it); this machine's free disk is measured there
     download_dir: Path | None = None
 
 
@@ -70,7 +71,20 @@ class RemotePlan:
     headers: HeaderSet
     planned: ShardSetPlan
     projectors: tuple[str, ...]  # the repository's mmproj files
+    download_dir: Path  # where `k3desk download --repo` puts the set
     basis: Basis = "headers"
+
+    @property
+    def download_path(self) -> Path:
+        """Part 1 where the download will put it (what ``-m`` takes after the download)."""
+        return self.download_dir / self.remote.first_path
+
+    def argv(self) -> list[str]:
+        """The plan's llama-server command for the downloaded set (not the twin)."""
+        args = list(self.planned.plan.argv())
+        if "-m" in args:
+            args[args.index("-m") + 1] = str(self.download_path)
+        return args
 
     @property
     def first_part(self) -> Path:
@@ -186,7 +200,8 @@ def plan_listed_set(
             "No llama.cpp build can load this set as published; nothing was downloaded. "
             "Pick another set.",
         ) from None
-    return RemotePlan(chosen, headers, planned, tuple(f.path for f in listed.projectors))
+    target = request.download_dir or services.paths.models_dir / listed.repo.replace("/", "--")
+    return RemotePlan(chosen, headers, planned, tuple(f.path for f in listed.projectors), target)
 
 
 # ------------------------------------------------------------------ the engine's own figures

@@ -143,6 +143,8 @@ def test_plan_remote_in_the_cli_says_it_rests_on_real_headers(
     data = json.loads(capsys.readouterr().out)
     assert data["basis"] == "headers"
     assert data["remote"]["repo"] == TINY
+    # the command is the one for the download, not for the twin
+    assert "tester--Kimi-K3-Tiny-GGUF/IQ1_S/Tiny-K3-IQ1_S-00001-of-00003.gguf" in data["command"]
     assert data["remote"]["header_bytes_read"] > 0
     assert data["parts"] == 3
     # the header twin is a set `k3desk plan` takes as it is
