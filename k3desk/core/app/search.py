@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from k3desk.core.app.services import Services
 
 Basis = Literal["headers", "catalog", "none"]
+# What one search may read of headers (about 5 MiB a set: part 1 holds the tokenizer);
+# sets past it are judged from the catalog, or listed, with a note how to plan them
+SEARCH_HEADER_BUDGET = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,7 @@ def search_hub(
         return SearchResult(ep, request.query, subject, (), catalog, True, exc.message)
     rows: list[SetRow] = []
     errors: list[str] = []
+    spent = 0
     by_tier = {r.tier.id: r for r in catalog.rows}
     plan_req = RemotePlanRequest(
         repo="",
@@ -221,7 +225,22 @@ def search_hub(
             continue
         for remote in listed.sets:
             tier = catalog_tier_for(remote, tiers)
-            if not request.read_headers or not remote.complete:
+            over = spent >= SEARCH_HEADER_BUDGET
+            if not request.read_headers or not remote.complete or over:
+                if over and remote.complete and request.read_headers:
+                    base = (
+                        _catalog_row(hit, remote, tier, by_tier.get(tier.id))
+                        if tier is not None
+                        else SetRow(hit, remote, None, "none", "not judged", "")
+                    )
+                    rows.append(
+                        replace(
+                            base,
+                            problem=f"headers not read: this search read {fmt_bytes(spent)} "
+                            "already; `k3desk plan --remote` reads them",
+                        )
+                    )
+                    continue
                 if tier is not None:
                     rows.append(_catalog_row(hit, remote, tier, by_tier.get(tier.id)))
                 else:
@@ -244,18 +263,12 @@ def search_hub(
                     if tier is not None
                     else SetRow(hit, remote, None, "none", "not judged", "")
                 )
-                rows.append(
-                    SetRow(
-                        **{
-                            **base.__dict__,
-                            "problem": exc.message,
-                            "verdict": base.verdict
-                            if base.basis == "catalog"
-                            else "n/a: its headers cannot load",
-                        }
-                    )
+                verdict = (
+                    base.verdict if base.basis == "catalog" else "n/a: its headers cannot load"
                 )
+                rows.append(replace(base, problem=exc.message, verdict=verdict))
                 continue
+            spent += planned.headers.received
             rows.append(_header_row(hit, remote, planned))
     progress(Progress("Searching the Hub", 1, 1))
     return SearchResult(ep, request.query, subject, tuple(rows), catalog, errors=tuple(errors))

@@ -350,3 +350,25 @@ def test_llama_fit_params_judges_the_header_twin_as_it_judges_the_files(
     args = ["plan", "--remote", GREARL, "--fit-params", "--hardware", "x.json"]
     assert cli_main(args, Services()) != 0
     assert "does not go with --hardware" in capsys.readouterr().err
+
+
+def test_a_search_reads_headers_up_to_its_budget_then_says_how_to_read_more(
+    hub_server: HubServer,
+    tiny_k3: TinyModel,
+    hardware_file: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import k3desk.core.app.search as search
+
+    hub_server.add_repo("a/Kimi-K3-Tiny-GGUF", _tiny_files(tiny_k3))
+    hub_server.add_repo("b/Kimi-K3-Tiny-GGUF", _tiny_files(tiny_k3))
+    monkeypatch.setattr(search, "SEARCH_HEADER_BUDGET", 1)
+    result = search_hub(
+        Services(),
+        SearchRequest(hardware_file=hardware_file(HW), endpoint=hub_server.endpoint, token=""),
+    )
+    first, second = result.rows
+    assert first.basis == "headers"
+    assert first.header_bytes > 0
+    assert second.basis == "none"
+    assert "k3desk plan --remote" in second.problem
