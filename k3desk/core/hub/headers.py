@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -39,7 +40,7 @@ from urllib.parse import urlsplit
 
 from k3desk.core.errors import Cancelled, HubError, ValidationError
 from k3desk.core.gguf.reader import read_header_from
-from k3desk.core.hub.errors import Where, hub_error
+from k3desk.core.hub.errors import Where, hub_error, is_transient
 from k3desk.core.hub.listing import resolve_endpoint
 from k3desk.core.hub.model import RemoteFile
 from k3desk.core.hub.session import guard_session, origin, token_only_to
@@ -56,8 +57,12 @@ MAX_STEP = 8 * MiB  # one request never asks for more than this beyond what is h
 MAX_PART_BYTES = 128 * MiB
 MAX_SET_BYTES = 512 * MiB
 PARALLEL = 8  # parts read at once
+ATTEMPTS = 3  # per part, on a network hiccup (a timeout, a dropped connection, a 5xx)
 TIMEOUT = 20.0
 RECORD = ".k3desk-headers.json"  # in the commit folder; '.k3desk' names are no repo's
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 class HeaderTooLong(HubError):
@@ -464,8 +469,12 @@ def read_remote_headers(
     :class:`HubError` (unreachable, changed, refused, too long) or
     :class:`ValidationError` (a header that is no GGUF header).
     """
-    if len(revision) != 40:
-        raise ValueError("read_remote_headers needs the commit sha the listing resolved")
+    if not _COMMIT.fullmatch(revision):
+        # it names a folder of the cache: only a commit id the listing resolved will do
+        raise HubError(
+            f"The Hub gave {repo} the commit id {revision[:60]!r}, which is not one.",
+            "The server (or the mirror in HF_ENDPOINT) does not answer as the Hub does.",
+        )
     ep = resolve_endpoint(endpoint)
     for f in files:
         problem = name_problem(f.path)
@@ -497,14 +506,19 @@ def read_remote_headers(
         cancel.on_cancel(local_cancel.cancel)
 
     def one(f: RemoteFile) -> PartRead:
-        local_cancel.raise_if_cancelled()
-        try:
-            with token_only_to(ep):
-                got = _read_part(ep, repo, revision, f, token, folder, budget, local_cancel)
-        except (HubError, ValidationError, Cancelled):
-            raise
-        except Exception as exc:  # every network failure becomes a HubError
-            raise hub_error(exc, replace(where, path=f.path)) from exc
+        for attempt in range(1, ATTEMPTS + 1):
+            local_cancel.raise_if_cancelled()
+            try:
+                with token_only_to(ep):
+                    got = _read_part(ep, repo, revision, f, token, folder, budget, local_cancel)
+                break
+            except (HubError, ValidationError, Cancelled):
+                raise
+            except Exception as exc:  # every network failure becomes a HubError
+                if attempt < ATTEMPTS and is_transient(exc):
+                    local_cancel.wait(0.5 * attempt)  # a hiccup: the part again, from byte 0
+                    continue
+                raise hub_error(exc, replace(where, path=f.path)) from exc
         with lock:
             done[f.path] = got
             progress(Progress("Reading headers on the Hub", len(done), total, f.path))

@@ -372,3 +372,20 @@ def test_a_search_reads_headers_up_to_its_budget_then_says_how_to_read_more(
     assert first.header_bytes > 0
     assert second.basis == "none"
     assert "k3desk plan --remote" in second.problem
+
+
+def test_a_hiccup_is_retried_and_a_part_that_keeps_failing_is_named(
+    hub_server: HubServer, tiny_k3: TinyModel, hardware_file: Any
+) -> None:
+    hub_server.add_repo(TINY, _tiny_files(tiny_k3))
+    part2 = f"IQ1_S/{tiny_k3.parts[1].name}"
+    req = RemotePlanRequest(
+        TINY, hardware_file=hardware_file(HW), endpoint=hub_server.endpoint, token=""
+    )
+    for _ in range(3):
+        hub_server.fail_next(part2, 503)
+    with pytest.raises(HubError) as failed:
+        plan_remote_set(Services(), req)
+    assert "503" in str(failed.value)
+    hub_server.fail_next(part2, 503)  # once: retried
+    assert len(plan_remote_set(Services(), req).headers.parts) == 3
