@@ -99,18 +99,25 @@ def run(args: argparse.Namespace, services: Services) -> int:
         )
     remote = None
     if args.remote is not None:
+        from k3desk.cli.search import tty_progress
+
         repo, rev = parse_remote(args.remote)
-        remote = plan_remote_set(
-            services,
-            RemotePlanRequest(
-                repo,
-                rev,
-                include=args.include,
-                hardware_file=args.hardware,
-                ctx=args.ctx,
-                n_cpu_moe=args.n_cpu_moe,
-            ),
-        )
+        show, clear = tty_progress(args.json)
+        try:
+            remote = plan_remote_set(
+                services,
+                RemotePlanRequest(
+                    repo,
+                    rev,
+                    include=args.include,
+                    hardware_file=args.hardware,
+                    ctx=args.ctx,
+                    n_cpu_moe=args.n_cpu_moe,
+                ),
+                progress=show,
+            )
+        finally:
+            clear()
         planned = remote.planned
     else:
         planned = plan_shard_set(

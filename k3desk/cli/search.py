@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from k3desk.cli import control
 from k3desk.core.app.search import SearchRequest, SearchResult, SetRow, search_hub, size_text
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
+    from k3desk.core.progress import Progress
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,17 +47,41 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
+def tty_progress(quiet: bool) -> tuple[Callable[[Progress], None], Callable[[], None]]:
+    """A one-line progress report on a terminal's stderr, and what clears it."""
+    tty = sys.stderr.isatty() and not quiet
+
+    def show(p: Progress) -> None:
+        if tty:
+            count = f" {p.done}/{p.total}" if p.total else ""
+            control(sys.stderr, "\r\033[K")
+            sys.stderr.write(f"{p.stage}{count} {p.detail[-60:]}")
+            sys.stderr.flush()
+
+    def clear() -> None:
+        if tty:
+            control(sys.stderr, "\r\033[K")
+            sys.stderr.flush()
+
+    return show, clear
+
+
 def run(args: argparse.Namespace, services: Services) -> int:
-    result = search_hub(
-        services,
-        SearchRequest(
-            query=args.query,
-            base_model=args.base_model,
-            hardware_file=args.hardware,
-            read_headers=not args.no_headers,
-            limit=args.limit,
-        ),
-    )
+    show, clear = tty_progress(args.json)
+    try:
+        result = search_hub(
+            services,
+            SearchRequest(
+                query=args.query,
+                base_model=args.base_model,
+                hardware_file=args.hardware,
+                read_headers=not args.no_headers,
+                limit=args.limit,
+            ),
+            progress=show,
+        )
+    finally:
+        clear()
     if args.json:
         print(json.dumps(to_json(result), indent=2))
     else:
