@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from k3desk.core.app.search import SearchRequest, SearchResult, SetRow, search_hub, size_text
-from k3desk.ui.widgets import label, muted
+from k3desk.ui.widgets import muted
 
 if TYPE_CHECKING:
     from k3desk.core.progress import CancelToken
@@ -43,7 +43,6 @@ class HubModels(QWidget):
         self.endpoint: str | None = None  # None: HF_ENDPOINT, else huggingface.co
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 8, 0, 0)
-        lay.addWidget(label("On the Hub", "sectionTitle", wrap=False))
         row = QHBoxLayout()
         self.query = QLineEdit("Kimi-K3")
         self.query.setObjectName("hubQuery")

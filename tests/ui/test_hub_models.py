@@ -3,16 +3,11 @@ real headers; the catalog alone, said so, when the Hub cannot be reached."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from PySide6.QtCore import Qt
 
 from k3desk.ui.pages import PageKey
 from k3desk.ui.window import MainWindow
 from tests.hubserver import HubServer
-
-SHOT = Path(__file__).resolve().parents[2] / "docs" / "screenshots" / "models-hub.png"
 
 
 def test_the_models_page_lists_the_hubs_sets_with_a_verdict_each(  # type: ignore[no-untyped-def]
@@ -25,6 +20,7 @@ def test_the_models_page_lists_the_hubs_sets_with_a_verdict_each(  # type: ignor
     w.show()
     w.show_page(PageKey.MODELS)
     hub_view = w.models_page().hub
+    w.models_page().sources.setCurrentWidget(hub_view)
     qtbot.waitUntil(lambda: ctx.hardware.judgement is not None, timeout=60_000)
     with HubServer() as hub:
         twin = twin_factory("grearl-iq1s")
@@ -53,9 +49,6 @@ def test_the_models_page_lists_the_hubs_sets_with_a_verdict_each(  # type: ignor
     tip = hub_view.table.item(0, 4).toolTip()
     assert "Kimi-K3-mmproj-BF16.gguf" in tip
     assert "1xH200" in hub_view.status.text()
-    if os.environ.get("K3DESK_SCREENSHOTS"):
-        hub_view.table.scrollToTop()
-        w.models_page().grab().save(str(SHOT))
     # the Hub gone: the catalog alone, and the page says so
     hub_view.result = None
     qtbot.mouseClick(hub_view.button, Qt.MouseButton.LeftButton)
