@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from k3desk.core.app.search import SearchRequest, SearchResult, SetRow, search_hub, size_text
-from k3desk.ui.widgets import muted
+from k3desk.ui.widgets import label, muted
 
 if TYPE_CHECKING:
     from k3desk.core.progress import CancelToken
@@ -72,7 +72,10 @@ class HubModels(QWidget):
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(5, QHeaderView.ResizeMode.Stretch)
         self.table.setMinimumHeight(140)
+        self.table.itemSelectionChanged.connect(self._selected)
         lay.addWidget(self.table, 1)
+        self.details = label("", "hubDetails", selectable=True)
+        lay.addWidget(self.details)
 
     def search(self) -> None:
         hardware = self.ctx.hardware.from_file
@@ -134,6 +137,25 @@ class HubModels(QWidget):
                 item = QTableWidgetItem(text)
                 item.setToolTip("\n".join([text, *notes[i]]) if notes else text)
                 self.table.setItem(i, j, item)
+
+    def _selected(self) -> None:
+        """The chosen set's judgement in full, and how to get it."""
+        result = self.result
+        rows = self.table.selectionModel().selectedRows()
+        if result is None or result.offline or not rows or rows[0].row() >= len(result.rows):
+            self.details.setText("")
+            return
+        s = result.rows[rows[0].row()]
+        lines = [f"{s.repo} at {s.revision[:12]}, {s.remote.name}: {s.verdict}"]
+        if s.plan is not None:
+            lines.append(s.plan.basis_text()[:1].upper() + s.plan.basis_text()[1:] + ".")
+        lines += [s.problem] if s.problem else []
+        lines += list(s.suspicious[:1])
+        lines.append(
+            f"Download: k3desk download --repo {s.repo} --revision {s.revision} "
+            f"--include '{s.remote.include}'"
+        )
+        self.details.setText("\n".join(lines))
 
     @staticmethod
     def _notes(row: SetRow) -> list[str]:

@@ -48,6 +48,10 @@ def test_the_models_page_lists_the_hubs_sets_with_a_verdict_each(  # type: ignor
     # the card's facts and the repository's projector, where a set is a catalog tier
     tip = hub_view.table.item(0, 4).toolTip()
     assert "Kimi-K3-mmproj-BF16.gguf" in tip
+    hub_view.table.selectRow(2)
+    details = hub_view.details.text()
+    assert "From the real headers of all 94 parts" in details
+    assert "--include 'Kimi-K3-IQ1_S-*-of-00094.gguf'" in details
     assert "1xH200" in hub_view.status.text()
     # the Hub gone: the catalog alone, and the page says so
     hub_view.result = None
