@@ -27,7 +27,7 @@ from k3desk.core.app.search import SearchRequest, SearchResult, SetRow, search_h
 from k3desk.ui.widgets import label, muted
 
 if TYPE_CHECKING:
-    from k3desk.core.progress import CancelToken
+    from k3desk.core.progress import CancelToken, Progress
     from k3desk.ui.context import AppContext
 
 COLUMNS = ("Repository", "Set", "Parts", "Size", "Tier", "Fit", "Judged from")
@@ -40,6 +40,7 @@ class HubModels(QWidget):
         super().__init__(parent)
         self.ctx = ctx
         self.result: SearchResult | None = None
+        self._searching = False
         self.endpoint: str | None = None  # None: HF_ENDPOINT, else huggingface.co
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 8, 0, 0)
@@ -86,15 +87,24 @@ class HubModels(QWidget):
         )
         services = self.ctx.services
         self.button.setEnabled(False)
+        self._searching = True
         self.status.setText("Searching the Hub and reading each set's headers…")
 
+        tasks = self.ctx.tasks
+
+        def progress(p: Progress) -> None:  # on a worker thread: the label on the main one
+            count = f" {p.done}/{p.total}" if p.total else ""
+            text = f"{p.stage}{count} {p.detail[-80:]}…"
+            tasks.run_on_main(lambda: self._progress(text))
+
         def work(token: CancelToken) -> SearchResult:
-            return search_hub(services, request, cancel=token)
+            return search_hub(services, request, progress=progress, cancel=token)
 
         def done(result: SearchResult) -> None:
             self.show_result(result)
 
         def failed(exc: BaseException) -> None:
+            self._searching = False
             self.status.setText(f"The search failed: {exc}")
 
         self.ctx.tasks.run(
@@ -105,7 +115,12 @@ class HubModels(QWidget):
             name="hub search",
         )
 
+    def _progress(self, text: str) -> None:
+        if self._searching:  # a report that arrives after the answer is dropped
+            self.status.setText(text)
+
     def show_result(self, result: SearchResult) -> None:
+        self._searching = False
         self.result = result
         machine = result.subject.describe()
         self.status.setText(
