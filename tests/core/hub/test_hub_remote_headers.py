@@ -389,3 +389,21 @@ def test_a_hiccup_is_retried_and_a_part_that_keeps_failing_is_named(
     assert "503" in str(failed.value)
     hub_server.fail_next(part2, 503)  # once: retried
     assert len(plan_remote_set(Services(), req).headers.parts) == 3
+
+
+def test_the_search_asks_the_hub_for_gguf_and_the_base_model_and_follows_its_pages() -> None:
+    from k3desk.core.hub.discovery import search_repos
+
+    with HubServer(page_size=2) as hub:  # every search answer comes in pages
+        base = ("gguf", "base_model:moonshotai/Kimi-K3")
+        for i in range(5):
+            hub.add_repo(f"q{i}/Kimi-K3-GGUF", {"a.gguf": b"GGUF" + bytes(2000)}, tags=base)
+        hub.add_repo("other/Kimi-K3-GGUF", {"a.gguf": b"GGUF" + bytes(2000)})
+        hub.add_repo("x/Kimi-K3-Llama-GGUF", {"a.gguf": b"GGUF"}, gguf={"architecture": "llama"})
+        found = [h.repo for h in search_repos(endpoint=hub.endpoint, token="")]
+        assert found == ["other/Kimi-K3-GGUF", *(f"q{i}/Kimi-K3-GGUF" for i in range(5))]
+        based = search_repos(base_model="moonshotai/Kimi-K3", endpoint=hub.endpoint, token="")
+        assert [h.repo for h in based] == [f"q{i}/Kimi-K3-GGUF" for i in range(5)]
+        assert all(len(h.revision) == 40 for h in based)
+        searches = [h for h in hub.hits if h.path.startswith("/api/models?")]
+        assert all("filter=gguf" in h.path for h in searches)
