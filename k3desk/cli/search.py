@@ -113,6 +113,7 @@ def _row_json(r: SetRow) -> dict[str, Any]:
         "quality": [f"{q.metric} {q.value}" for q in r.tier.quality] if r.tier else [],
         "caveats": list(r.tier.caveats) if r.tier else [],
         "engines": list(r.tier.engines) if r.tier else [],
+        "vision_engine": (r.tier.vision_engine or None) if r.tier else None,
     }
 
 
