@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Literal
 
 from k3desk.core.app.shardplan import PlanRequest, ShardSetPlan, plan_shard_set
 from k3desk.core.errors import HubError, ValidationError
-from k3desk.core.hub.discovery import RemoteRepo, RemoteSet, list_repo_sets
-from k3desk.core.hub.headers import HeaderSet, read_remote_headers
+from k3desk.core.hub.discovery import RemoteRepo, RemoteSet, group_sets, list_repo_sets
+from k3desk.core.hub.headers import HeaderSet, cached_files, read_remote_headers
 from k3desk.core.hub.listing import select
 from k3desk.core.progress import CancelToken, ProgressCallback, no_progress
 from k3desk.core.units import fmt_bytes
@@ -155,9 +155,18 @@ def plan_remote_set(
 ) -> RemotePlan:
     """List, read the headers of and plan one set on the Hub (see the module docstring)."""
     request = replace(request, token=token_for(request.token))
-    listed = list_repo_sets(
-        request.repo, request.revision, endpoint=request.endpoint, token=request.token
-    )
+    try:
+        listed = list_repo_sets(
+            request.repo, request.revision, endpoint=request.endpoint, token=request.token
+        )
+    except HubError:
+        # the Hub out of reach: a commit whose headers were read before is still planned
+        cached = cached_files(
+            header_cache(services), request.endpoint, request.repo, request.revision
+        )
+        if not cached:
+            raise
+        listed = group_sets(request.repo, request.revision, cached)
     chosen = choose_set(listed, request.include)
     return plan_listed_set(services, request, listed, chosen, progress=progress, cancel=cancel)
 

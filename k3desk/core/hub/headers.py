@@ -420,6 +420,24 @@ def _load_record(folder: Path) -> dict[str, dict[str, Any]]:
     return raw if isinstance(raw, dict) else {}
 
 
+def cached_files(
+    cache_dir: Path, endpoint: str | None, repo: str, revision: str
+) -> list[RemoteFile]:
+    """The files whose headers the cache holds for ``repo`` at commit ``revision`` (as
+    their listing gave them): what a plan can still use with the Hub out of reach."""
+    if not _COMMIT.fullmatch(revision):
+        return []
+    folder = twin_folder(cache_dir, resolve_endpoint(endpoint), repo, revision)
+    out = []
+    for path, entry in sorted(_load_record(folder).items()):
+        if not isinstance(entry, dict) or name_problem(path):
+            continue
+        size, sha = entry.get("size"), entry.get("sha256")
+        if isinstance(size, int) and (sha is None or isinstance(sha, str)):
+            out.append(RemoteFile(path, size, sha, ""))
+    return out
+
+
 def _cached(folder: Path, record: dict[str, dict[str, Any]], f: RemoteFile) -> PartRead | None:
     entry = record.get(f.path)
     if not isinstance(entry, dict):

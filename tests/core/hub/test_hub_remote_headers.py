@@ -407,3 +407,27 @@ def test_the_search_asks_the_hub_for_gguf_and_the_base_model_and_follows_its_pag
         assert all(len(h.revision) == 40 for h in based)
         searches = [h for h in hub.hits if h.path.startswith("/api/models?")]
         assert all("filter=gguf" in h.path for h in searches)
+
+
+def test_a_commit_planned_before_is_planned_again_with_the_hub_out_of_reach(
+    tiny_k3: TinyModel, hardware_file: Any
+) -> None:
+    hw = hardware_file(HW)
+    with HubServer() as hub:
+        hub.add_repo(TINY, _tiny_files(tiny_k3))
+        online = plan_remote_set(
+            Services(), RemotePlanRequest(TINY, hardware_file=hw, endpoint=hub.endpoint, token="")
+        )
+        gone = hub.endpoint
+    sha = online.headers.revision
+    # by its commit: the headers read before are enough
+    offline = plan_remote_set(
+        Services(), RemotePlanRequest(TINY, sha, hardware_file=hw, endpoint=gone, token="")
+    )
+    assert offline.headers.cached
+    assert _plan_facts(offline.planned) == _plan_facts(online.planned)
+    # by a branch name: which commit it is now cannot be known, so it is not guessed
+    with pytest.raises(HubError):
+        plan_remote_set(
+            Services(), RemotePlanRequest(TINY, "main", hardware_file=hw, endpoint=gone, token="")
+        )
