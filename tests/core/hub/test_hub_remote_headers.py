@@ -194,7 +194,8 @@ def test_a_redirect_to_the_cdn_carries_no_token(tiny_k3: TinyModel, hardware_fil
         cdn = [h for h in hub.hits if h.server == "cdn"]
         assert cdn
         assert all(h.status == 206 and not h.authorized for h in cdn)
-        assert all(h.authorized for h in hub.hits if h.server == "hub")
+        # (the refused anonymous attempt's 401 may be logged late: only answers count)
+        assert all(h.authorized for h in hub.hits if h.server == "hub" and h.status < 400)
         assert len(remote.headers.parts) == 3
 
 
