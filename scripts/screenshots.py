@@ -247,6 +247,28 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
     mine.select(str(model.first_part))
     save(window, "models.png")
 
+    # On the Hub: the stand-in serving twins of three published tiers in two repositories
+    # and the tiny set, every set judged from its real headers (read by ranges)
+    with HubServer() as hub:
+        for repo, tiers in (
+            ("6block/Kimi-K3-GGUF", ("6block-iq1s-xs", "6block-iq1s-xxs-832e")),
+            ("GrEarl/Kimi-K3-GGUF-IQ1_S", ("grearl-iq1s",)),
+        ):
+            parts = [p for t in tiers for p in write_twin(services.catalog.get(t), home / t)]
+            hub.add_repo(repo, {p.name: p for p in parts}, hash_content=False)
+        hub.add_repo(
+            "tester/Kimi-K3-Tiny-GGUF", {f"IQ1_S/{p.name}": p.read_bytes() for p in model.parts}
+        )
+        on_hub = window.models_page().hub
+        window.models_page().sources.setCurrentWidget(on_hub)
+        on_hub.endpoint = hub.endpoint
+        on_hub.search()
+        until(lambda: on_hub.result is not None, 180)
+    on_hub.table.scrollToTop()
+    on_hub.table.selectRow(2)  # the 94-part set: its judgement in full, and its download
+    save(window.models_page(), "models-hub.png")
+    window.models_page().sources.setCurrentIndex(0)
+
     # cluster: three DGX Sparks (GB10); no such machines here, so their probe reports are
     # built from the shipped GB10 hardware file, as the tests do
     from k3desk.core.cluster.nodes import Cluster, Node

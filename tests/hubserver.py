@@ -4,6 +4,8 @@ It speaks the part of the Hub protocol huggingface_hub 2.4 uses to list and
 download files (no Xet: no ``X-Xet-Hash``/``xet-auth`` headers, no
 ``xetHash`` in tree entries, so clients take the plain HTTP path):
 
+* ``GET /api/models?search=...&filter=gguf`` (the model search ``list_models`` asks,
+  paged by ``Link: rel="next"``; ``filter`` tags and ``base_model:<id>`` honoured)
 * ``GET /api/models/{repo}[/revision/{rev}]`` (model_info; ``?blobs=true`` adds sizes/LFS)
 * ``GET /api/models/{repo}/tree/{rev}[/{path}]?recursive=...`` paged with ``Link: rel="next"``
 * ``POST /api/models/{repo}/paths-info/{rev}``
@@ -65,9 +67,19 @@ class HubFile:
     git_sha1: str = ""
     size: int = 0
     lfs: bool = True
+    # False: a file on disk is not hashed whole (a sparse twin of hundreds of GB); its
+    # "sha256" is then the hash of its size and first MiB, which a download cannot verify
+    hash_content: bool = True
 
     def __post_init__(self) -> None:
-        if self.data is not None:
+        if self.data is None and not self.hash_content:
+            assert self.source is not None
+            self.size = self.source.stat().st_size
+            with self.source.open("rb") as f:
+                head = f.read(1 << 20)
+            self.sha256 = hashlib.sha256(b"%d:" % self.size + head).hexdigest()
+            self.git_sha1 = hashlib.sha1(self.sha256.encode(), usedforsecurity=False).hexdigest()
+        elif self.data is not None:
             self.size = len(self.data)
             self.sha256 = hashlib.sha256(self.data).hexdigest()
             self.git_sha1 = git_blob_sha1(self.data)
@@ -108,6 +120,8 @@ class HubRepo:
     gated: bool = False
     private: bool = False
     allowed_tokens: set[str] = field(default_factory=set)  # gated: accepted; private: members
+    tags: tuple[str, ...] = ("gguf",)
+    gguf: dict[str, Any] | None = None  # what the Hub read of its GGUF metadata
 
 
 @dataclass
@@ -130,6 +144,8 @@ class HubServer:
 
     def __init__(self, *, cdn: bool = False, page_size: int = 50) -> None:
         self.repos: dict[str, HubRepo] = {}
+        # every commit a repo had: (repo, sha) -> repo as it was then (the Hub keeps them)
+        self.history: dict[tuple[str, str], HubRepo] = {}
         self.valid_tokens: set[str] = set()
         self.page_size = page_size
         self.use_cdn = cdn
@@ -160,19 +176,25 @@ class HubServer:
         private: bool = False,
         allowed_tokens: set[str] | None = None,
         lfs: bool = True,
+        tags: tuple[str, ...] = ("gguf",),
+        gguf: dict[str, Any] | None = None,
+        hash_content: bool = True,
     ) -> HubRepo:
+        """Add ``repo_id`` (or give it a new commit with these files; the old commit
+        stays readable by its sha, as on the Hub)."""
         built = {
             p: HubFile(p, data=d, lfs=lfs)
             if isinstance(d, bytes)
-            else HubFile(p, source=d, lfs=lfs)
+            else HubFile(p, source=d, lfs=lfs, hash_content=hash_content)
             for p, d in files.items()
         }
         sha = hashlib.sha1(
             json.dumps(sorted((p, f.sha256) for p, f in built.items())).encode(),
             usedforsecurity=False,
         ).hexdigest()
-        repo = HubRepo(repo_id, built, sha, gated, private, set(allowed_tokens or ()))
+        repo = HubRepo(repo_id, built, sha, gated, private, set(allowed_tokens or ()), tags, gguf)
         self.repos[repo_id] = repo
+        self.history[(repo_id, sha)] = repo
         return repo
 
     def stall_once(self, file: str, after: int, seconds: float) -> None:
@@ -407,11 +429,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return None
         return repo
 
-    def _rev(self, repo: HubRepo, rev: str) -> bool:
+    def _rev(self, repo: HubRepo, rev: str) -> HubRepo | None:
+        """The repo as it is at ``rev`` (main, or any commit it had), else answer 404."""
         if unquote(rev) in ("main", repo.sha):
-            return True
+            return repo
+        old = self.owner.history.get((repo.repo_id, unquote(rev)))
+        if old is not None:
+            return old
         self._error(404, "RevisionNotFound", f"Invalid rev id: {unquote(rev)}")
-        return False
+        return None
 
     # ------------------------------------------------------------ hub routes
     def _hub(self) -> None:
@@ -423,29 +449,77 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             body = self.rfile.read(length) if length else b""
         if path.startswith("/api/") and self.owner.api_delay:
             self.owner._closing.wait(self.owner.api_delay)
+        if path == "/api/models" and self.command == "GET":
+            self._search(query)
+            return
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
         if m and self.command == "GET":
             repo = self._repo(m.group(1))
-            if repo and self._rev(repo, m.group(2) or "main"):
-                self._json(200, self._model_info(repo, blobs="blobs" in query))
+            at = self._rev(repo, m.group(2) or "main") if repo else None
+            if at:
+                self._json(200, self._model_info(at, blobs="blobs" in query))
             return
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(/.*)?", path)
         if m and self.command == "GET":
             repo = self._repo(m.group(1))
-            if repo and self._rev(repo, m.group(2)):
-                self._tree(repo, m.group(2), unquote((m.group(3) or "").lstrip("/")), query)
+            at = self._rev(repo, m.group(2)) if repo else None
+            if at:
+                self._tree(at, m.group(2), unquote((m.group(3) or "").lstrip("/")), query)
             return
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/paths-info/([^/]+)", path)
         if m and self.command == "POST":
             repo = self._repo(m.group(1))
-            if repo and self._rev(repo, m.group(2)):
-                self._paths_info(repo, body)
+            at = self._rev(repo, m.group(2)) if repo else None
+            if at:
+                self._paths_info(at, body)
             return
         m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
         if m and self.command in ("GET", "HEAD"):
             self._resolve(m.group(1), m.group(2), unquote(m.group(3)))
             return
         self._error(404, None, "Not found")
+
+    def _search(self, query: dict[str, list[str]]) -> None:
+        """``list_models``: repos whose id holds ``search`` and that carry every ``filter``
+        tag (``base_model:<id>`` among them), paged like the Hub."""
+        text = (query.get("search") or [""])[0].lower()
+        wanted = query.get("filter") or []
+        token = self._token()
+        found = []
+        for repo in sorted(self.owner.repos.values(), key=lambda r: r.repo_id):
+            if repo.private and token not in repo.allowed_tokens:
+                continue
+            if text and text not in repo.repo_id.lower():
+                continue
+            if not all(tag in repo.tags for tag in wanted):
+                continue
+            info: dict[str, Any] = {
+                "_id": repo.sha[:24],
+                "id": repo.repo_id,
+                "modelId": repo.repo_id,
+                "sha": repo.sha,
+                "private": repo.private,
+                "gated": "manual" if repo.gated else False,
+                "downloads": 0,
+                "likes": 0,
+                "tags": list(repo.tags),
+                "lastModified": "2026-11-30T12:00:00.000Z",
+            }
+            if repo.gguf is not None:
+                info["gguf"] = repo.gguf
+            found.append(info)
+        limit = int((query.get("limit") or ["1000"])[0])
+        start = int((query.get("cursor") or ["0"])[0])
+        size = min(self.owner.page_size, limit)
+        page = found[start : start + size]
+        headers = {}
+        if start + size < min(len(found), limit):
+            params = "&".join(
+                f"{k}={quote(v)}" for k, vs in query.items() if k != "cursor" for v in vs
+            )
+            nxt = f"{self.owner.endpoint}/api/models?{params}&cursor={start + size}"
+            headers["Link"] = f'<{nxt}>; rel="next"'
+        self._json(200, page, headers)
 
     def _entry(self, f: HubFile, blobs: bool = True) -> dict[str, Any]:
         entry: dict[str, Any] = {"type": "file", "oid": f.git_sha1, "size": f.size, "path": f.path}
@@ -539,8 +613,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         repo = self._repo(repo_id, file)
         if repo is None:
             return
-        if not self._rev(repo, rev):
+        at = self._rev(repo, rev)
+        if at is None:
             return
+        repo = at
         f = repo.files.get(file)
         if f is None:
             self._error(404, "EntryNotFound", f'{file} does not exist on "{unquote(rev)}"', file)
@@ -668,8 +744,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not m or self.command not in ("GET", "HEAD"):
             self._send(404, b"")
             return
-        repo = self.owner.repos.get(m.group(1))
-        f = next((f for f in (repo.files.values() if repo else ()) if f.sha256 == m.group(2)), None)
+        commits = [r for (rid, _), r in self.owner.history.items() if rid == m.group(1)]
+        f = next((f for r in commits for f in r.files.values() if f.sha256 == m.group(2)), None)
         if f is None:
             self._send(404, b"")
             return

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 COMMAND_MODULES = (
     "k3desk.cli.doctor",
     "k3desk.cli.tiers",
+    "k3desk.cli.search",
     "k3desk.cli.validate",
     "k3desk.cli.plan",
     "k3desk.cli.models",

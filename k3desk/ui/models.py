@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout
+from PySide6.QtWidgets import QHBoxLayout, QPushButton, QTabWidget, QVBoxLayout, QWidget
 
 from k3desk.core.app.tiers import TierJudgement
+from k3desk.ui.hubmodels import HubModels
 from k3desk.ui.judged import JudgedBar
 from k3desk.ui.mymodels import MyModels
 from k3desk.ui.pages import Navigator, Page
@@ -37,12 +38,21 @@ class ModelsPage(Page):
         lay.addWidget(self.judged_bar)
         self.mine = MyModels(ctx, window)
         lay.addWidget(self.mine)
-        lay.addWidget(label("Published tiers", "sectionTitle", wrap=False))
+        # what the catalog knows, and what the Hub has now: one tab each
+        self.sources = QTabWidget()
+        self.sources.setObjectName("modelSources")
+        tiers = QWidget()
+        tiers_lay = QVBoxLayout(tiers)
+        tiers_lay.setContentsMargins(0, 8, 0, 0)
         self.summary = label("Looking at this machine and planning every tier…")
         self.summary.setObjectName("recommendation")
-        lay.addWidget(self.summary)
+        tiers_lay.addWidget(self.summary)
         self.table = TierTable()
-        lay.addWidget(self.table, 1)
+        tiers_lay.addWidget(self.table, 1)
+        self.sources.addTab(tiers, "Published tiers")
+        self.hub = HubModels(ctx)
+        self.sources.addTab(self.hub, "On the Hub")
+        lay.addWidget(self.sources, 1)
         row = QHBoxLayout()
         self.rule = muted("")
         row.addWidget(self.rule, 1)

@@ -12,6 +12,8 @@ which machine is judged                :mod:`k3desk.core.app.subject`
 judge the tiers for hardware H         :mod:`k3desk.core.app.tiers`
 judge the tiers for a cluster          :mod:`k3desk.core.app.cluster_tiers`
 plan a shard set for hardware H        :mod:`k3desk.core.app.shardplan`
+plan a set on the Hub before download  :mod:`k3desk.core.app.remote_plan`
+what the Hub has, judged               :mod:`k3desk.core.app.search`
 find the model in a folder             :mod:`k3desk.core.app.models`
 my models: add, list, judge, remove    :mod:`k3desk.core.app.library`
 prepare a local launch                 :mod:`k3desk.core.app.launch`

@@ -167,6 +167,9 @@ class PlanRequest:
     mmproj: Path | None = None
     n_cpu_moe: int | None = None  # insisted on; None = the smallest that fits
     measure_bandwidth: bool = True  # this machine's RAM bandwidth: measured, else estimated
+    # where this machine's free disk is measured (None: the set's folder); a plan made
+    # before a download measures the folder the download goes to
+    disk_path: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,8 @@ def plan_shard_set(services: Services, request: PlanRequest) -> ShardSetPlan:
         subject = Subject.hardware_file(request.hardware_file, hw)
     else:
         hw = services.detect_hardware(
-            layout.first_part.parent, measure_bandwidth=request.measure_bandwidth
+            request.disk_path or layout.first_part.parent,
+            measure_bandwidth=request.measure_bandwidth,
         )
         subject = Subject.this_machine(hw)
     opts = PlanOptions(ctx=request.ctx, mmproj=request.mmproj, n_cpu_moe=request.n_cpu_moe)

@@ -440,6 +440,15 @@ def read_header(path: Path | str, eager_array_limit: int = EAGER_ARRAY_LIMIT) ->
         return _parse(f, p, size, eager_array_limit)
 
 
+def read_header_from(
+    f: BinaryIO, name: Path | str, size: int, eager_array_limit: int = EAGER_ARRAY_LIMIT
+) -> GGUFHeader:
+    """Read the header of a GGUF file of ``size`` bytes from ``f`` (anything with
+    ``seek`` and ``read``: a remote file read by HTTP ranges, say), with the same checks
+    and bounds as :func:`read_header`; ``name`` is what messages call the file."""
+    return _parse(f, Path(name), size, eager_array_limit)
+
+
 def _parse(f: BinaryIO, p: Path, size: int, eager_array_limit: int) -> GGUFHeader:
     r = _Window(f, p, size)
     version, n_tensors, n_kv = _read_start(r, p, size)

@@ -1,0 +1,274 @@
+"""Use-case "what does the Hub have": Kimi-K3 GGUF sets, each with a verdict for hardware H.
+
+The Hub is searched (:func:`k3desk.core.hub.discovery.search_repos`), each repository
+listed at its commit and grouped into shard sets, and each set judged:
+
+* from its **real headers** (read by ranges into a header twin, cached per commit,
+  :mod:`k3desk.core.app.remote_plan`): the same check and plan as a downloaded set;
+* else from the **catalog**, where the set is a catalog tier's files (same repository,
+  the tier's file pattern): the catalog's estimate, said to be one;
+* else it is listed unjudged.
+
+A set that matches a catalog tier carries the card's facts (quality figures, caveats,
+the engine it needs).  With ``HF_HUB_OFFLINE`` set, or the Hub unreachable, the result
+is the catalog alone and says so (:attr:`SearchResult.offline`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from k3desk.core.app.remote_plan import RemotePlan, RemotePlanRequest, plan_listed_set, token_for
+from k3desk.core.app.subject import Subject, judged_machine
+from k3desk.core.app.tiers import TierJudgement, TierRequest, TierRow, judge_tiers
+from k3desk.core.catalog.model import Tier
+from k3desk.core.errors import Cancelled, K3Error
+from k3desk.core.hub.discovery import (
+    DEFAULT_QUERY,
+    RemoteRepo,
+    RemoteSet,
+    RepoHit,
+    list_repo_sets,
+    search_repos,
+)
+from k3desk.core.hub.listing import resolve_endpoint, select
+from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
+from k3desk.core.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from k3desk.core.app.services import Services
+
+Basis = Literal["headers", "catalog", "none"]
+# What one search may read of headers (about 5 MiB a set: part 1 holds the tokenizer);
+# sets past it are judged from the catalog, or listed, with a note how to plan them
+SEARCH_HEADER_BUDGET = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    query: str = DEFAULT_QUERY
+    base_model: str | None = None
+    hardware_file: Path | None = None
+    read_headers: bool = True  # judge each set from its real headers (cached per commit)
+    endpoint: str | None = None
+    token: str | None = None  # None: the saved token
+    limit: int = 20  # repositories
+
+
+@dataclass(frozen=True)
+class SetRow:
+    """One set on the Hub, judged."""
+
+    hit: RepoHit
+    remote: RemoteSet
+    tier: Tier | None  # the catalog tier it is (by its headers, else by its file names)
+    basis: Basis  # what the verdict rests on
+    verdict: str  # in the words every shell uses ("hybrid: 45 expert layers on CPU", ...)
+    kind: str  # the planner's verdict kind ("gpu", "hybrid", ..., "" when not judged)
+    n_cpu_moe: int | None = None
+    speed: str = ""  # '13 tok/s'
+    problem: str = ""  # why it could not be judged from its headers
+    suspicious: tuple[str, ...] = ()
+    header_bytes: int = 0  # bytes read from the Hub for its headers in this search
+    projectors: tuple[str, ...] = ()
+    plan: RemotePlan | None = None
+
+    @property
+    def repo(self) -> str:
+        return self.remote.repo
+
+    @property
+    def revision(self) -> str:
+        return self.remote.revision
+
+    def basis_text(self) -> str:
+        if self.basis == "headers":
+            return "real headers"
+        if self.basis == "catalog":
+            return "catalog estimate"
+        return "not judged"
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    endpoint: str
+    query: str
+    subject: Subject
+    rows: tuple[SetRow, ...]
+    # the catalog judged for the same machine: what is shown when the Hub is not reached
+    catalog: TierJudgement
+    offline: bool = False
+    offline_reason: str = ""
+    errors: tuple[str, ...] = ()  # repositories that could not be listed, one line each
+
+    @property
+    def status(self) -> str:
+        if self.offline:
+            return f"catalog only (offline): {self.offline_reason}"
+        sets = len(self.rows)
+        repos = len({r.repo for r in self.rows})
+        return (
+            f"{sets} set{'s' if sets != 1 else ''} in {repos} repositor"
+            + ("y" if repos == 1 else "ies")
+            + f" on {self.endpoint}"
+        )
+
+
+def size_text(n: int) -> str:
+    """A set's or a tier's bytes as every shell shows them ('528.0 GiB')."""
+    return fmt_bytes(n)
+
+
+def catalog_tier_for(remote: RemoteSet, tiers: tuple[Tier, ...]) -> Tier | None:
+    """The catalog tier whose files ``remote`` is, by repository and file pattern."""
+    for tier in tiers:
+        if tier.repo.lower() != remote.repo.lower():
+            continue
+        if select([remote.first_path], list(tier.include)) and (
+            remote.count == tier.shard_count or "shard_count" in tier.derived
+        ):
+            return tier
+    return None
+
+
+def _catalog_row(hit: RepoHit, remote: RemoteSet, tier: Tier, row: TierRow | None) -> SetRow:
+    if row is None:
+        return SetRow(hit, remote, tier, "none", "not judged", "")
+    return SetRow(
+        hit,
+        remote,
+        tier,
+        "catalog",
+        row.label,
+        row.kind,
+        n_cpu_moe=row.n_cpu_moe,
+        speed=row.speed.text() if row.speed is not None else "",
+    )
+
+
+def _header_row(hit: RepoHit, remote: RemoteSet, planned: RemotePlan) -> SetRow:
+    p = planned.planned
+    s = p.view.speed
+    return SetRow(
+        hit,
+        remote,
+        p.tier,
+        "headers",
+        p.view.label,
+        p.plan.verdict,
+        n_cpu_moe=p.plan.n_cpu_moe,
+        speed=s.text() if p.plan.verdict in ("gpu", "hybrid", "cpu", "stream") else "",
+        suspicious=p.suspicious,
+        header_bytes=planned.headers.received,
+        projectors=planned.projectors,
+        plan=planned,
+    )
+
+
+def offline_reason() -> str:
+    """Why the Hub is not asked at all ('' when it is)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    return ""
+
+
+def search_hub(
+    services: Services,
+    request: SearchRequest,
+    *,
+    progress: ProgressCallback = no_progress,
+    cancel: CancelToken | None = None,
+) -> SearchResult:
+    """Search the Hub and judge every set found (see the module docstring)."""
+    request = replace(request, token=token_for(request.token))
+    hw, subject = judged_machine(services, request.hardware_file)
+    tiers = services.catalog_tiers()
+    catalog = judge_tiers(TierRequest(hw, subject, state_dir=services.paths.state), tiers)
+    ep = resolve_endpoint(request.endpoint)
+    reason = offline_reason()
+    if reason:
+        return SearchResult(ep, request.query, subject, (), catalog, True, reason)
+    progress(Progress("Searching the Hub", 0, 0, request.query))
+    try:
+        hits = search_repos(
+            request.query,
+            base_model=request.base_model,
+            endpoint=ep,
+            token=request.token,
+            limit=request.limit,
+        )
+    except K3Error as exc:
+        return SearchResult(ep, request.query, subject, (), catalog, True, exc.message)
+    rows: list[SetRow] = []
+    errors: list[str] = []
+    spent = 0
+    by_tier = {r.tier.id: r for r in catalog.rows}
+    plan_req = RemotePlanRequest(
+        repo="",
+        hardware_file=request.hardware_file,
+        endpoint=ep,
+        token=request.token,
+    )
+    for n, hit in enumerate(hits):
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        progress(Progress("Listing repositories", n, len(hits), hit.repo))
+        try:
+            listed: RemoteRepo = list_repo_sets(
+                hit.repo, hit.revision or "main", endpoint=ep, token=request.token
+            )
+        except K3Error as exc:
+            errors.append(f"{hit.repo}: {exc.message}")
+            continue
+        for remote in listed.sets:
+            tier = catalog_tier_for(remote, tiers)
+            over = spent >= SEARCH_HEADER_BUDGET
+            if not request.read_headers or not remote.complete or over:
+                if over and remote.complete and request.read_headers:
+                    base = (
+                        _catalog_row(hit, remote, tier, by_tier.get(tier.id))
+                        if tier is not None
+                        else SetRow(hit, remote, None, "none", "not judged", "")
+                    )
+                    rows.append(
+                        replace(
+                            base,
+                            problem=f"headers not read: this search read {fmt_bytes(spent)} "
+                            "already; `k3desk plan --remote` reads them",
+                        )
+                    )
+                    continue
+                if tier is not None:
+                    rows.append(_catalog_row(hit, remote, tier, by_tier.get(tier.id)))
+                else:
+                    why = (
+                        f"parts missing: {', '.join(map(str, remote.missing[:5]))}"
+                        if remote.missing
+                        else ""
+                    )
+                    rows.append(SetRow(hit, remote, None, "none", "not judged", "", problem=why))
+                continue
+            try:
+                planned = plan_listed_set(
+                    services, plan_req, listed, remote, progress=progress, cancel=cancel
+                )
+            except Cancelled:
+                raise
+            except K3Error as exc:
+                base = (
+                    _catalog_row(hit, remote, tier, by_tier.get(tier.id))
+                    if tier is not None
+                    else SetRow(hit, remote, None, "none", "not judged", "")
+                )
+                verdict = (
+                    base.verdict if base.basis == "catalog" else "n/a: its headers cannot load"
+                )
+                rows.append(replace(base, problem=exc.message, verdict=verdict))
+                continue
+            spent += planned.headers.received
+            rows.append(_header_row(hit, remote, planned))
+    progress(Progress("Searching the Hub", 1, 1))
+    return SearchResult(ep, request.query, subject, tuple(rows), catalog, errors=tuple(errors))
