@@ -37,7 +37,7 @@ from k3desk import __version__
 from k3desk.ui import theme
 from k3desk.ui.context import AppContext
 from k3desk.ui.pages import Page, PageKey
-from k3desk.ui.widgets import label
+from k3desk.ui.widgets import fit_screen, label
 
 if TYPE_CHECKING:
     from k3desk.ui.chat.page import ChatPage
@@ -155,8 +155,11 @@ class MainWindow(QMainWindow):
         self.setObjectName("mainWindow")
         self.setWindowTitle("k3desk")
         self.setWindowIcon(theme.app_icon())
-        self.resize(1280, 800)
-        self.setMinimumSize(QSize(900, 600))
+        # within the screen's free area: a fixed 1280x800 puts the status bar below the
+        # bottom of an 800-px-high screen
+        room = fit_screen(self, 900, 600)  # the frame and title bar take some of it
+        self.setMinimumSize(room)
+        self.resize(fit_screen(self, 1280, 800))
         # what to do with a running engine on close; None: ask (tests and the automation
         # hook answer in advance)
         self.close_choice: CloseChoice | None = None
@@ -231,6 +234,8 @@ class MainWindow(QMainWindow):
             x, y, w, h = (int(saved[k]) for k in ("x", "y", "w", "h"))
         except (KeyError, TypeError, ValueError):
             return
+        room = fit_screen(self, w, h)  # the screen may be smaller now
+        w, h = room.width(), room.height()
         self.resize(max(w, self.minimumWidth()), max(h, self.minimumHeight()))
         if QGuiApplication.screenAt(QPoint(x + 40, y + 20)) is not None:
             self.move(x, y)
