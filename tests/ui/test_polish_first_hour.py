@@ -19,9 +19,11 @@ def test_the_window_opens_within_the_screen(ctx, qtbot) -> None:  # type: ignore
     qtbot.waitExposed(w)
     free = _free(w)
     assert free.width() < 1280  # the small screen this test is about
-    assert w.width() <= free.width() and w.height() <= free.height()
+    assert w.width() <= free.width()
+    assert w.height() <= free.height()
     bar = w.statusBar()
-    assert bar.isVisible() and bar.geometry().bottom() < w.height()
+    assert bar.isVisible()
+    assert bar.geometry().bottom() < w.height()
 
 
 def test_a_size_saved_on_a_larger_screen_is_fitted(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]
@@ -30,7 +32,8 @@ def test_a_size_saved_on_a_larger_screen_is_fitted(ctx, qtbot) -> None:  # type:
     qtbot.addWidget(w)
     w.show()
     free = _free(w)
-    assert w.width() <= free.width() and w.height() <= free.height()
+    assert w.width() <= free.width()
+    assert w.height() <= free.height()
 
 
 def test_an_answer_that_is_only_reasoning_shows_it(qapp, qtbot) -> None:  # type: ignore[no-untyped-def]
@@ -46,7 +49,8 @@ def test_an_answer_that_is_only_reasoning_shows_it(qapp, qtbot) -> None:  # type
         ]
     )
     text = view.toPlainText()
-    assert "Reasoning (1 word)" in text and "words" not in text
+    assert "Reasoning (1 word)" in text
+    assert "words" not in text
     assert "Because" in text  # shown without a click: it is all there is
     assert "wrote no answer" in text
     # and one with an answer keeps its reasoning folded

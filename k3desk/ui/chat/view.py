@@ -348,7 +348,8 @@ class MessageView(QTextBrowser):
             parts += [(b.key, b.html) for b in blocks]
         tail: list[str] = []
         if m.role == "assistant" and only_reasoning(m.content, m.reasoning, m.streaming):
-            tail.append(f'<p style="color:{c.muted};"><i>{html.escape(ONLY_REASONING_NOTE)}</i></p>')
+            note = html.escape(ONLY_REASONING_NOTE)
+            tail.append(f'<p style="color:{c.muted};"><i>{note}</i></p>')
         if m.streaming and not m.content and not m.reasoning:
             tail.append(f'<p style="color:{c.muted};"><i>Waiting for the first token…</i></p>')
         if m.streaming:
