@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QStandardPaths, Signal
+from PySide6.QtCore import QStandardPaths, Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from k3desk.core.app.cells import model_where
 from k3desk.core.app.library import AddResult, ModelRow, ModelsJudgement
 from k3desk.core.app.tiers import plan_label
 from k3desk.core.planning.recommend import FITS
@@ -58,7 +59,6 @@ def row_cells(row: ModelRow) -> tuple[tuple[str, str], ...]:
         if row.speed is not None
         else ("—", "Does not run there: no speed to predict." if m.ok else m.problem)
     )
-    where = "added" if m.source == "added" else f"folder {m.origin}"
     notes = "\n".join(m.suspicious)
     return (
         (m.name, f"{m.shard}\n{m.parts} part(s)" + (f"\n{notes}" if notes else "")),
@@ -75,7 +75,7 @@ def row_cells(row: ModelRow) -> tuple[tuple[str, str], ...]:
             if tier is not None
             else "Not a catalog tier (its headers match none).",
         ),
-        (where, str(m.origin)),
+        model_where(m.shard, m.source, m.origin),
     )
 
 
@@ -122,6 +122,7 @@ class MyModels(QWidget):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
         self.table.setWordWrap(False)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)  # a folder keeps its end
         h = self.table.horizontalHeader()
         h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         h.setSectionResizeMode(len(COLUMNS) - 1, QHeaderView.ResizeMode.Stretch)
