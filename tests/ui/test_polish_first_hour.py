@@ -77,3 +77,78 @@ def test_copy_says_copied(qapp, qtbot) -> None:  # type: ignore[no-untyped-def]
     view.anchorClicked.emit(QUrl("k3:copy-code/2/0"))
     assert QGuiApplication.clipboard().text() == "k3desk serve"
     assert QToolTip.text() == "Copied the code"
+
+
+def _contrast(a: str, b: str) -> float:
+    from PySide6.QtGui import QColor
+
+    def lum(c: str) -> float:
+        q = QColor(c)
+        ch = [q.redF(), q.greenF(), q.blueF()]
+        lin = [x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4 for x in ch]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    hi, lo = sorted((lum(a), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def _chat_page_with(ctx, qtbot, titles_and_texts):  # type: ignore[no-untyped-def]
+    from k3desk.core.chat.history import HistoryStore
+    from k3desk.ui.chat.page import ChatPage
+
+    store = HistoryStore(ctx.services.paths.history_db)
+    for title, text in titles_and_texts:
+        conv = store.create_conversation(title)
+        store.add_message(conv.id, "user", text)
+        store.add_message(conv.id, "assistant", "Noted.")
+    store.close()
+    page = ChatPage(ctx)
+    qtbot.addWidget(page)
+    page.resize(1024, 700)
+    page.show()
+    qtbot.waitExposed(page)
+    page.chat.refresh_list()
+    qtbot.waitUntil(lambda: page.list.count() == len(titles_and_texts), timeout=5000)
+    return page
+
+
+LONG = (
+    "Before we start, some background on the machine in the lab: it has two sockets and "
+    "a lot of memory, and the pelicans that nest on the roof in winter make a racket."
+)
+
+
+def test_search_results_show_their_snippet_and_marks_stand_out(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]
+    """D5: the snippet was cut off (its height taken before the text wrapped), and the
+    match in the transcript was marked in a colour barely off white."""
+    from k3desk.ui import theme
+
+    page = _chat_page_with(ctx, qtbot, [("Birds", LONG), ("Other", "Something else")])
+    page.search.setText("pelicans")
+    qtbot.waitUntil(lambda: page.list.count() == 1, timeout=5000)
+    qtbot.wait(50)
+    item = page.list.item(0)
+    cell = page.list.itemWidget(item)
+    assert "pelicans" in page.search_hit_text(0)
+    rect = page.list.visualItemRect(item)
+    assert rect.width() <= page.list.viewport().width()  # wrapped at the list's width
+    assert cell.height() >= cell.heightForWidth(cell.width())  # every wrapped line shown
+    assert cell.heightForWidth(cell.width()) > 2 * cell.fontMetrics().height()  # a snippet too
+    page.list.setCurrentRow(0)
+    qtbot.waitUntil(lambda: page.view.marked() == ["pelicans"], timeout=5000)
+    sel = page.view.extraSelections()[0]
+    fmt = sel.format
+    mark, text = fmt.background().color().name(), fmt.foreground().color().name()
+    assert _contrast(mark, theme.current().base) >= 1.35  # marked, on the page's background
+    assert _contrast(mark, text) >= 4.5  # and still readable
+
+
+def test_long_titles_are_elided_not_scrolled(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]
+    """D16: a long title widened the list and a horizontal scroll bar appeared."""
+    title = "A conversation about planning Kimi-K3 on eight H100s with two TB of RAM " * 2
+    page = _chat_page_with(ctx, qtbot, [(title, "hello")])
+    qtbot.wait(50)
+    bar = page.list.horizontalScrollBar()
+    assert not bar.isVisible()
+    assert bar.maximum() == 0
+    assert page.list.item(0).toolTip().startswith(title.strip()[:40])  # the whole title there

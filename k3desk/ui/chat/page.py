@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QPoint, Qt, QUrl
+from PySide6.QtCore import QEvent, QObject, QPoint, QRect, QSize, Qt, QUrl
 from PySide6.QtGui import QImage, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -29,6 +29,8 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSpinBox,
     QSplitter,
+    QStyle,
+    QStyleOptionViewItem,
     QVBoxLayout,
     QWidget,
 )
@@ -210,6 +212,10 @@ class ChatPage(Page):
         self.list.setObjectName("convList")
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.setToolTip("Right-click for rename, export and delete; Delete deletes")
+        # a long title is elided at the list's edge, never scrolled to sideways
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.viewport().installEventFilter(self)
         llay.addWidget(self.list, 1)
         self.list_empty = muted("No conversations yet. Type below to start one.")
         self.list_empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -467,7 +473,7 @@ class ChatPage(Page):
                 # the title, and the words found, marked, in what surrounds them
                 spans = snippet_spans(e.snippet or conv.title, query)
                 found = "".join(
-                    f'<b style="background:{c.banner}; color:{c.text};">{html.escape(t)}</b>'
+                    f'<b style="background:{c.mark}; color:{c.mark_text};">{html.escape(t)}</b>'
                     if hit
                     else html.escape(t)
                     for t, hit in spans
@@ -481,11 +487,11 @@ class ChatPage(Page):
                 cell.setContentsMargins(6, 4, 6, 4)
                 cell.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)
                 item.setText("")
-                item.setSizeHint(cell.sizeHint().expandedTo(item.sizeHint()))
                 self.list.setItemWidget(item, cell)
             if conv.id == current:
                 self.list.setCurrentItem(item)
         self.list.blockSignals(False)
+        self._fit_hits()
         searching = bool(self.chat.search_text.strip())
         self.list_empty.setText(
             "No conversation matches."
@@ -493,6 +499,28 @@ class ChatPage(Page):
             else "No conversations yet. Type below to start one."
         )
         self.list_empty.setVisible(not entries)
+
+    def _fit_hits(self) -> None:
+        """Each search result as tall as its wrapped text at the list's width (a size
+        taken before the text wraps cuts the snippet off)."""
+        width = self.list.viewport().width()
+        # the room inside an item's margin and padding (app.qss: #convList::item)
+        opt = QStyleOptionViewItem()
+        opt.rect = QRect(0, 0, width, 1000)
+        inner = self.list.style().subElementRect(
+            QStyle.SubElement.SE_ItemViewItemText, opt, self.list
+        )
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            cell = self.list.itemWidget(item)
+            if isinstance(cell, QLabel):
+                high = cell.heightForWidth(inner.width()) + 1000 - inner.height()
+                item.setSizeHint(QSize(width, high))
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self.list.viewport() and event.type() == QEvent.Type.Resize:
+            self._fit_hits()
+        return super().eventFilter(watched, event)
 
     def _select(self, item: QListWidgetItem | None, _prev: object = None) -> None:
         if item is None or self.chat.streaming:

@@ -405,8 +405,8 @@ class MessageView(QTextBrowser):
         marks: list[QTextEdit.ExtraSelection] = []
         fmt = QTextCharFormat()
         c = theme.current()
-        fmt.setBackground(QColor(c.banner))
-        fmt.setForeground(QColor(c.text))
+        fmt.setBackground(QColor(c.mark))
+        fmt.setForeground(QColor(c.mark_text))
         doc = self.document()
         for w in words:
             cursor = doc.find(w, 0)
