@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QSize, Qt
+from PySide6.QtCore import QModelIndex, QSize, Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QAbstractButton,
@@ -15,6 +15,8 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPushButton,
     QSizePolicy,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -206,3 +208,12 @@ def hline() -> QFrame:
     line.setFrameShadow(QFrame.Shadow.Plain)
     line.setStyleSheet(f"color: {theme.current().border};")
     return line
+
+
+class ElideMiddle(QStyledItemDelegate):
+    """Cells elided in the middle (``view.setItemDelegateForColumn(i, ElideMiddle(view))``):
+    a path keeps its end, the file's name, where the view elides at the end."""
+
+    def initStyleOption(self, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+        super().initStyleOption(option, index)
+        option.textElideMode = Qt.TextElideMode.ElideMiddle

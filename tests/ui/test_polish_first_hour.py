@@ -152,3 +152,28 @@ def test_long_titles_are_elided_not_scrolled(ctx, qtbot) -> None:  # type: ignor
     assert not bar.isVisible()
     assert bar.maximum() == 0
     assert page.list.item(0).toolTip().startswith(title.strip()[:40])  # the whole title there
+
+
+def test_engine_paths_keep_the_binarys_name(ctx, qtbot, hardware_file) -> None:  # type: ignore[no-untyped-def]
+    """D22: a long path was cut at its end, hiding which binary it is."""
+    from PySide6.QtWidgets import QStyleOptionViewItem
+
+    from k3desk.ui.engine.page import EnginePanel, EngineRow
+
+    panel = EnginePanel(ctx)
+    qtbot.addWidget(panel)
+    panel.resize(900, 400)
+    panel.show()
+    hw = ctx.services.load_hardware(hardware_file("8xH100-2TB"))
+    deep = "/home/alice/.local/share/k3desk/engines/llama.cpp-b11434-cuda12/build/bin"
+    panel._show_rows([EngineRow(f"{deep}/llama-server", "built by k3desk", error="x")], hw)
+    table = panel.engines
+    index = table.model().index(0, 0)
+    opt = QStyleOptionViewItem()
+    opt.rect = table.visualRect(index)
+    opt.textElideMode = table.textElideMode()  # as the view starts each cell's option
+    table.itemDelegateForIndex(index).initStyleOption(opt, index)
+    shown = opt.fontMetrics.elidedText(opt.text, opt.textElideMode, table.columnWidth(0) - 8)
+    assert shown != opt.text  # the path is longer than its column
+    assert shown.endswith("/llama-server")
+    assert shown.startswith("/home")

@@ -50,6 +50,7 @@ from k3desk.ui.pages import Navigator, Page
 from k3desk.ui.widgets import (
     Card,
     CopyField,
+    ElideMiddle,
     PageHeader,
     dialog_folder,
     label,
@@ -288,6 +289,8 @@ class EnginePanel(QWidget):
         hh = self.engines.horizontalHeader()
         hh.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
         hh.resizeSection(0, 320)
+        # a long path keeps its end: the binary's name, and the folder it is in
+        self.engines.setItemDelegateForColumn(0, ElideMiddle(self.engines))
         hh.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
         eng.body.addWidget(self.engines)
         erow = QHBoxLayout()
