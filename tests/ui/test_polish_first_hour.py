@@ -177,3 +177,38 @@ def test_engine_paths_keep_the_binarys_name(ctx, qtbot, hardware_file) -> None: 
     assert shown != opt.text  # the path is longer than its column
     assert shown.endswith("/llama-server")
     assert shown.startswith("/home")
+
+
+def test_the_memory_tables_parts_add_up_to_used(ctx, qtbot, hardware_file, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """D20: "Used" counted a projector's buffer that no column showed."""
+    from k3desk.core.engines.supervisor import LaunchSpec
+    from k3desk.core.planning.estimate import estimate_layout
+    from k3desk.core.planning.model import PlanOptions
+    from k3desk.core.planning.plan import make_plan
+    from k3desk.core.units import GiB
+    from k3desk.ui.engine.controller import LaunchRequest
+    from k3desk.ui.engine.page import EnginePage
+
+    hw = ctx.services.load_hardware(hardware_file("8xH100-2TB"))
+    layout = estimate_layout(ctx.services.catalog.get("6block-iq1s-xs"))
+    opts = PlanOptions(mmproj=tmp_path / "mmproj-F16.gguf", mmproj_bytes=GiB)
+    plan = make_plan(hw, layout, opts)
+    page = EnginePage(ctx)
+    qtbot.addWidget(page)
+    page._launched(LaunchRequest(LaunchSpec(tmp_path / "llama-server", ()), plan=plan))
+    table = page.memory
+    heads = [table.horizontalHeaderItem(j).text() for j in range(table.columnCount())]
+    parts = [h for h in heads if h not in ("Device", "Budget", "Used", "Left")]
+    assert "Projector" in parts
+    for i, d in enumerate(plan.devices):
+        shown = dict(zip(heads, (table.item(i, j).text() for j in range(len(heads))), strict=True))
+        assert shown["Device"] == d.device
+        # what the cells say adds up to Used, to the rounding of their text
+        total = sum(_bytes(shown[h]) for h in parts)
+        assert abs(total - _bytes(shown["Used"])) <= 0.05 * GiB * (len(parts) + 1), shown
+
+
+def _bytes(text: str) -> float:
+    number, unit = text.split()
+    scale = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}[unit]
+    return float(number.replace(",", "")) * scale

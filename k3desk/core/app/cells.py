@@ -3,7 +3,14 @@ without Qt so that both shells say the same and tests read them without a window
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from k3desk.core.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from k3desk.core.app.shardplan import MemoryRow
 
 
 def plural(n: int, noun: str, nouns: str = "") -> str:
@@ -45,3 +52,39 @@ def model_where(shard: Path, source: str, origin: Path) -> tuple[str, str]:
     if source == "added":
         return folder, f"{shard.parent}\nAdded by hand: {origin}"
     return folder, f"{shard.parent}\nFound in the model folder {origin} (Settings)"
+
+
+MEMORY_TIPS = {
+    "Budget": "What the plan may use of this device (after its safety margin)",
+    "Weights": "The model's tensors placed here",
+    "KV cache": "The context's KV cache and the KDA layers' state",
+    "Compute": "llama.cpp's compute buffers (and the logits on the device that holds them)",
+    "Projector": "The vision projector (--mmproj) and its compute buffer",
+    "Used": "Everything above, added up",
+    "Left": "Budget minus Used (negative: over the budget)",
+}
+
+
+def memory_columns(rows: Sequence[MemoryRow]) -> tuple[str, ...]:
+    """The Engine page's memory table's columns: every part that makes up "Used" has
+    one (a projector's only when the plan has one)."""
+    parts = ["Device", "Budget", "Weights", "KV cache", "Compute"]
+    if any(r.other for r in rows):
+        parts.append("Projector")
+    return (*parts, "Used", "Left")
+
+
+def memory_cells(row: MemoryRow, columns: Sequence[str]) -> tuple[tuple[str, int], ...]:
+    """``row`` under ``columns`` (:func:`memory_columns`): (text, bytes; 0 for the name)."""
+    values = {
+        "Budget": row.budget,
+        "Weights": row.weights,
+        "KV cache": row.cache_and_state,
+        "Compute": row.compute,
+        "Projector": row.other,
+        "Used": row.used,
+        "Left": row.free,
+    }
+    return tuple(
+        (row.device, 0) if c == "Device" else (fmt_bytes(values[c]), values[c]) for c in columns
+    )

@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from k3desk.core.app.cells import MEMORY_TIPS, memory_cells, memory_columns
 from k3desk.core.app.models import find_model, projector_beside
 from k3desk.core.app.shardplan import PlanView, plan_view
 from k3desk.core.app.subject import Subject
@@ -40,7 +41,6 @@ from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import LaunchPlan
 from k3desk.core.planning.speed import explain, summary_lines
 from k3desk.core.progress import CancelToken, Progress
-from k3desk.core.units import fmt_bytes
 from k3desk.ui import theme
 from k3desk.ui.bridge import StreamBuffer, Throttled
 from k3desk.ui.engine.controller import EngineController, LaunchRequest
@@ -1004,13 +1004,20 @@ class EnginePage(Page):
         self.measured.setText(
             last.sentence() if last is not None else "Measured: after the first answer."
         )
+        # every part of "Used" has a column: a projector's buffer counted in it and shown
+        # nowhere made the total look wrong
+        columns = memory_columns(view.memory)
+        self.memory.setColumnCount(len(columns))
+        self.memory.setHorizontalHeaderLabels(list(columns))
+        for j, name in enumerate(columns):
+            head = self.memory.horizontalHeaderItem(j)
+            if head is not None:
+                head.setToolTip(MEMORY_TIPS.get(name, ""))
         self.memory.setRowCount(len(view.memory))
         for i, d in enumerate(view.memory):
-            sizes = (d.budget, d.weights, d.cache_and_state, d.compute, d.used, d.free)
-            self.memory.setItem(i, 0, QTableWidgetItem(d.device))
-            for j, v in enumerate(sizes, start=1):
-                item = QTableWidgetItem(fmt_bytes(v))
-                if j == 6 and v < 0:
+            for j, (text, v) in enumerate(memory_cells(d, columns)):
+                item = QTableWidgetItem(text)
+                if columns[j] == "Left" and v < 0:
                     item.setForeground(QColor(theme.current().danger))
                 self.memory.setItem(i, j, item)
 
