@@ -212,3 +212,98 @@ def _bytes(text: str) -> float:
     number, unit = text.split()
     scale = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}[unit]
     return float(number.replace(",", "")) * scale
+
+
+def _small_machine(hardware_file, tmp_path, available_gib: int):  # type: ignore[no-untyped-def]
+    """The 32 GB laptop's file as a 24 GiB machine with ``available_gib`` free."""
+    import json
+
+    data = json.loads(hardware_file("no-gpu-laptop-32GB").read_text(encoding="utf-8"))
+    data["memory"]["total"] = 24 << 30
+    data["memory"]["available"] = available_gib << 30
+    data["label"] = "a 24 GiB laptop"
+    path = tmp_path / f"24GiB-{available_gib}.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def _wizard_tiers(ctx, qtbot, hw_file):  # type: ignore[no-untyped-def]
+    w = MainWindow(ctx)
+    qtbot.addWidget(w)
+    w.show()
+    hw = ctx.hardware
+    hw.load_file(hw_file)
+    wiz = w.open_wizard()
+    wiz.resize(1100, 720)  # as it opens on a 1366x768 screen
+    qtbot.waitUntil(
+        lambda: hw.recommendation is not None and hw.from_file == hw_file, timeout=30_000
+    )
+    return w, wiz
+
+
+def test_nothing_fits_the_closest_is_not_called_recommended(
+    ctx, qtbot, hardware_file, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """D14: a star "recommended" beside "Not recommended: would need ... more RAM", the row
+    below the fold, and a footer offering to stream a tier that cannot stream."""
+    _w, wiz = _wizard_tiers(ctx, qtbot, _small_machine(hardware_file, tmp_path, 8))
+    rec = ctx.hardware.recommendation
+    assert rec.best is None
+    assert rec.closest is not None
+    assert rec.closest.verdict == "no-fit"
+    wiz.next()
+    qtbot.wait(100)
+    table = wiz.tiers.table
+    row = table.current()
+    assert row.tier.id == rec.closest.tier.id  # still preselected
+    r = table.rows.index(row)
+    name = table.item(r, 0).text()
+    assert not name.startswith("★")  # not starred as the recommendation
+    assert name.startswith("☆")
+    assert "closest" in table.item(r, 0).toolTip()
+    details = wiz.tiers.details.toPlainText()
+    assert "Not recommended" not in details
+    assert "closest option" in details
+    rect = table.visualItemRect(table.item(r, 0))
+    assert table.viewport().rect().contains(rect)  # on screen, not below the fold
+    footer = wiz.tiers.fit_warning.text.text()
+    assert "stream" not in footer
+    assert "larger machine" in footer
+    wiz.reject()
+
+
+def test_a_tier_that_streams_is_offered_to_stream(ctx, qtbot, hardware_file, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _w, wiz = _wizard_tiers(ctx, qtbot, _small_machine(hardware_file, tmp_path, 20))
+    assert ctx.hardware.recommendation.closest.verdict == "stream"
+    wiz.next()
+    assert "stream it from disk" in wiz.tiers.fit_warning.text.text()
+    wiz.reject()
+
+
+def test_tier_cells_and_chart_labels_are_whole_at_1366(ctx, qtbot, hardware_file, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """D15: "won't fit: 704.4 GiB short of R...", "717.0 GiB · gue...", "yes (fork b...",
+    and a fit-chart verdict covered by its bars."""
+    from k3desk.ui.tiers import COLUMNS
+
+    _w, wiz = _wizard_tiers(ctx, qtbot, _small_machine(hardware_file, tmp_path, 8))
+    chart = wiz.machine.chart
+    qtbot.waitUntil(lambda: bool(chart.rows), timeout=5000)
+    chart.repaint()
+    small = chart.font()
+    small.setPointSizeF(max(7.0, chart.font().pointSizeF() * 0.85))
+    from PySide6.QtGui import QFontMetrics
+
+    fm = QFontMetrics(small)
+    label_w = getattr(chart, "label_width", lambda: chart.LABEL_W)()
+    for row in chart.rows:
+        assert row.verdict in chart.painted  # drawn whole
+        assert fm.horizontalAdvance(row.verdict) <= label_w - 12, row.verdict  # left of the bars
+    wiz.next()
+    qtbot.wait(100)
+    table = wiz.tiers.table
+    for name in ("Verdict", "Speed", "Size", "Vision"):
+        col = COLUMNS.index(name)
+        longest = max((table.item(r, col).text() for r in range(table.rowCount())), key=len)
+        # as wide as its widest cell: none elided
+        assert table.columnWidth(col) >= table.sizeHintForColumn(col), (name, longest)
+    wiz.reject()

@@ -88,3 +88,17 @@ def memory_cells(row: MemoryRow, columns: Sequence[str]) -> tuple[tuple[str, int
     return tuple(
         (row.device, 0) if c == "Device" else (fmt_bytes(values[c]), values[c]) for c in columns
     )
+
+
+def pick_mark(picked: bool, fits: bool) -> str:
+    """The mark before a tier's name: ★ the recommendation (it fits), ☆ the closest
+    option when nothing fits (preselected, not recommended), else nothing."""
+    if not picked:
+        return ""
+    return "★ " if fits else "☆ "
+
+
+PICK_TIPS = {
+    "★ ": "Recommended: the best tier that fits this machine.",
+    "☆ ": "The closest option: nothing fits this machine, and this one comes nearest.",
+}
