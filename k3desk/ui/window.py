@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from k3desk.ui.engine.page import EnginePage
     from k3desk.ui.models import ModelsPage
     from k3desk.ui.settings_page import SettingsPage
+    from k3desk.ui.tray import KeeperTray
     from k3desk.ui.wizard.wizard import TierWizard
 
 P = TypeVar("P", bound=Page)
@@ -166,6 +167,7 @@ class MainWindow(QMainWindow):
         self._closing = False
         self._pages: dict[PageKey, Page] = {}
         self._wizard: TierWizard | None = None
+        self.tray: KeeperTray | None = None  # shown once the window closes, keeping the engine
 
         central = QWidget()
         root = QHBoxLayout(central)
@@ -417,6 +419,16 @@ class MainWindow(QMainWindow):
         clicked = box.clickedButton()
         return "keep" if clicked is keep else "stop" if clicked is stop else "cancel"
 
+    def _show_tray(self, app: QApplication) -> None:
+        """The windowless process's sign, where the desktop has a tray: Open, Stop."""
+        from k3desk.ui.tray import KeeperTray
+
+        engine = self.ctx.engine
+        ep = engine.endpoint()
+        self.tray = KeeperTray.show_for(
+            engine.model_name() or "the model", ep.url if ep else "", app.quit, parent=app
+        )
+
     def closeEvent(self, event: QCloseEvent) -> None:
         engine = self.ctx.engine_if_built
         if not self._closing and engine is not None and engine.local and engine.ready:
@@ -430,6 +442,7 @@ class MainWindow(QMainWindow):
                     app.setQuitOnLastWindowClosed(False)  # this process keeps the engine
                     # ... until it gives up (then there is nothing left to keep)
                     engine.failed.connect(lambda _m, _h: app.quit())
+                    self._show_tray(app)
             elif choice == "stop" and engine.background is not None:
                 engine.stop_background_now()
         self._closing = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from PySide6.QtGui import QGuiApplication
 
 from k3desk.ui.window import GEOMETRY_KEY, MainWindow
@@ -307,3 +308,40 @@ def test_tier_cells_and_chart_labels_are_whole_at_1366(ctx, qtbot, hardware_file
         # as wide as its widest cell: none elided
         assert table.columnWidth(col) >= table.sizeHintForColumn(col), (name, longest)
     wiz.reject()
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_an_engine_kept_without_a_window_shows_a_tray_icon(  # type: ignore[no-untyped-def]
+    ctx, qtbot, launch_engine, llama_server, tiny_k3_single, monkeypatch
+) -> None:
+    """D26: the windowless process keeping the engine showed no sign of itself."""
+    from PySide6.QtWidgets import QApplication, QSystemTrayIcon
+
+    from k3desk.ui.tray import OPEN_TEXT, STOP_TEXT
+
+    engine = launch_engine(llama_server, tiny_k3_single, vision=False)
+    monkeypatch.setattr(QSystemTrayIcon, "isSystemTrayAvailable", staticmethod(lambda: True))
+    app = QApplication.instance()
+    w = MainWindow(ctx)
+    qtbot.addWidget(w)
+    w.show()
+    w.close_choice = "keep"
+    try:
+        w.close()
+        tray = w.tray
+        assert tray is not None
+        assert tray.icon.isVisible()
+        assert tray.actions() == [OPEN_TEXT, STOP_TEXT]
+        assert tiny_k3_single.name in tray.icon.toolTip()
+        assert engine.endpoint().url in tray.icon.toolTip()
+        assert tray.stop == app.quit  # Stop quits this process, which stops the engine
+        opened: list[bool] = []
+        tray.open = lambda: opened.append(True)
+        tray._activated(QSystemTrayIcon.ActivationReason.Trigger)  # a click on the icon
+        assert opened == [True]
+    finally:
+        app.setQuitOnLastWindowClosed(True)
+        if w.tray is not None:
+            w.tray.icon.hide()
+        engine.stop()
