@@ -36,7 +36,7 @@ from PySide6.QtWidgets import (
 )
 
 from k3desk.core.app.folders import Kind, start_folder
-from k3desk.core.chat.dialects import ServerInfo
+from k3desk.core.chat.dialects import SAMPLER_LABELS, ServerInfo
 from k3desk.core.chat.history import query_words, snippet_spans
 from k3desk.core.chat.images import PreparedImage
 from k3desk.core.chat.model import ChatSettings
@@ -99,6 +99,40 @@ class ChatSettingsDialog(QDialog):
         self.top_p.setSingleStep(0.01)
         self.top_p.setValue(s.top_p)
         form.addRow("Top-p", self.top_p)
+        # the samplers people set in LM Studio and Jan; the lowest value of each: not sent,
+        # the server's own applies
+        self.top_k = QSpinBox()
+        self.top_k.setObjectName("topK")
+        self.top_k.setRange(-1, 1000)
+        self.top_k.setSpecialValueText("Server default")
+        self.top_k.setValue(-1 if s.top_k is None else s.top_k)
+        self.top_k.setToolTip("Pick from the K most likely tokens only (0: no limit)")
+        form.addRow("Top-k", self.top_k)
+        self.min_p = QDoubleSpinBox()
+        self.min_p.setObjectName("minP")
+        self.min_p.setRange(-0.01, 1.0)
+        self.min_p.setSingleStep(0.01)
+        self.min_p.setSpecialValueText("Server default")
+        self.min_p.setValue(-0.01 if s.min_p is None else s.min_p)
+        self.min_p.setToolTip(
+            "Drop tokens less likely than this share of the most likely one (0: off)"
+        )
+        form.addRow("Min-p", self.min_p)
+        self.repeat_penalty = QDoubleSpinBox()
+        self.repeat_penalty.setObjectName("repeatPenalty")
+        self.repeat_penalty.setRange(0.0, 2.0)
+        self.repeat_penalty.setSingleStep(0.05)
+        self.repeat_penalty.setSpecialValueText("Server default")
+        self.repeat_penalty.setValue(0.0 if s.repeat_penalty is None else s.repeat_penalty)
+        self.repeat_penalty.setToolTip("Make repeating recent tokens less likely (1.0: off)")
+        form.addRow("Repeat penalty", self.repeat_penalty)
+        self.seed = QSpinBox()
+        self.seed.setObjectName("seed")
+        self.seed.setRange(-1, 2**31 - 1)
+        self.seed.setSpecialValueText("Random")
+        self.seed.setValue(-1 if s.seed is None else s.seed)
+        self.seed.setToolTip("The same seed and settings give the same answer again")
+        form.addRow("Seed", self.seed)
         self.thinking = QCheckBox("Think before answering")
         self.thinking.setChecked(s.thinking)
         form.addRow("Thinking", self.thinking)
@@ -143,6 +177,10 @@ class ChatSettingsDialog(QDialog):
         self.effort.setEnabled(self.thinking.isChecked() and effort_ok)
         self.temperature.setEnabled(sampling_ok)
         self.top_p.setEnabled(sampling_ok)
+        taken = {name for name, _wire in kind.samplers} if kind is not None else None
+        for name, box in self._samplers():
+            box.setEnabled(taken is None or name in taken)
+        self.seed.setEnabled(kind is None or kind.seed)
         if server is None or kind is None:
             self.server_note.setText("")
             return
@@ -156,6 +194,15 @@ class ChatSettingsDialog(QDialog):
             for w in (self.temperature, self.top_p):
                 w.setToolTip(why)
             notes.append(why)
+        unread = [SAMPLER_LABELS[n] for n, box in self._samplers() if not box.isEnabled()]
+        if unread:
+            why = f"The {kind.label} takes no {', '.join(unread)}: the server's own applies."
+            for _name, box in self._samplers():
+                if not box.isEnabled():
+                    box.setToolTip(why)
+            notes.append(why)
+        if not kind.seed:
+            self.seed.setToolTip(f"The {kind.label} takes no seed.")
         if kind.stop == "client":
             notes.append("It takes no stop sequences: k3desk ends the answer there itself.")
         limits = server.limits_text()
@@ -163,14 +210,31 @@ class ChatSettingsDialog(QDialog):
             notes.append(f"It allows {limits}.")
         self.server_note.setText(" ".join(notes))
 
+    def _samplers(self) -> tuple[tuple[str, QSpinBox | QDoubleSpinBox], ...]:
+        return (
+            ("top_k", self.top_k),
+            ("min_p", self.min_p),
+            ("repeat_penalty", self.repeat_penalty),
+        )
+
     def values(self) -> tuple[str, ChatSettings]:
         effort = str(self.effort.currentData() or "") or None
         stops = tuple(x for x in self.stop.toPlainText().splitlines() if x)
+
+        def chosen(box: QSpinBox | QDoubleSpinBox) -> float | None:
+            # the special value at the bottom of the range: not set
+            return None if box.value() == box.minimum() else round(box.value(), 3)
+
+        top_k = chosen(self.top_k)
+        seed = chosen(self.seed)
         return self.prompt.toPlainText().strip(), ChatSettings(
             temperature=round(self.temperature.value(), 3),
             top_p=round(self.top_p.value(), 3),
+            top_k=None if top_k is None else int(top_k),
+            min_p=chosen(self.min_p),
+            repeat_penalty=chosen(self.repeat_penalty),
             max_tokens=self.max_tokens.value() or None,
-            seed=self._base.seed,
+            seed=None if seed is None else int(seed),
             thinking=self.thinking.isChecked(),
             thinking_effort=effort if self.thinking.isChecked() else None,
             stop=stops,
