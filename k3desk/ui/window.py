@@ -37,6 +37,7 @@ from k3desk import __version__
 from k3desk.ui import theme
 from k3desk.ui.context import AppContext
 from k3desk.ui.pages import Page, PageKey
+from k3desk.ui.shortcuts import HELP_KEYS, ShortcutList
 from k3desk.ui.widgets import fit_screen, label
 
 if TYPE_CHECKING:
@@ -219,6 +220,9 @@ class MainWindow(QMainWindow):
         for i, spec in enumerate(PAGES):
             sc = QShortcut(QKeySequence(f"Ctrl+{i + 1}"), self)
             sc.activated.connect(self._goto(spec.key))
+        for keys in HELP_KEYS:  # the list of shortcuts
+            QShortcut(QKeySequence(keys), self).activated.connect(self.show_shortcuts)
+        self.shortcut_list: ShortcutList | None = None
         if ctx.theme is not None:
             ctx.theme.changed.connect(self._theme_changed)
         self.setAcceptDrops(True)  # a .gguf file or a folder dropped anywhere: My models
@@ -418,6 +422,15 @@ class MainWindow(QMainWindow):
         box.exec()
         clicked = box.clickedButton()
         return "keep" if clicked is keep else "stop" if clicked is stop else "cancel"
+
+    def show_shortcuts(self) -> ShortcutList:
+        """The keyboard shortcuts, listed (F1, Ctrl+/)."""
+        if self.shortcut_list is None:
+            self.shortcut_list = ShortcutList(self)
+            self.shortcut_list.destroyed.connect(lambda: setattr(self, "shortcut_list", None))
+        self.shortcut_list.show()
+        self.shortcut_list.raise_()
+        return self.shortcut_list
 
     def _show_tray(self, app: QApplication) -> None:
         """The windowless process's sign, where the desktop has a tray: Open, Stop."""

@@ -345,3 +345,39 @@ def test_an_engine_kept_without_a_window_shows_a_tray_icon(  # type: ignore[no-u
         if w.tray is not None:
             w.tray.icon.hide()
         engine.stop()
+
+
+@pytest.mark.parametrize(
+    ("key", "mod"),
+    [("Key_F1", "NoModifier"), ("Key_Slash", "ControlModifier")],
+)
+def test_f1_lists_every_shortcut(ctx, qtbot, key, mod) -> None:  # type: ignore[no-untyped-def]
+    """Item 4: a shortcut list, as LM Studio and Jan have; it names every QShortcut."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QShortcut
+
+    w = MainWindow(ctx)
+    qtbot.addWidget(w)
+    w.show()
+    qtbot.waitExposed(w)
+    w.activateWindow()
+    qtbot.wait(100)
+    qtbot.keyClick(w.sidebar, getattr(Qt.Key, key), getattr(Qt.KeyboardModifier, mod))
+    qtbot.waitUntil(
+        lambda: w.shortcut_list is not None and w.shortcut_list.isVisible(), timeout=2000
+    )
+    listed = " ".join(r[0] for r in w.shortcut_list.rows())
+    chat = w.chat_page()
+    found = {
+        sc.key().toString()
+        for owner in (w, chat)
+        for sc in owner.findChildren(QShortcut)
+        if not sc.key().isEmpty()
+    }
+    assert found >= {"Ctrl+N", "Ctrl+F", "Ctrl+E", "Del", "F1", "Ctrl+/", "Ctrl+1"}
+    for key in found:
+        if key.startswith("Ctrl+") and key[5:].isdigit():
+            continue  # "Ctrl+1 … Ctrl+6"
+        assert key.replace("Del", "Delete") in listed, key
+    assert "Ctrl+1 … Ctrl+6" in listed
+    w.shortcut_list.close()
