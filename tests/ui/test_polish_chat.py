@@ -81,3 +81,51 @@ def test_top_k_min_p_repeat_penalty_and_seed_reach_llama_server_and_stay(  # typ
     other.edit_settings()
     assert seen == [(7, pytest.approx(0.1), pytest.approx(1.15), 1234)]
     other.closing()
+
+
+def test_the_header_shows_the_model_and_switches_to_another_when_asked(  # type: ignore[no-untyped-def]
+    ctx, qtbot, page, tiny_k3, tiny_k3_single, monkeypatch
+) -> None:
+    from PySide6.QtWidgets import QMessageBox
+
+    from k3desk.core.app.library import add_model, model_id
+
+    for m in (tiny_k3, tiny_k3_single):
+        add_model(ctx.services, m.first_part)
+    picker = page.picker
+    picker.refresh()
+    other = model_id(tiny_k3.first_part)
+    qtbot.waitUntil(lambda: picker.findData(other) > 0, timeout=30_000)
+    assert picker.currentText() == tiny_k3_single.name  # the model loaded now
+    assert picker.findData(model_id(tiny_k3_single.first_part)) < 0  # not offered again
+    ask(qtbot, page, "Hello")
+    first = page.current_id()
+    pid = ctx.engine.endpoint().pid
+    asked: list[str] = []
+    monkeypatch.setattr(
+        QMessageBox,
+        "question",
+        lambda *a, **k: asked.append(a[2]) or QMessageBox.StandardButton.Cancel,
+    )
+    picker.choose(other)
+    assert asked
+    assert tiny_k3_single.name in asked[0]  # what would be stopped, by name
+    qtbot.wait(300)
+    assert ctx.engine.endpoint().pid == pid  # said no: nothing stopped
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    picker.choose(other)
+    qtbot.waitUntil(
+        lambda: ctx.engine.ready and ctx.engine.request.shard == tiny_k3.first_part,
+        timeout=120_000,
+    )
+    assert page.current_id() != first  # a new conversation for the new model
+    assert page.view.messages() == []
+    qtbot.waitUntil(lambda: picker.findData(model_id(tiny_k3_single.first_part)) > 0, timeout=5000)
+
+
+def ask(qtbot, page: ChatPage, text: str) -> None:  # type: ignore[no-untyped-def]
+    page.composer.edit.setPlainText(text)
+    qtbot.keyClick(page.composer.edit, Qt.Key.Key_Return)
+    qtbot.waitUntil(
+        lambda: len(page.view.messages()) >= 2 and page.chat._task is None, timeout=60_000
+    )

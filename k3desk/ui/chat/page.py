@@ -43,15 +43,19 @@ from k3desk.core.chat.model import ChatSettings
 from k3desk.core.errors import K3Error
 from k3desk.core.safepaths import safe_file_name
 from k3desk.core.settings import EFFORTS
+from k3desk.core.units import fmt_bytes
 from k3desk.ui import theme
 from k3desk.ui.chat.composer import Composer
 from k3desk.ui.chat.controller import ChatController, ListEntry, OpenState
+from k3desk.ui.chat.picker import ModelPicker
 from k3desk.ui.chat.view import MessageView, MessageVM
 from k3desk.ui.pages import Navigator, Page, PageKey
 from k3desk.ui.widgets import label, muted, set_enabled
 
 if TYPE_CHECKING:
+    from k3desk.core.app.library import LocalModel
     from k3desk.ui.context import AppContext
+    from k3desk.ui.engine.controller import LaunchRequest
 
 ROLE_ID = Qt.ItemDataRole.UserRole
 ROLE_HIT = Qt.ItemDataRole.UserRole + 1  # the message a search found (None: the title)
@@ -302,6 +306,9 @@ class ChatPage(Page):
         self.model_label.setToolTip("The model answering in this chat")
         titles.addWidget(self.model_label)
         head.addLayout(titles, 1)
+        # the model loaded now, and the others of My models one choice away
+        self.picker = ModelPicker(ctx)
+        head.addWidget(self.picker)
         # the model launched last, one click away when nothing runs
         self.relaunch_btn = QPushButton("")
         self.relaunch_btn.setObjectName("relaunchModel")
@@ -356,6 +363,7 @@ class ChatPage(Page):
         self.settings_btn.clicked.connect(self.edit_settings)
         self.delete_btn.clicked.connect(self.delete_current)
         self.relaunch_btn.clicked.connect(self.relaunch)
+        self.picker.chosen.connect(self.switch_model)
         self.chat.exported.connect(self._exported)
         self._shortcuts()
         self._header_buttons()
@@ -416,6 +424,50 @@ class ChatPage(Page):
         if last is not None:
             self.relaunch_btn.setEnabled(False)
             self.composer.show_notice(f"Relaunching {last.name or Path(last.shard).name}…")
+
+    def switch_model(self, model: LocalModel) -> None:
+        """Load ``model`` (from the header's picker): asked first when a model is loaded
+        (nothing is stopped without asking), then planned, launched, and a new chat."""
+        from k3desk.ui.engine.page import confirm_slow_launch, prepare_launch
+
+        engine = self.engine
+        loaded = engine.model_name() if engine.running else ""
+        if loaded:
+            answer = QMessageBox.question(
+                self,
+                "Switch the model",
+                f"Stop {loaded} and load {model.name} ({fmt_bytes(model.size_bytes)} to read "
+                "from disk)? Until it is loaded nothing answers; the chat continues in a new "
+                "conversation.",
+                QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
+                QMessageBox.StandardButton.Cancel,
+            )
+            if answer != QMessageBox.StandardButton.Yes:
+                return
+        ctx = self.ctx
+        self.composer.show_notice(f"Checking {model.name} and planning it for this machine…")
+
+        def done(req: LaunchRequest) -> None:
+            engine.launch(req)
+            self.new_chat()
+            self.composer.show_notice(f"Loading {model.name}…")
+
+        def error(exc: BaseException) -> None:
+            from k3desk.core.app.launch import SlowLaunchError
+
+            slow = confirm_slow_launch(self, exc)
+            if slow is not None:
+                done(slow)
+            elif not isinstance(exc, SlowLaunchError):
+                self.composer.show_notice("")
+                ctx.reporter.report(exc)
+
+        ctx.tasks.run(
+            lambda t: prepare_launch(ctx, model.shard, model.projector, t),
+            on_done=done,
+            on_error=error,
+            name="prepare-launch",
+        )
 
     def _relaunch_failed(self, exc: BaseException) -> None:
         """A relaunch that streams from disk is started once accepted (the same
