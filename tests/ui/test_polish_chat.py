@@ -96,7 +96,7 @@ def test_the_header_shows_the_model_and_switches_to_another_when_asked(  # type:
     picker.refresh()
     other = model_id(tiny_k3.first_part)
     qtbot.waitUntil(lambda: picker.findData(other) > 0, timeout=30_000)
-    assert picker.currentText() == tiny_k3_single.name  # the model loaded now
+    assert picker.currentText().startswith(tiny_k3_single.name)  # the model loaded now
     assert picker.findData(model_id(tiny_k3_single.first_part)) < 0  # not offered again
     ask(qtbot, page, "Hello")
     first = page.current_id()

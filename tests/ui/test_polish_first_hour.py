@@ -169,6 +169,7 @@ def test_engine_paths_keep_the_binarys_name(ctx, qtbot, hardware_file) -> None: 
     deep = "/home/alice/.local/share/k3desk/engines/llama.cpp-b11434-cuda12/build/bin"
     panel._show_rows([EngineRow(f"{deep}/llama-server", "built by k3desk", error="x")], hw)
     table = panel.engines
+    assert not table.wordWrap()  # wrapped at its slashes, only the first line showed
     index = table.model().index(0, 0)
     opt = QStyleOptionViewItem()
     opt.rect = table.visualRect(index)

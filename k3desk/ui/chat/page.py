@@ -305,10 +305,11 @@ class ChatPage(Page):
         self.model_label.setObjectName("chatModel")
         self.model_label.setToolTip("The model answering in this chat")
         titles.addWidget(self.model_label)
-        head.addLayout(titles, 1)
-        # the model loaded now, and the others of My models one choice away
+        # the model loaded now, and the others of My models one choice away: shown in the
+        # label's place (the label keeps the text, read by the automation hook)
         self.picker = ModelPicker(ctx)
-        head.addWidget(self.picker)
+        titles.addWidget(self.picker, 0, Qt.AlignmentFlag.AlignLeft)
+        head.addLayout(titles, 1)
         # the model launched last, one click away when nothing runs
         self.relaunch_btn = QPushButton("")
         self.relaunch_btn.setObjectName("relaunchModel")
@@ -557,7 +558,8 @@ class ChatPage(Page):
         self.status.setText("  ·  ".join(p for p in parts if p))
         model = self.engine.model_text()
         self.model_label.setText(model)
-        self.model_label.setVisible(bool(model))
+        self.model_label.hide()
+        self.picker.set_loaded_text(model)
 
     # ------------------------------------------------------ conversations
     def new_chat(self) -> None:

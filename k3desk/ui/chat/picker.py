@@ -37,6 +37,8 @@ class ModelPicker(QComboBox):
         self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.setMaximumWidth(320)
         self.setToolTip("The model answering here; pick another of your models to load it")
+        self.setFrame(False)  # reads as the line under the title, with an arrow
+        self.loaded_text = ""  # what answers here, as the header says it
         self.models: tuple[LocalModel, ...] = ()
         self._gen = 0
         self._task: Any = None
@@ -80,10 +82,15 @@ class ModelPicker(QComboBox):
         same = sum(m.name == model.name for m in self.models) > 1
         return f"Load {model.name}" + (f" ({shown_path(model.shard.parent)})" if same else "")
 
+    def set_loaded_text(self, text: str) -> None:
+        """The model answering here ("<name> · this machine"), shown as the first item."""
+        if text != self.loaded_text:
+            self.loaded_text = text
+            self._fill()
+
     def _fill(self) -> None:
         loaded = self.loaded_name()
-        engine = self.ctx.engine
-        head = loaded or (engine.model_text().split(" · ")[0] if engine.chat_endpoint() else "")
+        head = self.loaded_text or loaded
         shard = self._loaded_shard()
         self.blockSignals(True)
         self.clear()

@@ -289,8 +289,11 @@ class EnginePanel(QWidget):
         hh = self.engines.horizontalHeader()
         hh.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
         hh.resizeSection(0, 320)
-        # a long path keeps its end: the binary's name, and the folder it is in
+        # a long path keeps its end: the binary's name, and the folder it is in (on one
+        # line: wrapped at its slashes, only its first line would show)
         self.engines.setItemDelegateForColumn(0, ElideMiddle(self.engines))
+        self.engines.setWordWrap(False)
+        hh.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)  # "package: …"
         hh.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
         eng.body.addWidget(self.engines)
         erow = QHBoxLayout()
