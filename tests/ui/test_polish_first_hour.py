@@ -382,3 +382,36 @@ def test_f1_lists_every_shortcut(ctx, qtbot, key, mod) -> None:  # type: ignore[
         assert key.replace("Del", "Delete") in listed, key
     assert "Ctrl+1 … Ctrl+6" in listed
     w.shortcut_list.close()
+
+
+def test_the_cluster_page_needs_no_sideways_scroll_at_1280(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]
+    """At 1366x768 the window opens 1280 wide: the engine card's buttons and ports were
+    cut at the right edge, behind a horizontal scroll bar."""
+    import time
+
+    from PySide6.QtWidgets import QScrollArea
+
+    from k3desk.core.cluster.nodes import Cluster, Node
+    from k3desk.ui.cluster.controller import ProbeRun
+    from tests.core.cluster.reports import report
+
+    w = MainWindow(ctx)
+    qtbot.addWidget(w)
+    w.setMinimumSize(0, 0)
+    w.resize(1280, 720)
+    w.show()
+    nodes = tuple(
+        Node(host=f"spark{i}", user="alice", address=f"10.0.0.{10 + i}", model_path="/models/k3")
+        for i in (1, 2, 3)
+    )
+    sparks = Cluster("sparks", nodes)
+    ctx.cluster.save_cluster(sparks)
+    ctx.cluster.probes["sparks"] = ProbeRun(
+        "vcruz305-ud-iq1s", tuple(report(n) for n in nodes), time.time()
+    )
+    w.show_page("cluster")
+    page = w.cluster_page()
+    page.reload(select="sparks")
+    qtbot.wait(200)
+    scroll = page.findChildren(QScrollArea)[0]
+    assert scroll.widget().minimumSizeHint().width() <= scroll.viewport().width()
