@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QSize, Qt
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QGuiApplication, QPainter, QPaintEvent
 from PySide6.QtWidgets import (
     QAbstractButton,
     QFrame,
@@ -219,3 +219,34 @@ class ElideMiddle(QStyledItemDelegate):
     ) -> None:
         super().initStyleOption(option, index)
         option.textElideMode = Qt.TextElideMode.ElideMiddle
+
+
+class ElidedLabel(QLabel):
+    """One line of text, elided at the end where the room is short (a long conversation
+    title); :meth:`text` and the tooltip keep all of it."""
+
+    def __init__(self, text: str = "", name: str = "") -> None:
+        super().__init__(text)
+        if name:
+            self.setObjectName(name)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.setToolTip(text)
+
+    def setText(self, text: str) -> None:
+        super().setText(text)
+        self.setToolTip(text)
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(40, super().minimumSizeHint().height())
+
+    def shown_text(self) -> str:
+        """The text as drawn at the label's width."""
+        room = self.contentsRect().width()
+        return self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, room)
+
+    def paintEvent(self, _event: QPaintEvent) -> None:
+        p = QPainter(self)
+        p.setPen(self.palette().color(self.foregroundRole()))
+        p.setFont(self.font())
+        p.drawText(self.contentsRect(), int(self.alignment()), self.shown_text())
+        p.end()

@@ -153,6 +153,16 @@ def test_long_titles_are_elided_not_scrolled(ctx, qtbot) -> None:  # type: ignor
     assert not bar.isVisible()
     assert bar.maximum() == 0
     assert page.list.item(0).toolTip().startswith(title.strip()[:40])  # the whole title there
+    # the header's title too: elided at its width, whole in its tooltip
+    page.list.setCurrentRow(0)
+    qtbot.waitUntil(lambda: page.title.text().startswith(title[:40]), timeout=5000)
+    qtbot.wait(50)
+    full = page.title.text()
+    shown = page.title.shown_text()
+    assert shown.endswith("…")
+    assert page.title.fontMetrics().horizontalAdvance(shown) <= page.title.width()
+    assert page.title.geometry().right() < page.export_btn.geometry().left()  # not under it
+    assert page.title.toolTip() == full
 
 
 def test_engine_paths_keep_the_binarys_name(ctx, qtbot, hardware_file) -> None:  # type: ignore[no-untyped-def]
@@ -253,6 +263,14 @@ def test_nothing_fits_the_closest_is_not_called_recommended(
     assert rec.best is None
     assert rec.closest is not None
     assert rec.closest.verdict == "no-fit"
+    # the machine page's chart shows the preselected row (9th of 10) without scrolling
+    chart, scroll = wiz.machine.chart, wiz.machine.chart_scroll
+    top = chart.pick_top()
+    assert top > scroll.viewport().height()  # it would be below the fold
+    qtbot.waitUntil(lambda: scroll.verticalScrollBar().value() > 0, timeout=5000)
+    shown = scroll.verticalScrollBar().value()
+    assert shown <= top
+    assert top + chart.ROW <= shown + scroll.viewport().height()
     wiz.next()
     qtbot.wait(100)
     table = wiz.tiers.table

@@ -50,7 +50,7 @@ from k3desk.ui.chat.controller import ChatController, ListEntry, OpenState
 from k3desk.ui.chat.picker import ModelPicker
 from k3desk.ui.chat.view import MessageView, MessageVM
 from k3desk.ui.pages import Navigator, Page, PageKey
-from k3desk.ui.widgets import label, muted, set_enabled
+from k3desk.ui.widgets import ElidedLabel, muted, set_enabled
 
 if TYPE_CHECKING:
     from k3desk.core.app.library import LocalModel
@@ -298,7 +298,7 @@ class ChatPage(Page):
         head = QHBoxLayout()
         titles = QVBoxLayout()
         titles.setSpacing(0)
-        self.title = label("New chat", "sectionTitle", wrap=False)
+        self.title = ElidedLabel("New chat", "sectionTitle")  # a long title elided
         titles.addWidget(self.title)
         # which model answers here (the engine's, the cluster's or the attached server's)
         self.model_label = muted("")

@@ -63,6 +63,11 @@ class FitChart(QWidget):
         self.setFixedHeight(max(60, 28 + self.ROW * len(self.rows)))
         self.update()
 
+    def pick_top(self) -> int | None:
+        """Where the preselected tier's row starts (None: no pick)."""
+        rows = [i for i, r in enumerate(self.rows) if r.recommended]
+        return 28 + self.ROW * rows[0] if rows else None
+
     def sizeHint(self) -> QSize:
         return QSize(700, max(60, 28 + self.ROW * len(self.rows)))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QButtonGroup,
     QHBoxLayout,
@@ -112,6 +112,7 @@ class MachinePage(StepPage):
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
         scroll.setWidget(self.chart)
         self.lay.addWidget(scroll, 1)
+        self.chart_scroll = scroll
 
     def show_profile(self, hw: HardwareProfile) -> None:
         self.summary.setText(machine_html(hw))
@@ -119,6 +120,13 @@ class MachinePage(StepPage):
     def show_judgement(self, judged: TierJudgement) -> None:
         self.chart.set_judgement(judged)
         self.completeChanged.emit()
+        QTimer.singleShot(0, self.show_pick)  # once the chart has its height
+
+    def show_pick(self) -> None:
+        """Scroll the chart to the preselected tier's row (it may be the 9th of 10)."""
+        top = self.chart.pick_top()
+        if top is not None:
+            self.chart_scroll.ensureVisible(0, top + self.chart.ROW // 2, 0, self.chart.ROW)
 
     def isComplete(self) -> bool:
         return self.wiz.hardware.judgement is not None
