@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from k3desk.core.chat.dialects import ServerInfo, ignored_settings, request_body
 from k3desk.core.chat.model import ChatSettings
+from tests.core.chat.test_chat_cli import k3chat
+
+__all__ = ["k3chat"]  # the fixture, used here
 
 MSGS = [{"role": "user", "content": "Hi"}]
 SET = ChatSettings(top_k=7, min_p=0.1, repeat_penalty=1.15, seed=3)
@@ -37,3 +40,11 @@ def test_unset_means_the_servers_own_and_old_records_read_as_unset() -> None:
     old = {"temperature": 0.7, "top_p": 0.9, "seed": None}  # stored before these existed
     s = ChatSettings.from_dict(old)
     assert (s.top_k, s.min_p, s.repeat_penalty) == (None, None, None)
+
+
+def test_k3desk_chat_takes_them_too(k3chat, standin) -> None:  # type: ignore[no-untyped-def]
+    args = ("--top-k", "7", "--min-p", "0.1", "--repeat-penalty", "1.15", "--seed", "3")
+    rc, _out, _err = k3chat("--url", standin.url, *args, "Hello")
+    assert rc == 0
+    sent = standin.requests[0]  # a llama-server (it answers /props)
+    assert (sent["top_k"], sent["min_p"], sent["repeat_penalty"], sent["seed"]) == (7, 0.1, 1.15, 3)
