@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QSize, Qt
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QRect, QSize, Qt
 from PySide6.QtGui import QGuiApplication, QPainter, QPaintEvent
 from PySide6.QtWidgets import (
     QAbstractButton,
@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QStyledItemDelegate,
     QStyleOptionViewItem,
     QToolButton,
+    QToolTip,
     QVBoxLayout,
     QWidget,
 )
@@ -152,6 +153,13 @@ class Card(QFrame):
         self.body.setSpacing(6)
 
 
+def say_copied(widget: QWidget, text: str = "Copied") -> None:
+    """Say ``text`` beside ``widget`` for 1.5 s: a copy that says nothing looks like a
+    click that did nothing."""
+    where = widget.mapToGlobal(widget.rect().bottomLeft())
+    QToolTip.showText(where, text, widget, QRect(), 1500)
+
+
 def copy_button(get_text: Callable[[], str], tip: str = "Copy") -> QToolButton:
     btn = QToolButton()
     theme.set_icon(btn, "copy")
@@ -160,7 +168,7 @@ def copy_button(get_text: Callable[[], str], tip: str = "Copy") -> QToolButton:
 
     def do_copy() -> None:
         QGuiApplication.clipboard().setText(get_text())
-        btn.setToolTip("Copied")
+        say_copied(btn)
 
     btn.clicked.connect(do_copy)
     return btn

@@ -433,3 +433,25 @@ def test_the_cluster_page_needs_no_sideways_scroll_at_1280(ctx, qtbot) -> None: 
     qtbot.wait(200)
     scroll = page.findChildren(QScrollArea)[0]
     assert scroll.widget().minimumSizeHint().width() <= scroll.viewport().width()
+
+
+def test_the_engine_pages_copy_buttons_say_copied(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]
+    """D23 elsewhere: the URL, key and log copy buttons only changed a tooltip nobody saw."""
+    from PySide6.QtWidgets import QToolTip
+
+    from k3desk.ui.engine.page import EnginePage
+
+    page = EnginePage(ctx)
+    qtbot.addWidget(page)
+    page.show()
+    qtbot.waitExposed(page)
+    page.url.copy.setEnabled(True)
+    QToolTip.hideText()
+    page.url.copy.click()
+    assert QGuiApplication.clipboard().text() == page.url.edit.text()
+    qtbot.waitUntil(QToolTip.isVisible, timeout=2000)
+    assert QToolTip.text() == "Copied"
+    QToolTip.hideText()
+    page.copy_log.click()
+    qtbot.waitUntil(QToolTip.isVisible, timeout=2000)
+    assert QToolTip.text() == "Copied"

@@ -56,6 +56,7 @@ from k3desk.ui.widgets import (
     label,
     muted,
     primary,
+    say_copied,
     set_enabled,
 )
 
@@ -922,9 +923,7 @@ class EnginePage(Page):
         lay.addWidget(self.tabs)
 
         self._lines: list[str] = []
-        self.copy_log.clicked.connect(
-            lambda: QGuiApplication.clipboard().setText(self.visible_log())
-        )
+        self.copy_log.clicked.connect(self._copy_log)
         self.filter.textChanged.connect(lambda _t: self._render_log())
         self.engine.log_lines.connect(self._append_log)
         self.engine.state_changed.connect(lambda _s, _m: self._update())
@@ -1023,6 +1022,10 @@ class EnginePage(Page):
                 if columns[j] == "Left" and v < 0:
                     item.setForeground(QColor(theme.current().danger))
                 self.memory.setItem(i, j, item)
+
+    def _copy_log(self) -> None:
+        QGuiApplication.clipboard().setText(self.visible_log())
+        say_copied(self.copy_log)
 
     def _measured(self, comparison: Comparison) -> None:
         self.measured.setText(comparison.sentence())
