@@ -125,8 +125,16 @@ class MachinePage(StepPage):
     def show_pick(self) -> None:
         """Scroll the chart to the preselected tier's row (it may be the 9th of 10)."""
         top = self.chart.pick_top()
-        if top is not None:
-            self.chart_scroll.ensureVisible(0, top + self.chart.ROW // 2, 0, self.chart.ROW)
+        if top is None:
+            return
+        bar = self.chart_scroll.verticalScrollBar()
+        room = self.chart_scroll.viewport().height()
+        row = self.chart.ROW
+        if bar.value() <= top - 4 and top + row <= bar.value() + room:
+            return  # in view already
+        # the first row boundary from which the picked row shows whole (no row cut at the top)
+        k = max(0, -(-(top + row - room - 24) // row))
+        bar.setValue(min(24 + k * row, top - 4) if k else 0)
 
     def isComplete(self) -> bool:
         return self.wiz.hardware.judgement is not None
