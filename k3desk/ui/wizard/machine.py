@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
     QButtonGroup,
     QHBoxLayout,
@@ -121,6 +122,10 @@ class MachinePage(StepPage):
         self.chart.set_judgement(judged)
         self.completeChanged.emit()
         QTimer.singleShot(0, self.show_pick)  # once the chart has its height
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        QTimer.singleShot(0, self.show_pick)  # judged before the page had its size
 
     def show_pick(self) -> None:
         """Scroll the chart to the preselected tier's row (it may be the 9th of 10)."""
