@@ -114,6 +114,8 @@ class MachinePage(StepPage):
         scroll.setWidget(self.chart)
         self.lay.addWidget(scroll, 1)
         self.chart_scroll = scroll
+        # the chart's height (and so the scroll range) settles after it is filled
+        scroll.verticalScrollBar().rangeChanged.connect(lambda _lo, _hi: self.show_pick())
 
     def show_profile(self, hw: HardwareProfile) -> None:
         self.summary.setText(machine_html(hw))
@@ -139,7 +141,7 @@ class MachinePage(StepPage):
             return  # in view already
         # the first row boundary from which the picked row shows whole (no row cut at the top)
         k = max(0, -(-(top + row - room - 24) // row))
-        bar.setValue(min(24 + k * row, top - 4) if k else 0)
+        bar.setValue(min(24 + k * row, top - 4))
 
     def isComplete(self) -> bool:
         return self.wiz.hardware.judgement is not None
