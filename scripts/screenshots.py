@@ -6,7 +6,9 @@ holding code and a task list.
     python scripts/screenshots.py [--out docs/screenshots] [--hardware FILE]
 
 Runs the real app on a real X display: under ``xvfb-run`` or any $DISPLAY; without
-one it starts ``Xvfb :87`` itself (apt-get install xvfb libxcb-cursor0 ...).  It
+one it starts ``Xvfb :87`` itself at 1366x768 (``--screen``) with openbox as the window
+manager (apt-get install xvfb openbox libxcb-cursor0 ...), and the windows open at the
+size the app picks for that screen.  It
 uses a throw-away K3DESK_HOME, the tiny Kimi-K3 served by the real llama-server
 for the chat and engine pictures, and the local Hub stand-in from the test suite
 for the download page.  The chat's text is written into the history directly (the
@@ -84,16 +86,22 @@ Still to do:
 """
 
 
-def ensure_display() -> subprocess.Popen[bytes] | None:
+def ensure_display(screen: str) -> list[subprocess.Popen[bytes]]:
+    """An X display of ``screen`` (e.g. 1366x768) with a window manager on it (openbox,
+    when installed: apt-get install openbox), unless $DISPLAY names one already."""
     if os.environ.get("DISPLAY"):
-        return None
+        return []
     xvfb = shutil.which("Xvfb")
     if xvfb is None:
         sys.exit("No $DISPLAY and no Xvfb: apt-get install xvfb (see the module docstring).")
-    proc = subprocess.Popen([xvfb, ":87", "-screen", "0", "1600x1000x24", "-nolisten", "tcp"])
+    procs = [subprocess.Popen([xvfb, ":87", "-screen", "0", f"{screen}x24", "-nolisten", "tcp"])]
     os.environ["DISPLAY"] = ":87"
     time.sleep(1.0)
-    return proc
+    wm = shutil.which("openbox")
+    if wm is not None:  # windows placed and framed as on a desktop
+        procs.append(subprocess.Popen([wm], stderr=subprocess.DEVNULL))
+        time.sleep(0.5)
+    return procs
 
 
 def main() -> int:
@@ -101,8 +109,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots")
     ap.add_argument("--hardware", type=Path, default=REPO / "resources/hardware/8xH100-2TB.json")
     ap.add_argument("--theme", default="light", choices=("light", "dark", "system"))
+    ap.add_argument("--screen", default="1366x768", help="the X screen's size (no $DISPLAY)")
     args = ap.parse_args()
-    xvfb = ensure_display()
+    display = ensure_display(args.screen)
     os.environ.setdefault("QT_QPA_PLATFORM", "xcb")
     home = Path(tempfile.mkdtemp(prefix="k3shots-"))
     os.environ["K3DESK_HOME"] = str(home)
@@ -110,8 +119,8 @@ def main() -> int:
     try:
         return shoot(args, home)
     finally:
-        if xvfb is not None:
-            xvfb.terminate()
+        for proc in reversed(display):
+            proc.terminate()
         shutil.rmtree(home, ignore_errors=True)
 
 
@@ -159,8 +168,7 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
         print(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
 
     window = build_window(ctx, parse_args(["--hardware", str(args.hardware)]))
-    window.resize(1280, 800)
-    window.show()
+    window.show()  # the size it opens at on this screen
 
     # ---- wizard
     wiz = window.open_wizard()

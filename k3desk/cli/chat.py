@@ -146,6 +146,11 @@ def _sampling_options(p: argparse.ArgumentParser) -> None:
         help="end the answer where TEXT would come (repeatable)",
     )
     p.add_argument("--seed", type=int, help="sampling seed (repeatable answers)")
+    p.add_argument("--top-k", type=int, metavar="K", help="pick from the K likeliest tokens")
+    p.add_argument("--min-p", type=float, metavar="P", help="drop tokens below P x the likeliest")
+    p.add_argument(
+        "--repeat-penalty", type=float, metavar="R", help="make repeats less likely (1.0: off)"
+    )
 
 
 def _launch_options(p: argparse.ArgumentParser) -> None:
@@ -241,6 +246,9 @@ def run(args: argparse.Namespace, services: Services) -> int:
         top_p=args.top_p,
         max_tokens=args.max_tokens,
         seed=args.seed,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
         thinking=not args.no_thinking,
         thinking_effort=args.effort,
         stop=tuple(args.stop),

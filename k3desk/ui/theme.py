@@ -53,6 +53,9 @@ class Colors:
     bar_ram: str
     bar_disk: str
     bar_track: str
+    # a search hit marked in the transcript: it must stand out from the page
+    mark: str
+    mark_text: str
 
     def tone(self, tone: Tone) -> str:
         """The colour of a presenter's tone (a verdict's ok / warn / danger)."""
@@ -86,6 +89,8 @@ LIGHT = Colors(
     bar_ram="#0d9488",
     bar_disk="#d97706",
     bar_track="#e5e7eb",
+    mark="#fcd34d",
+    mark_text="#1f2328",
 )
 
 DARK = Colors(
@@ -115,6 +120,8 @@ DARK = Colors(
     bar_ram="#2dd4bf",
     bar_disk="#fbbf24",
     bar_track="#30333a",
+    mark="#a16207",
+    mark_text="#ffffff",
 )
 
 

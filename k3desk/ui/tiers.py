@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QFont, QResizeEvent
+from PySide6.QtGui import QFont, QResizeEvent, QShowEvent
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget
 
 from k3desk.core.app.cluster_tiers import ClusterTierRow
@@ -31,6 +31,7 @@ from k3desk.ui.cells import cell_item
 # how narrow each column may get when space is short (its text then elided); the speed
 # column never shrinks
 FLOORS = {0: 150, 1: 150, 3: 90, QUALITY_COLUMN: 80, 5: 70, 6: 70}
+SHRINK_FIRST = (QUALITY_COLUMN, 6, 0)  # quality, engines, tier: when space is short
 
 AnyRow = TierRow | ClusterTierRow
 __all__ = ["COLUMNS", "SPEED_COLUMN", "VERDICT_COLUMN", "AnyRow", "TierTable"]
@@ -107,6 +108,17 @@ class TierTable(QTableWidget):
         super().resizeEvent(event)
         self._fit_columns()
 
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        # filled before it had a size, the preselected row may sit below the fold
+        self._show_current()
+
+    def _show_current(self) -> None:
+        rows = sorted({i.row() for i in self.selectedIndexes()})
+        item = self.item(rows[0], 0) if rows else None
+        if item is not None:
+            self.scrollToItem(item, QAbstractItemView.ScrollHint.PositionAtCenter)
+
     def _fit_columns(self) -> None:
         """Every column visible at the table's width (1024 px windows included): columns
         take their contents' width; when that is too wide, each gives up the same share of
@@ -123,6 +135,14 @@ class TierTable(QTableWidget):
         widths = list(want)
         flexible = [i for i in FLOORS if i < len(widths)]
         over = sum(widths) - avail
+        # the columns whose full text is a tooltip away give way first (quality, engines,
+        # the name); the verdict, size and vision are read at a glance, whole
+        for i in SHRINK_FIRST:
+            if over <= 0 or i >= len(widths):
+                break
+            take = min(over, max(0, widths[i] - FLOORS[i]))
+            widths[i] -= take
+            over -= take
         if over > 0:
             room = {i: max(0, widths[i] - FLOORS[i]) for i in flexible}
             total = sum(room.values())
@@ -138,9 +158,7 @@ class TierTable(QTableWidget):
         for r, row in enumerate(self.rows):
             if row.tier.id == tier_id:
                 self.selectRow(r)
-                item = self.item(r, 0)
-                if item is not None:
-                    self.scrollToItem(item, QAbstractItemView.ScrollHint.EnsureVisible)
+                self._show_current()
                 return
 
     def current(self) -> AnyRow | None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QRect, QSize, Qt
+from PySide6.QtGui import QGuiApplication, QPainter, QPaintEvent
 from PySide6.QtWidgets import (
     QAbstractButton,
     QFrame,
@@ -15,7 +15,10 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPushButton,
     QSizePolicy,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QToolButton,
+    QToolTip,
     QVBoxLayout,
     QWidget,
 )
@@ -114,6 +117,13 @@ class Card(QFrame):
         self.body.setSpacing(6)
 
 
+def say_copied(widget: QWidget, text: str = "Copied") -> None:
+    """Say ``text`` beside ``widget`` for 1.5 s: a copy that says nothing looks like a
+    click that did nothing."""
+    where = widget.mapToGlobal(widget.rect().bottomLeft())
+    QToolTip.showText(where, text, widget, QRect(), 1500)
+
+
 def copy_button(get_text: Callable[[], str], tip: str = "Copy") -> QToolButton:
     btn = QToolButton()
     theme.set_icon(btn, "copy")
@@ -122,7 +132,7 @@ def copy_button(get_text: Callable[[], str], tip: str = "Copy") -> QToolButton:
 
     def do_copy() -> None:
         QGuiApplication.clipboard().setText(get_text())
-        btn.setToolTip("Copied")
+        say_copied(btn)
 
     btn.clicked.connect(do_copy)
     return btn
@@ -162,3 +172,45 @@ def click(button: QAbstractButton) -> None:
     """Click ``button`` if enabled (automation hook and keyboard shortcuts)."""
     if button.isEnabled():
         button.click()
+
+
+class ElideMiddle(QStyledItemDelegate):
+    """Cells elided in the middle (``view.setItemDelegateForColumn(i, ElideMiddle(view))``):
+    a path keeps its end, the file's name, where the view elides at the end."""
+
+    def initStyleOption(
+        self, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
+    ) -> None:
+        super().initStyleOption(option, index)
+        option.textElideMode = Qt.TextElideMode.ElideMiddle
+
+
+class ElidedLabel(QLabel):
+    """One line of text, elided at the end where the room is short (a long conversation
+    title); :meth:`text` and the tooltip keep all of it."""
+
+    def __init__(self, text: str = "", name: str = "") -> None:
+        super().__init__(text)
+        if name:
+            self.setObjectName(name)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.setToolTip(text)
+
+    def setText(self, text: str) -> None:
+        super().setText(text)
+        self.setToolTip(text)
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(40, super().minimumSizeHint().height())
+
+    def shown_text(self) -> str:
+        """The text as drawn at the label's width."""
+        room = self.contentsRect().width()
+        return self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, room)
+
+    def paintEvent(self, _event: QPaintEvent) -> None:
+        p = QPainter(self)
+        p.setPen(self.palette().color(self.foregroundRole()))
+        p.setFont(self.font())
+        p.drawText(self.contentsRect(), int(self.alignment()), self.shown_text())
+        p.end()

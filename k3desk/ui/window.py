@@ -37,7 +37,8 @@ from k3desk import __version__
 from k3desk.ui import theme
 from k3desk.ui.context import AppContext
 from k3desk.ui.pages import Page, PageKey
-from k3desk.ui.widgets import label
+from k3desk.ui.shortcuts import HELP_KEYS, ShortcutList
+from k3desk.ui.widgets import fit_screen, label
 
 if TYPE_CHECKING:
     from k3desk.ui.chat.page import ChatPage
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from k3desk.ui.engine.page import EnginePage
     from k3desk.ui.models import ModelsPage
     from k3desk.ui.settings_page import SettingsPage
+    from k3desk.ui.tray import KeeperTray
     from k3desk.ui.wizard.wizard import TierWizard
 
 P = TypeVar("P", bound=Page)
@@ -155,14 +157,18 @@ class MainWindow(QMainWindow):
         self.setObjectName("mainWindow")
         self.setWindowTitle("k3desk")
         self.setWindowIcon(theme.app_icon())
-        self.resize(1280, 800)
-        self.setMinimumSize(QSize(900, 600))
+        # within the screen's free area: a fixed 1280x800 puts the status bar below the
+        # bottom of an 800-px-high screen
+        room = fit_screen(self, 900, 600)  # the frame and title bar take some of it
+        self.setMinimumSize(room)
+        self.resize(fit_screen(self, 1280, 800))
         # what to do with a running engine on close; None: ask (tests and the automation
         # hook answer in advance)
         self.close_choice: CloseChoice | None = None
         self._closing = False
         self._pages: dict[PageKey, Page] = {}
         self._wizard: TierWizard | None = None
+        self.tray: KeeperTray | None = None  # shown once the window closes, keeping the engine
 
         central = QWidget()
         root = QHBoxLayout(central)
@@ -214,6 +220,9 @@ class MainWindow(QMainWindow):
         for i, spec in enumerate(PAGES):
             sc = QShortcut(QKeySequence(f"Ctrl+{i + 1}"), self)
             sc.activated.connect(self._goto(spec.key))
+        for keys in HELP_KEYS:  # the list of shortcuts
+            QShortcut(QKeySequence(keys), self).activated.connect(self.show_shortcuts)
+        self.shortcut_list: ShortcutList | None = None
         if ctx.theme is not None:
             ctx.theme.changed.connect(self._theme_changed)
         self.setAcceptDrops(True)  # a .gguf file or a folder dropped anywhere: My models
@@ -231,6 +240,8 @@ class MainWindow(QMainWindow):
             x, y, w, h = (int(saved[k]) for k in ("x", "y", "w", "h"))
         except (KeyError, TypeError, ValueError):
             return
+        room = fit_screen(self, w, h)  # the screen may be smaller now
+        w, h = room.width(), room.height()
         self.resize(max(w, self.minimumWidth()), max(h, self.minimumHeight()))
         if QGuiApplication.screenAt(QPoint(x + 40, y + 20)) is not None:
             self.move(x, y)
@@ -412,6 +423,25 @@ class MainWindow(QMainWindow):
         clicked = box.clickedButton()
         return "keep" if clicked is keep else "stop" if clicked is stop else "cancel"
 
+    def show_shortcuts(self) -> ShortcutList:
+        """The keyboard shortcuts, listed (F1, Ctrl+/)."""
+        if self.shortcut_list is None:
+            self.shortcut_list = ShortcutList(self)
+            self.shortcut_list.destroyed.connect(lambda: setattr(self, "shortcut_list", None))
+        self.shortcut_list.show()
+        self.shortcut_list.raise_()
+        return self.shortcut_list
+
+    def _show_tray(self, app: QApplication) -> None:
+        """The windowless process's sign, where the desktop has a tray: Open, Stop."""
+        from k3desk.ui.tray import KeeperTray
+
+        engine = self.ctx.engine
+        ep = engine.endpoint()
+        self.tray = KeeperTray.show_for(
+            engine.model_name() or "the model", ep.url if ep else "", app.quit, parent=app
+        )
+
     def closeEvent(self, event: QCloseEvent) -> None:
         engine = self.ctx.engine_if_built
         if not self._closing and engine is not None and engine.local and engine.ready:
@@ -425,6 +455,7 @@ class MainWindow(QMainWindow):
                     app.setQuitOnLastWindowClosed(False)  # this process keeps the engine
                     # ... until it gives up (then there is nothing left to keep)
                     engine.failed.connect(lambda _m, _h: app.quit())
+                    self._show_tray(app)
             elif choice == "stop" and engine.background is not None:
                 engine.stop_background_now()
         self._closing = True

@@ -107,15 +107,17 @@ def test_every_shell_shows_the_same_figures_for_every_tier(  # type: ignore[no-u
     for t, crow in zip(data["tiers"], chart.rows, strict=True):
         tid, verdict = t["id"], t["verdict_text"]
         starred = tid == pick
+        # ★ the recommendation, ☆ the closest option when nothing is recommended
+        mark = "★ " if tid == data["recommended"] else "☆ "
         where = f"{name}: {tid}"
         # the verdict, in one vocabulary
         for shell in shells.values():
             cells = shell[tid]
             assert cells["verdict"] == verdict, where
-            assert cells["name"].startswith("★ ") == starred, where
+            assert cells["name"].startswith(mark) == starred, where
         assert crow.verdict == verdict, where
         assert verdict in painted, where
-        assert (("★ " + chart_rows[ids.index(tid)]) in painted) == starred, where
+        assert ((mark + chart_rows[ids.index(tid)]) in painted) == starred, where
         assert verdict in text, where
         # the shortfall: in the verdict wherever the tier misses RAM, and on the RAM bar
         short = t["shortfall_bytes"]

@@ -10,6 +10,7 @@ from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication, QFileDialog
 
+from k3desk.core.app.cells import shown_path
 from k3desk.ui.pages import PageKey
 from k3desk.ui.window import MainWindow
 
@@ -65,6 +66,7 @@ def test_add_with_the_button_then_drop_a_folder_and_find_them_after_a_restart(  
     assert row["model"] == "Tiny-K3-IQ1_S"
     assert row["vision"] == "yes"
     assert row["tier"] == "—"
+    assert row["where"] == shown_path(tiny_k3.first_part.parent)  # the folder, not "added"
     assert row["speed"].endswith("tok/s")
     assert "8xH100-2TB.json" in mine.status.text()
     # a folder dropped on the window (on whatever page is shown)
@@ -123,7 +125,8 @@ def test_a_model_folder_in_settings_shows_its_sets(  # type: ignore[no-untyped-d
     ctx.update_settings(model_dirs=(str(folder),))
     qtbot.waitUntil(lambda: len(mine.rows()) == 1, timeout=30_000)
     (row,) = mine.shown_rows()
-    assert row["where"] == f"folder {folder}"
+    assert row["where"] == shown_path(folder / "tiny")  # the folder its files are in (D21)
+    assert str(folder) in mine.table.item(0, 6).toolTip()  # and the model folder it was found in
     assert row["vision"] == "yes"
     mine.select(row["id"])
     assert not mine.remove_btn.isEnabled()

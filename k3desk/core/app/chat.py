@@ -14,7 +14,13 @@ from k3desk.core.chat.client import (
     ChatMessage,
     ChatResult,
 )
-from k3desk.core.chat.dialects import DIALECT_IDS, DIALECTS, ServerInfo, ignored_settings
+from k3desk.core.chat.dialects import (
+    DIALECT_IDS,
+    DIALECTS,
+    SAMPLER_LABELS,
+    ServerInfo,
+    ignored_settings,
+)
 from k3desk.core.chat.history import (
     Conversation,
     HistoryStore,
@@ -37,6 +43,7 @@ __all__ = [
     "DEFAULT_TOP_P",
     "DIALECTS",
     "DIALECT_IDS",
+    "SAMPLER_LABELS",
     "THINKING_EFFORTS",
     "ChatClient",
     "ChatDelta",

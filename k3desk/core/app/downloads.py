@@ -22,6 +22,7 @@ from k3desk.core.hub.model import (
     Stalled,
     Verified,
 )
+from k3desk.core.hub.state import discard_partials
 from k3desk.core.hub.tokens import TokenStore, mask
 from k3desk.core.hub.verify import verify_target
 
@@ -43,6 +44,7 @@ __all__ = [
     "Stalled",
     "TokenStore",
     "Verified",
+    "discard_partials",
     "mask",
     "verify_target",
 ]

@@ -110,6 +110,8 @@ class Dialect:
     context_covers_answer: bool = False  # refuses prompt + answer over its context
     short_default_answer: bool = False  # answers briefly when not told: ask for its most
     model_name: str | None = None  # the only model name it takes (None: any it lists)
+    # the sampling settings beyond temperature and top-p it reads: (setting, field name)
+    samplers: tuple[tuple[str, str], ...] = ()
 
 
 DIALECTS: dict[DialectId, Dialect] = {
@@ -126,6 +128,8 @@ DIALECTS: dict[DialectId, Dialect] = {
         images=None,
         differs="thinking and effort through chat_template_kwargs; reports usage, timings "
         "and its context (/props); images with a vision projector",
+        # tools/server/server-schema.cpp: field_num("top_k"), ("min_p"), ("repeat_penalty")
+        samplers=(("top_k", "top_k"), ("min_p", "min_p"), ("repeat_penalty", "repeat_penalty")),
     ),
     "sparkinfer-bridge": Dialect(
         "sparkinfer-bridge",
@@ -163,6 +167,8 @@ DIALECTS: dict[DialectId, Dialect] = {
         images=None,
         differs="thinking and effort through chat_template_kwargs; usage but no timings "
         "(k3desk measures tok/s); context from max_model_len",
+        # vLLM's sampling extras: top_k, min_p, repetition_penalty
+        samplers=(("top_k", "top_k"), ("min_p", "min_p"), ("repeat_penalty", "repetition_penalty")),
     ),
     "openai": Dialect(
         "openai",
@@ -462,6 +468,10 @@ def request_body(
         body["max_tokens"] = n
     if settings.seed is not None and kind.seed:
         body["seed"] = settings.seed
+    for name, wire in kind.samplers:
+        value = getattr(settings, name)
+        if value is not None:  # None: the server's own default
+            body[wire] = value
     if settings.stop and kind.stop == "server":
         body["stop"] = list(settings.stop)
     body.update(settings.extra_body)
@@ -484,7 +494,18 @@ def ignored_settings(info: ServerInfo, settings: ChatSettings) -> list[str]:
         out.append(f"The {kind.label} decodes greedily: temperature and top-p have no effect.")
     if settings.seed is not None and not kind.seed:
         out.append(f"The {kind.label} takes no seed (its answers are greedy, so repeatable).")
+    taken = {name for name, _wire in kind.samplers}
+    unread = [
+        SAMPLER_LABELS[name]
+        for name in SAMPLER_LABELS
+        if getattr(settings, name) is not None and name not in taken
+    ]
+    if unread:
+        out.append(f"The {kind.label} takes no {', '.join(unread)}: the server's own applies.")
     return out
+
+
+SAMPLER_LABELS = {"top_k": "top-k", "min_p": "min-p", "repeat_penalty": "repeat penalty"}
 
 
 def _opt_int(value: Any) -> int | None:

@@ -32,11 +32,19 @@ class ChatSettings:
     thinking_effort: str | None = None
     stop: tuple[str, ...] = ()
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    # None: the server's own (llama-server: top-k 40, min-p 0.05, repeat penalty 1.0 = off;
+    # common/common.h common_params_sampling)
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "temperature": self.temperature,
             "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repeat_penalty": self.repeat_penalty,
             "max_tokens": self.max_tokens,
             "seed": self.seed,
             "thinking": self.thinking,
@@ -56,6 +64,9 @@ class ChatSettings:
             top_p=float(data.get("top_p", d.top_p)),
             max_tokens=_opt_int(data.get("max_tokens")),
             seed=_opt_int(data.get("seed")),
+            top_k=_opt_int(data.get("top_k")),
+            min_p=_opt_float(data.get("min_p")),
+            repeat_penalty=_opt_float(data.get("repeat_penalty")),
             thinking=bool(data.get("thinking", d.thinking)),
             thinking_effort=(
                 str(data["thinking_effort"]) if data.get("thinking_effort") is not None else None
@@ -67,6 +78,10 @@ class ChatSettings:
 
 def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True)

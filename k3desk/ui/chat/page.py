@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QPoint, Qt, QUrl
+from PySide6.QtCore import QEvent, QObject, QPoint, QRect, QSize, Qt, QUrl
 from PySide6.QtGui import QImage, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -29,22 +29,34 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSpinBox,
     QSplitter,
+    QStyle,
+    QStyleOptionViewItem,
     QVBoxLayout,
     QWidget,
 )
 
-from k3desk.core.app.chat import ChatSettings, PreparedImage, ServerInfo, query_words, snippet_spans
+from k3desk.core.app.chat import (
+    SAMPLER_LABELS,
+    ChatSettings,
+    PreparedImage,
+    ServerInfo,
+    query_words,
+    snippet_spans,
+)
 from k3desk.core.app.folders import Kind, start_folder
-from k3desk.core.app.values import EFFORTS, K3Error, safe_file_name
+from k3desk.core.app.values import EFFORTS, K3Error, fmt_bytes, safe_file_name
 from k3desk.ui import theme
 from k3desk.ui.chat.composer import Composer
 from k3desk.ui.chat.controller import ChatController, ListEntry, OpenState
+from k3desk.ui.chat.picker import ModelPicker
 from k3desk.ui.chat.view import MessageView, MessageVM
 from k3desk.ui.pages import Navigator, Page, PageKey
-from k3desk.ui.widgets import label, muted, set_enabled
+from k3desk.ui.widgets import ElidedLabel, muted, set_enabled
 
 if TYPE_CHECKING:
+    from k3desk.core.app.library import LocalModel
     from k3desk.ui.context import AppContext
+    from k3desk.ui.engine.controller import LaunchRequest
 
 ROLE_ID = Qt.ItemDataRole.UserRole
 ROLE_HIT = Qt.ItemDataRole.UserRole + 1  # the message a search found (None: the title)
@@ -92,6 +104,40 @@ class ChatSettingsDialog(QDialog):
         self.top_p.setSingleStep(0.01)
         self.top_p.setValue(s.top_p)
         form.addRow("Top-p", self.top_p)
+        # the samplers people set in LM Studio and Jan; the lowest value of each: not sent,
+        # the server's own applies
+        self.top_k = QSpinBox()
+        self.top_k.setObjectName("topK")
+        self.top_k.setRange(-1, 1000)
+        self.top_k.setSpecialValueText("Server default")
+        self.top_k.setValue(-1 if s.top_k is None else s.top_k)
+        self.top_k.setToolTip("Pick from the K most likely tokens only (0: no limit)")
+        form.addRow("Top-k", self.top_k)
+        self.min_p = QDoubleSpinBox()
+        self.min_p.setObjectName("minP")
+        self.min_p.setRange(-0.01, 1.0)
+        self.min_p.setSingleStep(0.01)
+        self.min_p.setSpecialValueText("Server default")
+        self.min_p.setValue(-0.01 if s.min_p is None else s.min_p)
+        self.min_p.setToolTip(
+            "Drop tokens less likely than this share of the most likely one (0: off)"
+        )
+        form.addRow("Min-p", self.min_p)
+        self.repeat_penalty = QDoubleSpinBox()
+        self.repeat_penalty.setObjectName("repeatPenalty")
+        self.repeat_penalty.setRange(0.0, 2.0)
+        self.repeat_penalty.setSingleStep(0.05)
+        self.repeat_penalty.setSpecialValueText("Server default")
+        self.repeat_penalty.setValue(0.0 if s.repeat_penalty is None else s.repeat_penalty)
+        self.repeat_penalty.setToolTip("Make repeating recent tokens less likely (1.0: off)")
+        form.addRow("Repeat penalty", self.repeat_penalty)
+        self.seed = QSpinBox()
+        self.seed.setObjectName("seed")
+        self.seed.setRange(-1, 2**31 - 1)
+        self.seed.setSpecialValueText("Random")
+        self.seed.setValue(-1 if s.seed is None else s.seed)
+        self.seed.setToolTip("The same seed and settings give the same answer again")
+        form.addRow("Seed", self.seed)
         self.thinking = QCheckBox("Think before answering")
         self.thinking.setChecked(s.thinking)
         form.addRow("Thinking", self.thinking)
@@ -136,6 +182,10 @@ class ChatSettingsDialog(QDialog):
         self.effort.setEnabled(self.thinking.isChecked() and effort_ok)
         self.temperature.setEnabled(sampling_ok)
         self.top_p.setEnabled(sampling_ok)
+        taken = {name for name, _wire in kind.samplers} if kind is not None else None
+        for name, box in self._samplers():
+            box.setEnabled(taken is None or name in taken)
+        self.seed.setEnabled(kind is None or kind.seed)
         if server is None or kind is None:
             self.server_note.setText("")
             return
@@ -149,6 +199,15 @@ class ChatSettingsDialog(QDialog):
             for w in (self.temperature, self.top_p):
                 w.setToolTip(why)
             notes.append(why)
+        unread = [SAMPLER_LABELS[n] for n, box in self._samplers() if not box.isEnabled()]
+        if unread:
+            why = f"The {kind.label} takes no {', '.join(unread)}: the server's own applies."
+            for _name, box in self._samplers():
+                if not box.isEnabled():
+                    box.setToolTip(why)
+            notes.append(why)
+        if not kind.seed:
+            self.seed.setToolTip(f"The {kind.label} takes no seed.")
         if kind.stop == "client":
             notes.append("It takes no stop sequences: k3desk ends the answer there itself.")
         limits = server.limits_text()
@@ -156,14 +215,31 @@ class ChatSettingsDialog(QDialog):
             notes.append(f"It allows {limits}.")
         self.server_note.setText(" ".join(notes))
 
+    def _samplers(self) -> tuple[tuple[str, QSpinBox | QDoubleSpinBox], ...]:
+        return (
+            ("top_k", self.top_k),
+            ("min_p", self.min_p),
+            ("repeat_penalty", self.repeat_penalty),
+        )
+
     def values(self) -> tuple[str, ChatSettings]:
         effort = str(self.effort.currentData() or "") or None
         stops = tuple(x for x in self.stop.toPlainText().splitlines() if x)
+
+        def chosen(box: QSpinBox | QDoubleSpinBox) -> float | None:
+            # the special value at the bottom of the range: not set
+            return None if box.value() == box.minimum() else round(box.value(), 3)
+
+        top_k = chosen(self.top_k)
+        seed = chosen(self.seed)
         return self.prompt.toPlainText().strip(), ChatSettings(
             temperature=round(self.temperature.value(), 3),
             top_p=round(self.top_p.value(), 3),
+            top_k=None if top_k is None else int(top_k),
+            min_p=chosen(self.min_p),
+            repeat_penalty=chosen(self.repeat_penalty),
             max_tokens=self.max_tokens.value() or None,
-            seed=self._base.seed,
+            seed=None if seed is None else int(seed),
             thinking=self.thinking.isChecked(),
             thinking_effort=effort if self.thinking.isChecked() else None,
             stop=stops,
@@ -219,6 +295,10 @@ class ChatPage(Page):
         self.list.setObjectName("convList")
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.setToolTip("Right-click for rename, export and delete; Delete deletes")
+        # a long title is elided at the list's edge, never scrolled to sideways
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.viewport().installEventFilter(self)
         llay.addWidget(self.list, 1)
         self.list_empty = muted("No conversations yet. Type below to start one.")
         self.list_empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -260,13 +340,17 @@ class ChatPage(Page):
         head = QHBoxLayout()
         titles = QVBoxLayout()
         titles.setSpacing(0)
-        self.title = label("New chat", "sectionTitle", wrap=False)
+        self.title = ElidedLabel("New chat", "sectionTitle")  # a long title elided
         titles.addWidget(self.title)
         # which model answers here (the engine's, the cluster's or the attached server's)
         self.model_label = muted("")
         self.model_label.setObjectName("chatModel")
         self.model_label.setToolTip("The model answering in this chat")
         titles.addWidget(self.model_label)
+        # the model loaded now, and the others of My models one choice away: shown in the
+        # label's place (the label keeps the text, read by the automation hook)
+        self.picker = ModelPicker(self.ctx)
+        titles.addWidget(self.picker, 0, Qt.AlignmentFlag.AlignLeft)
         head.addLayout(titles, 1)
         # the model launched last, one click away when nothing runs
         self.relaunch_btn = QPushButton("")
@@ -299,6 +383,7 @@ class ChatPage(Page):
         self.settings_btn.clicked.connect(self.edit_settings)
         self.delete_btn.clicked.connect(self.delete_current)
         self.relaunch_btn.clicked.connect(self.relaunch)
+        self.picker.chosen.connect(self.switch_model)
         self.chat.exported.connect(self._exported)
         self._shortcuts()
         self._header_buttons()
@@ -353,6 +438,50 @@ class ChatPage(Page):
         if last is not None:
             self.relaunch_btn.setEnabled(False)
             self.composer.show_notice(f"Relaunching {last.name or Path(last.shard).name}…")
+
+    def switch_model(self, model: LocalModel) -> None:
+        """Load ``model`` (from the header's picker): asked first when a model is loaded
+        (nothing is stopped without asking), then planned, launched, and a new chat."""
+        from k3desk.core.app.operations import Operation
+        from k3desk.ui.engine.controller import prepare_engine_request
+        from k3desk.ui.engine.page import confirm_slow_launch
+
+        engine = self.engine
+        loaded = engine.model_name() if engine.running else ""
+        if loaded:
+            answer = QMessageBox.question(
+                self,
+                "Switch the model",
+                f"Stop {loaded} and load {model.name} ({fmt_bytes(model.size_bytes)} to read "
+                "from disk)? Until it is loaded nothing answers; the chat continues in a new "
+                "conversation.",
+                QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
+                QMessageBox.StandardButton.Cancel,
+            )
+            if answer != QMessageBox.StandardButton.Yes:
+                return
+        ctx = self.ctx
+        self.composer.show_notice(f"Checking {model.name} and planning it for this machine…")
+
+        def done(req: LaunchRequest) -> None:
+            engine.launch(req)
+            self.new_chat()
+            self.composer.show_notice(f"Loading {model.name}…")
+
+        def error(exc: BaseException) -> None:
+            from k3desk.core.app.launch import SlowLaunchError
+
+            slow = confirm_slow_launch(self, exc)
+            if slow is not None:
+                done(slow)
+            elif not isinstance(exc, SlowLaunchError):
+                self.composer.show_notice("")
+                ctx.reporter.report(exc)
+
+        op = Operation(
+            "prepare-launch", lambda t: prepare_engine_request(ctx, model.shard, model.projector, t)
+        )
+        ctx.ops.run(op, on_success=done, on_failure=error)
 
     def _relaunch_failed(self, exc: BaseException) -> None:
         """A relaunch that streams from disk is started once accepted (the same
@@ -442,7 +571,8 @@ class ChatPage(Page):
         self.status.setText("  ·  ".join(p for p in parts if p))
         model = self.engine.model_text()
         self.model_label.setText(model)
-        self.model_label.setVisible(bool(model))
+        self.model_label.hide()
+        self.picker.set_loaded_text(model)
 
     # ------------------------------------------------------ conversations
     def new_chat(self) -> None:
@@ -474,7 +604,7 @@ class ChatPage(Page):
                 # the title, and the words found, marked, in what surrounds them
                 spans = snippet_spans(e.snippet or conv.title, query)
                 found = "".join(
-                    f'<b style="background:{c.banner}; color:{c.text};">{html.escape(t)}</b>'
+                    f'<b style="background:{c.mark}; color:{c.mark_text};">{html.escape(t)}</b>'
                     if hit
                     else html.escape(t)
                     for t, hit in spans
@@ -488,11 +618,11 @@ class ChatPage(Page):
                 cell.setContentsMargins(6, 4, 6, 4)
                 cell.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)
                 item.setText("")
-                item.setSizeHint(cell.sizeHint().expandedTo(item.sizeHint()))
                 self.list.setItemWidget(item, cell)
             if conv.id == current:
                 self.list.setCurrentItem(item)
         self.list.blockSignals(False)
+        self._fit_hits()
         searching = bool(self.chat.search_text.strip())
         self.list_empty.setText(
             "No conversation matches."
@@ -500,6 +630,28 @@ class ChatPage(Page):
             else "No conversations yet. Type below to start one."
         )
         self.list_empty.setVisible(not entries)
+
+    def _fit_hits(self) -> None:
+        """Each search result as tall as its wrapped text at the list's width (a size
+        taken before the text wraps cuts the snippet off)."""
+        width = self.list.viewport().width()
+        # the room inside an item's margin and padding (app.qss: #convList::item)
+        opt = QStyleOptionViewItem()
+        opt.rect = QRect(0, 0, width, 1000)
+        inner = self.list.style().subElementRect(
+            QStyle.SubElement.SE_ItemViewItemText, opt, self.list
+        )
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            cell = self.list.itemWidget(item)
+            if isinstance(cell, QLabel):
+                high = cell.heightForWidth(inner.width()) + 1000 - inner.height()
+                item.setSizeHint(QSize(width, high))
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self.list.viewport() and event.type() == QEvent.Type.Resize:
+            self._fit_hits()
+        return super().eventFilter(watched, event)
 
     def _select(self, item: QListWidgetItem | None, _prev: object = None) -> None:
         if item is None or self.chat.streaming:

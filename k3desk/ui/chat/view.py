@@ -14,9 +14,10 @@ import html
 import time
 from dataclasses import dataclass, field
 
-from PySide6.QtCore import QUrl, Signal
+from PySide6.QtCore import QRect, QUrl, Signal
 from PySide6.QtGui import (
     QColor,
+    QCursor,
     QDesktopServices,
     QGuiApplication,
     QImage,
@@ -25,8 +26,9 @@ from PySide6.QtGui import (
     QTextCursor,
     QTextDocument,
 )
-from PySide6.QtWidgets import QTextBrowser, QTextEdit, QWidget
+from PySide6.QtWidgets import QTextBrowser, QTextEdit, QToolTip, QWidget
 
+from k3desk.core.app.cells import ONLY_REASONING_NOTE, only_reasoning, reasoning_title
 from k3desk.ui import theme
 from k3desk.ui.chat.markdown import CodeColors, MarkdownRenderer
 
@@ -345,6 +347,9 @@ class MessageView(QTextBrowser):
             self._codes[m.id] = [code for b in blocks for code in b.codes]
             parts += [(b.key, b.html) for b in blocks]
         tail: list[str] = []
+        if m.role == "assistant" and only_reasoning(m.content, m.reasoning, m.streaming):
+            note = html.escape(ONLY_REASONING_NOTE)
+            tail.append(f'<p style="color:{c.muted};"><i>{note}</i></p>')
         if m.streaming and not m.content and not m.reasoning:
             tail.append(f'<p style="color:{c.muted};"><i>Waiting for the first token…</i></p>')
         if m.streaming:
@@ -356,7 +361,8 @@ class MessageView(QTextBrowser):
             )
         if m.error:
             tail.append(f'<p style="color:{c.danger};">{html.escape(m.error)}</p>')
-        parts.append((("tail", m.streaming, m.partial, m.partial_note, m.error), "".join(tail)))
+        tail_key = ("tail", m.streaming, m.partial, m.partial_note, m.error, bool(m.content))
+        parts.append((tail_key, "".join(tail)))
         return parts
 
     def _reasoning_html(self, m: MessageVM) -> str:
@@ -365,13 +371,13 @@ class MessageView(QTextBrowser):
         thinking = m.streaming and not m.content
         # while the answer so far is all reasoning, the reasoning is what is shown
         # streaming (its latest part), so the answer never looks empty
-        open_ = m.id in self._expanded or thinking
-        words = len(m.reasoning.split())
-        label = "Thinking…" if thinking else "Reasoning"
+        # an answer that is only reasoning shows it open: else its body is empty
+        alone = only_reasoning(m.content, m.reasoning, m.streaming)
+        open_ = (m.id in self._expanded) != alone or thinking
         arrow = "▾" if open_ else "▸"
         head = (
             f'<a href="k3:reasoning/{mid}/0" style="color:{c.muted}; text-decoration:none;">'
-            f"{arrow} {label} ({words} words)</a>"
+            f"{arrow} {html.escape(reasoning_title(m.reasoning, thinking))}</a>"
         )
         if not open_:
             return f'<p style="margin:2px 0;">{head}</p>'
@@ -399,8 +405,8 @@ class MessageView(QTextBrowser):
         marks: list[QTextEdit.ExtraSelection] = []
         fmt = QTextCharFormat()
         c = theme.current()
-        fmt.setBackground(QColor(c.banner))
-        fmt.setForeground(QColor(c.text))
+        fmt.setBackground(QColor(c.mark))
+        fmt.setForeground(QColor(c.mark_text))
         doc = self.document()
         for w in words:
             cursor = doc.find(w, 0)
@@ -456,6 +462,10 @@ class MessageView(QTextBrowser):
         else:
             self._rebuild(keep_scroll=True)
 
+    def _copied(self, text: str) -> None:
+        """Say so where the person clicked (a tooltip that fades after 1.5 s)."""
+        QToolTip.showText(QCursor.pos(), text, self.viewport(), QRect(), 1500)
+
     def _anchor(self, url: QUrl) -> None:
         text = url.toString()
         if not text.startswith("k3:"):
@@ -472,8 +482,10 @@ class MessageView(QTextBrowser):
             codes = self._codes.get(mid, [])
             if 0 <= n < len(codes):
                 QGuiApplication.clipboard().setText(codes[n])
+                self._copied("Copied the code")
         elif verb == "copy":
             vm = next((m for m in self._messages if m.id == mid), None)
-            if vm is not None:
-                QGuiApplication.clipboard().setText(vm.content)
+            if vm is not None:  # an answer that is only reasoning: its reasoning
+                QGuiApplication.clipboard().setText(vm.content or vm.reasoning)
+                self._copied("Copied" if vm.content else "Copied the reasoning")
         self.action.emit(verb, mid, n)

@@ -115,7 +115,7 @@ class ClusterPage(Page):
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
         body = QWidget()
         self.body = QVBoxLayout(body)
-        self.body.setContentsMargins(6, 0, 10, 0)
+        self.body.setContentsMargins(6, 0, 4, 0)
         scroll.setWidget(body)
         clay.addWidget(scroll, 1)
         self.empty = muted(
@@ -150,7 +150,7 @@ class ClusterPage(Page):
         left.addWidget(label("Clusters", "sectionTitle"))
         self.list = QListWidget()
         self.list.setObjectName("clusterList")
-        self.list.setFixedWidth(180)
+        self.list.setFixedWidth(140)  # the engine card needs the rest at 1280 px
         left.addWidget(self.list, 1)
         self.load_error = label("", "errorText", selectable=True)
         self.load_error.hide()

@@ -99,6 +99,7 @@ class DownloadsController(QObject):
         self.state: DownloadState | None = None
         self.job: DownloadJob | None = None
         self._task: Any = None
+        self._resume_next = False  # a pause that is the app closing: resumed next start
         self._relay = Relay(self)
         self._relay.fired.connect(self._on_event)
         self._restore()
@@ -116,7 +117,16 @@ class DownloadsController(QObject):
         except (KeyError, TypeError, ValueError):
             self._remember(None)  # unreadable (an older format): forget it
             return
-        self.state = DownloadState(request, target, status="paused")
+        # as it ended: failed with its reason, or paused, with the bytes it had
+        status = saved.get("status")
+        self.state = DownloadState(
+            request,
+            target,
+            status=status if status in ("paused", "failed") else "paused",
+            total=_count(saved.get("total")),
+            done=_count(saved.get("done")),
+            error=str(saved.get("error") or ""),
+        )
         if saved.get("resume"):
             QTimer.singleShot(0, self.resume)
 
@@ -131,6 +141,10 @@ class DownloadsController(QObject):
                 "request": request_to_json(state.request),
                 "target": str(state.target),
                 "resume": resume,
+                "status": "failed" if state.status == "failed" else "paused",
+                "error": state.error,
+                "total": state.total,
+                "done": state.done,
             }
         try:
             self.ctx.update_settings(recent=recent)
@@ -160,6 +174,7 @@ class DownloadsController(QObject):
             state.total, state.done = old.total, old.done
         self.state = state
         self._remember(state, resume=True)  # even a killed app resumes it next start
+        self._resume_next = True  # until the user pauses it
         options_token = self.options()
         job = DownloadJob(request, target, options_token, on_event=self._relay)
         self.job = job
@@ -194,6 +209,7 @@ class DownloadsController(QObject):
     def pause(self) -> None:
         if self.job is not None and self.running:
             self.job.pause()
+            self._resume_next = False
             if self.state is not None:
                 self._remember(self.state, resume=False)  # paused by the user: stays paused
 
@@ -205,6 +221,28 @@ class DownloadsController(QObject):
         if self.job is not None and self.running:
             self.job.cancel()
 
+    @property
+    def discardable(self) -> bool:
+        """A stopped download (paused or failed) whose partial data can be deleted."""
+        st = self.state
+        return st is not None and not self.running and st.status in ("paused", "failed")
+
+    def discard(self) -> int:
+        """Delete a stopped download's partial files and forget it (finished, verified
+        files stay). Returns how many partial files were deleted."""
+        from k3desk.core.app.downloads import discard_partials
+
+        state = self.state
+        if state is None or not self.discardable:
+            return 0
+        n = discard_partials(state.target)
+        state.status = "cancelled"
+        state.error = ""
+        self._remember(None)
+        self.changed.emit(state)
+        self.finished.emit(state)
+        return n
+
     def close(self) -> None:
         if self.job is not None and self.running:
             self.job.pause()  # keep partial data for next time (resumed on the next start)
@@ -214,8 +252,8 @@ class DownloadsController(QObject):
         if state is self.state:
             if state.status in ("done", "cancelled"):
                 self._remember(None)
-            elif state.status == "failed":
-                self._remember(state, resume=False)
+            elif state.status in ("failed", "paused"):  # with its reason and its bytes
+                self._remember(state, resume=state.status == "paused" and self._resume_next)
         for row in state.files.values():
             if row.state in ("downloading", "verifying", "retrying") and state.status != "done":
                 row.state = state.status
@@ -266,6 +304,11 @@ class DownloadsController(QObject):
         elif isinstance(ev, Done):
             state.summary = ev.summary
         self.changed.emit(state)
+
+
+def _count(value: object) -> int:
+    """A byte count read back from the settings (0 when missing or not a count)."""
+    return value if isinstance(value, int) and value >= 0 else 0
 
 
 _REUSED = {

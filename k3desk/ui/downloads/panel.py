@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QMessageBox,
     QProgressBar,
     QPushButton,
     QTableWidget,
@@ -29,6 +30,7 @@ from k3desk.core.app.presenters.downloads import (
     title_text,
     where_text,
 )
+from k3desk.core.app.values import fmt_bytes
 from k3desk.ui.downloads.controller import DownloadsController, DownloadState
 from k3desk.ui.widgets import Banner, label, muted, set_enabled
 
@@ -86,10 +88,29 @@ class DownloadPanel(QWidget):
         lay.addLayout(row)
         self.pause_btn.clicked.connect(self.downloads.pause)
         self.resume_btn.clicked.connect(self.downloads.resume)
-        self.cancel_btn.clicked.connect(self.downloads.cancel)
+        self.cancel_btn.clicked.connect(self._cancel)
         self.downloads.changed.connect(self.show_state)
         self._bars: dict[str, QProgressBar] = {}
         self.show_state(self.downloads.state)
+
+    def _cancel(self) -> None:
+        if self.downloads.running:
+            self.downloads.cancel()
+            return
+        st = self.downloads.state
+        if st is None or not self.downloads.discardable:
+            return
+        name = st.request.label or st.request.repo
+        answer = QMessageBox.question(
+            self,
+            "Discard the download",
+            f"Delete what was downloaded of {name} so far ({fmt_bytes(st.done)}) and forget "
+            "it? Files already verified stay.",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
+            QMessageBox.StandardButton.Cancel,
+        )
+        if answer == QMessageBox.StandardButton.Yes:
+            self.downloads.discard()
 
     def show_state(self, st: DownloadState | None) -> None:
         running = self.downloads.running
@@ -101,8 +122,16 @@ class DownloadPanel(QWidget):
         )
         can_resume = st is not None and not running and st.status in ("paused", "failed")
         set_enabled(self.resume_btn, can_resume, "Only a paused or failed download can be resumed.")
+        # a paused or failed download can be discarded too (its partial data deleted)
+        discard = not running and self.downloads.discardable
+        self.cancel_btn.setText("Discard" if discard else "Cancel")
         set_enabled(
-            self.cancel_btn, running, "Nothing is downloading.", "Stop and delete the partial files"
+            self.cancel_btn,
+            running or self.downloads.discardable,
+            "Nothing to cancel or discard.",
+            "Stop and delete the partial files"
+            if running
+            else "Delete the partial files of this download and forget it",
         )
         if st is None:
             self.title.setText(NO_DOWNLOAD[0])

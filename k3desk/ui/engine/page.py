@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from k3desk.core.app.cells import MEMORY_TIPS, memory_cells, memory_columns
 from k3desk.core.app.engines import (
     EngineRow,
     EngineSurvey,
@@ -49,7 +50,6 @@ from k3desk.core.app.values import (
     CancelToken,
     K3Error,
     Progress,
-    fmt_bytes,
 )
 from k3desk.ui import theme
 from k3desk.ui.bridge import StreamBuffer, Throttled
@@ -65,11 +65,13 @@ from k3desk.ui.pages import Navigator, Page
 from k3desk.ui.widgets import (
     Card,
     CopyField,
+    ElideMiddle,
     PageHeader,
     dialog_folder,
     label,
     muted,
     primary,
+    say_copied,
     set_enabled,
 )
 
@@ -237,6 +239,11 @@ class EnginePanel(QWidget):
         hh = self.engines.horizontalHeader()
         hh.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
         hh.resizeSection(0, 320)
+        # a long path keeps its end: the binary's name, and the folder it is in (on one
+        # line: wrapped at its slashes, only its first line would show)
+        self.engines.setItemDelegateForColumn(0, ElideMiddle(self.engines))
+        self.engines.setWordWrap(False)
+        hh.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)  # "package: …"
         hh.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
         eng.body.addWidget(self.engines)
         erow = QHBoxLayout()
@@ -763,9 +770,7 @@ class EnginePage(Page):
         lay.addWidget(self.tabs)
 
         self._lines: list[str] = []
-        self.copy_log.clicked.connect(
-            lambda: QGuiApplication.clipboard().setText(self.visible_log())
-        )
+        self.copy_log.clicked.connect(self._copy_log)
         self.filter.textChanged.connect(lambda _t: self._render_log())
         self.engine.log_lines.connect(self._append_log)
         self.engine.state_changed.connect(lambda _s, _m: self._update())
@@ -926,15 +931,26 @@ class EnginePage(Page):
         self.measured.setText(
             last.sentence() if last is not None else "Measured: after the first answer."
         )
+        # every part of "Used" has a column: a projector's buffer counted in it and shown
+        # nowhere made the total look wrong
+        columns = memory_columns(view.memory)
+        self.memory.setColumnCount(len(columns))
+        self.memory.setHorizontalHeaderLabels(list(columns))
+        for j, name in enumerate(columns):
+            head = self.memory.horizontalHeaderItem(j)
+            if head is not None:
+                head.setToolTip(MEMORY_TIPS.get(name, ""))
         self.memory.setRowCount(len(view.memory))
         for i, d in enumerate(view.memory):
-            sizes = (d.budget, d.weights, d.cache_and_state, d.compute, d.used, d.free)
-            self.memory.setItem(i, 0, QTableWidgetItem(d.device))
-            for j, v in enumerate(sizes, start=1):
-                item = QTableWidgetItem(fmt_bytes(v))
-                if j == 6 and v < 0:
+            for j, (text, v) in enumerate(memory_cells(d, columns)):
+                item = QTableWidgetItem(text)
+                if columns[j] == "Left" and v < 0:
                     item.setForeground(QColor(theme.current().danger))
                 self.memory.setItem(i, j, item)
+
+    def _copy_log(self) -> None:
+        QGuiApplication.clipboard().setText(self.visible_log())
+        say_copied(self.copy_log)
 
     def _measured(self, comparison: Comparison) -> None:
         self.measured.setText(comparison.sentence())

@@ -14,9 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from PySide6.QtCore import QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QFont, QPainter, QPaintEvent
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPaintEvent
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
+from k3desk.core.app.cells import pick_mark
 from k3desk.core.app.tiers import Need, TierJudgement, TierRow
 from k3desk.ui import theme
 
@@ -32,10 +33,16 @@ class ChartRow:
     bars: tuple[Need, ...]
     recommended: bool = False
 
+    fits: bool = True
+
     @classmethod
     def of(cls, row: TierRow) -> ChartRow:
         return cls(
-            f"{row.tier.name} · {row.tier.publisher}", row.label, row.needs, row.recommended
+            f"{row.tier.name} · {row.tier.publisher}",
+            row.label,
+            row.needs,
+            row.recommended,
+            row.fits,
         )
 
 
@@ -56,8 +63,33 @@ class FitChart(QWidget):
         self.setFixedHeight(max(60, 28 + self.ROW * len(self.rows)))
         self.update()
 
+    def pick_top(self) -> int | None:
+        """Where the preselected tier's row starts (None: no pick)."""
+        rows = [i for i, r in enumerate(self.rows) if r.recommended]
+        return 28 + self.ROW * rows[0] if rows else None
+
     def sizeHint(self) -> QSize:
         return QSize(700, max(60, 28 + self.ROW * len(self.rows)))
+
+    def label_width(self) -> int:
+        """The column of names and verdicts: as wide as its longest text (so the bars
+        never cover one), from :attr:`LABEL_W` up to two fifths of the chart."""
+        bold = QFont(self.font())
+        bold.setBold(True)
+        small = QFont(self.font())
+        small.setPointSizeF(max(7.0, self.font().pointSizeF() * 0.85))
+        names, verdicts = QFontMetrics(bold), QFontMetrics(small)
+        widest = max(
+            (
+                max(
+                    names.horizontalAdvance(pick_mark(r.recommended, r.fits) + r.name),
+                    verdicts.horizontalAdvance(r.verdict),
+                )
+                for r in self.rows
+            ),
+            default=0,
+        )
+        return max(self.LABEL_W, min(widest + 16, self.width() * 2 // 5))
 
     def _text(self, p: QPainter, rect: QRectF, flags: Qt.AlignmentFlag, text: str) -> None:
         self.painted.append(text)
@@ -74,8 +106,9 @@ class FitChart(QWidget):
         bold = QFont(self.font())
         bold.setBold(True)
         colors = {"VRAM": c.bar_vram, "RAM": c.bar_ram, "Disk": c.bar_disk}
+        label_w = self.label_width()
         # legend
-        x = float(self.LABEL_W)
+        x = float(label_w)
         p.setFont(small)
         for name, col in colors.items():
             p.setBrush(QColor(col))
@@ -85,7 +118,7 @@ class FitChart(QWidget):
             self._text(p, QRectF(x + 14, 0, 120, 22), Qt.AlignmentFlag.AlignVCenter, name)
             x += 70
         self._text(p, QRectF(x + 10, 0, width - x - 10, 22), Qt.AlignmentFlag.AlignVCenter, LEGEND)
-        bar_w = max(80.0, width - self.LABEL_W - 190.0)
+        bar_w = max(80.0, width - label_w - 190.0)
         y = 28.0
         for row in self.rows:
             if row.recommended:
@@ -94,24 +127,25 @@ class FitChart(QWidget):
                 p.drawRoundedRect(QRectF(0, y - 3, width, self.ROW - 4), 6, 6)
             p.setPen(QColor(c.text))
             p.setFont(bold if row.recommended else self.font())
+            name = pick_mark(row.recommended, row.fits) + row.name
             self._text(
                 p,
-                QRectF(8, y, self.LABEL_W - 12, 20),
+                QRectF(8, y, label_w - 12, 20),
                 Qt.AlignmentFlag.AlignVCenter,
-                ("★ " if row.recommended else "") + row.name,
+                p.fontMetrics().elidedText(name, Qt.TextElideMode.ElideRight, label_w - 12),
             )
             p.setFont(small)
             p.setPen(QColor(c.muted))
             self._text(
                 p,
-                QRectF(8, y + 20, self.LABEL_W - 12, 18),
+                QRectF(8, y + 20, label_w - 12, 18),
                 Qt.AlignmentFlag.AlignVCenter,
-                row.verdict,
+                p.fontMetrics().elidedText(row.verdict, Qt.TextElideMode.ElideRight, label_w - 12),
             )
             by = y + 2
             step = (self.ROW - 12) / max(1, len(row.bars))
             for bar in row.bars:
-                track = QRectF(self.LABEL_W, by, bar_w, step - 5)
+                track = QRectF(label_w, by, bar_w, step - 5)
                 p.setPen(Qt.PenStyle.NoPen)
                 p.setBrush(QColor(c.bar_track))
                 p.drawRoundedRect(track, 3, 3)
@@ -122,7 +156,7 @@ class FitChart(QWidget):
                 p.setPen(QColor(c.text if bar.fits else c.danger))
                 self._text(
                     p,
-                    QRectF(self.LABEL_W + bar_w + 8, by - 3, 184, step),
+                    QRectF(label_w + bar_w + 8, by - 3, 184, step),
                     Qt.AlignmentFlag.AlignVCenter,
                     bar.text(),
                 )

@@ -6,7 +6,8 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
     QButtonGroup,
     QHBoxLayout,
@@ -114,6 +115,9 @@ class MachinePage(StepPage):
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
         scroll.setWidget(self.chart)
         self.lay.addWidget(scroll, 1)
+        self.chart_scroll = scroll
+        # the chart's height (and so the scroll range) settles after it is filled
+        scroll.verticalScrollBar().rangeChanged.connect(lambda _lo, _hi: self.show_pick())
 
     def show_profile(self, hw: HardwareProfile) -> None:
         self.summary.setText(machine_html(hw))
@@ -121,6 +125,25 @@ class MachinePage(StepPage):
     def show_judgement(self, judged: TierJudgement) -> None:
         self.chart.set_judgement(judged)
         self.completeChanged.emit()
+        QTimer.singleShot(0, self.show_pick)  # once the chart has its height
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        QTimer.singleShot(0, self.show_pick)  # judged before the page had its size
+
+    def show_pick(self) -> None:
+        """Scroll the chart to the preselected tier's row (it may be the 9th of 10)."""
+        top = self.chart.pick_top()
+        if top is None:
+            return
+        bar = self.chart_scroll.verticalScrollBar()
+        room = self.chart_scroll.viewport().height()
+        row = self.chart.ROW
+        if bar.value() <= top - 4 and top + row <= bar.value() + room:
+            return  # in view already
+        # the first row boundary from which the picked row shows whole (no row cut at the top)
+        k = max(0, -(-(top + row - room - 24) // row))
+        bar.setValue(min(24 + k * row, top - 4))
 
     def isComplete(self) -> bool:
         return self.wiz.hardware.judgement is not None

@@ -135,7 +135,12 @@ class TiersPage(StepPage):
             f"<a href='https://huggingface.co/{t.repo}'>{esc(t.repo)}</a>",
             f"<p>{esc(row.label)}. {esc(tv.reason)}</p>",
         ]
-        if tv.why_not:
+        if tv.why_not and row.recommended:  # preselected as the closest, not recommended
+            lines.append(
+                f"<p><i>Nothing fits {esc(self.wiz.hardware.describe())}; the closest "
+                f"option: {esc(tv.why_not)}</i></p>"
+            )
+        elif tv.why_not:
             lines.append(f"<p><i>Not recommended: {esc(tv.why_not)}</i></p>")
         if tv.plan is not None and tv.plan.notes:
             lines.append(
@@ -190,11 +195,17 @@ def fit_warning(row: TierRow, machine: str) -> str:
         return ""
     short = [n.text() for n in row.needs if not n.fits]
     numbers = f" ({'; '.join(short)})" if short else ""
+    # streaming is offered only where the plan says it can stream (the weights mapped
+    # from disk); a tier that cannot even do that is for a larger machine
+    why = (
+        "to download it for a larger machine, or to stream it from disk, slowly"
+        if row.kind == "stream"
+        else "to download it for a larger machine: it cannot run here, not even from disk"
+    )
     return (
         f"{row.tier.name} does not fit in the memory of {machine}: {row.label}{numbers}. "
-        "You may go on (to download it for a larger machine, or to stream it from disk, "
-        "slowly), pick a tier that fits, plan for other hardware, or use files you "
-        "already have."
+        f"You may go on ({why}), pick a tier that fits, plan for other hardware, or use "
+        "files you already have."
     )
 
 

@@ -151,7 +151,9 @@ def test_my_models_rows_say_what_the_set_is_and_where_it_runs(
     assert cells[mine_p.VERDICT_COLUMN].tone == mine_p.verdict_tone(row)
     assert (cells[4].text, cells[4].tooltip) == ("yes", str(tiny_k3.mmproj))
     assert cells[5] == Cell("—", "Not a catalog tier (its headers match none).")
-    assert cells[6] == Cell("added", str(row.model.origin))
+    # D21: the folder the files are in, not how the model got to the list
+    assert cells[6].text.endswith(tiny_k3.first_part.parent.name)
+    assert cells[6].tooltip.startswith(f"{tiny_k3.first_part.parent}\nAdded by hand")
     summary = mine_p.summary_text(judged)
     assert summary.startswith(f"1 model, judged for the machine in {path.name}")
     assert mine_p.summary_text(replace(judged, rows=())).startswith(mine_p.EMPTY)

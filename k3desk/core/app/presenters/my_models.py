@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from k3desk.core.app.cells import model_where
 from k3desk.core.app.library import AddResult, ModelRow, ModelsJudgement
 from k3desk.core.app.presenters import Cell, Tone
 from k3desk.core.planning.recommend import FITS
@@ -48,7 +49,7 @@ def row_cells(row: ModelRow) -> tuple[Cell, ...]:
             if tier is not None
             else "Not a catalog tier (its headers match none).",
         ),
-        Cell("added" if m.source == "added" else f"folder {m.origin}", str(m.origin)),
+        Cell(*model_where(m.shard, m.source, m.origin)),
     )
 
 

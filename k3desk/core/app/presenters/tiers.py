@@ -3,6 +3,7 @@ speed, size, quality, vision and engines; the pick is starred."""
 
 from __future__ import annotations
 
+from k3desk.core.app.cells import PICK_TIPS, pick_mark
 from k3desk.core.app.cluster_tiers import ClusterTierRow
 from k3desk.core.app.presenters import Cell, Tone
 from k3desk.core.app.tiers import TierRow, files_note
@@ -89,10 +90,16 @@ def judged_row_cells(row: TierRow) -> tuple[Cell, ...]:
     tier = row.tier
     basis = row.basis_text and f"\nRank #{row.verdict.rank} rests on: {row.basis_text}"
     tone: Tone = "ok" if row.fits else "warn" if row.kind == "stream" else "danger"
+    # a star only beside a tier that runs; when none does, the closest gets a hollow one
+    mark = pick_mark(row.recommended, row.fits)
+    pick = f"{PICK_TIPS[mark]}\n" if mark else ""
     return _annotated(
         tier,
         (
-            Cell(_name(tier, row.recommended), f"{tier.repo}\n{row.verdict.reason}{basis}"),
+            Cell(
+                f"{mark}{tier.name}  ·  {tier.publisher}",
+                f"{pick}{tier.repo}\n{row.verdict.reason}{basis}",
+            ),
             Cell(row.label, verdict_tip(row), tone),
             speed_cell(row),
             *tier_fact_cells(tier),

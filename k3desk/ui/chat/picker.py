@@ -1,0 +1,121 @@
+"""The chat header's model picker: the model loaded now, and the models of My models one
+choice away (as LM Studio's and Jan's model selectors are).
+
+Choosing one asks before anything is stopped (the model loaded now and how long the new
+one takes to load), then plans the new one for this machine, launches it as "Chat with
+it" on the Models page does, and starts a new conversation for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QComboBox, QWidget
+
+from k3desk.core.app.cells import shown_path
+
+if TYPE_CHECKING:
+    from k3desk.core.app.library import LocalModel
+    from k3desk.ui.context import AppContext
+
+NONE_LOADED = "No model loaded"
+
+
+class ModelPicker(QComboBox):
+    """Signals:
+    chosen(object): the LocalModel picked (never the one loaded now).
+    """
+
+    chosen = Signal(object)
+
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.ctx = ctx
+        self.setObjectName("modelPicker")
+        self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.setMaximumWidth(320)
+        self.setToolTip("The model answering here; pick another of your models to load it")
+        self.setFrame(False)  # reads as the line under the title, with an arrow
+        self.loaded_text = ""  # what answers here, as the header says it
+        self.models: tuple[LocalModel, ...] = ()
+        self._gen = 0
+        self._task: Any = None
+        self.activated.connect(self._activated)
+        ctx.engine.state_changed.connect(lambda _s, _m: self._fill())
+        ctx.settings_changed.connect(lambda _s: self.refresh())
+        self._fill()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Read My models again (in the background: each set's headers are read)."""
+        from k3desk.core.app.library import local_models
+
+        self._gen += 1
+        gen = self._gen
+        services = self.ctx.services
+
+        def done(result: tuple[tuple[LocalModel, ...], tuple[str, ...]]) -> None:
+            if gen == self._gen:
+                self.models = tuple(m for m in result[0] if m.ok)
+                self._fill()
+
+        self.ctx.tasks.run(lambda _t: local_models(services), on_done=done, name="model-picker")
+
+    def loaded_name(self) -> str:
+        engine = self.ctx.engine
+        return engine.model_name() if engine.running else ""
+
+    def _loaded_shard(self) -> Path | None:
+        engine = self.ctx.engine
+        req = engine.request if engine.running and engine.background is None else None
+        if req is None:
+            return None
+        if req.shard is not None:
+            return req.shard
+        args = list(req.spec.args)  # started with arguments given directly: its -m
+        return Path(args[args.index("-m") + 1]) if "-m" in args[:-1] else None
+
+    def label(self, model: LocalModel) -> str:
+        """"Load <name>", with its folder where two sets share a name."""
+        same = sum(m.name == model.name for m in self.models) > 1
+        return f"Load {model.name}" + (f" ({shown_path(model.shard.parent)})" if same else "")
+
+    def set_loaded_text(self, text: str) -> None:
+        """The model answering here ("<name> · this machine"), shown as the first item."""
+        if text != self.loaded_text:
+            self.loaded_text = text
+            self._fill()
+
+    def _fill(self) -> None:
+        loaded = self.loaded_name()
+        head = self.loaded_text or loaded
+        shard = self._loaded_shard()
+        self.blockSignals(True)
+        self.clear()
+        self.addItem(head or NONE_LOADED, None)
+        for m in self.models:
+            if m.shard != shard:
+                self.addItem(self.label(m), m.id)
+        self.setCurrentIndex(0)
+        self.setEnabled(self.count() > 1 or bool(head))
+        self.blockSignals(False)
+
+    def choices(self) -> list[str]:
+        """What the list offers, as shown."""
+        return [self.itemText(i) for i in range(self.count())]
+
+    def choose(self, model_id: str) -> None:
+        """Pick the model ``model_id`` (what choosing it in the list does)."""
+        for i in range(self.count()):
+            if self.itemData(i) == model_id:
+                self._activated(i)
+                return
+
+    def _activated(self, index: int) -> None:
+        key = self.itemData(index)
+        self.setCurrentIndex(0)  # the list shows what is loaded until the switch is done
+        model = next((m for m in self.models if m.id == key), None)
+        if model is not None:
+            self.chosen.emit(model)
