@@ -424,7 +424,7 @@ class ClusterPage(Page):
         self.start_btn.clicked.connect(self.start)
         self.controller.clusters_changed.connect(self.reload)
         self.controller.probe_progress.connect(self._probe_progress)
-        self.controller.probe_finished.connect(lambda _n: self.refresh())
+        self.controller.probe_finished.connect(self._probe_finished)  # dropped with the page
         self.controller.group_changed.connect(self._buttons)
         self._explain()
         self.reload()
@@ -713,6 +713,9 @@ class ClusterPage(Page):
         f, _ = QFileDialog.getOpenFileName(self, "First shard", start, "GGUF (*.gguf)")
         if f:
             self.model.setText(f)
+
+    def _probe_finished(self, _name: str) -> None:
+        self.refresh()
 
     def _toggle_commands(self, on: bool) -> None:
         self.commands_btn.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
