@@ -15,6 +15,7 @@ plan a shard set for hardware H        :mod:`k3desk.core.app.shardplan`
 find the model in a folder             :mod:`k3desk.core.app.models`
 my models: add, list, judge, remove    :mod:`k3desk.core.app.library`
 prepare a local launch                 :mod:`k3desk.core.app.launch`
+the engines found, the one chosen      :mod:`k3desk.core.app.engine_choice`
 run and record a chat turn             :mod:`k3desk.core.app.chat_turn`
 configure a SparkInfer launch          :mod:`k3desk.core.app.sparkinfer_launch`
 =====================================  ==========================================
