@@ -67,6 +67,9 @@ class LaunchRequest:
     tracker: SpeedTracker | None = None
     shard: Path | None = None  # the model's first shard, remembered for "Relaunch"
     mmproj: Path | None = None
+    # another model replaces the one running and the person chose to go on with the
+    # conversation open (else the chat starts a new one for it)
+    continue_chat: bool = False
 
 
 class EngineController(QObject):
