@@ -72,5 +72,10 @@ def test_next_is_open_while_the_download_runs(  # type: ignore[no-untyped-def]
     wiz.next()
     assert wiz.current_key() == "engine"
     assert dl.running  # the download goes on
+    # the engine step offers the engine one has, beside building one
+    choose = wiz.engine.panel.choose
+    assert choose.isVisible()
+    assert choose.text() == "Choose llama-server…"
+    assert wiz.engine.panel.build.isVisible()
     dl.cancel()
     qtbot.waitUntil(lambda: not dl.running, timeout=30_000)
