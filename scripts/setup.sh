@@ -59,3 +59,7 @@ if [ "$want_test" = 1 ]; then
 else
   python -m pip install -q -e .
 fi
+# what this setup was made from (scripts/run.sh skips the next one while it matches)
+mode=app
+[ "$want_test" = 1 ] && mode=test
+echo "$(bash scripts/stamp.sh) $mode" > .venv/.k3desk-setup

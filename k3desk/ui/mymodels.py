@@ -274,11 +274,26 @@ class MyModels(QWidget):
             return
         m = row.model
         ctx = self.ctx
+        if self._already_loaded(m.shard, m.name):
+            self.say(f"{m.name} is already running: the chat talks to it.")
+            if self.nav is not None:
+                self.nav.show_page(PageKey.CHAT)
+            return
         self.say(f"Checking {m.name} and planning it for this machine…")
 
         def done(req: LaunchRequest) -> None:
+            from dataclasses import replace
+
+            from k3desk.ui.model_switch import ask_switch
+
             self._launching = None
-            ctx.engine.launch(req)
+            # another model running is stopped only when the person says so
+            choice = ask_switch(self, ctx.engine, req)
+            if choice is None:
+                self.say(f"{ctx.engine.model_name()} keeps running; {m.name} was not loaded.")
+                self._buttons()
+                return
+            ctx.engine.launch(replace(req, continue_chat=choice == "continue"))
             how = f" ({plan_label(req.plan)})" if req.plan is not None else ""
             self.say(f"Loading {m.name} on this machine{how}…")
             if self.nav is not None:
@@ -304,6 +319,16 @@ class MyModels(QWidget):
             on_failure=error,
         )
         self._buttons()
+
+    def _already_loaded(self, shard: Path, name: str) -> bool:
+        """``shard`` is what the local engine runs (or loads) now."""
+        engine = self.ctx.engine
+        if not engine.running:
+            return False
+        req = engine.request
+        if engine.background is not None:
+            return engine.model_name() == name
+        return req is not None and req.shard is not None and req.shard == shard
 
     def _buttons(self) -> None:
         row = self.current()

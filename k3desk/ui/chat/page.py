@@ -357,6 +357,7 @@ class ChatPage(Page):
         self.relaunch_btn.setObjectName("relaunchModel")
         theme.set_icon(self.relaunch_btn, "engine")
         self.relaunch_btn.hide()
+        self._relaunching = ""  # the composer's "Relaunching …" notice while it is shown
         head.addWidget(self.relaunch_btn)
         self.export_btn = QPushButton("Export")
         self.export_btn.setObjectName("exportChat")
@@ -402,6 +403,13 @@ class ChatPage(Page):
         self.chat.busy.connect(self.composer.set_streaming)
         self.chat.status.connect(lambda _s: self._update_status())
         self.engine.state_changed.connect(lambda _s, _m: self._engine_changed())
+        # another model starts a new conversation unless the person chose to continue
+        last = self.engine.request.shard if self.engine.request is not None else None
+        if last is None:
+            known = self.engine.last_model()
+            last = Path(known.shard) if known is not None else None
+        self._loaded_shard: Path | None = last
+        self.engine.launched.connect(self._model_launched)
         self.ctx.settings_changed.connect(lambda _s: self._engine_changed())
         if self.ctx.theme is not None:
             self.ctx.theme.changed.connect(self._restyle)
@@ -437,7 +445,14 @@ class ChatPage(Page):
         last = self.engine.relaunch_last(on_error=self._relaunch_failed)
         if last is not None:
             self.relaunch_btn.setEnabled(False)
-            self.composer.show_notice(f"Relaunching {last.name or Path(last.shard).name}…")
+            self._relaunching = f"Relaunching {last.name or Path(last.shard).name}…"
+            self.composer.show_notice(self._relaunching)
+
+    def _end_relaunch_notice(self) -> None:
+        """The "Relaunching …" notice goes once the engine is ready or gave up."""
+        text, self._relaunching = self._relaunching, ""
+        if text and self.composer.notice.text() == text:
+            self.composer.show_notice("")
 
     def switch_model(self, model: LocalModel) -> None:
         """Load ``model`` (from the header's picker): asked first when a model is loaded
@@ -492,7 +507,9 @@ class ChatPage(Page):
         slow = confirm_slow_launch(self, exc)
         if slow is not None:
             self.engine.launch(slow)
-        elif not isinstance(exc, SlowLaunchError):
+            return
+        self._end_relaunch_notice()
+        if not isinstance(exc, SlowLaunchError):
             self.ctx.reporter.report(exc)
         else:
             self.relaunch_btn.setEnabled(True)
@@ -520,12 +537,10 @@ class ChatPage(Page):
     def _engine_changed(self) -> None:
         self._relaunch_offer()
         ep = self.engine.chat_endpoint()
+        if ep is not None or not self.engine.running:
+            self._end_relaunch_notice()  # ready, or it gave up
         if ep is None:
-            why = (
-                "No engine is running: start Kimi-K3 on the Engine page (Ctrl+4), or run it "
-                "across machines or attach a remote server on the Cluster page (Ctrl+6)."
-            )
-            self.composer.set_availability(False, why)
+            self.composer.set_availability(False, self._why_no_chat())
         else:
             self.composer.set_availability(True)
             # what it is decides how requests are built and what the settings offer
@@ -533,6 +548,25 @@ class ChatPage(Page):
         self._update_status()
         if not self.view.messages():
             self._show_empty()
+
+    def _why_no_chat(self) -> str:
+        """Why Send is closed, in the words the status bar and the Engine page use."""
+        engine = self.engine
+        if engine.running:  # starting or loading: one loading state everywhere
+            name = engine.model_name() or "The model"
+            return (
+                f"{name} is loading ({engine.state_text()}): Send opens when it is ready. "
+                "You can type meanwhile."
+            )
+        if not self.relaunch_btn.isHidden():
+            return (
+                f"Nothing runs now: press {self.relaunch_btn.text()} above, or start another "
+                "model on the Engine page (Ctrl+4)."
+            )
+        return (
+            "No engine is running: start Kimi-K3 on the Engine page (Ctrl+4), or run it "
+            "across machines or attach a remote server on the Cluster page (Ctrl+6)."
+        )
 
     def _restyle(self, _colors: object) -> None:
         """Draw the conversation again in the theme's colours (text, code, links)."""
@@ -564,8 +598,11 @@ class ChatPage(Page):
 
     def _update_status(self) -> None:
         server = self.chat.server()
-        where = self.engine.state_text()
-        if server is not None and self.engine.endpoint() is None:
+        # the local engine's state is the status bar's (said once); the line names the
+        # place the chat goes only when it is elsewhere (a cluster, an attached server)
+        external = self.engine.endpoint() is None and self.engine.chat_endpoint() is not None
+        where = self.engine.state_text() if external else ""
+        if server is not None and external:
             where += f": {server.kind.label}"
         parts = [where, *self.chat.answer_stats()]
         self.status.setText("  ·  ".join(p for p in parts if p))
@@ -573,6 +610,22 @@ class ChatPage(Page):
         self.model_label.setText(model)
         self.model_label.hide()
         self.picker.set_loaded_text(model)
+
+    def _model_launched(self, req: LaunchRequest) -> None:
+        before, shard = self._loaded_shard, req.shard
+        if shard is None:
+            return
+        self._loaded_shard = shard
+        if before is None or shard == before or req.continue_chat:
+            return
+        if self.chat.current is not None and not self.chat.streaming:
+            # a new conversation for the new model; what is typed in the composer stays
+            self.list.blockSignals(True)
+            self.list.clearSelection()
+            self.list.setCurrentRow(-1)
+            self.list.blockSignals(False)
+            self._cancel_edit()
+            self.chat.new_conversation()
 
     # ------------------------------------------------------ conversations
     def new_chat(self) -> None:

@@ -400,7 +400,7 @@ class ClusterPage(Page):
         self.start_btn.clicked.connect(self.start)
         self.ctx.ops.did_execute.connect(self._changed)
         self.controller.probe_progress.connect(self._probe_progress)
-        self.controller.probe_finished.connect(lambda _n: self.refresh())
+        self.controller.probe_finished.connect(self._probe_finished)  # dropped with the page
         self.controller.group_changed.connect(self._buttons)
 
     def _changed(self, changes: OpChanges, _initiator: object) -> None:
@@ -652,6 +652,9 @@ class ClusterPage(Page):
         f, _ = QFileDialog.getOpenFileName(self, "First shard", start, "GGUF (*.gguf)")
         if f:
             self.model.setText(f)
+
+    def _probe_finished(self, _name: str) -> None:
+        self.refresh()
 
     def _toggle_commands(self, on: bool) -> None:
         self.commands_btn.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)

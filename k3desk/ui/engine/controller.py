@@ -18,6 +18,7 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from k3desk.core.app import background
 from k3desk.core.app.background import LAST_MODEL_KEY, BackgroundEngine, LastModel
+from k3desk.core.app.engine_choice import NO_ENGINE_HINT
 from k3desk.core.app.engines import (
     Comparison,
     DoesNotFitError,
@@ -74,6 +75,9 @@ class LaunchRequest:
     tracker: SpeedTracker | None = None
     shard: Path | None = None  # the model's first shard, remembered for "Relaunch"
     mmproj: Path | None = None
+    # another model replaces the one running and the person chose to go on with the
+    # conversation open (else the chat starts a new one for it)
+    continue_chat: bool = False
 
 
 def prepare_engine_request(
@@ -86,7 +90,7 @@ def prepare_engine_request(
     except NoEngineError as exc:
         raise NoEngineError(
             exc.message,
-            "Build one with the Build button on the Engine page, or set one in Settings.",
+            NO_ENGINE_HINT,
         ) from None
     except DoesNotFitError as exc:
         raise DoesNotFitError(
@@ -352,6 +356,7 @@ class EngineController(QObject):
             if rec is None or self.running:
                 return
             self.background = rec
+            self._show_kept_launch(rec)
             url = rec.endpoint().url
             self._set_state(State.READY.value, f"Listening on {url}: {rec.describe()}")
             self._bg_timer.start()
@@ -393,6 +398,45 @@ class EngineController(QObject):
                 since=time.time(),
             ),
         )
+        self._write_kept_launch()
+
+    def _write_kept_launch(self) -> None:
+        """What the kept engine was launched with, for the next start's Engine page."""
+        from k3desk.core.app.kept_launch import KeptLaunch, remember_kept_launch
+
+        req = self.request
+        if req is None:
+            return
+        launch = KeptLaunch(
+            os.getpid(),
+            str(req.spec.executable),
+            tuple(req.spec.args),
+            req.model_name,
+            str(req.shard or ""),
+            str(req.mmproj or ""),
+            req.plan,
+        )
+        try:
+            remember_kept_launch(self.ctx.services.paths, launch)
+        except OSError as exc:  # advisory: the engine is kept all the same
+            log.warning("could not write what the kept engine runs: %s", exc)
+
+    def _show_kept_launch(self, rec: BackgroundEngine) -> None:
+        """The taken-up engine's launch (plan, command, model), as if launched here."""
+        from k3desk.core.app.kept_launch import read_kept_launch
+
+        launch = read_kept_launch(self.ctx.services.paths, rec.keeper_pid)
+        if launch is None:
+            return
+        self.request = LaunchRequest(
+            LaunchSpec(Path(launch.executable), launch.args),
+            launch.plan,
+            launch.model_name or rec.model_name,
+            vision=bool(launch.mmproj),
+            shard=Path(launch.shard) if launch.shard else None,
+            mmproj=Path(launch.mmproj) if launch.mmproj else None,
+        )
+        self.launched.emit(self.request)
 
     def _check_background(self) -> None:
         kept = self.background

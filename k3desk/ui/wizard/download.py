@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QHBoxLayout, QPushButton
 from k3desk.core.app.downloads import DownloadRequest
 from k3desk.core.app.values import fmt_bytes
 from k3desk.ui.downloads.panel import DownloadPanel
-from k3desk.ui.widgets import primary, set_enabled
+from k3desk.ui.widgets import muted, primary, set_enabled
 from k3desk.ui.wizard.base import StepPage
 
 if TYPE_CHECKING:
@@ -36,12 +36,23 @@ class DownloadPage(StepPage):
         row.addWidget(self.have)
         row.addStretch(1)
         self.lay.addLayout(row)
+        # a download of hundreds of GiB takes hours: the engine step need not wait for it
+        self.later = muted(
+            "The download goes on in Downloads when you go on or close the wizard: "
+            "set up the engine meanwhile, and launch once the files are verified."
+        )
+        self.later.setObjectName("downloadLater")
+        self.later.setWordWrap(True)
+        self.later.hide()
+        self.lay.addWidget(self.later)
         self.panel = DownloadPanel(ctx)
         self.lay.addWidget(self.panel, 1)
         self.downloads = ctx.downloads
         self.start.clicked.connect(self.begin)
         self.have.clicked.connect(self._skip)
-        self.downloads.changed.connect(lambda _s: self._refresh())
+        # a bound method, not a lambda: Qt drops the connection with this page, so a
+        # cancelled (deleted) wizard is never called by a later download
+        self.downloads.changed.connect(self._changed)
         self._skipped = False
 
     def request(self) -> DownloadRequest | None:
@@ -72,11 +83,16 @@ class DownloadPage(StepPage):
         self.completeChanged.emit()
         self.wiz.next()
 
+    def _changed(self, _state: object) -> None:
+        self._refresh()
+
     def _refresh(self) -> None:
         running = self.downloads.running
         set_enabled(self.start, not running, "The download is running.")
+        self.later.setVisible(running)
         self.completeChanged.emit()
 
     def isComplete(self) -> bool:
         st = self.downloads.state
-        return self._skipped or (st is not None and st.status == "done")
+        # done, skipped, or running (it goes on in Downloads while the engine is set up)
+        return self._skipped or self.downloads.running or (st is not None and st.status == "done")

@@ -1,0 +1,33 @@
+"""Switching the model that runs: what the question says before one is stopped for
+another (the model running, the new one, and how long the new one takes to load by its
+plan).  The desktop app asks it; nothing here stops or starts anything."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from k3desk.core.units import fmt_duration
+
+if TYPE_CHECKING:
+    from k3desk.core.planning.model import LaunchPlan
+
+
+def load_time_text(plan: LaunchPlan | None) -> str:
+    """How long a model takes to load by its plan ("" when unplanned)."""
+    if plan is None or plan.load_seconds <= 0:
+        return ""
+    return f"up to {fmt_duration(plan.load_seconds)}"
+
+
+def switch_question(old: str, new: str, ready: bool, plan: LaunchPlan | None) -> tuple[str, str]:
+    """The question and what it costs, as the person reads them."""
+    old = old or "The model running now"
+    new = new or "the new model"
+    doing = "is loaded" if ready else "is loading"
+    load = load_time_text(plan)
+    takes = f" {new} takes {load} to load." if load else ""
+    return (
+        f"{old} {doing}. Stop it and load {new}?",
+        f"{old} stops now.{takes} {new} starts a new conversation; the one open now stays "
+        "in the list. Continue it instead to keep talking there.",
+    )
