@@ -39,8 +39,9 @@ from k3desk.core.app.clusters import (
     ShardSetSpec,
     add_cluster,
     cluster_store,
+    launch_config,
     plan_cluster,
-    probe_cluster,
+    probe_nodes,
     spec_draft_note,
     start_group,
 )
@@ -52,7 +53,6 @@ from k3desk.core.app.endpoints import (
     remove_endpoint,
     set_endpoint_server,
 )
-from k3desk.core.app.shards import discover
 from k3desk.core.app.values import Progress, fmt_bytes
 
 if TYPE_CHECKING:
@@ -410,8 +410,7 @@ def _describe(rep: NodeReport) -> list[str]:
 
 
 def run_probe(args: argparse.Namespace, services: Services) -> int:
-    store = _store(services)
-    cluster = store.get(args.name)
+    cluster = _store(services).get(args.name)
     tier = _tier(services, args.tier) if args.tier else None
     if args.engine == "sparkinfer" and tier is None:
         tier = _tier(services, SPARKINFER_TIER)
@@ -431,9 +430,9 @@ def run_probe(args: argparse.Namespace, services: Services) -> int:
         from k3desk.core.app.clusters import SparkInferConfig
 
         bridge = SparkInferConfig(cluster).bridge_paths
-    reports = probe_cluster(
+    reports = probe_nodes(
+        services,
         cluster,
-        store.known_hosts,
         spec=spec,
         check_sha256=args.sha256,
         progress=_progress if not args.json else lambda p: None,
@@ -539,8 +538,9 @@ def _sparkinfer(
     for note in notes:
         print(note, file=sys.stderr)
     print(f"The bridge's API key is kept in {kept}.", file=sys.stderr)
-    nodes = _store(services)
-    reports = [] if args.no_probe else _probe_for_launch(cluster, nodes, tier, config.bridge_paths)
+    reports = (
+        [] if args.no_probe else _probe_for_launch(services, cluster, tier, config.bridge_paths)
+    )
     check = check_sparkinfer(
         config,
         tier=tier,
@@ -601,16 +601,11 @@ def _print_dry_run(
 
 
 def _probe_for_launch(
-    cluster: Cluster, nodes: ClusterStore, tier: Tier, rank0_paths: Sequence[str]
+    services: Services, cluster: Cluster, tier: Tier, rank0_paths: Sequence[str]
 ) -> list[NodeReport]:
     """Every node probed before a start; one that cannot be probed stops it."""
     print("Probing the nodes...", file=sys.stderr)
-    reports = probe_cluster(
-        cluster,
-        nodes.known_hosts,
-        spec=ShardSetSpec.from_tier(tier),
-        rank0_paths=rank0_paths,
-    )
+    reports = probe_nodes(services, cluster, tier=tier, rank0_paths=rank0_paths)
     for r in reports:
         if not r.ok:
             raise ClusterError(f"Node {r.node.label} cannot be probed: {r.error}")
@@ -618,7 +613,7 @@ def _probe_for_launch(
 
 
 def _rpc(args: argparse.Namespace, services: Services, cluster: Cluster) -> GroupSupervisor | None:
-    from k3desk.core.app.clusters import RPC_WARNING, RpcConfig, worker_argv
+    from k3desk.core.app.clusters import RPC_WARNING, ClusterLaunch, RpcConfig, worker_argv
     from k3desk.core.app.engines import find_llama_server
     from k3desk.core.app.values import EngineError
 
@@ -627,22 +622,21 @@ def _rpc(args: argparse.Namespace, services: Services, cluster: Cluster) -> Grou
             "RPC needs the model's first shard on this machine: pass --model PATH.",
             "Only this machine needs the files; the workers receive the layers over the network.",
         )
-    model = Path(args.model).expanduser()
     server = find_llama_server(services.paths, configured=args.server)
     if server is None:
         raise EngineError(
             "No llama-server found.", "Build one with `k3desk engine install`, or pass --server."
         )
-    config = RpcConfig(
-        cluster,
-        model,
-        server,
-        server_args=("-ngl", "99", "-c", str(args.ctx or RPC_CTX), "--jinja", "--no-warmup"),
-        port=args.rpc_port,
-        bind=_kv(args.bind, "--bind"),
+    launch = ClusterLaunch(
+        engine="rpc",
+        ctx=args.ctx or RPC_CTX,
+        model=args.model,
+        rpc_port=args.rpc_port,
+        bind=tuple(_kv(args.bind, "--bind").items()),
         allow_public=args.allow_public,
-        model_bytes=discover(model).bytes_present(),
     )
+    config = launch_config(services, cluster, launch, engine_binary=server)
+    assert isinstance(config, RpcConfig)
     print(f"warning: {RPC_WARNING}", file=sys.stderr)
     if args.dry_run:
         from k3desk.core.app.clusters import remote_command

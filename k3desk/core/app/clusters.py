@@ -3,7 +3,8 @@ judgement of a cluster for an engine (llama.cpp RPC or SparkInfer), the plan and
 recipe it launches with, and the group of processes that serves it.
 
 The use-cases both shells call: :func:`cluster_store` (the saved clusters),
-:func:`add_cluster` (a cluster from ``[user@]host`` node specs), :func:`plan_cluster`
+:func:`add_cluster` (a cluster from ``[user@]host`` node specs), :func:`probe_nodes`
+(every node's hardware, engines and copy of a tier), :func:`plan_cluster`
 (the cross-node memory plan for probed nodes), :func:`launch_config` and
 :func:`assess_cluster` (what a :class:`ClusterLaunch` would start, and its refusals,
 warnings and plan), and :func:`start_group` (the processes that serve it).  The values
@@ -71,6 +72,7 @@ from k3desk.core.cluster.sparkinfer import (
 from k3desk.core.cluster.ssh import SshClient, SshError, remote_command
 from k3desk.core.engines.discovery import find_llama_server
 from k3desk.core.errors import K3Error
+from k3desk.core.progress import CancelToken, ProgressCallback, no_progress
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -134,6 +136,7 @@ __all__ = [
     "plan_rpc",
     "plan_sparkinfer",
     "probe_cluster",
+    "probe_nodes",
     "remote_command",
     "reply_caps",
     "rpc_config",
@@ -157,6 +160,7 @@ class ClusterLaunch:
     bridge_port: int = BRIDGE_PORT
     model: str = ""  # RPC: the first shard on this machine
     rpc_port: int = DEFAULT_RPC_PORT
+    bind: tuple[tuple[str, str], ...] = ()  # RPC: (node, address) a worker listens on
     allow_public: bool = False
     # SparkInfer's bridge, on rank 0; "" = where the recipe keeps them (tokenizer/ beside the
     # model folder, the chat template in it)
@@ -187,6 +191,35 @@ def add_cluster(
     return cluster, store
 
 
+def probe_nodes(
+    services: Services,
+    cluster: Cluster,
+    *,
+    tier: Tier | None = None,
+    spec: ShardSetSpec | None = None,
+    rank0_paths: Sequence[str] = (),
+    check_sha256: bool = False,
+    progress: ProgressCallback = no_progress,
+    cancel: CancelToken | None = None,
+) -> list[NodeReport]:
+    """Every node of ``cluster`` probed over ssh, in parallel, reports in node order: its
+    hardware and engines, its copy of ``tier`` (or of ``spec``: a tier's files with the
+    hashes of a download record), and on rank 0 ``rank0_paths`` (SparkInfer's bridge
+    reads its tokenizer folder and chat template there).  An unreachable node is a report
+    that says why, never an exception."""
+    if spec is None and tier is not None:
+        spec = ShardSetSpec.from_tier(tier)
+    return probe_cluster(
+        cluster,
+        cluster_store(services).known_hosts,
+        spec=spec,
+        check_sha256=check_sha256,
+        progress=progress,
+        cancel=cancel,
+        rank0_paths=rank0_paths,
+    )
+
+
 def plan_cluster(
     services: Services,
     engine: EngineKind,
@@ -214,7 +247,7 @@ def launch_config(
     cluster: Cluster,
     launch: ClusterLaunch,
     *,
-    engine_binary: str | None = None,
+    engine_binary: str | Path | None = None,
     model_bytes: int | None = None,
 ) -> SparkInferConfig | RpcConfig:
     """What ``launch`` starts on ``cluster``: SparkInfer's configuration (an unknown profile
@@ -243,6 +276,7 @@ def launch_config(
         find_llama_server(services.paths, configured=engine_binary),
         ctx=launch.ctx,
         port=launch.rpc_port,
+        bind=dict(launch.bind),
         allow_public=launch.allow_public,
     )
     return config if model_bytes is None else replace(config, model_bytes=model_bytes)
@@ -255,7 +289,7 @@ def assess_cluster(
     *,
     reports: Sequence[NodeReport] = (),
     local: HardwareProfile | None = None,
-    engine_binary: str | None = None,
+    engine_binary: str | Path | None = None,
     model_bytes: int | None = None,
 ) -> Assessment:
     """Refusals, warnings and the plan for ``launch`` on ``cluster`` (no network).

@@ -32,13 +32,12 @@ from k3desk.core.app.clusters import (
     Member,
     NodeReport,
     ServeStats,
-    ShardSetSpec,
     SparkInferConfig,
     assess_cluster,
     cluster_store,
     group_members,
     launch_config,
-    probe_cluster,
+    probe_nodes,
     start_group,
 )
 from k3desk.core.app.endpoints import (
@@ -189,7 +188,6 @@ class ClusterController(QObject):
             return
         cluster = self.cluster(name)
         tier = self._tier(tier_id) if tier_id else None
-        spec = ShardSetSpec.from_tier(tier) if tier is not None else None
         bridge = SparkInferConfig(cluster).bridge_paths
         if choice is not None:
             bridge = self.sparkinfer_config(cluster, choice).bridge_paths + bridge
@@ -197,10 +195,10 @@ class ClusterController(QObject):
         relay.fired.connect(lambda p: self.probe_progress.emit(name, p))
 
         def work(token: CancelToken) -> list[NodeReport]:
-            return probe_cluster(
+            return probe_nodes(
+                self.ctx.services,
                 cluster,
-                self.store.known_hosts,
-                spec=spec,
+                tier=tier,
                 progress=relay,
                 cancel=token,
                 rank0_paths=bridge,

@@ -12,6 +12,7 @@ import pytest
 from k3desk.app import Services
 from k3desk.core.app.clusters import (
     RPC_NEEDS_MODEL,
+    Cluster,
     ClusterError,
     ClusterLaunch,
     GroupState,
@@ -25,9 +26,11 @@ from k3desk.core.app.clusters import (
     group_members,
     launch_config,
     plan_cluster,
+    probe_nodes,
     start_group,
 )
 from tests.core.cluster.reports import profile, report
+from tests.fixtures.sshd import SshServer
 
 SPECS = ("spark0,address=10.0.0.11", "spark1,address=10.0.0.12", "spark2,address=10.0.0.13")
 DEFAULTS = {"user": "ann", "identity": "", "model_path": "/models/k3", "workdir": ""}
@@ -135,6 +138,12 @@ def test_assess_an_rpc_launch_of_a_chosen_file_and_of_a_tier_to_download(tmp_pat
     assert assess_cluster(
         services, cluster, chosen, reports=reports, local=local, engine_binary=str(server)
     ).ok
+    # a worker bound to every interface (`--bind w2=0.0.0.0`): refused unless allowed
+    exposed = replace(chosen, bind=(("w2", "0.0.0.0"),))
+    refused = assess_cluster(services, cluster, exposed, local=local, engine_binary=server)
+    assert refused.refusals[0].startswith("Node w2: binding the RPC worker to 0.0.0.0 opens it")
+    allowed = replace(exposed, allow_public=True)
+    assert assess_cluster(services, cluster, allowed, local=local, engine_binary=server).ok
 
 
 def test_start_group_builds_the_engine_of_the_launch_without_starting_it(
@@ -170,3 +179,25 @@ def test_start_group_builds_the_engine_of_the_launch_without_starting_it(
         ("llama-server", "main (--rpc)"),
     ]
     assert seen == []  # nothing started, nothing reported
+
+
+def test_probe_nodes_reports_each_node_in_order_through_the_saved_known_hosts(
+    sshd: SshServer,
+) -> None:
+    services = Services()
+    up = sshd.node("app-up")
+    down = sshd.node("app-down", port=1)
+    store = cluster_store(services)
+    store.add(Cluster("mixed", (up, down)))
+    (Path(up.model_path) / "chat_template.jinja").write_text("{{ messages }}")
+    asked = (up.model_path, f"{up.model_path}/no-tokenizer")
+    seen: list[object] = []
+    reports = probe_nodes(services, store.get("mixed"), rank0_paths=asked, progress=seen.append)
+    assert [r.node.label for r in reports] == [up.label, down.label]
+    assert [r.ok for r in reports] == [True, False]
+    assert reports[0].hardware is not None
+    assert reports[0].paths == {asked[0]: "dir", asked[1]: "missing"}  # rank 0 only
+    assert "connection refused" in reports[1].error
+    assert seen  # the shells show the progress
+    # the host key was learnt into the clusters' own known-hosts file
+    assert store.known_hosts.read_text().strip()

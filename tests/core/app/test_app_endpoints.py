@@ -76,7 +76,8 @@ def test_say_what_kind_of_server_it_is(closed_port: int) -> None:
 
     ep, st = set_endpoint_server(store, "x", "auto", check=True)  # find out again
     assert (ep.server, ep.server_set) == ("", False)
-    assert st is not None and not st.up
+    assert st is not None
+    assert not st.up
 
     with pytest.raises(K3Error):
         set_endpoint_server(store, "x", "no-such-server")
