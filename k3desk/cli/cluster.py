@@ -37,16 +37,26 @@ from k3desk.core.app.clusters import (
     GroupSupervisor,
     NodeReport,
     ShardSetSpec,
-    parse_node_spec,
-    probe_cluster,
+    add_cluster,
+    cluster_store,
+    launch_config,
+    plan_cluster,
+    probe_nodes,
     spec_draft_note,
+    start_group,
 )
-from k3desk.core.app.endpoints import EndpointStore
-from k3desk.core.app.shards import discover
+from k3desk.core.app.endpoints import (
+    EndpointRequest,
+    add_endpoint,
+    check_endpoint,
+    endpoint_store,
+    remove_endpoint,
+    set_endpoint_server,
+)
 from k3desk.core.app.values import Progress, fmt_bytes
 
 if TYPE_CHECKING:
-    from k3desk.core.app.clusters import ClusterPlan, RecipeProfile
+    from k3desk.core.app.clusters import RecipeProfile
     from k3desk.core.app.services import Services
     from k3desk.core.app.values import Tier
 
@@ -290,23 +300,23 @@ def _help(p: argparse.ArgumentParser) -> int:
 
 
 def _store(services: Services) -> ClusterStore:
-    return ClusterStore(services.paths)
+    return cluster_store(services)
 
 
 # ------------------------------------------------------------------ add / list / remove
 
 
 def run_add(args: argparse.Namespace, services: Services) -> int:
-    defaults: dict[str, Any] = {
+    defaults = {
         "user": args.user,
         "identity": args.identity,
         "model_path": args.model_path,
         "workdir": args.workdir,
     }
-    nodes = tuple(parse_node_spec(spec, **defaults) for spec in args.node)
-    cluster = Cluster(args.name, nodes, created=time.strftime("%Y-%m-%d %H:%M:%S"))
-    store = _store(services)
-    store.add(cluster, replace_existing=args.replace)
+    cluster, store = add_cluster(
+        services, args.name, args.node, defaults=defaults, replace_existing=args.replace
+    )
+    nodes = cluster.nodes
     print(f"Saved cluster {args.name!r} with {len(nodes)} node(s) in {store.file}.")
     if args.check:
         from k3desk.core.app.clusters import SshClient, SshError
@@ -325,7 +335,7 @@ def run_add(args: argparse.Namespace, services: Services) -> int:
 
 def run_list(args: argparse.Namespace, services: Services) -> int:
     clusters = _store(services).load()
-    endpoints = EndpointStore(services.paths).load()
+    endpoints = endpoint_store(services).load()
     if args.json:
         print(
             json.dumps(
@@ -399,20 +409,8 @@ def _describe(rep: NodeReport) -> list[str]:
     return lines
 
 
-def _plan(
-    engine: str, reports: Sequence[NodeReport], model_bytes: int, ctx: int, services: Services
-) -> ClusterPlan:
-    from k3desk.core.app.clusters import plan_rpc, plan_sparkinfer
-
-    if engine == "sparkinfer":
-        return plan_sparkinfer(reports, model_bytes, ctx)
-    local = services.detect_hardware(None, measure_bandwidth=False)
-    return plan_rpc(reports, model_bytes, local=local)
-
-
 def run_probe(args: argparse.Namespace, services: Services) -> int:
-    store = _store(services)
-    cluster = store.get(args.name)
+    cluster = _store(services).get(args.name)
     tier = _tier(services, args.tier) if args.tier else None
     if args.engine == "sparkinfer" and tier is None:
         tier = _tier(services, SPARKINFER_TIER)
@@ -432,16 +430,16 @@ def run_probe(args: argparse.Namespace, services: Services) -> int:
         from k3desk.core.app.clusters import SparkInferConfig
 
         bridge = SparkInferConfig(cluster).bridge_paths
-    reports = probe_cluster(
+    reports = probe_nodes(
+        services,
         cluster,
-        store.known_hosts,
         spec=spec,
         check_sha256=args.sha256,
         progress=_progress if not args.json else lambda p: None,
         rank0_paths=bridge,
     )
     plan = (
-        _plan(args.engine, reports, tier.size_bytes, args.ctx, services)
+        plan_cluster(services, args.engine, reports, tier.size_bytes, args.ctx)
         if args.engine and tier is not None
         else None
     )
@@ -493,7 +491,6 @@ def _sparkinfer(
     args: argparse.Namespace, services: Services, cluster: Cluster
 ) -> GroupSupervisor | None:
     from k3desk.core.app.clusters import (
-        SparkInferCluster,
         bridge_key_name,
         check_sparkinfer,
         check_tier,
@@ -541,8 +538,9 @@ def _sparkinfer(
     for note in notes:
         print(note, file=sys.stderr)
     print(f"The bridge's API key is kept in {kept}.", file=sys.stderr)
-    nodes = _store(services)
-    reports = [] if args.no_probe else _probe_for_launch(cluster, nodes, tier, config.bridge_paths)
+    reports = (
+        [] if args.no_probe else _probe_for_launch(services, cluster, tier, config.bridge_paths)
+    )
     check = check_sparkinfer(
         config,
         tier=tier,
@@ -556,13 +554,8 @@ def _sparkinfer(
     else:
         for refusal in check.refusals:
             print(f"warning (forced): {refusal}", file=sys.stderr)
-    return SparkInferCluster(
-        config,
-        services.paths,
-        nodes.known_hosts,
-        policy=GroupPolicy(max_failures=args.max_restarts),
-        on_event=_on_event,
-        secrets=services.secrets,
+    return start_group(
+        services, config, policy=GroupPolicy(max_failures=args.max_restarts), on_event=_on_event
     )
 
 
@@ -608,16 +601,11 @@ def _print_dry_run(
 
 
 def _probe_for_launch(
-    cluster: Cluster, nodes: ClusterStore, tier: Tier, rank0_paths: Sequence[str]
+    services: Services, cluster: Cluster, tier: Tier, rank0_paths: Sequence[str]
 ) -> list[NodeReport]:
     """Every node probed before a start; one that cannot be probed stops it."""
     print("Probing the nodes...", file=sys.stderr)
-    reports = probe_cluster(
-        cluster,
-        nodes.known_hosts,
-        spec=ShardSetSpec.from_tier(tier),
-        rank0_paths=rank0_paths,
-    )
+    reports = probe_nodes(services, cluster, tier=tier, rank0_paths=rank0_paths)
     for r in reports:
         if not r.ok:
             raise ClusterError(f"Node {r.node.label} cannot be probed: {r.error}")
@@ -625,7 +613,7 @@ def _probe_for_launch(
 
 
 def _rpc(args: argparse.Namespace, services: Services, cluster: Cluster) -> GroupSupervisor | None:
-    from k3desk.core.app.clusters import RPC_WARNING, RpcCluster, RpcConfig, worker_argv
+    from k3desk.core.app.clusters import RPC_WARNING, ClusterLaunch, RpcConfig, worker_argv
     from k3desk.core.app.engines import find_llama_server
     from k3desk.core.app.values import EngineError
 
@@ -634,22 +622,21 @@ def _rpc(args: argparse.Namespace, services: Services, cluster: Cluster) -> Grou
             "RPC needs the model's first shard on this machine: pass --model PATH.",
             "Only this machine needs the files; the workers receive the layers over the network.",
         )
-    model = Path(args.model).expanduser()
     server = find_llama_server(services.paths, configured=args.server)
     if server is None:
         raise EngineError(
             "No llama-server found.", "Build one with `k3desk engine install`, or pass --server."
         )
-    config = RpcConfig(
-        cluster,
-        model,
-        server,
-        server_args=("-ngl", "99", "-c", str(args.ctx or RPC_CTX), "--jinja", "--no-warmup"),
-        port=args.rpc_port,
-        bind=_kv(args.bind, "--bind"),
+    launch = ClusterLaunch(
+        engine="rpc",
+        ctx=args.ctx or RPC_CTX,
+        model=args.model,
+        rpc_port=args.rpc_port,
+        bind=tuple(_kv(args.bind, "--bind").items()),
         allow_public=args.allow_public,
-        model_bytes=discover(model).bytes_present(),
     )
+    config = launch_config(services, cluster, launch, engine_binary=server)
+    assert isinstance(config, RpcConfig)
     print(f"warning: {RPC_WARNING}", file=sys.stderr)
     if args.dry_run:
         from k3desk.core.app.clusters import remote_command
@@ -659,12 +646,8 @@ def _rpc(args: argparse.Namespace, services: Services, cluster: Cluster) -> Grou
             print(f"{n.label}: {remote_command(worker_argv(config, n), launch_env())}")
         print(f"this machine: {remote_command([str(server), *config.server_argv()], launch_env())}")
         return None
-    return RpcCluster(
-        config,
-        services.paths,
-        _store(services).known_hosts,
-        policy=GroupPolicy(max_failures=args.max_restarts),
-        on_event=_on_event,
+    return start_group(
+        services, config, policy=GroupPolicy(max_failures=args.max_restarts), on_event=_on_event
     )
 
 
@@ -741,11 +724,10 @@ def run_explain(args: argparse.Namespace, services: Services) -> int:
 
 
 def run_endpoint_add(args: argparse.Namespace, services: Services) -> int:
-    store = EndpointStore(services.paths)
     key = args.key
     if key is None and not args.key_env and os.environ.get("K3DESK_ENDPOINT_KEY"):
         key = os.environ["K3DESK_ENDPOINT_KEY"]
-    ep, where = store.add(
+    request = EndpointRequest(
         args.name,
         args.url,
         api_key=key,
@@ -757,6 +739,7 @@ def run_endpoint_add(args: argparse.Namespace, services: Services) -> int:
         max_tokens_limit=args.max_tokens_limit,
         context_limit=args.context_limit,
     )
+    ep, where = add_endpoint(endpoint_store(services), request)
     what = []
     if ep.model:
         what.append(f"model {ep.model}")
@@ -773,7 +756,7 @@ def run_endpoint_add(args: argparse.Namespace, services: Services) -> int:
 
 def run_endpoint_set(args: argparse.Namespace, services: Services) -> int:
     server = None if args.server == "auto" else args.server
-    ep = EndpointStore(services.paths).set_server(args.name, server)
+    ep, _ = set_endpoint_server(endpoint_store(services), args.name, server)
     if server is None:
         print(f"{ep.name}: k3desk finds out what kind of server it is on next use.")
     else:
@@ -782,7 +765,7 @@ def run_endpoint_set(args: argparse.Namespace, services: Services) -> int:
 
 
 def run_endpoint_list(args: argparse.Namespace, services: Services) -> int:
-    eps = EndpointStore(services.paths).load()
+    eps = endpoint_store(services).load()
     if args.json:
         print(json.dumps([e.__dict__ for e in eps], indent=2))
         return 0
@@ -796,13 +779,13 @@ def run_endpoint_list(args: argparse.Namespace, services: Services) -> int:
 
 
 def run_endpoint_remove(args: argparse.Namespace, services: Services) -> int:
-    ep = EndpointStore(services.paths).remove(args.name)
+    ep = remove_endpoint(endpoint_store(services), args.name)
     print(f"Detached {ep.name!r} ({ep.url}).")
     return 0
 
 
 def run_endpoint_check(args: argparse.Namespace, services: Services) -> int:
-    st = EndpointStore(services.paths).status(args.name)
+    st = check_endpoint(endpoint_store(services), args.name)
     if not st.up:
         print(f"{st.endpoint.name}: DOWN — {st.error}")
         return 1

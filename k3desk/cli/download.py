@@ -107,7 +107,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
-def _request(args: argparse.Namespace, services: Services) -> tuple[DownloadRequest, str]:
+def _request(args: argparse.Namespace, services: Services) -> DownloadRequest:
     from k3desk.core.app.downloads import DownloadRequest
 
     if args.repo:
@@ -124,26 +124,23 @@ def _request(args: argparse.Namespace, services: Services) -> tuple[DownloadRequ
             revision=args.revision or "main",
             label=args.repo,
         )
-        return req, args.repo.replace("/", "--")
+        return req
     if not args.tier:
         raise K3Error(
             "Which tier? Give a TIER_ID (see `k3desk tiers`) or --repo with --include.",
         )
     tier = services.catalog.get(args.tier)
-    return DownloadRequest.from_tier(tier, revision=args.revision), tier.id
+    return DownloadRequest.from_tier(tier, revision=args.revision)
 
 
 def run(args: argparse.Namespace, services: Services) -> int:
-    from k3desk.core.app.downloads import DownloadJob, DownloadOptions, TokenStore
+    from k3desk.core.app.downloads import DownloadOptions, TokenStore, start_download
 
     if args.parallel < 1:
         raise K3Error(f"--parallel must be at least 1 (got {args.parallel}).")
-    request, folder = _request(args, services)
-    target = (args.to or services.paths.models_dir / folder).expanduser()
+    request = _request(args, services)
     tokens = TokenStore()
-    token = tokens.get()
     options = DownloadOptions(
-        token=token,
         parallel=args.parallel,
         transport=args.transport,
         xet_high_performance=args.xet_high_performance,
@@ -153,15 +150,19 @@ def run(args: argparse.Namespace, services: Services) -> int:
         use_hf_cache=not args.no_hf_cache,
     )
     out = JsonOut(sys.stdout) if args.json else TextOut(sys.stderr, sys.stdout)
+    # without --to: the models folder's folder named after the tier (or the repo)
+    job = start_download(
+        services, request, args.to, tokens=tokens, options=options, on_event=out.event
+    )
+    target = job.target
     if not args.json:
-        who = f"with the token from {tokens.source()}" if token else "without a token"
+        who = f"with the token from {tokens.source()}" if job.options.token else "without a token"
         what = (
             request.repo
             if request.label in ("", request.repo)
             else (f"{request.label} from {request.repo}")
         )
         print(f"Downloading {what} to {target} ({who})", file=sys.stdout)
-    job = DownloadJob(request, target, options, on_event=out.event)
     try:
         with _pause_on_signals(job.pause), _events_only():
             summary = job.run()

@@ -228,7 +228,7 @@ def test_sparkinfer_runs_with_phases_ranks_speed_chat_restart_and_stop(  # type:
     ctl.save_cluster(Cluster("sparks", tuple(nodes)))
     # the nodes are folders here; their probe reports DGX Sparks (GB10) with complete copies
     monkeypatch.setattr(
-        "k3desk.ui.cluster.controller.probe_cluster",
+        "k3desk.core.app.clusters.probe_cluster",
         lambda cluster, known_hosts, **kw: [report(n) for n in cluster.nodes],
     )
     window = MainWindow(ctx)

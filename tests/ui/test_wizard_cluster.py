@@ -34,7 +34,7 @@ def cells(wiz, col: int) -> dict[str, str]:  # type: ignore[no-untyped-def]
 def gb10_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every node reports a DGX Spark (GB10) holding a complete copy of the recipe tier."""
     monkeypatch.setattr(
-        "k3desk.ui.cluster.controller.probe_cluster",
+        "k3desk.core.app.clusters.probe_cluster",
         lambda cluster, known_hosts, **kw: [report(n) for n in cluster.nodes],
     )
 

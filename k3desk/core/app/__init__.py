@@ -27,7 +27,7 @@ for images, build; the launch and the
 tuning run the app's settings make
 downloads from the Hub                 :mod:`k3desk.core.app.downloads`
 clusters: nodes, probe, plan, serve    :mod:`k3desk.core.app.clusters`
-remote endpoints                       :mod:`k3desk.core.app.endpoints`
+remote endpoints: add, check, remove   :mod:`k3desk.core.app.endpoints`
 a user action and what it changed      :mod:`k3desk.core.app.operations`
 the app's named operations             :mod:`k3desk.core.app.actions`
 a table row -> its cells               :mod:`k3desk.core.app.presenters`

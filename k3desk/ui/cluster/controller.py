@@ -15,42 +15,42 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal
 
 from k3desk.core.app.cluster_tiers import ClusterTierRow
 from k3desk.core.app.clusters import (
-    BRIDGE_PORT,
-    COORD_PORT,
-    DEFAULT_PROFILE,
-    DEFAULT_RPC_PORT,
-    RPC_NEEDS_MODEL,
-    SERVE_PORT,
-    SPARKINFER_TIER,
     Assessment,
     Cluster,
     ClusterError,
+    ClusterLaunch,
     ClusterStore,
-    EngineKind,
     GroupEvent,
     GroupState,
     GroupSupervisor,
     Member,
     NodeReport,
-    RpcCluster,
     ServeStats,
-    ShardSetSpec,
-    SparkInferCluster,
     SparkInferConfig,
-    assess_rpc,
-    assess_sparkinfer,
+    assess_cluster,
+    cluster_store,
     group_members,
-    probe_cluster,
-    rpc_config,
+    launch_config,
+    probe_nodes,
+    start_group,
 )
-from k3desk.core.app.endpoints import EndpointStatus, EndpointStore, RemoteEndpoint
+from k3desk.core.app.endpoints import (
+    EndpointRequest,
+    EndpointStatus,
+    EndpointStore,
+    RemoteEndpoint,
+    add_endpoint,
+    check_endpoint,
+    endpoint_store,
+    remove_endpoint,
+    set_endpoint_server,
+)
 from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.app.values import CancelToken, K3Error, Progress
 from k3desk.ui.bridge import Relay
@@ -70,25 +70,7 @@ RECENT_KEY = "chat_endpoint"  # Settings.recent: the attached server the chat us
 EVENT_LOG = 300
 
 
-@dataclass(frozen=True)
-class LaunchChoice:
-    """What the person picked on the Cluster page for one launch."""
-
-    engine: EngineKind = "sparkinfer"
-    tier_id: str = SPARKINFER_TIER
-    ctx: int = 8192
-    profile: str = DEFAULT_PROFILE  # the SparkInfer recipe's launch profile (recipe.PROFILES)
-    spec_draft: int | None = None  # instead of the profile's K
-    coord_port: int = COORD_PORT
-    serve_port: int = SERVE_PORT
-    bridge_port: int = BRIDGE_PORT
-    model: str = ""  # RPC: the first shard on this machine
-    rpc_port: int = DEFAULT_RPC_PORT
-    allow_public: bool = False
-    # SparkInfer's bridge, on rank 0; "" = where the recipe keeps them (tokenizer/ beside the
-    # model folder, the chat template in it)
-    tokenizer_dir: str = ""
-    chat_template: str = ""
+LaunchChoice = ClusterLaunch  # what the person picked on the Cluster page for one launch
 
 
 @dataclass(frozen=True)
@@ -122,9 +104,8 @@ class ClusterController(QObject):
     def __init__(self, ctx: AppContext, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.ctx = ctx
-        paths = ctx.services.paths
-        self.store = ClusterStore(paths)
-        self.endpoints = EndpointStore(paths)
+        self.store: ClusterStore = cluster_store(ctx.services)
+        self.endpoints: EndpointStore = endpoint_store(ctx.services)
         self._clusters: list[Cluster] | None = None
         self.load_error = ""
         self.probes: dict[str, ProbeRun] = {}
@@ -207,7 +188,6 @@ class ClusterController(QObject):
             return
         cluster = self.cluster(name)
         tier = self._tier(tier_id) if tier_id else None
-        spec = ShardSetSpec.from_tier(tier) if tier is not None else None
         bridge = SparkInferConfig(cluster).bridge_paths
         if choice is not None:
             bridge = self.sparkinfer_config(cluster, choice).bridge_paths + bridge
@@ -215,10 +195,10 @@ class ClusterController(QObject):
         relay.fired.connect(lambda p: self.probe_progress.emit(name, p))
 
         def work(token: CancelToken) -> list[NodeReport]:
-            return probe_cluster(
+            return probe_nodes(
+                self.ctx.services,
                 cluster,
-                self.store.known_hosts,
-                spec=spec,
+                tier=tier,
                 progress=relay,
                 cancel=token,
                 rank0_paths=bridge,
@@ -261,22 +241,9 @@ class ClusterController(QObject):
 
     def sparkinfer_config(self, cluster: Cluster, choice: LaunchChoice) -> SparkInferConfig:
         """The use-case's configuration; an unknown profile raises ClusterError."""
-        from k3desk.core.app.sparkinfer_launch import SparkInferRequest, configure_sparkinfer
-
-        return configure_sparkinfer(
-            cluster,
-            SparkInferRequest(
-                profile=choice.profile,
-                tier=self._tier(choice.tier_id),
-                max_ctx=choice.ctx,
-                spec_draft=choice.spec_draft,
-                coord_port=choice.coord_port,
-                serve_port=choice.serve_port,
-                bridge_port=choice.bridge_port,
-                tokenizer_dir=choice.tokenizer_dir,
-                chat_template=choice.chat_template,
-            ),
-        )
+        config = launch_config(self.ctx.services, cluster, replace(choice, engine="sparkinfer"))
+        assert isinstance(config, SparkInferConfig)
+        return config
 
     def assess(
         self, name: str, choice: LaunchChoice, *, model_bytes: int | None = None
@@ -286,33 +253,20 @@ class ClusterController(QObject):
         ``model_bytes`` (RPC): judge a model of that size that is not on this machine yet
         (a tier about to be downloaded) instead of ``choice.model``'s files.
         """
-        from k3desk.core.app.engines import find_llama_server
-
-        cluster = self.cluster(name)
-        reports = self.reports(name, choice.tier_id)
-        if choice.engine == "sparkinfer":
-            cfg = self.sparkinfer_config(cluster, choice)
-            return assess_sparkinfer(cfg, tier=self._tier(choice.tier_id), reports=reports)
-        model = Path(choice.model.strip()).expanduser() if choice.model.strip() else None
-        server = find_llama_server(
-            self.ctx.services.paths, configured=self.ctx.settings.engine_binary or None
-        )
-        rcfg = rpc_config(
-            cluster,
-            None if model_bytes is not None else model,
-            server,
-            ctx=choice.ctx,
-            port=choice.rpc_port,
-            allow_public=choice.allow_public,
-        )
         # llama-server runs here: the plan counts this machine, never a hardware file the
         # pages may be judging (detected here if the pages have not needed it yet: once)
-        local = self.ctx.hardware.machine or self.ctx.hardware.this_machine()
-        if model_bytes is None:
-            return assess_rpc(rcfg, reports=reports, local=local)
-        # the files come with the download: judge the tier's size, not a chosen file
-        a = assess_rpc(replace(rcfg, model_bytes=model_bytes), reports=reports, local=local)
-        return replace(a, refusals=tuple(r for r in a.refusals if r != RPC_NEEDS_MODEL))
+        local = None
+        if choice.engine != "sparkinfer":
+            local = self.ctx.hardware.machine or self.ctx.hardware.this_machine()
+        return assess_cluster(
+            self.ctx.services,
+            self.cluster(name),
+            choice,
+            reports=self.reports(name, choice.tier_id),
+            local=local,
+            engine_binary=self.ctx.settings.engine_binary or None,
+            model_bytes=model_bytes,
+        )
 
     def judge_tiers(
         self, name: str, choice: LaunchChoice, tiers: Sequence[Tier]
@@ -337,8 +291,6 @@ class ClusterController(QObject):
 
     def start(self, name: str, choice: LaunchChoice) -> GroupSupervisor:
         """Start ``choice`` on cluster ``name``; refused (ClusterError) while refusals remain."""
-        from k3desk.core.app.engines import find_llama_server
-
         if self.group_running or self._stopping:
             raise ClusterError(
                 f"{self.group_title} already runs on cluster {self.group_cluster!r}.",
@@ -349,36 +301,16 @@ class ClusterController(QObject):
             raise ClusterError(
                 f"{verdict.title} cannot start on {name!r}: " + " ".join(verdict.refusals)
             )
-        cluster = self.cluster(name)
+        config = launch_config(
+            self.ctx.services,
+            self.cluster(name),
+            choice,
+            engine_binary=self.ctx.settings.engine_binary or None,
+        )
         relay = Relay(self)
         stats = Relay(self)
-        group: GroupSupervisor
-        if choice.engine == "sparkinfer":
-            group = SparkInferCluster(
-                self.sparkinfer_config(cluster, choice),
-                self.ctx.services.paths,
-                self.store.known_hosts,
-                on_event=relay,
-                on_stats=stats,
-                secrets=self.ctx.services.secrets,  # the bridge's key, read off this thread
-            )
-        else:
-            server = find_llama_server(
-                self.ctx.services.paths, configured=self.ctx.settings.engine_binary or None
-            )
-            group = RpcCluster(
-                rpc_config(
-                    cluster,
-                    Path(choice.model.strip()).expanduser(),
-                    server,
-                    ctx=choice.ctx,
-                    port=choice.rpc_port,
-                    allow_public=choice.allow_public,
-                ),
-                self.ctx.services.paths,
-                self.store.known_hosts,
-                on_event=relay,
-            )
+        # SparkInfer's bridge key is read from the secret store off this thread
+        group = start_group(self.ctx.services, config, on_event=relay, on_stats=stats)
         relay.fired.connect(lambda ev: self._on_event(group, ev))
         stats.fired.connect(lambda s: self._on_stats(group, s))
         # an older group's relays stay alive: a monitor that outlived its stop may still call
@@ -471,10 +403,11 @@ class ClusterController(QObject):
         ``server``: what kind of server it is (None: k3desk finds out)."""
 
         def work(_t: CancelToken) -> tuple[RemoteEndpoint, str]:
-            return self.endpoints.add(
+            request = EndpointRequest(
                 name, url, api_key=api_key, key_env=key_env, check=True, replace_existing=True,
                 server=server,
             )  # fmt: skip
+            return add_endpoint(self.endpoints, request)
 
         def done(result: tuple[RemoteEndpoint, str]) -> None:
             ep, where = result
@@ -499,7 +432,7 @@ class ClusterController(QObject):
                     n for n in ("remote", *(f"remote-{i}" for i in range(2, 1000)))
                     if n not in names
                 )  # fmt: skip
-                self.endpoints.add(name, url, check=False)
+                add_endpoint(self.endpoints, EndpointRequest(name, url, check=False))
             recent = {**self.ctx.settings.recent, RECENT_KEY: name}
             self.ctx.update_settings(remote_url="", recent=recent)
         except K3Error as exc:
@@ -523,8 +456,9 @@ class ClusterController(QObject):
         """Say what kind of server ``name`` is (None: find out again), then check it."""
 
         def work(_t: CancelToken) -> EndpointStatus:
-            self.endpoints.set_server(name, server)
-            return self.endpoints.status(name)
+            _ep, st = set_endpoint_server(self.endpoints, name, server, check=True)
+            assert st is not None
+            return st
 
         def done(st: EndpointStatus) -> None:
             if self.active_endpoint == name:
@@ -539,8 +473,10 @@ class ClusterController(QObject):
             if self.active_endpoint == name:
                 self._set_active("", None, remember=True)
 
-        op = Operation("endpoint-detach", lambda _t: self.endpoints.remove(name), ENDPOINTS)
-        self.ctx.ops.run(op, on_success=done)
+        detach = Operation(
+            "endpoint-detach", lambda _t: remove_endpoint(self.endpoints, name), ENDPOINTS
+        )
+        self.ctx.ops.run(detach, on_success=done)
 
     def use_endpoint(self, name: str, *, remember: bool = True) -> None:
         """Send the chat to attached server ``name`` ("" = to none) when no engine runs."""
@@ -563,7 +499,7 @@ class ClusterController(QObject):
 
     def check_endpoint(self, name: str, on_done: Callable[[EndpointStatus], None]) -> None:
         # what the check found is kept with the endpoint
-        op = Operation("endpoint-check", lambda _t: self.endpoints.status(name), ENDPOINTS)
+        op = Operation("endpoint-check", lambda _t: check_endpoint(self.endpoints, name), ENDPOINTS)
         self.ctx.ops.run(op, on_success=on_done)
 
     def _set_active(self, name: str, ep: ChatEndpoint | None, *, remember: bool) -> None:

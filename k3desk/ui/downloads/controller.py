@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ from k3desk.core.app.downloads import (
     Retrying,
     Stalled,
     Verified,
+    start_download,
 )
 from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.app.values import K3Error, fmt_bytes
@@ -156,12 +156,8 @@ class DownloadsController(QObject):
         return self._task is not None
 
     def options(self) -> DownloadOptions:
-        token = self.ctx.token_store.get()
-        return DownloadOptions(
-            endpoint=self.endpoint or os.environ.get("HF_ENDPOINT") or None,
-            token=token,
-            parallel=self.ctx.settings.download_workers,
-        )
+        """The Hub (None: HF_ENDPOINT's, else the public one) and the files at once."""
+        return DownloadOptions(endpoint=self.endpoint, parallel=self.ctx.settings.download_workers)
 
     def start(self, request: DownloadRequest, target: Path) -> None:
         """Start (or resume: finished files and partial data are reused)."""
@@ -175,8 +171,14 @@ class DownloadsController(QObject):
         self.state = state
         self._remember(state, resume=True)  # even a killed app resumes it next start
         self._resume_next = True  # until the user pauses it
-        options_token = self.options()
-        job = DownloadJob(request, target, options_token, on_event=self._relay)
+        job = start_download(
+            self.ctx.services,
+            request,
+            target,
+            tokens=self.ctx.token_store,
+            options=self.options(),
+            on_event=self._relay,
+        )
         self.job = job
         state.status = "listing"
 

@@ -44,6 +44,7 @@ from k3desk.core.app.engines import (
 )
 from k3desk.core.app.hardware import HardwareProfile
 from k3desk.core.app.models import find_model, projector_beside
+from k3desk.core.app.operations import Operation
 from k3desk.core.app.shardplan import PlanView, plan_view
 from k3desk.core.app.subject import Subject
 from k3desk.core.app.values import (
@@ -403,7 +404,8 @@ class EnginePanel(QWidget):
             self.vision = survey.vision
             self.engine.engines_found.emit(survey.rows, hw)  # -> _found, in every panel
 
-        self.ctx.tasks.run(work, on_done=done, name="probe-engines")
+        self.ctx.ops.run(Operation("probe-engines", work), on_success=done)
+
     def choose_engine(self, path: str = "") -> None:
         """ "Choose llama-server…": the file dialog (or ``path``), read and probed; kept in
         Settings when it runs here, else named (:mod:`k3desk.ui.engine.choose`)."""
@@ -415,7 +417,6 @@ class EnginePanel(QWidget):
         if settings.engine_binary != self._engine_setting:
             self._engine_setting = settings.engine_binary
             self.refresh_engines()
-
 
     def _found(self, rows: list[EngineRow], hw: HardwareProfile) -> None:
         self.machine = hw
@@ -528,13 +529,12 @@ class EnginePanel(QWidget):
             self.build.clicked.connect(lambda: self.build_engine())
             self.refresh_engines(use_cache=False)
 
-        self._build_task = self.ctx.tasks.run(
-            work,
-            on_done=done,
-            on_error=failed,
+        self._build_task = self.ctx.ops.run(
+            Operation("engine-build", work),
+            on_success=done,
+            on_failure=failed,
             on_cancelled=cancelled,
             on_finally=finish,
-            name="engine-build",
         )
 
     def _show_building(self) -> None:
@@ -628,11 +628,12 @@ class EnginePanel(QWidget):
             if not _is_slow(exc):  # declined: nothing went wrong
                 self.ctx.reporter.report(exc)
 
-        self._prep_task = self.ctx.tasks.run(
-            lambda t: prepare_engine_request(self.ctx, shard, mmproj, t),
-            on_done=done,
-            on_error=error,
-            name="prepare-launch",
+        self._prep_task = self.ctx.ops.run(
+            Operation(
+                "prepare-launch", lambda t: prepare_engine_request(self.ctx, shard, mmproj, t)
+            ),
+            on_success=done,
+            on_failure=error,
         )
 
     # ------------------------------------------------------------- tune
@@ -667,15 +668,17 @@ class EnginePanel(QWidget):
             self.tune_btn.setText("Tune speed")
             self._buttons()
 
-        self._tune_task = self.ctx.tasks.run(
-            lambda t: tune_local_launch(
-                self.ctx.services, req, on_progress=self._tune_progress, cancel=t
-            ),
-            on_done=done,
-            on_error=error,
+        def work(token: CancelToken) -> Any:
+            return tune_local_launch(
+                self.ctx.services, req, on_progress=self._tune_progress, cancel=token
+            )
+
+        self._tune_task = self.ctx.ops.run(
+            Operation("engine-tune", work),
+            on_success=done,
+            on_failure=error,
             on_cancelled=cancelled,
             on_finally=finish,
-            name="engine-tune",
         )
         self._buttons()
 
