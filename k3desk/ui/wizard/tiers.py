@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QTextBrowser
 
 from k3desk.core.app.cluster_tiers import SPARKINFER_ONLY, ClusterTierRow, cluster_pick
+from k3desk.core.app.presenters.hub_sets import hub_set_details
+from k3desk.core.app.search import SetRow
 from k3desk.core.app.subject import Subject
 from k3desk.core.app.tiers import TierJudgement, TierRow
 from k3desk.core.app.values import K3Error
@@ -16,6 +18,7 @@ from k3desk.ui.judged import JudgedBar
 from k3desk.ui.tiers import TierTable
 from k3desk.ui.widgets import Banner, label, muted
 from k3desk.ui.wizard.base import StepPage
+from k3desk.ui.wizard.hubsets import HubSetsBox
 
 if TYPE_CHECKING:
     from k3desk.ui.cluster.controller import LaunchChoice
@@ -52,6 +55,12 @@ class TiersPage(StepPage):
         self.fit_warning = Banner()
         self.fit_warning.setObjectName("fitWarning")
         self.lay.addWidget(self.fit_warning)
+        # what the Hub has now, beside the catalog (searched in the background)
+        self.hub = HubSetsBox(ctx)
+        self.hub.set_selected.connect(self._hub_selected)
+        wizard.finished.connect(lambda _r: self.hub.cancel())
+        self.lay.addWidget(self.hub)
+        self.chosen_hub: SetRow | None = None  # a set of the Hub chosen instead of a tier
         row = QHBoxLayout()
         self.rule = muted("")
         row.addWidget(self.rule, 1)
@@ -75,6 +84,7 @@ class TiersPage(StepPage):
                 "The one that runs best there is preselected."
             )
             self.show_cluster()
+            self.hub.hide()
         else:
             self.setSubTitle(
                 "Every published Kimi-K3 quantization, judged for the machine named below. "
@@ -84,6 +94,10 @@ class TiersPage(StepPage):
             judged = wiz.hardware.judgement
             if key != self.shown and judged is not None:
                 self.show_judgement(judged)
+            self.hub.show()
+            hw = self.ctx.hardware.from_file
+            if not self.hub.searching and self.hub.searched_for != hw:
+                self.hub.search(hw)
         if keep is not None:
             self.table.select_tier(keep.tier.id)
 
@@ -124,6 +138,8 @@ class TiersPage(StepPage):
         self.completeChanged.emit()
 
     def _selected(self, row: TierRow | ClusterTierRow) -> None:
+        self.chosen_hub = None  # a tier instead of a set of the Hub
+        self.hub.clear_selection()
         if isinstance(row, ClusterTierRow):
             self._selected_on_cluster(row)
             return
@@ -180,8 +196,26 @@ class TiersPage(StepPage):
         combo.setCurrentIndex(max(0, combo.findData(t.id)))
         self.completeChanged.emit()
 
+    def _hub_selected(self, row: SetRow | None) -> None:
+        """A set of the Hub chosen: it is what the next steps download and run."""
+        if row is None:
+            if self.chosen_hub is not None:
+                self.chosen_hub = None
+                self.details.setHtml("")
+            self.completeChanged.emit()
+            return
+        self.chosen_hub = row
+        self.table.clearSelection()
+        esc = html.escape
+        lines = hub_set_details(row)
+        self.details.setHtml(
+            f"<b>{esc(lines[0])}</b>" + "".join(f"<p>{esc(line)}</p>" for line in lines[1:])
+        )
+        self.fit_warning.show_text("")
+        self.completeChanged.emit()
+
     def isComplete(self) -> bool:
-        return self.table.current() is not None
+        return self.table.current() is not None or self.chosen_hub is not None
 
 
 def fit_warning(row: TierRow, machine: str) -> str:
