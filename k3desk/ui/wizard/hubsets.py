@@ -79,7 +79,7 @@ class HubSetsBox(QWidget):
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
-        self.table.setMaximumHeight(130)
+        self.table.setMinimumHeight(100)  # the header and about two sets
         self.table.hide()
         self.table.itemSelectionChanged.connect(self._selected)
         lay.addWidget(self.table)
@@ -124,9 +124,7 @@ class HubSetsBox(QWidget):
                 self.stop.hide()
                 self.again.setEnabled(True)
 
-        self.ctx.ops.run(
-            op, on_success=done, on_failure=failed, on_finally=ended
-        )
+        self.ctx.ops.run(op, on_success=done, on_failure=failed, on_finally=ended)
 
     def cancel(self) -> None:
         """Stop the search now: its answer, should one still come, is dropped."""

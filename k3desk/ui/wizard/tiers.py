@@ -6,7 +6,8 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING
 
-from PySide6.QtWidgets import QHBoxLayout, QPushButton, QTextBrowser
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QHBoxLayout, QPushButton, QSplitter, QTextBrowser
 
 from k3desk.core.app.cluster_tiers import SPARKINFER_ONLY, ClusterTierRow, cluster_pick
 from k3desk.core.app.presenters.hub_sets import hub_set_details
@@ -46,7 +47,11 @@ class TiersPage(StepPage):
         self.reason.setObjectName("recommendation")
         self.lay.addWidget(self.reason)
         self.table = TierTable()
-        self.lay.addWidget(self.table, 1)
+        # the catalog's tiers above the Hub's sets; the divider moves
+        self.split = QSplitter(Qt.Orientation.Vertical)
+        self.split.setChildrenCollapsible(False)
+        self.split.addWidget(self.table)
+        self.lay.addWidget(self.split, 1)
         self.details = QTextBrowser()
         self.details.setObjectName("tierDetails")
         self.details.setMaximumHeight(150)
@@ -59,7 +64,9 @@ class TiersPage(StepPage):
         self.hub = HubSetsBox(ctx)
         self.hub.set_selected.connect(self._hub_selected)
         wizard.finished.connect(lambda _r: self.hub.cancel())
-        self.lay.addWidget(self.hub)
+        self.split.addWidget(self.hub)
+        self.split.setStretchFactor(0, 1)
+        self.split.setStretchFactor(1, 1)
         self.chosen_hub: SetRow | None = None  # a set of the Hub chosen instead of a tier
         row = QHBoxLayout()
         self.rule = muted("")
@@ -87,8 +94,8 @@ class TiersPage(StepPage):
             self.hub.hide()
         else:
             self.setSubTitle(
-                "Every published Kimi-K3 quantization, judged for the machine named below. "
-                "The recommended one is preselected."
+                "Every published Kimi-K3 quantization, judged for the machine named below, "
+                "and below them the sets the Hub has now. The recommended one is preselected."
             )
             self.judged_bar.show_cluster(None)
             judged = wiz.hardware.judgement
@@ -209,7 +216,7 @@ class TiersPage(StepPage):
         esc = html.escape
         lines = hub_set_details(row)
         self.details.setHtml(
-            f"<b>{esc(lines[0])}</b>" + "".join(f"<p>{esc(line)}</p>" for line in lines[1:])
+            f"<b>{esc(lines[0])}</b><br>" + "<br>".join(esc(line) for line in lines[1:])
         )
         self.fit_warning.show_text("")
         self.completeChanged.emit()

@@ -93,16 +93,13 @@ def hub_status(result: SearchResult) -> str:
     """What the wizard says under the catalog: what the Hub has, or why it is not shown."""
     if result.offline:
         return (
-            f"Catalog only: the Hub was not searched ({result.offline_reason}). "
+            f"Catalog only: the Hub could not be searched ({result.offline_reason}). "
             "The tiers above are the catalog's, judged from its figures."
         )
     if not result.rows:
         return f"No Kimi-K3 GGUF set found on {result.endpoint}; the catalog's tiers are above."
     read = sum(1 for r in result.rows if r.basis == "headers")
-    text = (
-        f"On the Hub now: {result.status}; {read} judged from their real headers for "
-        f"{result.subject.describe()}."
-    )
+    text = f"On the Hub now: {result.status}; {read} judged from their real headers."
     if result.errors:
         text += f" Not listed: {'; '.join(result.errors[:2])}."
     return text
