@@ -148,3 +148,28 @@ def test_the_hub_search_can_be_stopped_and_the_catalog_stays(  # type: ignore[no
             timeout=30_000,
         )
         assert box.result is None
+
+
+def test_planning_for_other_hardware_judges_the_hubs_sets_again(  # type: ignore[no-untyped-def]
+    window, qtbot, tiny_k3, hardware_file, monkeypatch
+) -> None:
+    with HubServer() as hub:
+        hub.add_repo(REPO, {f"IQ1_S/{p.name}": p.read_bytes() for p in tiny_k3.parts})
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        wiz = tiers_step(window, qtbot, hardware_file("1xH200-141GB"))
+        box = wiz.tiers.hub
+        qtbot.waitUntil(lambda: box.result is not None and not box.searching, timeout=60_000)
+        assert box.texts()[0][1].startswith("GPU: everything on the GPUs")
+        laptop = hardware_file("no-gpu-laptop-32GB")
+        window.ctx.hardware.load_file(laptop)  # "Plan for other hardware…" on this step
+        qtbot.waitUntil(
+            lambda: (
+                box.result is not None
+                and not box.searching
+                and "no-gpu-laptop" in box.result.subject.describe()
+            ),
+            timeout=60_000,
+        )
+        verdict = box.texts()[0][1]
+        assert not verdict.startswith("GPU"), verdict
+        assert box.texts()[0][2] == "real headers"

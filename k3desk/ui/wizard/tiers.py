@@ -102,9 +102,7 @@ class TiersPage(StepPage):
             if key != self.shown and judged is not None:
                 self.show_judgement(judged)
             self.hub.show()
-            hw = self.ctx.hardware.from_file
-            if not self.hub.searching and self.hub.searched_for != hw:
-                self.hub.search(hw)
+            self.search_hub()
         if keep is not None:
             self.table.select_tier(keep.tier.id)
 
@@ -114,7 +112,15 @@ class TiersPage(StepPage):
         self.rule.setText(judged.ordering_rule)
         self.rule.setToolTip(judged.ordering_rule)
         self.table.set_judgement(judged)
+        if self.wiz.currentPage() is self and not self.wiz.cluster_mode:
+            self.search_hub()  # another machine judged here: the Hub's sets judged for it
         self.completeChanged.emit()
+
+    def search_hub(self) -> None:
+        """Search the Hub for the machine the step judges, unless done (or under way)."""
+        hw = self.ctx.hardware.from_file
+        if self.hub.searched_for != hw:
+            self.hub.search(hw)
 
     def show_cluster(self) -> None:
         """Judge every tier for the wizard's cluster and engine (the core's assessment)."""
