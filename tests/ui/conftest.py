@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,3 +76,19 @@ def this_machine(services, monkeypatch):  # type: ignore[no-untyped-def]
         return profile
 
     return use
+
+
+@pytest.fixture(scope="session")
+def empty_hub() -> Iterator[object]:
+    """A Hub stand-in with no repositories (one for the whole run)."""
+    from tests.hubserver import HubServer
+
+    with HubServer() as hub:
+        yield hub
+
+
+@pytest.fixture(autouse=True)
+def hub_endpoint_for_the_wizard(empty_hub: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wizard's tiers step searches the Hub: in tests an empty stand-in answers, never
+    the internet (a test with repositories points HF_ENDPOINT at its own stand-in)."""
+    monkeypatch.setenv("HF_ENDPOINT", empty_hub.endpoint)

@@ -202,6 +202,8 @@ def search_hub(
         )
     except K3Error as exc:
         return SearchResult(ep, request.query, subject, (), catalog, True, exc.message)
+    if cancel is not None:
+        cancel.raise_if_cancelled()
     rows: list[SetRow] = []
     errors: list[str] = []
     spent = 0

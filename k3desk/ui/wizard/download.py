@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtWidgets import QHBoxLayout, QPushButton
 
 from k3desk.core.app.downloads import DownloadRequest
+from k3desk.core.app.hub_choice import download_request_for
 from k3desk.core.app.values import fmt_bytes
 from k3desk.ui.downloads.panel import DownloadPanel
 from k3desk.ui.widgets import muted, primary, set_enabled
@@ -56,12 +57,21 @@ class DownloadPage(StepPage):
         self._skipped = False
 
     def request(self) -> DownloadRequest | None:
+        hub = self.wiz.hub_set()
+        if hub is not None:
+            return download_request_for(hub)
         tv = self.wiz.selected_tier()
         return DownloadRequest.from_tier(tv.tier) if tv is not None else None
 
     def initializePage(self) -> None:
         tv = self.wiz.selected_tier()
-        if tv is not None:
+        hub = self.wiz.hub_set()
+        if hub is not None:
+            self.start.setText(
+                f"Download {hub.remote.name} from {hub.repo} at {hub.revision[:7]}: "
+                f"{hub.remote.count} parts, {fmt_bytes(hub.remote.total_bytes)}"
+            )
+        elif tv is not None:
             self.start.setText(
                 f"Download {tv.tier.name}: {tv.tier.shard_count} shards, "
                 f"{fmt_bytes(tv.tier.size_bytes)}"

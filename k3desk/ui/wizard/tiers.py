@@ -6,9 +6,12 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING
 
-from PySide6.QtWidgets import QHBoxLayout, QPushButton, QTextBrowser
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QHBoxLayout, QPushButton, QSplitter, QTextBrowser
 
 from k3desk.core.app.cluster_tiers import SPARKINFER_ONLY, ClusterTierRow, cluster_pick
+from k3desk.core.app.presenters.hub_sets import hub_set_details
+from k3desk.core.app.search import SetRow
 from k3desk.core.app.subject import Subject
 from k3desk.core.app.tiers import TierJudgement, TierRow
 from k3desk.core.app.values import K3Error
@@ -16,6 +19,7 @@ from k3desk.ui.judged import JudgedBar
 from k3desk.ui.tiers import TierTable
 from k3desk.ui.widgets import Banner, label, muted
 from k3desk.ui.wizard.base import StepPage
+from k3desk.ui.wizard.hubsets import HubSetsBox
 
 if TYPE_CHECKING:
     from k3desk.ui.cluster.controller import LaunchChoice
@@ -43,7 +47,11 @@ class TiersPage(StepPage):
         self.reason.setObjectName("recommendation")
         self.lay.addWidget(self.reason)
         self.table = TierTable()
-        self.lay.addWidget(self.table, 1)
+        # the catalog's tiers above the Hub's sets; the divider moves
+        self.split = QSplitter(Qt.Orientation.Vertical)
+        self.split.setChildrenCollapsible(False)
+        self.split.addWidget(self.table)
+        self.lay.addWidget(self.split, 1)
         self.details = QTextBrowser()
         self.details.setObjectName("tierDetails")
         self.details.setMaximumHeight(150)
@@ -52,6 +60,14 @@ class TiersPage(StepPage):
         self.fit_warning = Banner()
         self.fit_warning.setObjectName("fitWarning")
         self.lay.addWidget(self.fit_warning)
+        # what the Hub has now, beside the catalog (searched in the background)
+        self.hub = HubSetsBox(ctx)
+        self.hub.set_selected.connect(self._hub_selected)
+        wizard.finished.connect(lambda _r: self.hub.cancel())
+        self.split.addWidget(self.hub)
+        self.split.setStretchFactor(0, 1)
+        self.split.setStretchFactor(1, 1)
+        self.chosen_hub: SetRow | None = None  # a set of the Hub chosen instead of a tier
         row = QHBoxLayout()
         self.rule = muted("")
         row.addWidget(self.rule, 1)
@@ -75,15 +91,18 @@ class TiersPage(StepPage):
                 "The one that runs best there is preselected."
             )
             self.show_cluster()
+            self.hub.hide()
         else:
             self.setSubTitle(
-                "Every published Kimi-K3 quantization, judged for the machine named below. "
-                "The recommended one is preselected."
+                "Every published Kimi-K3 quantization, judged for the machine named below, "
+                "and below them the sets the Hub has now. The recommended one is preselected."
             )
             self.judged_bar.show_cluster(None)
             judged = wiz.hardware.judgement
             if key != self.shown and judged is not None:
                 self.show_judgement(judged)
+            self.hub.show()
+            self.search_hub()
         if keep is not None:
             self.table.select_tier(keep.tier.id)
 
@@ -93,7 +112,15 @@ class TiersPage(StepPage):
         self.rule.setText(judged.ordering_rule)
         self.rule.setToolTip(judged.ordering_rule)
         self.table.set_judgement(judged)
+        if self.wiz.currentPage() is self and not self.wiz.cluster_mode:
+            self.search_hub()  # another machine judged here: the Hub's sets judged for it
         self.completeChanged.emit()
+
+    def search_hub(self) -> None:
+        """Search the Hub for the machine the step judges, unless done (or under way)."""
+        hw = self.ctx.hardware.from_file
+        if self.hub.searched_for != hw:
+            self.hub.search(hw)
 
     def show_cluster(self) -> None:
         """Judge every tier for the wizard's cluster and engine (the core's assessment)."""
@@ -124,6 +151,8 @@ class TiersPage(StepPage):
         self.completeChanged.emit()
 
     def _selected(self, row: TierRow | ClusterTierRow) -> None:
+        self.chosen_hub = None  # a tier instead of a set of the Hub
+        self.hub.clear_selection()
         if isinstance(row, ClusterTierRow):
             self._selected_on_cluster(row)
             return
@@ -185,8 +214,26 @@ class TiersPage(StepPage):
         combo.setCurrentIndex(max(0, combo.findData(t.id)))
         self.completeChanged.emit()
 
+    def _hub_selected(self, row: SetRow | None) -> None:
+        """A set of the Hub chosen: it is what the next steps download and run."""
+        if row is None:
+            if self.chosen_hub is not None:
+                self.chosen_hub = None
+                self.details.setHtml("")
+            self.completeChanged.emit()
+            return
+        self.chosen_hub = row
+        self.table.clearSelection()
+        esc = html.escape
+        lines = hub_set_details(row)
+        self.details.setHtml(
+            f"<b>{esc(lines[0])}</b><br>" + "<br>".join(esc(line) for line in lines[1:])
+        )
+        self.fit_warning.show_text("")
+        self.completeChanged.emit()
+
     def isComplete(self) -> bool:
-        return self.table.current() is not None
+        return self.table.current() is not None or self.chosen_hub is not None
 
 
 def fit_warning(row: TierRow, machine: str) -> str:

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from k3desk.core.app.actions import measure_disk
+from k3desk.core.app.hub_choice import folder_for
 from k3desk.core.app.operations import Change, OpChanges
 from k3desk.core.app.values import fmt_bytes
 from k3desk.ui.tokens import TokenAccess
@@ -104,8 +105,12 @@ class WherePage(StepPage):
     def initializePage(self) -> None:
         s = self.ctx.settings
         row = self.wiz.selected_tier()
+        hub = self.wiz.hub_set()
         self.tier_line.setText(
-            f"For {row.tier.publisher} {row.tier.name}: {row.tier.shard_count} shards, "
+            f"For {hub.remote.name} from {hub.repo} at commit {hub.revision[:12]}: "
+            f"{hub.remote.count} parts, {fmt_bytes(hub.remote.total_bytes)}."
+            if hub is not None
+            else f"For {row.tier.publisher} {row.tier.name}: {row.tier.shard_count} shards, "
             f"{fmt_bytes(row.tier.size_bytes)}."
             if row is not None
             else "No tier chosen: go Back to pick one."
@@ -164,15 +169,21 @@ class WherePage(StepPage):
 
     def target(self) -> Path:
         tier = self.wiz.selected_tier()
+        hub = self.wiz.hub_set()
         base = Path(self.folder.text().strip()).expanduser()
+        if hub is not None:
+            return base / folder_for(hub)
         return base / tier.tier.id if tier is not None else base
 
     def _folder_changed(self) -> None:
 
         path = Path(self.folder.text().strip() or ".").expanduser()
         tv = self.wiz.selected_tier()
+        hub = self.wiz.hub_set()
         need = tv.tier.size_bytes if tv is not None else 0
         name = f"{tv.tier.publisher} {tv.tier.name}" if tv is not None else "the tier"
+        if hub is not None:
+            need, name = hub.remote.total_bytes, f"{hub.repo} {hub.remote.name}"
         self._gen += 1
         gen = self._gen
 

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import QWidget, QWizard
 
 from k3desk.core.app.cluster_tiers import ClusterTierRow
 from k3desk.core.app.models import find_model
+from k3desk.core.app.search import SetRow
 from k3desk.core.app.subject import Subject
 from k3desk.core.app.tiers import TierJudgement, TierRow
 from k3desk.ui.widgets import fit_screen
@@ -106,6 +107,11 @@ class TierWizard(QWizard):
     def selected_tier(self) -> TierRow | ClusterTierRow | None:
         return self.tiers.table.current()
 
+    def hub_set(self) -> SetRow | None:
+        """The set of the Hub chosen on the tiers step instead of a catalog tier (one
+        machine only): the where and download steps fetch exactly it."""
+        return None if self.cluster_mode else self.tiers.chosen_hub
+
     def cluster_choice(self) -> LaunchChoice:
         """The cluster step's engine choice for the tier picked on the tiers step; for
         llama.cpp RPC the model is the first shard in the download folder unless one was
@@ -138,6 +144,9 @@ class TierWizard(QWizard):
         changes: dict[str, Any] = {"wizard_done": True}
         if row is not None:
             changes["tier_id"] = row.tier.id
+        hub = self.hub_set()
+        if hub is not None and hub.tier is not None:
+            changes["tier_id"] = hub.tier.id
         try:
             self.ctx.update_settings(**changes)
         except Exception as exc:  # noqa: BLE001 - shown to the user
