@@ -503,6 +503,32 @@ def _split_cached(
     return done, todo
 
 
+def _read_retried(
+    where: Where,
+    f: RemoteFile,
+    token: str | None,
+    folder: Path,
+    budget: _Budget,
+    cancel: CancelToken,
+) -> PartRead:
+    """One part's header, read again from byte 0 after a transient failure (ATTEMPTS in all);
+    every other network failure becomes a HubError naming the part."""
+    ep, repo, revision = where.endpoint, where.repo, where.revision
+    for attempt in range(1, ATTEMPTS + 1):
+        cancel.raise_if_cancelled()
+        try:
+            with token_only_to(ep):
+                return _read_part(ep, repo, revision, f, token, folder, budget, cancel)
+        except (HubError, ValidationError, Cancelled):
+            raise
+        except Exception as exc:  # every network failure becomes a HubError
+            if attempt < ATTEMPTS and is_transient(exc):
+                cancel.wait(0.5 * attempt)  # a hiccup: the part again, from byte 0
+                continue
+            raise hub_error(exc, replace(where, path=f.path)) from exc
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
 def _read_all(
     todo: Sequence[RemoteFile],
     one: Callable[[RemoteFile], PartRead],
@@ -561,19 +587,7 @@ def read_remote_headers(
         cancel.on_cancel(local_cancel.cancel)
 
     def one(f: RemoteFile) -> PartRead:
-        for attempt in range(1, ATTEMPTS + 1):
-            local_cancel.raise_if_cancelled()
-            try:
-                with token_only_to(ep):
-                    got = _read_part(ep, repo, revision, f, token, folder, budget, local_cancel)
-                break
-            except (HubError, ValidationError, Cancelled):
-                raise
-            except Exception as exc:  # every network failure becomes a HubError
-                if attempt < ATTEMPTS and is_transient(exc):
-                    local_cancel.wait(0.5 * attempt)  # a hiccup: the part again, from byte 0
-                    continue
-                raise hub_error(exc, replace(where, path=f.path)) from exc
+        got = _read_retried(where, f, token, folder, budget, local_cancel)
         with lock:
             done[f.path] = got
             progress(Progress("Reading headers on the Hub", len(done), total, f.path))
