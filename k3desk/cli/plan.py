@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from k3desk.core.app.engines import speed_lines
 from k3desk.core.app.hardware import HardwareProfile
 from k3desk.core.app.remote_plan import (
+    EngineEstimate,
     RemotePlan,
     RemotePlanRequest,
     engine_estimate,
@@ -82,6 +83,34 @@ def machine(args: argparse.Namespace, services: Services, disk: Path | None) -> 
 
 
 def run(args: argparse.Namespace, services: Services) -> int:
+    _check_args(args)
+    remote, planned = _plan(args, services)
+    engine = engine_estimate(services, planned) if args.fit_params else None
+    if args.fit_params and engine is None:
+        print(
+            "note: no llama-fit-params beside the engine's llama-server; "
+            "the engine's own estimate is left out",
+            file=sys.stderr,
+        )
+    for note in planned.notes:  # planned all the same: the engine decides
+        print(note, file=sys.stderr)
+    if args.json:
+        print(json.dumps(_plan_json(planned, remote, engine), indent=2, default=str))
+        return 0
+    print(render(planned, remote.argv() if remote else None))
+    if engine is not None:
+        print("")
+        print(f"The engine's own estimate ({engine.tool.name}, MiB):")
+        for d in engine.devices:
+            print(f"  {d.device}: model {d.model:,}, context {d.context:,}, compute {d.compute:,}")
+    if remote is not None:
+        print("")
+        print(remote_text(remote))
+    return 0
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse the combinations of arguments that do not go together."""
     if (args.remote is None) == (args.shard is None):
         raise K3Error(
             "Give either a SHARD file or --remote REPO[@REV].",
@@ -96,29 +125,11 @@ def run(args: argparse.Namespace, services: Services) -> int:
             "--fit-params measures this machine's devices; it does not go with --hardware.",
             "Leave out --hardware to compare with the engine on this machine.",
         )
-    remote = None
-    if args.remote is not None:
-        from k3desk.cli.search import tty_progress
 
-        repo, rev = parse_remote(args.remote)
-        show, clear = tty_progress(args.json)
-        try:
-            remote = plan_remote_set(
-                services,
-                RemotePlanRequest(
-                    repo,
-                    rev,
-                    include=args.include,
-                    hardware_file=args.hardware,
-                    ctx=args.ctx,
-                    n_cpu_moe=args.n_cpu_moe,
-                ),
-                progress=show,
-            )
-        finally:
-            clear()
-        planned = remote.planned
-    else:
+
+def _plan(args: argparse.Namespace, services: Services) -> tuple[RemotePlan | None, ShardSetPlan]:
+    """The set on the Hub (--remote, with its headers) or the downloaded SHARD set, planned."""
+    if args.remote is None:
         planned = plan_shard_set(
             services,
             PlanRequest(
@@ -129,49 +140,55 @@ def run(args: argparse.Namespace, services: Services) -> int:
                 n_cpu_moe=args.n_cpu_moe,
             ),
         )
-    layout, hw, plan, tier = planned.layout, planned.hardware, planned.plan, planned.tier
-    engine = engine_estimate(services, planned) if args.fit_params else None
-    if args.fit_params and engine is None:
-        print(
-            "note: no llama-fit-params beside the engine's llama-server; "
-            "the engine's own estimate is left out",
-            file=sys.stderr,
+        return None, planned
+    from k3desk.cli.search import tty_progress
+
+    repo, rev = parse_remote(args.remote)
+    show, clear = tty_progress(args.json)
+    try:
+        remote = plan_remote_set(
+            services,
+            RemotePlanRequest(
+                repo,
+                rev,
+                include=args.include,
+                hardware_file=args.hardware,
+                ctx=args.ctx,
+                n_cpu_moe=args.n_cpu_moe,
+            ),
+            progress=show,
         )
-    for note in planned.notes:  # planned all the same: the engine decides
-        print(note, file=sys.stderr)
-    if args.json:
-        data: dict[str, Any] = {
-            "model": str(remote.download_path if remote else layout.first_part),
-            "parts": len(layout.parts),
-            "tier": tier.id if tier else None,
-            "hardware": hw.label or hw.hostname or hw.source,
-            "judged": planned.subject.to_dict(),
-            "command": shlex.join(remote.argv() if remote else plan.argv()),
-            "verdict_text": planned.view.label,
-            "expert_layers_on_cpu": planned.view.expert_layers_on_cpu,
-            "suspicious": list(planned.suspicious),
-            "basis": remote.basis if remote is not None else "files",
-            **plan.to_dict(),
-        }
-        if remote is not None:
-            data["remote"] = remote_json(remote)
-        if engine is not None:
-            data["engine_memory_mib"] = [
-                {"device": d.device, "model": d.model, "context": d.context, "compute": d.compute}
-                for d in engine.devices
-            ]
-        print(json.dumps(data, indent=2, default=str))
-        return 0
-    print(render(planned, remote.argv() if remote else None))
-    if engine is not None:
-        print("")
-        print(f"The engine's own estimate ({engine.tool.name}, MiB):")
-        for d in engine.devices:
-            print(f"  {d.device}: model {d.model:,}, context {d.context:,}, compute {d.compute:,}")
+    finally:
+        clear()
+    return remote, remote.planned
+
+
+def _plan_json(
+    planned: ShardSetPlan, remote: RemotePlan | None, engine: EngineEstimate | None
+) -> dict[str, Any]:
+    """What --json prints: the whole plan, the set on the Hub and the engine's estimate."""
+    layout, hw, plan, tier = planned.layout, planned.hardware, planned.plan, planned.tier
+    data: dict[str, Any] = {
+        "model": str(remote.download_path if remote else layout.first_part),
+        "parts": len(layout.parts),
+        "tier": tier.id if tier else None,
+        "hardware": hw.label or hw.hostname or hw.source,
+        "judged": planned.subject.to_dict(),
+        "command": shlex.join(remote.argv() if remote else plan.argv()),
+        "verdict_text": planned.view.label,
+        "expert_layers_on_cpu": planned.view.expert_layers_on_cpu,
+        "suspicious": list(planned.suspicious),
+        "basis": remote.basis if remote is not None else "files",
+        **plan.to_dict(),
+    }
     if remote is not None:
-        print("")
-        print(remote_text(remote))
-    return 0
+        data["remote"] = remote_json(remote)
+    if engine is not None:
+        data["engine_memory_mib"] = [
+            {"device": d.device, "model": d.model, "context": d.context, "compute": d.compute}
+            for d in engine.devices
+        ]
+    return data
 
 
 def remote_json(remote: RemotePlan) -> dict[str, Any]:

@@ -168,6 +168,62 @@ def _header_row(hit: RepoHit, remote: RemoteSet, planned: RemotePlan) -> SetRow:
     )
 
 
+def _base_row(hit: RepoHit, remote: RemoteSet, tier: Tier | None, row: TierRow | None) -> SetRow:
+    """The catalog's judgement of the set's tier, or 'not judged' when it has none."""
+    if tier is not None:
+        return _catalog_row(hit, remote, tier, row)
+    return SetRow(hit, remote, None, "none", "not judged", "")
+
+
+def _row_without_headers(
+    request: SearchRequest,
+    hit: RepoHit,
+    remote: RemoteSet,
+    tier: Tier | None,
+    tier_row: TierRow | None,
+    spent: int,
+) -> SetRow | None:
+    """The row of a set whose headers are not read (not asked for, parts missing, or the
+    search's header budget spent); None when its headers are to be read."""
+    over = spent >= SEARCH_HEADER_BUDGET
+    if request.read_headers and remote.complete and not over:
+        return None
+    if over and remote.complete and request.read_headers:
+        return replace(
+            _base_row(hit, remote, tier, tier_row),
+            problem=f"headers not read: this search read {fmt_bytes(spent)} "
+            "already; `k3desk plan --remote` reads them",
+        )
+    if tier is not None:
+        return _catalog_row(hit, remote, tier, tier_row)
+    why = f"parts missing: {', '.join(map(str, remote.missing[:5]))}" if remote.missing else ""
+    return SetRow(hit, remote, None, "none", "not judged", "", problem=why)
+
+
+def _row_from_headers(
+    services: Services,
+    plan_req: RemotePlanRequest,
+    listed: RemoteRepo,
+    found: tuple[RepoHit, RemoteSet, Tier | None, TierRow | None],
+    progress: ProgressCallback,
+    cancel: CancelToken | None,
+) -> tuple[SetRow, int]:
+    """The row of a set judged from its headers, and the header bytes read for it; a set
+    whose headers cannot load keeps the catalog's verdict, with the reason."""
+    hit, remote, tier, tier_row = found
+    try:
+        planned = plan_listed_set(
+            services, plan_req, listed, remote, progress=progress, cancel=cancel
+        )
+    except Cancelled:
+        raise
+    except K3Error as exc:
+        base = _base_row(hit, remote, tier, tier_row)
+        verdict = base.verdict if base.basis == "catalog" else "n/a: its headers cannot load"
+        return replace(base, problem=exc.message, verdict=verdict), 0
+    return _header_row(hit, remote, planned), planned.headers.received
+
+
 def offline_reason() -> str:
     """Why the Hub is not asked at all ('' when it is)."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
@@ -227,50 +283,13 @@ def search_hub(
             continue
         for remote in listed.sets:
             tier = catalog_tier_for(remote, tiers)
-            over = spent >= SEARCH_HEADER_BUDGET
-            if not request.read_headers or not remote.complete or over:
-                if over and remote.complete and request.read_headers:
-                    base = (
-                        _catalog_row(hit, remote, tier, by_tier.get(tier.id))
-                        if tier is not None
-                        else SetRow(hit, remote, None, "none", "not judged", "")
-                    )
-                    rows.append(
-                        replace(
-                            base,
-                            problem=f"headers not read: this search read {fmt_bytes(spent)} "
-                            "already; `k3desk plan --remote` reads them",
-                        )
-                    )
-                    continue
-                if tier is not None:
-                    rows.append(_catalog_row(hit, remote, tier, by_tier.get(tier.id)))
-                else:
-                    why = (
-                        f"parts missing: {', '.join(map(str, remote.missing[:5]))}"
-                        if remote.missing
-                        else ""
-                    )
-                    rows.append(SetRow(hit, remote, None, "none", "not judged", "", problem=why))
-                continue
-            try:
-                planned = plan_listed_set(
-                    services, plan_req, listed, remote, progress=progress, cancel=cancel
+            tier_row = by_tier.get(tier.id) if tier is not None else None
+            row = _row_without_headers(request, hit, remote, tier, tier_row, spent)
+            if row is None:
+                row, received = _row_from_headers(
+                    services, plan_req, listed, (hit, remote, tier, tier_row), progress, cancel
                 )
-            except Cancelled:
-                raise
-            except K3Error as exc:
-                base = (
-                    _catalog_row(hit, remote, tier, by_tier.get(tier.id))
-                    if tier is not None
-                    else SetRow(hit, remote, None, "none", "not judged", "")
-                )
-                verdict = (
-                    base.verdict if base.basis == "catalog" else "n/a: its headers cannot load"
-                )
-                rows.append(replace(base, problem=exc.message, verdict=verdict))
-                continue
-            spent += planned.headers.received
-            rows.append(_header_row(hit, remote, planned))
+                spent += received
+            rows.append(row)
     progress(Progress("Searching the Hub", 1, 1))
     return SearchResult(ep, request.query, subject, tuple(rows), catalog, errors=tuple(errors))

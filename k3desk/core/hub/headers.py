@@ -31,7 +31,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -469,6 +469,87 @@ def _save_record(folder: Path, parts: Sequence[PartRead], files: dict[str, Remot
 # ------------------------------------------------------------------ a set
 
 
+def _check_revision(repo: str, revision: str) -> None:
+    if not _COMMIT.fullmatch(revision):
+        # it names a folder of the cache: only a commit id the listing resolved will do
+        raise HubError(
+            f"The Hub gave {repo} the commit id {revision[:60]!r}, which is not one.",
+            "The server (or the mirror in HF_ENDPOINT) does not answer as the Hub does.",
+        )
+
+
+def _check_names(repo: str, files: Sequence[RemoteFile]) -> None:
+    for f in files:
+        problem = name_problem(f.path)
+        if problem:
+            raise HubError(
+                f"{repo} lists a file whose name k3desk will not use: {problem}.",
+                "Pick another set.",
+            )
+
+
+def _split_cached(
+    folder: Path, record: dict[str, dict[str, Any]], files: Sequence[RemoteFile]
+) -> tuple[dict[str, PartRead], list[RemoteFile]]:
+    """The parts already in the twin folder (read), and those still to read (todo)."""
+    done: dict[str, PartRead] = {}
+    todo: list[RemoteFile] = []
+    for f in files:
+        hit = _cached(folder, record, f)
+        if hit is not None:
+            done[f.path] = hit
+        else:
+            todo.append(f)
+    return done, todo
+
+
+def _read_retried(
+    where: Where,
+    f: RemoteFile,
+    token: str | None,
+    folder: Path,
+    budget: _Budget,
+    cancel: CancelToken,
+) -> PartRead:
+    """One part's header, read again from byte 0 after a transient failure (ATTEMPTS in all);
+    every other network failure becomes a HubError naming the part."""
+    ep, repo, revision = where.endpoint, where.repo, where.revision
+    for attempt in range(1, ATTEMPTS + 1):
+        cancel.raise_if_cancelled()
+        try:
+            with token_only_to(ep):
+                return _read_part(ep, repo, revision, f, token, folder, budget, cancel)
+        except (HubError, ValidationError, Cancelled):
+            raise
+        except Exception as exc:  # every network failure becomes a HubError
+            if attempt < ATTEMPTS and is_transient(exc):
+                cancel.wait(0.5 * attempt)  # a hiccup: the part again, from byte 0
+                continue
+            raise hub_error(exc, replace(where, path=f.path)) from exc
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _read_all(
+    todo: Sequence[RemoteFile],
+    one: Callable[[RemoteFile], PartRead],
+    local_cancel: CancelToken,
+    parallel: int,
+) -> None:
+    """``one`` for every part, ``parallel`` at a time; the first failure stops the others
+    and is raised."""
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(todo)))) as pool:
+        futures = [pool.submit(one, f) for f in todo]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        errors = [e for e in (fut.exception() for fut in futures if fut.done()) if e]
+        if errors:
+            local_cancel.cancel()  # the others stop at their next chunk
+            for fut in futures:
+                fut.cancel()
+            wait(futures)
+            # the first real failure, not a part stopped because of it
+            raise next((e for e in errors if not isinstance(e, Cancelled)), errors[0])
+
+
 def read_remote_headers(
     repo: str,
     revision: str,
@@ -487,33 +568,15 @@ def read_remote_headers(
     :class:`HubError` (unreachable, changed, refused, too long) or
     :class:`ValidationError` (a header that is no GGUF header).
     """
-    if not _COMMIT.fullmatch(revision):
-        # it names a folder of the cache: only a commit id the listing resolved will do
-        raise HubError(
-            f"The Hub gave {repo} the commit id {revision[:60]!r}, which is not one.",
-            "The server (or the mirror in HF_ENDPOINT) does not answer as the Hub does.",
-        )
+    _check_revision(repo, revision)
     ep = resolve_endpoint(endpoint)
-    for f in files:
-        problem = name_problem(f.path)
-        if problem:
-            raise HubError(
-                f"{repo} lists a file whose name k3desk will not use: {problem}.",
-                "Pick another set.",
-            )
+    _check_names(repo, files)
     folder = twin_folder(cache_dir, ep, repo, revision)
     folder.mkdir(parents=True, exist_ok=True)
     record = _load_record(folder)
     by_path = {f.path: f for f in files}
     t0 = time.monotonic()
-    done: dict[str, PartRead] = {}
-    todo: list[RemoteFile] = []
-    for f in files:
-        hit = _cached(folder, record, f)
-        if hit is not None:
-            done[f.path] = hit
-        else:
-            todo.append(f)
+    done, todo = _split_cached(folder, record, files)
     budget = _Budget(MAX_SET_BYTES)
     lock = threading.Lock()
     total = len(files)
@@ -524,19 +587,7 @@ def read_remote_headers(
         cancel.on_cancel(local_cancel.cancel)
 
     def one(f: RemoteFile) -> PartRead:
-        for attempt in range(1, ATTEMPTS + 1):
-            local_cancel.raise_if_cancelled()
-            try:
-                with token_only_to(ep):
-                    got = _read_part(ep, repo, revision, f, token, folder, budget, local_cancel)
-                break
-            except (HubError, ValidationError, Cancelled):
-                raise
-            except Exception as exc:  # every network failure becomes a HubError
-                if attempt < ATTEMPTS and is_transient(exc):
-                    local_cancel.wait(0.5 * attempt)  # a hiccup: the part again, from byte 0
-                    continue
-                raise hub_error(exc, replace(where, path=f.path)) from exc
+        got = _read_retried(where, f, token, folder, budget, local_cancel)
         with lock:
             done[f.path] = got
             progress(Progress("Reading headers on the Hub", len(done), total, f.path))
@@ -544,17 +595,7 @@ def read_remote_headers(
 
     guard_session()
     if todo:
-        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(todo)))) as pool:
-            futures = [pool.submit(one, f) for f in todo]
-            wait(futures, return_when=FIRST_EXCEPTION)
-            errors = [e for e in (fut.exception() for fut in futures if fut.done()) if e]
-            if errors:
-                local_cancel.cancel()  # the others stop at their next chunk
-                for fut in futures:
-                    fut.cancel()
-                wait(futures)
-                # the first real failure, not a part stopped because of it
-                raise next((e for e in errors if not isinstance(e, Cancelled)), errors[0])
+        _read_all(todo, one, local_cancel, parallel)
         _save_record(folder, [done[f.path] for f in todo], by_path)
     return HeaderSet(
         repo=repo,

@@ -94,6 +94,26 @@ class ChatSettingsDialog(QDialog):
         self.prompt.setPlaceholderText("Optional: how Kimi-K3 should behave in this chat")
         self.prompt.setMinimumHeight(90)
         form.addRow("System prompt", self.prompt)
+        self._add_sampling(form, s)
+        self._add_samplers(form, s)
+        self._add_answer(form, s, server)
+        self._server = server
+        self.server_note = muted("")
+        self.server_note.setObjectName("serverNote")
+        self.server_note.setWordWrap(True)
+        form.addRow(self.server_note)
+        self.thinking.toggled.connect(lambda _on: self._enable())
+        self._enable()
+        self._base = s
+        box = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
+        )
+        box.accepted.connect(self.accept)
+        box.rejected.connect(self.reject)
+        form.addRow(box)
+
+    def _add_sampling(self, form: QFormLayout, s: ChatSettings) -> None:
+        """Temperature and top-p."""
         self.temperature = QDoubleSpinBox()
         self.temperature.setRange(0.0, 2.0)
         self.temperature.setSingleStep(0.05)
@@ -104,6 +124,9 @@ class ChatSettingsDialog(QDialog):
         self.top_p.setSingleStep(0.01)
         self.top_p.setValue(s.top_p)
         form.addRow("Top-p", self.top_p)
+
+    def _add_samplers(self, form: QFormLayout, s: ChatSettings) -> None:
+        """Top-k, min-p, repeat penalty and seed."""
         # the samplers people set in LM Studio and Jan; the lowest value of each: not sent,
         # the server's own applies
         self.top_k = QSpinBox()
@@ -138,6 +161,9 @@ class ChatSettingsDialog(QDialog):
         self.seed.setValue(-1 if s.seed is None else s.seed)
         self.seed.setToolTip("The same seed and settings give the same answer again")
         form.addRow("Seed", self.seed)
+
+    def _add_answer(self, form: QFormLayout, s: ChatSettings, server: ServerInfo | None) -> None:
+        """Thinking, its effort, the answer's length and where it stops."""
         self.thinking = QCheckBox("Think before answering")
         self.thinking.setChecked(s.thinking)
         form.addRow("Thinking", self.thinking)
@@ -158,20 +184,6 @@ class ChatSettingsDialog(QDialog):
         self.stop.setPlaceholderText("Optional: end the answer where one of these lines would come")
         self.stop.setMaximumHeight(60)
         form.addRow("Stop at", self.stop)
-        self._server = server
-        self.server_note = muted("")
-        self.server_note.setObjectName("serverNote")
-        self.server_note.setWordWrap(True)
-        form.addRow(self.server_note)
-        self.thinking.toggled.connect(lambda _on: self._enable())
-        self._enable()
-        self._base = s
-        box = QDialogButtonBox(
-            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
-        )
-        box.accepted.connect(self.accept)
-        box.rejected.connect(self.reject)
-        form.addRow(box)
 
     def _enable(self) -> None:
         """What the server cannot take is disabled, and the note says why (and its limits)."""
