@@ -30,7 +30,8 @@ For tests that drive the window with real input (xdotool on an X display):
 - ``screen`` ``{"path": "x.png"}``: save a picture of the whole screen (dialogs included).
 - ``wizard-engine``: what the wizard's engine step shows: the engines found (``path``,
   ``source``, ``verdict``) and its note.
-- ``picker``: what the chat header's model picker offers, as shown.
+- ``picker``: what the chat header's model picker offers, and whether the text it shows
+  now (``shown``) fits in it whole.
 - ``conversations``: the chat's conversation list, as shown, and the one open.
 """
 
@@ -279,11 +280,21 @@ class Automation(QObject):
             ]  # fmt: skip
             return {"rows": rows, "note": panel.engines_note.text()}
         if name == "picker":
-            return {"choices": self.window.chat_page().picker.choices()}
+            picker = self.window.chat_page().picker
+            shown = picker.currentText()
+            room = picker.text_room(picker.width())
+            return {
+                "choices": picker.choices(),
+                "shown": shown,
+                "whole": picker.fontMetrics().horizontalAdvance(shown) <= room,
+                "room": room,
+                "needs": picker.fontMetrics().horizontalAdvance(shown),
+                "width": picker.width(),
+            }
         page = self.window.chat_page()
-        shown = [page.list.item(i).text() for i in range(page.list.count())]
+        titles = [page.list.item(i).text() for i in range(page.list.count())]
         current = page.list.currentItem()
-        return {"titles": shown, "open": current.text() if current is not None else ""}
+        return {"titles": titles, "open": current.text() if current is not None else ""}
 
     def close(self) -> None:
         self._stop.set()

@@ -224,6 +224,11 @@ def use_the_found_engine(app: WindowedApp, shots: Shots) -> str:
     return str(found[0]["path"])
 
 
+def shown(header: dict[str, Any]) -> dict[str, Any]:
+    """What the picker shows, and the room it has for it."""
+    return {k: header[k] for k in ("shown", "room", "needs", "width")}
+
+
 def llama_servers_for(folder: Path) -> list[psutil.Process]:
     """llama-server processes serving a model under ``folder``."""
     found = []
@@ -293,8 +298,10 @@ def test_the_first_hour_in_a_real_window(  # type: ignore[no-untyped-def]
     shots.take(first, "chat-image-answered")
 
     # 4. the header's picker: the other model, asked first (what stops, what loads)
-    choices = first.ok("picker")["choices"]
-    assert any(c.startswith("Load ") for c in choices), choices
+    header = first.ok("picker")
+    assert header["shown"] == loaded, header  # the model answering, in the header
+    assert header["whole"], shown(header)
+    assert any(c.startswith("Load Tiny-K3-Small") for c in header["choices"]), header
     first.click(name="modelPicker")
     time.sleep(0.5)
     desktop.key("Down", "Return")
@@ -335,6 +342,9 @@ def test_the_first_hour_in_a_real_window(  # type: ignore[no-untyped-def]
     assert state["engine_pid"] == pid  # nothing reloaded
     chat = second.until(lambda c: len(c["messages"]) == 2, "chat", 30)
     assert chat["messages"][0]["content"] == "Still there?"
+    assert "kept in the background" in chat["model"], chat
+    header = second.ok("picker")  # a long header ends in "…" (the whole as its tooltip)
+    assert header["whole"], shown(header)
     listed = second.ok("conversations")["titles"]
     assert len(listed) >= 2, listed  # the one with the picture is there too
     second.ok("send", text="And once more", max_tokens=12)
