@@ -345,6 +345,7 @@ def test_the_first_hour_in_a_real_window(  # type: ignore[no-untyped-def]
     assert "kept in the background" in chat["model"], chat
     header = second.ok("picker")  # a long header ends in "…" (the whole as its tooltip)
     assert header["whole"], shown(header)
+    assert header["choices"][1:] == ["Load Tiny-K3-IQ1_S"], header  # not the one kept
     listed = second.ok("conversations")["titles"]
     assert len(listed) >= 2, listed  # the one with the picture is there too
     second.ok("send", text="And once more", max_tokens=12)

@@ -70,7 +70,11 @@ class ModelPicker(QComboBox):
 
     def _loaded_shard(self) -> Path | None:
         engine = self.ctx.engine
-        req = engine.request if engine.running and engine.background is None else None
+        kept = engine.background if engine.running else None
+        if kept is not None:  # taken up from the background: the model launched last
+            last = engine.last_model()
+            return Path(last.shard) if last is not None and last.name == kept.model_name else None
+        req = engine.request if engine.running else None
         if req is None:
             return None
         if req.shard is not None:
