@@ -6,7 +6,8 @@ Each line read from stdin is a JSON object with a ``cmd``; each gets exactly
 one JSON line back, ``{"event": "ok", "cmd": ..., ...}`` or
 ``{"event": "error", "cmd": ..., "message": ...}``.  Commands:
 
-- ``state``: the page shown, the pages built, the wizard's page, the engine state.
+- ``state``: the page shown, the pages built, the wizard's page, the engine state, the
+  window's size and the screen's free area.
 - ``page`` ``{"name": "engine"}``: show a page.
 - ``wizard``: open the wizard; ``wizard-next`` / ``wizard-back``: move it.
 - ``grab`` ``{"path": "x.png"}``: save a picture of the main window.
@@ -96,7 +97,13 @@ class Automation(QObject):
             "background": built is not None and built.background is not None,
             "title": self.window.windowTitle(),
             "size": [self.window.width(), self.window.height()],
+            "screen": self._free_area(),
         }
+
+    def _free_area(self) -> list[int]:
+        screen = self.window.screen() or QApplication.primaryScreen()
+        free = screen.availableGeometry() if screen is not None else None
+        return [free.width(), free.height()] if free is not None else []
 
     def _engine_pid(self) -> int | None:
         built = self.ctx.engine_if_built
