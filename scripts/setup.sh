@@ -8,11 +8,12 @@ cd "$(dirname "$0")/.."
 want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
-# System libraries Qt needs for a real window (xcb), Xvfb for screenshots, sshd for
+# System libraries Qt needs for a real window (xcb), Xvfb, openbox and xdotool for the
+# screenshots and the first-hour journey (a real window, real input), sshd for
 # the multi-machine tests, the freedesktop and AppStream validators for the desktop files.  Only installed when missing, and only where we may.
 pkgs=(libxcb-cursor0 libxkbcommon-x11-0 libxcb-icccm4 libxcb-keysyms1 libxcb-shape0
       libxcb-xinerama0 libxcb-randr0 libxcb-render-util0 libxcb-image0 libegl1 libgl1 libfontconfig1)
-[ "$want_test" = 1 ] && pkgs+=(xvfb openssh-server openssh-client desktop-file-utils appstream)
+[ "$want_test" = 1 ] && pkgs+=(xvfb openbox xdotool openssh-server openssh-client desktop-file-utils appstream)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

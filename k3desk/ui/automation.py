@@ -6,7 +6,8 @@ Each line read from stdin is a JSON object with a ``cmd``; each gets exactly
 one JSON line back, ``{"event": "ok", "cmd": ..., ...}`` or
 ``{"event": "error", "cmd": ..., "message": ...}``.  Commands:
 
-- ``state``: the page shown, the pages built, the wizard's page, the engine state.
+- ``state``: the page shown, the pages built, the wizard's page, the engine state, the
+  window's size and the screen's free area.
 - ``page`` ``{"name": "engine"}``: show a page.
 - ``wizard``: open the wizard; ``wizard-next`` / ``wizard-back``: move it.
 - ``grab`` ``{"path": "x.png"}``: save a picture of the main window.
@@ -20,6 +21,19 @@ one JSON line back, ``{"event": "ok", "cmd": ..., ...}`` or
 - ``close`` ``{"engine": "keep" | "stop"}``: close the window, answering the question
   about a running engine that way (kept: the process goes on without a window).
 - ``quit``: close the app (the answer comes before the exit).
+
+For tests that drive the window with real input (xdotool on an X display):
+
+- ``find`` ``{"text": ...}`` or ``{"name": ...}``: where a shown button (by its text) or
+  widget (by its object name) is on the screen, ``x``/``y`` its centre, and whether it is
+  enabled; the open dialog is searched first.
+- ``dialog``: the dialog open now (``title``, ``text``, ``buttons``), or ``open: false``.
+- ``screen`` ``{"path": "x.png"}``: save a picture of the whole screen (dialogs included).
+- ``wizard-engine``: what the wizard's engine step shows: the engines found (``path``,
+  ``source``, ``verdict``) and its note.
+- ``picker``: what the chat header's model picker offers, and whether the text it shows
+  now (``shown``) fits in it whole.
+- ``conversations``: the chat's conversation list, as shown, and the one open.
 """
 
 from __future__ import annotations
@@ -83,7 +97,13 @@ class Automation(QObject):
             "background": built is not None and built.background is not None,
             "title": self.window.windowTitle(),
             "size": [self.window.width(), self.window.height()],
+            "screen": self._free_area(),
         }
+
+    def _free_area(self) -> list[int]:
+        screen = self.window.screen() or QApplication.primaryScreen()
+        free = screen.availableGeometry() if screen is not None else None
+        return [free.width(), free.height()] if free is not None else []
 
     def _engine_pid(self) -> int | None:
         built = self.ctx.engine_if_built
@@ -93,8 +113,12 @@ class Automation(QObject):
     def chat(self) -> dict[str, Any]:
         page = self.window.chat_page()
         return {
-            "messages": [{"role": m.role, "content": m.content} for m in page.view.messages()],
+            "messages": [
+                {"role": m.role, "content": m.content, "images": len(m.images)}
+                for m in page.view.messages()
+            ],
             "streaming": page.chat.streaming,
+            "attached": len(page.composer.attachments),
             "title": page.title.text(),
             "model": page.model_label.text(),
             "relaunch": page.relaunch_text(),
@@ -204,7 +228,80 @@ class Automation(QObject):
             return self.chat()
         if name in ("quit", "close"):
             return {}
+        if name in ("find", "dialog", "screen", "wizard-engine", "picker", "conversations"):
+            return self._for_real_input(name, cmd)
         raise ValueError(f"unknown command {name!r}")
+
+    def _for_real_input(self, name: str, cmd: dict[str, Any]) -> dict[str, Any]:
+        from PySide6.QtWidgets import QAbstractButton, QMessageBox, QWidget
+
+        if name == "find":
+            text, obj = cmd.get("text"), cmd.get("name")
+            modal = QApplication.activeModalWidget()
+            tops = [modal] if modal is not None else []
+            tops += [w for w in QApplication.topLevelWidgets() if w.isVisible() and w is not modal]
+            for top in tops:
+                for w in [top, *top.findChildren(QWidget)]:
+                    if not w.isVisible():
+                        continue
+                    if obj is not None and w.objectName() != obj:
+                        continue
+                    if text is not None and not (
+                        isinstance(w, QAbstractButton) and w.text().replace("&", "") == text
+                    ):
+                        continue
+                    centre = w.mapToGlobal(w.rect().center())
+                    return {"x": centre.x(), "y": centre.y(), "enabled": w.isEnabled()}
+            raise RuntimeError(f"nothing shown matches {text or obj!r}")
+        if name == "dialog":
+            modal = QApplication.activeModalWidget()
+            if modal is None:
+                return {"open": False}
+            found: dict[str, Any] = {"open": True, "title": modal.windowTitle()}
+            if isinstance(modal, QMessageBox):
+                found["text"] = modal.text()
+                found["informative"] = modal.informativeText()
+                found["buttons"] = [b.text().replace("&", "") for b in modal.buttons()]
+            return found
+        if name == "screen":
+            path = str(cmd["path"])
+            screen = QApplication.primaryScreen()
+            if screen is None or not screen.grabWindow(0).save(path):
+                raise RuntimeError(f"could not save {path}")
+            return {"path": path}
+        if name == "wizard-engine":
+            wizard = self.window.wizard
+            if wizard is None:
+                raise RuntimeError("the wizard is not open")
+            panel = wizard.engine.panel
+            table = panel.engines
+
+            def cell(row: int, col: int) -> str:
+                item = table.item(row, col)
+                return item.text() if item is not None else ""
+
+            rows = [
+                {"path": cell(i, 0), "source": cell(i, 1), "verdict": cell(i, 2),
+                 "usable": r.usable}
+                for i, r in enumerate(panel.rows)
+            ]  # fmt: skip
+            return {"rows": rows, "note": panel.engines_note.text()}
+        if name == "picker":
+            picker = self.window.chat_page().picker
+            shown = picker.currentText()
+            room = picker.text_room(picker.width())
+            return {
+                "choices": picker.choices(),
+                "shown": shown,
+                "whole": picker.fontMetrics().horizontalAdvance(shown) <= room,
+                "room": room,
+                "needs": picker.fontMetrics().horizontalAdvance(shown),
+                "width": picker.width(),
+            }
+        page = self.window.chat_page()
+        titles = [page.list.item(i).text() for i in range(page.list.count())]
+        current = page.list.currentItem()
+        return {"titles": titles, "open": current.text() if current is not None else ""}
 
     def close(self) -> None:
         self._stop.set()

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QComboBox, QWidget
+from PySide6.QtCore import QRect, Qt, Signal
+from PySide6.QtWidgets import QComboBox, QStyle, QStyleOptionComboBox, QWidget
 
 from k3desk.core.app.cells import shown_path
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
 
 NONE_LOADED = "No model loaded"
+TIP = "The model answering here; pick another of your models to load it"
 
 
 class ModelPicker(QComboBox):
@@ -36,7 +37,7 @@ class ModelPicker(QComboBox):
         self.setObjectName("modelPicker")
         self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.setMaximumWidth(320)
-        self.setToolTip("The model answering here; pick another of your models to load it")
+        self.setToolTip(TIP)
         self.setFrame(False)  # reads as the line under the title, with an arrow
         self.loaded_text = ""  # what answers here, as the header says it
         self.models: tuple[LocalModel, ...] = ()
@@ -69,7 +70,11 @@ class ModelPicker(QComboBox):
 
     def _loaded_shard(self) -> Path | None:
         engine = self.ctx.engine
-        req = engine.request if engine.running and engine.background is None else None
+        kept = engine.background if engine.running else None
+        if kept is not None:  # taken up from the background: the model launched last
+            last = engine.last_model()
+            return Path(last.shard) if last is not None and last.name == kept.model_name else None
+        req = engine.request if engine.running else None
         if req is None:
             return None
         if req.shard is not None:
@@ -94,13 +99,32 @@ class ModelPicker(QComboBox):
         shard = self._loaded_shard()
         self.blockSignals(True)
         self.clear()
-        self.addItem(head or NONE_LOADED, None)
+        shown = head or NONE_LOADED
+        self.addItem(self.fitted(shown), None)
+        self.setItemData(0, shown, Qt.ItemDataRole.ToolTipRole)
+        self.setToolTip(f"{shown}\n{TIP}" if shown != self.itemText(0) else TIP)
         for m in self.models:
             if m.shard != shard:
                 self.addItem(self.label(m), m.id)
         self.setCurrentIndex(0)
         self.setEnabled(self.count() > 1 or bool(head))
         self.blockSignals(False)
+
+    def text_room(self, width: int | None = None) -> int:
+        """How wide a text the box shows whole at ``width`` (its widest, by default)."""
+        opt = QStyleOptionComboBox()
+        self.initStyleOption(opt)
+        opt.rect = QRect(0, 0, self.maximumWidth() if width is None else width, self.height())
+        field = self.style().subControlRect(
+            QStyle.ComplexControl.CC_ComboBox, opt, QStyle.SubControl.SC_ComboBoxEditField, self
+        )
+        # the label is drawn 1 px in at each side (Qt's QCommonStyle, CE_ComboBoxLabel)
+        return field.width() - 2
+
+    def fitted(self, text: str) -> str:
+        """``text`` elided ("…") where the box at its widest would cut it (a long model
+        name, "kept in the background"): never a clipped word; the whole in the tooltip."""
+        return self.fontMetrics().elidedText(text, Qt.TextElideMode.ElideRight, self.text_room())
 
     def choices(self) -> list[str]:
         """What the list offers, as shown."""
