@@ -64,6 +64,22 @@ def test_the_engine_state_is_said_once(window, qtbot) -> None:  # type: ignore[n
     assert visible_texts(window, "Engine: not running") == ["statusEngine"]
 
 
+def test_the_engine_page_says_not_running_once(window, qtbot) -> None:  # type: ignore[no-untyped-def]
+    # D17: "Engine: not running." above and "Not running" in the API's address field
+    from PySide6.QtWidgets import QLineEdit
+
+    window.show_page(PageKey.ENGINE)
+    qtbot.wait(50)
+    page = window.engine_page()
+    said = [
+        w.text()
+        for w in page.findChildren(QLabel) + page.findChildren(QLineEdit)
+        if w.isVisible() and "not running" in w.text().lower()
+    ]
+    assert len(said) == 1, said
+    assert not page.url.copy.isEnabled()  # no address to copy
+
+
 @pytest.mark.engine
 @pytest.mark.slow
 def test_a_relaunch_notice_goes_when_ready_and_the_hint_names_the_button(  # type: ignore[no-untyped-def]
