@@ -10,6 +10,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QLabel, QMessageBox
 
 from k3desk.core.app.background import LAST_MODEL_KEY, LastModel
+from k3desk.core.app.cells import shown_path
 from k3desk.core.chat.model import ChatSettings
 from k3desk.ui.pages import PageKey
 from k3desk.ui.window import MainWindow
@@ -151,7 +152,11 @@ def test_chat_with_a_second_model_asks_and_starts_a_new_conversation(  # type: i
     mine.chat_btn.click()
     qtbot.waitUntil(lambda: bool(seen), timeout=60_000)
     qtbot.waitUntil(lambda: mine.chat_btn.isEnabled(), timeout=10_000)
-    assert f"{tiny_k3_single.name} is loaded. Stop it and load {tiny_k3.name}?" in seen[0]
+    # one name, two folders: each named with its folder
+    here = shown_path(tiny_k3_single.first_part.parent)
+    there = shown_path(tiny_k3.first_part.parent)
+    name = tiny_k3.name
+    assert f"{name} ({here}) is loaded. Stop it and load {name} ({there})?" in seen[0]
     assert "takes up to" in seen[0]  # the plan's load time
     assert "new conversation" in seen[0]
     assert engine.ready
