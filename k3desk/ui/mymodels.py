@@ -282,18 +282,14 @@ class MyModels(QWidget):
         self.say(f"Checking {m.name} and planning it for this machine…")
 
         def done(req: LaunchRequest) -> None:
-            from dataclasses import replace
-
-            from k3desk.ui.model_switch import ask_switch
+            from k3desk.ui.model_switch import switch_to
 
             self._launching = None
             # another model running is stopped only when the person says so
-            choice = ask_switch(self, ctx.engine, req)
-            if choice is None:
+            if switch_to(self, ctx.engine, req) is None:
                 self.say(f"{ctx.engine.model_name()} keeps running; {m.name} was not loaded.")
                 self._buttons()
                 return
-            ctx.engine.launch(replace(req, continue_chat=choice == "continue"))
             how = f" ({plan_label(req.plan)})" if req.plan is not None else ""
             self.say(f"Loading {m.name} on this machine{how}…")
             if self.nav is not None:

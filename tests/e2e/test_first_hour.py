@@ -310,9 +310,11 @@ def test_the_first_hour_in_a_real_window(  # type: ignore[no-untyped-def]
     desktop.key("Down", "Return")
     asked = first.dialog()
     shots.take(first, "switch-asked")
-    assert asked["title"] == "Switch the model", asked
-    assert asked["text"].startswith("Stop Tiny-K3-IQ1_S and load Tiny-K3-Small"), asked
-    first.click("Yes")
+    assert asked["title"] == "Switch models?", asked
+    assert asked["text"] == "Tiny-K3-IQ1_S is loaded. Stop it and load Tiny-K3-Small?", asked
+    assert "takes up to" in asked["informative"], asked  # the plan's load time
+    assert "Load and continue this chat" in asked["buttons"], asked
+    first.click("Load in a new chat")
     state = first.until(
         lambda s: s["engine"] == "ready" and s["engine_pid"] not in (None, pid), "state", 180
     )

@@ -87,7 +87,8 @@ def test_launch_plan_log_attempts_api_and_restart_after_a_crash(  # type: ignore
     # stop
     page.panel.stop_btn.click()
     qtbot.waitUntil(lambda: engine.state_name() == "stopped", timeout=60_000)
-    assert page.url.edit.text() == "Not running"
+    assert page.url.edit.text() == ""  # the stopped engine's address is not offered
+    assert not page.url.copy.isEnabled()
     assert page.panel.launch_btn.isEnabled()
 
 

@@ -10,6 +10,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QLabel, QMessageBox
 
 from k3desk.core.app.background import LAST_MODEL_KEY, LastModel
+from k3desk.core.app.cells import shown_path
 from k3desk.core.chat.model import ChatSettings
 from k3desk.ui.pages import PageKey
 from k3desk.ui.window import MainWindow
@@ -62,6 +63,22 @@ def test_the_engine_state_is_said_once(window, qtbot) -> None:  # type: ignore[n
     window.show_page(PageKey.CHAT)
     qtbot.wait(50)
     assert visible_texts(window, "Engine: not running") == ["statusEngine"]
+
+
+def test_the_engine_page_says_not_running_once(window, qtbot) -> None:  # type: ignore[no-untyped-def]
+    # D17: "Engine: not running." above and "Not running" in the API's address field
+    from PySide6.QtWidgets import QLineEdit
+
+    window.show_page(PageKey.ENGINE)
+    qtbot.wait(50)
+    page = window.engine_page()
+    said = [
+        w.text()
+        for w in page.findChildren(QLabel) + page.findChildren(QLineEdit)
+        if w.isVisible() and "not running" in w.text().lower()
+    ]
+    assert len(said) == 1, said
+    assert not page.url.copy.isEnabled()  # no address to copy
 
 
 @pytest.mark.engine
@@ -135,7 +152,11 @@ def test_chat_with_a_second_model_asks_and_starts_a_new_conversation(  # type: i
     mine.chat_btn.click()
     qtbot.waitUntil(lambda: bool(seen), timeout=60_000)
     qtbot.waitUntil(lambda: mine.chat_btn.isEnabled(), timeout=10_000)
-    assert f"{tiny_k3_single.name} is loaded. Stop it and load {tiny_k3.name}?" in seen[0]
+    # one name, two folders: each named with its folder
+    here = shown_path(tiny_k3_single.first_part.parent)
+    there = shown_path(tiny_k3.first_part.parent)
+    name = tiny_k3.name
+    assert f"{name} ({here}) is loaded. Stop it and load {name} ({there})?" in seen[0]
     assert "takes up to" in seen[0]  # the plan's load time
     assert "new conversation" in seen[0]
     assert engine.ready

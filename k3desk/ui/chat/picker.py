@@ -69,18 +69,9 @@ class ModelPicker(QComboBox):
         return engine.model_name() if engine.running else ""
 
     def _loaded_shard(self) -> Path | None:
-        engine = self.ctx.engine
-        kept = engine.background if engine.running else None
-        if kept is not None:  # taken up from the background: the model launched last
-            last = engine.last_model()
-            return Path(last.shard) if last is not None and last.name == kept.model_name else None
-        req = engine.request if engine.running else None
-        if req is None:
-            return None
-        if req.shard is not None:
-            return req.shard
-        args = list(req.spec.args)  # started with arguments given directly: its -m
-        return Path(args[args.index("-m") + 1]) if "-m" in args[:-1] else None
+        from k3desk.ui.model_switch import running_shard
+
+        return running_shard(self.ctx.engine)
 
     def label(self, model: LocalModel) -> str:
         """"Load <name>", with its folder where two sets share a name."""

@@ -985,7 +985,8 @@ class EnginePage(Page):
 
     def _update(self) -> None:
         ep = self.engine.endpoint()
-        self.url.set_text(f"{ep.url}/v1" if ep else "Not running")
+        # no address while nothing runs: the state above says so once (D17)
+        self.url.set_text(f"{ep.url}/v1" if ep else "")
         self.key.set_text(ep.api_key if ep else "")
         self.url.copy.setEnabled(ep is not None)
         self.key.copy.setEnabled(ep is not None)
