@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from k3desk.core.chat.client import (
     THINKING_EFFORTS,
+    Capabilities,
     ChatClient,
     ChatDelta,
     ChatEndpoint,
@@ -45,6 +46,7 @@ __all__ = [
     "DIALECT_IDS",
     "SAMPLER_LABELS",
     "THINKING_EFFORTS",
+    "Capabilities",
     "ChatClient",
     "ChatDelta",
     "ChatEndpoint",

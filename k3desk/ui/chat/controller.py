@@ -53,6 +53,7 @@ from k3desk.ui.bridge import StreamBuffer
 from k3desk.ui.chat.view import ImageVM, MessageVM
 
 if TYPE_CHECKING:
+    from k3desk.core.app.chat import Capabilities
     from k3desk.ui.context import AppContext
     from k3desk.ui.engine.controller import EngineController
 
@@ -258,24 +259,24 @@ class ChatController(QObject):
             old.close()
         return client
 
-    def server(self) -> ServerInfo | None:
-        """What the chat's server is, when already found out (else None)."""
+    def _cached_caps(self) -> Capabilities | None:
+        """What the current client already found out about the chat's server (None: not
+        yet, or the client talks to another endpoint than the chat goes to now)."""
         endpoint = self.engine.chat_endpoint()
         with self._client_lock:
             client = self._client
         if endpoint is None or client is None or client.endpoint != endpoint:
             return None
-        caps = client.cached_capabilities()
+        return client.cached_capabilities()
+
+    def server(self) -> ServerInfo | None:
+        """What the chat's server is, when already found out (else None)."""
+        caps = self._cached_caps()
         return caps.server if caps is not None else None
 
     def _server_context(self) -> int | None:
         """The context size of the server the chat goes to, when already found out."""
-        endpoint = self.engine.chat_endpoint()
-        with self._client_lock:
-            client = self._client
-        if endpoint is None or client is None or client.endpoint != endpoint:
-            return None
-        caps = client.cached_capabilities()
+        caps = self._cached_caps()
         return caps.n_ctx if caps is not None else None
 
     def find_server(self, on_done: Any = None) -> None:
