@@ -52,8 +52,14 @@ SIMILAR: dict[str, str] = {
 # has one (the k-quants Q2_K..Q6_K, IQ1_S/M, the IQ2/IQ3 grids, IQ4_XS:
 # ggml_tiled_supported in ggml/src/ggml-cpu/tiled/tiled.cpp, b11434), below 8 with
 # the matrix-vector kernel one token at a time; the others (Q8_0, the legacy 32-blocks,
-# MXFP4, F16) always with the matrix-vector kernel.
+# MXFP4, F16, BF16, F32) always with the matrix-vector kernel: MUL_MAT_ID has no
+# llamafile/tinyBLAS path (ggml_compute_forward_mul_mat_id, ggml-cpu.c), so an F16
+# expert never gets the tiled F16 GEMM a dense F16 matrix of a prompt does.
 TILED_MIN_TOKENS = 8  # ggml_tiled_min_batch: rows >= 8
+TILED_TYPES = frozenset({
+    "Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S",
+    "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+})  # fmt: skip
 ROUTED_SIMILAR: dict[str, str] = {
     "Q2_K": "Q3_K",
     "Q4_K": "Q3_K",
@@ -71,7 +77,8 @@ ROUTED_SIMILAR: dict[str, str] = {
     "IQ4_NL": "Q8_0",
     "MXFP4": "Q8_0",
     "F16": "Q8_0",
-    "BF16": "Q8_0",
+    "BF16": "F16",
+    "F32": "F16",
 }
 
 
@@ -109,8 +116,10 @@ class Kernels:
         Between the measured token counts, linear; beyond the largest, ``a + b / n``
         through the two largest.  A type without its own curve follows the curve of
         the type with the same kernels (``ROUTED_SIMILAR``), scaled by the two types'
-        own measured costs: matrix-vector below ``TILED_MIN_TOKENS``, matrix-matrix
-        from there on."""
+        own measured costs: matrix-vector below ``TILED_MIN_TOKENS`` and for a type
+        without a tiled kernel (it stays on the matrix-vector kernel at any count: its
+        dense prompt cost, tinyBLAS's for F16, says nothing of its routed cost),
+        matrix-matrix from there on."""
         if not self.routed:
             return None
         at = [n for n in self.routed if n <= threads]
@@ -119,11 +128,13 @@ class Kernels:
         scale = 1.0
         if name not in table:
             other = ROUTED_SIMILAR.get(name)
-            if other is None or other not in table:
+            while other is not None and other not in table:  # BF16 -> F16 -> Q8_0
+                other = ROUTED_SIMILAR.get(other)
+            if other is None:
                 return None
             mine, _ = self.cost(name, threads)
             theirs, _ = self.cost(other, threads)
-            if tokens < TILED_MIN_TOKENS:
+            if tokens < TILED_MIN_TOKENS or name not in TILED_TYPES:
                 scale = mine.tg_ns / theirs.tg_ns if theirs.tg_ns > 0 else 1.0
             else:
                 scale = mine.pp_ns / theirs.pp_ns if theirs.pp_ns > 0 else 1.0

@@ -253,6 +253,33 @@ def test_a_routed_expert_with_few_tokens_pays_the_matrix_vector_cost() -> None:
     assert k.routed_cost("Q2_K", 64) == pytest.approx(0.03 * 0.07 / 0.035)
 
 
+def test_an_f16_expert_borrows_the_matrix_vector_ratio_at_any_token_count() -> None:
+    """A routed F16 (BF16, F32) expert stays on the matrix-vector kernel at every
+    token count (MUL_MAT_ID has no tinyBLAS path), so a borrowed curve is scaled by
+    the matrix-vector costs only: a dense F16 prompt's cheap tiled GEMM must not make
+    its routed experts look cheap (the +67 % prompt error on an F16 model)."""
+    data = {
+        "types": {
+            "Q8_0": {"tg_ns": 0.09, "pp_ns": 0.045},
+            "F16": {"tg_ns": 0.12, "pp_ns": 0.02},  # tinyBLAS: far below its vec_dot
+        },
+        "node_s": {"tg": {"1": 1e-6}, "pp": {"1": 1e-7}},
+        "graph_nodes": {"kda": 90.0},
+        "routed_ns": {"1": {"Q8_0": {"1": 0.1, "8": 0.09, "64": 0.06}}},
+    }
+    k = kernels.parse(data)
+    for n in (1, 8, 64):
+        q8 = k.routed_cost("Q8_0", n)
+        assert q8 is not None
+        assert k.routed_cost("F16", n) == pytest.approx(q8 * 0.12 / 0.09)
+    # BF16 follows F16 where F16 has a curve of its own, else Q8_0's
+    assert k.routed_cost("BF16", 64) == pytest.approx(0.06 * 0.12 / 0.09)
+    data["routed_ns"]["1"]["F16"] = {"1": 0.2, "64": 0.15}  # type: ignore[index]
+    k = kernels.parse(data)
+    assert k.routed_cost("F16", 64) == pytest.approx(0.15)
+    assert k.routed_cost("BF16", 64) == pytest.approx(0.15)  # BF16 costed as F16 (SIMILAR)
+
+
 def test_a_batch_spread_over_many_experts_costs_more_per_token() -> None:
     """Per token, a prompt's experts cost E[n c(n)] / E[n] for n ~ Binomial(batch,
     k / experts): 128 tokens over 8 of 64 experts give each about 16 (the tiled
