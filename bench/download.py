@@ -25,7 +25,15 @@ wall times are noisy; CPU seconds per GiB are the steadier figure.
 
 A last table compares the libraries without process start-up on the unlimited
 link: k3desk's ``DownloadJob`` against ``snapshot_download``, alternating in one
-child process (the stand-in stays in this one).
+child process (the stand-in stays in this one), with the CPU seconds each client
+spends per GiB.
+
+Two anchors say what the machine allows at all, whichever client: the CPU both
+ends need per GiB (the client's, from that table, plus the stand-in's, measured
+in this process during k3desk's rounds) against the cores, as a share of a
+10 Gbit/s link; and the rate the disk under the work folder sustains when written
+and flushed (``--disk-mib``): the shards here fit in the page cache, a 300 GB
+tier does not, and runs at the disk's rate once the dirty limit is reached.
 """
 
 from __future__ import annotations
@@ -179,9 +187,11 @@ def library_child(endpoint: str, rounds: int, parallel: int, work: Path) -> None
     from k3desk.core.hub.model import DownloadOptions, DownloadRequest
 
     times: dict[str, list[float]] = {"k3desk": [], "hf": []}
+    cpu: dict[str, list[float]] = {"k3desk": [], "hf": []}
     for rnd in range(rounds):
         for tool in ["k3desk", "hf"] if rnd % 2 == 0 else ["hf", "k3desk"]:
             target = work / f"lib-{tool}-{rnd}"
+            c0 = time.process_time()  # every thread of this process: the client alone
             t0 = time.perf_counter()
             if tool == "k3desk":
                 opts = DownloadOptions(
@@ -198,8 +208,57 @@ def library_child(endpoint: str, rounds: int, parallel: int, work: Path) -> None
                     token=False,
                 )
             times[tool].append(time.perf_counter() - t0)
+            cpu[tool].append(time.process_time() - c0)
             shutil.rmtree(target)
-    print(json.dumps(times))
+    print(json.dumps({"times": times, "cpu": cpu}))
+
+
+# ------------------------------------------------------------ the machine's own limits
+
+
+def disk_write_rate(folder: Path, mib: int) -> float:
+    """MiB/s the disk under ``folder`` sustains: ``mib`` MiB written in 4 MiB blocks
+    and flushed (``fdatasync``, like ``dd conv=fdatasync``).  A download larger than
+    the page cache's dirty limit (a share of RAM) runs at most at this rate, whatever
+    the link; the shards of this bench fit in the page cache and do not see it."""
+    path = folder / "disk-rate.bin"
+    block = os.urandom(4 * MiB)
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for _ in range(max(mib // 4, 1)):
+            os.write(fd, block)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return max(mib, 4) / (time.perf_counter() - t0)
+
+
+def _self_cpu() -> float:
+    """CPU seconds of this process so far: the stand-in's threads (and little else)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def budget(client_cpu: float, server_cpu: float, disk: float) -> None:
+    """What this machine allows at all: the CPU both ends of the transfer need per
+    GiB against its cores (the stand-in runs here too), and the disk's own rate."""
+    cores = os.cpu_count() or 1
+    per_gib = client_cpu + server_cpu
+    ceiling = cores / per_gib * 1024 if per_gib > 0 else float("inf")
+    link10 = 10 * 125_000_000 / MiB
+    print(
+        f"CPU per GiB: DownloadJob {client_cpu:.2f} s + the stand-in {server_cpu:.2f} s = "
+        f"{per_gib:.2f} s; {cores} cores allow at most {ceiling:.0f} MiB/s with both ends "
+        f"here = {ceiling / link10:.0%} of a 10 Gbit/s link"
+    )
+    if disk > 0:
+        print(
+            f"the disk sustains {disk:.0f} MiB/s written and flushed = {disk / link10:.0%} of "
+            "a 10 Gbit/s link: a download larger than the page cache's dirty limit goes no "
+            "faster, whichever client"
+        )
 
 
 # ------------------------------------------------------------ main
@@ -252,11 +311,15 @@ def run_link(
     wall: dict[str, list[float]] = {"k3desk": [], "hf": []}
     cpu: dict[str, list[float]] = {"k3desk": [], "hf": []}
     job: list[float] = []
+    served: list[float] = []  # the stand-in's CPU seconds per k3desk round
     for rnd in range(args.rounds):
         for tool in ["k3desk", "hf"] if rnd % 2 == 0 else ["hf", "k3desk"]:
             target = work / f"{tool}-{rnd}"
             cmd = (k3_cmd if tool == "k3desk" else hf_cmd) + [str(target)]
+            before = _self_cpu()
             seconds, cpu_s, transfer = timed(cmd, env)
+            if tool == "k3desk":
+                served.append(_self_cpu() - before)
             check(target, files)
             wall[tool].append(seconds)
             cpu[tool].append(cpu_s)
@@ -284,6 +347,7 @@ def run_link(
     return {
         "ratio": k3 / hf,
         "link_share": k3_rate / (hub.link_bps / MiB) if gbit else 0.0,
+        "server_cpu": statistics.median(served) / gib,
     }
 
 
@@ -294,6 +358,9 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=8, help="files at once (hf's default is 8)")
     ap.add_argument("--links", default="0,10,1", help="Gbit/s per run, 0 = unlimited")
     ap.add_argument("--no-library", action="store_true", help="skip the no-start-up table")
+    ap.add_argument(
+        "--disk-mib", type=int, default=2048, help="MiB written to time the disk (0: skip)"
+    )
     ap.add_argument("--library-child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--raw-child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -307,6 +374,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="k3bench-"))
     try:
+        disk = disk_write_rate(work, args.disk_mib) if args.disk_mib else 0.0
         files = make_shards(work / "served", args.shard_mib)
         total = sum(p.stat().st_size for n, p in files.items() if n.endswith(".gguf"))
         with HubServer() as hub:
@@ -344,12 +412,18 @@ def main() -> int:
                     sys.exit(f"library comparison failed:\n{child.stderr[-2000:]}")
                 lib = json.loads(child.stdout.strip().splitlines()[-1])
         print()
+        server_cpu = statistics.median(r["server_cpu"] for r in results.values())
         if lib is not None:
-            lib_k3, lib_hf = statistics.median(lib["k3desk"]), statistics.median(lib["hf"])
+            times, cpu = lib["times"], lib["cpu"]
+            lib_k3, lib_hf = statistics.median(times["k3desk"]), statistics.median(times["hf"])
+            gib = total / 2**30
+            cpu_k3, cpu_hf = (statistics.median(cpu[t]) / gib for t in ("k3desk", "hf"))
             print(
                 f"libraries, no start-up, unlimited (median of {args.rounds}): DownloadJob "
-                f"{lib_k3:.2f} s, snapshot_download {lib_hf:.2f} s, ratio {lib_k3 / lib_hf:.2f}x"
+                f"{lib_k3:.2f} s, snapshot_download {lib_hf:.2f} s, ratio {lib_k3 / lib_hf:.2f}x; "
+                f"client CPU per GiB: DownloadJob {cpu_k3:.2f} s, snapshot_download {cpu_hf:.2f} s"
             )
+            budget(cpu_k3, server_cpu, disk)
         for gbit, r in results.items():
             if gbit == 0:
                 ok = "met" if r["ratio"] <= 0.9 else "NOT met"

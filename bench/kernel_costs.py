@@ -134,6 +134,17 @@ def count_nodes(bin_dir: Path, work: Path) -> dict[str, float]:
     return {k: round(float(v), 2) for k, v in zip(names, x, strict=True)}
 
 
+def graph_total(
+    nodes: dict[str, float], n_layer: int, n_mla: int, n_dense: int, used: int = 2
+) -> float:
+    """Graph nodes of a model of ``n_layer`` layers (``n_mla`` MLA, ``n_dense`` dense FFN)."""
+    moe = nodes["moe"] + used * nodes["moe_per_used"]
+    return (
+        nodes["global"] + (n_layer - n_mla) * nodes["kda"] + n_mla * nodes["mla"]
+        + n_dense * nodes["dense"] + (n_layer - n_dense) * moe
+    )  # fmt: skip
+
+
 def weights_by_type(model: Path) -> tuple[dict[str, int], int]:
     """Weights read per token, by type (token_embd is one row: left out); node count."""
     layout = validate_shard_set(model)
@@ -152,7 +163,12 @@ def expert_weights(model: Path) -> int:
 
 
 def measure_routed(
-    bin_dir: Path, cache: Path, thread_counts: Sequence[int], max_load: float, max_wait: float
+    bin_dir: Path,
+    cache: Path,
+    thread_counts: Sequence[int],
+    max_load: float,
+    max_wait: float,
+    types: Sequence[str] = MOE_KERNEL_TYPES,
 ) -> tuple[dict[str, dict[str, dict[str, float]]], list[float]]:
     """ns per weight per token per thread of a routed expert's matrices at each of
     ``ROUTED_TOKENS`` tokens, per thread count and type (see the module docstring)."""
@@ -163,7 +179,7 @@ def measure_routed(
             build_kernel_model(t, bin_dir, cache, progress=print, moe=True),
             build_kernel_model(t, bin_dir, cache, progress=print, moe=True, narrow=True),
         )
-        for t in MOE_KERNEL_TYPES
+        for t in types
     }
     for threads in thread_counts:
         load = wait_quiet(max_load, max_wait)
@@ -220,11 +236,7 @@ def measure(args: argparse.Namespace) -> int:
     }
 
     def node_total(n_layer: int, n_mla: int, n_dense: int, used: int = 2) -> float:
-        moe = nodes["moe"] + used * nodes["moe_per_used"]
-        return (
-            nodes["global"] + (n_layer - n_mla) * nodes["kda"] + n_mla * nodes["mla"]
-            + n_dense * nodes["dense"] + (n_layer - n_dense) * moe
-        )  # fmt: skip
+        return graph_total(nodes, n_layer, n_mla, n_dense, used)
 
     shape = KERNEL_SHAPE
     n_kda = sum(1 for i in range(shape.n_layer) if not shape.is_mla(i))
@@ -279,17 +291,11 @@ def measure(args: argparse.Namespace) -> int:
         first = ("F16", "IQ4_NL")  # the fallbacks of rows other types cannot hold
         for qtype in [*first, *[t for t in KERNEL_TYPES if t not in ("Q8_0", *first)]]:
             so_far = kernels.parse(_draft(measured, node_s, structure, nodes))
-            w, _ = weights_by_type(models[qtype])
-            times = bench(models[qtype], threads)
-            row: dict[str, float] = {}
-            for test in ("tg", "pp"):
-                t = times[test][0] - kernel_nodes * node_s[test][n] - n_kda * structure[test][n]
-                for other, weights in w.items():
-                    if other != qtype:
-                        t -= weights * _costs(so_far, other, test) * 1e-9 / threads
-                row[test] = t * threads / w[qtype] * 1e9
-                row[f"{test}_spread"] = times[test][1]
-            measured[qtype] = row
+            measured[qtype] = type_cost(
+                models[qtype], qtype, bench(models[qtype], threads), threads, so_far,
+                kernel_nodes * node_s["tg"][n] + n_kda * structure["tg"][n],
+                kernel_nodes * node_s["pp"][n] + n_kda * structure["pp"][n],
+            )  # fmt: skip
         for qtype, row in measured.items():
             print(
                 f"  {qtype:8s} tg {row['tg']:.4f} ns/weight/thread, pp {row['pp']:.4f} "
@@ -315,6 +321,31 @@ def measure(args: argparse.Namespace) -> int:
         f"types_at_{cores}_threads": checks,
     }
     return _write(result, args.dry_run)
+
+
+def type_cost(
+    model: Path,
+    qtype: str,
+    times: dict[str, tuple[float, float]],
+    threads: int,
+    so_far: kernels.Kernels,
+    rest_tg: float,
+    rest_pp: float,
+) -> dict[str, float]:
+    """ns per weight per thread of ``qtype`` from its single-type model's seconds per
+    token (``times``): less what is not its matrices (``rest_*``: the graph nodes and
+    the KDA layers' own operations, seconds per token) and less the few tensors of
+    other types (llama-quantize's fallbacks, the F32 norms) at their costs so far."""
+    w, _ = weights_by_type(model)
+    row: dict[str, float] = {}
+    for test, rest in (("tg", rest_tg), ("pp", rest_pp)):
+        t = times[test][0] - rest
+        for other, weights in w.items():
+            if other != qtype:
+                t -= weights * _costs(so_far, other, test) * 1e-9 / threads
+        row[test] = t * threads / w[qtype] * 1e9
+        row[f"{test}_spread"] = times[test][1]
+    return row
 
 
 def _routed_fields(
@@ -376,6 +407,76 @@ def measure_routed_only(args: argparse.Namespace) -> int:
     return _write(data, args.dry_run)
 
 
+def measure_types(args: argparse.Namespace, types: Sequence[str]) -> int:
+    """Measure only ``types`` (their dense cost and, for expert types, their routed
+    curve) and add them to resources/kernels.json, keeping everything else: the
+    node overhead, the KDA layers' own operations and the other types' costs the
+    subtraction needs are the file's, measured with the same engine."""
+    bin_dir = args.engine_bin or default_bin()
+    data = json.loads(OUT.read_text(encoding="utf-8"))
+    if data.get("engine") != engine_build(bin_dir):
+        print(f"resources/kernels.json was measured with {data.get('engine')}, not "
+              f"{engine_build(bin_dir)}: run the full measurement")  # fmt: skip
+        return 1
+    unknown = [t for t in types if t not in KERNEL_TYPES and t not in MOE_KERNEL_TYPES]
+    if unknown:
+        print(f"not a type this bench measures: {', '.join(unknown)} (dense: "
+              f"{', '.join(KERNEL_TYPES)}; routed: {', '.join(MOE_KERNEL_TYPES)})")  # fmt: skip
+        return 2
+    cores = detect_hardware(measure_bandwidth=False).cpu.physical_cores
+    thread_counts = sorted({1, cores})
+    dense = [] if args.routed_only else [t for t in types if t in KERNEL_TYPES]
+    models = {t: build_kernel_model(t, bin_dir, args.cache, progress=print) for t in dense}
+    shape = KERNEL_SHAPE
+    n_kda = sum(1 for i in range(shape.n_layer) if not shape.is_mla(i))
+    kernel_nodes = graph_total(
+        data["graph_nodes"], shape.n_layer, shape.n_layer - n_kda, shape.n_layer
+    )
+    loads = list(data.get("load_average", []))
+    for threads in thread_counts if dense else ():
+        so_far = kernels.parse(data)
+        key = "types" if threads == 1 else f"types_at_{threads}_threads"
+        load = wait_quiet(args.max_load, args.max_wait)
+        loads.append(round(load, 2))
+        print(f"threads {threads} (load average {load:.2f})")
+        n = str(threads)
+        for qtype in dense:
+            res = llama_bench(
+                bin_dir, models[qtype], threads=threads, n_prompt=PP, n_gen=TG, repetitions=5
+            )
+            times = {r.test[:2]: (1.0 / r.median_tps, r.spread) for r in res}
+            rests = [
+                kernel_nodes * data["node_s"][test][n] + n_kda * data["kda_layer_s"][test][n]
+                for test in ("tg", "pp")
+            ]
+            row = type_cost(models[qtype], qtype, times, threads, so_far, *rests)
+            print(
+                f"  {qtype:8s} tg {row['tg']:.4f} ns/weight/thread, pp {row['pp']:.4f} "
+                f"(spread {row['tg_spread']:.0%} / {row['pp_spread']:.0%})"
+            )
+            data.setdefault(key, {})[qtype] = {
+                "tg_ns": round(row["tg"], 5), "pp_ns": round(row["pp"], 5)
+            }  # fmt: skip
+    routed_types = [t for t in types if t in MOE_KERNEL_TYPES]
+    if routed_types:
+        routed, routed_loads = measure_routed(
+            bin_dir, args.cache, thread_counts, args.max_load, args.max_wait, routed_types
+        )
+        for at, table in routed.items():
+            data.setdefault("routed_ns", {}).setdefault(at, {}).update(table)
+        data["routed_load_average"] = [
+            *data.get("routed_load_average", []), *[round(x, 2) for x in routed_loads]
+        ]
+    today = dt.date.today().isoformat()
+    data["measured_later"] = {
+        **data.get("measured_later", {}),
+        **{f"{t} (dense)": today for t in dense},
+        **{f"{t} (routed)": today for t in routed_types},
+    }
+    data["load_average"] = loads
+    return _write(data, args.dry_run)
+
+
 def show() -> int:
     k = kernels.load()
     print(k.source)
@@ -399,6 +500,12 @@ def main() -> int:
         action="store_true",
         help="measure only the routed-expert costs and add them to resources/kernels.json",
     )
+    parser.add_argument(
+        "--types",
+        default="",
+        help="comma-separated: measure only these types (dense and routed; with "
+        "--routed-only, routed only) and add them to resources/kernels.json",
+    )
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--engine-bin", type=Path)
     parser.add_argument("--max-load", type=float, default=0.5)
@@ -406,6 +513,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.print:
         return show()
+    if args.types:
+        return measure_types(args, [t.strip().upper() for t in args.types.split(",") if t.strip()])
     return measure_routed_only(args) if args.routed_only else measure(args)
 
 

@@ -132,7 +132,8 @@ def main() -> int:
     chosen = [m for m in BENCH_MODELS if not args.models or m.name in args.models.split(",")]
     paths = {}
     for m in chosen:
-        paths[m.name] = build_model(m, catalog.get(m.tier), bin_dir, args.cache, progress=print)
+        tier = None if m.pure else catalog.get(m.tier)
+        paths[m.name] = build_model(m, tier, bin_dir, args.cache, progress=print)
 
     load = wait_quiet(args.max_load, args.max_wait)
     hw = detect_hardware(measure_bandwidth=True)

@@ -101,17 +101,22 @@ class BenchModel:
     n_layer: int
     n_expert: int
     about: str = ""
+    # every matrix of this type, straight from the random-weight writer ("F16"), no
+    # llama-quantize (``tier`` then names no catalog tier)
+    pure: str = ""
 
     def shape(self) -> K3Shape:
         return replace(BENCH_SHAPE, n_layer=self.n_layer, n_expert=self.n_expert)
 
 
-# Three sizes (and four published type mixes) that fit a 24 GiB machine.
+# Three sizes (and four published type mixes) that fit a 24 GiB machine, and an
+# unquantized F16 model (prompts on F16 experts take other kernels than on quants).
 BENCH_MODELS: tuple[BenchModel, ...] = (
     BenchModel("S-grearl", "grearl-iq1s", 8, 64, "IQ1_S experts, Q4_K elsewhere (GrEarl)"),
     BenchModel("M-ud", "vcruz305-ud-iq1s", 16, 192, "IQ1_S experts, Q8_0 elsewhere (UD-IQ1_S)"),
     BenchModel("M-q3ks", "atomicchat-q3ks", 16, 96, "Q3_K everywhere, Q6_K output (Q3_K_S)"),
     BenchModel("L-6block", "6block-iq1s-xs", 24, 512, "IQ1_S experts, IQ4_XS attention (IQ1_S-XS)"),
+    BenchModel("S-f16", "", 6, 48, "F16 everywhere (experts too), F32 norms", pure="F16"),
 )
 
 # Single-type models for the kernel micro-bench: dense (no experts), every
@@ -134,10 +139,12 @@ MOE_KERNEL_SHAPE = replace(
 )  # fmt: skip
 MOE_KERNEL_SHAPE_NARROW = replace(MOE_KERNEL_SHAPE, n_ff_expert=768)
 # expert types the tiers use (MXFP4 and the rest borrow, see kernels.ROUTED_SIMILAR)
-MOE_KERNEL_TYPES = ("IQ1_S", "IQ1_M", "IQ2_XXS", "Q3_K", "Q8_0")
+# and the unquantized F16 / BF16, whose routed experts stay on the matrix-vector
+# kernel (vec_dot_f16 / vec_dot_bf16) at every token count
+MOE_KERNEL_TYPES = ("IQ1_S", "IQ1_M", "IQ2_XXS", "Q3_K", "Q8_0", "F16", "BF16")
 KERNEL_TYPES = (
     "Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ4_NL", "IQ2_XXS", "IQ1_S",
-    "IQ1_M", "F16",
+    "IQ1_M", "F16", "BF16", "F32",
 )  # fmt: skip
 
 Progress = Callable[[str], None]
@@ -281,17 +288,23 @@ def _router(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray[Any,
 
 def build_model(
     model: BenchModel,
-    tier: Tier,
+    tier: Tier | None,
     bin_dir: Path,
     cache: Path = DEFAULT_CACHE,
     *,
     threads: int | None = None,
     progress: Progress = _quiet,
 ) -> Path:
-    """The bench model's file (built once, then taken from ``cache``)."""
+    """The bench model's file (built once, then taken from ``cache``); ``tier`` gives
+    the types unless the model is ``pure``."""
     shape = model.shape()
     specs = list(tensor_specs(shape))
-    types = {s.name: tier.type_for(s.name, s.role) for s in specs}
+    if model.pure:
+        types = {s.name: model.pure for s in specs}
+    elif tier is None:
+        raise ValueError(f"{model.name} needs a catalog tier for its types")
+    else:
+        types = {s.name: tier.type_for(s.name, s.role) for s in specs}
     key = _key({"model": asdict(model), "shape": asdict(shape), "types": types,
                 "engine": engine_build(bin_dir), "pool": POOL_EXPERTS, "v": 1})  # fmt: skip
     final = cache / f"{model.name}-{key}.gguf"
@@ -308,6 +321,11 @@ def build_model(
     try:
         progress(f"{model.name}: writing the F16 pool ({POOL_EXPERTS} experts per layer)")
         src = write_k3_gguf_streamed(work / "pool-F16.gguf", model.name, shape=pool_shape)
+        if model.pure == "F16":  # the writer's own F16 matrices: widened as they are
+            progress(f"{model.name}: widening the experts to {shape.n_expert}")
+            _widen(src, work / "widened.gguf", shape.n_expert, seed=1)
+            os.replace(work / "widened.gguf", final)
+            return final
         argv: list[str | Path] = [_tool(bin_dir, "llama-quantize")]
         if any(t.upper() in NEEDS_IMATRIX for t in types.values()):
             progress(f"{model.name}: llama-imatrix")
@@ -322,7 +340,7 @@ def build_model(
             "--output-tensor-type", types["output.weight"].lower(),
             src, work / "pool-quantized.gguf", "Q8_0", str(n),
         ]  # fmt: skip
-        progress(f"{model.name}: llama-quantize to {tier.name}'s types")
+        progress(f"{model.name}: llama-quantize to {model.tier}'s types")
         _run(argv, "llama-quantize")
         src.unlink()
         progress(f"{model.name}: widening the experts to {shape.n_expert}")
@@ -401,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         from k3desk.core.resources import resources_dir
 
         model = next(m for m in BENCH_MODELS if m.name == args.name)
-        tier = load_catalog(resources_dir() / "catalog.json").get(model.tier)
+        catalog = load_catalog(resources_dir() / "catalog.json")
+        tier = None if model.pure else catalog.get(model.tier)
         path = build_model(model, tier, bin_dir, args.cache, progress=_say)
     print(path)
     return 0
