@@ -646,6 +646,29 @@ def test_cancel_while_the_hub_is_slow_to_list_returns_at_once(
     timer.join()
 
 
+def test_a_download_cancelled_while_listing_asks_the_hub_nothing_more(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    """The listing goes on in its thread after the cancelled download returned: it may
+    wait for the answer it asked for, but then stops, and asks for no page of the tree
+    (a listing left running would, once this Hub is gone, meet a connection error that
+    makes huggingface_hub close the session other work is using)."""
+    hub = tier_repo.hub
+    hub.api_delay = 0.5
+    token = CancelToken()
+    timer = threading.Timer(0.1, token.cancel)
+    timer.start()
+    with pytest.raises(Cancelled):
+        DownloadJob(tier_repo.request(), tmp_path, options(hub), cancel=token).run()
+    timer.join()
+    for t in threading.enumerate():
+        if t.name == "download-listing":
+            t.join(timeout=30)
+            assert not t.is_alive(), "the cancelled listing still runs"
+    assert [h.path for h in hub.hits if h.path.startswith("/api/")]
+    assert not [h.path for h in hub.hits if "/tree/" in h.path]
+
+
 def test_large_files_land_whole_over_a_link_shared_by_their_connections(tmp_path: Path) -> None:
     """Files several read buffers long, one sent from disk (sendfile) and one from
     memory, over a paced link: both land with the Hub's hash, and the two
