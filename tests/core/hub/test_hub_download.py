@@ -52,6 +52,42 @@ def assert_landed(target: Path, files: dict[str, bytes]) -> None:
         assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest(), path
 
 
+def cancel_tier_download_when(
+    tier_repo: TierRepo,
+    target: Path,
+    when: Callable[[DownloadEvent], bool],
+    settle: float = 0.0,
+) -> tuple[float, BaseException | None]:
+    """Download the tier in a thread and cancel it at the first event ``when`` holds for
+    (``settle`` seconds after it): how long the job took to stop, and what it raised."""
+    token = CancelToken()
+    seen = threading.Event()
+
+    def on(e: DownloadEvent) -> None:
+        if when(e):
+            seen.set()
+
+    job = DownloadJob(tier_repo.request(), target, options(tier_repo.hub), Recorder(on), token)
+    result: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job.run()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            result.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert seen.wait(20)
+    time.sleep(settle)
+    t0 = time.monotonic()
+    token.cancel()
+    t.join(15)
+    stop_seconds = time.monotonic() - t0
+    assert not t.is_alive()
+    return stop_seconds, (result[0] if result else None)
+
+
 def leftovers(target: Path) -> list[str]:
     return sorted(
         str(p.relative_to(target))
@@ -241,32 +277,12 @@ def test_a_pause_while_the_hub_is_silent_returns_at_once(
     hub = tier_repo.hub
     slow = shard_name(6)
     hub.stall_once(slow, after=300_000, seconds=30)
-    token = CancelToken()
-    silent = threading.Event()
-
-    def on(e: DownloadEvent) -> None:
-        if e.kind == "file_progress" and e.path == slow:
-            silent.set()
-
-    job = DownloadJob(tier_repo.request(), tmp_path, options(hub), Recorder(on), token)
-    result: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            job.run()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            result.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
-    assert silent.wait(20)
-    time.sleep(1.0)  # the connection is now waiting for the Hub's next byte
-    t0 = time.monotonic()
-    token.cancel()
-    t.join(15)
-    assert not t.is_alive()
-    assert time.monotonic() - t0 < 3.0
-    assert isinstance(result[0], Cancelled)
+    # once the connection is waiting for the Hub's next byte
+    stop_seconds, raised = cancel_tier_download_when(
+        tier_repo, tmp_path, lambda e: e.kind == "file_progress" and e.path == slow, settle=1.0
+    )
+    assert stop_seconds < 3.0
+    assert isinstance(raised, Cancelled)
     assert sum(p.stat().st_size for p in tmp_path.rglob("*.k3part")) >= 300_000  # kept
 
 
@@ -297,32 +313,11 @@ def test_cancel_is_prompt_keeps_partials_and_leaves_nothing_running(
 ) -> None:
     hub = tier_repo.hub
     hub.throttle_bps = 400_000
-    token = CancelToken()
-    started = threading.Event()
-
-    def on(e: DownloadEvent) -> None:
-        if e.kind == "file_progress" and e.done > 200_000:
-            started.set()
-
-    job = DownloadJob(tier_repo.request(), tmp_path, options(hub), Recorder(on), token)
-    result: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            job.run()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            result.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
-    assert started.wait(20)
-    t0 = time.monotonic()
-    token.cancel()
-    t.join(10)
-    stop_seconds = time.monotonic() - t0
-    assert not t.is_alive()
+    stop_seconds, raised = cancel_tier_download_when(
+        tier_repo, tmp_path, lambda e: e.kind == "file_progress" and e.done > 200_000
+    )
     assert stop_seconds < 3.0, stop_seconds
-    assert isinstance(result[0], Cancelled)
+    assert isinstance(raised, Cancelled)
     assert not list(tmp_path.rglob("*.incomplete"))
     assert not [
         th for th in threading.enumerate() if th.name.startswith(("download", "hash:", "range:"))
