@@ -6,6 +6,7 @@ reads) and consumed by planning.  Sizes are bytes of tensor data as stored.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -41,6 +42,23 @@ class LayerLayout:
     @property
     def total_bytes(self) -> int:
         return self.expert_bytes + self.other_bytes
+
+
+def layer_layouts(
+    shape: K3Shape, expert_bytes: Sequence[int], other_bytes: Sequence[int]
+) -> tuple[LayerLayout, ...]:
+    """One :class:`LayerLayout` per block, from the bytes of its routed experts and of the
+    rest (the leading ``shape.n_dense_lead`` blocks are dense, the others MoE)."""
+    return tuple(
+        LayerLayout(
+            index=i,
+            attention="mla" if shape.is_mla(i) else "kda",
+            ffn="dense" if i < shape.n_dense_lead else "moe",
+            expert_bytes=expert,
+            other_bytes=other,
+        )
+        for i, (expert, other) in enumerate(zip(expert_bytes, other_bytes, strict=True))
+    )
 
 
 @dataclass(frozen=True)

@@ -52,10 +52,10 @@ from k3desk.core.gguf.ggml import BY_ID
 from k3desk.core.gguf.ggml import BY_NAME as BY_ID_NAME
 from k3desk.core.gguf.model import (
     K3HParams,
-    LayerLayout,
     ModelLayout,
     TensorEntry,
     hparams_from_shape,
+    layer_layouts,
 )
 from k3desk.core.gguf.reader import (
     ARRAY,
@@ -1079,16 +1079,8 @@ def _layout(
                 expert[layer] += nbytes
             else:
                 other[layer] += nbytes
-    layers = tuple(
-        LayerLayout(
-            index=i,
-            attention="mla" if shape.is_mla(i) else "kda",
-            ffn="dense" if i < hp.leading_dense_block_count else "moe",
-            expert_bytes=expert[i],
-            other_bytes=other[i],
-        )
-        for i in range(n_layer)
-    )
+    # (hp.leading_dense_block_count is shape.n_dense_lead: both read from this header)
+    layers = layer_layouts(shape, expert, other)
     name = headers[0].get("general.name", "")
     return ModelLayout(
         architecture=ARCH,

@@ -21,7 +21,7 @@ from pathlib import Path
 from k3desk.core.catalog.model import Tier
 from k3desk.core.errors import PlanError
 from k3desk.core.gguf.ggml import BY_NAME, GGMLType
-from k3desk.core.gguf.model import LayerLayout, ModelLayout, TensorEntry, hparams_from_shape
+from k3desk.core.gguf.model import ModelLayout, TensorEntry, hparams_from_shape, layer_layouts
 from k3desk.core.k3arch import REAL_K3, K3Shape, Role, TensorSpec, tensor_specs
 
 # Roles whose type a card rarely states: llama.cpp's own rules keep them here.
@@ -158,16 +158,7 @@ def _assemble(
             expert[spec.layer] += nbytes
         else:
             other[spec.layer] += nbytes
-    layers = tuple(
-        LayerLayout(
-            index=i,
-            attention="mla" if shape.is_mla(i) else "kda",
-            ffn="dense" if i < shape.n_dense_lead else "moe",
-            expert_bytes=expert[i],
-            other_bytes=other[i],
-        )
-        for i in range(shape.n_layer)
-    )
+    layers = layer_layouts(shape, expert, other)
     base = total // len(parts)
     part_sizes = tuple(
         base + (total - base * len(parts) if i == 0 else 0) for i in range(len(parts))
