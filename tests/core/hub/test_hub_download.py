@@ -664,6 +664,67 @@ def test_a_download_cancelled_while_listing_asks_the_hub_nothing_more(
     assert not [h.path for h in hub.hits if "/tree/" in h.path]
 
 
+def test_the_hub_session_closed_under_running_transfers_leaves_no_connection_open() -> None:
+    """huggingface_hub closes its shared session on a connection error, from whichever
+    thread met it (a Hub gone, a listing left running): the range reads of the other
+    threads go on, and no connection they were opening is left open for the collector
+    to find (an unclosed socket)."""
+    import gc
+    import sys
+    import warnings
+
+    import httpx2
+    from huggingface_hub import get_session
+    from huggingface_hub.utils._http import http_backoff
+
+    from k3desk.core.hub.session import guard_session
+    from tests.hubserver import make_bytes
+
+    guard_session()
+    with HubServer() as gone:
+        dead = f"{gone.endpoint}/api/models/o/r"  # nothing listens there once closed
+    unraisable: list[Any] = []
+    failures: list[BaseException] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = unraisable.append
+    try:
+        with warnings.catch_warnings(), HubServer() as hub:
+            warnings.simplefilter("error", ResourceWarning)
+            hub.add_repo("o/r", {"x.gguf": make_bytes(100_000, 1)})
+            url = f"{hub.endpoint}/o/r/resolve/main/x.gguf"
+            stop = threading.Event()
+
+            def refused() -> None:  # closes the shared session, again and again
+                while not stop.is_set():
+                    with contextlib.suppress(httpx2.ConnectError):
+                        http_backoff("GET", dead, max_retries=0)
+
+            def ranges() -> None:
+                try:
+                    for i in range(80):
+                        headers = {"Range": f"bytes={i}-{i + 99}"}
+                        with get_session().stream("GET", url, headers=headers) as r:
+                            assert r.status_code == 206
+                            assert len(r.read()) == 100
+                except Exception as exc:  # noqa: BLE001 - handed to the test thread
+                    failures.append(exc)
+
+            closer = threading.Thread(target=refused)
+            readers = [threading.Thread(target=ranges) for _ in range(8)]
+            closer.start()
+            for t in readers:
+                t.start()
+            for t in readers:
+                t.join(60)
+            stop.set()
+            closer.join(10)
+            gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert not failures
+    assert [str(u.exc_value) for u in unraisable] == []
+
+
 def test_large_files_land_whole_over_a_link_shared_by_their_connections(tmp_path: Path) -> None:
     """Files several read buffers long, one sent from disk (sendfile) and one from
     memory, over a paced link: both land with the Hub's hash, and the two
