@@ -41,6 +41,17 @@ def ctx(qapp: object, services: object) -> Iterator[object]:
 
 
 @pytest.fixture
+def window(ctx, qtbot):  # type: ignore[no-untyped-def]
+    """The main window, shown (a test module that needs it otherwise defines its own)."""
+    from k3desk.ui.window import MainWindow
+
+    w = MainWindow(ctx)
+    qtbot.addWidget(w)
+    w.show()
+    return w
+
+
+@pytest.fixture
 def launch_engine(ctx, qtbot):  # type: ignore[no-untyped-def]
     """Start the real llama-server on a tiny model through the app's engine controller."""
     from k3desk.core.engines.supervisor import LaunchSpec

@@ -6,16 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from k3desk.ui.window import MainWindow
-
-
-@pytest.fixture
-def window(ctx, qtbot):  # type: ignore[no-untyped-def]
-    w = MainWindow(ctx)
-    qtbot.addWidget(w)
-    w.show()
-    return w
-
 
 def open_wizard_for(window, qtbot, hw_file: Path):  # type: ignore[no-untyped-def]
     hw = window.ctx.hardware

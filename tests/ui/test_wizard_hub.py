@@ -6,31 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from PySide6.QtCore import Qt
 
-from k3desk.ui.window import MainWindow
 from tests.hubserver import HubServer
+from tests.ui.test_wizard import open_wizard_for
 
 REPO = "tester/Kimi-K3-Tiny-GGUF"
 SET = "IQ1_S/Tiny-K3-IQ1_S"
 
 
-@pytest.fixture
-def window(ctx, qtbot):  # type: ignore[no-untyped-def]
-    w = MainWindow(ctx)
-    qtbot.addWidget(w)
-    w.show()
-    return w
-
-
 def tiers_step(window, qtbot, hw_file: Path):  # type: ignore[no-untyped-def]
-    hw = window.ctx.hardware
-    hw.load_file(hw_file)
-    wiz = window.open_wizard()
-    qtbot.waitUntil(
-        lambda: hw.recommendation is not None and hw.from_file == hw_file, timeout=30_000
-    )
+    wiz = open_wizard_for(window, qtbot, hw_file)
     wiz.next()
     assert wiz.current_key() == "tiers"
     return wiz

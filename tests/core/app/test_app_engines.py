@@ -52,6 +52,18 @@ def test_the_configured_engine_comes_first_probed_and_its_probe_is_then_listed(
     assert row.error == "not an executable file"
 
 
+def test_the_engines_a_choice_is_made_from_are_those_engine_list_shows(
+    services: Services, fake_engine: Callable[..., Path], tmp_path: Path
+) -> None:
+    from k3desk.core.app.engine_choice import found_engines
+
+    old = fake_engine("old_engine")
+    for configured in (str(old), str(tmp_path / "no-such-llama-server"), None):
+        found = found_engines(services, configured)
+        assert found == [e.candidate for e in list_engines(services.paths, configured)]
+    assert found_engines(services, str(old))[0].path == old
+
+
 def test_a_survey_checks_the_chosen_engine_against_the_tiers_images(
     services: Services, fake_engine: Callable[..., Path]
 ) -> None:

@@ -58,6 +58,9 @@ class StandIn:
     error_body: Any = None
     cut_after: int | None = None  # close the socket after this many tokens
     error_after: int | None = None  # send an error event after this many tokens
+    # after this many tokens send nothing more until the client hangs up (at most 60 s):
+    # an answer that cannot end before the client acts
+    hold_after: int | None = None
     token_delay: float = 0.0
     hold_s: float = 0.0  # wait this long before sending headers (a long prefill)
     gate: threading.Event | None = None  # when set, wait for it before each token after the first
@@ -119,6 +122,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _event(self, obj: Any) -> None:
         self._chunk(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+    def _hold(self, seconds: float = 60.0) -> bool:
+        """Wait until the client hangs up (True), or ``seconds`` pass (False)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self._peer_closed():
+                return True
+            time.sleep(0.01)
+        return False
 
     def _peer_closed(self) -> bool:
         r, _, _ = select.select([self.connection], [], [], 0)
@@ -187,6 +199,10 @@ class _Handler(BaseHTTPRequestHandler):
                     st.gate.clear()
                 if st.cut_after is not None and i == st.cut_after:
                     self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    return
+                if st.hold_after is not None and i == st.hold_after and self._hold():
+                    st.client_gone.set()
                     self.close_connection = True
                     return
                 if st.error_after is not None and i == st.error_after:

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -273,18 +274,45 @@ def test_chat_on_shard_plans_for_a_hardware_file(
 
 def test_ctrl_c_mid_answer_hangs_up_and_exits_130(standin: StandIn) -> None:
     standin.tokens = [("content", f"w{i} ") for i in range(5000)]
-    standin.token_delay = 0.005
+    # the stand-in sends 50 words, then nothing until the client hangs up: the answer
+    # cannot end before the Ctrl-C, however slow the machine
+    standin.hold_after = 50
     proc = subprocess.Popen(
         [sys.executable, "-m", "k3desk", "chat", "--url", standin.url, "Count"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=Path(__file__).resolve().parents[3],
     )
-    deadline = time.monotonic() + 30
-    while standin.tokens_sent < 50 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    stdout, stderr = proc.stdout, proc.stderr
+    assert stdout is not None
+    assert stderr is not None
+    # what the child prints, read as it comes (it flushes each word): Ctrl-C only once
+    # the answer is on the screen
+    out = bytearray()
+
+    def read_out() -> None:
+        while chunk := stdout.read1():
+            out.extend(chunk)
+
+    reader = threading.Thread(target=read_out, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not out.startswith(b"w0 w1 w2 ") and time.monotonic() < deadline:
+            assert proc.poll() is None, stderr.read().decode(errors="replace")
+            time.sleep(0.02)
+        assert out.startswith(b"w0 w1 w2 "), "the answer never reached the screen"
+        proc.send_signal(signal.SIGINT)
+        err = stderr.read()
+        proc.wait(timeout=30)
+        reader.join(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=30)
+        stdout.close()
+        stderr.close()
     assert proc.returncode == 130
     assert out.startswith(b"w0 w1 w2 ")
     assert b"Interrupted." in err

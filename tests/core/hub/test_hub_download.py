@@ -52,6 +52,42 @@ def assert_landed(target: Path, files: dict[str, bytes]) -> None:
         assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest(), path
 
 
+def cancel_tier_download_when(
+    tier_repo: TierRepo,
+    target: Path,
+    when: Callable[[DownloadEvent], bool],
+    settle: float = 0.0,
+) -> tuple[float, BaseException | None]:
+    """Download the tier in a thread and cancel it at the first event ``when`` holds for
+    (``settle`` seconds after it): how long the job took to stop, and what it raised."""
+    token = CancelToken()
+    seen = threading.Event()
+
+    def on(e: DownloadEvent) -> None:
+        if when(e):
+            seen.set()
+
+    job = DownloadJob(tier_repo.request(), target, options(tier_repo.hub), Recorder(on), token)
+    result: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job.run()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            result.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert seen.wait(20)
+    time.sleep(settle)
+    t0 = time.monotonic()
+    token.cancel()
+    t.join(15)
+    stop_seconds = time.monotonic() - t0
+    assert not t.is_alive()
+    return stop_seconds, (result[0] if result else None)
+
+
 def leftovers(target: Path) -> list[str]:
     return sorted(
         str(p.relative_to(target))
@@ -241,32 +277,12 @@ def test_a_pause_while_the_hub_is_silent_returns_at_once(
     hub = tier_repo.hub
     slow = shard_name(6)
     hub.stall_once(slow, after=300_000, seconds=30)
-    token = CancelToken()
-    silent = threading.Event()
-
-    def on(e: DownloadEvent) -> None:
-        if e.kind == "file_progress" and e.path == slow:
-            silent.set()
-
-    job = DownloadJob(tier_repo.request(), tmp_path, options(hub), Recorder(on), token)
-    result: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            job.run()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            result.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
-    assert silent.wait(20)
-    time.sleep(1.0)  # the connection is now waiting for the Hub's next byte
-    t0 = time.monotonic()
-    token.cancel()
-    t.join(15)
-    assert not t.is_alive()
-    assert time.monotonic() - t0 < 3.0
-    assert isinstance(result[0], Cancelled)
+    # once the connection is waiting for the Hub's next byte
+    stop_seconds, raised = cancel_tier_download_when(
+        tier_repo, tmp_path, lambda e: e.kind == "file_progress" and e.path == slow, settle=1.0
+    )
+    assert stop_seconds < 3.0
+    assert isinstance(raised, Cancelled)
     assert sum(p.stat().st_size for p in tmp_path.rglob("*.k3part")) >= 300_000  # kept
 
 
@@ -297,32 +313,11 @@ def test_cancel_is_prompt_keeps_partials_and_leaves_nothing_running(
 ) -> None:
     hub = tier_repo.hub
     hub.throttle_bps = 400_000
-    token = CancelToken()
-    started = threading.Event()
-
-    def on(e: DownloadEvent) -> None:
-        if e.kind == "file_progress" and e.done > 200_000:
-            started.set()
-
-    job = DownloadJob(tier_repo.request(), tmp_path, options(hub), Recorder(on), token)
-    result: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            job.run()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            result.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
-    assert started.wait(20)
-    t0 = time.monotonic()
-    token.cancel()
-    t.join(10)
-    stop_seconds = time.monotonic() - t0
-    assert not t.is_alive()
+    stop_seconds, raised = cancel_tier_download_when(
+        tier_repo, tmp_path, lambda e: e.kind == "file_progress" and e.done > 200_000
+    )
     assert stop_seconds < 3.0, stop_seconds
-    assert isinstance(result[0], Cancelled)
+    assert isinstance(raised, Cancelled)
     assert not list(tmp_path.rglob("*.incomplete"))
     assert not [
         th for th in threading.enumerate() if th.name.startswith(("download", "hash:", "range:"))
@@ -644,6 +639,90 @@ def test_cancel_while_the_hub_is_slow_to_list_returns_at_once(
         DownloadJob(tier_repo.request(), tmp_path, options(hub), cancel=token).run()
     assert time.monotonic() - t0 < 1.5
     timer.join()
+
+
+def test_a_download_cancelled_while_listing_asks_the_hub_nothing_more(
+    tier_repo: TierRepo, tmp_path: Path
+) -> None:
+    """The listing goes on in its thread after the cancelled download returned: it may
+    wait for the answer it asked for, but then stops, and asks for no page of the tree
+    (a listing left running would, once this Hub is gone, meet a connection error that
+    makes huggingface_hub close the session other work is using)."""
+    hub = tier_repo.hub
+    hub.api_delay = 0.5
+    token = CancelToken()
+    timer = threading.Timer(0.1, token.cancel)
+    timer.start()
+    with pytest.raises(Cancelled):
+        DownloadJob(tier_repo.request(), tmp_path, options(hub), cancel=token).run()
+    timer.join()
+    for t in threading.enumerate():
+        if t.name == "download-listing":
+            t.join(timeout=30)
+            assert not t.is_alive(), "the cancelled listing still runs"
+    assert [h.path for h in hub.hits if h.path.startswith("/api/")]
+    assert not [h.path for h in hub.hits if "/tree/" in h.path]
+
+
+def test_the_hub_session_closed_under_running_transfers_leaves_no_connection_open() -> None:
+    """huggingface_hub closes its shared session on a connection error, from whichever
+    thread met it (a Hub gone, a listing left running): the range reads of the other
+    threads go on, and no connection they were opening is left open for the collector
+    to find (an unclosed socket)."""
+    import gc
+    import sys
+    import warnings
+
+    import httpx2
+    from huggingface_hub import get_session
+    from huggingface_hub.utils._http import http_backoff
+
+    from k3desk.core.hub.session import guard_session
+    from tests.hubserver import make_bytes
+
+    guard_session()
+    with HubServer() as gone:
+        dead = f"{gone.endpoint}/api/models/o/r"  # nothing listens there once closed
+    unraisable: list[Any] = []
+    failures: list[BaseException] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = unraisable.append
+    try:
+        with warnings.catch_warnings(), HubServer() as hub:
+            warnings.simplefilter("error", ResourceWarning)
+            hub.add_repo("o/r", {"x.gguf": make_bytes(100_000, 1)})
+            url = f"{hub.endpoint}/o/r/resolve/main/x.gguf"
+            stop = threading.Event()
+
+            def refused() -> None:  # closes the shared session, again and again
+                while not stop.is_set():
+                    with contextlib.suppress(httpx2.ConnectError):
+                        http_backoff("GET", dead, max_retries=0)
+
+            def ranges() -> None:
+                try:
+                    for i in range(80):
+                        headers = {"Range": f"bytes={i}-{i + 99}"}
+                        with get_session().stream("GET", url, headers=headers) as r:
+                            assert r.status_code == 206
+                            assert len(r.read()) == 100
+                except Exception as exc:  # noqa: BLE001 - handed to the test thread
+                    failures.append(exc)
+
+            closer = threading.Thread(target=refused)
+            readers = [threading.Thread(target=ranges) for _ in range(8)]
+            closer.start()
+            for t in readers:
+                t.start()
+            for t in readers:
+                t.join(60)
+            stop.set()
+            closer.join(10)
+            gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert not failures
+    assert [str(u.exc_value) for u in unraisable] == []
 
 
 def test_large_files_land_whole_over_a_link_shared_by_their_connections(tmp_path: Path) -> None:

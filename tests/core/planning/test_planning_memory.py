@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from k3desk.core.errors import PlanError
+from k3desk.core.gguf.model import hparams_from_shape
 from k3desk.core.k3arch import REAL_K3
-from k3desk.core.planning.estimate import hparams_of
 from k3desk.core.planning.memory import (
     compute_buffer_bytes,
     kv_bytes_per_token,
@@ -21,7 +21,7 @@ from k3desk.core.planning.memory import (
 )
 from k3desk.core.units import GiB, MiB
 
-HP = hparams_of(REAL_K3)
+HP = hparams_from_shape(REAL_K3)
 MLA = [i for i, kv in enumerate(HP.head_count_kv) if kv > 0]
 KDA = [i for i, kv in enumerate(HP.head_count_kv) if kv == 0]
 
