@@ -228,7 +228,9 @@ def measure(args: argparse.Namespace) -> int:
     nodes = count_nodes(bin_dir, work / "nodes")
     print("nodes:", nodes)
 
-    models = {t: build_kernel_model(t, bin_dir, cache, progress=print) for t in KERNEL_TYPES}
+    only = set(args.only) if args.only else None
+    dense_types = [t for t in KERNEL_TYPES if only is None or t in only or t == "Q8_0"]
+    models = {t: build_kernel_model(t, bin_dir, cache, progress=print) for t in dense_types}
     narrow = build_kernel_model("Q8_0", bin_dir, cache, progress=print, narrow=True)
     tiny = {
         n: write_k3_gguf(work / f"L{n}", f"L{n}", shape=replace(TINY_K3, n_layer=n, mla_every=4))[0]
@@ -289,7 +291,8 @@ def measure(args: argparse.Namespace) -> int:
         measured: dict[str, dict[str, float]] = {"Q8_0": row_q8}
         # 3. every other type: what its model takes beyond nodes and layer operations
         first = ("F16", "IQ4_NL")  # the fallbacks of rows other types cannot hold
-        for qtype in [*first, *[t for t in KERNEL_TYPES if t not in ("Q8_0", *first)]]:
+        order = [*first, *[t for t in KERNEL_TYPES if t not in ("Q8_0", *first)]]
+        for qtype in [t for t in order if t in models]:
             so_far = kernels.parse(_draft(measured, node_s, structure, nodes))
             measured[qtype] = type_cost(
                 models[qtype], qtype, bench(models[qtype], threads), threads, so_far,
@@ -303,8 +306,9 @@ def measure(args: argparse.Namespace) -> int:
             )
             target = costs if threads == 1 else checks
             target[qtype] = {"tg_ns": round(row["tg"], 5), "pp_ns": round(row["pp"], 5)}
+    routed_types = [t for t in MOE_KERNEL_TYPES if only is None or t in only]
     routed, routed_loads = measure_routed(
-        bin_dir, cache, thread_counts, args.max_load, args.max_wait
+        bin_dir, cache, thread_counts, args.max_load, args.max_wait, routed_types
     )
     result = _draft(
         {k: {"tg": v["tg_ns"], "pp": v["pp_ns"]} for k, v in costs.items()},
@@ -320,7 +324,7 @@ def measure(args: argparse.Namespace) -> int:
         "load_average": [round(x, 2) for x in loads],
         f"types_at_{cores}_threads": checks,
     }
-    return _write(result, args.dry_run)
+    return _write(result, args.dry_run, args.out)
 
 
 def type_cost(
@@ -360,13 +364,14 @@ def _routed_fields(
     }
 
 
-def _write(data: dict[str, object], dry_run: bool) -> int:
-    """Write resources/kernels.json (``dry_run``: print it instead)."""
+def _write(data: dict[str, object], dry_run: bool, out: Path | None = None) -> int:
+    """Write resources/kernels.json or ``out`` (``dry_run``: print it instead)."""
     if dry_run:
         print(json.dumps(data, indent=2))
     else:
-        OUT.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote {OUT} (load average now {load_average():.2f})")
+        target = out or OUT
+        target.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {target} (load average now {load_average():.2f})")
     return 0
 
 
@@ -404,7 +409,7 @@ def measure_routed_only(args: argparse.Namespace) -> int:
         bin_dir, args.cache, sorted({1, cores}), args.max_load, args.max_wait
     )
     data |= {"about": ABOUT} | _routed_fields(routed, loads)
-    return _write(data, args.dry_run)
+    return _write(data, args.dry_run, args.out)
 
 
 def measure_types(args: argparse.Namespace, types: Sequence[str]) -> int:
@@ -457,7 +462,7 @@ def measure_types(args: argparse.Namespace, types: Sequence[str]) -> int:
             data.setdefault(key, {})[qtype] = {
                 "tg_ns": round(row["tg"], 5), "pp_ns": round(row["pp"], 5)
             }  # fmt: skip
-    routed_types = [t for t in types if t in MOE_KERNEL_TYPES]
+    routed_types = [] if args.dense_only else [t for t in types if t in MOE_KERNEL_TYPES]
     if routed_types:
         routed, routed_loads = measure_routed(
             bin_dir, args.cache, thread_counts, args.max_load, args.max_wait, routed_types
@@ -474,7 +479,7 @@ def measure_types(args: argparse.Namespace, types: Sequence[str]) -> int:
         **{f"{t} (routed)": today for t in routed_types},
     }
     data["load_average"] = loads
-    return _write(data, args.dry_run)
+    return _write(data, args.dry_run, args.out)
 
 
 def show() -> int:
@@ -506,6 +511,15 @@ def main() -> int:
         help="comma-separated: measure only these types (dense and routed; with "
         "--routed-only, routed only) and add them to resources/kernels.json",
     )
+    parser.add_argument("--dense-only", action="store_true", help="with --types: no routed curves")
+    parser.add_argument(
+        "--only",
+        type=lambda v: [t.strip().upper() for t in v.split(",") if t.strip()],
+        default=None,
+        help="the full measurement (node overhead, layers, Q8_0) for these types only: a "
+        "self-consistent file for models of these types, quicker to make (use with --out)",
+    )
+    parser.add_argument("--out", type=Path, help="write here instead of resources/kernels.json")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--engine-bin", type=Path)
     parser.add_argument("--max-load", type=float, default=0.5)
