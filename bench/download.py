@@ -34,6 +34,9 @@ in this process during k3desk's rounds) against the cores, as a share of a
 10 Gbit/s link; and the rate the disk under the work folder sustains when written
 and flushed (``--disk-mib``): the shards here fit in the page cache, a 300 GB
 tier does not, and runs at the disk's rate once the dirty limit is reached.
+k3desk also makes each file durable (``fsync``) before it counts as done, so its
+transfer rate here includes flushing the shards to the disk; ``--work /dev/shm``
+(a tmpfs, where ``fsync`` returns at once) times both clients without the disk.
 """
 
 from __future__ import annotations
@@ -235,13 +238,32 @@ def disk_write_rate(folder: Path, mib: int) -> float:
     return max(mib, 4) / (time.perf_counter() - t0)
 
 
+def _filesystem(folder: Path) -> str:
+    """The type of the filesystem holding ``folder`` (from /proc/mounts), or "?"."""
+    best, kind = "", "?"
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return kind
+    where = str(folder.resolve())
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1]
+        inside = where == point or where.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
 def _self_cpu() -> float:
     """CPU seconds of this process so far: the stand-in's threads (and little else)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
 
-def budget(client_cpu: float, server_cpu: float, disk: float) -> None:
+def budget(client_cpu: float, server_cpu: float, disk: float, fs: str) -> None:
     """What this machine allows at all: the CPU both ends of the transfer need per
     GiB against its cores (the stand-in runs here too), and the disk's own rate."""
     cores = os.cpu_count() or 1
@@ -255,9 +277,9 @@ def budget(client_cpu: float, server_cpu: float, disk: float) -> None:
     )
     if disk > 0:
         print(
-            f"the disk sustains {disk:.0f} MiB/s written and flushed = {disk / link10:.0%} of "
-            "a 10 Gbit/s link: a download larger than the page cache's dirty limit goes no "
-            "faster, whichever client"
+            f"the work folder's {fs} sustains {disk:.0f} MiB/s written and flushed = "
+            f"{disk / link10:.0%} of a 10 Gbit/s link: a download larger than the page "
+            "cache's dirty limit goes no faster, whichever client"
         )
 
 
@@ -361,6 +383,12 @@ def main() -> int:
     ap.add_argument(
         "--disk-mib", type=int, default=2048, help="MiB written to time the disk (0: skip)"
     )
+    ap.add_argument(
+        "--work",
+        type=Path,
+        help="folder for the served shards and the downloads (default: the temp folder); "
+        "a tmpfs such as /dev/shm times the clients without the disk",
+    )
     ap.add_argument("--library-child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--raw-child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -372,7 +400,7 @@ def main() -> int:
         raw_child(args.raw_child[0], int(args.raw_child[1]), args.raw_child[2:])
         return 0
 
-    work = Path(tempfile.mkdtemp(prefix="k3bench-"))
+    work = Path(tempfile.mkdtemp(prefix="k3bench-", dir=args.work))
     try:
         disk = disk_write_rate(work, args.disk_mib) if args.disk_mib else 0.0
         files = make_shards(work / "served", args.shard_mib)
@@ -394,7 +422,8 @@ def main() -> int:
             print(
                 f"9 shards x {args.shard_mib} MiB = {total / MiB:.0f} MiB, "
                 f"{args.parallel} files at once, {args.rounds} rounds, cores: {os.cpu_count()}, "
-                f"load average {os.getloadavg()[0]:.2f}"
+                f"load average {os.getloadavg()[0]:.2f}; written to {work} "
+                f"({_filesystem(work)})"
             )
             results = {
                 float(g): run_link(hub, float(g), args, env, work, files, total)
@@ -423,7 +452,7 @@ def main() -> int:
                 f"{lib_k3:.2f} s, snapshot_download {lib_hf:.2f} s, ratio {lib_k3 / lib_hf:.2f}x; "
                 f"client CPU per GiB: DownloadJob {cpu_k3:.2f} s, snapshot_download {cpu_hf:.2f} s"
             )
-            budget(cpu_k3, server_cpu, disk)
+            budget(cpu_k3, server_cpu, disk, _filesystem(work))
         for gbit, r in results.items():
             if gbit == 0:
                 ok = "met" if r["ratio"] <= 0.9 else "NOT met"

@@ -545,6 +545,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "a download resumes from what it kept, not from byte 0",
     ),
     m(
+        "no-fsync-for-a-fresh-partial",
+        "k3desk/core/hub/state.py",
+        "self.checkpoint(0, sync=False)",
+        "self.checkpoint(0)",
+        f"{T_HUB}::test_the_disk_is_waited_for_only_where_a_checkpoint_is_recorded",
+        "starting or finishing a file does not wait for the disk; only a checkpoint does",
+    ),
+    m(
         "download-cancel-reaches-the-job",
         "k3desk/core/hub/job.py",
         "self._user_cancel.on_cancel(self._stop.cancel)",

@@ -63,13 +63,20 @@ def meta_dir(target: Path) -> Path:
     return target / DIRNAME
 
 
-def atomic_write_json(path: Path, data: Any) -> None:
+def atomic_write_json(path: Path, data: Any, *, sync: bool = True) -> None:
+    """Replace ``path`` with ``data`` as JSON: readers see the old or the new whole.
+
+    ``sync=False`` skips the fsync, for records whose loss in a power cut only
+    costs work (an fsync here also waits for the journal to take the data other
+    threads wrote before it: hundreds of MB in the middle of a download).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", encoding="utf-8") as f:
         json.dump(data, f, indent=1, sort_keys=True)
         f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -149,7 +156,11 @@ class TargetState:
                 for p, r in sorted(self.files.items())
             },
         }
-        atomic_write_json(self.path, data)
+        # Not fsync'ed: the record is only worth what the files it describes are
+        # worth, and those are not fsync'ed either (see is_trusted).  After a
+        # power cut it may be the old one, or unreadable (load_error): either way
+        # files verified shortly before are hashed again, never trusted blindly.
+        atomic_write_json(self.path, data, sync=False)
 
     def record_listing(
         self, key: str, repo: str, revision: str, endpoint: str, files: tuple[RemoteFile, ...]
@@ -281,14 +292,17 @@ class Partial:
                 self.sidecar.unlink()
             with self.data.open("wb"):
                 pass
-            self.checkpoint(0)
+            # nothing is durable yet, so nothing needs to be made so: a sidecar
+            # lost in a power cut means starting at byte 0, which is what it says
+            self.checkpoint(0, sync=False)
         else:
             os.truncate(self.data, keep)
         return keep
 
-    def checkpoint(self, durable: int, *, holes: bool = False) -> None:
+    def checkpoint(self, durable: int, *, holes: bool = False, sync: bool = True) -> None:
         """Record that ``durable`` bytes are on stable storage (call after fsync);
-        ``holes``: bytes past them are not a contiguous prefix (ranges in flight).
+        ``holes``: bytes past them are not a contiguous prefix (ranges in flight);
+        ``sync``: make the record itself durable before returning.
 
         The sidecar has a fixed layout (the number is space-padded), so after
         the first write it is overwritten in place: no new disk block is
@@ -316,7 +330,8 @@ class Partial:
             with tmp.open("wb") as f:
                 f.write(text)
                 f.flush()
-                os.fsync(f.fileno())
+                if sync:
+                    os.fsync(f.fileno())
             os.replace(tmp, self.sidecar)
             return
         try:
@@ -324,7 +339,8 @@ class Partial:
                 os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
             os.write(fd, text)  # < 1 KiB: one write, within one disk block
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
 

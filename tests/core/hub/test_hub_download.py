@@ -584,6 +584,47 @@ def test_checkpoints_are_made_while_the_transfer_runs(tier_repo: TierRepo, tmp_p
     assert not sidecar.exists()
 
 
+def test_the_disk_is_waited_for_only_where_a_checkpoint_is_recorded(
+    tier_repo: TierRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An fsync also waits for whatever other transfers wrote before it (hundreds of MB
+    mid-download): starting a file and recording it verified must not call one; only a
+    checkpoint does, and a lost state.json costs a re-hash, not a file."""
+    hub = tier_repo.hub
+    calls: list[int] = []
+    real = os.fsync
+
+    def counted(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counted)
+    req = tier_repo.request()
+    wanted = tier_repo.wanted
+    big = max(len(d) for d in wanted.values())
+    opts = options(hub, checkpoint_bytes=4 * big)  # no file reaches a checkpoint
+    DownloadJob(req, tmp_path / "a", opts).run()
+    assert_landed(tmp_path / "a", wanted)
+    assert calls == []
+
+    # the counting sees checkpoints when there are some
+    name = shard_name(1)
+    hub.throttle_bps = 1_000_000
+    small = options(hub, checkpoint_bytes=256 * 1024)
+    DownloadJob(DownloadRequest(TIER_REPO, (name,)), tmp_path / "b", small).run()
+    assert calls
+
+    # state.json lost in a power cut: the files are hashed again and kept, none fetched
+    hub.throttle_bps = 0
+    (tmp_path / "a" / ".k3desk" / "state.json").unlink()
+    hub.reset_log()
+    rec = Recorder()
+    DownloadJob(req, tmp_path / "a", opts, rec).run()
+    assert hub.bytes_sent() == 0
+    assert {e.path for e in rec.of("file_done")} == set(wanted)
+    assert_landed(tmp_path / "a", wanted)
+
+
 def test_token_never_reaches_logs_or_events_even_at_debug_level(
     tier_repo: TierRepo, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
