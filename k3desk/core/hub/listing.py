@@ -118,16 +118,7 @@ def list_remote(
     files = []
     refused: list[tuple[str, str]] = []
     for path in chosen:
-        e = by_path[path]
-        lfs = e.lfs
-        sha256 = lfs.sha256 if lfs is not None else None
-        f = RemoteFile(
-            path=path,
-            size=_size(lfs.size if lfs is not None else e.size),
-            sha256=sha256.lower() if isinstance(sha256, str) else None,
-            git_sha1=str(e.blob_id or "").lower(),
-            xet_hash=getattr(e, "xet_hash", None),
-        )
+        f = _remote_file(by_path[path])
         problem = listed_file_problem(f)
         if problem:
             refused.append((path, problem))
@@ -140,6 +131,19 @@ def list_remote(
         files=tuple(files),
         endpoint=ep,
         refused=tuple(refused),
+    )
+
+
+def _remote_file(e: Any) -> RemoteFile:
+    """A tree entry (huggingface_hub's ``RepoFile``) as k3desk lists it."""
+    lfs = e.lfs
+    sha256 = lfs.sha256 if lfs is not None else None
+    return RemoteFile(
+        path=e.path,
+        size=_size(lfs.size if lfs is not None else e.size),
+        sha256=sha256.lower() if isinstance(sha256, str) else None,
+        git_sha1=str(e.blob_id or "").lower(),
+        xet_hash=getattr(e, "xet_hash", None),
     )
 
 
