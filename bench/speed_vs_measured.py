@@ -2,6 +2,7 @@
 
     python bench/speed_vs_measured.py [--threads 1,2] [--max-load 0.5] [--models S-grearl]
     python bench/speed_vs_measured.py --reuse   # predict again against the recorded runs
+    python bench/speed_vs_measured.py --reuse --kernels FILE   # ... with other costs
 
 Builds (once, cached under ~/.cache/k3desk-bench) kimi-k3 GGUFs of three sizes
 (0.5, 1.5-2.3 and 6.6 GB) with the type mixes of four published tiers, quantized
@@ -38,6 +39,7 @@ from k3desk.core.gguf.validate import validate_shard_set  # noqa: E402
 from k3desk.core.hardware.bandwidth import fmt_bandwidth  # noqa: E402
 from k3desk.core.hardware.detect import detect_hardware  # noqa: E402
 from k3desk.core.hardware.profile import HardwareProfile  # noqa: E402
+from k3desk.core.planning import kernels  # noqa: E402
 from k3desk.core.planning.model import PlanOptions  # noqa: E402
 from k3desk.core.planning.plan import make_plan  # noqa: E402
 from k3desk.core.planning.speed import predict_speed  # noqa: E402
@@ -65,7 +67,10 @@ class Row:
         return (self.predicted - self.measured) / self.measured if self.measured > 0 else 0.0
 
 
-def predict(hw: HardwareProfile, path: Path, threads: int) -> tuple[float, float]:
+def predict(
+    hw: HardwareProfile, path: Path, threads: int, costs: kernels.Kernels | None = None
+) -> tuple[float, float]:
+    """Prompt and decode tok/s as k3desk plans them (``costs``: another cost file)."""
     layout = validate_shard_set(path)
     plan = make_plan(hw, layout, PlanOptions(ctx=4096, threads=threads))
     s = predict_speed(
@@ -77,6 +82,7 @@ def predict(hw: HardwareProfile, path: Path, threads: int) -> tuple[float, float
         depth=TG // 2,  # tg32 from an empty context: 16 tokens deep on average
         threads=threads,
         prompt_tokens=PP,
+        kernels=costs,
     )
     return s.prompt_tps, s.expected_tps
 
@@ -126,7 +132,14 @@ def main() -> int:
         help="predict again against the runs recorded in the cache (measured.json), "
         "measuring nothing",
     )
+    parser.add_argument(
+        "--kernels",
+        type=Path,
+        help="predict with this cost file (bench/kernel_costs.py --out) instead of "
+        "resources/kernels.json: costs measured on this machine",
+    )
     args = parser.parse_args()
+    costs = kernels.load(args.kernels.resolve()) if args.kernels else None
     bin_dir = args.engine_bin or default_bin()
     catalog = load_catalog(REPO / "resources" / "catalog.json")
     chosen = [m for m in BENCH_MODELS if not args.models or m.name in args.models.split(",")]
@@ -151,7 +164,7 @@ def main() -> int:
     for m in chosen:
         path = paths[m.name]
         for t in threads:
-            p_pp, p_tg = predict(hw, path, t)
+            p_pp, p_tg = predict(hw, path, t, costs)
             if args.reuse:
                 runs = [recorded.get((path.name, t, test)) for test in ("prompt", "decode")]
                 if None in runs:
