@@ -48,6 +48,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -396,13 +397,30 @@ def _draft(
     }
 
 
-def measure_routed_only(args: argparse.Namespace) -> int:
-    """Add (or replace) the routed-expert costs in resources/kernels.json, keeping the rest."""
-    bin_dir = args.engine_bin or default_bin()
-    data = json.loads(OUT.read_text(encoding="utf-8"))
+def _same_engine(bin_dir: Path) -> dict[str, Any] | None:
+    """resources/kernels.json, if it was measured with this engine build (else say so)."""
+    data: dict[str, Any] = json.loads(OUT.read_text(encoding="utf-8"))
     if data.get("engine") != engine_build(bin_dir):
         print(f"resources/kernels.json was measured with {data.get('engine')}, not "
               f"{engine_build(bin_dir)}: run the full measurement")  # fmt: skip
+        return None
+    return data
+
+
+def _unknown(types: Sequence[str]) -> bool:
+    """True (after saying which) when a type is not one this bench measures."""
+    unknown = [t for t in types if t not in KERNEL_TYPES and t not in MOE_KERNEL_TYPES]
+    if unknown:
+        print(f"not a type this bench measures: {', '.join(unknown)} (dense: "
+              f"{', '.join(KERNEL_TYPES)}; routed: {', '.join(MOE_KERNEL_TYPES)})")  # fmt: skip
+    return bool(unknown)
+
+
+def measure_routed_only(args: argparse.Namespace) -> int:
+    """Add (or replace) the routed-expert costs in resources/kernels.json, keeping the rest."""
+    bin_dir = args.engine_bin or default_bin()
+    data = _same_engine(bin_dir)
+    if data is None:
         return 1
     cores = detect_hardware(measure_bandwidth=False).cpu.physical_cores
     routed, loads = measure_routed(
@@ -418,15 +436,10 @@ def measure_types(args: argparse.Namespace, types: Sequence[str]) -> int:
     node overhead, the KDA layers' own operations and the other types' costs the
     subtraction needs are the file's, measured with the same engine."""
     bin_dir = args.engine_bin or default_bin()
-    data = json.loads(OUT.read_text(encoding="utf-8"))
-    if data.get("engine") != engine_build(bin_dir):
-        print(f"resources/kernels.json was measured with {data.get('engine')}, not "
-              f"{engine_build(bin_dir)}: run the full measurement")  # fmt: skip
+    data = _same_engine(bin_dir)
+    if data is None:
         return 1
-    unknown = [t for t in types if t not in KERNEL_TYPES and t not in MOE_KERNEL_TYPES]
-    if unknown:
-        print(f"not a type this bench measures: {', '.join(unknown)} (dense: "
-              f"{', '.join(KERNEL_TYPES)}; routed: {', '.join(MOE_KERNEL_TYPES)})")  # fmt: skip
+    if _unknown(types):
         return 2
     cores = detect_hardware(measure_bandwidth=False).cpu.physical_cores
     thread_counts = sorted({1, cores})
@@ -470,7 +483,8 @@ def measure_types(args: argparse.Namespace, types: Sequence[str]) -> int:
         for at, table in routed.items():
             data.setdefault("routed_ns", {}).setdefault(at, {}).update(table)
         data["routed_load_average"] = [
-            *data.get("routed_load_average", []), *[round(x, 2) for x in routed_loads]
+            *data.get("routed_load_average", []),
+            *[round(x, 2) for x in routed_loads],
         ]
     today = dt.date.today().isoformat()
     data["measured_later"] = {
@@ -529,6 +543,8 @@ def main() -> int:
         return show()
     if args.types:
         return measure_types(args, [t.strip().upper() for t in args.types.split(",") if t.strip()])
+    if args.only and _unknown(args.only):
+        return 2
     return measure_routed_only(args) if args.routed_only else measure(args)
 
 
