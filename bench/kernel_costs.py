@@ -3,7 +3,10 @@
     python bench/kernel_costs.py            # measure, print, and write resources/kernels.json
     python bench/kernel_costs.py --print    # print what resources/kernels.json holds
 
-What it measures (``llama-bench``, several repetitions, medians, on a quiet machine):
+What it measures (``llama-bench``, on a quiet machine, in ``--rounds`` rounds: every
+model once per round, the median of the rounds, so that a cost and the runs it is
+checked against do not each catch the machine at one moment; see
+``k3desk/devtools/measure.py``):
 
 * **per-type cost**: for each ggml type the tiers use, a dense kimi-k3 model
   whose every matrix is that type (``llama-quantize --pure``, about 0.6 G
@@ -45,7 +48,7 @@ import platform
 import re
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -68,7 +71,15 @@ from k3desk.devtools.benchk3 import (  # noqa: E402
     build_kernel_model,
     engine_build,
 )
-from k3desk.devtools.measure import default_bin, llama_bench, load_average, wait_quiet  # noqa: E402
+from k3desk.devtools.measure import (  # noqa: E402
+    BenchResult,
+    default_bin,
+    in_rounds,
+    llama_bench,
+    load_average,
+    repetitions_per_round,
+    wait_quiet,
+)
 
 OUT = REPO / "resources" / "kernels.json"
 TG, PP = 32, 64
@@ -85,6 +96,37 @@ ABOUT = (
 # tokens per routed expert measured: around llama.cpp's switch at 8 and up to a
 # 128-token batch (see the module docstring)
 ROUTED_TOKENS = (1, 2, 4, 7, 8, 12, 16, 32, 64, 128)
+
+
+def timed(
+    bin_dir: Path,
+    models: dict[Any, Path],
+    threads: int,
+    args: argparse.Namespace,
+    repetitions: int,
+    n_prompt: int | Sequence[int] = PP,
+    n_gen: int = TG,
+) -> dict[Any, dict[str, tuple[float, float]]]:
+    """Seconds per token and spread, by test ("tg", "pp", or "pp<n>" for several
+    prompt lengths), of every model, measured in ``args.rounds`` rounds (each round
+    after waiting for a quiet machine)."""
+    reps = repetitions_per_round(repetitions, args.rounds)
+
+    def job(path: Path) -> Callable[[], list[BenchResult]]:
+        return lambda: llama_bench(
+            bin_dir, path, threads=threads, n_prompt=n_prompt, n_gen=n_gen, repetitions=reps
+        )
+
+    def quiet(i: int) -> None:
+        load = wait_quiet(args.max_load, args.max_wait)
+        print(f"  round {i + 1} of {args.rounds}, {threads} thread(s) (load average {load:.2f})")
+
+    runs = in_rounds({k: job(p) for k, p in models.items()}, args.rounds, quiet)
+    several = not isinstance(n_prompt, int)
+    return {
+        k: {(r.test if several else r.test[:2]): (1.0 / r.median_tps, r.spread) for r in res}
+        for k, res in runs.items()
+    }
 
 
 def graph_nodes(bin_dir: Path, model: Path) -> int:
@@ -165,10 +207,8 @@ def expert_weights(model: Path) -> int:
 
 def measure_routed(
     bin_dir: Path,
-    cache: Path,
+    args: argparse.Namespace,
     thread_counts: Sequence[int],
-    max_load: float,
-    max_wait: float,
     types: Sequence[str] = MOE_KERNEL_TYPES,
 ) -> tuple[dict[str, dict[str, dict[str, float]]], list[float]]:
     """ns per weight per token per thread of a routed expert's matrices at each of
@@ -177,28 +217,28 @@ def measure_routed(
     loads: list[float] = []
     models = {
         t: (
-            build_kernel_model(t, bin_dir, cache, progress=print, moe=True),
-            build_kernel_model(t, bin_dir, cache, progress=print, moe=True, narrow=True),
+            build_kernel_model(t, bin_dir, args.cache, progress=print, moe=True),
+            build_kernel_model(t, bin_dir, args.cache, progress=print, moe=True, narrow=True),
         )
         for t in types
     }
     for threads in thread_counts:
-        load = wait_quiet(max_load, max_wait)
+        load = load_average()
         loads.append(load)
         print(f"routed experts, threads {threads} (load average {load:.2f})")
+        paths: dict[Any, Path] = {}
+        for qtype, (wide, narrow) in models.items():
+            paths[(qtype, "wide")], paths[(qtype, "narrow")] = wide, narrow
+        times = timed(bin_dir, paths, threads, args, 3, n_prompt=ROUTED_TOKENS, n_gen=0)
         table: dict[str, dict[str, float]] = {}
         for qtype, (wide, narrow) in models.items():
             dw = expert_weights(wide) - expert_weights(narrow)
-            per_token: list[dict[int, float]] = []
-            spread = 0.0
-            for path in (wide, narrow):
-                res = llama_bench(
-                    bin_dir, path, threads=threads, n_prompt=ROUTED_TOKENS, repetitions=3
-                )
-                per_token.append({int(r.test[2:]): 1.0 / r.median_tps for r in res})
-                spread = max(spread, *(r.spread for r in res))
+            t_wide, t_narrow = times[(qtype, "wide")], times[(qtype, "narrow")]
+            spread = max(x[1] for x in (*t_wide.values(), *t_narrow.values()))
             row = {
-                str(n): round(max(per_token[0][n] - per_token[1][n], 0.0) / dw * threads * 1e9, 5)
+                str(n): round(
+                    max(t_wide[f"pp{n}"][0] - t_narrow[f"pp{n}"][0], 0.0) / dw * threads * 1e9, 5
+                )
                 for n in ROUTED_TOKENS
             }
             table[qtype] = row
@@ -250,20 +290,19 @@ def measure(args: argparse.Namespace) -> int:
     costs: dict[str, dict[str, float]] = {}
     checks: dict[str, dict[str, float]] = {}
 
-    def bench(path: Path, threads: int) -> dict[str, tuple[float, float]]:
-        res = llama_bench(bin_dir, path, threads=threads, n_prompt=PP, n_gen=TG, repetitions=5)
-        return {r.test[:2]: (1.0 / r.median_tps, r.spread) for r in res}
-
     for threads in thread_counts:
         load = wait_quiet(args.max_load, args.max_wait)
         loads.append(load)
         print(f"threads {threads} (load average {load:.2f})")
         n = str(threads)
+        # every model of this thread count, in rounds
+        times = timed(bin_dir, {("tiny", k): v for k, v in tiny.items()}, threads, args, 7)
+        dense: dict[Any, Path] = {"narrow": narrow, **models}
+        times |= timed(bin_dir, dense, threads, args, 5)
         # 1. one graph node's overhead: tiny layers, negligible weights
-        per_token: dict[int, dict[str, float]] = {}
-        for n_layer, path in tiny.items():
-            res = llama_bench(bin_dir, path, threads=threads, n_prompt=PP, n_gen=TG, repetitions=7)
-            per_token[n_layer] = {r.test[:2]: 1.0 / r.median_tps for r in res}
+        per_token = {
+            n_layer: {t: v[0] for t, v in times[("tiny", n_layer)].items()} for n_layer in tiny
+        }
         lo, hi = OVERHEAD_LAYERS
         tiny_shape = replace(TINY_K3, mla_every=4)
         n_lo = node_total(lo, sum(replace(tiny_shape, n_layer=lo).is_mla(i) for i in range(lo)), 1)
@@ -274,7 +313,7 @@ def measure(args: argparse.Namespace) -> int:
         # 2. Q8_0 at two FFN widths: the matrix cost, and what the layers cost besides
         wide, _ = weights_by_type(models["Q8_0"])
         slim, _ = weights_by_type(narrow)
-        t_wide, t_slim = bench(models["Q8_0"], threads), bench(narrow, threads)
+        t_wide, t_slim = times["Q8_0"], times["narrow"]
         row_q8: dict[str, float] = {}
         for test in ("tg", "pp"):
             dw = sum(wide.values()) - sum(slim.values())
@@ -296,7 +335,7 @@ def measure(args: argparse.Namespace) -> int:
         for qtype in [t for t in order if t in models]:
             so_far = kernels.parse(_draft(measured, node_s, structure, nodes))
             measured[qtype] = type_cost(
-                models[qtype], qtype, bench(models[qtype], threads), threads, so_far,
+                models[qtype], qtype, times[qtype], threads, so_far,
                 kernel_nodes * node_s["tg"][n] + n_kda * structure["tg"][n],
                 kernel_nodes * node_s["pp"][n] + n_kda * structure["pp"][n],
             )  # fmt: skip
@@ -308,9 +347,7 @@ def measure(args: argparse.Namespace) -> int:
             target = costs if threads == 1 else checks
             target[qtype] = {"tg_ns": round(row["tg"], 5), "pp_ns": round(row["pp"], 5)}
     routed_types = [t for t in MOE_KERNEL_TYPES if only is None or t in only]
-    routed, routed_loads = measure_routed(
-        bin_dir, cache, thread_counts, args.max_load, args.max_wait, routed_types
-    )
+    routed, routed_loads = measure_routed(bin_dir, args, thread_counts, routed_types)
     result = _draft(
         {k: {"tg": v["tg_ns"], "pp": v["pp_ns"]} for k, v in costs.items()},
         node_s,
@@ -423,9 +460,7 @@ def measure_routed_only(args: argparse.Namespace) -> int:
     if data is None:
         return 1
     cores = detect_hardware(measure_bandwidth=False).cpu.physical_cores
-    routed, loads = measure_routed(
-        bin_dir, args.cache, sorted({1, cores}), args.max_load, args.max_wait
-    )
+    routed, loads = measure_routed(bin_dir, args, sorted({1, cores}))
     data |= {"about": ABOUT} | _routed_fields(routed, loads)
     return _write(data, args.dry_run, args.out)
 
@@ -458,11 +493,9 @@ def measure_types(args: argparse.Namespace, types: Sequence[str]) -> int:
         loads.append(round(load, 2))
         print(f"threads {threads} (load average {load:.2f})")
         n = str(threads)
+        measured = timed(bin_dir, dict(models), threads, args, 5)
         for qtype in dense:
-            res = llama_bench(
-                bin_dir, models[qtype], threads=threads, n_prompt=PP, n_gen=TG, repetitions=5
-            )
-            times = {r.test[:2]: (1.0 / r.median_tps, r.spread) for r in res}
+            times = measured[qtype]
             rests = [
                 kernel_nodes * data["node_s"][test][n] + n_kda * data["kda_layer_s"][test][n]
                 for test in ("tg", "pp")
@@ -477,9 +510,7 @@ def measure_types(args: argparse.Namespace, types: Sequence[str]) -> int:
             }  # fmt: skip
     routed_types = [] if args.dense_only else [t for t in types if t in MOE_KERNEL_TYPES]
     if routed_types:
-        routed, routed_loads = measure_routed(
-            bin_dir, args.cache, thread_counts, args.max_load, args.max_wait, routed_types
-        )
+        routed, routed_loads = measure_routed(bin_dir, args, thread_counts, routed_types)
         for at, table in routed.items():
             data.setdefault("routed_ns", {}).setdefault(at, {}).update(table)
         data["routed_load_average"] = [
@@ -538,6 +569,13 @@ def main() -> int:
     parser.add_argument("--engine-bin", type=Path)
     parser.add_argument("--max-load", type=float, default=0.5)
     parser.add_argument("--max-wait", type=float, default=1800.0)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="measure every model of a step once per round, this many rounds, and keep "
+        "the median (default 3; 1: one run each, as many repetitions as 3 rounds)",
+    )
     args = parser.parse_args()
     if args.print:
         return show()

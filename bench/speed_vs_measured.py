@@ -9,10 +9,13 @@ Builds (once, cached under ~/.cache/k3desk-bench) kimi-k3 GGUFs of three sizes
 by the engine's own llama-quantize (IQ1_S experts with an imatrix from
 llama-imatrix; see ``k3desk/devtools/benchk3.py``).  Then, on a quiet machine
 (it waits for the load average to drop), measures each with ``llama-bench``:
-prompt (pp128) and decode (tg32) tok/s, five repetitions each, the median, at
-every thread count asked for; and prints k3desk's prediction for each from
-this machine's doctor profile (``detect_hardware`` with the RAM benchmark),
-with the error.
+prompt (pp128) and decode (tg32) tok/s at every thread count asked for, in
+``--rounds`` rounds (every model and thread count once per round, three
+repetitions each; the median of the rounds: a 2-core cloud machine's decode
+speed moves by a quarter within minutes with its neighbours' memory traffic,
+see ``k3desk/devtools/measure.py``); and prints k3desk's prediction for each
+from this machine's doctor profile (``detect_hardware`` with the RAM
+benchmark), with the error and how far the rounds were apart.
 
 Nothing in the prediction is fitted to these runs: the CPU costs come from
 ``bench/kernel_costs.py`` (single-type dense models, tiny overhead models), the
@@ -27,6 +30,7 @@ import argparse
 import datetime as dt
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +49,15 @@ from k3desk.core.planning.plan import make_plan  # noqa: E402
 from k3desk.core.planning.speed import predict_speed  # noqa: E402
 from k3desk.core.units import fmt_bytes  # noqa: E402
 from k3desk.devtools.benchk3 import BENCH_MODELS, DEFAULT_CACHE, BenchModel, build_model  # noqa: E402
-from k3desk.devtools.measure import default_bin, llama_bench, load_average, wait_quiet  # noqa: E402
+from k3desk.devtools.measure import (  # noqa: E402
+    BenchResult,
+    default_bin,
+    in_rounds,
+    llama_bench,
+    load_average,
+    repetitions_per_round,
+    wait_quiet,
+)
 
 GOAL = 0.25
 PP, TG = 128, 32
@@ -117,12 +129,57 @@ def _record(record: Path, rows: list[Row]) -> None:
     record.write_text(json.dumps(runs, indent=1) + "\n", encoding="utf-8")
 
 
+def _measure(
+    args: argparse.Namespace,
+    bin_dir: Path,
+    hw: HardwareProfile,
+    paths: dict[str, Path],
+    keys: list[tuple[BenchModel, int]],
+    costs: kernels.Kernels | None,
+) -> list[Row]:
+    """Every model at every thread count once per round, ``args.rounds`` rounds."""
+    reps = repetitions_per_round(args.repetitions, args.rounds)
+    loads: dict[tuple[str, int], float] = {}
+
+    def job(m: BenchModel, t: int) -> Callable[[], list[BenchResult]]:
+        def run() -> list[BenchResult]:
+            loads.setdefault((m.name, t), wait_quiet(args.max_load, args.max_wait))
+            return llama_bench(
+                bin_dir, paths[m.name], threads=t, n_prompt=PP, n_gen=TG, repetitions=reps
+            )
+
+        return run
+
+    def say(i: int) -> None:
+        print(f"round {i + 1} of {args.rounds} (load average {load_average():.2f})", flush=True)
+
+    results = in_rounds({(m.name, t): job(m, t) for m, t in keys}, args.rounds, say)
+    rows: list[Row] = []
+    for m, t in keys:
+        by = {r.test: r for r in results[(m.name, t)]}
+        pp, tg = by[f"pp{PP}"], by[f"tg{TG}"]
+        p_pp, p_tg = predict(hw, paths[m.name], t, costs)
+        load = loads[(m.name, t)]
+        rows.append(Row(m, paths[m.name], t, "prompt", p_pp, pp.median_tps, pp.spread, load))
+        rows.append(Row(m, paths[m.name], t, "decode", p_tg, tg.median_tps, tg.spread, load))
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="", help="comma-separated (default: 1 and all cores)")
     parser.add_argument("--max-load", type=float, default=0.5)
     parser.add_argument("--max-wait", type=float, default=1800.0, help="seconds (default 1800)")
-    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument(
+        "--repetitions", type=int, default=5, help="in all, over the rounds (default 5)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="measure every model once per round, this many rounds; keep the median "
+        "(default 3; 1: one run of --repetitions each)",
+    )
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--engine-bin", type=Path)
     parser.add_argument("--models", default="", help="comma-separated names (default: all)")
@@ -161,34 +218,28 @@ def main() -> int:
     rows: list[Row] = []
     record = args.cache / "measured.json"
     recorded = _recorded(record)
-    for m in chosen:
-        path = paths[m.name]
-        for t in threads:
-            p_pp, p_tg = predict(hw, path, t, costs)
-            if args.reuse:
-                runs = [recorded.get((path.name, t, test)) for test in ("prompt", "decode")]
-                if None in runs:
-                    print(f"  {m.name} t={t}: no recorded run in {record}")
-                    continue
-                for test, pred, run in zip(("prompt", "decode"), (p_pp, p_tg), runs, strict=True):
-                    assert run is not None
-                    rows.append(Row(m, path, t, test, pred, run["tps"], run["spread"], run["load"]))
-            else:
-                load = wait_quiet(args.max_load, args.max_wait)
-                res = llama_bench(
-                    bin_dir, path, threads=t, n_prompt=PP, n_gen=TG, repetitions=args.repetitions
-                )
-                by = {r.test: r for r in res}
-                pp, tg = by[f"pp{PP}"], by[f"tg{TG}"]
-                rows.append(Row(m, path, t, "prompt", p_pp, pp.median_tps, pp.spread, load))
-                rows.append(Row(m, path, t, "decode", p_tg, tg.median_tps, tg.spread, load))
-                _record(record, rows[-2:])
-            for r in rows[-2:]:
-                print(
-                    f"  {m.name} t={t} {r.test}: predicted {r.predicted:.2f}, "
-                    f"measured {r.measured:.2f} ({r.error:+.1%}), load {load:.2f}",
-                    flush=True,
-                )
+    keys = [(m, t) for m in chosen for t in threads]
+    if args.reuse:
+        for m, t in keys:
+            path = paths[m.name]
+            runs = [recorded.get((path.name, t, test)) for test in ("prompt", "decode")]
+            if None in runs:
+                print(f"  {m.name} t={t}: no recorded run in {record}")
+                continue
+            predicted = predict(hw, path, t, costs)
+            for test, pred, run in zip(("prompt", "decode"), predicted, runs, strict=True):
+                assert run is not None
+                rows.append(Row(m, path, t, test, pred, run["tps"], run["spread"], run["load"]))
+    else:
+        rows = _measure(args, bin_dir, hw, paths, keys, costs)
+        _record(record, rows)
+    for r in rows:
+        print(
+            f"  {r.model.name} t={r.threads} {r.test}: predicted {r.predicted:.2f}, "
+            f"measured {r.measured:.2f} ({r.error:+.1%}), load {r.load:.2f}",
+            flush=True,
+        )
+    load = load_average()
 
     print()
     head = (
@@ -206,8 +257,9 @@ def main() -> int:
             f"{r.load:>5.2f}"
         )
     print(
-        "\n(tok/s; measured: median of llama-bench's repetitions; spread: (max - min) / median; "
-        "load: 1-minute load average before the run)"
+        "\n(tok/s; measured: the median of the rounds' medians of llama-bench's repetitions; "
+        "spread: (max - min) / median of the rounds (of the repetitions with --rounds 1); "
+        "load: 1-minute load average before the first round)"
     )
 
     print("\nSecond check, the model cards' published speeds (bench/predict_speed.py):\n")

@@ -5,6 +5,15 @@ its repetitions (llama-bench's JSON gives every repetition's speed in
 ``samples_ts``).  ``wait_quiet`` waits until the 1-minute load average is low
 enough for figures to mean something: with two cores, one busy neighbour turns
 llama.cpp's spin-waiting threads into a figure several times too slow.
+
+A quiet load average is not a quiet machine: the memory and caches are shared
+with other machines' work, which the load average does not show.  On a 2-core
+cloud machine (2026-12-02), the same one-thread decode of the same model, three
+repetitions at a time, measured 27.1 to 35.6 tok/s in six runs within two minutes
+(the repetitions of one run agree far better than that).  So a figure two
+measurements compare is measured in ``rounds``: every run once per round, round
+after round, and the median of the rounds kept (``in_rounds``); its ``spread`` is
+then how far the rounds were apart.
 """
 
 from __future__ import annotations
@@ -15,9 +24,12 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
 def load_average() -> float:
@@ -94,6 +106,56 @@ def llama_bench(
         test = f"pp{row['n_prompt']}" if row["n_prompt"] else f"tg{row['n_gen']}"
         results.append(BenchResult(test, statistics.median(samples), samples, before, after))
     return results
+
+
+def merged(runs: Sequence[Sequence[BenchResult]]) -> list[BenchResult]:
+    """One result per test from several runs of the same ``llama_bench`` call made
+    apart in time: the median of the runs' medians, with the runs' medians as its
+    samples (so ``spread`` is how far the runs were apart, not how far the
+    back-to-back repetitions of one run were).  A single run is returned as it is."""
+    if len(runs) == 1:
+        return list(runs[0])
+    by_test: dict[str, list[BenchResult]] = {}
+    for run in runs:
+        for r in run:
+            by_test.setdefault(r.test, []).append(r)
+    out = []
+    for test, results in by_test.items():
+        medians = tuple(r.median_tps for r in results)
+        out.append(
+            BenchResult(
+                test,
+                statistics.median(medians),
+                medians,
+                results[0].load_before,
+                results[-1].load_after,
+            )
+        )
+    return out
+
+
+def in_rounds(
+    jobs: Mapping[K, Callable[[], list[BenchResult]]],
+    rounds: int,
+    before_round: Callable[[int], object] = lambda _round: None,
+) -> dict[K, list[BenchResult]]:
+    """Run every job once per round, round after round (``before_round(i)`` first,
+    e.g. ``wait_quiet``), so each job's runs spread over the whole measurement and
+    every job meets the same passing neighbours; each job's runs ``merged``."""
+    runs: dict[K, list[list[BenchResult]]] = {key: [] for key in jobs}
+    for i in range(max(1, rounds)):
+        before_round(i)
+        for key, job in jobs.items():
+            runs[key].append(job())
+    return {key: merged(r) for key, r in runs.items()}
+
+
+def repetitions_per_round(repetitions: int, rounds: int) -> int:
+    """Repetitions for each of ``rounds`` runs where one run would take
+    ``repetitions``: about as many in all, and at least two per run."""
+    if rounds <= 1:
+        return repetitions
+    return max(2, -(-repetitions // rounds) + 1)
 
 
 def default_bin() -> Path:
