@@ -14,8 +14,11 @@ prompt (pp128) and decode (tg32) tok/s at every thread count asked for, in
 repetitions each; the median of the rounds: a 2-core cloud machine's decode
 speed moves by a quarter within minutes with its neighbours' memory traffic,
 see ``k3desk/devtools/measure.py``); and prints k3desk's prediction for each
-from this machine's doctor profile (``detect_hardware`` with the RAM
-benchmark), with the error and how far the rounds were apart.
+from this machine's doctor profile (``detect_hardware``), with the error and
+how far the rounds were apart.  The RAM bandwidth is the doctor's copy benchmark
+read before every round, the median (six readings within two minutes ranged from
+23 to 64 GB/s on that machine), and is recorded with the runs, so that
+``--reuse`` predicts with the bandwidth of the runs' own time.
 
 Nothing in the prediction is fitted to these runs: the CPU costs come from
 ``bench/kernel_costs.py`` (single-type dense models, tiny overhead models), the
@@ -29,9 +32,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,9 +44,13 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from k3desk.core.catalog.loader import load_catalog  # noqa: E402
 from k3desk.core.gguf.validate import validate_shard_set  # noqa: E402
-from k3desk.core.hardware.bandwidth import fmt_bandwidth  # noqa: E402
+from k3desk.core.hardware.bandwidth import (  # noqa: E402
+    benchmark_threads,
+    fmt_bandwidth,
+    measure_ram_bandwidth,
+)
 from k3desk.core.hardware.detect import detect_hardware  # noqa: E402
-from k3desk.core.hardware.profile import HardwareProfile  # noqa: E402
+from k3desk.core.hardware.profile import Bandwidth, HardwareProfile  # noqa: E402
 from k3desk.core.planning import kernels  # noqa: E402
 from k3desk.core.planning.model import PlanOptions  # noqa: E402
 from k3desk.core.planning.plan import make_plan  # noqa: E402
@@ -73,6 +81,7 @@ class Row:
     measured: float
     spread: float
     load: float
+    ram_bps: float = 0.0  # the bandwidth the prediction used (the rounds' median)
 
     @property
     def error(self) -> float:
@@ -123,6 +132,7 @@ def _record(record: Path, rows: list[Row]) -> None:
                 "tps": r.measured,
                 "spread": r.spread,
                 "load": r.load,
+                "ram_bps": r.ram_bps,
                 "date": dt.date.today().isoformat(),
             }
         )
@@ -150,19 +160,36 @@ def _measure(
 
         return run
 
-    def say(i: int) -> None:
-        print(f"round {i + 1} of {args.rounds} (load average {load_average():.2f})", flush=True)
+    readings: list[float] = []
 
-    results = in_rounds({(m.name, t): job(m, t) for m, t in keys}, args.rounds, say)
+    def reading(i: int) -> None:
+        bw = measure_ram_bandwidth(threads=benchmark_threads(hw.cpu.usable_cores))
+        readings.append(bw.bytes_per_s)
+        print(
+            f"round {i + 1} of {args.rounds} (load average {load_average():.2f}; "
+            f"RAM {bw.bytes_per_s / 1e9:.1f} GB/s)",
+            flush=True,
+        )
+
+    results = in_rounds({(m.name, t): job(m, t) for m, t in keys}, args.rounds, reading)
+    hw = with_ram(hw, statistics.median(readings), f"median of {len(readings)} rounds")
+    print(f"RAM bandwidth for the predictions: {fmt_bandwidth(hw.memory.bandwidth)}")
     rows: list[Row] = []
     for m, t in keys:
         by = {r.test: r for r in results[(m.name, t)]}
         pp, tg = by[f"pp{PP}"], by[f"tg{TG}"]
         p_pp, p_tg = predict(hw, paths[m.name], t, costs)
         load = loads[(m.name, t)]
-        rows.append(Row(m, paths[m.name], t, "prompt", p_pp, pp.median_tps, pp.spread, load))
-        rows.append(Row(m, paths[m.name], t, "decode", p_tg, tg.median_tps, tg.spread, load))
+        bps = hw.memory.bandwidth.bytes_per_s
+        rows.append(Row(m, paths[m.name], t, "prompt", p_pp, pp.median_tps, pp.spread, load, bps))
+        rows.append(Row(m, paths[m.name], t, "decode", p_tg, tg.median_tps, tg.spread, load, bps))
     return rows
+
+
+def with_ram(hw: HardwareProfile, bps: float, how: str) -> HardwareProfile:
+    """``hw`` with the RAM bandwidth the copy benchmark read (``how``: over what)."""
+    note = f"{how}: {bps / 1e9:.1f} GB/s"
+    return replace(hw, memory=replace(hw.memory, bandwidth=Bandwidth(bps, "measured", note)))
 
 
 def main() -> int:
@@ -226,10 +253,15 @@ def main() -> int:
             if None in runs:
                 print(f"  {m.name} t={t}: no recorded run in {record}")
                 continue
-            predicted = predict(hw, path, t, costs)
+            # the bandwidth read while these runs were made, where it was recorded
+            bps = float(runs[0].get("ram_bps", 0.0)) if runs[0] else 0.0
+            at = with_ram(hw, bps, "recorded with the runs") if bps > 0 else hw
+            predicted = predict(at, path, t, costs)
             for test, pred, run in zip(("prompt", "decode"), predicted, runs, strict=True):
                 assert run is not None
-                rows.append(Row(m, path, t, test, pred, run["tps"], run["spread"], run["load"]))
+                rows.append(
+                    Row(m, path, t, test, pred, run["tps"], run["spread"], run["load"], bps)
+                )
     else:
         rows = _measure(args, bin_dir, hw, paths, keys, costs)
         _record(record, rows)
