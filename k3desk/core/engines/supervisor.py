@@ -319,7 +319,7 @@ class Supervisor(SupervisedLaunch[Endpoint]):
         attempt, crash = self._one_attempt(number, args, port, changes)
         if crash is None:  # stopped on request
             return None
-        replanned = crash.recovery in _REPLANS
+        replanned = crash.recovery in _REPLANS or self._moves_port(crash)
         if replanned:
             self._replans += 1
         with self._lock:
@@ -354,6 +354,13 @@ class Supervisor(SupervisedLaunch[Endpoint]):
     def _stopped(self, number: int) -> None:
         self._set_state(State.STOPPED, number)
 
+    def _moves_port(self, crash: CrashReport) -> bool:
+        """A port k3desk picked itself was taken before the engine could listen on it
+        (another program, or another engine started at the same moment, got the same
+        free port): not the engine's failure, so it does not count towards
+        ``max_failures``; another free port is picked, as often as re-plans may be."""
+        return crash.recovery == "new_port" and self.spec.port is None
+
     def _decide(
         self, crash: CrashReport, args: tuple[str, ...], port: int, failures: int, replans: int
     ) -> tuple[tuple[str, ...], int, str] | GiveUp:
@@ -362,9 +369,15 @@ class Supervisor(SupervisedLaunch[Endpoint]):
         new_args, new_port, action = args, port, "restarting unchanged"
         if crash.recovery == "none":
             give_up = "restarting cannot fix this"
+        elif self._moves_port(crash) and replans > self.policy.max_replans:
+            give_up = f"{replans} free ports in a row were taken before the engine could use them"
         elif crash.recovery in _REPLANS and replans > self.policy.max_replans:
             give_up = f"{replans - 1} re-plans did not help"
-        elif crash.recovery not in _REPLANS and failures >= self.policy.max_failures:
+        elif (
+            crash.recovery not in _REPLANS
+            and not self._moves_port(crash)
+            and failures >= self.policy.max_failures
+        ):
             give_up = f"{failures} failed attempts in a row"
         elif crash.recovery == "new_port":
             if self.spec.port is not None:

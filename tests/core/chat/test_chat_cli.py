@@ -313,7 +313,13 @@ def test_ctrl_c_mid_answer_hangs_up_and_exits_130(standin: StandIn) -> None:
         reader.join(timeout=30)
         stdout.close()
         stderr.close()
-    assert proc.returncode == 130
+    # what the child said and how far the answer got, should it ever exit otherwise
+    seen = (
+        f"stderr: {err.decode(errors='replace')[-2000:]!r}; printed {len(out)} bytes; "
+        f"stand-in sent {standin.tokens_sent} words, saw the hang-up: "
+        f"{standin.client_gone.is_set()}"
+    )
+    assert proc.returncode == 130, seen
     assert out.startswith(b"w0 w1 w2 ")
     assert b"Interrupted." in err
     assert b"Traceback" not in err

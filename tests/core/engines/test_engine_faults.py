@@ -199,6 +199,37 @@ def test_a_port_taken_while_the_engine_restarts_is_refused_naming_who_holds_it(
     assert f"(pid {os.getpid()})" in restart.crash.summary
 
 
+def test_a_free_port_taken_before_the_engine_binds_it_is_not_a_failure(
+    fake_engine: Callable[..., Path],
+    supervise: Callable[..., Supervisor],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """k3desk picks a free port; before the engine binds it another program (or another
+    engine started the same moment) takes it.  That is not the engine failing: with no
+    restart left to spend (``max_failures=1``), the engine still starts, on another free
+    port, and the taken one is named in the history."""
+    import k3desk.core.engines.supervisor as supervisor_module
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        real = supervisor_module.free_port
+        picks = iter([taken, taken])
+        monkeypatch.setattr(supervisor_module, "free_port", lambda: next(picks, None) or real())
+        policy = RestartPolicy(max_failures=1, backoff_initial=0.05, backoff_max=0.2)
+        sup = supervise(fake_engine("serve"), policy=policy)
+        ep = sup.wait_ready(30)
+    first, second = sup.history
+    assert first.pid == 0  # nothing was started on the taken port
+    assert first.crash is not None
+    assert first.crash.kind == "port_in_use"
+    assert f"port {taken} was taken" in (first.action or "")
+    assert second.port != taken
+    assert ep.url.endswith(f":{second.port}")
+    assert httpx.get(f"{ep.url}/v1/models", headers=ep.headers, timeout=5).status_code == 200
+
+
 def test_a_server_ignoring_sigterm_is_killed_after_the_grace_period(
     fake_engine: Callable[..., Path], supervise: Callable[..., Supervisor]
 ) -> None:
