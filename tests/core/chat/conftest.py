@@ -58,8 +58,9 @@ class StandIn:
     error_body: Any = None
     cut_after: int | None = None  # close the socket after this many tokens
     error_after: int | None = None  # send an error event after this many tokens
-    # after this many tokens send nothing more until the client hangs up (at most 60 s):
-    # an answer that cannot end before the client acts
+    # after this many tokens send nothing more until the client hangs up (at most
+    # HOLD_S): an answer that cannot end before the client acts, however slow it is to
+    # read the first tokens (HOLD_S outlasts every test's own deadline)
     hold_after: int | None = None
     token_delay: float = 0.0
     hold_s: float = 0.0  # wait this long before sending headers (a long prefill)
@@ -201,7 +202,7 @@ class _Handler(BaseHTTPRequestHandler):
                     self.connection.shutdown(socket.SHUT_RDWR)
                     self.close_connection = True
                     return
-                if st.hold_after is not None and i == st.hold_after and self._hold():
+                if st.hold_after is not None and i == st.hold_after and self._hold(HOLD_S):
                     st.client_gone.set()
                     self.close_connection = True
                     return
@@ -267,6 +268,12 @@ class _Server(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client hanging up is part of what these tests do
         pass
+
+
+# How long a held answer waits for the client to hang up.  Once 60 s, which a CI run
+# outlasted: the child read its first words only after the hold ran out, then took the
+# whole answer at once and exited 0 before its Ctrl-C.
+HOLD_S = 300.0
 
 
 @pytest.fixture

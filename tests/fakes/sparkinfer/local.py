@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -25,10 +26,39 @@ from tests.fakes.sparkinfer.stand_in import install_recipe, write_model_extras
 FAKES = Path(__file__).resolve().parent
 
 
-def free_port() -> int:
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands to outgoing connections (32768 by default)."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text(encoding="ascii")
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(taken: set[int] | None = None) -> int:
+    """A free port below the kernel's ephemeral range.  A port from that range (what
+    binding port 0 gives) can be taken between now and the listener's bind by any
+    outgoing connection, the workers' own to rank 0 included: a CI run once lost the
+    bridge's port that way.  ``taken``: ports already chosen, not to be given again."""
+    taken = set() if taken is None else taken
+    low = _ephemeral_low()
+    if low > 12000:
+        for _ in range(200):
+            port = random.randrange(10000, low)
+            if port in taken:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            taken.add(port)
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        port = int(s.getsockname()[1])
+    taken.add(port)
+    return port
 
 
 @dataclass
@@ -69,7 +99,8 @@ def start_local_bridge(
     model = write_recipe_twin(model_dir)[0]
     tokenizer, template = write_model_extras(model_dir)
     recipe = install_recipe(directory, python=python)
-    coord, serve, http = free_port(), free_port(), free_port()
+    chosen: set[int] = set()
+    coord, serve, http = free_port(chosen), free_port(chosen), free_port(chosen)
     common = ["--world", "3", "--model", str(model), "--max-ctx", str(max_ctx)]
     binary = [sys.executable, str(FAKES / "kimi_k3_dist_generate")]
     base = {**os.environ, "FAKE_SPARKINFER_SHARD_DELAY_S": "0", **(env or {})}
