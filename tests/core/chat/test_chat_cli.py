@@ -277,8 +277,20 @@ def test_ctrl_c_mid_answer_hangs_up_and_exits_130(standin: StandIn) -> None:
     # the stand-in sends 50 words, then nothing until the client hangs up: the answer
     # cannot end before the Ctrl-C, however slow the machine
     standin.hold_after = 50
+    # A child inherits an ignored or blocked SIGINT from the process that starts it, and
+    # Python then leaves Ctrl-C ignored; in full core runs the child once never reacted to
+    # it (the stand-in's hold ran out), so the child starts as a shell would start it:
+    # SIGINT at its default, unblocked.  (What in the test process left it so is not found.)
+    parent_sigint = signal.getsignal(signal.SIGINT)
+    launch = (
+        "import runpy, signal, sys; "
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+        "signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv = ['k3desk', *sys.argv[1:]]; "
+        "runpy.run_module('k3desk', run_name='__main__', alter_sys=True)"
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "k3desk", "chat", "--url", standin.url, "Count"],
+        [sys.executable, "-c", launch, "chat", "--url", standin.url, "Count"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=Path(__file__).resolve().parents[3],
@@ -317,7 +329,7 @@ def test_ctrl_c_mid_answer_hangs_up_and_exits_130(standin: StandIn) -> None:
     seen = (
         f"stderr: {err.decode(errors='replace')[-2000:]!r}; printed {len(out)} bytes; "
         f"stand-in sent {standin.tokens_sent} words, saw the hang-up: "
-        f"{standin.client_gone.is_set()}"
+        f"{standin.client_gone.is_set()}; the test process's SIGINT handler: {parent_sigint!r}"
     )
     assert proc.returncode == 130, seen
     assert out.startswith(b"w0 w1 w2 ")
