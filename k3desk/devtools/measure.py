@@ -152,7 +152,8 @@ def in_rounds(
 
 def repetitions_per_round(repetitions: int, rounds: int) -> int:
     """Repetitions for each of ``rounds`` runs where one run would take
-    ``repetitions``: about as many in all, and at least two per run."""
+    ``repetitions``: its share rounded up, plus one (so a round's median is not
+    one sample), and at least two per run; somewhat more in all than one run's."""
     if rounds <= 1:
         return repetitions
     return max(2, -(-repetitions // rounds) + 1)
