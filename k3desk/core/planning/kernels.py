@@ -16,7 +16,8 @@ import bisect
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -89,6 +90,40 @@ class TypeCost:
 
 
 @dataclass(frozen=True)
+class KernelScale:
+    """How much slower (> 1) or faster (< 1) this machine's CPU runs the engine's
+    kernels than the machine the costs were measured on, by test ("tg": decoding,
+    matrix-vector; "pp": prompts, matrix-matrix) and thread count.
+
+    Machines sold under one CPU name differ by two times and more (a cloud "AMD EPYC"
+    of one generation or another, a different clock), so a cost file measured on one
+    of them predicts another only after a short run of the same kernels there
+    (:mod:`k3desk.core.tuning.cpuprobe`).  Between the thread counts measured the
+    factor is linear in the threads; outside them, that of the nearest count."""
+
+    factors: Mapping[str, Mapping[int, float]]
+    note: str = ""  # how it was measured, for the prediction's source line
+
+    def __hash__(self) -> int:
+        table = tuple((t, tuple(sorted(v.items()))) for t, v in sorted(self.factors.items()))
+        return hash((table, self.note))
+
+    def at(self, test: str, threads: int) -> float:
+        table = self.factors.get(test) or {}
+        if not table:
+            return 1.0
+        known = sorted(table)
+        if threads <= known[0]:
+            return table[known[0]]
+        if threads >= known[-1]:
+            return table[known[-1]]
+        i = bisect.bisect_left(known, threads)
+        lo, hi = known[i - 1], known[i]
+        w = (threads - lo) / (hi - lo)
+        return table[lo] * (1.0 - w) + table[hi] * w
+
+
+@dataclass(frozen=True)
 class Kernels:
     source: str
     types: dict[str, TypeCost]
@@ -108,6 +143,18 @@ class Kernels:
     # a routed expert's matrices: ns per weight per token per thread when the expert
     # multiplies n tokens, by thread count, type and n (bench/kernel_costs.py)
     routed: dict[int, dict[str, dict[int, float]]] = field(default_factory=dict)
+    # this machine against the one measured (None: the costs as measured)
+    scale: KernelScale | None = None
+
+    def scaled(self, scale: KernelScale | None) -> Kernels:
+        """These costs on a machine that runs the kernels ``scale`` times as long."""
+        if scale is None:
+            return self
+        source = self.source + (f"; {scale.note}" if scale.note else "")
+        return replace(self, scale=scale, source=source)
+
+    def _factor(self, test: str, threads: int) -> float:
+        return self.scale.at(test, threads) if self.scale is not None else 1.0
 
     def routed_cost(self, type_name: str, tokens: int, threads: int = 1) -> float | None:
         """ns per weight per token per thread of a routed expert of ``type_name`` that
@@ -125,19 +172,21 @@ class Kernels:
         at = [n for n in self.routed if n <= threads]
         table = self.routed[max(at) if at else min(self.routed)]
         name = type_name.upper()
-        scale = 1.0
+        # the kernel that runs it: matrix-vector ("tg") or tiled matrix-matrix ("pp")
+        kind = "tg" if tokens < TILED_MIN_TOKENS or name not in TILED_TYPES else "pp"
+        scale = self._factor(kind, threads)
         if name not in table:
             other = ROUTED_SIMILAR.get(name)
             while other is not None and other not in table:  # BF16 -> F16 -> Q8_0
                 other = ROUTED_SIMILAR.get(other)
             if other is None:
                 return None
-            mine, _ = self.cost(name, threads)
+            mine, _ = self.cost(name, threads)  # both scaled alike: the ratio is the file's
             theirs, _ = self.cost(other, threads)
-            if tokens < TILED_MIN_TOKENS or name not in TILED_TYPES:
-                scale = mine.tg_ns / theirs.tg_ns if theirs.tg_ns > 0 else 1.0
+            if kind == "tg":
+                scale *= mine.tg_ns / theirs.tg_ns if theirs.tg_ns > 0 else 1.0
             else:
-                scale = mine.pp_ns / theirs.pp_ns if theirs.pp_ns > 0 else 1.0
+                scale *= mine.pp_ns / theirs.pp_ns if theirs.pp_ns > 0 else 1.0
             name = other
         return scale * _interpolate(table[name], tokens)
 
@@ -183,14 +232,20 @@ class Kernels:
             table = {**self.types, **wider}
         name = type_name.upper()
         if name in table:
-            return table[name], ""
+            return self._scaled(table[name], threads), ""
         other = SIMILAR.get(name)
         if other and other in table:
             note = "" if name == "F32" else f"{name} costed as {other} (not measured)"
-            return table[other], note
+            return self._scaled(table[other], threads), note
         # nothing known: the dearest measured type (a slow guess rather than a fast one)
         worst = max(table, key=lambda k: table[k].tg_ns)
-        return table[worst], f"{name} costed as {worst} (not measured)"
+        return self._scaled(table[worst], threads), f"{name} costed as {worst} (not measured)"
+
+    def _scaled(self, c: TypeCost, threads: int) -> TypeCost:
+        if self.scale is None:
+            return c
+        tg, pp = self._factor("tg", threads), self._factor("pp", threads)
+        return TypeCost(c.tg_ns * tg, c.pp_ns * pp)
 
     def batch_ns(self, type_name: str, tokens: float, threads: int = 1) -> float:
         """ns per weight per token per thread of one matrix multiplied by ``tokens`` tokens.
@@ -218,6 +273,9 @@ class Kernels:
         (a two-core machine), the barrier's part is what that count adds to one thread's
         figure, and it grows in proportion to the threads; with two or more such counts,
         the line through the two largest."""
+        return self._node_seconds(test, threads) * self._factor(test, threads)
+
+    def _node_seconds(self, test: str, threads: int) -> float:
         table = self.node_s.get(test) or {}
         if not table:
             return 0.0
@@ -245,7 +303,7 @@ class Kernels:
         table = self.kda_layer_s.get(test) or {}
         if not table or self.kda_state <= 0:
             return 0.0
-        scale = state / self.kda_state
+        scale = state / self.kda_state * self._factor(test, threads)
         if threads in table:
             return table[threads] * scale
         known = max(n for n in table if n <= threads) if min(table) <= threads else min(table)

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from k3desk.core.planning.kernels import KernelScale
+
 VerdictKind = Literal["gpu", "hybrid", "cpu", "stream", "no-fit"]
 
 # the context size used when none is asked for (capped at the model's trained length)
@@ -54,6 +56,9 @@ class PlanOptions:
     threads: int | None = None
     batch: int | None = None
     threads_batch: int | None = None  # -tb: threads for prompts (None: as -t)
+    # this machine's CPU against the one the kernel costs were measured on
+    # (k3desk.core.tuning.cpuprobe); None: the costs as shipped
+    kernel_scale: KernelScale | None = None
 
 
 @dataclass(frozen=True)

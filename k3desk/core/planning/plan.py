@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from k3desk.core.errors import PlanError
 from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.hardware.profile import GpuInfo, HardwareProfile
+from k3desk.core.planning import kernels as kernel_costs
 from k3desk.core.planning.argv import (
     ALL_LAYERS,
     NO_REPACK,
@@ -625,6 +626,7 @@ def _build(
         threads=opts.threads,
         threads_batch=opts.threads_batch,
         ubatch=opts.ubatch,
+        kernels=kernel_costs.load().scaled(opts.kernel_scale) if opts.kernel_scale else None,
     )
     token_s = 1.0 / speed.expected_tps if speed.expected_tps > 0 else 0.0
     load_s = load_seconds(layout, opts.disk_read_bps, token_s)
