@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from k3desk.core.app.hardware import HardwareProfile, disk_warnings, fmt_bandwidth, fmt_read_rate
-from k3desk.core.app.values import fmt_bytes
+from k3desk.core.app.hardware import (
+    HardwareProfile,
+    check_cpu,
+    cpu_check_lines,
+    disk_warnings,
+    fmt_bandwidth,
+    fmt_read_rate,
+)
+from k3desk.core.app.values import Progress, fmt_bytes
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -37,7 +45,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="skip the short RAM bandwidth benchmark (estimated from the CPU model) and the "
         "disk read measurement (up to 256 MiB of the largest GGUF file in the folder)",
     )
+    p.add_argument(
+        "--check-cpu",
+        action="store_true",
+        help="time the engine's own kernels on this CPU (about a minute, 2 GB of the "
+        "cache folder while it runs) so that speeds are predicted with this CPU's "
+        "speed, not that of the machine the shipped costs were measured on",
+    )
+    p.add_argument(
+        "--engine",
+        metavar="PATH",
+        help="with --check-cpu: the llama-server whose llama-bench to use "
+        "(default: the one in Settings, else the one k3desk finds)",
+    )
     p.set_defaults(handler=run)
+
+
+def _progress(p: Progress) -> None:
+    step = f" ({p.done}/{p.total})" if p.total else ""
+    detail = f": {p.detail}" if p.detail else ""
+    print(f"{p.stage}{step}{detail}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace, services: Services) -> int:
@@ -45,10 +72,12 @@ def run(args: argparse.Namespace, services: Services) -> int:
     profile = services.detect_hardware(disk, measure_bandwidth=not args.no_benchmark)
     if not args.no_benchmark:
         profile = services.with_measured_disk(profile)
+    if args.check_cpu:
+        check_cpu(services, engine=args.engine, on_progress=_progress)
     if args.json:
         print(profile.to_json())
     else:
-        print(render(profile))
+        print(render(profile, cpu_check_lines(services, profile)))
     return 0
 
 
@@ -56,8 +85,9 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def render(profile: HardwareProfile) -> str:
-    """The human-readable summary ``k3desk doctor`` prints."""
+def render(profile: HardwareProfile, kernels: list[str] | None = None) -> str:
+    """The human-readable summary ``k3desk doctor`` prints (``kernels``: the lines on
+    this CPU's kernel check, under CPU)."""
     cpu, mem = profile.cpu, profile.memory
     title = profile.label or profile.hostname or "this machine"
     lines = [f"k3desk doctor: {title}", ""]
@@ -99,6 +129,7 @@ def render(profile: HardwareProfile) -> str:
             f"  Features   AVX2 {_yes(cpu.has_avx2)}, AVX-512 {_yes(cpu.has_avx512)}, "
             f"AMX {_yes(cpu.has_amx)}"
         )
+    lines.extend(kernels or [])
 
     lines.append("")
     lines.append("GPUs")

@@ -37,6 +37,7 @@ from k3desk.core.planning.recommend import (
     sentence,
 )
 from k3desk.core.tuning.calibration import CalibrationStore, Correction, describe
+from k3desk.core.tuning.cpuprobe import CpuProbeStore, scale_for
 from k3desk.core.units import fmt_bytes, fmt_tps
 
 Resource = Literal["VRAM", "RAM", "Disk"]
@@ -219,7 +220,14 @@ class TierRequest:
     state_dir: Path | None = None
 
     def options(self) -> PlanOptions:
-        return PlanOptions(ctx=self.ctx, temperature=self.temperature, top_p=self.top_p)
+        """The plans' options; with the state folder, this CPU's kernel speed where it
+        was checked (``core/tuning/cpuprobe.py``)."""
+        return PlanOptions(
+            ctx=self.ctx,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            kernel_scale=scale_for(self.state_dir, self.hardware),
+        )
 
 
 def judge_tiers(request: TierRequest, tiers: Iterable[Tier]) -> TierJudgement:
@@ -228,13 +236,15 @@ def judge_tiers(request: TierRequest, tiers: Iterable[Tier]) -> TierJudgement:
     rec = recommend(hw, tiers, request.options())
     chosen = rec.best or rec.closest
     store = CalibrationStore(request.state_dir) if request.state_dir is not None else None
+    probe = CpuProbeStore(request.state_dir).get(hw) if request.state_dir is not None else None
+    since = probe.when if probe is not None else 0.0
     rows = tuple(
         tier_row(
             tv,
             hw,
             recommended=chosen is not None and tv.tier.id == chosen.tier.id,
             correction=(
-                store.tier_correction(hw, tv.tier.first_shard, tv.plan.verdict)
+                store.tier_correction(hw, tv.tier.first_shard, tv.plan.verdict, since)
                 if store is not None and tv.plan is not None
                 else None
             ),

@@ -171,19 +171,28 @@ class CalibrationStore:
             payload = {"schema": SCHEMA, "records": [asdict(r) for r in records]}
             write_private(self.path, json.dumps(payload, indent=1) + "\n")
 
-    def correction(self, hw: HardwareProfile, layout: ModelLayout, kind: str) -> Correction:
+    def _here(self, hw: HardwareProfile, since: float) -> list[SpeedRecord]:
+        """This machine's records from ``since`` on (a run predicted before this CPU's
+        kernel check was predicted from other costs: its ratio says nothing of a
+        prediction made with the check)."""
+        return [r for r in self.records() if r.machine == machine_key(hw) and r.when >= since]
+
+    def correction(
+        self, hw: HardwareProfile, layout: ModelLayout, kind: str, since: float = 0.0
+    ) -> Correction:
         if not is_this_machine(hw):
             return Correction()
-        here = [r for r in self.records() if r.machine == machine_key(hw)]
-        return correction_from(here, model_key(layout), kind)
+        return correction_from(self._here(hw, since), model_key(layout), kind)
 
-    def tier_correction(self, hw: HardwareProfile, first_shard: str, kind: str) -> Correction:
+    def tier_correction(
+        self, hw: HardwareProfile, first_shard: str, kind: str, since: float = 0.0
+    ) -> Correction:
         """The correction of a catalog tier's prediction: the runs here of a model whose
         first part has the tier's file name (the latest such model), else this
-        machine's runs of the same ``kind`` of plan."""
+        machine's runs of the same ``kind`` of plan (of those from ``since`` on)."""
         if not is_this_machine(hw):
             return Correction()
-        here = [r for r in self.records() if r.machine == machine_key(hw)]
+        here = self._here(hw, since)
         name = PurePosixPath(first_shard).name
         mine = [r for r in here if r.model_label == name]
         model = max(mine, key=lambda r: r.when).model if mine else ""
@@ -403,11 +412,15 @@ class SpeedTracker:
 
 
 def calibrate_plan(
-    store: CalibrationStore | None, hw: HardwareProfile, layout: ModelLayout, plan: LaunchPlan
+    store: CalibrationStore | None,
+    hw: HardwareProfile,
+    layout: ModelLayout,
+    plan: LaunchPlan,
+    since: float = 0.0,
 ) -> LaunchPlan:
-    """``plan`` with its speed carrying this machine's correction (as it was without
-    runs here, or for another machine's hardware file)."""
+    """``plan`` with its speed carrying this machine's correction from its runs since
+    ``since`` (as it was without runs here, or for another machine's hardware file)."""
     if store is None:
         return plan
-    c = store.correction(hw, layout, plan.verdict)
+    c = store.correction(hw, layout, plan.verdict, since)
     return replace(plan, speed=calibrated(plan.speed, c)) if c.known else plan

@@ -1,0 +1,515 @@
+"""This machine's CPU against the one the shipped kernel costs were measured on.
+
+``resources/kernels.json`` holds llama.cpp's own kernel costs as
+``bench/kernel_costs.py`` measured them on one machine.  Machines sold under one CPU
+name differ from it by two times and more: the same "AMD EPYC, 2 cores" decoded a
+Q8_0 model at 0.091 ns per weight on one day's machine and at 0.0425 on the next
+day's, so every prediction made here from the shipped costs was 29-63 % low.
+
+The probe runs the engine's own kernels here on the model those costs were measured
+with -- a dense kimi-k3 whose every matrix is Q8_0 (:data:`PROBE_SHAPE`, about 0.6 G
+weights: far more than any cache; ``bench/kernel_costs.py``'s ``KERNEL_SHAPE``) --
+through ``llama-bench`` beside the chosen llama-server, on one thread and on the
+threads a plan uses, in rounds (the median of the rounds: a busy moment moves one
+round, not the answer).  The speed model predicts the same runs from the shipped
+costs and this machine's RAM bandwidth; the factor that makes its prediction meet
+each measured speed, per test (decoding, prompts) and thread count, scales every
+cost (:meth:`k3desk.core.planning.kernels.Kernels.scaled`).  So a plan's speed on
+this machine rests on its own kernels before any model was run here; runs made
+later still correct it (:mod:`calibration`).
+
+It takes about a minute on two cores and 2 GB of the cache folder while it runs (the
+F16 source, then its Q8_0), all deleted after.  The result is kept in the state
+folder (``cpu-probe.json``) for this machine, this engine build and these shipped
+costs; any of the three changing makes it stale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from k3desk.core.engines.canary import write_k3_gguf_streamed
+from k3desk.core.errors import Cancelled, EngineError
+from k3desk.core.gguf.model import ModelLayout
+from k3desk.core.gguf.validate import validate_shard_set
+from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.k3arch import K3Shape
+from k3desk.core.localfiles import (
+    check_dict,
+    check_float,
+    check_int,
+    check_text,
+    check_when,
+    load_checked,
+)
+from k3desk.core.planning import kernels as kernel_costs
+from k3desk.core.planning.model import PlanOptions
+from k3desk.core.planning.plan import make_plan
+from k3desk.core.planning.speed import default_threads, predict_speed
+from k3desk.core.private import write_private
+from k3desk.core.process import spawn
+from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
+from k3desk.core.tuning.identity import is_this_machine, machine_key
+from k3desk.core.units import fmt_bytes
+
+PROBE_FILE = "cpu-probe.json"
+SCHEMA = 1
+# bench/kernel_costs.py's KERNEL_SHAPE (tests/core/planning/test_cpu_probe.py holds the
+# two equal): the dense model the shipped per-type costs were measured on
+PROBE_SHAPE = K3Shape(
+    n_embd=2048,
+    n_layer=8,
+    n_head=16,
+    head_dim_kda=128,
+    q_lora_rank=512,
+    kv_lora_rank=256,
+    rope_dim=64,
+    key_length_mla=192,
+    value_length_mla=128,
+    n_ff_dense=8192,
+    n_dense_lead=8,
+    n_expert=16,
+    n_expert_used=8,
+    n_ff_expert=768,
+    n_latent=1024,
+    n_expert_shared=2,
+    n_vocab=4096,
+    context_length=65536,
+    mla_every=4,
+    attn_res_block_size=2,
+)
+PROBE_TYPE = "Q8_0"
+# the prompt and generation lengths of bench/kernel_costs.py (PP, TG)
+PROMPT_TOKENS, GEN_TOKENS = 64, 32
+ROUNDS = 3
+REPETITIONS = 2  # llama-bench's -r per round
+# the F16 source and its Q8_0 side by side, with room to spare
+DISK_NEEDED = 2_200_000_000
+# a factor outside this is a broken run, not a CPU (the two machines above: 0.47)
+FACTOR_RANGE = (1 / 16, 16.0)
+BENCH_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One thread count's measured speeds (tok/s) and the factors they give."""
+
+    threads: int
+    prompt_tps: float
+    decode_tps: float
+    prompt_factor: float  # this machine's time / the shipped costs' time
+    decode_factor: float
+    spread: float  # (max - min) / median of the rounds' decode speeds
+
+
+@dataclass(frozen=True)
+class CpuProbe:
+    machine: str  # identity.machine_key
+    engine: str  # the llama-bench it ran: path, size, modification time
+    costs: str  # the shipped costs it scales (Kernels.source)
+    when: float
+    ram_bps: float  # the RAM bandwidth the predictions used
+    runs: tuple[ProbeRun, ...]
+
+    def scale(self) -> kernel_costs.KernelScale:
+        return kernel_costs.KernelScale(
+            {
+                "tg": {r.threads: r.decode_factor for r in self.runs},
+                "pp": {r.threads: r.prompt_factor for r in self.runs},
+            },
+            note=self.note(),
+        )
+
+    @property
+    def day(self) -> str:
+        return time.strftime("%Y-%m-%d", time.localtime(self.when))
+
+    def note(self) -> str:
+        """'scaled to this CPU's kernels, timed here on 2026-12-02 (1 thread: decoding
+        0.47x, prompts 0.52x; ...)': the time this CPU takes against the costs' machine."""
+        parts = [
+            f"{r.threads} thread{'s' if r.threads > 1 else ''}: "
+            f"decoding {r.decode_factor:.2f}x, prompts {r.prompt_factor:.2f}x"
+            for r in self.runs
+        ]
+        return f"scaled to this CPU's kernels, timed here on {self.day} ({'; '.join(parts)})"
+
+    def sentence(self) -> str:
+        """The plan's note: the speeds rest on this CPU's own kernel timings."""
+        slowest = max(self.runs, key=lambda r: r.threads)
+        speed = 1.0 / slowest.decode_factor
+        return (
+            f"CPU speeds are predicted with this CPU's own kernel timings (checked on "
+            f"{self.day}: it decodes at {speed:.2f}x the speed of the machine the "
+            "costs were measured on)."
+        )
+
+
+# ------------------------------------------------------------------ the tools
+
+
+def probe_tools(server: Path) -> tuple[Path, Path]:
+    """``llama-bench`` and ``llama-quantize`` of the same build as ``server`` (beside it).
+
+    Raises EngineError saying which is missing: a build that ships only llama-server
+    cannot be probed, and its predictions keep the shipped costs."""
+    folder = server.parent
+    found = []
+    for name in ("llama-bench", "llama-quantize"):
+        path = folder / name
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise EngineError(
+                f"{name} is not beside {server}: the CPU check needs the engine's own "
+                f"{name} of the same build.",
+                hint="Build llama.cpp with its tools (the default), or install the engine "
+                "with `k3desk engine install`.",
+            )
+        found.append(path)
+    return found[0], found[1]
+
+
+def file_identity(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def _run(
+    argv: Sequence[str | os.PathLike[str]], what: str, cancel: CancelToken, timeout: float
+) -> str:
+    """``argv``'s standard output; Cancelled when ``cancel`` is set meanwhile (the child
+    is stopped), EngineError with the end of its error output when it fails."""
+    child = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stop = threading.Event()
+
+    def on_cancel() -> None:
+        if not stop.is_set():
+            child.stop(2.0)
+
+    cancel.on_cancel(on_cancel)
+    try:
+        out, err = child.popen.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.stop(2.0)
+        raise EngineError(f"{what} took longer than {timeout:.0f} s and was stopped.") from None
+    except BaseException:
+        child.stop(2.0)
+        raise
+    finally:
+        stop.set()
+        child.close_pipes()
+    child.finish()
+    if cancel.cancelled:
+        raise Cancelled()
+    if child.popen.returncode != 0:
+        tail = err.decode("utf-8", "replace").strip().splitlines()[-3:]
+        raise EngineError(
+            f"{what} failed (exit status {child.popen.returncode}): " + " / ".join(tail)
+        )
+    return bytes(out).decode("utf-8", "replace")
+
+
+def write_probe_model(
+    work: Path,
+    quantize: Path,
+    *,
+    threads: int,
+    cancel: CancelToken,
+    shape: K3Shape = PROBE_SHAPE,
+) -> Path:
+    """The probe model in ``work``: the F16 source, ``llama-quantize --pure`` to Q8_0
+    (the source is deleted)."""
+    work.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(work).free
+    if free < DISK_NEEDED:
+        raise EngineError(
+            f"The CPU check needs {fmt_bytes(DISK_NEEDED)} free in {work} for a moment "
+            f"and {fmt_bytes(free)} is free."
+        )
+    src = work / "probe-f16.gguf"
+    out = work / f"probe-{PROBE_TYPE.lower()}.gguf"
+    try:
+        write_k3_gguf_streamed(src, "k3desk cpu probe", shape=shape)
+        cancel.raise_if_cancelled()
+        _run(
+            [quantize, "--pure", src, out, PROBE_TYPE, str(max(1, threads))],
+            "llama-quantize",
+            cancel,
+            BENCH_TIMEOUT,
+        )
+    except BaseException:
+        with contextlib.suppress(OSError):
+            out.unlink()
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            src.unlink()
+    return out
+
+
+def bench_once(bench: Path, model: Path, threads: int, cancel: CancelToken) -> tuple[float, float]:
+    """One ``llama-bench`` run: prompt and decode tok/s (the median of its repetitions)."""
+    argv: list[str | os.PathLike[str]] = [
+        bench, "-m", model, "-t", str(threads), "-p", str(PROMPT_TOKENS),
+        "-n", str(GEN_TOKENS), "-r", str(REPETITIONS), "-fa", "1", "-o", "json",
+    ]  # fmt: skip
+    text = _run(argv, "llama-bench", cancel, BENCH_TIMEOUT)
+    return parse_bench(text)
+
+
+def parse_bench(text: str) -> tuple[float, float]:
+    """Prompt and decode tok/s from ``llama-bench -o json``'s output."""
+    try:
+        rows = json.loads(text)
+        speeds: dict[str, float] = {}
+        for row in rows:
+            test = "pp" if int(row["n_prompt"]) > 0 else "tg"
+            samples = [float(x) for x in row.get("samples_ts") or [row["avg_ts"]]]
+            speeds[test] = statistics.median(samples)
+        pp, tg = speeds["pp"], speeds["tg"]
+    except (ValueError, TypeError, KeyError, statistics.StatisticsError) as exc:
+        raise EngineError(
+            f"llama-bench printed no speeds k3desk can read ({exc!r:.120})."
+        ) from None
+    if not (0 < pp < 1e9 and 0 < tg < 1e9 and math.isfinite(pp) and math.isfinite(tg)):
+        raise EngineError(f"llama-bench printed speeds no run gives ({pp!r}, {tg!r}).")
+    return pp, tg
+
+
+# ------------------------------------------------------------------ the factors
+
+
+def predicted(
+    hw: HardwareProfile, layout: ModelLayout, threads: int, k: kernel_costs.Kernels
+) -> tuple[float, float]:
+    """Prompt and decode tok/s of llama-bench's run of ``layout`` as k3desk predicts it."""
+    plan = make_plan(hw, layout, PlanOptions(ctx=4096, threads=threads))
+    s = predict_speed(
+        hw,
+        layout,
+        plan.layers,
+        plan.output_device,
+        ctx=plan.ctx,
+        depth=GEN_TOKENS // 2,  # tg from an empty context: half its tokens deep on average
+        threads=threads,
+        prompt_tokens=PROMPT_TOKENS,
+        kernels=k,
+    )
+    return s.prompt_tps, s.expected_tps
+
+
+def solve_factor(measured_tps: float, speed_at: Callable[[float], float]) -> float:
+    """The factor ``f`` with ``speed_at(f) == measured_tps``, ``speed_at`` falling with
+    ``f`` (bisection on log f within :data:`FACTOR_RANGE`).  Where the measured speed
+    is out of the prediction's reach (faster than RAM bandwidth allows, say), the end
+    of the range nearest to it."""
+    lo, hi = math.log(FACTOR_RANGE[0]), math.log(FACTOR_RANGE[1])
+    for _ in range(48):
+        mid = (lo + hi) / 2
+        if speed_at(math.exp(mid)) > measured_tps:
+            lo = mid  # predicted too fast: the kernels take longer here
+        else:
+            hi = mid
+    return math.exp((lo + hi) / 2)
+
+
+def factors(
+    hw: HardwareProfile,
+    layout: ModelLayout,
+    threads: int,
+    prompt_tps: float,
+    decode_tps: float,
+    k: kernel_costs.Kernels,
+) -> tuple[float, float]:
+    """The prompt and decode factors that make the prediction at ``threads`` meet the
+    measured speeds.  Decoding first: its prediction rests on the matrix-vector costs
+    alone, while a prompt's also pays them (a matrix's once-per-batch part, routed
+    experts of few tokens), so the prompt factor is found with the decode factor in."""
+
+    def at(tg: float, pp: float) -> tuple[float, float]:
+        scale = kernel_costs.KernelScale({"tg": {threads: tg}, "pp": {threads: pp}})
+        return predicted(hw, layout, threads, k.scaled(scale))
+
+    tg = solve_factor(decode_tps, lambda f: at(f, 1.0)[1])
+    pp = solve_factor(prompt_tps, lambda f: at(tg, f)[0])
+    return pp, tg
+
+
+def _spread(values: Sequence[float]) -> float:
+    med = statistics.median(values)
+    return (max(values) - min(values)) / med if med > 0 else 0.0
+
+
+def run_cpu_probe(
+    server: Path,
+    hw: HardwareProfile,
+    work: Path,
+    *,
+    progress: ProgressCallback = no_progress,
+    cancel: CancelToken | None = None,
+    kernels: kernel_costs.Kernels | None = None,
+    clock: Callable[[], float] = time.time,
+    shape: K3Shape = PROBE_SHAPE,
+    rounds: int = ROUNDS,
+) -> CpuProbe:
+    """Time the engine's kernels on this machine (see the module docstring).
+
+    ``hw`` should carry a measured RAM bandwidth (the predictions it is compared with
+    use it).  Raises EngineError (a tool missing or failing, too little disk) or
+    Cancelled; leaves nothing behind in ``work`` either way.  ``shape`` and ``rounds``
+    are for tests (a smaller model says less of the kernels)."""
+    token = cancel or CancelToken()
+    bench, quantize = probe_tools(server)
+    k = kernels or kernel_costs.load()
+    counts = sorted({1, default_threads(hw)})
+    steps = 1 + rounds * len(counts)
+    progress(Progress("Writing the probe model", 0, steps, f"{PROBE_TYPE}, in {work}"))
+    model = write_probe_model(
+        work, quantize, threads=default_threads(hw), cancel=token, shape=shape
+    )
+    try:
+        layout = validate_shard_set(model)
+        speeds: dict[int, list[tuple[float, float]]] = {n: [] for n in counts}
+        done = 1
+        for r in range(rounds):
+            for n in counts:
+                token.raise_if_cancelled()
+                progress(
+                    Progress(
+                        "Timing the engine's kernels",
+                        done,
+                        steps,
+                        f"round {r + 1} of {rounds}, {n} thread{'s' if n > 1 else ''}",
+                    )
+                )
+                speeds[n].append(bench_once(bench, model, n, token))
+                done += 1
+        runs = []
+        for n in counts:
+            pp = statistics.median(s[0] for s in speeds[n])
+            tg = statistics.median(s[1] for s in speeds[n])
+            f_pp, f_tg = factors(hw, layout, n, pp, tg, k)
+            runs.append(ProbeRun(n, pp, tg, f_pp, f_tg, _spread([s[1] for s in speeds[n]])))
+    finally:
+        with contextlib.suppress(OSError):
+            model.unlink()
+    progress(Progress("Timing the engine's kernels", steps, steps, "done"))
+    return CpuProbe(
+        machine=machine_key(hw),
+        engine=file_identity(bench),
+        costs=k.source,
+        when=clock(),
+        ram_bps=hw.memory.bandwidth.bytes_per_s,
+        runs=tuple(runs),
+    )
+
+
+# ------------------------------------------------------------------ the record
+
+
+def _parse(data: Any) -> list[CpuProbe]:
+    d = check_dict(data, "the file")
+    if d.get("schema") != SCHEMA:
+        raise ValueError("not a CPU check file of this version")
+    items = d.get("probes")
+    if not isinstance(items, list) or len(items) > 16:
+        raise ValueError("probes must be a list of at most 16")
+    out = []
+    for item in items:
+        p = check_dict(item, "probe")
+        raw_runs = p.get("runs")
+        if not isinstance(raw_runs, list) or not 1 <= len(raw_runs) <= 8:
+            raise ValueError("runs must be a list of 1 to 8")
+        runs = []
+        for raw in raw_runs:
+            r = check_dict(raw, "run")
+            runs.append(
+                ProbeRun(
+                    threads=check_int(r.get("threads"), "threads", 1, 1 << 16),
+                    prompt_tps=check_float(r.get("prompt_tps"), "prompt_tps", 1e-6, 1e9),
+                    decode_tps=check_float(r.get("decode_tps"), "decode_tps", 1e-6, 1e9),
+                    prompt_factor=check_float(r.get("prompt_factor"), "factor", *FACTOR_RANGE),
+                    decode_factor=check_float(r.get("decode_factor"), "factor", *FACTOR_RANGE),
+                    spread=check_float(r.get("spread"), "spread", 0.0, 1e3),
+                )
+            )
+        out.append(
+            CpuProbe(
+                machine=check_text(p.get("machine"), "machine", 200),
+                engine=check_text(p.get("engine"), "engine"),
+                costs=check_text(p.get("costs"), "costs"),
+                when=check_when(p.get("when")),
+                ram_bps=check_float(p.get("ram_bps"), "ram_bps", 0.0, 1e15),
+                runs=tuple(runs),
+            )
+        )
+    return out
+
+
+class CpuProbeStore:
+    """The CPU checks kept in the state folder, one per machine and engine build."""
+
+    def __init__(self, state_dir: Path, clock: Callable[[], float] = time.time) -> None:
+        self.path = state_dir / PROBE_FILE
+        self._clock = clock
+        self.note = ""  # set when a damaged file was set aside
+
+    def probes(self) -> list[CpuProbe]:
+        out, note = load_checked(self.path, _parse, what="CPU check record", clock=self._clock)
+        if note:
+            self.note = note
+        return out or []
+
+    def get(
+        self, hw: HardwareProfile, kernels: kernel_costs.Kernels | None = None
+    ) -> CpuProbe | None:
+        """The latest check of this machine against these shipped costs whose engine
+        build is still there as it was (None: none, or ``hw`` is another machine)."""
+        if not is_this_machine(hw):
+            return None
+        source = (kernels or kernel_costs.load()).source
+        here = [
+            p
+            for p in self.probes()
+            if p.machine == machine_key(hw) and p.costs == source and _same_file(p.engine)
+        ]
+        return max(here, key=lambda p: p.when) if here else None
+
+    def put(self, probe: CpuProbe) -> None:
+        """Keep ``probe``, replacing an older one of the same machine and engine."""
+        kept = [
+            p
+            for p in self.probes()
+            if not (p.machine == probe.machine and p.engine == probe.engine)
+        ]
+        records = [*kept, probe][-16:]
+        payload = {"schema": SCHEMA, "probes": [asdict(p) for p in records]}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_private(self.path, json.dumps(payload, indent=1) + "\n")
+
+
+def _same_file(identity: str) -> bool:
+    path = identity.rsplit("|", 2)[0]
+    try:
+        return file_identity(Path(path)) == identity
+    except OSError:
+        return False
+
+
+def scale_for(state_dir: Path | None, hw: HardwareProfile) -> kernel_costs.KernelScale | None:
+    """The kernel scale this machine's latest CPU check gives (None: no check)."""
+    if state_dir is None:
+        return None
+    probe = CpuProbeStore(state_dir).get(hw)
+    return probe.scale() if probe is not None else None
