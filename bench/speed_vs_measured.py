@@ -55,6 +55,7 @@ from k3desk.core.planning import kernels  # noqa: E402
 from k3desk.core.planning.model import PlanOptions  # noqa: E402
 from k3desk.core.planning.plan import make_plan  # noqa: E402
 from k3desk.core.planning.speed import predict_speed  # noqa: E402
+from k3desk.core.tuning.cpuprobe import CpuProbeStore  # noqa: E402
 from k3desk.core.units import fmt_bytes  # noqa: E402
 from k3desk.devtools.benchk3 import BENCH_MODELS, DEFAULT_CACHE, BenchModel, build_model  # noqa: E402
 from k3desk.devtools.measure import (  # noqa: E402
@@ -222,8 +223,24 @@ def main() -> int:
         help="predict with this cost file (bench/kernel_costs.py --out) instead of "
         "resources/kernels.json: costs measured on this machine",
     )
+    parser.add_argument(
+        "--cpu-check",
+        type=Path,
+        metavar="STATE_DIR",
+        help="predict with the shipped (or --kernels) costs scaled by the CPU check kept "
+        "in this state folder (`k3desk doctor --check-cpu`, core/tuning/cpuprobe.py): "
+        "costs measured on another machine, corrected by a minute's run here",
+    )
     args = parser.parse_args()
     costs = kernels.load(args.kernels.resolve()) if args.kernels else None
+    if args.cpu_check:
+        hw_here = detect_hardware(measure_bandwidth=False)
+        probe = CpuProbeStore(args.cpu_check).get(hw_here, costs)
+        if probe is None:
+            print(f"No CPU check of this machine and engine in {args.cpu_check}.")
+            return 2
+        costs = (costs or kernels.load()).scaled(probe.scale())
+        print(f"Costs: {costs.source}")
     bin_dir = args.engine_bin or default_bin()
     catalog = load_catalog(REPO / "resources" / "catalog.json")
     chosen = [m for m in BENCH_MODELS if not args.models or m.name in args.models.split(",")]

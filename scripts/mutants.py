@@ -594,6 +594,51 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     # ------------------------------------------------------------------- tuning
     m(
+        "cpu-check-prompt-factor-without-decode",
+        "k3desk/core/tuning/cpuprobe.py",
+        "lambda f: at(f, 1.0)[1])\n    pp = solve_factor(prompt_tps, lambda f: at(tg, f)[0])",
+        "lambda f: at(f, 1.0)[1])\n    pp = solve_factor(prompt_tps, lambda f: at(1.0, f)[0])",
+        "tests/core/tuning/test_cpu_probe.py::"
+        "test_the_factor_found_is_the_one_that_makes_the_prediction_meet_the_run",
+        "the CPU check's factors make the prediction meet the runs they came from",
+    ),
+    m(
+        "cpu-check-types-share-one-factor",
+        "k3desk/core/planning/kernels.py",
+        "table = self.types.get(name) or self.types.get(SCALE_FAMILY.get(name, \"\"))",
+        "table = None",
+        "tests/core/tuning/test_cpu_probe.py::"
+        "test_a_types_own_factor_is_found_with_the_general_one_in",
+        "a type timed on its own is predicted with its own factor, not the general one",
+    ),
+    m(
+        "cpu-check-old-runs-still-correct",
+        "k3desk/core/tuning/calibration.py",
+        "and r.when >= since]",
+        "]",
+        "tests/core/tuning/test_cpu_probe.py::"
+        "test_runs_predicted_before_the_check_do_not_correct_predictions_made_with_it",
+        "runs predicted before the CPU check do not correct predictions made with it",
+    ),
+    m(
+        "cpu-check-kept-for-a-rebuilt-engine",
+        "k3desk/core/tuning/cpuprobe.py",
+        "and _same_file(p.engine)",
+        "",
+        "tests/core/tuning/test_cpu_probe.py::"
+        "test_a_check_is_used_on_its_machine_with_its_engine_and_nowhere_else",
+        "a CPU check is used only with the engine build it timed",
+    ),
+    m(
+        "routed-experts-of-few-tokens-take-the-prompt-factor",
+        "k3desk/core/planning/kernels.py",
+        'kind = "tg" if tokens < TILED_MIN_TOKENS or name not in TILED_TYPES else "pp"',
+        'kind = "pp"',
+        "tests/core/tuning/test_cpu_probe.py::"
+        "test_a_scale_moves_each_kernel_by_its_own_tests_factor",
+        "a routed expert of few tokens runs (and scales with) the matrix-vector kernel",
+    ),
+    m(
         "tuned-settings-keyed-on-gpus",
         "k3desk/core/tuning/identity.py",
         'f"{hw.memory.total >> 30}|{gpus}"',

@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--check-cpu",
         action="store_true",
-        help="time the engine's own kernels on this CPU (about a minute, 2 GB of the "
+        help="time the engine's own kernels on this CPU (about three minutes, 2.6 GB of the "
         "cache folder while it runs) so that speeds are predicted with this CPU's "
         "speed, not that of the machine the shipped costs were measured on",
     )

@@ -16,6 +16,7 @@ from k3desk.core.app.operations import NO_CHANGES, Change, OpChanges, Operation
 from k3desk.core.errors import K3Error
 
 if TYPE_CHECKING:
+    from k3desk.core.app.hardware import CpuProbe
     from k3desk.core.app.library import AddResult, ModelsJudgement
     from k3desk.core.app.services import Services
     from k3desk.core.app.subject import Subject
@@ -78,6 +79,18 @@ def measure_disk(path: Path) -> Operation[DiskInfo]:
     from k3desk.core.hardware.detect import detect_disk
 
     return Operation("disk", lambda _t: detect_disk(path))
+
+
+def check_cpu(services: Services) -> Operation[CpuProbe]:
+    """Time the engine's kernels on this CPU and keep the result (later plans here
+    predict with it: the machine's tiers are judged again)."""
+    from k3desk.core.app import hardware
+
+    return Operation(
+        "check-cpu",
+        lambda t: hardware.check_cpu(services, cancel=t),
+        OpChanges.of(Change.MACHINE),
+    )
 
 
 def judge_tiers(request: TierRequest, tiers: Iterable[Tier]) -> Operation[TierJudgement]:

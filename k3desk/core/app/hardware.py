@@ -29,6 +29,7 @@ __all__ = [
     "Recommendation",
     "check_cpu",
     "cpu_check_lines",
+    "cpu_check_summary",
     "detect_disk",
     "disk_warnings",
     "fmt_bandwidth",
@@ -76,14 +77,30 @@ def cpu_check_lines(services: Services, hw: HardwareProfile) -> list[str]:
         return [
             "  Kernels    not timed here: speeds are predicted from costs measured on "
             "another machine",
-            "             (`k3desk doctor --check-cpu` times this CPU's, about a minute)",
+            "             (`k3desk doctor --check-cpu` times this CPU's, about three minutes)",
         ]
     lines = [f"  Kernels    timed here on {probe.day}, against the machine the costs are from:"]
     for r in probe.runs:
         threads = f"{r.threads} thread{'s' if r.threads > 1 else ''}"
         lines.append(
-            f"             {threads:<10} decoding {r.decode_tps:.1f} tok/s "
+            f"             {r.type_name:<5} {threads:<10} decoding {r.decode_tps:.1f} tok/s "
             f"({1 / r.decode_factor:.2f}x its speed), prompts {r.prompt_tps:.1f} tok/s "
             f"({1 / r.prompt_factor:.2f}x)"
         )
     return lines
+
+
+def cpu_check_summary(services: Services, hw: HardwareProfile) -> str:
+    """One line on this CPU's kernel check for the machine summary ("" for a hardware
+    file: the check is of this machine)."""
+    if hw.source != "detected":
+        return ""
+    probe = CpuProbeStore(services.paths.state).get(hw)
+    if probe is None:
+        return "not timed here: speeds are predicted from another machine's kernel costs"
+    r = probe.general()
+    threads = f"{r.threads} thread{'s' if r.threads > 1 else ''}"
+    return (
+        f"timed here on {probe.day}: decodes at {1 / r.decode_factor:.2f}x, prompts at "
+        f"{1 / r.prompt_factor:.2f}x the speed of the machine the costs are from ({threads})"
+    )

@@ -40,6 +40,7 @@ from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import DEFAULT_CTX, LaunchPlan, PlanOptions
 from k3desk.core.private import private_dir, write_private
 from k3desk.core.tuning.calibration import CalibrationStore, calibrate_plan
+from k3desk.core.tuning.cpuprobe import CpuProbeStore
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -319,9 +320,11 @@ def judge_model(
     hw: HardwareProfile,
     options: PlanOptions,
     calibration: CalibrationStore | None = None,
+    since: float = 0.0,
 ) -> ModelRow:
     """The planner's verdict on ``model`` for ``hw``, in the tiers table's words (its
-    speed with this machine's correction from ``calibration``, where it has runs)."""
+    speed with this machine's correction from ``calibration``, where it has runs from
+    ``since`` on: when this CPU's kernels were timed, see ``judge_models``)."""
     from k3desk.core.engines.launch import plan_model
 
     if model.layout is None:
@@ -338,7 +341,7 @@ def judge_model(
         return ModelRow(model, f"n/a: {exc.message}", "", None, None)
     speed = None
     if plan.verdict in RUNS:
-        plan = calibrate_plan(calibration, hw, model.layout, plan)
+        plan = calibrate_plan(calibration, hw, model.layout, plan, since)
         s = plan.speed
         speed = SpeedRange(
             s.expected_tps, s.low_tps, s.high_tps, s.bottleneck, s.calibrated_tps, s.calibration
@@ -355,9 +358,15 @@ def judge_models(
     problems: tuple[str, ...] = (),
     state_dir: Path | None = None,
 ) -> ModelsJudgement:
-    options = PlanOptions(ctx=None, default_ctx=ctx)
+    # with the state folder, this CPU's kernel speed where it was timed (and only the
+    # runs since then correct it: core/tuning/cpuprobe.py)
+    probe = CpuProbeStore(state_dir).get(hw) if state_dir is not None else None
+    options = PlanOptions(
+        ctx=None, default_ctx=ctx, kernel_scale=probe.scale() if probe is not None else None
+    )
     store = CalibrationStore(state_dir) if state_dir is not None else None
-    rows = tuple(judge_model(m, hw, options, store) for m in models)
+    since = probe.when if probe is not None else 0.0
+    rows = tuple(judge_model(m, hw, options, store, since) for m in models)
     return ModelsJudgement(subject, rows, problems)
 
 

@@ -89,38 +89,72 @@ class TypeCost:
     pp_ns: float  # ns per weight per token per thread, a prompt batch (matrix-matrix)
 
 
+# A type the CPU check did not time takes the factor of a timed type with the same
+# kernel (BF16 and F32: the float path of F16), else the general factor (timed on
+# Q8_0).  Not the k-quants as one family: on one machine Q4_K ran 1.5x the shipped
+# costs' speed while Q3_K held them within a few per cent (a Q3_K model predicted with
+# Q4_K's factor came out 28-45 % fast), so each k-quant is its own.
+SCALE_FAMILY: dict[str, str] = {
+    "BF16": "F16",
+    "F32": "F16",
+}
+
+
+def _by_threads(table: Mapping[int, float], threads: int) -> float:
+    """``table`` (thread count -> factor) at ``threads``: linear between the counts
+    measured, the nearest count outside them (1.0 for an empty table)."""
+    if not table:
+        return 1.0
+    known = sorted(table)
+    if threads <= known[0]:
+        return table[known[0]]
+    if threads >= known[-1]:
+        return table[known[-1]]
+    i = bisect.bisect_left(known, threads)
+    lo, hi = known[i - 1], known[i]
+    w = (threads - lo) / (hi - lo)
+    return table[lo] * (1.0 - w) + table[hi] * w
+
+
 @dataclass(frozen=True)
 class KernelScale:
     """How much slower (> 1) or faster (< 1) this machine's CPU runs the engine's
     kernels than the machine the costs were measured on, by test ("tg": decoding,
-    matrix-vector; "pp": prompts, matrix-matrix) and thread count.
+    matrix-vector; "pp": prompts, matrix-matrix) and thread count: ``factors`` for
+    every cost (the graph's nodes, the layers' own operations, every matrix type), and
+    ``types`` for the matrix types timed on their own (and their kernel family,
+    ``SCALE_FAMILY``).
 
     Machines sold under one CPU name differ by two times and more (a cloud "AMD EPYC"
-    of one generation or another, a different clock), so a cost file measured on one
-    of them predicts another only after a short run of the same kernels there
-    (:mod:`k3desk.core.tuning.cpuprobe`).  Between the thread counts measured the
-    factor is linear in the threads; outside them, that of the nearest count."""
+    of one generation or another, a different clock), and not by the same factor for
+    every type, so a cost file measured on one of them predicts another only after a
+    short run of the same kernels there (:mod:`k3desk.core.tuning.cpuprobe`).  Between
+    the thread counts measured the factor is linear in the threads; outside them, that
+    of the nearest count."""
 
     factors: Mapping[str, Mapping[int, float]]
     note: str = ""  # how it was measured, for the prediction's source line
+    types: Mapping[str, Mapping[str, Mapping[int, float]]] = field(default_factory=dict)
 
     def __hash__(self) -> int:
-        table = tuple((t, tuple(sorted(v.items()))) for t, v in sorted(self.factors.items()))
-        return hash((table, self.note))
+        def frozen(t: Mapping[str, Mapping[int, float]]) -> tuple[object, ...]:
+            return tuple((k, tuple(sorted(v.items()))) for k, v in sorted(t.items()))
+
+        types = tuple((name, frozen(t)) for name, t in sorted(self.types.items()))
+        return hash((frozen(self.factors), types, self.note))
 
     def at(self, test: str, threads: int) -> float:
-        table = self.factors.get(test) or {}
-        if not table:
-            return 1.0
-        known = sorted(table)
-        if threads <= known[0]:
-            return table[known[0]]
-        if threads >= known[-1]:
-            return table[known[-1]]
-        i = bisect.bisect_left(known, threads)
-        lo, hi = known[i - 1], known[i]
-        w = (threads - lo) / (hi - lo)
-        return table[lo] * (1.0 - w) + table[hi] * w
+        """The general factor (every cost without a type of its own)."""
+        return _by_threads(self.factors.get(test) or {}, threads)
+
+    def type_at(self, type_name: str, test: str, threads: int) -> float:
+        """The factor of matrices of ``type_name``: its own where it was timed, else its
+        family's, else the general one."""
+        name = type_name.upper()
+        table = self.types.get(name) or self.types.get(SCALE_FAMILY.get(name, ""))
+        if table and table.get(test):
+            return _by_threads(table[test], threads)
+        return self.at(test, threads)
 
 
 @dataclass(frozen=True)
@@ -153,8 +187,12 @@ class Kernels:
         source = self.source + (f"; {scale.note}" if scale.note else "")
         return replace(self, scale=scale, source=source)
 
-    def _factor(self, test: str, threads: int) -> float:
-        return self.scale.at(test, threads) if self.scale is not None else 1.0
+    def _factor(self, test: str, threads: int, type_name: str = "") -> float:
+        if self.scale is None:
+            return 1.0
+        if type_name:
+            return self.scale.type_at(type_name, test, threads)
+        return self.scale.at(test, threads)
 
     def routed_cost(self, type_name: str, tokens: int, threads: int = 1) -> float | None:
         """ns per weight per token per thread of a routed expert of ``type_name`` that
@@ -174,21 +212,22 @@ class Kernels:
         name = type_name.upper()
         # the kernel that runs it: matrix-vector ("tg") or tiled matrix-matrix ("pp")
         kind = "tg" if tokens < TILED_MIN_TOKENS or name not in TILED_TYPES else "pp"
-        scale = self._factor(kind, threads)
+        ratio = 1.0
         if name not in table:
             other = ROUTED_SIMILAR.get(name)
             while other is not None and other not in table:  # BF16 -> F16 -> Q8_0
                 other = ROUTED_SIMILAR.get(other)
             if other is None:
                 return None
-            mine, _ = self.cost(name, threads)  # both scaled alike: the ratio is the file's
+            # each with its own type's factor, so the curve borrowed takes its own below
+            mine, _ = self.cost(name, threads)
             theirs, _ = self.cost(other, threads)
             if kind == "tg":
-                scale *= mine.tg_ns / theirs.tg_ns if theirs.tg_ns > 0 else 1.0
+                ratio = mine.tg_ns / theirs.tg_ns if theirs.tg_ns > 0 else 1.0
             else:
-                scale *= mine.pp_ns / theirs.pp_ns if theirs.pp_ns > 0 else 1.0
+                ratio = mine.pp_ns / theirs.pp_ns if theirs.pp_ns > 0 else 1.0
             name = other
-        return scale * _interpolate(table[name], tokens)
+        return ratio * self._factor(kind, threads, name) * _interpolate(table[name], tokens)
 
     def routed_ns(
         self, type_name: str, batch: float, frac: float, threads: int = 1
@@ -232,19 +271,19 @@ class Kernels:
             table = {**self.types, **wider}
         name = type_name.upper()
         if name in table:
-            return self._scaled(table[name], threads), ""
+            return self._scaled(table[name], threads, name), ""
         other = SIMILAR.get(name)
         if other and other in table:
             note = "" if name == "F32" else f"{name} costed as {other} (not measured)"
-            return self._scaled(table[other], threads), note
+            return self._scaled(table[other], threads, name), note
         # nothing known: the dearest measured type (a slow guess rather than a fast one)
         worst = max(table, key=lambda k: table[k].tg_ns)
-        return self._scaled(table[worst], threads), f"{name} costed as {worst} (not measured)"
+        return self._scaled(table[worst], threads, name), f"{name} costed as {worst} (not measured)"
 
-    def _scaled(self, c: TypeCost, threads: int) -> TypeCost:
+    def _scaled(self, c: TypeCost, threads: int, type_name: str) -> TypeCost:
         if self.scale is None:
             return c
-        tg, pp = self._factor("tg", threads), self._factor("pp", threads)
+        tg, pp = self._factor("tg", threads, type_name), self._factor("pp", threads, type_name)
         return TypeCost(c.tg_ns * tg, c.pp_ns * pp)
 
     def batch_ns(self, type_name: str, tokens: float, threads: int = 1) -> float:

@@ -20,9 +20,10 @@ count (measured on one thread and on every core: a second thread sharing a
 physical core does less than the first), ``node_s`` the
 measured overhead of one graph node, and ``nodes`` llama.cpp's own node count
 for the layers placed there (``kernels.py``, ``resources/kernels.json``, written
-by ``bench/kernel_costs.py``).  Attention over the KV cache (MLA) and the KDA
-state update are costed the same way: their multiply-adds at F16's cost, their
-bytes through the bandwidth.
+by ``bench/kernel_costs.py``; on a machine whose kernels were timed, scaled to its
+speed: ``PlanOptions.kernel_scale``, ``k3desk/core/tuning/cpuprobe.py``).
+Attention over the KV cache (MLA) and the KDA state update are costed the same
+way: their multiply-adds at F16's cost, their bytes through the bandwidth.
 
 **On a GPU**, decoding is cheap next to reading (its ALUs outrun its memory by
 far), so the weights stream at a share of the peak bandwidth, and every node

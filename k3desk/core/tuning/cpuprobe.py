@@ -1,7 +1,7 @@
 """This machine's CPU against the one the shipped kernel costs were measured on.
 
 ``resources/kernels.json`` holds llama.cpp's own kernel costs as
-``bench/kernel_costs.py`` measured them on one machine.  Machines sold under one CPU
+``bench/kernel_costs.py`` measured them on one machine. Machines sold under one CPU
 name differ from it by two times and more: the same "AMD EPYC, 2 cores" decoded a
 Q8_0 model at 0.091 ns per weight on one day's machine and at 0.0425 on the next
 day's, so every prediction made here from the shipped costs was 29-63 % low.
@@ -10,18 +10,20 @@ The probe runs the engine's own kernels here on the model those costs were measu
 with -- a dense kimi-k3 whose every matrix is Q8_0 (:data:`PROBE_SHAPE`, about 0.6 G
 weights: far more than any cache; ``bench/kernel_costs.py``'s ``KERNEL_SHAPE``) --
 through ``llama-bench`` beside the chosen llama-server, on one thread and on the
-threads a plan uses, in rounds (the median of the rounds: a busy moment moves one
-round, not the answer).  The speed model predicts the same runs from the shipped
-costs and this machine's RAM bandwidth; the factor that makes its prediction meet
-each measured speed, per test (decoding, prompts) and thread count, scales every
-cost (:meth:`k3desk.core.planning.kernels.Kernels.scaled`).  So a plan's speed on
-this machine rests on its own kernels before any model was run here; runs made
-later still correct it (:mod:`calibration`).
+threads a plan uses (and the same for F16 and Q4_K models), in rounds (the median of
+the rounds: a busy moment moves one round, not the answer). The speed model predicts
+the same runs from the shipped costs and this machine's RAM bandwidth; the factor
+that makes its prediction meet each measured speed, per test (decoding, prompts) and
+thread count, scales every cost
+(:meth:`k3desk.core.planning.kernels.Kernels.scaled`). So a plan's speed on this
+machine rests on its own kernels before any model was run here; runs made later
+still correct it (:mod:`calibration`).
 
-It takes about a minute on two cores and 2 GB of the cache folder while it runs (the
-F16 source, then its Q8_0), all deleted after.  The result is kept in the state
-folder (``cpu-probe.json``) for this machine, this engine build and these shipped
-costs; any of the three changing makes it stale.
+Three types are timed (:data:`PROBE_TYPES`): Q8_0 for every cost, F16 and Q4_K for
+their own matrices. It takes about three minutes on two cores and 2.6 GB of the
+cache folder while it runs (the F16 source, its Q8_0 and Q4_K), all deleted after.
+The result is kept in the state folder (``cpu-probe.json``) for this machine, this
+engine build and these shipped costs; any of the three changing makes it stale.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -95,8 +97,14 @@ PROBE_TYPE = "Q8_0"
 PROMPT_TOKENS, GEN_TOKENS = 64, 32
 ROUNDS = 3
 REPETITIONS = 2  # llama-bench's -r per round
-# the F16 source and its Q8_0 side by side, with room to spare
-DISK_NEEDED = 2_200_000_000
+# The types timed: Q8_0 gives the general factor (every cost: nodes, the layers' own
+# operations, types not timed), F16 and Q4_K their own and their families' (the float
+# path, the k-quants: kernels.SCALE_FAMILY).  Machines differ by type: on one "AMD
+# EPYC" the shipped Q8_0 decode cost held within 6 % while F16 and the k-quants ran
+# 20-30 % faster.  F16 is the source the others are quantized from: timing it is free.
+PROBE_TYPES = ("Q8_0", "F16", "Q4_K")
+# the F16 source (1.2 GB), its Q8_0 (0.64 GB) and Q4_K (0.36 GB), with room to spare
+DISK_NEEDED = 2_600_000_000
 # a factor outside this is a broken run, not a CPU (the two machines above: 0.47)
 FACTOR_RANGE = (1 / 16, 16.0)
 BENCH_TIMEOUT = 600.0
@@ -112,6 +120,7 @@ class ProbeRun:
     prompt_factor: float  # this machine's time / the shipped costs' time
     decode_factor: float
     spread: float  # (max - min) / median of the rounds' decode speeds
+    type_name: str = PROBE_TYPE  # the probe model's matrix type
 
 
 @dataclass(frozen=True)
@@ -124,13 +133,21 @@ class CpuProbe:
     runs: tuple[ProbeRun, ...]
 
     def scale(self) -> kernel_costs.KernelScale:
-        return kernel_costs.KernelScale(
-            {
-                "tg": {r.threads: r.decode_factor for r in self.runs},
-                "pp": {r.threads: r.prompt_factor for r in self.runs},
-            },
-            note=self.note(),
-        )
+        def table(runs: Sequence[ProbeRun]) -> dict[str, dict[int, float]]:
+            return {
+                "tg": {r.threads: r.decode_factor for r in runs},
+                "pp": {r.threads: r.prompt_factor for r in runs},
+            }
+
+        general = [r for r in self.runs if r.type_name == PROBE_TYPE]
+        names = sorted({r.type_name for r in self.runs} - {PROBE_TYPE})
+        types = {t: table([r for r in self.runs if r.type_name == t]) for t in names}
+        return kernel_costs.KernelScale(table(general), note=self.note(), types=types)
+
+    def general(self) -> ProbeRun:
+        """The Q8_0 run on the most threads (what the summaries quote)."""
+        runs = [r for r in self.runs if r.type_name == PROBE_TYPE] or list(self.runs)
+        return max(runs, key=lambda r: r.threads)
 
     @property
     def day(self) -> str:
@@ -140,7 +157,7 @@ class CpuProbe:
         """'scaled to this CPU's kernels, timed here on 2026-12-02 (1 thread: decoding
         0.47x, prompts 0.52x; ...)': the time this CPU takes against the costs' machine."""
         parts = [
-            f"{r.threads} thread{'s' if r.threads > 1 else ''}: "
+            f"{r.type_name} {r.threads} thread{'s' if r.threads > 1 else ''}: "
             f"decoding {r.decode_factor:.2f}x, prompts {r.prompt_factor:.2f}x"
             for r in self.runs
         ]
@@ -148,8 +165,7 @@ class CpuProbe:
 
     def sentence(self) -> str:
         """The plan's note: the speeds rest on this CPU's own kernel timings."""
-        slowest = max(self.runs, key=lambda r: r.threads)
-        speed = 1.0 / slowest.decode_factor
+        speed = 1.0 / self.general().decode_factor
         return (
             f"CPU speeds are predicted with this CPU's own kernel timings (checked on "
             f"{self.day}: it decodes at {speed:.2f}x the speed of the machine the "
@@ -220,16 +236,18 @@ def _run(
     return bytes(out).decode("utf-8", "replace")
 
 
-def write_probe_model(
+def write_probe_models(
     work: Path,
     quantize: Path,
     *,
     threads: int,
     cancel: CancelToken,
     shape: K3Shape = PROBE_SHAPE,
-) -> Path:
-    """The probe model in ``work``: the F16 source, ``llama-quantize --pure`` to Q8_0
-    (the source is deleted)."""
+    types: Sequence[str] = PROBE_TYPES,
+) -> dict[str, Path]:
+    """The probe models in ``work``, by type: the F16 source, and ``llama-quantize
+    --pure`` of it to each other type (the source is deleted unless F16 is one of
+    ``types``).  Nothing is left behind when it fails or is cancelled."""
     work.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(work).free
     if free < DISK_NEEDED:
@@ -238,24 +256,36 @@ def write_probe_model(
             f"and {fmt_bytes(free)} is free."
         )
     src = work / "probe-f16.gguf"
-    out = work / f"probe-{PROBE_TYPE.lower()}.gguf"
+    models: dict[str, Path] = {}
     try:
         write_k3_gguf_streamed(src, "k3desk cpu probe", shape=shape)
-        cancel.raise_if_cancelled()
-        _run(
-            [quantize, "--pure", src, out, PROBE_TYPE, str(max(1, threads))],
-            "llama-quantize",
-            cancel,
-            BENCH_TIMEOUT,
-        )
+        for t in types:
+            cancel.raise_if_cancelled()
+            if t == "F16":
+                models[t] = src
+                continue
+            out = work / f"probe-{t.lower()}.gguf"
+            models[t] = out
+            _run(
+                [quantize, "--pure", src, out, t, str(max(1, threads))],
+                "llama-quantize",
+                cancel,
+                BENCH_TIMEOUT,
+            )
     except BaseException:
-        with contextlib.suppress(OSError):
-            out.unlink()
+        remove_models(models.values())
         raise
     finally:
+        if "F16" not in models:
+            with contextlib.suppress(OSError):
+                src.unlink()
+    return models
+
+
+def remove_models(paths: Iterable[Path]) -> None:
+    for path in paths:
         with contextlib.suppress(OSError):
-            src.unlink()
-    return out
+            path.unlink()
 
 
 def bench_once(bench: Path, model: Path, threads: int, cancel: CancelToken) -> tuple[float, float]:
@@ -311,10 +341,23 @@ def predicted(
 
 def solve_factor(measured_tps: float, speed_at: Callable[[float], float]) -> float:
     """The factor ``f`` with ``speed_at(f) == measured_tps``, ``speed_at`` falling with
-    ``f`` (bisection on log f within :data:`FACTOR_RANGE`).  Where the measured speed
-    is out of the prediction's reach (faster than RAM bandwidth allows, say), the end
-    of the range nearest to it."""
+    ``f`` (bisection on log f within :data:`FACTOR_RANGE`).
+
+    A run faster than any factor predicts is bound by the RAM bandwidth in the
+    prediction (the bandwidth reading was low, or the kernels hide their reads): the
+    kernels then are at least as fast as where the bandwidth starts to bind, and are
+    taken as the shipped costs say unless that is slower (``min(1, knee)``); a
+    run slower than any factor predicts takes the top of the range."""
     lo, hi = math.log(FACTOR_RANGE[0]), math.log(FACTOR_RANGE[1])
+    fastest = speed_at(FACTOR_RANGE[0])
+    if measured_tps >= fastest:
+        for _ in range(48):  # the knee: the largest f still predicting the fastest speed
+            mid = (lo + hi) / 2
+            if speed_at(math.exp(mid)) >= fastest * (1 - 1e-9):
+                lo = mid
+            else:
+                hi = mid
+        return min(1.0, math.exp(lo))
     for _ in range(48):
         mid = (lo + hi) / 2
         if speed_at(math.exp(mid)) > measured_tps:
@@ -346,9 +389,84 @@ def factors(
     return pp, tg
 
 
+def type_factors(
+    hw: HardwareProfile,
+    layout: ModelLayout,
+    threads: int,
+    prompt_tps: float,
+    decode_tps: float,
+    k: kernel_costs.Kernels,
+    type_name: str,
+) -> tuple[float, float]:
+    """As :func:`factors`, for the matrices of ``type_name`` alone: ``k`` already carries
+    the general factors (the probe model's nodes and layer operations)."""
+    base = k.scale or kernel_costs.KernelScale({})
+
+    def at(tg: float, pp: float) -> tuple[float, float]:
+        own = {type_name: {"tg": {threads: tg}, "pp": {threads: pp}}}
+        scale = kernel_costs.KernelScale(base.factors, types={**base.types, **own})
+        return predicted(hw, layout, threads, k.scaled(scale))
+
+    tg = solve_factor(decode_tps, lambda f: at(f, base.at("pp", threads))[1])
+    pp = solve_factor(prompt_tps, lambda f: at(tg, f)[0])
+    return pp, tg
+
+
 def _spread(values: Sequence[float]) -> float:
     med = statistics.median(values)
     return (max(values) - min(values)) / med if med > 0 else 0.0
+
+
+def _time_models(
+    bench: Path,
+    models: dict[str, Path],
+    counts: Sequence[int],
+    rounds: int,
+    token: CancelToken,
+    progress: ProgressCallback,
+) -> dict[tuple[str, int], list[tuple[float, float]]]:
+    """Every model at every thread count once per round: (prompt, decode) tok/s."""
+    speeds: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    steps = 1 + rounds * len(counts) * len(models)
+    done = 1
+    for r in range(rounds):
+        for n in counts:
+            for t, model in models.items():
+                token.raise_if_cancelled()
+                threads = f"{n} thread{'s' if n > 1 else ''}"
+                detail = f"round {r + 1} of {rounds}, {t}, {threads}"
+                progress(Progress("Timing the engine's kernels", done, steps, detail))
+                speeds.setdefault((t, n), []).append(bench_once(bench, model, n, token))
+                done += 1
+    return speeds
+
+
+def _runs(
+    hw: HardwareProfile,
+    models: dict[str, Path],
+    speeds: dict[tuple[str, int], list[tuple[float, float]]],
+    counts: Sequence[int],
+    k: kernel_costs.Kernels,
+) -> list[ProbeRun]:
+    """The factors of the measured speeds: Q8_0's general ones first, then each other
+    type's own with the general ones in."""
+    runs: list[ProbeRun] = []
+    general: dict[str, dict[int, float]] = {"tg": {}, "pp": {}}
+    order = [PROBE_TYPE, *[t for t in models if t != PROBE_TYPE]]
+    for t in [t for t in order if t in models]:
+        layout = validate_shard_set(models[t])
+        for n in counts:
+            got = speeds[(t, n)]
+            pp = statistics.median(x[0] for x in got)
+            tg = statistics.median(x[1] for x in got)
+            if t == PROBE_TYPE:
+                f_pp, f_tg = factors(hw, layout, n, pp, tg, k)
+                general["tg"][n], general["pp"][n] = f_tg, f_pp
+            else:
+                base = k.scaled(kernel_costs.KernelScale(general))
+                f_pp, f_tg = type_factors(hw, layout, n, pp, tg, base, t)
+            runs.append(ProbeRun(n, pp, tg, f_pp, f_tg, _spread([x[1] for x in got]), t))
+    return runs
 
 
 def run_cpu_probe(
@@ -362,48 +480,28 @@ def run_cpu_probe(
     clock: Callable[[], float] = time.time,
     shape: K3Shape = PROBE_SHAPE,
     rounds: int = ROUNDS,
+    types: Sequence[str] = PROBE_TYPES,
 ) -> CpuProbe:
     """Time the engine's kernels on this machine (see the module docstring).
 
     ``hw`` should carry a measured RAM bandwidth (the predictions it is compared with
     use it).  Raises EngineError (a tool missing or failing, too little disk) or
-    Cancelled; leaves nothing behind in ``work`` either way.  ``shape`` and ``rounds``
-    are for tests (a smaller model says less of the kernels)."""
+    Cancelled; leaves nothing behind in ``work`` either way.  ``shape``, ``rounds``
+    and ``types`` are for tests (a smaller model says less of the kernels)."""
     token = cancel or CancelToken()
     bench, quantize = probe_tools(server)
     k = kernels or kernel_costs.load()
     counts = sorted({1, default_threads(hw)})
-    steps = 1 + rounds * len(counts)
-    progress(Progress("Writing the probe model", 0, steps, f"{PROBE_TYPE}, in {work}"))
-    model = write_probe_model(
-        work, quantize, threads=default_threads(hw), cancel=token, shape=shape
+    steps = 1 + rounds * len(counts) * len(types)
+    progress(Progress("Writing the probe models", 0, steps, f"{', '.join(types)}, in {work}"))
+    models = write_probe_models(
+        work, quantize, threads=default_threads(hw), cancel=token, shape=shape, types=types
     )
     try:
-        layout = validate_shard_set(model)
-        speeds: dict[int, list[tuple[float, float]]] = {n: [] for n in counts}
-        done = 1
-        for r in range(rounds):
-            for n in counts:
-                token.raise_if_cancelled()
-                progress(
-                    Progress(
-                        "Timing the engine's kernels",
-                        done,
-                        steps,
-                        f"round {r + 1} of {rounds}, {n} thread{'s' if n > 1 else ''}",
-                    )
-                )
-                speeds[n].append(bench_once(bench, model, n, token))
-                done += 1
-        runs = []
-        for n in counts:
-            pp = statistics.median(s[0] for s in speeds[n])
-            tg = statistics.median(s[1] for s in speeds[n])
-            f_pp, f_tg = factors(hw, layout, n, pp, tg, k)
-            runs.append(ProbeRun(n, pp, tg, f_pp, f_tg, _spread([s[1] for s in speeds[n]])))
+        speeds = _time_models(bench, models, counts, rounds, token, progress)
+        runs = _runs(hw, models, speeds, counts, k)
     finally:
-        with contextlib.suppress(OSError):
-            model.unlink()
+        remove_models(models.values())
     progress(Progress("Timing the engine's kernels", steps, steps, "done"))
     return CpuProbe(
         machine=machine_key(hw),
@@ -442,6 +540,7 @@ def _parse(data: Any) -> list[CpuProbe]:
                     prompt_factor=check_float(r.get("prompt_factor"), "factor", *FACTOR_RANGE),
                     decode_factor=check_float(r.get("decode_factor"), "factor", *FACTOR_RANGE),
                     spread=check_float(r.get("spread"), "spread", 0.0, 1e3),
+                    type_name=_check_type(r.get("type_name", PROBE_TYPE)),
                 )
             )
         out.append(
@@ -455,6 +554,13 @@ def _parse(data: Any) -> list[CpuProbe]:
             )
         )
     return out
+
+
+def _check_type(value: Any) -> str:
+    name = check_text(value, "type_name", 16)
+    if name not in PROBE_TYPES:
+        raise ValueError(f"type_name must be one of {', '.join(PROBE_TYPES)}, not {name!r:.20}")
+    return name
 
 
 class CpuProbeStore:

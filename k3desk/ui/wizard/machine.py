@@ -16,11 +16,13 @@ from PySide6.QtWidgets import (
     QScrollArea,
 )
 
-from k3desk.core.app.hardware import HardwareProfile, fmt_read_rate
+from k3desk.core.app import actions
+from k3desk.core.app.hardware import CpuProbe, HardwareProfile, cpu_check_summary, fmt_read_rate
 from k3desk.core.app.tiers import TierJudgement
 from k3desk.core.app.values import fmt_bytes
+from k3desk.ui.errors import describe
 from k3desk.ui.judged import JudgedBar
-from k3desk.ui.widgets import Card, label
+from k3desk.ui.widgets import Card, label, muted
 from k3desk.ui.wizard.base import Step, StepPage
 from k3desk.ui.wizard.fitchart import FitChart
 
@@ -29,8 +31,9 @@ if TYPE_CHECKING:
     from k3desk.ui.wizard.wizard import TierWizard
 
 
-def machine_html(hw: HardwareProfile) -> str:
-    """The machine summary as rich text (RAM, each GPU, CPU features, free disk)."""
+def machine_html(hw: HardwareProfile, cpu_speed: str = "") -> str:
+    """The machine summary as rich text (RAM, each GPU, CPU features and, with
+    ``cpu_speed``, what its kernel check found, free disk)."""
     rows = []
     mem = hw.memory
     limit = " (container limit)" if mem.cgroup_limit and mem.cgroup_limit < mem.total else ""
@@ -47,6 +50,8 @@ def machine_html(hw: HardwareProfile) -> str:
     feats = [f for f in ("avx2", "avx512f", "amx_tile", "sve") if f in cpu.flags]
     feat_text = ", ".join(f.replace("_tile", "").upper() for f in feats) or "none of AVX2/AVX-512"
     rows.append(("CPU", f"{cpu.model} · {cpu.usable_cores} cores usable · {feat_text}"))
+    if cpu_speed:
+        rows.append(("CPU speed", html.escape(cpu_speed)))
     if hw.disk is not None:
         rows.append(
             (
@@ -104,7 +109,19 @@ class MachinePage(StepPage):
         )
         self.have.clicked.connect(wizard.have_files)
         card.body.addLayout(run)
+        self.check_cpu = QPushButton("Time this CPU")
+        self.check_cpu.setObjectName("checkCpu")
+        self.check_cpu.setToolTip(
+            "Run the engine's own kernels here for about three minutes, so that every speed is "
+            "predicted with this CPU's speed rather than that of the machine the shipped "
+            "costs were measured on"
+        )
+        self.check_cpu.clicked.connect(self.time_cpu)
+        self.check_note = muted("")
+        self.check_note.setObjectName("checkCpuNote")
         have = QHBoxLayout()  # its own row: beside the choice it widens the wizard past 800 px
+        have.addWidget(self.check_cpu)
+        have.addWidget(self.check_note, 1)
         have.addStretch(1)
         have.addWidget(self.have)
         card.body.addLayout(have)
@@ -120,7 +137,30 @@ class MachinePage(StepPage):
         scroll.verticalScrollBar().rangeChanged.connect(lambda _lo, _hi: self.show_pick())
 
     def show_profile(self, hw: HardwareProfile) -> None:
-        self.summary.setText(machine_html(hw))
+        self.summary.setText(machine_html(hw, cpu_check_summary(self.ctx.services, hw)))
+        self.check_cpu.setVisible(hw.source == "detected")
+
+    def time_cpu(self) -> None:
+        """Time this CPU's kernels (about three minutes), then judge the tiers again with it."""
+        self.check_cpu.setEnabled(False)
+        self.check_note.setText("Timing the engine's kernels on this CPU, about three minutes…")
+
+        def done(_probe: CpuProbe) -> None:
+            hw = self.wiz.hardware.profile
+            if hw is not None:
+                self.show_profile(hw)
+            self.check_note.setText("Speeds are now predicted with this CPU's own timings.")
+            self.wiz.hardware.judge()
+
+        def failed(exc: BaseException) -> None:
+            self.check_note.setText(describe(exc)[0])
+
+        self.ctx.ops.run(
+            actions.check_cpu(self.ctx.services),
+            on_success=done,
+            on_failure=failed,
+            on_finally=lambda: self.check_cpu.setEnabled(True),
+        )
 
     def show_judgement(self, judged: TierJudgement) -> None:
         self.chart.set_judgement(judged)

@@ -33,6 +33,7 @@ from k3desk.core.tuning.calibration import CalibrationStore, SpeedRecord
 from k3desk.core.tuning.cpuprobe import (
     PROBE_FILE,
     PROBE_SHAPE,
+    PROBE_TYPES,
     CpuProbe,
     CpuProbeStore,
     ProbeRun,
@@ -43,6 +44,7 @@ from k3desk.core.tuning.cpuprobe import (
     probe_tools,
     run_cpu_probe,
     solve_factor,
+    type_factors,
 )
 from k3desk.core.tuning.identity import machine_key, model_key
 from k3desk.devtools.benchk3 import KERNEL_SHAPE
@@ -88,7 +90,8 @@ def test_a_scale_moves_each_kernel_by_its_own_tests_factor() -> None:
     assert s.routed_cost("IQ1_S", many) == pytest.approx(
         0.5 * (k.routed_cost("IQ1_S", many) or 0)
     )
-    assert "timed" not in s.source and k.scaled(None) is k
+    assert "timed" not in s.source
+    assert k.scaled(None) is k
 
 
 def test_the_factor_found_is_the_one_that_makes_the_prediction_meet_the_run(
@@ -103,13 +106,43 @@ def test_the_factor_found_is_the_one_that_makes_the_prediction_meet_the_run(
     assert f_tg == pytest.approx(2.5, rel=0.01)
     assert f_pp == pytest.approx(0.4, rel=0.01)
     plain_pp, plain_tg = predicted(here, layout, 1, k)
-    assert tg < plain_tg / 2 and pp > plain_pp * 2
+    assert tg < plain_tg / 2
+    assert pp > plain_pp * 2
+
+
+def test_a_types_own_factor_is_found_with_the_general_one_in(
+    tmp_path: Path, here: HardwareProfile
+) -> None:
+    """An F16 model that decodes in 0.7x and prompts in 0.5x the F16 costs' time, on a
+    machine whose other costs take 1.2x / 0.9x, gives back 0.7 and 0.5 for F16, and
+    the types not timed keep the general factor."""
+    from k3desk.core.engines.canary import write_k3_gguf
+
+    layout = validate_shard_set(write_k3_gguf(tmp_path / "f16", "f16", shape=SMALL)[0])
+    k = kernel_costs.load()
+    general = {"tg": {1: 1.2}, "pp": {1: 0.9}}
+    own = {"F16": {"tg": {1: 0.7}, "pp": {1: 0.5}}}
+    truth = kernel_costs.KernelScale(general, types=own)
+    pp, tg = predicted(here, layout, 1, k.scaled(truth))
+    base = k.scaled(kernel_costs.KernelScale(general))
+    f_pp, f_tg = type_factors(here, layout, 1, pp, tg, base, "F16")
+    assert f_tg == pytest.approx(0.7, rel=0.01)
+    assert f_pp == pytest.approx(0.5, rel=0.01)
+    assert truth.type_at("BF16", "tg", 1) == pytest.approx(0.7)  # F16's family
+    # each k-quant is its own: Q4_K's timing says nothing of Q3_K's (measured apart)
+    q4k = kernel_costs.KernelScale(general, types={"Q4_K": own["F16"]})
+    assert q4k.type_at("Q4_K", "pp", 1) == pytest.approx(0.5)
+    assert q4k.type_at("Q3_K", "pp", 1) == pytest.approx(0.9)
 
 
 def test_a_speed_out_of_the_predictions_reach_takes_the_end_of_the_range() -> None:
     assert solve_factor(50.0, lambda f: 100.0 / f) == pytest.approx(2.0, rel=1e-6)
-    # faster than any factor predicts (RAM bandwidth binds): the smallest factor
-    assert solve_factor(500.0, lambda f: min(100.0 / f, 120.0)) == pytest.approx(1 / 16, rel=1e-6)
+    # faster than any factor predicts (RAM bandwidth binds from f = 5/6 down): the
+    # kernels are no slower than there, and no faster than the costs say
+    assert solve_factor(500.0, lambda f: min(100.0 / f, 120.0)) == pytest.approx(5 / 6, rel=1e-6)
+    assert solve_factor(500.0, lambda f: min(100.0 / f, 50.0)) == 1.0
+    # slower than any factor predicts: the top of the range
+    assert solve_factor(1.0, lambda f: 100.0 / f) == pytest.approx(16.0, rel=1e-6)
 
 
 def test_llama_bench_output_that_is_not_speeds_gets_one_sentence() -> None:
@@ -141,7 +174,8 @@ def test_a_check_is_used_on_its_machine_with_its_engine_and_nowhere_else(
     # the plans here predict twice as fast with a CPU that takes half the costs' time
     tuning = LaunchTuning.at(tmp_path / "state")
     opts, note = tuning.settings(here, layout, PlanOptions(ctx=512))
-    assert opts.kernel_scale is not None and "own kernel timings" in note
+    assert opts.kernel_scale is not None
+    assert "own kernel timings" in note
     plain = make_plan(here, layout, PlanOptions(ctx=512)).speed
     scaled = make_plan(here, layout, opts).speed
     assert scaled.expected_tps > 1.5 * plain.expected_tps
@@ -154,7 +188,8 @@ def test_a_check_is_used_on_its_machine_with_its_engine_and_nowhere_else(
     bench.write_bytes(b"\x7fELF build 22")
     assert store.get(here) is None
     opts, note = tuning.settings(here, layout, PlanOptions(ctx=512))
-    assert opts.kernel_scale is None and note == ""
+    assert opts.kernel_scale is None
+    assert note == ""
 
 
 def test_runs_predicted_before_the_check_do_not_correct_predictions_made_with_it(
@@ -186,7 +221,8 @@ def test_a_damaged_record_is_set_aside_and_the_costs_stay_as_shipped(
         (state / PROBE_FILE).write_bytes(damage)
         store = CpuProbeStore(state)
         assert store.get(here) is None
-        assert "damaged" in store.note and not (state / PROBE_FILE).exists()
+        assert "damaged" in store.note
+        assert not (state / PROBE_FILE).exists()
         assert any(p.name.startswith(PROBE_FILE + ".damaged-") for p in state.iterdir())
 
 
@@ -216,10 +252,15 @@ def test_the_real_engine_times_its_kernels_here_and_leaves_nothing_behind(
     probe = run_cpu_probe(
         llama_server, here, work, progress=stages.append, shape=SMALL, rounds=1
     )
-    assert [r.threads for r in probe.runs] == sorted({1, here.cpu.physical_cores})
+    counts = sorted({1, here.cpu.physical_cores})
+    assert [(r.type_name, r.threads) for r in probe.runs] == [
+        (t, n) for t in PROBE_TYPES for n in counts
+    ]
     for r in probe.runs:
-        assert r.decode_tps > 0 and r.prompt_tps > 0
-        assert 1 / 16 < r.decode_factor < 16 and 1 / 16 < r.prompt_factor < 16
+        assert r.decode_tps > 0
+        assert r.prompt_tps > 0
+        assert 1 / 16 < r.decode_factor < 16
+        assert 1 / 16 < r.prompt_factor < 16
     assert stages[-1].done == stages[-1].total
     assert list(work.iterdir()) == []
     assert probe.engine == file_identity(llama_server.parent / "llama-bench")
@@ -252,7 +293,8 @@ def test_doctor_shows_the_kept_check_with_the_records_figures(
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     argv = [sys.executable, "-m", "k3desk", "doctor", "--no-benchmark"]
     before = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
-    assert "not timed here" in before.stdout and "--check-cpu" in before.stdout
+    assert "not timed here" in before.stdout
+    assert "--check-cpu" in before.stdout
     bench = tmp_path / "llama-bench"
     bench.write_bytes(b"build")
     hw = detect_hardware(measure_bandwidth=False)
