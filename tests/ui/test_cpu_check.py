@@ -50,6 +50,7 @@ def test_the_machine_step_offers_the_check_says_why_it_cannot_and_shows_a_kept_o
     page.show_profile(ctx.hardware.profile)
     text = page.summary.text()
     assert f"timed here on {probe.day}: decodes at 2.50x, prompts at 0.80x" in text
+    assert page.check_cpu.text() == "Time this CPU again"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     out = subprocess.run(
         [sys.executable, "-m", "k3desk", "doctor", "--no-benchmark"],

@@ -137,8 +137,12 @@ class MachinePage(StepPage):
         scroll.verticalScrollBar().rangeChanged.connect(lambda _lo, _hi: self.show_pick())
 
     def show_profile(self, hw: HardwareProfile) -> None:
-        self.summary.setText(machine_html(hw, cpu_check_summary(self.ctx.services, hw)))
+        speed = cpu_check_summary(self.ctx.services, hw)
+        self.summary.setText(machine_html(hw, speed))
         self.check_cpu.setVisible(hw.source == "detected")
+        self.check_cpu.setText(
+            "Time this CPU again" if speed.startswith("timed") else "Time this CPU"
+        )
 
     def time_cpu(self) -> None:
         """Time this CPU's kernels (about three minutes), then judge the tiers again with it."""
