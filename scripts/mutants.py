@@ -612,6 +612,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "a type timed on its own is predicted with its own factor, not the general one",
     ),
     m(
+        "cpu-check-on-the-gpu",
+        "k3desk/core/tuning/cpuprobe.py",
+        '"-ngl", "0", "-dev", "none", "-nopo", "1",',
+        "",
+        "tests/core/tuning/test_cpu_probe.py::test_a_gpu_build_is_timed_on_the_cpu",
+        "the CPU check times the CPU, also with an engine built for a GPU",
+    ),
+    m(
         "cpu-check-old-runs-still-correct",
         "k3desk/core/tuning/calibration.py",
         "and r.when >= since]",

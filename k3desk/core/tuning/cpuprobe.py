@@ -293,6 +293,9 @@ def bench_once(bench: Path, model: Path, threads: int, cancel: CancelToken) -> t
     argv: list[str | os.PathLike[str]] = [
         bench, "-m", model, "-t", str(threads), "-p", str(PROMPT_TOKENS),
         "-n", str(GEN_TOKENS), "-r", str(REPETITIONS), "-fa", "1", "-o", "json",
+        # the CPU, also in a GPU build: llama-bench's defaults put every layer on the
+        # GPU (-ngl -1) and send a prompt's large matrices there (op offload)
+        "-ngl", "0", "-dev", "none", "-nopo", "1",
     ]  # fmt: skip
     text = _run(argv, "llama-bench", cancel, BENCH_TIMEOUT)
     return parse_bench(text)

@@ -87,9 +87,7 @@ def test_a_scale_moves_each_kernel_by_its_own_tests_factor() -> None:
     # of 8 and more the tiled one (the prompts' factor)
     few, many = kernel_costs.TILED_MIN_TOKENS - 1, kernel_costs.TILED_MIN_TOKENS
     assert s.routed_cost("IQ1_S", few) == pytest.approx(2 * (k.routed_cost("IQ1_S", few) or 0))
-    assert s.routed_cost("IQ1_S", many) == pytest.approx(
-        0.5 * (k.routed_cost("IQ1_S", many) or 0)
-    )
+    assert s.routed_cost("IQ1_S", many) == pytest.approx(0.5 * (k.routed_cost("IQ1_S", many) or 0))
     assert "timed" not in s.source
     assert k.scaled(None) is k
 
@@ -249,9 +247,7 @@ def test_the_real_engine_times_its_kernels_here_and_leaves_nothing_behind(
 ) -> None:
     work = tmp_path / "work"
     stages: list[Progress] = []
-    probe = run_cpu_probe(
-        llama_server, here, work, progress=stages.append, shape=SMALL, rounds=1
-    )
+    probe = run_cpu_probe(llama_server, here, work, progress=stages.append, shape=SMALL, rounds=1)
     counts = sorted({1, here.cpu.physical_cores})
     assert [(r.type_name, r.threads) for r in probe.runs] == [
         (t, n) for t in PROBE_TYPES for n in counts
@@ -310,3 +306,21 @@ def test_doctor_shows_the_kept_check_with_the_records_figures(
     assert f"timed here on {probe.day}" in text
     assert "decoding 15.8 tok/s (2.00x its speed), prompts 41.2 tok/s (1.25x)" in text
     assert "decoding 25.5 tok/s (0.50x its speed), prompts 70.5 tok/s (0.80x)" in text
+
+
+def test_a_gpu_build_is_timed_on_the_cpu(tmp_path: Path) -> None:
+    """llama-bench puts every layer on the GPU by default: the check asks for none."""
+    from k3desk.core.tuning.cpuprobe import bench_once
+
+    seen = tmp_path / "argv"
+    bench = tmp_path / "llama-bench"
+    rows = [
+        {"n_prompt": 64, "n_gen": 0, "avg_ts": 40.0},
+        {"n_prompt": 0, "n_gen": 32, "avg_ts": 9.0},
+    ]
+    bench.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{seen}"\necho \'{json.dumps(rows)}\'\n')
+    bench.chmod(0o755)
+    assert bench_once(bench, tmp_path / "m.gguf", 2, CancelToken()) == (40.0, 9.0)
+    argv = seen.read_text().split("\n")
+    for flag, value in (("-ngl", "0"), ("-dev", "none"), ("-nopo", "1"), ("-t", "2")):
+        assert argv[argv.index(flag) + 1] == value
