@@ -52,10 +52,7 @@ from k3desk.core.hardware.bandwidth import (  # noqa: E402
 from k3desk.core.hardware.detect import detect_hardware  # noqa: E402
 from k3desk.core.hardware.profile import Bandwidth, HardwareProfile  # noqa: E402
 from k3desk.core.planning import kernels  # noqa: E402
-from k3desk.core.planning.model import PlanOptions  # noqa: E402
-from k3desk.core.planning.plan import make_plan  # noqa: E402
-from k3desk.core.planning.speed import predict_speed  # noqa: E402
-from k3desk.core.tuning.cpuprobe import CpuProbeStore  # noqa: E402
+from k3desk.core.tuning.cpuprobe import CpuProbeStore, predicted  # noqa: E402
 from k3desk.core.units import fmt_bytes  # noqa: E402
 from k3desk.devtools.benchk3 import BENCH_MODELS, DEFAULT_CACHE, BenchModel, build_model  # noqa: E402
 from k3desk.devtools.measure import (  # noqa: E402
@@ -94,19 +91,7 @@ def predict(
 ) -> tuple[float, float]:
     """Prompt and decode tok/s as k3desk plans them (``costs``: another cost file)."""
     layout = validate_shard_set(path)
-    plan = make_plan(hw, layout, PlanOptions(ctx=4096, threads=threads))
-    s = predict_speed(
-        hw,
-        layout,
-        plan.layers,
-        plan.output_device,
-        ctx=plan.ctx,
-        depth=TG // 2,  # tg32 from an empty context: 16 tokens deep on average
-        threads=threads,
-        prompt_tokens=PP,
-        kernels=costs,
-    )
-    return s.prompt_tps, s.expected_tps
+    return predicted(hw, layout, threads, costs, prompt_tokens=PP, gen_tokens=TG)
 
 
 def _recorded(record: Path) -> dict[tuple[str, int, str], dict[str, float]]:

@@ -125,6 +125,43 @@ class K3Shape:
 
 REAL_K3 = K3Shape()
 
+# The reduced Kimi-K3 the speed checks measure (k3desk/devtools/benchk3.py): the real
+# model's structure and proportions (attention of n_embd-wide heads, every fourth layer
+# MLA, a latent MoE at half the width, two shared experts, q and kv compression), at
+# 2,048 wide.  Widths are multiples of 256 so every k- and i-quant applies where it does
+# on the real model.
+REDUCED_K3 = K3Shape(
+    n_embd=2048,
+    n_layer=16,
+    n_head=16,
+    head_dim_kda=128,
+    q_lora_rank=512,
+    kv_lora_rank=256,
+    rope_dim=64,
+    key_length_mla=192,
+    value_length_mla=128,
+    n_ff_dense=5632,
+    n_dense_lead=1,
+    n_expert=128,
+    n_expert_used=8,
+    n_ff_expert=768,
+    n_latent=1024,
+    n_expert_shared=2,
+    n_vocab=32768,
+    context_length=65536,
+    mla_every=4,
+    # a checkpoint of the AttnRes stack every 2 layers: 8 over 16 layers, as the real
+    # model banks 8 over its 93 at every 12 (src/models/kimi-k3.cpp, b11434)
+    attn_res_block_size=2,
+)
+
+# The same, dense (no experts) and about 0.6 G weights: the single-type models the
+# shipped kernel costs are measured on (bench/kernel_costs.py) and the CPU check times
+# (k3desk/core/tuning/cpuprobe.py), far more weights than any cache holds.
+KERNEL_K3 = replace(
+    REDUCED_K3, n_layer=8, n_dense_lead=8, n_ff_dense=8192, n_expert=16, n_vocab=4096
+)
+
 # The tiny model the tests serve with the real llama-server (tiny-k3-gguf.md).
 TINY_K3 = K3Shape(
     n_embd=64,

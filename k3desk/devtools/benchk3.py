@@ -56,7 +56,14 @@ import numpy as np
 
 from k3desk.core.catalog.model import Tier
 from k3desk.core.engines.canary import write_k3_gguf_streamed
-from k3desk.core.k3arch import K3Shape, TensorSpec, is_expert_tensor, tensor_specs
+from k3desk.core.k3arch import (
+    KERNEL_K3,
+    REDUCED_K3,
+    K3Shape,
+    TensorSpec,
+    is_expert_tensor,
+    tensor_specs,
+)
 
 DEFAULT_CACHE = Path.home() / ".cache" / "k3desk-bench"
 POOL_EXPERTS = 16
@@ -64,34 +71,8 @@ POOL_EXPERTS = 16
 # tensor_requires_imatrix, b11434)
 NEEDS_IMATRIX = frozenset({"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS"})
 
-# The reduced Kimi-K3: the real model's structure and proportions (attention of
-# n_embd-wide heads, every fourth layer MLA, a latent MoE at half the width, two
-# shared experts, q and kv compression), at 2,048 wide.  Widths are multiples of
-# 256 so every k- and i-quant applies where it does on the real model.
-BENCH_SHAPE = K3Shape(
-    n_embd=2048,
-    n_layer=16,
-    n_head=16,
-    head_dim_kda=128,
-    q_lora_rank=512,
-    kv_lora_rank=256,
-    rope_dim=64,
-    key_length_mla=192,
-    value_length_mla=128,
-    n_ff_dense=5632,
-    n_dense_lead=1,
-    n_expert=128,
-    n_expert_used=8,
-    n_ff_expert=768,
-    n_latent=1024,
-    n_expert_shared=2,
-    n_vocab=32768,
-    context_length=65536,
-    mla_every=4,
-    # a checkpoint of the AttnRes stack every 2 layers: 8 over 16 layers, as the real
-    # model banks 8 over its 93 at every 12 (src/models/kimi-k3.cpp, b11434)
-    attn_res_block_size=2,
-)
+# The reduced Kimi-K3 (its proportions: k3arch.REDUCED_K3).
+BENCH_SHAPE = REDUCED_K3
 
 
 @dataclass(frozen=True)
@@ -121,9 +102,7 @@ BENCH_MODELS: tuple[BenchModel, ...] = (
 
 # Single-type models for the kernel micro-bench: dense (no experts), every
 # matrix of one type (``llama-quantize --pure``), about 0.6 G weights.
-KERNEL_SHAPE = replace(
-    BENCH_SHAPE, n_layer=8, n_dense_lead=8, n_ff_dense=8192, n_expert=16, n_vocab=4096
-)
+KERNEL_SHAPE = KERNEL_K3  # the CPU check times the same model (core/tuning/cpuprobe.py)
 # The same with a quarter of the dense FFN: the difference between the two Q8_0 models
 # is pure matrix work, so what is left of the wide one is the layers' own operations
 # (KDA recurrence, attention, norms, activations) at this width.

@@ -40,7 +40,7 @@ from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import DEFAULT_CTX, LaunchPlan, PlanOptions
 from k3desk.core.private import private_dir, write_private
 from k3desk.core.tuning.calibration import CalibrationStore, calibrate_plan
-from k3desk.core.tuning.cpuprobe import CpuProbeStore
+from k3desk.core.tuning.cpuprobe import kept_scale
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -360,12 +360,9 @@ def judge_models(
 ) -> ModelsJudgement:
     # with the state folder, this CPU's kernel speed where it was timed (and only the
     # runs since then correct it: core/tuning/cpuprobe.py)
-    probe = CpuProbeStore(state_dir).get(hw) if state_dir is not None else None
-    options = PlanOptions(
-        ctx=None, default_ctx=ctx, kernel_scale=probe.scale() if probe is not None else None
-    )
+    scale, since = kept_scale(state_dir, hw)
+    options = PlanOptions(ctx=None, default_ctx=ctx, kernel_scale=scale)
     store = CalibrationStore(state_dir) if state_dir is not None else None
-    since = probe.when if probe is not None else 0.0
     rows = tuple(judge_model(m, hw, options, store, since) for m in models)
     return ModelsJudgement(subject, rows, problems)
 

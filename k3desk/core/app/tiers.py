@@ -26,6 +26,7 @@ from typing import Literal
 from k3desk.core.app.subject import Subject
 from k3desk.core.catalog.model import Tier
 from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.planning.kernels import KernelScale
 from k3desk.core.planning.model import DEFAULT_CTX, LaunchPlan, PlanOptions
 from k3desk.core.planning.recommend import (
     FITS,
@@ -37,7 +38,7 @@ from k3desk.core.planning.recommend import (
     sentence,
 )
 from k3desk.core.tuning.calibration import CalibrationStore, Correction, describe
-from k3desk.core.tuning.cpuprobe import CpuProbeStore, scale_for
+from k3desk.core.tuning.cpuprobe import kept_scale
 from k3desk.core.units import fmt_bytes, fmt_tps
 
 Resource = Literal["VRAM", "RAM", "Disk"]
@@ -219,25 +220,21 @@ class TierRequest:
     # the app's state folder: speeds corrected by this machine's runs (None: as predicted)
     state_dir: Path | None = None
 
-    def options(self) -> PlanOptions:
-        """The plans' options; with the state folder, this CPU's kernel speed where it
-        was checked (``core/tuning/cpuprobe.py``)."""
+    def options(self, kernel_scale: KernelScale | None = None) -> PlanOptions:
+        """The plans' options (``kernel_scale``: this CPU's kernel speed where it was
+        checked, ``core/tuning/cpuprobe.py``)."""
         return PlanOptions(
-            ctx=self.ctx,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            kernel_scale=scale_for(self.state_dir, self.hardware),
+            ctx=self.ctx, temperature=self.temperature, top_p=self.top_p, kernel_scale=kernel_scale
         )
 
 
 def judge_tiers(request: TierRequest, tiers: Iterable[Tier]) -> TierJudgement:
     """Every tier in ``tiers`` judged for ``request.hardware`` (see the module docstring)."""
     hw = request.hardware
-    rec = recommend(hw, tiers, request.options())
+    scale, since = kept_scale(request.state_dir, hw)
+    rec = recommend(hw, tiers, request.options(scale))
     chosen = rec.best or rec.closest
     store = CalibrationStore(request.state_dir) if request.state_dir is not None else None
-    probe = CpuProbeStore(request.state_dir).get(hw) if request.state_dir is not None else None
-    since = probe.when if probe is not None else 0.0
     rows = tuple(
         tier_row(
             tv,

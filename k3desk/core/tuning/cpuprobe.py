@@ -8,7 +8,7 @@ day's, so every prediction made here from the shipped costs was 29-63 % low.
 
 The probe runs the engine's own kernels here on the model those costs were measured
 with -- a dense kimi-k3 whose every matrix is Q8_0 (:data:`PROBE_SHAPE`, about 0.6 G
-weights: far more than any cache; ``bench/kernel_costs.py``'s ``KERNEL_SHAPE``) --
+weights: far more than any cache; ``k3desk.core.k3arch.KERNEL_K3``) --
 through ``llama-bench`` beside the chosen llama-server, on one thread and on the
 threads a plan uses (and the same for F16 and Q4_K models), in rounds (the median of
 the rounds: a busy moment moves one round, not the answer). The speed model predicts
@@ -47,7 +47,7 @@ from k3desk.core.errors import Cancelled, EngineError
 from k3desk.core.gguf.model import ModelLayout
 from k3desk.core.gguf.validate import validate_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
-from k3desk.core.k3arch import K3Shape
+from k3desk.core.k3arch import KERNEL_K3, K3Shape
 from k3desk.core.localfiles import (
     check_dict,
     check_float,
@@ -57,7 +57,7 @@ from k3desk.core.localfiles import (
     load_checked,
 )
 from k3desk.core.planning import kernels as kernel_costs
-from k3desk.core.planning.model import PlanOptions
+from k3desk.core.planning.model import LaunchPlan, PlanOptions
 from k3desk.core.planning.plan import make_plan
 from k3desk.core.planning.speed import default_threads, predict_speed
 from k3desk.core.private import write_private
@@ -68,30 +68,8 @@ from k3desk.core.units import fmt_bytes
 
 PROBE_FILE = "cpu-probe.json"
 SCHEMA = 1
-# bench/kernel_costs.py's KERNEL_SHAPE (tests/core/planning/test_cpu_probe.py holds the
-# two equal): the dense model the shipped per-type costs were measured on
-PROBE_SHAPE = K3Shape(
-    n_embd=2048,
-    n_layer=8,
-    n_head=16,
-    head_dim_kda=128,
-    q_lora_rank=512,
-    kv_lora_rank=256,
-    rope_dim=64,
-    key_length_mla=192,
-    value_length_mla=128,
-    n_ff_dense=8192,
-    n_dense_lead=8,
-    n_expert=16,
-    n_expert_used=8,
-    n_ff_expert=768,
-    n_latent=1024,
-    n_expert_shared=2,
-    n_vocab=4096,
-    context_length=65536,
-    mla_every=4,
-    attn_res_block_size=2,
-)
+# the dense model the shipped per-type costs were measured on (bench/kernel_costs.py)
+PROBE_SHAPE = KERNEL_K3
 PROBE_TYPE = "Q8_0"
 # the prompt and generation lengths of bench/kernel_costs.py (PP, TG)
 PROMPT_TOKENS, GEN_TOKENS = 64, 32
@@ -324,19 +302,30 @@ def parse_bench(text: str) -> tuple[float, float]:
 
 
 def predicted(
-    hw: HardwareProfile, layout: ModelLayout, threads: int, k: kernel_costs.Kernels
+    hw: HardwareProfile,
+    layout: ModelLayout,
+    threads: int,
+    k: kernel_costs.Kernels | None,
+    *,
+    plan: LaunchPlan | None = None,
+    prompt_tokens: int = PROMPT_TOKENS,
+    gen_tokens: int = GEN_TOKENS,
 ) -> tuple[float, float]:
-    """Prompt and decode tok/s of llama-bench's run of ``layout`` as k3desk predicts it."""
-    plan = make_plan(hw, layout, PlanOptions(ctx=4096, threads=threads))
+    """Prompt and decode tok/s of a ``llama-bench`` run of ``layout`` (``-p prompt_tokens
+    -n gen_tokens -t threads``) as k3desk predicts it with the costs ``k`` (None: as
+    shipped); ``plan``: the plan for it already made (the predictions differ only in
+    their costs)."""
+    if plan is None:
+        plan = make_plan(hw, layout, PlanOptions(ctx=4096, threads=threads))
     s = predict_speed(
         hw,
         layout,
         plan.layers,
         plan.output_device,
         ctx=plan.ctx,
-        depth=GEN_TOKENS // 2,  # tg from an empty context: half its tokens deep on average
+        depth=gen_tokens // 2,  # tg from an empty context: half its tokens deep on average
         threads=threads,
-        prompt_tokens=PROMPT_TOKENS,
+        prompt_tokens=prompt_tokens,
         kernels=k,
     )
     return s.prompt_tps, s.expected_tps
@@ -377,38 +366,24 @@ def factors(
     prompt_tps: float,
     decode_tps: float,
     k: kernel_costs.Kernels,
+    type_name: str = "",
 ) -> tuple[float, float]:
     """The prompt and decode factors that make the prediction at ``threads`` meet the
-    measured speeds.  Decoding first: its prediction rests on the matrix-vector costs
-    alone, while a prompt's also pays them (a matrix's once-per-batch part, routed
-    experts of few tokens), so the prompt factor is found with the decode factor in."""
-
-    def at(tg: float, pp: float) -> tuple[float, float]:
-        scale = kernel_costs.KernelScale({"tg": {threads: tg}, "pp": {threads: pp}})
-        return predicted(hw, layout, threads, k.scaled(scale))
-
-    tg = solve_factor(decode_tps, lambda f: at(f, 1.0)[1])
-    pp = solve_factor(prompt_tps, lambda f: at(tg, f)[0])
-    return pp, tg
-
-
-def type_factors(
-    hw: HardwareProfile,
-    layout: ModelLayout,
-    threads: int,
-    prompt_tps: float,
-    decode_tps: float,
-    k: kernel_costs.Kernels,
-    type_name: str,
-) -> tuple[float, float]:
-    """As :func:`factors`, for the matrices of ``type_name`` alone: ``k`` already carries
-    the general factors (the probe model's nodes and layer operations)."""
+    measured speeds: of every cost, or with ``type_name`` of that type's matrices alone
+    (``k`` then carries the general factors: the probe model's nodes and layer
+    operations).  Decoding first: its prediction rests on the matrix-vector costs alone,
+    while a prompt's also pays them (a matrix's once-per-batch part, routed experts of
+    few tokens), so the prompt factor is found with the decode factor in."""
     base = k.scale or kernel_costs.KernelScale({})
+    plan = make_plan(hw, layout, PlanOptions(ctx=4096, threads=threads))
 
     def at(tg: float, pp: float) -> tuple[float, float]:
-        own = {type_name: {"tg": {threads: tg}, "pp": {threads: pp}}}
-        scale = kernel_costs.KernelScale(base.factors, types={**base.types, **own})
-        return predicted(hw, layout, threads, k.scaled(scale))
+        own = {"tg": {threads: tg}, "pp": {threads: pp}}
+        if type_name:
+            scale = kernel_costs.KernelScale(base.factors, types={**base.types, type_name: own})
+        else:
+            scale = kernel_costs.KernelScale(own)
+        return predicted(hw, layout, threads, k.scaled(scale), plan=plan)
 
     tg = solve_factor(decode_tps, lambda f: at(f, base.at("pp", threads))[1])
     pp = solve_factor(prompt_tps, lambda f: at(tg, f)[0])
@@ -467,7 +442,7 @@ def _runs(
                 general["tg"][n], general["pp"][n] = f_tg, f_pp
             else:
                 base = k.scaled(kernel_costs.KernelScale(general))
-                f_pp, f_tg = type_factors(hw, layout, n, pp, tg, base, t)
+                f_pp, f_tg = factors(hw, layout, n, pp, tg, base, t)
             runs.append(ProbeRun(n, pp, tg, f_pp, f_tg, _spread([x[1] for x in got]), t))
     return runs
 
@@ -616,9 +591,13 @@ def _same_file(identity: str) -> bool:
         return False
 
 
-def scale_for(state_dir: Path | None, hw: HardwareProfile) -> kernel_costs.KernelScale | None:
-    """The kernel scale this machine's latest CPU check gives (None: no check)."""
+def kept_scale(
+    state_dir: Path | None, hw: HardwareProfile
+) -> tuple[kernel_costs.KernelScale | None, float]:
+    """The kernel scale this machine's latest CPU check gives (None: no check, no state
+    folder, or ``hw`` is another machine) and when it was made (0.0: never): plans are
+    predicted with the scale, and only runs made since correct them."""
     if state_dir is None:
-        return None
+        return None, 0.0
     probe = CpuProbeStore(state_dir).get(hw)
-    return probe.scale() if probe is not None else None
+    return (probe.scale(), probe.when) if probe is not None else (None, 0.0)

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from k3desk.core.gguf.model import ModelLayout
-from k3desk.core.gguf.validate import validate_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import PlanOptions
 from k3desk.core.planning.plan import make_plan
@@ -23,19 +22,6 @@ from k3desk.core.tuning.calibration import (
 )
 from k3desk.core.tuning.identity import machine_key
 from k3desk.core.tuning.metrics import MeasuredSpeed
-from k3desk.devtools.tinyk3 import TinyModel
-
-
-@pytest.fixture
-def here(hardware_file: Callable[[str], Path]) -> HardwareProfile:
-    """A profile as detect_hardware returns it for this machine."""
-    hw = HardwareProfile.from_json_file(hardware_file("no-gpu-laptop-32GB"))
-    return replace(hw, source="detected", hostname="desk")
-
-
-@pytest.fixture
-def layout(tiny_k3_single: TinyModel) -> ModelLayout:
-    return validate_shard_set(tiny_k3_single.first_part)
 
 
 def tracker(hw: HardwareProfile, layout: ModelLayout, store: CalibrationStore) -> SpeedTracker:

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,7 +31,6 @@ from k3desk.core.tuning.applied import LaunchTuning
 from k3desk.core.tuning.calibration import CalibrationStore, SpeedRecord
 from k3desk.core.tuning.cpuprobe import (
     PROBE_FILE,
-    PROBE_SHAPE,
     PROBE_TYPES,
     CpuProbe,
     CpuProbeStore,
@@ -44,29 +42,11 @@ from k3desk.core.tuning.cpuprobe import (
     probe_tools,
     run_cpu_probe,
     solve_factor,
-    type_factors,
 )
 from k3desk.core.tuning.identity import machine_key, model_key
-from k3desk.devtools.benchk3 import KERNEL_SHAPE
-from k3desk.devtools.tinyk3 import TinyModel
 
 # a probe model small enough for a test: widths llama-quantize's Q8_0 (blocks of 32) takes
 SMALL = replace(TINY_K3, n_layer=4, mla_every=4)
-
-
-@pytest.fixture
-def here(hardware_file: Callable[[str], Path]) -> HardwareProfile:
-    hw = HardwareProfile.from_json_file(hardware_file("no-gpu-laptop-32GB"))
-    return replace(hw, source="detected", hostname="desk")
-
-
-@pytest.fixture
-def layout(tiny_k3_single: TinyModel) -> ModelLayout:
-    return validate_shard_set(tiny_k3_single.first_part)
-
-
-def test_the_probe_model_is_the_one_the_shipped_costs_were_measured_on() -> None:
-    assert PROBE_SHAPE == KERNEL_SHAPE
 
 
 def test_a_scale_moves_each_kernel_by_its_own_tests_factor() -> None:
@@ -123,7 +103,7 @@ def test_a_types_own_factor_is_found_with_the_general_one_in(
     truth = kernel_costs.KernelScale(general, types=own)
     pp, tg = predicted(here, layout, 1, k.scaled(truth))
     base = k.scaled(kernel_costs.KernelScale(general))
-    f_pp, f_tg = type_factors(here, layout, 1, pp, tg, base, "F16")
+    f_pp, f_tg = factors(here, layout, 1, pp, tg, base, "F16")
     assert f_tg == pytest.approx(0.7, rel=0.01)
     assert f_pp == pytest.approx(0.5, rel=0.01)
     assert truth.type_at("BF16", "tg", 1) == pytest.approx(0.7)  # F16's family
@@ -324,3 +304,4 @@ def test_a_gpu_build_is_timed_on_the_cpu(tmp_path: Path) -> None:
     argv = seen.read_text().split("\n")
     for flag, value in (("-ngl", "0"), ("-dev", "none"), ("-nopo", "1"), ("-t", "2")):
         assert argv[argv.index(flag) + 1] == value
+
