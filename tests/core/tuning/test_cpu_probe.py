@@ -305,3 +305,33 @@ def test_a_gpu_build_is_timed_on_the_cpu(tmp_path: Path) -> None:
     for flag, value in (("-ngl", "0"), ("-dev", "none"), ("-nopo", "1"), ("-t", "2")):
         assert argv[argv.index(flag) + 1] == value
 
+
+def test_too_little_disk_and_a_failing_tool_are_named_and_leave_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk stops the check before it writes; a tool that fails is named with
+    the end of what it printed, and what was written is gone."""
+    from k3desk.core.tuning import cpuprobe
+
+    work = tmp_path / "work"
+    quantize = tmp_path / "llama-quantize"
+    quantize.write_text("#!/bin/sh\necho 'main: failed to quantize: unknown type' >&2\nexit 1\n")
+    quantize.chmod(0o755)
+    real_usage = shutil.disk_usage
+
+    def almost_full(path: object) -> object:
+        return real_usage(path)._replace(free=500 * 1024**2)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cpuprobe.shutil, "disk_usage", almost_full)
+    with pytest.raises(EngineError) as full:
+        cpuprobe.write_probe_models(work, quantize, threads=1, cancel=CancelToken(), shape=SMALL)
+    assert "needs 2.4 GiB free" in full.value.message
+    assert "500.0 MiB is free" in full.value.message
+    assert list(work.iterdir()) == []
+    monkeypatch.setattr(cpuprobe.shutil, "disk_usage", real_usage)
+    with pytest.raises(EngineError) as failed:
+        cpuprobe.write_probe_models(work, quantize, threads=1, cancel=CancelToken(), shape=SMALL)
+    assert failed.value.message == (
+        "llama-quantize failed (exit status 1): main: failed to quantize: unknown type"
+    )
+    assert list(work.iterdir()) == []
