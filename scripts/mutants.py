@@ -592,6 +592,14 @@ MUTANTS: tuple[Mutant, ...] = (
         f"{T_HUB}::test_a_pause_while_the_hub_is_silent_returns_at_once",
         "a pause ends the download at once even while the Hub sends nothing",
     ),
+    m(
+        "an-answer-with-no-text-passes-in-silence",
+        "k3desk/core/app/cells.py",
+        "return not streaming and not content.strip() and not reasoning.strip()",
+        "return False",
+        "tests/core/chat/test_chat_cli.py::test_an_answer_ended_at_once_says_so",
+        "an answer the model ended at once says so instead of showing nothing",
+    ),
     # ------------------------------------------------------------------- tuning
     m(
         "cpu-check-prompt-factor-without-decode",

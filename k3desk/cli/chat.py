@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from k3desk.cli import control
+from k3desk.core.app.cells import no_text
 from k3desk.core.app.chat import (
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_P,
@@ -499,6 +500,8 @@ class _Printer:
             facts.append("stopped at the token limit")
         if result.partial:
             facts.append("partial answer")
+        elif no_text(result.text, result.reasoning, streaming=False):
+            facts.append("no text: the model ended its turn at once; ask again")
         if facts:
             self.err.write(f"[{', '.join(facts)}]\n")
             self.err.flush()

@@ -218,9 +218,16 @@ class Automation(QObject):
 
                 prompt, settings = page.chat.conversation_settings()
                 limit = int(cmd["max_tokens"])
-                page.chat.update_settings(
-                    prompt, dataclasses.replace(settings, max_tokens=limit, thinking=False)
+                # repeatable and never empty: random weights may pick an end-of-generation
+                # token first, or open a thinking block the answer never leaves
+                bounded = dataclasses.replace(
+                    settings,
+                    max_tokens=limit,
+                    thinking=False,
+                    seed=1,
+                    extra_body={**settings.extra_body, "ignore_eos": True},
                 )
+                page.chat.update_settings(prompt, bounded)
             page.composer.edit.setPlainText(str(cmd["text"]))
             page.composer.send_btn.click()
             return self.chat()

@@ -58,7 +58,9 @@ def test_a_llama_gguf_split_set_chats_about_an_image_in_the_app(  # type: ignore
     assert "⚠" not in page.plan_reason.text()
     assert f"--mmproj {mmproj}" in page.argv.edit.text()
     chat = ChatPage(ctx)
-    chat.chat.update_settings("", ChatSettings(thinking=False, max_tokens=4, seed=1))
+    chat.chat.update_settings(
+        "", ChatSettings(thinking=False, max_tokens=4, seed=1, extra_body={"ignore_eos": True})
+    )
     qtbot.addWidget(chat)
     chat.show()
     png = tmp_path / "red.png"

@@ -60,6 +60,25 @@ def test_an_answer_that_is_only_reasoning_shows_it(qapp, qtbot) -> None:  # type
     assert "Reasoning (4 words)" in view.toPlainText()
 
 
+def test_an_answer_with_no_text_says_so(qapp, qtbot) -> None:  # type: ignore[no-untyped-def]
+    """A model whose first token ends the turn left an empty bubble with no word."""
+    from k3desk.ui.chat.view import MessageView, MessageVM
+
+    view = MessageView()
+    qtbot.addWidget(view)
+    view.set_messages([MessageVM("1", "user", "Why?"), MessageVM("2", "assistant", " ")])
+    assert "ended this answer without writing anything" in view.toPlainText()
+    # not while it streams, nor for an answer with text, reasoning or its own note
+    for vm in (
+        MessageVM("3", "assistant", "", streaming=True),
+        MessageVM("4", "assistant", "Yes."),
+        MessageVM("5", "assistant", "", reasoning="Because"),
+        MessageVM("6", "assistant", "", partial=True, partial_note="no answer arrived."),
+    ):
+        view.set_messages([vm])
+        assert "without writing anything" not in view.toPlainText(), vm
+
+
 def test_copy_says_copied(qapp, qtbot) -> None:  # type: ignore[no-untyped-def]
     """D23: Copy copied without a word."""
     from PySide6.QtCore import QUrl

@@ -36,6 +36,18 @@ ONLY_REASONING_NOTE = (
 )
 
 
+def no_text(content: str, reasoning: str, streaming: bool) -> bool:
+    """True for a finished answer with nothing in it at all: the model ended at once (its
+    first token was an end-of-generation token), or wrote only white space."""
+    return not streaming and not content.strip() and not reasoning.strip()
+
+
+NO_TEXT_NOTE = (
+    "Kimi-K3 ended this answer without writing anything (its first token ended the turn). "
+    "Regenerate to ask again."
+)
+
+
 def shown_path(path: Path, home: Path | None = None) -> str:
     """``path`` as a person reads it: under the home folder as ``~/...``."""
     home = Path.home() if home is None else home

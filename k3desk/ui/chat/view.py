@@ -28,7 +28,13 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QTextBrowser, QTextEdit, QToolTip, QWidget
 
-from k3desk.core.app.cells import ONLY_REASONING_NOTE, only_reasoning, reasoning_title
+from k3desk.core.app.cells import (
+    NO_TEXT_NOTE,
+    ONLY_REASONING_NOTE,
+    no_text,
+    only_reasoning,
+    reasoning_title,
+)
 from k3desk.ui import theme
 from k3desk.ui.chat.markdown import CodeColors, MarkdownRenderer
 
@@ -341,15 +347,16 @@ class MessageView(QTextBrowser):
             text = f'<p style="color:{c.muted};"><i>{html.escape(m.content)}</i></p>'
             parts.append((("system", m.content), text))
         elif m.content:
-            blocks = self.renderer.render_blocks(
-                m.content, lambda i: f"k3:copy-code/{mid}/{i}"
-            )
+            blocks = self.renderer.render_blocks(m.content, lambda i: f"k3:copy-code/{mid}/{i}")
             self._codes[m.id] = [code for b in blocks for code in b.codes]
             parts += [(b.key, b.html) for b in blocks]
         tail: list[str] = []
         if m.role == "assistant" and only_reasoning(m.content, m.reasoning, m.streaming):
             note = html.escape(ONLY_REASONING_NOTE)
             tail.append(f'<p style="color:{c.muted};"><i>{note}</i></p>')
+        ended = m.role == "assistant" and not m.partial and not m.error
+        if ended and no_text(m.content, m.reasoning, m.streaming):
+            tail.append(f'<p style="color:{c.muted};"><i>{html.escape(NO_TEXT_NOTE)}</i></p>')
         if m.streaming and not m.content and not m.reasoning:
             tail.append(f'<p style="color:{c.muted};"><i>Waiting for the first token…</i></p>')
         if m.streaming:
@@ -361,7 +368,10 @@ class MessageView(QTextBrowser):
             )
         if m.error:
             tail.append(f'<p style="color:{c.danger};">{html.escape(m.error)}</p>')
-        tail_key = ("tail", m.streaming, m.partial, m.partial_note, m.error, bool(m.content))
+        tail_key = (
+            "tail", m.streaming, m.partial, m.partial_note, m.error, bool(m.content.strip()),
+            bool(m.reasoning.strip()),
+        )  # fmt: skip
         parts.append((tail_key, "".join(tail)))
         return parts
 

@@ -137,6 +137,22 @@ def test_a_prompt_rendered_to_nothing_or_an_empty_reply_is_an_error(
     assert "without generating anything" in err
 
 
+def test_an_answer_ended_at_once_says_so(k3chat: Run, standin: StandIn) -> None:
+    # the first token generated ends the turn (random or damaged weights): one token, no
+    # text; not an error, but not silence either
+    standin.tokens = [("content", "")]
+    rc, out, err = k3chat("--url", standin.url, "Q?")
+    assert rc == 0
+    assert out == ""
+    assert "[12 prompt tokens, 1 generated" in err
+    assert "no text: the model ended its turn at once" in err
+    # an answer with text does not say it
+    standin.tokens = [("content", "Yes")]
+    rc, out, err = k3chat("--url", standin.url, "Q?")
+    assert out == "Yes\n"
+    assert "no text" not in err
+
+
 def test_unreachable_server_is_a_plain_error(k3chat: Run, closed_port: int) -> None:
     rc, out, err = k3chat("--url", f"http://127.0.0.1:{closed_port}", "Hi")
     assert rc == 1
