@@ -620,6 +620,33 @@ MUTANTS: tuple[Mutant, ...] = (
         "a type timed on its own is predicted with its own factor, not the general one",
     ),
     m(
+        "cpu-check-two-at-once",
+        "k3desk/core/tuning/cpuprobe.py",
+        "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+        "pass",
+        "tests/core/tuning/test_cpu_probe.py::"
+        "test_one_check_at_a_time_and_the_next_clears_what_a_killed_one_left",
+        "a second CPU check is refused while one runs, and touches nothing of it",
+    ),
+    m(
+        "cpu-check-keeps-a-killed-checks-models",
+        "k3desk/core/tuning/cpuprobe.py",
+        'remove_models(work.glob("probe-*"))',
+        "pass",
+        "tests/core/tuning/test_cpu_probe.py::"
+        "test_one_check_at_a_time_and_the_next_clears_what_a_killed_one_left",
+        "the next CPU check deletes what a killed one left",
+    ),
+    m(
+        "cpu-check-replaces-a-named-engine",
+        "k3desk/core/app/hardware.py",
+        "server: Path | None = _given_server(Path(engine).expanduser())",
+        "server = find_llama_server(services.paths, services.configured_engine())",
+        "tests/core/tuning/test_cpu_probe.py::"
+        "test_an_engine_named_that_is_not_there_is_refused_not_replaced",
+        "a llama-server named for the CPU check is that one or none",
+    ),
+    m(
         "cpu-check-on-the-gpu",
         "k3desk/core/tuning/cpuprobe.py",
         '"-ngl", "0", "-dev", "none", "-nopo", "1",',

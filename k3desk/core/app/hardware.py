@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from k3desk.core.engines.discovery import find_llama_server
+from k3desk.core.engines.discovery import SERVER_NAME, find_llama_server
 from k3desk.core.errors import EngineError
 from k3desk.core.hardware import detect as _detect
 from k3desk.core.hardware.bandwidth import fmt_bandwidth
@@ -54,10 +54,14 @@ def check_cpu(
     """Time the engine's kernels on this machine and keep the result, so that every
     later plan here predicts with this CPU's own speed (``core/tuning/cpuprobe.py``).
 
-    ``engine``: the llama-server whose ``llama-bench`` to use (default: the one in
-    Settings, else the one k3desk finds).  Raises EngineError (no engine, its tools
-    missing, too little disk) or Cancelled; keeps nothing then."""
-    server = find_llama_server(services.paths, engine or services.configured_engine())
+    ``engine``: the llama-server (or its folder) whose ``llama-bench`` to use, and no
+    other; without it, the one in Settings, else the one k3desk finds.  Raises
+    EngineError (no engine, its tools missing, too little disk, a check already
+    running) or Cancelled; keeps nothing then."""
+    if engine is not None:
+        server: Path | None = _given_server(Path(engine).expanduser())
+    else:
+        server = find_llama_server(services.paths, services.configured_engine())
     if server is None:
         raise EngineError(
             "No llama-server was found to time this CPU with.",
@@ -68,6 +72,18 @@ def check_cpu(
     probe = run_cpu_probe(server, hw, work, progress=on_progress, cancel=cancel)
     CpuProbeStore(services.paths.state).put(probe)
     return probe
+
+
+def _given_server(path: Path) -> Path:
+    """The llama-server a person named (a folder: the one in it), checked to be there."""
+    server = path / SERVER_NAME if path.is_dir() else path
+    if not server.is_file():
+        raise EngineError(
+            f"There is no llama-server at {server}.",
+            hint="Give the path of a llama-server (or of its folder), or leave --engine "
+            "out to use the one in Settings or the one k3desk finds.",
+        )
+    return server
 
 
 def cpu_check_lines(services: Services, hw: HardwareProfile) -> list[str]:

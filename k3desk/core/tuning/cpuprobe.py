@@ -29,6 +29,7 @@ engine build and these shipped costs; any of the three changing makes it stale.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -37,7 +38,7 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -260,6 +261,30 @@ def write_probe_models(
     return models
 
 
+@contextlib.contextmanager
+def sole_check(work: Path) -> Iterator[None]:
+    """Hold ``work`` for one CPU check: refused (EngineError) while another process's
+    check holds it, and cleared of the probe models a check that was killed mid-way
+    (kill -9, a power cut) left there.  The hold is the kernel's lock on the folder
+    (flock): it ends with the process that took it, however that ends, so a folder
+    held by nobody has nobody writing in it."""
+    work.mkdir(parents=True, exist_ok=True)
+    fd = os.open(work, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise EngineError(
+                "A CPU check is already running on this machine (another k3desk window "
+                "or command).",
+                hint="Wait for it to end: two at once would each time the other's load.",
+            ) from None
+        remove_models(work.glob("probe-*"))
+        yield
+    finally:
+        os.close(fd)
+
+
 def remove_models(paths: Iterable[Path]) -> None:
     for path in paths:
         with contextlib.suppress(OSError):
@@ -471,15 +496,16 @@ def run_cpu_probe(
     k = kernels or kernel_costs.load()
     counts = sorted({1, default_threads(hw)})
     steps = 1 + rounds * len(counts) * len(types)
-    progress(Progress("Writing the probe models", 0, steps, f"{', '.join(types)}, in {work}"))
-    models = write_probe_models(
-        work, quantize, threads=default_threads(hw), cancel=token, shape=shape, types=types
-    )
-    try:
-        speeds = _time_models(bench, models, counts, rounds, token, progress)
-        runs = _runs(hw, models, speeds, counts, k)
-    finally:
-        remove_models(models.values())
+    with sole_check(work):
+        progress(Progress("Writing the probe models", 0, steps, f"{', '.join(types)}, in {work}"))
+        models = write_probe_models(
+            work, quantize, threads=default_threads(hw), cancel=token, shape=shape, types=types
+        )
+        try:
+            speeds = _time_models(bench, models, counts, rounds, token, progress)
+            runs = _runs(hw, models, speeds, counts, k)
+        finally:
+            remove_models(models.values())
     progress(Progress("Timing the engine's kernels", steps, steps, "done"))
     return CpuProbe(
         machine=machine_key(hw),

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -334,4 +335,84 @@ def test_too_little_disk_and_a_failing_tool_are_named_and_leave_nothing(
     assert failed.value.message == (
         "llama-quantize failed (exit status 1): main: failed to quantize: unknown type"
     )
+    assert list(work.iterdir()) == []
+
+
+def test_an_engine_named_that_is_not_there_is_refused_not_replaced(
+    tmp_path: Path, k3_home: Path
+) -> None:
+    """`--engine PATH` means that engine and no other: a wrong path is named, and the
+    check does not go on with some other llama-server k3desk finds."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    missing = tmp_path / "nowhere" / "llama-server"
+    out = subprocess.run(
+        [sys.executable, "-m", "k3desk", "doctor", "--check-cpu", "--no-benchmark",
+         "--engine", str(missing)],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert f"There is no llama-server at {missing}" in out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    assert not (k3_home / "cache" / "cpu-check").exists()  # nothing was written
+
+
+KILLED_CHECK = """
+import sys
+from dataclasses import replace
+from pathlib import Path
+from k3desk.core.hardware.detect import detect_hardware
+from k3desk.core.k3arch import TINY_K3
+from k3desk.core.tuning.cpuprobe import run_cpu_probe
+run_cpu_probe(Path(sys.argv[1]), detect_hardware(measure_bandwidth=False), Path(sys.argv[2]),
+              shape=replace(TINY_K3, n_layer=4, mla_every=4), rounds=200)
+"""
+
+
+def test_one_check_at_a_time_and_the_next_clears_what_a_killed_one_left(
+    tmp_path: Path, llama_server: Path, here: HardwareProfile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a check runs (another process), a second is refused and touches nothing of
+    it; killed with -9, it leaves its models behind, and the next check deletes them."""
+    work = tmp_path / "work"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    other = subprocess.Popen(
+        [sys.executable, "-c", KILLED_CHECK, str(llama_server), str(work)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while (
+            not (work / "probe-q4_k.gguf").exists() or (work / "probe-f16.gguf").stat().st_size == 0
+        ):
+            assert other.poll() is None, other.stderr.read() if other.stderr else ""
+            assert time.monotonic() < deadline, "the other check wrote no models"
+            time.sleep(0.1)
+        time.sleep(0.5)  # quantized; timing now
+        theirs = sorted(p.name for p in work.iterdir())
+        with pytest.raises(EngineError) as busy:
+            run_cpu_probe(llama_server, here, work, shape=SMALL, rounds=1)
+        assert "already running" in busy.value.message
+        assert sorted(p.name for p in work.iterdir()) == theirs  # not touched
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+        if other.stderr is not None:
+            other.stderr.close()
+    left = sorted(p.name for p in work.iterdir())
+    assert "probe-q8_0.gguf" in left  # what kill -9 leaves
+    # on a disk with room for the check only once they are gone
+    from k3desk.core.tuning import cpuprobe
+
+    def present() -> int:
+        return sum(p.stat().st_size for p in work.glob("probe-*"))
+
+    base, real_usage = cpuprobe.DISK_NEEDED - 1 + present(), shutil.disk_usage
+    monkeypatch.setattr(
+        cpuprobe.shutil,
+        "disk_usage",
+        lambda path: real_usage(path)._replace(free=base - present()),
+    )
+    probe = run_cpu_probe(llama_server, here, work, shape=SMALL, rounds=1)
+    assert probe.runs
     assert list(work.iterdir()) == []
