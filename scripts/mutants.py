@@ -690,6 +690,24 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_a_choice_measured_before_a_gpu_change_is_not_used_after_it",
         "settings measured on one machine are not used after its GPUs change",
     ),
+    m(
+        "download-through-the-page-cache",
+        "k3desk/core/hub/diskio.py",
+        "                self._direct = _open_direct(path, os.O_WRONLY)",
+        "                self._direct = None",
+        "tests/core/hub/test_diskio.py::"
+        "test_a_download_leaves_the_page_cache_to_the_rest_of_the_desktop",
+        "a download's bytes do not stay in the page cache where the file system allows",
+    ),
+    m(
+        "a-streamed-byte-waits-in-memory",
+        "k3desk/core/hub/transfer.py",
+        "if got < want and clock() - since >= HOLD_SECONDS:",
+        "if False:",
+        "tests/core/hub/test_hub_cli.py::"
+        "test_kill_9_mid_file_then_restart_resumes_refetching_at_most_one_chunk_per_shard",
+        "a streamed byte is in the file within HOLD_SECONDS, so a kill -9 keeps it",
+    ),
 )
 
 

@@ -9,12 +9,12 @@ file.
 from __future__ import annotations
 
 import hashlib
-import io
 import threading
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from k3desk.core.hub.diskio import Source
 from k3desk.core.progress import CancelToken
 
 BLOCK = 4 * 1024 * 1024
@@ -60,7 +60,8 @@ class StreamHasher:
     for a helper thread that folds it into the hash (hashlib releases the GIL
     for buffers this size, so hashing runs on another core while the next bytes
     arrive and are written).  Bytes the helper was not handed are read back
-    from the file instead: the ``prefix`` a resumed transfer already has on
+    from the file instead (around the page cache, :class:`~k3desk.core.hub.diskio.Source`):
+    the ``prefix`` a resumed transfer already has on
     disk, and chunks the writer offered while more than :attr:`QUEUE_BYTES`
     were waiting (the network is never held up by the hash).  A chunk handed
     over with ``release`` is not touched by the writer until ``release()`` is
@@ -69,8 +70,11 @@ class StreamHasher:
 
     QUEUE_BYTES = 16 * 1024 * 1024
 
-    def __init__(self, path: Path, kind: str, size: int, prefix: int = 0) -> None:
+    def __init__(
+        self, path: Path, kind: str, size: int, prefix: int = 0, direct: bool = True
+    ) -> None:
         self._kind = kind
+        self._direct = direct  # read back around the page cache (diskio.Source)
         self._size = size
         self._path = path
         self._lock = threading.Condition()
@@ -111,7 +115,7 @@ class StreamHasher:
                 end = item[1] if item is not None else written
                 if hashed < end:
                     if reader is None:
-                        reader = self._path.open("rb", buffering=0)
+                        reader = Source(self._path, direct=self._direct)
                     hashed = self._read_back(reader, hashed, end)
                 if item is not None:
                     data, offset, release = item
@@ -143,12 +147,11 @@ class StreamHasher:
                 if release is not None:
                     release()
 
-    def _read_back(self, reader: io.RawIOBase, start: int, end: int) -> int:
-        reader.seek(start)
+    def _read_back(self, reader: Source, start: int, end: int) -> int:
         while start < end:
             if self._stop:
                 raise _Stopped()
-            block = reader.read(min(BLOCK, end - start))
+            block = reader.read(start, end)
             if not block:
                 raise OSError(f"{self._path} is shorter than expected")
             self._h.update(block)

@@ -638,7 +638,9 @@ class DownloadJob:
         except OSError as exc:
             raise disk_error(exc, where) from exc
         kind, expected = expected_hash(f)
-        hasher = StreamHasher(partial.data, kind, f.size, prefix=offset)
+        hasher = StreamHasher(
+            partial.data, kind, f.size, prefix=offset, direct=ctx.options.direct_io
+        )
         offsets = Offsets(written=offset, durable=offset)
         task.start_at(offset)
         self._emit(FileStarted(f.path, f.size, offset, "http"))

@@ -85,6 +85,11 @@ class DownloadOptions:
     # crash re-fetches at most ranges_per_file windows beyond the durable prefix
     ranges_per_file: int = 4
     range_window_bytes: int = 64 * MiB
+    # write (and read back to hash) around the page cache where the file system allows
+    # O_DIRECT (diskio): cheaper per byte, and a 300 GB download does not push out what
+    # the desktop has cached; False keeps the page cache (a spinning disk, where the
+    # read-back of ranges would seek away from the writes)
+    direct_io: bool = True
     margin_bytes: int = 2 * GiB  # free space kept beyond what the download needs
     use_hf_cache: bool = True  # reuse blobs from an earlier `hf download` in HF_HOME/hub
     hf_cache_dir: Path | None = None  # None: $HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub

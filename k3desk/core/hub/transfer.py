@@ -37,6 +37,7 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from urllib.parse import urlsplit
 
 from k3desk.core.errors import Cancelled, HubError
 from k3desk.core.hub import _hfchild
+from k3desk.core.hub.diskio import ALIGN, Sink, aligned_buffer
 from k3desk.core.hub.hashing import StreamHasher
 from k3desk.core.hub.model import DownloadOptions, RemoteFile
 from k3desk.core.hub.reporting import FileTask
@@ -148,12 +150,6 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     return parts.scheme, parts.hostname or "", parts.port
 
 
-def _write_all(fd: int, data: memoryview) -> None:
-    while data:
-        n = os.write(fd, data)
-        data = data[n:]
-
-
 def http_attempt(
     ctx: Context,
     f: RemoteFile,
@@ -188,9 +184,10 @@ def http_attempt(
         headers["Range"] = f"bytes={offsets.written}-"
 
     with (
-        _writing(partial, offsets, task) as (fd, durable),
+        _writing(partial, offsets, task, direct=opts.direct_io) as (sink, durable),
         get_session().stream("GET", location, headers=headers, timeout=timeout) as r,
     ):
+        fd = sink.fd
         hf_raise_for_status(r)
         if offsets.written > 0 and r.status_code == 200:
             # the server ignored Range: start over from byte 0
@@ -208,12 +205,11 @@ def http_attempt(
                     f"{r.headers.get('Content-Range')}"
                 )
         os.ftruncate(fd, offsets.written)
-        os.lseek(fd, offsets.written, os.SEEK_SET)
         stream = r.extensions.get("network_stream")
         sock = stream.get_extra_info("socket") if stream is not None else None
         task.attach(sock=sock, closer=None if sock is not None else r.close)
         ctx.cancel.raise_if_cancelled()
-        body = _Body(ctx, f, fd, task, hasher, offsets, durable)
+        body = _Body(ctx, f, sink, task, hasher, offsets, durable)
         direct = _direct_socket(r, stream, sock, f.size - offsets.written)
         if direct is not None:
             body.from_socket(r, direct, ctx.options.stall_seconds + 5.0)
@@ -250,8 +246,8 @@ def _prepare(ctx: Context, f: RemoteFile) -> tuple[str, dict[str, str], Any]:
 
 @contextlib.contextmanager
 def _writing(
-    partial: Partial, offsets: Offsets, task: FileTask, holes: bool = False
-) -> Iterator[tuple[int, Checkpointer]]:
+    partial: Partial, offsets: Offsets, task: FileTask, holes: bool = False, direct: bool = True
+) -> Iterator[tuple[Sink, Checkpointer]]:
     """The partial file open for writing, with its checkpointer, for one attempt.
 
     On a failure, a pause or a cancel everything that arrived is kept: what
@@ -260,10 +256,10 @@ def _writing(
     complete there is no fsync (see TargetState.is_trusted): a running checkpoint is
     only let finish before the caller removes the sidecar.
     """
-    fd = os.open(partial.data, os.O_WRONLY)
-    durable = Checkpointer(partial, fd, offsets, holes=holes)
+    sink = Sink(partial.data, direct=direct)
+    durable = Checkpointer(partial, sink.fd, offsets, holes=holes)
     try:
-        yield fd, durable
+        yield sink, durable
     except BaseException:
         with contextlib.suppress(OSError):
             durable.settle(final=offsets.written)
@@ -273,7 +269,7 @@ def _writing(
     finally:
         task.detach()
         durable.close()
-        os.close(fd)
+        sink.close()
 
 
 class _NoRanges(Exception):
@@ -302,7 +298,10 @@ def _in_ranges(
     most the windows that were past it.
     """
     ranges = _Ranges(ctx, f, task, hasher, offsets, location, headers, timeout)
-    with _writing(partial, offsets, task, holes=True) as (fd, durable):
+    with _writing(partial, offsets, task, holes=True, direct=ctx.options.direct_io) as (
+        sink,
+        durable,
+    ):
         # windows in flight when an attempt failed come again
         task.rewind(offsets.written + sum(b - a for a, b in ranges.finished.items()))
         # before any byte lands past the prefix: a kill -9 from here on resumes from
@@ -310,7 +309,7 @@ def _in_ranges(
         partial.checkpoint(offsets.durable, holes=True)
         task.attach(closer=ranges.stop_all)
         ctx.cancel.raise_if_cancelled()
-        ranges.run(fd, durable)
+        ranges.run(sink, durable)
 
 
 class _Ranges:
@@ -343,13 +342,14 @@ class _Ranges:
             a for a in range(offsets.written, f.size, self.window) if a not in self.finished
         )
         self.asked = offsets.durable
+        self.reached: dict[int, int] = {}  # window start -> bytes of it written so far
 
-    def run(self, fd: int, durable: Checkpointer) -> None:
+    def run(self, sink: Sink, durable: Checkpointer) -> None:
         """Fetch every window on ``ranges_per_file`` threads; raise the first failure."""
         count = min(self.opts.ranges_per_file, len(self.todo))
         threads = [
             threading.Thread(
-                target=self.worker, args=(fd, durable), name=f"range:{self.f.path}", daemon=True
+                target=self.worker, args=(sink, durable), name=f"range:{self.f.path}", daemon=True
             )
             for _ in range(count)
         ]
@@ -363,9 +363,7 @@ class _Ranges:
             first = next((e for e in self.errors if isinstance(e, _NoRanges)), self.errors[0])
             raise first
         if self.offsets.written != self.f.size:
-            raise ShortRead(
-                f"the ranges ended at byte {self.offsets.written:,} of {self.f.size:,}"
-            )
+            raise ShortRead(f"the ranges ended at byte {self.offsets.written:,} of {self.f.size:,}")
 
     def stop_all(self) -> None:
         with self.lock:
@@ -382,7 +380,7 @@ class _Ranges:
             raise Cancelled()
         return bool(self.errors)
 
-    def fetch(self, fd: int, a: int, b: int) -> None:
+    def fetch(self, sink: Sink, a: int, b: int) -> None:
         from huggingface_hub import get_session, hf_raise_for_status
 
         h = dict(self.headers)
@@ -403,7 +401,14 @@ class _Ranges:
             try:
                 direct = _direct_socket(r, stream, sock, b - a)
                 pos = _read_range(
-                    r, direct, fd, a, b, self.task, self.stopped, self.opts.stall_seconds + 5.0
+                    r,
+                    direct,
+                    sink,
+                    (a, b),
+                    self.task,
+                    self.stopped,
+                    self.opts.stall_seconds + 5.0,
+                    functools.partial(self.wrote, a),
                 )
             finally:
                 with self.lock:
@@ -411,7 +416,7 @@ class _Ranges:
             if pos != b:
                 raise ShortRead(f"the connection ended at byte {pos:,} of {self.f.size:,}")
 
-    def worker(self, fd: int, durable: Checkpointer) -> None:
+    def worker(self, sink: Sink, durable: Checkpointer) -> None:
         while True:
             with self.lock:
                 if self.errors or not self.todo:
@@ -421,7 +426,7 @@ class _Ranges:
             try:
                 if self.stopped():
                     return
-                self.fetch(fd, a, b)
+                self.fetch(sink, a, b)
             except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
                 with self.lock:
                     self.errors.append(exc)
@@ -429,41 +434,53 @@ class _Ranges:
                 return
             self.window_done(a, b, durable)
 
+    def wrote(self, a: int, pos: int) -> None:
+        """The window from ``a`` is written up to ``pos``.  The window that starts at
+        the prefix extends what is on disk in order, so the hash reads it back as it
+        comes, not only once the window is complete: a file's hash ends shortly
+        after its last window, not a whole window's read later."""
+        with self.lock:
+            self.reached[a] = pos
+            head = self.offsets.written == a
+        if head:
+            self.hasher.on_disk(pos)
+
     def window_done(self, a: int, b: int, durable: Checkpointer) -> None:
         """[a, b) is on disk: grow the prefix over complete windows, hash it, and ask for
         a checkpoint every ``checkpoint_bytes`` (none in the file's last half-step)."""
         offsets = self.offsets
         with self.lock:
             self.finished[a] = b
+            self.reached.pop(a, None)
             while offsets.written in self.finished:
                 offsets.written = self.finished.pop(offsets.written)
             prefix = offsets.written
             ask = prefix - self.asked >= self.step and prefix < self.last
             if ask:
                 self.asked = prefix
-        self.hasher.on_disk(prefix)
+            in_order = self.reached.get(prefix, prefix)  # the next window, as far as it got
+        self.hasher.on_disk(in_order)
         if ask:
             durable.request(prefix)
-
-
-def _pwrite_all(fd: int, data: memoryview, at: int) -> None:
-    while data:
-        n = os.pwrite(fd, data, at)
-        data = data[n:]
-        at += n
 
 
 def _read_range(
     r: Any,
     sock: socket.socket | None,
-    fd: int,
-    a: int,
-    b: int,
+    sink: Sink,
+    window: tuple[int, int],
     task: FileTask,
     stopped: Callable[[], bool],
     timeout: float,
+    wrote: Callable[[int], None],
 ) -> int:
-    """Bytes [a, b) of a 206 body written in place; returns where it ended."""
+    """Bytes [a, b) of a 206 body written in place; returns where it ended.
+    ``wrote(pos)`` is told after each write.
+
+    A window that fails is fetched again whole, so a buffer is written only
+    when full (or when the body ends), not after each ``recv_into``.
+    """
+    a, b = window
     pos = a
     if sock is None:
         for chunk in r.iter_bytes():
@@ -471,23 +488,27 @@ def _read_range(
                 raise ShortRead("another range of the file failed")
             if pos + len(chunk) > b:
                 raise BodyTooLong(f"it sent more than the {b - a:,} bytes asked for")
-            _pwrite_all(fd, memoryview(chunk), pos)
+            sink.pwrite(memoryview(chunk), pos)
             pos += len(chunk)
             task.add(len(chunk))
+            wrote(pos)
         return pos
-    # as in _Body.from_socket: one chunk through the client, then the socket itself
+    # as in _Body.from_socket: one chunk through the client, then the socket itself;
+    # the first chunk heads the first buffer, so that every write stays aligned
     chunks = r.iter_raw()
-    first = next(chunks, b"")
-    if first:
-        _pwrite_all(fd, memoryview(first), pos)
-        pos += len(first)
-        task.add(len(first))
+    carry = next(chunks, b"")
+    if len(carry) > b - pos:
+        raise BodyTooLong(f"it sent more than the {b - a:,} bytes asked for")
     sock.settimeout(timeout)
-    buf = bytearray(min(WRITE_BYTES, max(1, b - pos)))
+    buf = aligned_buffer(min(WRITE_BYTES, max(1, b - pos)))
     view = memoryview(buf)
     while pos < b:
-        want = min(len(buf), b - pos)
-        got = 0
+        want = max(_fill(pos, len(buf), b - pos), len(carry))
+        got = len(carry)
+        if got:
+            view[:got] = carry
+            task.add(got)
+            carry = b""
         while got < want:
             if stopped():
                 raise ShortRead("another range of the file failed")
@@ -500,8 +521,9 @@ def _read_range(
             got += n
             task.add(n)
         if got:
-            _pwrite_all(fd, view[:got], pos)
+            sink.pwrite(view[:got], pos)
             pos += got
+            wrote(pos)
         if got < want:
             break
     del chunks
@@ -509,6 +531,22 @@ def _read_range(
 
 
 WRITE_BYTES = 4 * 1024 * 1024  # per write, hash and checkpoint check: few calls per GiB
+# longest a streamed byte waits in memory before it is written (a slow link fills a
+# buffer slowly): what a kill -9 can lose beyond the bytes in flight
+HOLD_SECONDS = 0.1
+
+
+def _fill(pos: int, cap: int, left: int) -> int:
+    """How much the buffer for file offset ``pos`` takes: at most ``cap`` and ``left``,
+    and, when more follows, ending on an ``ALIGN`` boundary, so that after a resume
+    from an odd offset only the first write is not aligned (diskio.Sink)."""
+    want = min(cap, left)
+    if want < left:
+        end = pos + want
+        end -= end % ALIGN
+        if end > pos:
+            want = end - pos
+    return want
 
 
 class _Body:
@@ -518,20 +556,20 @@ class _Body:
         self,
         ctx: Context,
         f: RemoteFile,
-        fd: int,
+        sink: Sink,
         task: FileTask,
         hasher: StreamHasher,
         offsets: Offsets,
         durable: Checkpointer,
     ) -> None:
-        self.f, self.fd, self.task, self.hasher = f, fd, task, hasher
+        self.f, self.sink, self.task, self.hasher = f, sink, task, hasher
         self.offsets, self.durable, self.cancel = offsets, durable, ctx.cancel
         self.step = ctx.options.checkpoint_bytes
         self.asked = offsets.durable
         # no checkpoint in a file's last half-step: it is about to be complete anyway
         self.last = f.size - self.step // 2
 
-    def _wrote(self, data: bytes, release: Callable[[], None] | None) -> None:
+    def _wrote(self, data: bytes | memoryview, release: Callable[[], None] | None) -> None:
         """``data`` goes to the file at ``offsets.written``, then to the hash."""
         n = len(data)
         at = self.offsets.written
@@ -539,7 +577,7 @@ class _Body:
             raise BodyTooLong(
                 f"it sent more than the {self.f.size:,} bytes listed for {self.f.path}"
             )
-        _write_all(self.fd, memoryview(data))
+        self.sink.pwrite(memoryview(data), at)
         self.offsets.written = at + n
         self.hasher.feed(data, at, release)
         self._checkpoint()
@@ -565,33 +603,44 @@ class _Body:
         One chunk goes through the HTTP client first: it holds the bytes that
         arrived with the headers, and after it the parser's buffer is empty
         (h11 ``_readers.ContentLengthReader.__call__`` hands over all it has).
-        From there on ``recv_into`` fills large reusable buffers: no objects,
-        parser passes or copies per 64 KiB.  What each ``recv_into`` brings is
-        written at once (nothing that arrived is held only in memory), and a
-        buffer goes to the hash when full, in one call.  The connection is
+        From there on ``recv_into`` fills large reusable buffers (the first
+        chunk at the head of the first): no objects, parser passes or copies
+        per 64 KiB.  A full buffer is written in one call, aligned, around the
+        page cache where the file system allows (diskio.Sink), then goes to
+        the hash.  No byte waits in memory longer than ``HOLD_SECONDS``: a
+        buffer that fills slowly is written as it fills (aligned), and one cut
+        short by a failure, a stall or a pause as far as it got, so what
+        arrived is in the file (a kill -9 loses at most what was in flight).  The connection is
         closed afterwards: the client never saw the body end, so it does not
         reuse it (httpcore ``HTTP11Connection._response_closed``).
         """
-        cancel, task, fd, offsets = self.cancel, self.task, self.fd, self.offsets
+        cancel, task, offsets = self.cancel, self.task, self.offsets
         # kept referenced until the end: a dropped generator closes the response
         chunks = r.iter_raw()
-        first = next(chunks, b"")
-        if first:
-            self._wrote(first, None)
-            task.add(len(first))
+        carry: bytes = next(chunks, b"")
         remaining = self.f.size - offsets.written
-        if remaining <= 0:
+        if len(carry) >= remaining:
+            # the rest came with the headers (more is refused by _wrote)
+            if carry:
+                self._wrote(carry, None)
+                task.add(len(carry))
             for chunk in chunks:  # only the end of the message: the connection is reused
                 self._wrote(chunk, None)
             return
         sock.settimeout(timeout)
-        free: list[bytearray] = []
+        free: list[Any] = []
+        clock = time.monotonic
         while remaining > 0:
-            buf = free.pop() if free else bytearray(WRITE_BYTES)
+            buf = free.pop() if free else aligned_buffer(WRITE_BYTES)
             view = memoryview(buf)
-            base = offsets.written
-            want = min(len(buf), remaining)
-            got = 0
+            want = max(_fill(offsets.written, len(buf), remaining), len(carry))
+            got = len(carry)
+            kept = 0  # bytes of this buffer already written
+            if got:
+                view[:got] = carry
+                task.add(got)
+                carry = b""
+            since = clock()  # when the oldest byte not yet written arrived
             try:
                 while got < want:
                     if cancel.cancelled:
@@ -600,19 +649,25 @@ class _Body:
                         n = sock.recv_into(view[got:want])
                     except OSError as exc:  # reset, timeout, TLS alert: not the disk's
                         raise ShortRead(
-                            f"the connection failed at byte {base + got:,}: {exc}"
+                            f"the connection failed at byte {offsets.written + got - kept:,}: {exc}"
                         ) from exc
                     if n == 0:
                         break
-                    _write_all(fd, view[got : got + n])
+                    if got == kept:
+                        since = clock()
                     got += n
-                    offsets.written = base + got
                     task.add(n)
-                    self._checkpoint()
+                    if got < want and clock() - since >= HOLD_SECONDS:
+                        # a slow link: write what came (up to an aligned end) now
+                        upto = got - got % ALIGN
+                        if upto > kept:
+                            self._wrote(view[kept:upto], None)
+                            kept = upto
+                            since = clock()
             finally:
-                if got:  # the buffer is reused only once the hash is done with it
+                if got > kept:  # the buffer is reused only once the hash is done with it
                     release = functools.partial(free.append, buf) if got == want else None
-                    self.hasher.feed(view[:got], base, release)
+                    self._wrote(view[kept:got], release)
             remaining -= got
             if got < want:
                 break  # the connection ended: the caller reports the short read

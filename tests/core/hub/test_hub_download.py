@@ -499,14 +499,17 @@ def test_disk_full_mid_transfer_keeps_the_partial_and_resumes(
     req = DownloadRequest(TIER_REPO, (shard_name(1), shard_name(2)))
     filler = small_tmpfs / "another-program.bin"
 
+    target = small_tmpfs / "models"
+
     def fill(e: DownloadEvent) -> None:
-        # another program fills the disk while the download runs
-        if e.kind == "file_progress" and e.done > 300_000 and not filler.exists():
+        # another program fills the disk once both files have 150 kB written
+        on_disk = [p.stat().st_size for p in target.rglob("*.k3part")]
+        written = len(on_disk) == 2 and min(on_disk) > 150_000
+        if e.kind == "file_progress" and written and not filler.exists():
             free = os.statvfs(small_tmpfs).f_bavail * os.statvfs(small_tmpfs).f_frsize
             with filler.open("wb") as f, contextlib.suppress(OSError):
                 f.write(b"\0" * free)
 
-    target = small_tmpfs / "models"
     with pytest.raises(HubError) as exc:
         DownloadJob(req, target, options(hub, parallel=2), Recorder(fill)).run()
     assert "is full" in exc.value.message
