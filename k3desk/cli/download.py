@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--to", type=Path, metavar="DIR", help="target folder (default: models folder)")
     p.add_argument("--revision", help="branch, tag or commit (default: main)")
     p.add_argument(
-        "--parallel", type=int, default=4, metavar="N", help="files transferred at once (4)"
+        "--parallel", type=int, default=8, metavar="N", help="files transferred at once (8)"
     )
     p.add_argument("--json", action="store_true", help="print JSON-lines events, no bar")
     p.add_argument(

@@ -45,7 +45,7 @@ class Settings:
     system_prompt: str = ""
     theme: Theme = "system"
     # downloads: how many shards at once
-    download_workers: int = 2
+    download_workers: int = 4
     # what the wizard chose
     tier_id: str = ""
     hardware_file: str = ""

@@ -86,6 +86,9 @@ class StreamHasher:
         self._written = prefix  # bytes of the file on disk
         self._queue: deque[tuple[bytes | memoryview, int, Callable[[], None] | None]] = deque()
         self._queued = 0  # bytes in the queue
+        # chunks offered out of order (ranges), by offset, until the hash reaches them
+        self._held: dict[int, tuple[bytes | memoryview, Callable[[], None]]] = {}
+        self._held_bytes = 0
         self._error: BaseException | None = None
         self._stop = False
         self._finishing = False
@@ -101,18 +104,27 @@ class StreamHasher:
         try:
             while True:
                 with lock:
-                    while not (self._stop or self._queue or self._hashed < self._written):
+                    while not (
+                        self._stop
+                        or self._queue
+                        or self._hashed < self._written
+                        or self._covering(self._hashed) is not None
+                    ):
                         if self._finishing:
                             return
                         lock.wait()
                     if self._stop:
                         return
-                    item = self._queue.popleft() if self._queue else None
-                    if item is not None:
-                        self._queued -= len(item[0])
                     hashed, written = self._hashed, self._written
+                    if self._queue:
+                        item = self._queue.popleft()
+                        self._queued -= len(item[0])
+                        end = item[1]
+                    else:
+                        item = self._take_held(hashed)
+                        # up to what is on disk, or to the next chunk held in memory
+                        end = hashed if item is not None else self._next_held(hashed, written)
                 # bytes not handed over (a resumed prefix, dropped chunks): from the file
-                end = item[1] if item is not None else written
                 if hashed < end:
                     if reader is None:
                         reader = Source(self._path, direct=self._direct)
@@ -139,13 +151,39 @@ class StreamHasher:
                 pending = list(self._queue)
                 if item is not None:
                     pending.append(item)
+                pending.extend((c, o, r) for o, (c, r) in self._held.items())
                 self._queue.clear()
                 self._queued = 0
+                self._held.clear()
+                self._held_bytes = 0
                 self._thread = None
                 lock.notify_all()
             for _, _, release in pending:
                 if release is not None:
                     release()
+
+    def _covering(self, at: int) -> int | None:
+        """The offset of a held chunk that holds byte ``at`` (lock held)."""
+        for offset, (chunk, _) in self._held.items():
+            if offset <= at < offset + len(chunk):
+                return offset
+        return None
+
+    def _take_held(
+        self, at: int
+    ) -> tuple[bytes | memoryview, int, Callable[[], None] | None] | None:
+        """The held chunk holding byte ``at``, out of the store (lock held)."""
+        offset = self._covering(at)
+        if offset is None:
+            return None
+        chunk, release = self._held.pop(offset)
+        self._held_bytes -= len(chunk)
+        return chunk, offset, release
+
+    def _next_held(self, at: int, written: int) -> int:
+        """Where reading back from ``at`` stops: the file's in-order end, or the next
+        chunk held in memory before it (lock held)."""
+        return min([written, *(o for o in self._held if o > at)])
 
     def _read_back(self, reader: Source, start: int, end: int) -> int:
         while start < end:
@@ -177,6 +215,32 @@ class StreamHasher:
                 return
             self._lock.notify_all()  # too much waiting: the helper reads it back instead
         if release is not None:
+            release()
+
+    HOLD_BYTES = 64 * 1024 * 1024
+
+    def offer(self, chunk: memoryview, offset: int, release: Callable[[], None]) -> None:
+        """``chunk`` was written at ``offset``, in any order (ranges): the helper
+        hashes it from memory when the hash reaches it, if at most
+        :attr:`HOLD_BYTES` are held; otherwise it is released at once and read
+        back from the file then.  ``release()`` is called when it is no longer used."""
+        n = len(chunk)
+        with self._lock:
+            old = self._held.pop(offset, None)  # a window fetched again
+            if old is not None:
+                self._held_bytes -= len(old[0])
+            keep = (
+                self._thread is not None
+                and offset + n > self._hashed
+                and self._held_bytes + n <= self.HOLD_BYTES
+            )
+            if keep:
+                self._held[offset] = (chunk, release)
+                self._held_bytes += n
+                self._lock.notify_all()
+        if old is not None:
+            old[1]()
+        if not keep:
             release()
 
     def on_disk(self, end: int) -> None:

@@ -110,6 +110,7 @@ class DownloadJob:
         self._warnings: list[str] = []
         self._reused = 0
         self._count_lock = threading.Lock()
+        self._waiting = 0  # files of the pool not started yet
         self._refused: list[tuple[str, str]] = []  # (listed name, why it is not written)
         self.listing: Listing | None = None
 
@@ -224,6 +225,7 @@ class DownloadJob:
             token=opts.token,
             options=opts,
             cancel=self._stop,
+            may_split=self._no_file_waiting,
         )
         overall = Overall(fetch_bytes)
         self._fetch_all(items, ctx, state, overall, listing)
@@ -392,12 +394,18 @@ class DownloadJob:
         if not items:
             return
         errors: list[BaseException] = []
+        with self._count_lock:
+            self._waiting = len(items)
+
+        def process(it: _Item) -> None:
+            with self._count_lock:
+                self._waiting -= 1
+            self._process(it, ctx, state, overall)
+
         with ThreadPoolExecutor(
             max_workers=max(1, self.options.parallel), thread_name_prefix="download"
         ) as pool:
-            futures: list[Future[None]] = [
-                pool.submit(self._process, it, ctx, state, overall) for it in items
-            ]
+            futures: list[Future[None]] = [pool.submit(process, it) for it in items]
             done, pending = wait(futures, return_when=FIRST_EXCEPTION)
             for fut in done:
                 exc = fut.exception()
@@ -421,6 +429,16 @@ class DownloadJob:
             raise hub_error(first, self._where())
         if self._stop.cancelled:
             raise Cancelled("Paused: partial files are kept; run the same download to resume.")
+
+    def _no_file_waiting(self) -> bool:
+        """Whether every file has started: only then does a large file take several
+        connections (ranges).  Before, each connection is another file's single
+        stream, hashed as it arrives; a file in ranges arrives out of order and is
+        read back to be hashed, which doubles its disk traffic (README, "Downloads:
+        where the time goes").  So ranges serve the end of a download, where the
+        connections of files that finished would otherwise sit idle."""
+        with self._count_lock:
+            return self._waiting <= 0
 
     def _check_manifest(self, listing: Listing) -> None:
         name = self.request.manifest

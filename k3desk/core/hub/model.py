@@ -71,7 +71,7 @@ class DownloadRequest:
 class DownloadOptions:
     endpoint: str | None = None  # None: HF_ENDPOINT, else https://huggingface.co
     token: str | None = None  # None: anonymous (the caller resolves it, see tokens.TokenStore)
-    parallel: int = 4  # files transferred at once
+    parallel: int = 8  # files transferred at once, one connection each (hf download: 8)
     transport: Transport = "auto"
     xet_high_performance: bool = False  # sets HF_XET_HIGH_PERFORMANCE=1 for hf_xet
     stall_seconds: float = 30.0  # no byte for this long: drop the connection and retry
@@ -80,9 +80,11 @@ class DownloadOptions:
     backoff_max: float = 30.0
     max_retry_after: float = 300.0  # longest 429 Retry-After we wait out
     checkpoint_bytes: int = 64 * MiB  # resume granularity: fsync + sidecar every this many bytes
-    # a file with at least two windows left is fetched over this many connections at
-    # once, each a Range of range_window_bytes (1: one stream per file); a pause or a
-    # crash re-fetches at most ranges_per_file windows beyond the durable prefix
+    # once no other file waits for a connection (the end of a download), a file with
+    # at least two windows left is fetched over this many connections at once, each a
+    # Range of range_window_bytes, or a quarter of what is left where that is less (not
+    # under 8 MiB); 1: one stream per file.  A pause or a crash re-fetches at most
+    # ranges_per_file windows beyond the durable prefix
     ranges_per_file: int = 4
     range_window_bytes: int = 64 * MiB
     # write (and read back to hash) around the page cache where the file system allows

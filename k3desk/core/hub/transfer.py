@@ -65,6 +65,9 @@ class Context:
     token: str | None
     options: DownloadOptions
     cancel: CancelToken
+    # whether a file may take several connections now (DownloadJob: no other file is
+    # waiting for one); asked at each attempt
+    may_split: Callable[[], bool] = lambda: True
 
 
 @dataclass
@@ -77,6 +80,7 @@ class Offsets:
     # windows fetched in ranges that lie past ``written`` (start -> end): kept for the
     # next attempt of this run, not across runs (the sidecar records the prefix only)
     windows: dict[int, int] = field(default_factory=dict)
+    window: int = 0  # their size (0: not fetched in ranges yet)
 
 
 class Checkpointer:
@@ -171,7 +175,8 @@ def http_attempt(
     if (
         opts.ranges_per_file > 1
         and not offsets.no_ranges
-        and f.size - offsets.written >= 2 * opts.range_window_bytes
+        and f.size - offsets.written >= 2 * min(opts.range_window_bytes, MIN_WINDOW)
+        and ctx.may_split()
     ):
         try:
             _in_ranges(ctx, f, partial, task, hasher, offsets, location, headers, timeout)
@@ -272,6 +277,20 @@ def _writing(
         sink.close()
 
 
+MIN_WINDOW = 8 * 1024 * 1024  # the smallest window worth a request of its own
+
+
+def _window(opts: DownloadOptions, left: int) -> int:
+    """The window for a file with ``left`` bytes to fetch: ``range_window_bytes``, or
+    less where fewer than ``ranges_per_file`` of those are left, so that every
+    connection gets a share of it (a 64 MiB file at the end of a download comes over
+    four connections, not one); never under ``MIN_WINDOW``, and a multiple of
+    ``ALIGN`` so that the windows' writes stay aligned (diskio.Sink)."""
+    share = -(-left // opts.ranges_per_file)
+    share = -(-share // ALIGN) * ALIGN
+    return max(min(opts.range_window_bytes, share), min(opts.range_window_bytes, MIN_WINDOW))
+
+
 class _NoRanges(Exception):
     """The server answered a Range request with the whole file."""
 
@@ -287,7 +306,7 @@ def _in_ranges(
     headers: dict[str, str],
     timeout: Any,
 ) -> None:
-    """Fetch the rest of ``f`` as windows of ``range_window_bytes``, several at once.
+    """Fetch the rest of ``f`` as windows (:func:`_window`), several at once.
 
     ``ranges_per_file`` connections each take the next window not yet taken
     (a Range request) and write it in place; the complete prefix grows as the
@@ -330,7 +349,9 @@ class _Ranges:
         self.location, self.headers, self.timeout = location, headers, timeout
         self.opts = ctx.options
         self.cancel = ctx.cancel
-        self.window = self.opts.range_window_bytes
+        if not offsets.window:  # fixed for the file's run: windows done stay on one grid
+            offsets.window = _window(self.opts, f.size - offsets.written)
+        self.window = offsets.window
         self.step = self.opts.checkpoint_bytes
         self.last = f.size - self.step // 2
         self.lock = threading.Lock()
@@ -409,6 +430,7 @@ class _Ranges:
                     self.stopped,
                     self.opts.stall_seconds + 5.0,
                     functools.partial(self.wrote, a),
+                    self.hasher.offer,
                 )
             finally:
                 with self.lock:
@@ -473,9 +495,12 @@ def _read_range(
     stopped: Callable[[], bool],
     timeout: float,
     wrote: Callable[[int], None],
+    offer: Callable[[memoryview, int, Callable[[], None]], None] | None = None,
 ) -> int:
     """Bytes [a, b) of a 206 body written in place; returns where it ended.
-    ``wrote(pos)`` is told after each write.
+    ``wrote(pos)`` is told after each write, and each buffer written is offered to
+    the hash with ``offer(view, at, release)`` (StreamHasher.offer): a buffer is
+    filled again only once released.
 
     A window that fails is fetched again whole, so a buffer is written only
     when full (or when the body ends), not after each ``recv_into``.
@@ -500,10 +525,19 @@ def _read_range(
     if len(carry) > b - pos:
         raise BodyTooLong(f"it sent more than the {b - a:,} bytes asked for")
     sock.settimeout(timeout)
-    buf = aligned_buffer(min(WRITE_BYTES, max(1, b - pos)))
-    view = memoryview(buf)
+    size = min(WRITE_BYTES, max(1, b - pos))
+    free: list[Any] = []
+    lock = threading.Lock()
+
+    def give_back(buf: Any) -> None:
+        with lock:
+            free.append(buf)
+
     while pos < b:
-        want = max(_fill(pos, len(buf), b - pos), len(carry))
+        with lock:
+            buf = free.pop() if free else aligned_buffer(size)
+        view = memoryview(buf)
+        want = max(_fill(pos, size, b - pos), len(carry))
         got = len(carry)
         if got:
             view[:got] = carry
@@ -522,6 +556,8 @@ def _read_range(
             task.add(n)
         if got:
             sink.pwrite(view[:got], pos)
+            if offer is not None:
+                offer(view[:got], pos, functools.partial(give_back, buf))
             pos += got
             wrote(pos)
         if got < want:
