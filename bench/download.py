@@ -32,8 +32,9 @@ Two anchors say what the machine allows at all, whichever client: the CPU both
 ends need per GiB (the client's, from that table, plus the stand-in's, measured
 in this process during k3desk's rounds) against the cores, as a share of a
 10 Gbit/s link; and the rate the disk under the work folder sustains when written
-and flushed (``--disk-mib``): the shards here fit in the page cache, a 300 GB
-tier does not, and runs at the disk's rate once the dirty limit is reached.
+and flushed (``--disk-mib``), through the page cache and around it as k3desk
+writes (O_DIRECT): the shards here fit in the page cache, a 300 GB tier does not,
+and through it runs at the disk's rate once the dirty limit is reached.
 k3desk also makes each file durable (``fsync``) before it counts as done, so its
 transfer rate here includes flushing the shards to the disk; ``--work /dev/shm``
 (a tmpfs, where ``fsync`` returns at once) times both clients without the disk.
@@ -219,19 +220,32 @@ def library_child(endpoint: str, rounds: int, parallel: int, work: Path) -> None
 # ------------------------------------------------------------ the machine's own limits
 
 
-def disk_write_rate(folder: Path, mib: int) -> float:
+def disk_write_rate(folder: Path, mib: int, direct: bool = False) -> float:
     """MiB/s the disk under ``folder`` sustains: ``mib`` MiB written in 4 MiB blocks
-    and flushed (``fdatasync``, like ``dd conv=fdatasync``).  A download larger than
-    the page cache's dirty limit (a share of RAM) runs at most at this rate, whatever
-    the link; the shards of this bench fit in the page cache and do not see it."""
+    and flushed (``fdatasync``, like ``dd conv=fdatasync``).  Through the page cache
+    (what ``hf download`` meets: a download larger than the cache's dirty limit runs at
+    most at this rate; the shards of this bench fit in the cache and do not see it), or
+    with ``direct`` as k3desk writes (O_DIRECT, k3desk.core.hub.diskio), where the
+    file system allows it (0.0 where it does not)."""
+    import mmap
+
     path = folder / "disk-rate.bin"
-    block = os.urandom(4 * MiB)
+    block = mmap.mmap(-1, 4 * MiB)  # page-aligned, as direct I/O needs
+    block.write(os.urandom(4 * MiB))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    if direct:
+        flags |= getattr(os, "O_DIRECT", 0)
     t0 = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        for _ in range(max(mib // 4, 1)):
-            os.write(fd, block)
+        fd = os.open(path, flags, 0o600)
+    except OSError:
+        return 0.0
+    try:
+        for i in range(max(mib // 4, 1)):
+            os.pwrite(fd, block, i * 4 * MiB)
         os.fdatasync(fd)
+    except OSError:
+        return 0.0
     finally:
         os.close(fd)
         path.unlink()
@@ -263,9 +277,11 @@ def _self_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def budget(client_cpu: float, server_cpu: float, disk: float, fs: str) -> None:
+def budget(
+    client_cpu: float, server_cpu: float, disk: tuple[float, float], fs: str
+) -> None:
     """What this machine allows at all: the CPU both ends of the transfer need per
-    GiB against its cores (the stand-in runs here too), and the disk's own rate."""
+    GiB against its cores (the stand-in runs here too), and the disk's own rates."""
     cores = os.cpu_count() or 1
     per_gib = client_cpu + server_cpu
     ceiling = cores / per_gib * 1024 if per_gib > 0 else float("inf")
@@ -275,11 +291,17 @@ def budget(client_cpu: float, server_cpu: float, disk: float, fs: str) -> None:
         f"{per_gib:.2f} s; {cores} cores allow at most {ceiling:.0f} MiB/s with both ends "
         f"here = {ceiling / link10:.0%} of a 10 Gbit/s link"
     )
-    if disk > 0:
+    cached, direct = disk
+    if cached > 0:
         print(
-            f"the work folder's {fs} sustains {disk:.0f} MiB/s written and flushed = "
-            f"{disk / link10:.0%} of a 10 Gbit/s link: a download larger than the page "
-            "cache's dirty limit goes no faster, whichever client"
+            f"the work folder's {fs} sustains {cached:.0f} MiB/s written through the page "
+            f"cache and flushed = {cached / link10:.0%} of a 10 Gbit/s link (what a download "
+            "larger than the cache's dirty limit gets through it)"
+        )
+    if direct > 0:
+        print(
+            f"and {direct:.0f} MiB/s written around it (O_DIRECT, as k3desk writes) = "
+            f"{direct / link10:.0%} of a 10 Gbit/s link"
         )
 
 
@@ -402,7 +424,11 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="k3bench-", dir=args.work))
     try:
-        disk = disk_write_rate(work, args.disk_mib) if args.disk_mib else 0.0
+        disk = (
+            (disk_write_rate(work, args.disk_mib), disk_write_rate(work, args.disk_mib, True))
+            if args.disk_mib
+            else (0.0, 0.0)
+        )
         files = make_shards(work / "served", args.shard_mib)
         total = sum(p.stat().st_size for n, p in files.items() if n.endswith(".gguf"))
         with HubServer() as hub:
