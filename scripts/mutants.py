@@ -708,6 +708,23 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_kill_9_mid_file_then_restart_resumes_refetching_at_most_one_chunk_per_shard",
         "a streamed byte is in the file within HOLD_SECONDS, so a kill -9 keeps it",
     ),
+    m(
+        "ranges-hashed-by-reading-back",
+        "k3desk/core/hub/hashing.py",
+        "and self._held_bytes + n <= self._hold_limit",
+        "and False",
+        "tests/core/hub/test_diskio.py::"
+        "test_chunks_written_out_of_order_hash_right_from_memory_or_read_back",
+        "chunks of ranges within the budget are hashed from memory, not read back",
+    ),
+    m(
+        "every-file-in-ranges",
+        "k3desk/core/hub/job.py",
+        "return self._waiting <= 0",
+        "return True",
+        f"{T_HUB}::test_each_connection_carries_a_whole_file_until_the_last_file_shares_them",
+        "a file is split into ranges only once no other file waits for a connection",
+    ),
 )
 
 

@@ -74,6 +74,7 @@ class StreamHasher:
         self, path: Path, kind: str, size: int, prefix: int = 0, direct: bool = True
     ) -> None:
         self._kind = kind
+        self._hold_limit = self.HOLD_BYTES
         self._direct = direct  # read back around the page cache (diskio.Source)
         self._size = size
         self._path = path
@@ -217,13 +218,20 @@ class StreamHasher:
         if release is not None:
             release()
 
-    HOLD_BYTES = 64 * 1024 * 1024
+    HOLD_BYTES = 64 * 1024 * 1024  # unless hold_up_to says otherwise
+
+    def hold_up_to(self, limit: int) -> None:
+        """Hold at most ``limit`` bytes of out-of-order chunks (the span of the
+        windows in flight: then none has to be read back)."""
+        with self._lock:
+            self._hold_limit = limit
 
     def offer(self, chunk: memoryview, offset: int, release: Callable[[], None]) -> None:
         """``chunk`` was written at ``offset``, in any order (ranges): the helper
         hashes it from memory when the hash reaches it, if at most
-        :attr:`HOLD_BYTES` are held; otherwise it is released at once and read
-        back from the file then.  ``release()`` is called when it is no longer used."""
+        :attr:`HOLD_BYTES` (or :meth:`hold_up_to`) are held; otherwise it is
+        released at once and read back from the file then.  ``release()`` is
+        called when it is no longer used."""
         n = len(chunk)
         with self._lock:
             old = self._held.pop(offset, None)  # a window fetched again
@@ -232,7 +240,7 @@ class StreamHasher:
             keep = (
                 self._thread is not None
                 and offset + n > self._hashed
-                and self._held_bytes + n <= self.HOLD_BYTES
+                and self._held_bytes + n <= self._hold_limit
             )
             if keep:
                 self._held[offset] = (chunk, release)

@@ -367,6 +367,10 @@ class _Ranges:
         )
         self.asked = offsets.durable
         self.reached: dict[int, int] = {}  # window start -> bytes of it written so far
+        self.pool = _Buffers()  # shared by the windows: memory touched once, reused
+        # the windows in flight span ranges_per_file of them: the hash can take all
+        # that arrives out of order from memory, and reads nothing back
+        hasher.hold_up_to(self.window * self.opts.ranges_per_file)
 
     def run(self, sink: Sink, durable: Checkpointer) -> None:
         """Fetch every window on ``ranges_per_file`` threads; raise the first failure."""
@@ -433,6 +437,7 @@ class _Ranges:
                     self.stopped,
                     self.opts.stall_seconds + 5.0,
                     functools.partial(self.wrote, a),
+                    self.pool,
                     self.hasher.offer,
                 )
             finally:
@@ -498,12 +503,13 @@ def _read_range(
     stopped: Callable[[], bool],
     timeout: float,
     wrote: Callable[[int], None],
+    pool: _Buffers,
     offer: Callable[[memoryview, int, Callable[[], None]], None] | None = None,
 ) -> int:
     """Bytes [a, b) of a 206 body written in place; returns where it ended.
     ``wrote(pos)`` is told after each write, and each buffer written is offered to
-    the hash with ``offer(view, at, release)`` (StreamHasher.offer): a buffer is
-    filled again only once released.
+    the hash with ``offer(view, at, release)`` (StreamHasher.offer): a buffer of
+    ``pool`` is filled again only once released.
 
     A window that fails is fetched again whole, so a buffer is written only
     when full (or when the body ends), not after each ``recv_into``.
@@ -528,17 +534,9 @@ def _read_range(
     if len(carry) > b - pos:
         raise BodyTooLong(f"it sent more than the {b - a:,} bytes asked for")
     sock.settimeout(timeout)
-    size = min(WRITE_BYTES, max(1, b - pos))
-    free: list[Any] = []
-    lock = threading.Lock()
-
-    def give_back(buf: Any) -> None:
-        with lock:
-            free.append(buf)
-
+    size = WRITE_BYTES
     while pos < b:
-        with lock:
-            buf = free.pop() if free else aligned_buffer(size)
+        buf = pool.take()
         view = memoryview(buf)
         want = max(_fill(pos, size, b - pos), len(carry))
         got = len(carry)
@@ -560,7 +558,7 @@ def _read_range(
         if got:
             sink.pwrite(view[:got], pos)
             if offer is not None:
-                offer(view[:got], pos, functools.partial(give_back, buf))
+                offer(view[:got], pos, functools.partial(pool.give, buf))
             pos += got
             wrote(pos)
         if got < want:
@@ -570,6 +568,27 @@ def _read_range(
 
 
 WRITE_BYTES = 4 * 1024 * 1024  # per write, hash and checkpoint check: few calls per GiB
+
+
+class _Buffers:
+    """Aligned ``WRITE_BYTES`` buffers for the windows of one file, reused: fresh
+    anonymous memory costs a page fault per 4 KiB on first touch."""
+
+    def __init__(self) -> None:
+        self._free: list[Any] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> Any:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return aligned_buffer(WRITE_BYTES)
+
+    def give(self, buf: Any) -> None:
+        with self._lock:
+            self._free.append(buf)
+
+
 # longest a streamed byte waits in memory before it is written (a slow link fills a
 # buffer slowly): what a kill -9 can lose beyond the bytes in flight
 HOLD_SECONDS = 0.1

@@ -7,6 +7,8 @@ back, and what util-linux's ``fincore`` says is left in the page cache.
 from __future__ import annotations
 
 import errno
+import functools
+import hashlib
 import itertools
 import os
 import shutil
@@ -18,6 +20,7 @@ import pytest
 
 from k3desk.core.hub import diskio
 from k3desk.core.hub.diskio import ALIGN, Sink, Source, aligned_buffer
+from k3desk.core.hub.hashing import StreamHasher
 from k3desk.core.hub.job import DownloadJob
 from k3desk.core.hub.model import DownloadRequest
 from tests.core.hub.test_hub_download import assert_landed, options
@@ -187,3 +190,39 @@ def test_a_download_leaves_the_page_cache_to_the_rest_of_the_desktop(
         assert resident <= 8 * ALIGN, resident  # the unaligned tail, a header read
     else:
         assert resident >= len(files["big.gguf"]) // 2, resident
+
+
+@pytest.mark.parametrize("budget", [0, 1 << 20])
+def test_chunks_written_out_of_order_hash_right_from_memory_or_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, budget: int
+) -> None:
+    """Ranges land out of order: within the budget the hash takes them from memory
+    and reads nothing back; with none, it reads each back.  Either way the digest is
+    the file's, and every buffer lent to the hash comes back once."""
+    data = make_bytes(9 * 65536 + 17, 6)
+    path = tmp_path / "f.k3part"
+    path.write_bytes(data)
+    read_back: list[int] = []
+    real_read = Source.read
+
+    def counting(self: Source, start: int, end: int) -> memoryview:
+        got = real_read(self, start, end)
+        read_back.append(len(got))
+        return got
+
+    monkeypatch.setattr(Source, "read", counting)
+    hasher = StreamHasher(path, "sha256", len(data))
+    hasher.hold_up_to(budget)
+    returned: list[int] = []
+    cuts = [*range(0, len(data), 65536), len(data)]
+    pieces = list(itertools.pairwise(cuts))
+    for a, b in reversed(pieces):  # the last window first
+        hasher.offer(memoryview(data)[a:b], a, functools.partial(returned.append, a))
+    hasher.offer(memoryview(data)[0:65536], 0, functools.partial(returned.append, -1))  # again
+    hasher.on_disk(len(data))
+    assert hasher.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert sorted(returned) == sorted([a for a, _ in pieces] + [-1])
+    if budget:
+        assert read_back == []
+    else:
+        assert sum(read_back) == len(data)

@@ -895,3 +895,27 @@ def test_a_stalled_range_is_fetched_again_alone(tmp_path: Path) -> None:
     starts = [h.range_start or 0 for h in hits]
     assert len(starts) - len(set(starts)) in range(1, 5)
     assert sum(h.sent for h in hits) < len(files["big.gguf"]) + 256 * 1024 * 4
+
+
+def test_each_connection_carries_a_whole_file_until_the_last_file_shares_them(
+    tmp_path: Path,
+) -> None:
+    """Files in ranges arrive out of order and cost memory or a read-back to hash, so
+    a large file is split only once no other file waits for a connection: here the
+    third of three, which starts as the first two end."""
+    from tests.hubserver import make_bytes
+
+    files = {f"part-{i}.gguf": make_bytes(3_000_001, 20 + i) for i in (1, 2, 3)}
+    with HubServer() as hub:
+        hub.add_repo("o/three", dict(files.items()))
+        hub.throttle_bps = 4_000_000  # per connection
+        DownloadJob(
+            DownloadRequest("o/three", ("*.gguf",)), tmp_path, _ranged(hub, parallel=2)
+        ).run()
+        hits = {name: hub.content_hits(name) for name in files}
+    assert_landed(tmp_path, files)
+    for name in ("part-1.gguf", "part-2.gguf"):
+        assert [(h.range_start or 0, h.sent) for h in hits[name]] == [(0, 3_000_001)], name
+    starts = sorted(h.range_start or 0 for h in hits["part-3.gguf"])
+    assert starts == list(range(0, 3_000_001, 256 * 1024))  # the last one, in windows
+    assert sum(h.sent for h in hits["part-3.gguf"]) == 3_000_001
