@@ -725,6 +725,23 @@ MUTANTS: tuple[Mutant, ...] = (
         f"{T_HUB}::test_each_connection_carries_a_whole_file_until_the_last_file_shares_them",
         "a file is split into ranges only once no other file waits for a connection",
     ),
+    m(
+        "the-link-waits-for-the-disk",
+        "k3desk/core/hub/job.py",
+        "SPARE_WORKERS = 2",
+        "SPARE_WORKERS = 0",
+        f"{T_HUB}::test_the_next_file_travels_while_the_last_one_is_finished_and_only_then_"
+        "shows_started",
+        "the next file's bytes travel while the last file's hash is finished and it is placed",
+    ),
+    m(
+        "fresh-buffers-per-file",
+        "k3desk/core/hub/diskio.py",
+        "            self._free.append(buf)",
+        "            pass",
+        f"{T_HUB}::test_a_download_touches_its_write_buffers_once_not_once_per_file",
+        "a download's write buffers are reused by every file, not allocated again",
+    ),
 )
 
 

@@ -11,12 +11,14 @@ partial files.  Resume is simply running the same request again.
 from __future__ import annotations
 
 import contextlib
+import functools
+import heapq
 import logging
 import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +85,38 @@ class _Item:
     cached: Path | None = None
 
 
+# workers beyond ``parallel``: files that have their metadata and wait for a connection
+SPARE_WORKERS = 2
+
+
+class _Slots:
+    """``count`` connections, each handed to the waiting file queued first (lowest
+    ``order``): among the files ready for one, the listing's order."""
+
+    def __init__(self, count: int) -> None:
+        self._free = count
+        self._waiting: list[int] = []  # a heap of the orders waiting
+        self._cond = threading.Condition()
+
+    def acquire(self, order: int, stop: CancelToken) -> None:
+        with self._cond:
+            heapq.heappush(self._waiting, order)
+            try:
+                while not (self._free and self._waiting[0] == order):
+                    stop.raise_if_cancelled()
+                    self._cond.wait(0.1)
+            finally:
+                self._waiting.remove(order)
+                heapq.heapify(self._waiting)
+                self._cond.notify_all()
+            self._free -= 1
+
+    def release(self) -> None:
+        with self._cond:
+            self._free += 1
+            self._cond.notify_all()
+
+
 class _Stop(CancelToken):
     """The job's own stop flag: set by the caller's token, a pause/cancel, or a failed file."""
 
@@ -110,7 +144,9 @@ class DownloadJob:
         self._warnings: list[str] = []
         self._reused = 0
         self._count_lock = threading.Lock()
-        self._waiting = 0  # files of the pool not started yet
+        self._waiting = 0  # files of the pool that have not yet held a connection
+        self._slots = _Slots(max(1, self.options.parallel))
+        self._worker = threading.local()  # the calling worker's file: see _transfer_slot
         self._refused: list[tuple[str, str]] = []  # (listed name, why it is not written)
         self.listing: Listing | None = None
 
@@ -226,6 +262,7 @@ class DownloadJob:
             options=opts,
             cancel=self._stop,
             may_split=self._no_file_waiting,
+            slot=self._transfer_slot,
         )
         overall = Overall(fetch_bytes)
         self._fetch_all(items, ctx, state, overall, listing)
@@ -397,15 +434,21 @@ class DownloadJob:
         with self._count_lock:
             self._waiting = len(items)
 
-        def process(it: _Item) -> None:
-            with self._count_lock:
-                self._waiting -= 1
-            self._process(it, ctx, state, overall)
+        def process(it: _Item, order: int) -> None:
+            self._worker.order, self._worker.holder, self._worker.started = order, False, None
+            try:
+                self._process(it, ctx, state, overall)
+            finally:
+                self._held_a_slot()  # a file reused, verified in place, or failed early
 
-        with ThreadPoolExecutor(
-            max_workers=max(1, self.options.parallel), thread_name_prefix="download"
-        ) as pool:
-            futures: list[Future[None]] = [pool.submit(process, it) for it in items]
+        # SPARE_WORKERS more workers than connections: a file's hash is finished and the
+        # file placed after its connection is let go, while the next file, its metadata
+        # request already answered, takes the connection (_transfer_slot)
+        workers = max(1, self.options.parallel) + SPARE_WORKERS
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="download") as pool:
+            futures: list[Future[None]] = [
+                pool.submit(process, it, n) for n, it in enumerate(items, 1)
+            ]
             done, pending = wait(futures, return_when=FIRST_EXCEPTION)
             for fut in done:
                 exc = fut.exception()
@@ -430,9 +473,34 @@ class DownloadJob:
         if self._stop.cancelled:
             raise Cancelled("Paused: partial files are kept; run the same download to resume.")
 
+    def _held_a_slot(self) -> None:
+        """The calling worker's file no longer waits for a connection (once per file)."""
+        if not getattr(self._worker, "holder", True):
+            self._worker.holder = True
+            with self._count_lock:
+                self._waiting -= 1
+
+    @contextlib.contextmanager
+    def _transfer_slot(self) -> Iterator[None]:
+        """One of the ``parallel`` connections, for one attempt of the calling worker's
+        file, waited for in the order the files were queued (a pause or cancel ends
+        the wait), and given back as the attempt's last byte is written.  The first
+        time a file holds one it stops counting as waiting (_no_file_waiting), and
+        only then is it shown as started."""
+        self._slots.acquire(getattr(self._worker, "order", 0), self._stop)
+        try:
+            self._held_a_slot()
+            started = getattr(self._worker, "started", None)
+            if started is not None:
+                self._worker.started = None
+                started()
+            yield
+        finally:
+            self._slots.release()
+
     def _no_file_waiting(self) -> bool:
-        """Whether every file has started: only then does a large file take several
-        connections (ranges).  Before, each connection is another file's single
+        """Whether every file has held a connection: only then does a large file take
+        several connections (ranges).  Before, each connection is another file's single
         stream, hashed as it arrives; a file in ranges arrives out of order and is
         read back to be hashed, which doubles its disk traffic (README, "Downloads:
         where the time goes").  So ranges serve the end of a download, where the
@@ -661,7 +729,10 @@ class DownloadJob:
         )
         offsets = Offsets(written=offset, durable=offset)
         task.start_at(offset)
-        self._emit(FileStarted(f.path, f.size, offset, "http"))
+        # shown as started once it holds a connection (_transfer_slot)
+        self._worker.started = functools.partial(
+            self._emit, FileStarted(f.path, f.size, offset, "http")
+        )
         try:
             self._with_retries(
                 f, task, lambda: http_attempt(ctx, f, partial, task, hasher, offsets), offsets
@@ -685,11 +756,12 @@ class DownloadJob:
     ) -> tuple[bool, str, str]:
         dest = self._dest(f)
         staging = meta_dir(self.target) / "staging" / f"{abs(hash(f.path)):x}"
-        self._emit(FileStarted(f.path, f.size, 0, "hub"))
+        self._worker.started = functools.partial(self._emit, FileStarted(f.path, f.size, 0, "hub"))
 
         def attempt() -> Path:
-            task.start_at(0)
-            return child_attempt(ctx, f, staging, task)
+            with self._transfer_slot():
+                task.start_at(0)
+                return child_attempt(ctx, f, staging, task)
 
         try:
             got = self._with_retries(f, task, attempt, None)

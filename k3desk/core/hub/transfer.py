@@ -40,6 +40,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ from urllib.parse import urlsplit
 
 from k3desk.core.errors import Cancelled, HubError
 from k3desk.core.hub import _hfchild
-from k3desk.core.hub.diskio import ALIGN, Sink, aligned_buffer
+from k3desk.core.hub.diskio import ALIGN, BufferPool, Sink
 from k3desk.core.hub.hashing import StreamHasher
 from k3desk.core.hub.model import DownloadOptions, RemoteFile
 from k3desk.core.hub.reporting import FileTask
@@ -55,6 +56,8 @@ from k3desk.core.hub.session import BodyTooLong, guard_session
 from k3desk.core.hub.state import Partial
 from k3desk.core.process import pump_thread, spawn
 from k3desk.core.progress import CancelToken
+
+WRITE_BYTES = 4 * 1024 * 1024  # per write, hash and checkpoint check: few calls per GiB
 
 
 @dataclass
@@ -68,6 +71,13 @@ class Context:
     # whether a file may take several connections now (DownloadJob: no other file is
     # waiting for one); asked at each attempt
     may_split: Callable[[], bool] = lambda: True
+    # a connection for the calling thread's file, held while its bytes travel and let go
+    # before the hash is finished and the file placed (DownloadJob: at most ``parallel``
+    # at once, so the next file's bytes start as this one's last byte lands); taken by
+    # each attempt after its metadata request
+    slot: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
+    # the download's write buffers, shared by every file and window (diskio.BufferPool)
+    buffers: BufferPool = field(default_factory=lambda: BufferPool(WRITE_BYTES))
 
 
 @dataclass
@@ -167,10 +177,27 @@ def http_attempt(
     Raises on any failure, leaving ``offsets`` (and the sidecar) describing
     what is safely on disk; the caller decides whether to retry.
     """
-    from huggingface_hub import get_session, hf_raise_for_status
-
     guard_session()
     location, headers, timeout = _prepare(ctx, f)
+    with ctx.slot():
+        _attempt(ctx, f, partial, task, hasher, offsets, location, headers, timeout)
+
+
+def _attempt(
+    ctx: Context,
+    f: RemoteFile,
+    partial: Partial,
+    task: FileTask,
+    hasher: StreamHasher,
+    offsets: Offsets,
+    location: str,
+    headers: dict[str, str],
+    timeout: Any,
+) -> None:
+    """:func:`http_attempt` once it holds a connection: in ranges where no other
+    file waits for one (asked only now), else one stream from ``offsets.written``."""
+    from huggingface_hub import get_session, hf_raise_for_status
+
     opts = ctx.options
     if (
         opts.ranges_per_file > 1
@@ -367,7 +394,7 @@ class _Ranges:
         )
         self.asked = offsets.durable
         self.reached: dict[int, int] = {}  # window start -> bytes of it written so far
-        self.pool = _Buffers()  # shared by the windows: memory touched once, reused
+        self.pool = ctx.buffers
         # the windows in flight span ranges_per_file of them: the hash can take all
         # that arrives out of order from memory, and reads nothing back
         hasher.hold_up_to(self.window * self.opts.ranges_per_file)
@@ -503,7 +530,7 @@ def _read_range(
     stopped: Callable[[], bool],
     timeout: float,
     wrote: Callable[[int], None],
-    pool: _Buffers,
+    pool: BufferPool,
     offer: Callable[[memoryview, int, Callable[[], None]], None] | None = None,
 ) -> int:
     """Bytes [a, b) of a 206 body written in place; returns where it ended.
@@ -567,28 +594,6 @@ def _read_range(
     return pos
 
 
-WRITE_BYTES = 4 * 1024 * 1024  # per write, hash and checkpoint check: few calls per GiB
-
-
-class _Buffers:
-    """Aligned ``WRITE_BYTES`` buffers for the windows of one file, reused: fresh
-    anonymous memory costs a page fault per 4 KiB on first touch."""
-
-    def __init__(self) -> None:
-        self._free: list[Any] = []
-        self._lock = threading.Lock()
-
-    def take(self) -> Any:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        return aligned_buffer(WRITE_BYTES)
-
-    def give(self, buf: Any) -> None:
-        with self._lock:
-            self._free.append(buf)
-
-
 # longest a streamed byte waits in memory before it is written (a slow link fills a
 # buffer slowly): what a kill -9 can lose beyond the bytes in flight
 HOLD_SECONDS = 0.1
@@ -623,6 +628,7 @@ class _Body:
         self.f, self.sink, self.task, self.hasher = f, sink, task, hasher
         self.offsets, self.durable, self.cancel = offsets, durable, ctx.cancel
         self.step = ctx.options.checkpoint_bytes
+        self.pool = ctx.buffers
         self.asked = offsets.durable
         # no checkpoint in a file's last half-step: it is about to be complete anyway
         self.last = f.size - self.step // 2
@@ -686,10 +692,10 @@ class _Body:
                 self._wrote(chunk, None)
             return
         sock.settimeout(timeout)
-        free: list[Any] = []
+        pool = self.pool
         clock = time.monotonic
         while remaining > 0:
-            buf = free.pop() if free else aligned_buffer(WRITE_BYTES)
+            buf = pool.take()
             view = memoryview(buf)
             want = max(_fill(offsets.written, len(buf), remaining), len(carry))
             got = len(carry)
@@ -724,7 +730,7 @@ class _Body:
                             since = clock()
             finally:
                 if got > kept:  # the buffer is reused only once the hash is done with it
-                    release = functools.partial(free.append, buf) if got == want else None
+                    release = functools.partial(pool.give, buf) if got == want else None
                     self._wrote(view[kept:got], release)
             remaining -= got
             if got < want:

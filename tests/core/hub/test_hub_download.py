@@ -902,7 +902,7 @@ def test_each_connection_carries_a_whole_file_until_the_last_file_shares_them(
 ) -> None:
     """Files in ranges arrive out of order and cost memory or a read-back to hash, so
     a large file is split only once no other file waits for a connection: here the
-    third of three, which starts as the first two end."""
+    last of three to get one, which starts as the first of the other two ends."""
     from tests.hubserver import make_bytes
 
     files = {f"part-{i}.gguf": make_bytes(3_000_001, 20 + i) for i in (1, 2, 3)}
@@ -913,9 +913,86 @@ def test_each_connection_carries_a_whole_file_until_the_last_file_shares_them(
             DownloadRequest("o/three", ("*.gguf",)), tmp_path, _ranged(hub, parallel=2)
         ).run()
         hits = {name: hub.content_hits(name) for name in files}
+        first_hits = [h.file for h in hub.content_hits()]
     assert_landed(tmp_path, files)
-    for name in ("part-1.gguf", "part-2.gguf"):
+    last = max(files, key=first_hits.index)  # the file that got a connection last
+    for name in sorted(set(files) - {last}):
         assert [(h.range_start or 0, h.sent) for h in hits[name]] == [(0, 3_000_001)], name
-    starts = sorted(h.range_start or 0 for h in hits["part-3.gguf"])
+    starts = sorted(h.range_start or 0 for h in hits[last])
     assert starts == list(range(0, 3_000_001, 256 * 1024))  # the last one, in windows
-    assert sum(h.sent for h in hits["part-3.gguf"]) == 3_000_001
+    assert sum(h.sent for h in hits[last]) == 3_000_001
+
+
+def test_the_next_file_travels_while_the_last_one_is_finished_and_only_then_shows_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file's connection is let go with its last byte: its hash is finished and
+    the file moved into place while the next file, its metadata request already
+    answered, arrives on that connection (the link does not wait for the disk).
+    A file waiting for a connection is not shown as started: with one connection,
+    each FileStarted comes after the file started before it has all its bytes."""
+    from tests.hubserver import make_bytes
+
+    files = {f"part-{i}.gguf": make_bytes(600_001, 40 + i) for i in (1, 2, 3)}
+    overlapped: list[bool] = []
+    calls = iter(range(1, 10))  # next() is atomic: files may be placed at once
+    with HubServer() as hub:
+        hub.add_repo("o/three", dict(files.items()))
+        real_place = DownloadJob._place
+
+        def slow_place(job: DownloadJob, src: Path, f: Any) -> Path:
+            placed = next(calls)
+            if placed < len(files):  # the next file's bytes, while this one is not placed
+
+                def travelling() -> bool:
+                    return sum(1 for n in files if hub.content_hits(n)) > placed
+
+                until = time.monotonic() + 5
+                while not travelling() and time.monotonic() < until:
+                    time.sleep(0.01)
+                overlapped.append(travelling())
+            return real_place(job, src, f)
+
+        monkeypatch.setattr(DownloadJob, "_place", slow_place)
+        rec = Recorder()
+        opts = options(hub, parallel=1, ranges_per_file=1)
+        DownloadJob(DownloadRequest("o/three", ("*.gguf",)), tmp_path, opts, rec).run()
+    assert_landed(tmp_path, files)
+    assert overlapped == [True, True]
+    seen: list[tuple[str, str]] = []
+    for e in rec.events:
+        if e.kind == "file_started":
+            seen.append(("started", e.path))
+        elif e.kind == "file_progress" and e.done == e.size and e.phase != "verify":
+            seen.append(("all bytes", e.path))
+    order = [s for i, s in enumerate(seen) if s not in seen[:i]]
+    assert [what for what, _ in order] == ["started", "all bytes"] * 3
+    assert all(order[i][1] == order[i + 1][1] for i in (0, 2, 4))
+    assert {path for _, path in order} == set(files)
+
+
+def test_a_download_touches_its_write_buffers_once_not_once_per_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh memory costs 15-30 times a reused buffer's (diskio), so the files of a
+    download share one pool: twelve files on two connections take no more buffers
+    than two files in flight hold at once, not a set per file."""
+    from k3desk.core.hub import diskio
+    from tests.hubserver import make_bytes
+
+    made: list[int] = []
+    real = diskio.aligned_buffer
+
+    def counted(size: int) -> Any:
+        made.append(size)
+        return real(size)
+
+    monkeypatch.setattr(diskio, "aligned_buffer", counted)
+    files = {f"part-{i:02d}.gguf": make_bytes(9 * 1024 * 1024 + 1, 60 + i) for i in range(12)}
+    with HubServer() as hub:
+        hub.add_repo("o/twelve", dict(files.items()))
+        opts = options(hub, parallel=2, ranges_per_file=1, direct_io=False)
+        DownloadJob(DownloadRequest("o/twelve", ("*.gguf",)), tmp_path, opts).run()
+    assert_landed(tmp_path, files)
+    writes = [n for n in made if n == 4 * 1024 * 1024]
+    assert 1 <= len(writes) <= 2 * 3, len(writes)  # 2 files in flight, 3 buffers each at most
