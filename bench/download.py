@@ -15,9 +15,10 @@ link:
   processes, in alternating order, ``--rounds`` each.  k3desk's time includes
   SHA-256 of every byte, checked against the Hub; hf's plain-HTTP path checks
   sizes only.  Wall times include process start-up and the listing; k3desk's
-  transfer rate is timed from its first ``file_started`` event to its ``done``
-  event (every file's request, transfer and verification: what a 300 GB tier
-  spends its time in), and the CPU seconds each process used per GiB.
+  transfer rate is timed from its ``preflight`` event (the listing done, no file
+  requested yet) to its ``done`` event (every file's metadata request, transfer
+  and verification: what a 300 GB tier spends its time in), and the CPU seconds
+  each process used per GiB.
 
 Goals: k3desk <= 0.9x hf download's wall time (median, unlimited link) and
 k3desk's transfer rate >= 90 % of each limited link.  On a loaded machine the
@@ -89,9 +90,9 @@ def make_shards(folder: Path, shard_mib: int) -> dict[str, Path]:
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
     """(wall seconds, CPU seconds of the process, transfer seconds).
 
-    The transfer: from k3desk's first ``file_started`` JSON event to its ``done``
-    event, timed here as the lines arrive (listing and start-up left out; every
-    file's metadata request, transfer and verification in); 0 for hf.
+    The transfer: from k3desk's ``preflight`` JSON event to its ``done`` event,
+    timed here as the lines arrive (listing and start-up left out; every file's
+    metadata request, transfer and verification in); 0 for hf.
     """
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -104,7 +105,7 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
     ):
         assert proc.stdout is not None
         for line in proc.stdout:
-            if '"kind": "file_started"' in line and not first:
+            if '"kind": "preflight"' in line and not first:
                 first = time.perf_counter()
             elif '"kind": "done"' in line:
                 done = time.perf_counter()
