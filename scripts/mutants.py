@@ -735,6 +735,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "the next file's bytes travel while the last file's hash is finished and it is placed",
     ),
     m(
+        "connections-out-of-queue-order",
+        "k3desk/core/hub/job.py",
+        "                while not (self._free and self._waiting[0] == order):",
+        "                while not self._free:",
+        f"{T_HUB}::test_connections_go_to_the_waiting_files_in_the_order_they_were_queued",
+        "files waiting for a connection get it in the order they were queued",
+    ),
+    m(
         "fresh-buffers-per-file",
         "k3desk/core/hub/diskio.py",
         "            self._free.append(buf)",
