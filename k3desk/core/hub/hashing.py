@@ -267,9 +267,15 @@ class StreamHasher:
     def hexdigest(self) -> str:
         with self._lock:
             self._finishing = True
+            thread = self._thread
             self._lock.notify_all()
             while self._thread is not None:
                 self._lock.wait(0.5)
+        if thread is not None:
+            # the helper has let go of the state, and hands back what it still held
+            # on its way out: wait for that too, so no helper outlives the hash
+            thread.join()
+        with self._lock:
             if self._error is not None:
                 raise self._error
             if self._hashed != self._written:
