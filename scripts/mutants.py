@@ -743,6 +743,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "files waiting for a connection get it in the order they were queued",
     ),
     m(
+        "no-tail-windows",
+        "k3desk/core/hub/transfer.py",
+        "        b = min(size, a + (window if size - a > count * window else tail))",
+        "        b = min(size, a + window)",
+        f"{T_HUB}::test_the_end_of_a_file_in_ranges_comes_in_quarter_windows_on_one_grid",
+        "a file's last windows in ranges come a quarter the size: its hash ends soon after",
+    ),
+    m(
         "fresh-buffers-per-file",
         "k3desk/core/hub/diskio.py",
         "            self._free.append(buf)",

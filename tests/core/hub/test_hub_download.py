@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import os
 import threading
 import time
@@ -895,6 +896,39 @@ def test_a_stalled_range_is_fetched_again_alone(tmp_path: Path) -> None:
     starts = [h.range_start or 0 for h in hits]
     assert len(starts) - len(set(starts)) in range(1, 5)
     assert sum(h.sent for h in hits) < len(files["big.gguf"]) + 256 * 1024 * 4
+
+
+def test_the_end_of_a_file_in_ranges_comes_in_quarter_windows_on_one_grid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connections of a file share the link alike and end their windows together,
+    so the hash (in order) has the higher windows' bytes still to do after the last
+    byte: the file's last four windows' worth comes in windows a quarter the size,
+    which leaves the hash a quarter of that.  A window that stalls there is fetched
+    again on the same grid: no byte of a complete window comes twice."""
+    from k3desk.core.hub import transfer
+
+    monkeypatch.setattr(transfer, "MIN_WINDOW", 64 * 1024)  # the bench's 64 MiB, scaled
+    size, window, tail = 3_000_001, 256 * 1024, 64 * 1024
+    with HubServer() as hub:
+        req, files = _big_repo(hub, size)
+        hub.throttle_bps = 4_000_000  # per connection: the windows overlap in time
+        hub.stall_once("big.gguf", after=10_000, seconds=30)  # the first window asked for
+        DownloadJob(req, tmp_path, _ranged(hub, stall_seconds=1.0)).run()
+        hits = hub.content_hits("big.gguf")
+    assert_landed(tmp_path, files)
+    spans: dict[int, int] = {}  # window start -> the most bytes one request of it got
+    for h in hits:
+        spans[h.range_start or 0] = max(spans.get(h.range_start or 0, 0), h.sent)
+    edge = size - 4 * window  # from here on, windows of a quarter
+    grid = [*range(0, edge, window)]
+    grid += [*range(grid[-1] + window, size, tail), size]
+    assert sorted(spans.items()) == [(a, b - a) for a, b in itertools.pairwise(grid)]
+    assert grid[8] - grid[7] == window
+    assert grid[9] - grid[8] == tail
+    again = len(hits) - len(spans)
+    assert 1 <= again <= 4  # the stalled window, and at most the others in flight with it
+    assert sum(h.sent for h in hits) < size + 4 * window
 
 
 def test_each_connection_carries_a_whole_file_until_the_last_file_shares_them(
