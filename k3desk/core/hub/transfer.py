@@ -318,26 +318,18 @@ def _window(opts: DownloadOptions, left: int) -> int:
     return max(min(opts.range_window_bytes, share), min(opts.range_window_bytes, MIN_WINDOW))
 
 
-def _tail_window(opts: DownloadOptions, window: int) -> int:
-    """The window of a file's last ``ranges_per_file`` windows: a ``ranges_per_file``-th
-    of ``window`` (never under ``MIN_WINDOW``, or ``window`` where that is less).
-
-    The connections of a file share the link alike, so its windows travel in lockstep:
-    the lowest one in flight ends together with the others, and the hash, which takes
-    bytes in order, has the others' bytes still to do after the file's last byte,
-    ``ranges_per_file - 1`` windows of them (192 MiB for 64 MiB windows, 0.12 s of
-    SHA-256 on this project's machines, once per file in ranges).  Smaller windows at
-    the end leave a quarter of that."""
-    tail = -(-window // opts.ranges_per_file)
-    tail = -(-tail // ALIGN) * ALIGN
-    return max(tail, min(window, MIN_WINDOW))
-
-
 def _grid(start: int, size: int, window: int, tail: int, count: int) -> Iterator[tuple[int, int]]:
     """The windows [a, b) from ``start`` to ``size``: ``window`` bytes each, ``tail``
     bytes once no more than ``count`` windows are left.  Each window's end follows
     from its start alone, so the grid from any window's start on is the same one: an
-    attempt after a failure fetches the windows not complete on the first one's grid."""
+    attempt after a failure fetches the windows not complete on the first one's grid.
+
+    Why smaller windows at the end: the connections of a file share the link alike,
+    so its windows travel in lockstep; the lowest one in flight ends together with
+    the others, and the hash, which takes bytes in order, has the others' bytes still
+    to do after the file's last byte, ``count - 1`` windows of them (192 MiB for
+    64 MiB windows, 0.12 s of SHA-256 on this project's machines, once per file in
+    ranges).  Windows a ``count``-th the size at the end leave a ``count``-th of that."""
     a = start
     while a < size:
         b = min(size, a + (window if size - a > count * window else tail))
@@ -415,14 +407,10 @@ class _Ranges:
         self.live: set[Any] = set()  # sockets (or response closers) of the windows in flight
         self.errors: list[BaseException] = []
         self.finished = offsets.windows  # complete windows above the prefix, kept across attempts
-        # windows still to fetch: the grid from the prefix, less what is complete
-        grid = _grid(
-            offsets.written,
-            f.size,
-            self.window,
-            _tail_window(self.opts, self.window),
-            self.opts.ranges_per_file,
-        )
+        # windows still to fetch: the grid from the prefix, less what is complete; the
+        # last windows' worth in the window a file with one window left gets (a quarter)
+        tail = _window(self.opts, self.window)
+        grid = _grid(offsets.written, f.size, self.window, tail, self.opts.ranges_per_file)
         self.todo = deque(w for w in grid if w[0] not in self.finished)
         self.asked = offsets.durable
         self.reached: dict[int, int] = {}  # window start -> bytes of it written so far
