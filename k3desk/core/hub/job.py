@@ -501,10 +501,11 @@ class DownloadJob:
     def _no_file_waiting(self) -> bool:
         """Whether every file has held a connection: only then does a large file take
         several connections (ranges).  Before, each connection is another file's single
-        stream, hashed as it arrives; a file in ranges arrives out of order and is
-        read back to be hashed, which doubles its disk traffic (README, "Downloads:
-        where the time goes").  So ranges serve the end of a download, where the
-        connections of files that finished would otherwise sit idle."""
+        stream, hashed as it arrives; a file in ranges arrives out of order and its
+        hash holds the windows in flight in memory (or, past that, reads them back,
+        doubling its disk traffic: README, "Downloads: where the time goes").  So ranges
+        serve the end of a download, where the connections of files that finished
+        would otherwise sit idle."""
         with self._count_lock:
             return self._waiting <= 0
 

@@ -356,9 +356,10 @@ def _in_ranges(
 
     ``ranges_per_file`` connections each take the next window not yet taken
     (a Range request) and write it in place; the complete prefix grows as the
-    lowest windows finish: it is hashed (read back from the file, in order)
-    and checkpointed.  A failure of one connection stops the others; the
-    caller's retry fetches only the windows not complete.  A later run (after
+    lowest windows finish: it is hashed in order (the windows in flight held in
+    memory until the hash reaches them: StreamHasher.offer) and checkpointed.
+    A failure of one connection stops the others; the caller's retry fetches
+    only the windows not complete.  A later run (after
     a pause or a crash) resumes from the checkpointed prefix: it re-fetches at
     most the windows that were past it.
     """
@@ -512,9 +513,9 @@ class _Ranges:
 
     def wrote(self, a: int, pos: int) -> None:
         """The window from ``a`` is written up to ``pos``.  The window that starts at
-        the prefix extends what is on disk in order, so the hash reads it back as it
-        comes, not only once the window is complete: a file's hash ends shortly
-        after its last window, not a whole window's read later."""
+        the prefix extends what is on disk in order, so the hash takes it as it comes
+        (from memory, or read back where a buffer was not held), not only once the
+        window is complete."""
         with self.lock:
             self.reached[a] = pos
             head = self.offsets.written == a
