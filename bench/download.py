@@ -18,7 +18,11 @@ link:
   transfer rate is timed from its ``preflight`` event (the listing done, no file
   requested yet) to its ``done`` event (every file's metadata request, transfer
   and verification: what a 300 GB tier spends its time in), and the CPU seconds
-  each process used per GiB.
+  each process used per GiB, with how busy the cores and the work folder's disk
+  were meanwhile (``/proc/stat``, ``/proc/diskstats``: over k3desk's transfer,
+  over hf's whole run).  Cores near 100 % held a round up; the disk's share
+  counts the time with any write in flight, so near 100 % it is the likely
+  limit, though a disk serving several writes at once can have more to give.
 
 Goals: k3desk <= 0.9x hf download's wall time (median, unlimited link) and
 k3desk's transfer rate >= 90 % of each limited link.  On a loaded machine the
@@ -88,14 +92,61 @@ def make_shards(folder: Path, shard_mib: int) -> dict[str, Path]:
     return files
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
-    """(wall seconds, CPU seconds of the process, transfer seconds).
+Sample = tuple[float, int, int, int, int]
+
+
+class Busy:
+    """How busy the cores and the work folder's disk were over a span: the share of
+    CPU time not idle (``/proc/stat``), the share of wall time the disk had a request
+    in flight (``io_ticks``, ``/proc/diskstats``) and what it wrote.  Where the
+    folder has no block device (a tmpfs) only the CPU is told."""
+
+    def __init__(self, folder: Path) -> None:
+        self.disk = ""
+        try:
+            st = os.stat(folder)
+            link = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+            self.disk = link.resolve().name if link.exists() else ""
+        except OSError:
+            pass
+
+    def sample(self) -> Sample:
+        """(time, busy jiffies, all jiffies, disk ms with I/O in flight, sectors written)."""
+        now = time.monotonic()
+        try:
+            cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        except (OSError, ValueError):
+            cpu = [0] * 5
+        idle = cpu[3] + cpu[4]  # idle and iowait
+        ticks = written = 0
+        if self.disk:
+            for line in Path("/proc/diskstats").read_text().splitlines():
+                f = line.split()
+                if len(f) > 12 and f[2] == self.disk:
+                    written, ticks = int(f[9]), int(f[12])
+        return now, sum(cpu) - idle, sum(cpu), ticks, written
+
+    def describe(self, a: Sample, b: Sample) -> str:
+        seconds = b[0] - a[0]
+        all_jiffies = b[2] - a[2]
+        text = f"CPU {(b[1] - a[1]) / all_jiffies:.0%} busy" if all_jiffies > 0 else ""
+        if self.disk and seconds > 0:
+            busy = (b[3] - a[3]) / 1000 / seconds
+            rate = (b[4] - a[4]) * 512 / MiB / seconds
+            text += f", disk {min(busy, 1.0):.0%} busy ({rate:.0f} MiB/s written)"
+        return text
+
+
+def timed(cmd: list[str], env: dict[str, str], busy: Busy) -> tuple[float, float, float, str]:
+    """(wall seconds, CPU seconds of the process, transfer seconds, how busy the
+    cores and the disk were: over the transfer for k3desk, the whole run for hf).
 
     The transfer: from k3desk's ``preflight`` JSON event to its ``done`` event,
     timed here as the lines arrive (listing and start-up left out; every file's
     metadata request, transfer and verification in); 0 for hf.
     """
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = end = busy.sample()
     t0 = time.perf_counter()
     first = done = 0.0
     with (
@@ -108,17 +159,21 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
         for line in proc.stdout:
             if '"kind": "preflight"' in line and not first:
                 first = time.perf_counter()
+                start = busy.sample()
             elif '"kind": "done"' in line:
                 done = time.perf_counter()
+                end = busy.sample()
         rc = proc.wait()
         errs.seek(0)
         err = errs.read()
     seconds = time.perf_counter() - t0
+    if not done:
+        end = busy.sample()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if rc != 0:
         sys.exit(f"{cmd[:3]} failed ({rc}):\n{err[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return seconds, cpu, (done - first if first and done else 0.0)
+    return seconds, cpu, (done - first if first and done else 0.0), busy.describe(start, end)
 
 
 def check(target: Path, files: dict[str, Path]) -> None:
@@ -370,6 +425,7 @@ def run_link(
         hf_bin, "download", REPO_ID, "--include", PATTERN,
         "--max-workers", str(args.parallel), "--local-dir",
     ]  # fmt: skip
+    busy = Busy(work)
     wall: dict[str, list[float]] = {"k3desk": [], "hf": []}
     cpu: dict[str, list[float]] = {"k3desk": [], "hf": []}
     job: list[float] = []
@@ -379,7 +435,7 @@ def run_link(
             target = work / f"{tool}-{rnd}"
             cmd = (k3_cmd if tool == "k3desk" else hf_cmd) + [str(target)]
             before = _self_cpu()
-            seconds, cpu_s, transfer = timed(cmd, env)
+            seconds, cpu_s, transfer, usage = timed(cmd, env, busy)
             if tool == "k3desk":
                 served.append(_self_cpu() - before)
             check(target, files)
@@ -392,7 +448,7 @@ def run_link(
             print(
                 f"  round {rnd + 1}: {tool:7s} {seconds:6.2f} s "
                 f"({_rate(total, seconds):5.0f} MiB/s{extra}), "
-                f"{cpu_s / (total / 2**30):.2f} CPU s/GiB, load {os.getloadavg()[0]:.1f}"
+                f"{cpu_s / (total / 2**30):.2f} CPU s/GiB, {usage}"
             )
             shutil.rmtree(target)
             # hf's shards sit dirty in the page cache after it exits: flushed here, so
