@@ -1,6 +1,6 @@
 """k3desk download vs huggingface_hub's `hf download`, and vs the link, from the Hub stand-in.
 
-    python bench/download.py [--shard-mib 64] [--rounds 3] [--parallel 8] [--links 0,10,1]
+    python bench/download.py [--shard-mib 1024] [--rounds 3] [--parallel 8] [--links 0,10,1]
 
 A Hub stand-in (tests/hubserver.py) serves nine generated shards from disk on
 127.0.0.1 (plain HTTP, no Xet, like ``HF_HUB_DISABLE_XET=1``), with
@@ -477,7 +477,13 @@ def run_link(
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shard-mib", type=int, default=64, help="size of each of the 9 shards")
+    ap.add_argument(
+        "--shard-mib",
+        type=int,
+        default=1024,
+        help="size of each of the 9 shards (a tier's average 13-37 GB; smaller ones weigh "
+        "per-file costs a real download does not have)",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--parallel", type=int, default=8, help="files at once (hf's default is 8)")
     ap.add_argument("--links", default="0,10,1", help="Gbit/s per run, 0 = unlimited")
@@ -502,6 +508,14 @@ def main() -> int:
         raw_child(args.raw_child[0], int(args.raw_child[1]), args.raw_child[2:])
         return 0
 
+    # the served shards, one round's download and the disk's timing files at once
+    need = (2 * 9 * args.shard_mib + args.disk_mib) * MiB
+    free = shutil.disk_usage(args.work or tempfile.gettempdir()).free
+    if free < need * 1.05:
+        sys.exit(
+            f"the work folder has {free / 2**30:.1f} GiB free; this run needs about "
+            f"{need / 2**30:.1f} GiB (choose another with --work, or smaller --shard-mib)"
+        )
     work = Path(tempfile.mkdtemp(prefix="k3bench-", dir=args.work))
     try:
         disk = (
