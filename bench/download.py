@@ -451,7 +451,7 @@ def run_link(
             print(
                 f"  round {rnd + 1}: {tool:7s} {seconds:6.2f} s "
                 f"({_rate(total, seconds):5.0f} MiB/s{extra}), "
-                f"{cpu_s / (total / 2**30):.2f} CPU s/GiB, {usage}"
+                f"{cpu_s / (total / 2**30):.2f} CPU s/GiB" + (f", {usage}" if usage else "")
             )
             shutil.rmtree(target)
             # hf's shards sit dirty in the page cache after it exits: flushed here, so
