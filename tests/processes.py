@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import queue
+import re
+import threading
 import time
+from typing import IO
 
 import psutil
 
@@ -18,3 +22,56 @@ def gone_within(pid: int, seconds: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+class LineReader:
+    """A child's output, read on a thread of its own, so that a test waiting for a line
+    is bounded by its own deadline even when the child goes silent without exiting
+    (a blocking ``readline`` would wait for the suite's timeout, and what the child
+    said before would be lost)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._stream = stream
+        threading.Thread(target=self._pump, name="line-reader", daemon=True).start()
+
+    def _pump(self) -> None:
+        try:
+            for line in self._stream:
+                self._queue.put(line)
+        except (OSError, ValueError):  # closed under us
+            pass
+        self._queue.put(None)
+
+    def until(self, pattern: str, seconds: float) -> re.Match[str] | None:
+        """The first line from here on that ``pattern`` matches (``re.match``); None
+        once ``seconds`` pass or the output ends first."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                return None
+            if line is None:
+                self._queue.put(None)  # ended: so for every later call too
+                return None
+            self.lines.append(line)
+            m = re.match(pattern, line)
+            if m:
+                return m
+        return None
+
+    def text(self, settle: float = 0.0) -> str:
+        """Everything read so far, after waiting up to ``settle`` seconds for the end."""
+        deadline = time.monotonic() + settle
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                self._queue.put(None)
+                break
+            self.lines.append(line)
+        return "".join(self.lines)

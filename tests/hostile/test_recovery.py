@@ -22,6 +22,7 @@ from k3desk.core.paths import default_paths
 from k3desk.devtools.tinyk3 import TinyModel
 from tests.conftest import REPO
 from tests.hostile.conftest import bounded, k3desk_env, no_traceback, run_k3desk
+from tests.processes import LineReader
 
 FAST = RestartPolicy(backoff_initial=0.05, backoff_max=0.2, stop_grace=3.0)
 
@@ -82,25 +83,22 @@ def test_serve_after_a_restart_prints_the_new_engine_and_its_own_start(
     with subprocess.Popen(
         [sys.executable, "-m", "k3desk", *argv],
         cwd=REPO,
-        env=k3desk_env(),
+        # a serve that stops talking is made to show where each of its threads waits
+        env=k3desk_env(PYTHONFAULTHANDLER="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     ) as proc:
         assert proc.stdout is not None
-        lines: list[str] = []
+        out = LineReader(proc.stdout)
 
         def until(pattern: str) -> re.Match[str]:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                line = proc.stdout.readline()  # type: ignore[union-attr]
-                if not line:
-                    break
-                lines.append(line)
-                m = re.match(pattern, line)
-                if m:
-                    return m
-            pytest.fail("".join(lines))
+            m = out.until(pattern, 60)
+            if m is None:
+                proc.send_signal(signal.SIGABRT)  # faulthandler: every thread's stack
+                proc.wait(30)
+                pytest.fail(f"serve printed no line matching {pattern!r}:\n{out.text(5)}")
+            return m
 
         try:
             first = int(until(r"Engine pid: (\d+)").group(1))
@@ -111,6 +109,7 @@ def test_serve_after_a_restart_prints_the_new_engine_and_its_own_start(
             assert second not in (0, first)
             assert "fake_llama_server.py" in " ".join(psutil.Process(second).cmdline())
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.communicate(timeout=30)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(30)
     assert float(again.group(1)) < 5.0  # its own start, not the time since serve began
