@@ -44,19 +44,26 @@ class LineReader:
             pass
         self._queue.put(None)
 
+    def _take(self, deadline: float) -> str | None:
+        """The next line, or None once ``deadline`` passes or the output has ended."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        try:
+            line = self._queue.get(timeout=left)
+        except queue.Empty:
+            return None
+        if line is None:
+            self._queue.put(None)  # ended: so for every later call too
+            return None
+        self.lines.append(line)
+        return line
+
     def until(self, pattern: str, seconds: float) -> re.Match[str] | None:
         """The first line from here on that ``pattern`` matches (``re.match``); None
         once ``seconds`` pass or the output ends first."""
         deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self._queue.get(timeout=left)
-            except queue.Empty:
-                return None
-            if line is None:
-                self._queue.put(None)  # ended: so for every later call too
-                return None
-            self.lines.append(line)
+        while (line := self._take(deadline)) is not None:
             m = re.match(pattern, line)
             if m:
                 return m
@@ -65,13 +72,6 @@ class LineReader:
     def text(self, settle: float = 0.0) -> str:
         """Everything read so far, after waiting up to ``settle`` seconds for the end."""
         deadline = time.monotonic() + settle
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self._queue.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                self._queue.put(None)
-                break
-            self.lines.append(line)
+        while self._take(deadline) is not None:
+            pass
         return "".join(self.lines)

@@ -96,7 +96,10 @@ def test_serve_after_a_restart_prints_the_new_engine_and_its_own_start(
             m = out.until(pattern, 60)
             if m is None:
                 proc.send_signal(signal.SIGABRT)  # faulthandler: every thread's stack
-                proc.wait(30)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:  # stuck even for that: its words still count
+                    proc.kill()
                 pytest.fail(f"serve printed no line matching {pattern!r}:\n{out.text(5)}")
             return m
 
