@@ -11,7 +11,7 @@ Each run prints its rate as a share of the link (the anchor, paced by the stand-
 in the same run) and how long the writes waited (p50/p99/max of ``Sink.pwrite``).
 
 Needs root (it makes a cgroup and moves itself into it) and a work folder on a
-block device (not a tmpfs).  Measured 2026-12-03 on the 2-core VM: see README,
+block device (not a tmpfs).  Measured 2026-12-03 on the 2-core VM: see docs/measured.md,
 "Downloads: where the time goes".
 """
 

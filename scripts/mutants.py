@@ -5,7 +5,7 @@
     python scripts/mutants.py --check    every mutant's snippet occurs exactly once (fast; CI)
     python scripts/mutants.py --only NAME[,NAME]  [--jobs N] [--timeout S] [--min PERCENT]
 
-Each mutant is one promise that a docstring or the README states (secrets, paths,
+Each mutant is one promise that a docstring, the README or docs/promises.md states (secrets, paths,
 ports, history transactions, the GGUF validator's rules, planning, supervision,
 downloads), broken by replacing one exact source snippet, which must occur exactly
 once in its file.  The tests named with it must then fail.

@@ -11,7 +11,7 @@ one it refuses must be refused or flagged suspicious by k3desk.
 builds the sets (kept in DIR for the next run), judges the fast sample the test
 suite runs, or with ``--full`` every variant (about 2,000; the constructed ones
 come from :mod:`tests.oracle.construct`), ``N`` loads at a time (default: one per
-core), and prints the agreement table (the README's shows the full run's).
+core), and prints the agreement table (docs/measured.md shows the full run's).
 """
 
 from __future__ import annotations
