@@ -481,6 +481,28 @@ class _Corpus:
         model_keys = [kv for kv in parts[0].kvs if not kv.key.startswith("split.")]
         second = replace(parts[1], kvs=[*model_keys, *parts[1].kvs])
         add("part 2 carries the model's keys too", split_of([parts[0], second, parts[2]]))
+        # names no part has (llama_split_prefix, src/llama.cpp); -m gets that name
+        for number, count in ((n + 1, n), (0, n), (10, 9)):
+            add(
+                f"part 1 also named part {number} of {count}",
+                self.renamed(parts[0], f"-{number:05d}-of-{count:05d}", split_of(parts)),
+            )
+        for number, count in ((10, 9), (1, 0)):
+            add(
+                f"the whole model named part {number} of {count}",
+                self.renamed(self.base, f"-{number:05d}-of-{count:05d}"),
+            )
+
+    @staticmethod
+    def renamed(g: GGUF, suffix: str, beside: Writer | None = None) -> Writer:
+        """``g`` as <stem><suffix>.gguf, with the set ``beside`` written next to it."""
+
+        def write(d: Path) -> Path:
+            if beside is not None:
+                beside(d)
+            return ge.save(g, d / f"{STEM}-{BASE_TYPE}{suffix}.gguf")
+
+        return write
 
     # experts pruned, consistently and not
     def experts(self) -> None:

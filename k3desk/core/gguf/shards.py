@@ -63,12 +63,28 @@ class ShardSet:
     count: int  # 1 for an unsplit file
     given: Path  # the path the caller passed
     given_index: int  # 0-based index of the given part (-1 for a bad "00000-of-" name)
+    # a whole model under a name no part can have ("-00010-of-00009.gguf"), which
+    # llama.cpp loads by itself: its header says it is no split part (see validate)
+    alone: bool = False
 
     @property
     def split(self) -> bool:
         # a name without ".gguf" ("model.bin", "notes.txt") is a set of one, not a
         # split set whose first part would be "notes.txt-00001-of-00001.gguf"
+        if self.alone:
+            return False
         return self.count > 1 or parse_split_name(self.given.name) is not None
+
+    @property
+    def numbered(self) -> bool:
+        """Whether the given name numbers a part a set can have (part 1 to ``count``);
+        "-00000-of-", "-00010-of-00009" and "-00001-of-00000" number none."""
+        return not self.split or 0 <= self.given_index < self.count
+
+    def by_itself(self) -> ShardSet:
+        """The given file as a set of one, whatever its name says."""
+        stem = self.given.name.removesuffix(".gguf")
+        return ShardSet(stem, self.directory, 1, self.given, 0, alone=True)
 
     def part_name(self, index: int) -> str:
         """File name of the 0-based part ``index``."""

@@ -340,13 +340,35 @@ class _Checker:
             raise ValidationError(
                 f"{s.given} is {what}, not a model file.", "Pass the model's .gguf file."
             )
-        if s.split:
-            m_no, m_count = s.given_index + 1, s.count
-            if m_count == 0 or m_no == 0 or m_no > m_count:
-                raise ValidationError(
-                    f"{s.given.name} has an invalid split file name: part {m_no} of {m_count}.",
-                    "Keep the parts under their published names (<name>-00001-of-000NN.gguf).",
-                )
+
+    def check_numbering(self, h: GGUFHeader) -> ShardSet:
+        """The set a file named as no part can be ("-00000-of-", "-00010-of-00009",
+        "-00001-of-00000") stands for, from its own header ``h``: llama_model_loader
+        (src/llama-model-loader.cpp) reads a name only when the file's split.count is
+        above 1, and then llama_get_list_splits asks llama_split_prefix (src/llama.cpp)
+        for the name's prefix: the name must end in "-%05d-of-%05d.gguf" with part 1
+        and that count, with something before it, or the load fails ("invalid split
+        file name"; a split.no other than 0 fails first, "illegal split file idx").
+        A whole model (no split.count, or 0 or 1) is loaded by itself, whatever its
+        name."""
+        s = self.shards
+        count = h.get("split.count")
+        if count is None or (h.kv_types["split.count"] == UINT16 and count in (0, 1)):
+            self.notes.append(
+                f"{s.given.name} is named as part {s.given_index + 1} of {s.count}, which no "
+                "split set has, but its header says it is the whole model: llama.cpp loads "
+                "it alone."
+            )
+            return s.by_itself()
+        said = f"split.count = {count}" if isinstance(count, int) else "a split.count"
+        raise ValidationError(
+            f"{s.given.name} has an invalid split file name: part {s.given_index + 1} of "
+            f"{s.count}, while its header says it belongs to a split set ({said}). "
+            "llama.cpp loads a split set from part 1, named <name>-00001-of-NNNNN.gguf "
+            "with NNNNN its split.count, and refuses this name (invalid split file name).",
+            "Keep the parts under their published names (<name>-00001-of-000NN.gguf) and "
+            "pass part 1.",
+        )
 
     def check_missing(self) -> None:
         s = self.shards
@@ -1115,6 +1137,12 @@ def inspect_shard_set(
     shards = discover(path)
     chk = _Checker(shards, tiers)
     chk.check_names()
+    if not shards.numbered:
+        try:
+            given = read_header(shards.given)
+        except ValidationError as exc:
+            raise ValidationError(exc.message, chk.download_hint()) from None
+        shards = chk.shards = chk.check_numbering(given)
     if not (shards.directory / shards.part_name(0)).is_file():
         chk.check_missing()  # part 1 is what llama.cpp opens first
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from k3desk.core.errors import ValidationError
-from k3desk.core.gguf.validate import validate_shard_set
+from k3desk.core.gguf.validate import inspect_shard_set, validate_shard_set
 from k3desk.devtools.tinyk3 import TinyModel
 from tests.oracle import gguf_edit as ge
 
@@ -91,3 +91,38 @@ def test_a_first_tensor_off_the_32_byte_boundary_is_refused(
     # the same file with its header ending on the 32-byte grid loads
     ge.save(g.set(ge.KV.of("general.description", ge.STRING, "x" * (n + 16))), path)
     validate_shard_set(path)
+
+
+@pytest.mark.parametrize("name", ["-00004-of-00003", "-00010-of-00009", "-00000-of-00003"])
+def test_a_part_named_as_no_part_of_a_set_is_refused(
+    tiny_k3: TinyModel, tmp_path: Path, name: str
+) -> None:
+    """llama.cpp loads a split set only from a part 1 named <name>-00001-of-NNNNN.gguf
+    (llama_split_prefix, src/llama.cpp): a copy of part 1 under a number no part has
+    is refused, even with the whole set beside it under its published names."""
+    parts = rewrite(tiny_k3, tmp_path / "set")
+    for path, g in parts:
+        ge.save(g, path)
+    odd = parts[0][0].with_name(f"{tiny_k3.name}{name}.gguf")
+    ge.save(parts[0][1], odd)
+    with pytest.raises(ValidationError) as err:
+        validate_shard_set(odd)
+    assert err.value.message.startswith(f"{odd.name} has an invalid split file name: part ")
+    assert "split.count = 3" in err.value.message
+    assert "pass part 1" in err.value.hint
+    assert validate_shard_set(parts[0][0]).parts == tuple(p for p, _ in parts)
+
+
+def test_a_whole_model_under_a_name_no_part_has_is_read_alone(
+    tiny_k3_single: TinyModel, tmp_path: Path
+) -> None:
+    """A file whose header says it is the whole model is loaded by itself, whatever its
+    name (llama_model_loader reads the name only for a split.count above 1)."""
+    ((_, g),) = rewrite(tiny_k3_single, tmp_path / "one")
+    odd = ge.save(g, tmp_path / "one" / "Whole-00010-of-00009.gguf")
+    report = inspect_shard_set(odd)
+    assert report.layout.parts == (odd,)
+    assert report.notes == (
+        "Whole-00010-of-00009.gguf is named as part 10 of 9, which no split set has, but its "
+        "header says it is the whole model: llama.cpp loads it alone.",
+    )

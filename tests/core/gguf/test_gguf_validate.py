@@ -4,6 +4,7 @@ twins, and on the tiny model the gguf package writes."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -213,9 +214,13 @@ def _head(path: Path, n: int) -> bytes:
 
 def test_invalid_split_names(twin_factory: TwinFactory, tmp_path: Path) -> None:
     bad = tmp_path / "Kimi-K3-UD-IQ1_S-00000-of-00009.gguf"
-    bad.write_bytes(_head(twin_factory("vcruz305-ud-iq1s")[0], 1024))
+    os.link(twin_factory("vcruz305-ud-iq1s")[0], bad)  # part 1 under a name no part has
     with pytest.raises(ValidationError, match="invalid split file name"):
         validate_shard_set(bad)
+    cut = tmp_path / "Kimi-K3-UD-IQ1_S-00010-of-00009.gguf"
+    cut.write_bytes(_head(bad, 1024))  # what llama.cpp reads first is the header: cut
+    with pytest.raises(ValidationError, match="ends inside its GGUF header"):
+        validate_shard_set(cut)
     with pytest.raises(ValidationError, match="does not exist"):
         validate_shard_set(tmp_path / "nothing-00001-of-00002.gguf")
     with pytest.raises(ValidationError, match="is a folder"):
