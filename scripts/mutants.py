@@ -373,6 +373,23 @@ MUTANTS: tuple[Mutant, ...] = (
         f"{T_BROKEN}[missing-part]",
         "missing parts are named before anything is read",
     ),
+    m(
+        "validate-split-name-numbers-a-part",
+        VALIDATE,
+        "if not shards.numbered:",
+        "if False:",
+        f"{T_RULES}::test_a_part_named_as_no_part_of_a_set_is_refused",
+        "a split part named as no part can be (-00010-of-00009) is refused, as llama.cpp does",
+    ),
+    m(
+        "reader-dimension-limit",
+        "k3desk/core/gguf/reader.py",
+        "if n_dims > GGML_MAX_DIMS:",
+        "if n_dims > 16:",
+        "tests/core/gguf/test_gguf_reader.py::"
+        "test_a_tensor_of_more_than_four_dimensions_is_refused_by_name",
+        "a tensor of more than 4 dimensions is refused by name (gguf.cpp refuses it)",
+    ),
     # ------------------------------------------------------------------ planning
     m(
         "plan-no-repack-when-streaming",
@@ -405,6 +422,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "if False:",
         "tests/core/hardware/test_disk_rate.py::test_a_sparse_file_is_not_timed_and_says_why",
         "a sparse file's holes are never timed as the disk's read rate",
+    ),
+    m(
+        "disk-rate-record-keeps-64-disks",
+        "k3desk/core/hardware/disk_rate.py",
+        "kept = sorted(recs.values(), key=lambda r: r.when)[-MAX_DEVICES:]",
+        "kept = sorted(recs.values(), key=lambda r: r.when)",
+        "tests/core/hardware/test_disk_rate.py::test_the_record_keeps_the_64_disks_measured_last",
+        "the disk-rate record keeps at most 64 disks, the ones measured last",
+    ),
+    m(
+        "disk-rate-record-reads-64-disks",
+        "k3desk/core/hardware/disk_rate.py",
+        'for item in d.get("devices", [])[:MAX_DEVICES]:',
+        'for item in d.get("devices", []):',
+        "tests/core/hardware/test_disk_rate.py::test_a_record_listing_more_disks_is_read_only_so_far",
+        "a disk-rate record is read as its first 64 disks at most",
     ),
     m(
         "plan-gpu-margin",

@@ -312,3 +312,23 @@ def test_duplicate_tokens_are_found_by_their_bytes(
         "tokenizer.ggml.tokens"
     )
     assert (found[:2] if found else None) == expected
+
+
+@pytest.mark.parametrize("n_dims", [5, 8, 16])
+def test_a_tensor_of_more_than_four_dimensions_is_refused_by_name(
+    tmp_path: Path, n_dims: int
+) -> None:
+    """gguf_init_from_reader (ggml/src/gguf.cpp) refuses a tensor whose n_dims is above
+    GGML_MAX_DIMS (4): so does the reader, with a message, whatever the count claimed."""
+    kvs = [KV("general.architecture", STRING, "kimi-k3")]
+    four = tmp_path / "four.gguf"
+    write_sparse_gguf(four, kvs, [TensorDef("t.weight", (32, 1, 1, 2), "F32")])
+    assert read_header(four).tensors[0].shape == (32, 1, 1, 2)
+    many = tmp_path / "many.gguf"
+    write_sparse_gguf(many, kvs, [TensorDef("t.weight", (32,) + (1,) * (n_dims - 1), "F32")])
+    with pytest.raises(ValidationError) as err:
+        read_header(many)
+    assert err.value.message == (
+        f"many.gguf has a corrupt GGUF header: tensor 't.weight' has {n_dims} dimensions "
+        "(ggml has 4)."
+    )

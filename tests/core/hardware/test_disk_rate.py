@@ -268,3 +268,35 @@ def test_doctor_measures_the_models_folder_disk(tmp_path: Path) -> None:
         check=True,
     ).stdout
     assert "measured" not in next(ln for ln in quick.splitlines() if "Read rate" in ln)
+
+
+def test_the_record_keeps_the_64_disks_measured_last(tmp_path: Path) -> None:
+    """One machine's record never grows past MAX_DEVICES disks: measuring a 65th drops
+    the one measured longest ago, and the others keep their figures."""
+    store = DiskRateStore(tmp_path, clock=lambda: 2e9)
+    n = disk_rate.MAX_DEVICES + 6
+    for i in range(n):
+        store.put(RateRecord(f"8:{i} D{i}", 1e9 + i, 64 * MiB, f"/m{i}.gguf", 2e9 - 100 + i))
+    kept = json.loads((tmp_path / disk_rate.RATES_FILE).read_text())["devices"]
+    assert len(kept) == disk_rate.MAX_DEVICES == 64
+    assert [store.get(f"8:{i} D{i}") for i in range(6)] == [None] * 6
+    last = store.get(f"8:{n - 1} D{n - 1}")
+    assert last is not None
+    assert last.bytes_per_s == 1e9 + n - 1
+
+
+def test_a_record_listing_more_disks_is_read_only_so_far(tmp_path: Path) -> None:
+    """A record that lists 2,000 disks (written by hand, or grown by an old bug) is read
+    as its first MAX_DEVICES: the disks after them are measured again, not trusted."""
+    devices = [
+        {"device": f"8:{i} D{i}", "bytes_per_s": 1e9, "bytes_read": 64 * MiB,
+         "file": "/m.gguf", "when": 2e9 - 100}
+        for i in range(2000)
+    ]  # fmt: skip
+    (tmp_path / disk_rate.RATES_FILE).write_text(json.dumps({"schema": 1, "devices": devices}))
+    store = DiskRateStore(tmp_path, clock=lambda: 2e9)
+    assert store.get("8:0 D0") is not None
+    assert store.get("8:63 D63") is not None
+    assert store.get("8:64 D64") is None
+    assert store.get("8:1999 D1999") is None
+    assert store.note == ""
