@@ -29,6 +29,8 @@ import os
 import threading
 from pathlib import Path
 
+from k3desk.core.private import open_regular
+
 ALIGN = max(4096, mmap.PAGESIZE)
 _O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 
@@ -96,7 +98,7 @@ def _open_direct(path: Path, flags: int) -> int | None:
     if not _O_DIRECT:
         return None
     try:
-        return os.open(path, flags | _O_DIRECT)
+        return os.open(path, flags | _O_DIRECT | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
             return None  # this file system has no direct I/O
@@ -112,7 +114,7 @@ class Sink:
     """
 
     def __init__(self, path: Path, direct: bool = True) -> None:
-        self.fd = os.open(path, os.O_WRONLY)
+        self.fd = open_regular(path, os.O_WRONLY)  # k3desk's own partial file, no link
         self._direct: int | None = None
         if direct:
             try:
@@ -161,7 +163,7 @@ class Source:
     BLOCK = 4 * 1024 * 1024
 
     def __init__(self, path: Path, direct: bool = True) -> None:
-        self.fd = os.open(path, os.O_RDONLY)
+        self.fd = open_regular(path, os.O_RDONLY)
         self._direct: int | None = None
         if direct:
             try:

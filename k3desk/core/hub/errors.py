@@ -6,6 +6,7 @@ import errno
 from dataclasses import dataclass
 
 from k3desk.core.errors import HubError
+from k3desk.core.private import RefusedPath
 from k3desk.core.units import fmt_bytes
 
 
@@ -305,6 +306,8 @@ def _plain(exc: BaseException) -> str:
 
 
 def disk_error(exc: OSError, where: Where, *, kept: int = 0) -> HubError:
+    if isinstance(exc, RefusedPath):  # a planted link or another user's folder, named
+        return HubError(exc.message, exc.hint)
     target = where.local or exc.filename or "the target folder"
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         keep = f" The partial download ({fmt_bytes(kept)}) is kept." if kept else ""

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import threading
 import time
@@ -44,6 +43,7 @@ from k3desk.core.hub.errors import Where, hub_error, is_transient
 from k3desk.core.hub.listing import resolve_endpoint
 from k3desk.core.hub.model import RemoteFile
 from k3desk.core.hub.session import guard_session, origin, token_only_to
+from k3desk.core.private import RefusedPath, own_dir, private_dir, replacing, write_private
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 from k3desk.core.safepaths import name_problem
 from k3desk.core.units import fmt_bytes
@@ -398,15 +398,14 @@ def _read_part(
 
 def _write_twin_part(path: Path, pieces: Sequence[tuple[int, bytes]], size: int) -> None:
     """The header's bytes at their offsets, holes elsewhere, ``size`` bytes in all
-    (written beside, then renamed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".part")
-    with tmp.open("wb") as out:
+    (a fresh file made exclusively beside it, 0600, then renamed: a link at any name
+    there is never written through)."""
+    private_dir(path.parent)  # inside the commit folder read_remote_headers checked
+    with replacing(path) as out:
         for at, data in pieces:
             out.seek(at)
             out.write(data)
         out.truncate(size)
-    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------ the record
@@ -461,9 +460,7 @@ def _save_record(folder: Path, parts: Sequence[PartRead], files: dict[str, Remot
             "sha256": files[p.path].sha256,
             "header_bytes": p.header_bytes,
         }
-    tmp = folder / (RECORD + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, folder / RECORD)
+    write_private(folder / RECORD, json.dumps(record, indent=1, sort_keys=True))
 
 
 # ------------------------------------------------------------------ a set
@@ -572,7 +569,10 @@ def read_remote_headers(
     ep = resolve_endpoint(endpoint)
     _check_names(repo, files)
     folder = twin_folder(cache_dir, ep, repo, revision)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:  # the cache's folders: 0700 whatever the umask, none a link or another user's
+        own_dir(folder, below=private_dir(cache_dir))
+    except RefusedPath as exc:
+        raise HubError(exc.message, exc.hint) from None
     record = _load_record(folder)
     by_path = {f.path: f for f in files}
     t0 = time.monotonic()

@@ -65,8 +65,9 @@ from k3desk.core.hub.model import (
 )
 from k3desk.core.hub.preflight import check_space, check_writable
 from k3desk.core.hub.reporting import Events, FileTask, Overall
-from k3desk.core.hub.state import Partial, TargetState, expected_hash, meta_dir
+from k3desk.core.hub.state import Partial, TargetState, expected_hash, meta_dir, model_dirs
 from k3desk.core.hub.transfer import Context, Offsets, child_attempt, http_attempt, xet_usable
+from k3desk.core.private import copy_new, own_dir, put_in_place
 from k3desk.core.progress import CancelToken
 from k3desk.core.safepaths import UnsafeName, confined
 
@@ -191,11 +192,10 @@ class DownloadJob:
 
     def _place(self, src: Path, f: RemoteFile) -> Path:
         """Move a verified ``src`` to ``f``'s place (checked again around the mkdir, so
-        that a link planted meanwhile cannot lead it out of the target folder)."""
-        self._dest(f).parent.mkdir(parents=True, exist_ok=True)
-        dest = self._dest(f)
-        os.replace(src, dest)
-        return dest
+        that a link planted meanwhile cannot lead it out of the target folder), as
+        readable as the target folder is, never writable by others (model_dirs)."""
+        file_mode = model_dirs(self.target, self._dest(f).parent)
+        return put_in_place(src, self._dest(f), file_mode)
 
     def _refuse(self, name: str, why: str) -> None:
         self._refused.append((name, why))
@@ -643,15 +643,15 @@ class DownloadJob:
         t0 = time.monotonic()
         dest = self._dest(f)
         tmp = confined(meta_dir(self.target) / "partial", f.path + ".from-cache")
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
         try:
+            own_dir(tmp.parent, below=self.target)
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
             try:
                 os.link(blob.resolve(), tmp)
                 how = "hard link"
             except OSError:
-                shutil.copyfile(blob, tmp)
+                copy_new(blob, tmp)
                 how = "copy"
             ok, expected, actual = self._hash_with_progress(tmp, f, overall, "verify")
             self._emit(Verified(f.path, ok, "hf-cache", expected, actual))

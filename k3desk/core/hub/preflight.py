@@ -9,6 +9,8 @@ from pathlib import Path
 
 from k3desk.core.errors import HubError
 from k3desk.core.hub.errors import Where, disk_error
+from k3desk.core.hub.state import state_dir
+from k3desk.core.private import fresh_file, refuse_links_under, shared_dir
 from k3desk.core.units import fmt_bytes
 
 FAT_TYPES = frozenset({"vfat", "msdos", "fat", "fat32", "fat16", "umsdos"})
@@ -59,13 +61,19 @@ class SpaceCheck:
 
 
 def check_writable(target: Path, where: Where) -> None:
-    """Create ``target`` (and its state folder) and prove a file can be written there."""
-    probe = target / ".k3desk" / ".write-probe"
+    """Create ``target`` (as readable as the folder it is made in, never writable by
+    others) and its state folder (0700, checked: not a link, not another user's, no link
+    planted in it), and prove a file can be written there (a fresh file, made
+    exclusively, then removed)."""
     try:
-        probe.parent.mkdir(parents=True, exist_ok=True)
-        with probe.open("wb") as f:
-            f.write(b"k3desk")
-        probe.unlink()
+        shared_dir(target)
+        probe, f = fresh_file(refuse_links_under(state_dir(target)), ".write-probe")
+        try:
+            with f:
+                f.write(b"k3desk")
+        finally:
+            with contextlib.suppress(OSError):
+                probe.unlink()
     except NotADirectoryError as exc:
         raise HubError(
             f"{target} is not a folder (a file is in the way: {exc.filename}).",
@@ -73,9 +81,6 @@ def check_writable(target: Path, where: Where) -> None:
         ) from exc
     except OSError as exc:
         raise disk_error(exc, replace(where, local=str(target))) from exc
-    finally:
-        with contextlib.suppress(OSError):
-            probe.unlink()
 
 
 def check_space(

@@ -29,7 +29,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from k3desk.core.errors import HubError
 from k3desk.core.hub.model import RemoteFile
+from k3desk.core.private import (
+    DIR_MODE,
+    FILE_MODE,
+    RefusedPath,
+    new_file,
+    open_regular,
+    own_dir,
+    refuse_link,
+    replacing,
+    shared_modes,
+)
 from k3desk.core.safepaths import confined
 
 DIRNAME = ".k3desk"
@@ -63,21 +75,38 @@ def meta_dir(target: Path) -> Path:
     return target / DIRNAME
 
 
+def state_dir(target: Path, *sub: str) -> Path:
+    """``<target>/.k3desk[/SUB...]``, made or checked: real folders of this user (never a
+    link, never another user's: :class:`RefusedPath`), 0700 whatever the umask."""
+    return own_dir(meta_dir(target).joinpath(*sub), DIR_MODE, below=target)
+
+
+def model_dirs(target: Path, folder: Path) -> int:
+    """Make or check the folders from ``target`` down to ``folder`` for a model's file, as
+    readable by others as ``target`` is and never writable by them; the file's mode.
+
+    A model is the person's to share: in a folder others can read (a shared models folder,
+    0755) its files are 0644, in a private one (0700) 0600."""
+    file_mode, dir_mode = shared_modes(target)
+    own_dir(folder, dir_mode, below=target)
+    return file_mode
+
+
+def as_hub_error(exc: RefusedPath) -> HubError:
+    return HubError(exc.message, exc.hint)
+
+
 def atomic_write_json(path: Path, data: Any, *, sync: bool = True) -> None:
-    """Replace ``path`` with ``data`` as JSON: readers see the old or the new whole.
+    """Replace ``path`` with ``data`` as JSON, 0600: readers see the old or the new whole.
 
     ``sync=False`` skips the fsync, for records whose loss in a power cut only
     costs work (an fsync here also waits for the journal to take the data other
     threads wrote before it: hundreds of MB in the middle of a download).
+    The folder is the caller's, checked (:func:`state_dir`).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        if sync:
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=1, sort_keys=True)
+    with replacing(path, FILE_MODE, fsync=sync) as f:
+        f.write(text.encode("utf-8"))
 
 
 def expected_hash(f: RemoteFile) -> tuple[str, str]:
@@ -111,7 +140,9 @@ class TargetState:
 
     def _load(self) -> None:
         try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
+            raw = json.loads(refuse_link(self.path).read_text(encoding="utf-8"))
+        except RefusedPath as exc:
+            raise as_hub_error(exc) from None
         except FileNotFoundError:
             return
         except (OSError, ValueError) as exc:
@@ -160,6 +191,10 @@ class TargetState:
         # worth, and those are not fsync'ed either (see is_trusted).  After a
         # power cut it may be the old one, or unreadable (load_error): either way
         # files verified shortly before are hashed again, never trusted blindly.
+        try:
+            state_dir(self.target)
+        except RefusedPath as exc:
+            raise as_hub_error(exc) from None
         atomic_write_json(self.path, data, sync=False)
 
     def record_listing(
@@ -243,6 +278,7 @@ class Partial:
     """One resumable partial file and its sidecar."""
 
     def __init__(self, target: Path, f: RemoteFile, repo: str, revision: str) -> None:
+        self.target = target
         self.file = f
         self.repo = repo
         self.revision = revision
@@ -268,6 +304,8 @@ class Partial:
         is fetched in ranges (``holes``: bytes past ``durable`` may lie beyond a
         gap), only the last fsync'ed checkpoint (``durable``).
         """
+        if self.data.is_symlink() or self.sidecar.is_symlink():
+            return 0  # refused, naming it, when it is prepared
         try:
             raw = json.loads(self.sidecar.read_text(encoding="utf-8"))
             size = self.data.stat().st_size
@@ -284,19 +322,28 @@ class Partial:
         return min(durable, size, self.file.size)
 
     def prepare(self) -> int:
-        """Make the partial file ready to append to; return the offset to resume from."""
+        """Make the partial file ready to append to; return the offset to resume from.
+
+        Its folders are checked (:func:`state_dir`) and a link at the partial file or
+        its sidecar is refused (:class:`RefusedPath`), never written through."""
+        own_dir(self.data.parent, DIR_MODE, below=self.target)
+        refuse_link(self.data)
+        refuse_link(self.sidecar)
         keep = self.resumable_bytes()
-        self.data.parent.mkdir(parents=True, exist_ok=True)
         if keep == 0:
-            with contextlib.suppress(FileNotFoundError):
-                self.sidecar.unlink()
-            with self.data.open("wb"):
-                pass
+            for p in (self.sidecar, self.data):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+            new_file(self.data, FILE_MODE).close()
             # nothing is durable yet, so nothing needs to be made so: a sidecar
             # lost in a power cut means starting at byte 0, which is what it says
             self.checkpoint(0, sync=False)
         else:
-            os.truncate(self.data, keep)
+            fd = open_regular(self.data, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, keep)
+            finally:
+                os.close(fd)
         return keep
 
     def checkpoint(self, durable: int, *, holes: bool = False, sync: bool = True) -> None:
@@ -323,16 +370,11 @@ class Partial:
         )
         text = ('{"durable": ' + f"{durable:>20d}" + ", " + meta[1:] + "\n").encode()
         try:
-            fd = os.open(self.sidecar, os.O_WRONLY)
+            fd = open_regular(self.sidecar, os.O_WRONLY)
         except FileNotFoundError:
-            self.sidecar.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.sidecar.with_name(self.sidecar.name + ".tmp")
-            with tmp.open("wb") as f:
+            own_dir(self.sidecar.parent, DIR_MODE, below=self.target)
+            with replacing(self.sidecar, FILE_MODE, fsync=sync) as f:
                 f.write(text)
-                f.flush()
-                if sync:
-                    os.fsync(f.fileno())
-            os.replace(tmp, self.sidecar)
             return
         try:
             if os.fstat(fd).st_size != len(text):

@@ -54,6 +54,7 @@ from k3desk.core.hub.model import DownloadOptions, RemoteFile
 from k3desk.core.hub.reporting import FileTask
 from k3desk.core.hub.session import BodyTooLong, guard_session
 from k3desk.core.hub.state import Partial
+from k3desk.core.private import own_dir
 from k3desk.core.process import pump_thread, spawn
 from k3desk.core.progress import CancelToken
 
@@ -839,7 +840,7 @@ def child_attempt(ctx: Context, f: RemoteFile, staging: Path, task: FileTask) ->
         "use_token": bool(ctx.token),
     }
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    own_dir(staging, below=staging.parents[2])  # <target>/.k3desk/staging/NAME: 0700, no link
     # waited for on this thread: it dies with it, and with k3desk (k3desk.core.process)
     child = spawn(
         _hfchild.command(),

@@ -473,14 +473,14 @@ def test_not_enough_space_is_refused_before_a_byte_is_fetched(
 def test_permission_denied_on_the_target(
     tier_repo: TierRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_mkdir = Path.mkdir
+    real_mkdir = os.mkdir
 
-    def mkdir(self: Path, *a: Any, **kw: Any) -> None:
-        if self.name == ".k3desk":
-            raise PermissionError(13, "Permission denied", str(self))
-        real_mkdir(self, *a, **kw)
+    def mkdir(path: Any, *a: Any, **kw: Any) -> None:
+        if Path(path).name == ".k3desk":
+            raise PermissionError(13, "Permission denied", str(path))
+        real_mkdir(path, *a, **kw)
 
-    monkeypatch.setattr(Path, "mkdir", mkdir)
+    monkeypatch.setattr(os, "mkdir", mkdir)
     with pytest.raises(HubError) as exc:
         DownloadJob(tier_repo.request(), tmp_path / "models", options(tier_repo.hub)).run()
     assert f"Permission denied writing to {tmp_path / 'models'}" in exc.value.message

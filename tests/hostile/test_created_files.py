@@ -1,0 +1,235 @@
+"""What k3desk creates is private or deliberately shared, whatever the umask, and a link
+planted where k3desk writes is never followed.
+
+* a download (the Hub stand-in): the model files and their folders are as readable as
+  the folder the person chose, never writable by others; ``.k3desk/`` and its records
+  are 0700 / 0600;
+* ``plan --remote``'s header cache: 0700 / 0600;
+* a symbolic link planted in ``.k3desk/`` (at a record, a temporary name, a folder) is
+  refused, naming it, and what it points to is untouched; one planted at a temporary
+  name of the header cache (``.part``, ``.tmp``) is never written through, since
+  temporary files are new files of fresh names, made exclusively;
+* a ``.k3desk/`` that is another user's is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k3desk.app import Services
+from k3desk.core.app.remote_plan import RemotePlanRequest, plan_remote_set
+from k3desk.core.errors import HubError
+from k3desk.core.hub.headers import RECORD
+from k3desk.devtools.tinyk3 import TinyModel
+from tests.core.hub.test_hub_remote_headers import TINY, _tiny_files
+from tests.hostile.hostile_hub import HostileHub
+from tests.hostile.test_hostile_hub import GOOD, REPO_ID, download, landed
+from tests.hubserver import HubServer
+
+PART = "IQ1_S/K3-IQ1_S-00001-of-00002.gguf"
+SECRET = b"the downloading user's own private file\n"
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+@pytest.fixture(autouse=True)
+def open_umask() -> Iterator[None]:
+    """The loosest umask a person might have: no mode may come from it."""
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def modes_under(root: Path) -> dict[str, int]:
+    """Every entry under ``root`` (``root`` itself as ``.``) with its permission bits."""
+    out = {".": mode(root)}
+    for p in root.rglob("*"):
+        out[str(p.relative_to(root))] = mode(p)
+    return out
+
+
+def victim(tmp_path: Path) -> Path:
+    """A private file of the person running k3desk, the target of every planted link."""
+    v = tmp_path / "home" / "secret.txt"
+    v.parent.mkdir(mode=0o700)
+    v.write_bytes(SECRET)
+    os.chmod(v, 0o600)
+    return v
+
+
+def untouched(v: Path) -> bool:
+    return v.read_bytes() == SECRET and mode(v) == 0o600
+
+
+# ------------------------------------------------------------------ modes
+
+
+@pytest.mark.parametrize(
+    ("shared", "files", "folders"), [(0o755, 0o644, 0o755), (0o700, 0o600, 0o700)]
+)
+@pytest.mark.parametrize("transport", ["http", "hub"])
+def test_a_download_makes_models_as_readable_as_their_folder_and_records_private(
+    hostile_hub: HostileHub,
+    tmp_path: Path,
+    transport: str,
+    shared: int,
+    files: int,
+    folders: int,
+) -> None:
+    """The folder the person chose (here made 0755, a shared models folder, or 0700)
+    decides who may read the models; nobody else may ever write them or the records."""
+    hostile_hub.add_repo(REPO_ID, GOOD)
+    parent = tmp_path / "models"
+    parent.mkdir()
+    os.chmod(parent, shared)
+    target = parent / "new" / "K3"  # made by the download, with the folder above it
+
+    run = download(hostile_hub, target, transport=transport)
+
+    assert run.error is None, run.error
+    assert landed(target, GOOD)
+    got = modes_under(parent)
+    models = {k: v for k, v in got.items() if not k.startswith("new/K3/.k3desk")}
+    records = {k: v for k, v in got.items() if k.startswith("new/K3/.k3desk")}
+    assert models == {
+        ".": shared,
+        "new": folders,
+        "new/K3": folders,
+        "new/K3/IQ1_S": folders,
+        **{f"new/K3/{p}": files for p in GOOD},
+    }
+    assert records.pop("new/K3/.k3desk") == 0o700
+    assert records.pop("new/K3/.k3desk/state.json") == 0o600
+    assert all(v in (0o700, 0o600) for v in records.values()), records
+
+
+def test_the_header_cache_of_a_remote_plan_is_private(
+    hub_server: HubServer, tiny_k3: TinyModel, hardware_file: Any
+) -> None:
+    hub_server.add_repo(TINY, _tiny_files(tiny_k3))
+    services = Services()
+    hw = hardware_file("no-gpu-laptop-32GB")
+    remote = plan_remote_set(
+        services, RemotePlanRequest(TINY, hardware_file=hw, endpoint=hub_server.endpoint)
+    )
+    cache = services.paths.cache
+    got = modes_under(cache)
+    assert remote.headers.folder.is_relative_to(cache)
+    assert len(got) > 6  # the folders and every part's twin
+    loose = {k: oct(v) for k, v in got.items() if v not in (0o700, 0o600)}
+    assert loose == {}
+    for p in remote.headers.local_paths:
+        assert mode(p) == 0o600
+
+
+# ------------------------------------------------------------------ planted links
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        ".k3desk",
+        ".k3desk/state.json",
+        ".k3desk/state.json.tmp",
+        ".k3desk/.write-probe",
+        ".k3desk/partial",
+        ".k3desk/partial/IQ1_S",
+        f".k3desk/partial/{PART}.k3part",
+        f".k3desk/partial/{PART}.k3part.json",
+        f".k3desk/partial/{PART}.k3part.json.tmp",
+        f".k3desk/partial/{PART}.from-cache",
+        ".k3desk/staging",
+    ],
+)
+def test_a_link_planted_in_the_state_folder_is_refused_by_name_and_not_followed(
+    hostile_hub: HostileHub, tmp_path: Path, record: str
+) -> None:
+    """Another user of a shared models folder plants links where k3desk keeps its
+    records; before, a 0600 file of the person downloading was overwritten with the
+    download or with k3desk's state."""
+    hostile_hub.add_repo(REPO_ID, GOOD)
+    v = victim(tmp_path)
+    target = tmp_path / "shared"
+    link = target / record
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(v if "." in link.name.strip(".") else v.parent)
+
+    run = download(hostile_hub, target)
+
+    assert isinstance(run.error, HubError), run.error
+    assert f"{link} is a symbolic link" in run.error.message
+    assert "Remove it" in run.error.hint
+    assert untouched(v)
+    assert sorted(p.name for p in v.parent.iterdir()) == ["secret.txt"]
+    assert link.is_symlink()  # left for the person to look at
+    assert not (target / "IQ1_S").exists()
+
+
+def test_links_planted_in_the_header_cache_are_never_written_through(
+    hub_server: HubServer, tiny_k3: TinyModel, hardware_file: Any, tmp_path: Path
+) -> None:
+    hub_server.add_repo(TINY, _tiny_files(tiny_k3))
+    services = Services()
+    request = RemotePlanRequest(
+        TINY, hardware_file=hardware_file("no-gpu-laptop-32GB"), endpoint=hub_server.endpoint
+    )
+    folder = plan_remote_set(services, request).headers.folder
+    v = victim(tmp_path)
+    planted = [folder / (RECORD + ".tmp")]
+    for twin in sorted(folder.rglob("*.gguf")):
+        twin.unlink()  # read again, so written again
+        planted.append(twin.with_name(twin.name + ".part"))
+    for link in planted:
+        link.symlink_to(v)
+
+    again = plan_remote_set(services, request)
+
+    assert untouched(v)
+    assert all(p.stat().st_size > 0 and mode(p) == 0o600 for p in again.headers.local_paths)
+
+
+def test_a_header_cache_folder_that_is_a_link_is_refused_by_name(
+    hub_server: HubServer, tiny_k3: TinyModel, hardware_file: Any, tmp_path: Path
+) -> None:
+    hub_server.add_repo(TINY, _tiny_files(tiny_k3))
+    services = Services()
+    request = RemotePlanRequest(
+        TINY, hardware_file=hardware_file("no-gpu-laptop-32GB"), endpoint=hub_server.endpoint
+    )
+    folder = plan_remote_set(services, request).headers.folder
+    v = victim(tmp_path)
+    repo_folder = folder.parent
+    for p in sorted(repo_folder.rglob("*"), reverse=True):
+        p.unlink() if not p.is_dir() else p.rmdir()
+    repo_folder.rmdir()
+    repo_folder.symlink_to(v.parent)
+
+    with pytest.raises(HubError) as err:
+        plan_remote_set(services, request)
+
+    assert f"{repo_folder} is a symbolic link" in err.value.message
+    assert sorted(p.name for p in v.parent.iterdir()) == ["secret.txt"]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="making a folder another user's needs root")
+def test_a_state_folder_of_another_user_is_refused(hostile_hub: HostileHub, tmp_path: Path) -> None:
+    hostile_hub.add_repo(REPO_ID, GOOD)
+    target = tmp_path / "shared"
+    (target / ".k3desk").mkdir(parents=True)
+    os.chown(target / ".k3desk", 65534, 65534)
+
+    run = download(hostile_hub, target)
+
+    assert isinstance(run.error, HubError), run.error
+    assert f"{target / '.k3desk'} belongs to another user" in run.error.message
+    assert not list(target.glob("IQ1_S/*"))
