@@ -13,6 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from k3desk.core.paths import AppPaths
+from k3desk.core.private import private_dir
 from k3desk.core.settings import Settings
 
 
@@ -73,7 +74,7 @@ def start_folder(
         if not any(c.is_dir() for c in candidates):
             # the app's own models folder (where downloads go) is made when first needed
             with contextlib.suppress(OSError):
-                paths.models_dir.mkdir(parents=True, exist_ok=True)
+                private_dir(paths.models_dir)
     elif kind is Kind.IMAGE:
         candidates = [_xdg_folder(home, "Pictures")]
     elif kind is Kind.EXPORT:

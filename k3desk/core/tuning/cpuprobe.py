@@ -61,7 +61,7 @@ from k3desk.core.planning import kernels as kernel_costs
 from k3desk.core.planning.model import LaunchPlan, PlanOptions
 from k3desk.core.planning.plan import make_plan
 from k3desk.core.planning.speed import default_threads, predict_speed
-from k3desk.core.private import write_private
+from k3desk.core.private import private_dir, write_private
 from k3desk.core.process import spawn
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 from k3desk.core.tuning.identity import is_this_machine, machine_key
@@ -227,7 +227,7 @@ def write_probe_models(
     """The probe models in ``work``, by type: the F16 source, and ``llama-quantize
     --pure`` of it to each other type (the source is deleted unless F16 is one of
     ``types``).  Nothing is left behind when it fails or is cancelled."""
-    work.mkdir(parents=True, exist_ok=True)
+    private_dir(work)
     free = shutil.disk_usage(work).free
     if free < DISK_NEEDED:
         raise EngineError(
@@ -268,7 +268,7 @@ def sole_check(work: Path) -> Iterator[None]:
     (kill -9, a power cut) left there.  The hold is the kernel's lock on the folder
     (flock): it ends with the process that took it, however that ends, so a folder
     held by nobody has nobody writing in it."""
-    work.mkdir(parents=True, exist_ok=True)
+    private_dir(work)
     fd = os.open(work, os.O_RDONLY)
     try:
         try:
@@ -605,7 +605,6 @@ class CpuProbeStore:
         ]
         records = [*kept, probe][-16:]
         payload = {"schema": SCHEMA, "probes": [asdict(p) for p in records]}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         write_private(self.path, json.dumps(payload, indent=1) + "\n")
 
 
