@@ -129,8 +129,29 @@ def _request(args: argparse.Namespace, services: Services) -> DownloadRequest:
         raise K3Error(
             "Which tier? Give a TIER_ID (see `k3desk tiers`) or --repo with --include.",
         )
+    if "/" in args.tier and args.tier not in services.catalog.ids:
+        raise _repository_given(args.tier, services)
     tier = services.catalog.get(args.tier)
     return DownloadRequest.from_tier(tier, revision=args.revision)
+
+
+def _repository_given(repo: str, services: Services) -> K3Error:
+    """What to say when a Hub repository (``owner/name``) is given where a tier id goes:
+    the tiers that repository holds, else ``--repo`` with ``--include``."""
+    tiers = [t for t in services.catalog.tiers if t.repo.lower() == repo.strip("/").lower()]
+    if tiers:
+        ids = ", ".join(t.id for t in tiers)
+        return K3Error(
+            f"'{repo}' is a Hub repository, not a tier id; the catalog's tiers from it: {ids}.",
+            f"Download one by its id (`k3desk download {tiers[0].id}`), or any of its files "
+            f"with --repo {repo} --include PATTERN.",
+        )
+    return K3Error(
+        f"'{repo}' looks like a Hub repository, not a tier id (see `k3desk tiers`).",
+        f"To download from a repository, name it with --repo and its files with --include: "
+        f"k3desk download --repo {repo} --include 'SET-*.gguf' (`k3desk search` lists the "
+        "sets a repository holds).",
+    )
 
 
 def run(args: argparse.Namespace, services: Services) -> int:

@@ -74,8 +74,8 @@ def _imatrix(t: Tier) -> str:
 
 
 def render(judged: TierJudgement, machine_name: str) -> str:
-    head = ("#", "tier", "publisher", "files", "size", "experts", "imatrix", "vision", "engines",
-            "fit on this machine")  # fmt: skip
+    head = ("#", "id", "tier", "publisher", "files", "size", "experts", "imatrix", "vision",
+            "engines", "fit on this machine")  # fmt: skip
     rows: list[tuple[str, ...]] = [head]
     for row in judged.rows:
         t = row.tier
@@ -86,6 +86,7 @@ def render(judged: TierJudgement, machine_name: str) -> str:
         rows.append(
             (
                 str(row.verdict.rank),
+                t.id,  # what `k3desk download` takes
                 name,
                 t.publisher,
                 "card" if t.known else "GUESSED",
@@ -121,6 +122,9 @@ def render(judged: TierJudgement, machine_name: str) -> str:
     best = judged.best
     if best is not None and best.plan is not None:
         lines.append(f"  Plan: {best.plan.reason}")
+    example = chosen or (judged.rows[0] if judged.rows else None)
+    if example is not None:
+        lines += ["", f"Download a tier by its id: `k3desk download {example.tier.id}`."]
     lines += [
         "",
         judged.ordering_rule,
@@ -167,6 +171,19 @@ def to_json(judged: TierJudgement, machine_name: str) -> dict[str, Any]:
             "stream_bytes": row.stream_bytes,
             "why_not": tv.why_not,
             "disk_note": tv.disk_note,
+            "fits_disk": tv.fits_disk,
+            # RAM missing for the whole model to stay resident, and how it would run then
+            "memory_short_bytes": tv.memory_short,
+            "resident": (
+                {
+                    "extra_ram_bytes": tv.resident.extra_ram,
+                    "verdict": tv.resident.verdict,
+                    "expected_tps": tv.resident.expected_tps,
+                    "tps_range": [tv.resident.low_tps, tv.resident.high_tps],
+                }
+                if tv.resident is not None
+                else None
+            ),
             "n_cpu_moe": row.n_cpu_moe,
             "expert_layers_on_cpu": row.expert_layers_on_cpu,
             "expert_layers_on_gpu": row.expert_layers_on_gpu,

@@ -28,8 +28,8 @@ def verdicts(wiz) -> dict[str, str]:  # type: ignore[no-untyped-def]
         (
             "no-gpu-laptop-32GB",
             None,
-            # every tier runs from mmap there, slowly: the fastest to stream is the pick
-            "6block-iq1s-xxs-832e",
+            # nothing fits in RAM: the tier missing the least, the one download its disk holds
+            "vcruz305-ud-iq1s",
             {"vcruz305-ud-iq1s": "streams from disk:", "atomicchat-q8_0": "streams from disk:"},
         ),
         (

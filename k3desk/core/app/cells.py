@@ -111,6 +111,8 @@ def pick_mark(picked: bool, fits: bool) -> str:
 
 
 PICK_TIPS = {
-    "★ ": "Recommended: the best tier that fits this machine.",
-    "☆ ": "The closest option: nothing fits this machine, and this one comes nearest.",
+    "★ ": "Recommended: the best tier that fits this machine (its download fits the free "
+    "disk, when any does).",
+    "☆ ": "The closest option: nothing fits in this machine's memory, and this one misses "
+    "it by the least (of the tiers whose download fits the free disk, when any does).",
 }

@@ -8,6 +8,7 @@ from k3desk.core.app.cluster_tiers import ClusterTierRow
 from k3desk.core.app.presenters import Cell, Tone
 from k3desk.core.app.tiers import TierRow, files_note
 from k3desk.core.catalog.model import Tier
+from k3desk.core.planning.recommend import sentence
 from k3desk.core.units import fmt_bytes
 
 COLUMNS = ("Tier", "Verdict", "Speed", "Size", "Quality", "Vision", "Engines")
@@ -46,6 +47,8 @@ def verdict_tip(row: TierRow) -> str:
     needs = [n.text() for n in row.needs]
     if needs:
         lines += ["", "Needs / usable here: " + "; ".join(needs)]
+    if tv.resident is not None:
+        lines.append(sentence(tv.resident.text()))
     if tv.why_not:
         lines += ["", f"Why not: {tv.why_not}"]
     return "\n".join(lines)
