@@ -96,6 +96,7 @@ class Automation(QObject):
             "engine_pid": self._engine_pid(),
             "background": built is not None and built.background is not None,
             "title": self.window.windowTitle(),
+            "visible": self.window.isVisible(),
             "size": [self.window.width(), self.window.height()],
             "screen": self._free_area(),
         }

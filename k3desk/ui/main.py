@@ -16,6 +16,7 @@ each with one JSON line (see :mod:`k3desk.ui.automation`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
+from k3desk.core.app.instance import claim, holder, socket_name
 from k3desk.core.app.values import K3Error, Settings
 from k3desk.ui.context import AppContext
 from k3desk.ui.errors import ErrorReporter, setup_logging
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 
 APP_ID = "k3desk"
 _SIGTERM_WAKE: list[object] = []
+_KEPT: list[object] = []  # the one-app lock and the socket second starts reach
 
 
 def gui_parser(prog: str = "k3desk-gui") -> argparse.ArgumentParser:
@@ -133,9 +136,19 @@ def run_gui(services: Services, args: Sequence[str], prog: str = "k3desk") -> in
     t0 = time.perf_counter()
     ns = parse_args(args, prog)
     app = ensure_app()
+    first, name = _claim(services)
+    if not first:
+        return _bring_forward(services, name, ns)
     ctx = create_context(services, app)
     ctx.reporter.install_hooks(ctx.tasks.run_on_main)
     window = build_window(ctx, ns)
+    if name:
+        from k3desk.ui.instance import InstanceServer
+
+        def show(request: dict[str, object]) -> None:
+            window.bring_forward(str(request.get("page") or ""))
+
+        _KEPT.append(InstanceServer(name, show, app))
     window.show()
     if (ctx.first_run or ns.wizard) and not ns.no_wizard:
         QTimer.singleShot(0, window.open_wizard)
@@ -151,6 +164,51 @@ def run_gui(services: Services, args: Sequence[str], prog: str = "k3desk") -> in
     if automation is not None:
         automation.close()
     return int(rc)
+
+
+def _claim(services: Services) -> tuple[bool, str]:
+    """Whether this is the home's one app (it then holds the lock for as long as it runs),
+    and the socket name second starts reach it by ("" when the runtime folder cannot
+    hold them: the app opens, alone or not)."""
+    try:
+        name = socket_name(services.paths)
+        lock = claim(services.paths)
+    except OSError as exc:
+        sys.stderr.write(f"k3desk: cannot tell whether k3desk is already open ({exc})\n")
+        return True, ""
+    if lock is None:
+        return False, name
+    _KEPT.append(lock)  # held until the process ends
+    return True, name
+
+
+def _bring_forward(services: Services, name: str, ns: argparse.Namespace) -> int:
+    """A second start: the running app brings its window forward; this one exits."""
+    from k3desk.ui.instance import ask_running
+
+    answer = ask_running(name, {"cmd": "show", "page": ns.page})
+    pid = answer.get("pid") if answer is not None else holder(services.paths)
+    automation = os.environ.get("K3DESK_AUTOMATION") == "1"
+    if answer is not None and answer.get("ok"):
+        if automation:
+            sys.stdout.write(json.dumps({"event": "forwarded", "pid": pid}) + "\n")
+        else:
+            sys.stdout.write(f"k3desk is already open (process {pid}): its window is in front.\n")
+        sys.stdout.flush()
+        return 0
+    why = (
+        f"k3desk is already open (process {pid}) but did not answer; wait for it, or end "
+        f"that process (kill {pid}) and start k3desk again."
+    )
+    if automation:
+        sys.stdout.write(json.dumps({"event": "not-answered", "pid": pid}) + "\n")
+        sys.stdout.flush()
+    sys.stderr.write(why + "\n")
+    if os.environ.get("QT_QPA_PLATFORM") != "offscreen":
+        from PySide6.QtWidgets import QMessageBox
+
+        QMessageBox.warning(None, "k3desk", why)
+    return 1
 
 
 def _quit_on_sigterm(app: QApplication) -> None:

@@ -34,13 +34,18 @@ class PageKey(StrEnum):
 
 class Page(QWidget):
     """A page of the main window.  :meth:`activated` runs each time it is shown,
-    :meth:`closing` once when the window closes."""
+    :meth:`closing` once when the window closes (and :meth:`reopening` when a window closed
+    with the engine kept is opened again)."""
 
     def activated(self) -> None:
         """Shown (again): refresh what may have changed meanwhile."""
 
     def closing(self) -> None:
         """The window is closing: let go of what the page holds."""
+
+    def reopening(self) -> None:
+        """The window closed with the engine kept opens again in the same process: take
+        up again what :meth:`closing` let go of."""
 
 
 class Navigator(Protocol):

@@ -3,8 +3,9 @@
 A window closed with "Keep it running" leaves a k3desk process without a window (see
 :mod:`k3desk.core.app.background`).  Where the desktop has a system tray, that process
 shows an icon there: its tooltip names the model and where it listens, "Open k3desk"
-starts the app again (which takes the engine up at once), and "Stop the engine" quits
-the process, which stops the engine as any exit does.
+opens that process's window again (the one app of this person, see
+:mod:`k3desk.ui.instance`: its engine, supervisor and conversation go on), and "Stop the
+engine" quits the process, which stops the engine as any exit does.
 """
 
 from __future__ import annotations
@@ -65,11 +66,16 @@ class KeeperTray(QObject):
 
     @classmethod
     def show_for(
-        cls, model: str, url: str, stop: Callable[[], None], parent: QObject | None = None
+        cls,
+        model: str,
+        url: str,
+        stop: Callable[[], None],
+        parent: QObject | None = None,
+        open_: Callable[[], None] = open_app,
     ) -> KeeperTray | None:
         """The icon, shown, where the desktop has a tray (None where it has none)."""
         if not QSystemTrayIcon.isSystemTrayAvailable():
             return None
-        tray = cls(model, url, stop, parent=parent)
+        tray = cls(model, url, stop, open_, parent=parent)
         tray.icon.show()
         return tray

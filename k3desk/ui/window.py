@@ -166,6 +166,7 @@ class MainWindow(QMainWindow):
         # hook answer in advance)
         self.close_choice: CloseChoice | None = None
         self._closing = False
+        self._quit_when_failed = False  # the engine kept without a window: quit if it fails
         self._pages: dict[PageKey, Page] = {}
         self._wizard: TierWizard | None = None
         self.tray: KeeperTray | None = None  # shown once the window closes, keeping the engine
@@ -439,8 +440,52 @@ class MainWindow(QMainWindow):
         engine = self.ctx.engine
         ep = engine.endpoint()
         self.tray = KeeperTray.show_for(
-            engine.model_name() or "the model", ep.url if ep else "", app.quit, parent=app
+            engine.model_name() or "the model",
+            ep.url if ep else "",
+            app.quit,
+            parent=app,
+            open_=self.bring_forward,
         )
+
+    def _keeper_failed(self, _message: str, _hint: str) -> None:
+        """The engine kept without a window gave up: nothing is left to keep."""
+        app = QApplication.instance()
+        if app is not None and not self.isVisible():
+            app.quit()
+
+    def bring_forward(self, page: str = "") -> None:
+        """A second start (or the tray's Open) asks for the app: the window comes to the
+        front, opened again when it was closed with the engine kept (this process, its
+        supervisor and its conversation go on; nothing is taken up twice)."""
+        if self._closing:
+            self._reopen()
+        if page and page in {p.key.value for p in PAGES}:
+            self.show_page(page)
+        self.setWindowState(
+            (self.windowState() & ~Qt.WindowState.WindowMinimized) | Qt.WindowState.WindowActive
+        )
+        self.show()
+        self.raise_()
+        self.activateWindow()
+
+    def _reopen(self) -> None:
+        self._closing = False
+        self.close_choice = None
+        app = QApplication.instance()
+        if isinstance(app, QApplication):
+            app.setQuitOnLastWindowClosed(True)
+        engine = self.ctx.engine_if_built
+        if engine is not None:
+            if self._quit_when_failed:
+                self._quit_when_failed = False
+                engine.failed.disconnect(self._keeper_failed)
+            engine.stop_keeping()
+        if self.tray is not None:
+            self.tray.icon.hide()
+            self.tray.deleteLater()
+            self.tray = None
+        for page in self._pages.values():
+            page.reopening()
 
     def closeEvent(self, event: QCloseEvent) -> None:
         engine = self.ctx.engine_if_built
@@ -454,7 +499,8 @@ class MainWindow(QMainWindow):
                 if isinstance(app, QApplication) and engine.supervisor is not None:
                     app.setQuitOnLastWindowClosed(False)  # this process keeps the engine
                     # ... until it gives up (then there is nothing left to keep)
-                    engine.failed.connect(lambda _m, _h: app.quit())
+                    engine.failed.connect(self._keeper_failed)
+                    self._quit_when_failed = True
                     self._show_tray(app)
             elif choice == "stop" and engine.background is not None:
                 engine.stop_background_now()

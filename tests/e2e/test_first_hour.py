@@ -6,8 +6,9 @@ things are and what is shown; a picture of the screen is taken at each step.
 
 Wizard to the Engine step (the engine found in this environment) -> Finish -> Models: add a
 local model -> Chat with it -> a question with an image gets an answer -> the header's picker:
-another model, asked first -> a new conversation on it -> close, keeping the engine -> reopen:
-the same engine, the conversation continues -> close, stopping it: nothing is left running.
+another model, asked first -> a new conversation on it -> close, keeping the engine -> start
+again: the running app's window comes back (no second app), the same engine, the conversation
+continues -> close, stopping it: nothing is left running.
 
 The pictures go to $K3DESK_JOURNEY_SHOTS when set (to look at them), else to the test's
 temporary folder.
@@ -339,31 +340,33 @@ def test_the_first_hour_in_a_real_window(  # type: ignore[no-untyped-def]
     assert first.proc.poll() is None  # the keeper, windowless
     assert psutil.pid_exists(pid)
 
-    # 6. reopen: the same engine, the conversation left open, continued
-    second = start(apps, desktop, home)
-    state = second.until(lambda s: s["engine"] == "ready", "state", 60)
+    # 6. start again (the launcher's `k3desk`): no second app; the running one opens its
+    # window again, with the same engine and the conversation left open, and it continues
+    again = WindowedApp(desktop, home)
+    apps.append(again)
+    assert again.next(timeout=120) == {"event": "forwarded", "pid": first.proc.pid}
+    assert again.proc.wait(timeout=30) == 0
+    state = first.until(lambda s: s["visible"] and s["engine"] == "ready", "state", 60)
     assert state["wizard"] is False
-    assert state["background"] is True
+    assert state["background"] is False  # this process's own engine, never taken up twice
     assert state["engine_pid"] == pid  # nothing reloaded
-    chat = second.until(lambda c: len(c["messages"]) == 2, "chat", 30)
+    chat = first.until(lambda c: len(c["messages"]) == 2, "chat", 30)
     assert chat["messages"][0]["content"] == "Still there?"
-    assert "kept in the background" in chat["model"], chat
-    header = second.ok("picker")  # a long header ends in "…" (the whole as its tooltip)
+    header = first.ok("picker")  # a long header ends in "…" (the whole as its tooltip)
     assert header["whole"], shown(header)
     assert header["choices"][1:] == ["Load Tiny-K3-IQ1_S"], header  # not the one kept
-    listed = second.ok("conversations")["titles"]
+    listed = first.ok("conversations")["titles"]
     assert len(listed) >= 2, listed  # the one with the picture is there too
-    second.ok("send", text="And once more", max_tokens=12)
-    chat = second.until(lambda c: len(c["messages"]) == 4 and not c["streaming"], "chat", 120)
+    first.ok("send", text="And once more", max_tokens=12)
+    chat = first.until(lambda c: len(c["messages"]) == 4 and not c["streaming"], "chat", 120)
     assert chat["messages"][3]["role"] == "assistant"
     assert chat["messages"][3]["content"]
-    shots.take(second, "reopened-continued")
+    shots.take(first, "reopened-continued")
 
-    # 7. close, stopping it: the keeper, the window and llama-server all end
+    # 7. close, stopping it: the app, its window and llama-server all end
     desktop.key("alt+F4")
-    second.dialog()
-    second.click("Stop the engine")
-    assert second.proc.wait(timeout=60) == 0
-    first.proc.wait(timeout=60)
+    first.dialog()
+    first.click("Stop the engine")
+    assert first.proc.wait(timeout=60) == 0
     assert gone_within(pid, 30)
     assert llama_servers_for(home) == []

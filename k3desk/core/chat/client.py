@@ -54,6 +54,10 @@ class AuthError(ChatError):
     """The server refused the API key (or wanted one)."""
 
 
+class ClientClosed(ChatError):
+    """The client was closed (by another thread) while a request was on its way."""
+
+
 class UndescribedError(ChatError):
     """The server answers but does not say what it is or serves (no /props, no models)."""
 
@@ -232,6 +236,7 @@ class ChatClient:
         self._caps: Capabilities | None = None
         self._undescribed = False  # asked once, and it would not say: the common form
         self._lock = threading.Lock()
+        self._closed = False
 
     def __enter__(self) -> ChatClient:
         return self
@@ -240,7 +245,20 @@ class ChatClient:
         self.close()
 
     def close(self) -> None:
+        """Close the client (from any thread): a request on its way on another thread
+        ends with :class:`ClientClosed`, a stream as cancelled."""
+        self._closed = True
         self._http.close()
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def closed_error(self) -> ChatError:
+        return ClientClosed(
+            f"The chat client for {self.endpoint.root} was closed while a request was on "
+            "its way (the chat window closed).",
+            "Send it again once the chat is open.",
+        )
 
     # ---------------------------------------------------------- capabilities
 
@@ -434,6 +452,8 @@ class ChatClient:
         the server cannot be reached or sends more."""
         ep = self.endpoint
         self.check_owner()
+        if self.is_closed():
+            raise self.closed_error()
         try:
             with self._http.stream(method, ep.url(path), json=body) as resp:
                 if resp.status_code >= 400:
@@ -444,6 +464,12 @@ class ChatClient:
                 return resp.status_code, content
         except httpx.TransportError as exc:
             raise _transport_error(ep, exc, before_answer=True) from None
+        except RuntimeError:
+            # httpx: "Cannot send a request, as the client has been closed" (closed by
+            # another thread after the check above)
+            if self.is_closed():
+                raise self.closed_error() from None
+            raise
         except (wire.TooLong, wire.UnknownEncoding) as exc:
             raise ChatError(
                 f"The server at {ep.root} answered {path} with more than k3desk reads: {exc}.",
@@ -702,7 +728,7 @@ class ChatStream:
         )
         self._cancel.on_cancel(self._abort)
         client.check_owner()
-        if self._cancel.cancelled:
+        if self._cancel.cancelled or client.is_closed():
             self._finished = True
             self.result = self._snapshot(partial=True, cancelled=True)
             raise _Cancelled
@@ -714,6 +740,13 @@ class ChatStream:
                 self.result = self._snapshot(partial=True, cancelled=True)
                 raise _Cancelled from None
             raise _transport_error(ep, exc, before_answer=True) from None
+        except RuntimeError:
+            if not client.is_closed():
+                raise
+            # the client closed after the check above (its window closed): as a stop
+            self._finished = True
+            self.result = self._snapshot(partial=True, cancelled=True)
+            raise _Cancelled from None
         self._response = resp
         if resp.status_code != 200:
             try:

@@ -233,6 +233,13 @@ class ChatController(QObject):
             self._store.close()
             self._store = None
 
+    def reopen(self) -> None:
+        """The window closed with the engine kept opens again: the chat goes on (a new
+        client and store on first use)."""
+        with self._client_lock:
+            self._closed = False
+        self.refresh_list()
+
     @property
     def streaming(self) -> bool:
         return self.stream is not None

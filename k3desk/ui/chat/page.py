@@ -938,5 +938,8 @@ class ChatPage(Page):
         self.ctx.remember(**{LAST_CONVERSATION_KEY: self.current_id()})
         self.chat.close()
 
+    def reopening(self) -> None:
+        self.chat.reopen()
+
     def controller(self) -> ChatController:
         return self.chat

@@ -378,6 +378,13 @@ class EngineController(QObject):
         self._write_record(ep)
         return True
 
+    def stop_keeping(self) -> None:
+        """The window of the process keeping the engine opened again: the engine is this
+        window's again (the record that it is kept goes until the next close keeps it)."""
+        if self.keeping:
+            self.keeping = False
+            background.forget(self.ctx.services.paths, os.getpid())
+
     def stop_background_now(self) -> None:
         """Stop the engine taken up from the background and wait for it (app exit)."""
         kept, self.background = self.background, None

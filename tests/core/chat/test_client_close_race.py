@@ -45,3 +45,29 @@ def test_a_request_connecting_while_the_client_closes_closes_its_socket(
     assert caps.vision  # the answer still arrived (the stand-in says it has vision)
     assert backend.sockets, "no connection was made"
     assert all(s.fileno() == -1 for s in backend.sockets), "a socket was left open"
+
+
+def test_a_request_started_after_another_thread_closed_the_client_is_a_chat_error(
+    standin: StandIn,
+) -> None:
+    """The window closes the client while a worker is about to ask the server what it is,
+    or to send a question: the worker gets a ChatError it handles (a stream ends as
+    stopped), never httpx's RuntimeError ("the client has been closed"), which reached a
+    person as "Something went wrong" on closing with "Keep it running"."""
+    from k3desk.core.chat.client import ChatMessage, ClientClosed
+    from k3desk.core.errors import ChatError
+
+    client = ChatClient(ChatEndpoint(standin.url))
+    client.capabilities()
+    client.close()
+    try:
+        client.capabilities(refresh=True)
+    except ChatError as exc:
+        assert isinstance(exc, ClientClosed)
+        assert "closed" in exc.message
+    else:
+        raise AssertionError("a closed client answered")
+    with client.stream([ChatMessage("user", "Hi")]) as st:
+        assert list(st) == []
+    assert st.result is not None
+    assert st.result.cancelled
