@@ -84,6 +84,10 @@ T_HUB = "tests/core/hub/test_hub_download.py"
 T_HOSTILE_HUB = "tests/hostile/test_hostile_hub.py"
 T_SQUAT = "tests/hostile/test_port_squatter.py"
 T_SAFEPATHS = "tests/core/test_safepaths.py"
+T_CREATED = "tests/hostile/test_created_files.py"
+T_CREATED_MODES = (
+    f"{T_CREATED}::test_a_download_makes_models_as_readable_as_their_folder_and_records_private"
+)
 T_NAMES = (
     f"{T_HOSTILE_HUB}::test_listed_names_that_leave_the_folder_are_refused_and_the_rest_lands[http]"
 )
@@ -203,10 +207,66 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "a-pipe-is-never-waited-on",
         "k3desk/core/private.py",
-        'fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0), FILE_MODE)',
-        'fd = os.open(path, flags | getattr(os, "O_NOCTTY", 0), FILE_MODE)',
+        'fd = os.open(path, flags | os.O_NONBLOCK | _NOFOLLOW | getattr(os, "O_NOCTTY", 0), mode)',
+        'fd = os.open(path, flags | _NOFOLLOW | getattr(os, "O_NOCTTY", 0), mode)',
         "tests/hostile/test_local_files.py::test_a_history_file_that_is_a_pipe_does_not_hang_chat_save",
         "a named pipe where a private file should be is refused, never waited on",
+    ),
+    m(
+        "temporaries-made-exclusively",
+        "k3desk/core/private.py",
+        "flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_CLOEXEC",
+        "flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC",
+        f"{T_CREATED}::test_a_temporary_file_is_never_written_through_a_link_at_its_own_name",
+        "a temporary file is a new file, made exclusively: a link at its name is not followed",
+    ),
+    m(
+        "models-never-writable-by-others",
+        "k3desk/core/private.py",
+        "bits = os.stat(folder).st_mode & (SHARED_DIR_MODE & ~DIR_MODE)",
+        "bits = os.stat(folder).st_mode & 0o077",
+        T_CREATED_MODES,
+        "a model is as readable as the folder the person chose, never writable by others",
+    ),
+    m(
+        "model-modes-explicit",
+        "k3desk/core/private.py",
+        "        os.chmod(src, mode)\n",
+        "        pass\n",
+        T_CREATED_MODES,
+        "a downloaded model's mode is k3desk's (0644 in a shared folder), not the umask's",
+    ),
+    m(
+        "created-folders-exact",
+        "k3desk/core/private.py",
+        "os.chmod(current, mode)  # mkdir's mode passes through the umask: exact",
+        "pass",
+        T_CREATED_MODES,
+        "a folder k3desk makes has its mode whatever the umask (077 included)",
+    ),
+    m(
+        "links-in-the-state-folder-refused",
+        "k3desk/core/private.py",
+        "            if os.path.islink(os.path.join(dirpath, name)):",
+        "            if False:",
+        f"{T_CREATED}::test_a_link_planted_in_the_state_folder_is_refused_by_name_and_not_followed",
+        "a link planted in a download folder's .k3desk/ is refused, naming it",
+    ),
+    m(
+        "a-linked-state-folder-refused",
+        "k3desk/core/private.py",
+        '    if stat.S_ISLNK(mode):\n        return "is a symbolic link"',
+        '    if False:\n        return "is a symbolic link"',
+        f"{T_CREATED}::test_a_link_planted_in_the_state_folder_is_refused_by_name_and_not_followed",
+        "a .k3desk/ (or a folder in it) that is a link is refused, naming it, never followed",
+    ),
+    m(
+        "header-cache-private",
+        "k3desk/core/hub/headers.py",
+        "        own_dir(folder, below=private_dir(cache_dir))",
+        "        folder.mkdir(parents=True, exist_ok=True)",
+        f"{T_CREATED}::test_the_header_cache_of_a_remote_plan_is_private",
+        "the header cache of a remote plan is 0700/0600 whatever the umask",
     ),
     # -------------------------------------------------------------------- paths
     m(
@@ -380,6 +440,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "if False:",
         f"{T_RULES}::test_a_part_named_as_no_part_of_a_set_is_refused",
         "a split part named as no part can be (-00010-of-00009) is refused, as llama.cpp does",
+    ),
+    m(
+        "validate-vocabulary-known-by-all-its-bytes",
+        VALIDATE,
+        "seen = digest(buf)",
+        "seen = digest(buf[: len(buf) // 2])",
+        "tests/core/gguf/test_gguf_vocabcache.py::"
+        "test_a_vocabulary_changed_in_its_last_token_is_compared_again",
+        "a vocabulary is taken as checked for duplicates only when every byte is the same",
     ),
     m(
         "reader-dimension-limit",

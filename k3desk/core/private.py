@@ -166,8 +166,8 @@ def _open_regular(path: Path, flags: int, mode: int = FILE_MODE) -> int:
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise OSError(errno.EINVAL, "it is not a regular file (a pipe or a device)", str(path))
-    if st.st_uid == os.getuid() and st.st_mode & 0o777 & ~mode:
-        os.fchmod(fd, st.st_mode & 0o777 & mode)
+    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & ~mode:
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) & mode)
     os.set_blocking(fd, True)
     return fd
 

@@ -75,7 +75,8 @@ def untouched(v: Path) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("shared", "files", "folders"), [(0o755, 0o644, 0o755), (0o700, 0o600, 0o700)]
+    ("shared", "files", "folders"),
+    [(0o755, 0o644, 0o755), (0o1777, 0o644, 0o755), (0o750, 0o640, 0o750), (0o700, 0o600, 0o700)],
 )
 @pytest.mark.parametrize("transport", ["http", "hub"])
 def test_a_download_makes_models_as_readable_as_their_folder_and_records_private(
@@ -86,14 +87,18 @@ def test_a_download_makes_models_as_readable_as_their_folder_and_records_private
     files: int,
     folders: int,
 ) -> None:
-    """The folder the person chose (here made 0755, a shared models folder, or 0700)
-    decides who may read the models; nobody else may ever write them or the records."""
+    """The folder the person chose (a shared models folder: 0755, or 1777 as /tmp is,
+    or a group's 0750, or a private 0700) decides who may read the models; nobody else
+    may ever write them or the records.  The modes are k3desk's, not the umask's: the
+    same under umask 000 and 077."""
     hostile_hub.add_repo(REPO_ID, GOOD)
     parent = tmp_path / "models"
     parent.mkdir()
     os.chmod(parent, shared)
     target = parent / "new" / "K3"  # made by the download, with the folder above it
 
+    # 000 lets everything through, 077 nothing: a shared folder's models are readable anyway
+    os.umask(0o077 if transport == "hub" and shared & 0o077 else 0)
     run = download(hostile_hub, target, transport=transport)
 
     assert run.error is None, run.error
@@ -173,6 +178,26 @@ def test_a_link_planted_in_the_state_folder_is_refused_by_name_and_not_followed(
     assert sorted(p.name for p in v.parent.iterdir()) == ["secret.txt"]
     assert link.is_symlink()  # left for the person to look at
     assert not (target / "IQ1_S").exists()
+
+
+def test_a_temporary_file_is_never_written_through_a_link_at_its_own_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Even at the very name a temporary file is given (a fresh random one, here made
+    known), a planted link is not followed: the file is created exclusively."""
+    from k3desk.core import private
+
+    monkeypatch.setattr(private.secrets, "token_hex", lambda n: "known")
+    v = victim(tmp_path)
+    folder = tmp_path / "records"
+    folder.mkdir()
+    (folder / ".state.json.known.tmp").symlink_to(v)
+
+    with pytest.raises(FileExistsError):
+        private.write_private(folder / "state.json", '{"state": 1}')
+
+    assert untouched(v)
+    assert not (folder / "state.json").exists()
 
 
 def test_links_planted_in_the_header_cache_are_never_written_through(
