@@ -15,7 +15,7 @@ from k3desk.core.app.hardware import (
     fmt_bandwidth,
     fmt_read_rate,
 )
-from k3desk.core.app.values import Progress, fmt_bytes
+from k3desk.core.app.values import K3Error, Progress, fmt_bytes
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -42,8 +42,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--no-benchmark",
         action="store_true",
-        help="skip the short RAM bandwidth benchmark (estimated from the CPU model) and the "
-        "disk read measurement (up to 256 MiB of the largest GGUF file in the folder)",
+        help="skip the short RAM bandwidth benchmark (the figure kept from an earlier one is "
+        "shown, else an estimate from the CPU model) and the disk read measurement (up to "
+        "256 MiB of the largest GGUF file in the folder)",
+    )
+    p.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="measure the RAM bandwidth again and keep the new figure (it is measured once "
+        "per machine and kept, so that every view predicts the same speeds)",
     )
     p.add_argument(
         "--check-cpu",
@@ -69,6 +76,10 @@ def _progress(p: Progress) -> None:
 
 def run(args: argparse.Namespace, services: Services) -> int:
     disk = args.disk if args.disk is not None else services.paths.models_dir
+    if args.remeasure:
+        if args.no_benchmark:
+            raise K3Error("Give either --remeasure or --no-benchmark, not both.")
+        services.measure_ram_again()
     profile = services.detect_hardware(disk, measure_bandwidth=not args.no_benchmark)
     if not args.no_benchmark:
         profile = services.with_measured_disk(profile)

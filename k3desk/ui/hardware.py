@@ -91,7 +91,7 @@ class HardwareController(QObject):
         target = disk or self._disk()
 
         def work(_t: CancelToken) -> tuple[HardwareProfile, Subject]:
-            # the quick form: the RAM bandwidth is estimated, not measured (a second saved)
+            # the RAM bandwidth kept for this machine (measured the first time only)
             hw = self.ctx.services.this_machine(target)
             return hw, Subject.this_machine(hw)
 

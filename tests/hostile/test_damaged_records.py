@@ -25,6 +25,8 @@ from k3desk.core.cluster.endpoints import EndpointStore
 from k3desk.core.cluster.nodes import ClusterError
 from k3desk.core.engines.probe import CACHE_FILE, cached_probe
 from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.hardware.ram_rate import RECORD_FILE as RAM_RECORD
+from k3desk.core.hardware.ram_rate import RamBandwidthStore
 from k3desk.core.paths import AppPaths, default_paths
 from k3desk.core.planning.estimate import estimate_layout
 from k3desk.core.planning.model import PlanOptions
@@ -96,6 +98,11 @@ def read_probe_cache(paths: AppPaths) -> tuple[object, str]:
     return cached_probe(engine, paths), ""
 
 
+def read_ram_bandwidth(paths: AppPaths) -> tuple[object, str]:
+    store = RamBandwidthStore(paths.state)
+    return store.get(machine_key(_machine())), store.note
+
+
 def read_endpoints(paths: AppPaths) -> tuple[object, str]:
     try:
         return EndpointStore(paths).load() or None, ""
@@ -115,6 +122,7 @@ STORES: dict[str, tuple[Callable[[AppPaths], Path], Callable[[AppPaths], tuple[o
     "measured speeds": (lambda p: p.state / "speed-measured.json", read_calibration),
     "tuned launch": (lambda p: p.state / "tuned-launch.json", read_tuned),
     "probe cache": (lambda p: p.cache / CACHE_FILE, read_probe_cache),
+    "RAM bandwidth": (lambda p: p.state / RAM_RECORD, read_ram_bandwidth),
     "endpoints": (lambda p: p.config / "endpoints.json", read_endpoints),
     "settings": (lambda p: p.settings_file, read_settings),
 }

@@ -88,18 +88,51 @@ class Services:
     def detect_hardware(
         self, disk_path: Path | None = None, *, measure_bandwidth: bool = True
     ) -> HardwareProfile:
-        """This machine's profile, detected once per disk path (free space included)."""
+        """This machine's profile, detected once per disk path (free space included).
+
+        Its RAM bandwidth is the one figure kept for this machine
+        (:mod:`k3desk.core.hardware.ram_rate`), so every view predicts the same speeds:
+        measured now when none is kept yet, unless ``measure_bandwidth`` is False
+        (then, with none kept, estimated from the CPU model)."""
         key = (str(disk_path) if disk_path is not None else "", measure_bandwidth)
         if key not in self._hardware:
             from k3desk.core.hardware.detect import detect_hardware
 
-            self._hardware[key] = detect_hardware(disk_path, measure_bandwidth=measure_bandwidth)
+            hw = detect_hardware(disk_path, measure_bandwidth=False)
+            self._hardware[key] = self._kept_bandwidth(hw, measure=measure_bandwidth)
         return self._hardware[key]
 
+    def _kept_bandwidth(
+        self, hw: HardwareProfile, *, measure: bool, again: bool = False
+    ) -> HardwareProfile:
+        from k3desk.core.hardware.bandwidth import with_ram_bandwidth
+        from k3desk.core.hardware.ram_rate import (
+            RamBandwidthStore,
+            kept_ram_bandwidth,
+            measure_here,
+        )
+        from k3desk.core.tuning.identity import machine_key
+
+        store = RamBandwidthStore(self.paths.state)
+        bw = kept_ram_bandwidth(
+            store, machine_key(hw), (lambda: measure_here(hw)) if measure else None, again=again
+        )
+        return with_ram_bandwidth(hw, bw) if bw is not None else hw
+
+    def measure_ram_again(self) -> HardwareProfile:
+        """Measure this machine's RAM bandwidth again and keep the new figure: every view
+        predicts with it from now on (``k3desk doctor --remeasure``)."""
+        from k3desk.core.hardware.detect import detect_hardware
+
+        self._hardware.clear()
+        return self._kept_bandwidth(
+            detect_hardware(None, measure_bandwidth=False), measure=True, again=True
+        )
+
     def this_machine(self, disk_path: Path | None = None) -> HardwareProfile:
-        """The machine k3desk runs on, in the quick form a launch plans with (the RAM
-        bandwidth estimated, not measured: a second saved)."""
-        return self.detect_hardware(disk_path, measure_bandwidth=False)
+        """The machine k3desk runs on, as launches plan for it and the pages judge it
+        (the RAM bandwidth kept for it: see :meth:`detect_hardware`)."""
+        return self.detect_hardware(disk_path)
 
     def with_disk_rate(self, opts: PlanOptions, shard: Path) -> PlanOptions:
         """``opts`` with the read rate of the disk holding ``shard`` on this machine:

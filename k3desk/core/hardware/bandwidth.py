@@ -306,6 +306,18 @@ def _override(gb_s: float, what: str) -> Bandwidth:
     return Bandwidth(gb_s * GB_S, "override", f"set by the user: {gb_s:g} GB/s")
 
 
+def with_ram_bandwidth(profile: HardwareProfile, bw: Bandwidth) -> HardwareProfile:
+    """``profile`` with ``bw`` as its RAM bandwidth, and as that of each unified-memory
+    GPU whose figure was the RAM's (no published one: see :func:`detect_hardware`)."""
+    gpus = tuple(
+        replace(g, bandwidth=replace(bw, note="unified memory: " + bw.note))
+        if g.unified_memory and g.bandwidth.note.startswith("unified memory: ")
+        else g
+        for g in profile.gpus
+    )
+    return replace(profile, memory=replace(profile.memory, bandwidth=bw), gpus=gpus)
+
+
 def fill_missing_bandwidths(profile: HardwareProfile) -> HardwareProfile:
     """Keep every figure a profile (e.g. a hardware file) gives; fill only unknown ones.
 

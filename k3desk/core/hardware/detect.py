@@ -27,6 +27,7 @@ from k3desk.core.hardware.bandwidth import (
 from k3desk.core.hardware.disk_rate import table_read_rate
 from k3desk.core.hardware.nvidia import detect_nvidia
 from k3desk.core.hardware.profile import CpuInfo, DiskInfo, HardwareProfile, MemoryInfo
+from k3desk.core.hardware.ram_rate import benchmark_bytes
 
 REAL_ROOT = Path("/")
 
@@ -510,9 +511,9 @@ def detect_hardware(
     nv = detect_nvidia(nvml, ram_total=memory.usable_total, ram_available=ram_for_gpu)
 
     if measure_bandwidth:
-        budget = max(16 * 1024**2, min(256 * 1024**2, memory.available // 16))
         ram_bw = measure_ram_bandwidth(
-            buffer_bytes=budget, threads=benchmark_threads(cpu.usable_cores)
+            buffer_bytes=benchmark_bytes(memory.available),
+            threads=benchmark_threads(cpu.usable_cores),
         )
     else:
         ram_bw = estimate_ram_bandwidth(cpu.model, cpu.sockets)
