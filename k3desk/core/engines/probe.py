@@ -15,13 +15,14 @@ import hashlib
 import json
 import os
 import re
+import stat
 import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from k3desk.core.engines.canary import write_k3_gguf, write_mlp_projector
 from k3desk.core.engines.crash import classify_exit
@@ -47,8 +48,10 @@ from k3desk.core.planning.argv import (
     canary_args,
 )
 from k3desk.core.private import write_private
+from k3desk.core.process import OUTPUT_LIMIT
 from k3desk.core.process import run as run_child
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
+from k3desk.core.safepaths import mode_kind
 
 PROBE_SCHEMA = 3
 CACHE_FILE = "engine-probes.json"
@@ -280,19 +283,49 @@ def backends_of(executable: Path, devices: Sequence[str]) -> tuple[str, ...]:
 
 
 # ------------------------------------------------------------ running
-def _run(argv: Sequence[str], timeout: float) -> tuple[int | None, str]:
+class _Step(NamedTuple):
+    """One short run of the engine: its exit status (None: it did not finish in time,
+    -1000: it could not be started), its output, and what it did that llama-server never
+    does ("": nothing), as a clause."""
+
+    rc: int | None
+    out: str
+    odd: str = ""
+
+
+def _run(argv: Sequence[str], timeout: float) -> _Step:
+    """``argv`` run to its end, its output bounded (a llama-server's ``--help`` is some
+    40 kB; one that prints more than :data:`OUTPUT_LIMIT` is ended there), and whatever
+    it left running ended and said."""
     try:
         p = run_child(
             argv,
             timeout=timeout,
             merge_stderr=True,
             env={**os.environ, **launch_env()},  # --list-devices in NVML's order
+            end_past_limit=True,
         )
     except subprocess.TimeoutExpired as exc:
-        return None, exc.stdout if isinstance(exc.stdout, str) else ""
+        return _Step(None, exc.stdout if isinstance(exc.stdout, str) else "")
     except OSError as exc:
-        return -1000, str(exc)
-    return p.returncode, p.stdout
+        return _Step(-1000, str(exc))
+    flag = f"`{argv[-1]}`"
+    if p.cut_off or p.discarded:
+        odd = (
+            f"{flag} printed more than {OUTPUT_LIMIT >> 20} MiB and was ended there "
+            "(llama-server prints a few lines)"
+        )
+        return _Step(p.returncode, p.stdout, odd)
+    if p.left_running:
+        n = len(p.left_running)
+        which = ", ".join(str(pid) for pid in p.left_running[:5])
+        odd = (
+            f"{flag} left {n} process{'es' if n > 1 else ''} running after it ended "
+            f"(k3desk ended {'them' if n > 1 else 'it'}: process {which}); "
+            "llama-server leaves none"
+        )
+        return _Step(p.returncode, p.stdout, odd)
+    return _Step(p.returncode, p.stdout)
 
 
 def _cache_path(paths: AppPaths) -> Path:
@@ -368,21 +401,22 @@ def probe_engine(
         progress(Progress("probe", n, 5, detail))
 
     step(0, "--version")
-    rc, out = _run([str(exe), "--version"], 20.0)
-    if rc is None or rc != 0:
-        problem = _version_problem(rc, out)
-        result = ProbeResult(**base, runs=False, run_problem=problem, probed_at=time.time())
-        _save_cache(paths, key, result)
-        return result
+    rc, out, odd = _run([str(exe), "--version"], 20.0)
+    if odd or rc is None or rc != 0:
+        return _does_not_run(paths, key, base, odd or _version_problem(rc, out))
     version, build = parse_version(out)
 
     step(1, "--help")
-    _, help_text = _run([str(exe), "--help"], 20.0)
+    _, help_text, odd = _run([str(exe), "--help"], 20.0)
+    if odd:
+        return _does_not_run(paths, key, base, odd)
     known = parse_help_flags(help_text)
     flags = {f: f in known for f in FLAGS}
 
     step(2, "--list-devices")
-    _, dev_text = _run([str(exe), "--list-devices"], 30.0)
+    _, dev_text, odd = _run([str(exe), "--list-devices"], 30.0)
+    if odd:
+        return _does_not_run(paths, key, base, odd)
     devices = parse_devices(dev_text)
     backends = backends_of(exe, devices)
 
@@ -414,14 +448,26 @@ def probe_engine(
     return result
 
 
+def _does_not_run(paths: AppPaths, key: str, base: dict[str, Any], problem: str) -> ProbeResult:
+    result = ProbeResult(**base, runs=False, run_problem=problem, probed_at=time.time())
+    _save_cache(paths, key, result)
+    return result
+
+
 def _engine_file(exe: Path) -> os.stat_result:
-    """``exe``'s status, once it is an executable file (EngineError otherwise)."""
+    """``exe``'s status, once it is an executable regular file (EngineError otherwise:
+    a named pipe, a device or a socket is named, never opened or run)."""
     try:
         st = exe.stat()
     except OSError as exc:
         raise EngineError(
             f"Engine {exe} does not exist.", "Run `k3desk engine list` to see the engines found."
         ) from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise EngineError(
+            f"Engine {exe} is {mode_kind(st.st_mode)}, not a program.",
+            "Choose the llama-server executable itself.",
+        )
     if not os.access(exe, os.X_OK):
         raise EngineError(f"Engine {exe} is not executable.", f"Run `chmod +x {exe}`.")
     return st
@@ -565,10 +611,7 @@ def probe_projector(
     means it knows the type.  Cached like :func:`probe_engine`.
     """
     exe = Path(executable).expanduser().absolute()
-    try:
-        st = exe.stat()
-    except OSError as exc:
-        raise EngineError(f"Engine {exe} does not exist.") from exc
+    st = _engine_file(exe)
     key = f"{_cache_key(exe, st)}|mmproj:{projector_type}"
     if use_cache:
         hit = _load_cache(paths).get(key)
