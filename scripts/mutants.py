@@ -82,6 +82,7 @@ T_SUP = "tests/core/engines/test_engine_supervisor.py"
 T_FAULTS = "tests/core/engines/test_engine_faults.py"
 T_HUB = "tests/core/hub/test_hub_download.py"
 T_HOSTILE_HUB = "tests/hostile/test_hostile_hub.py"
+T_HUB_BOUNDS = "tests/hostile/test_hub_bounds.py"
 T_SQUAT = "tests/hostile/test_port_squatter.py"
 T_SAFEPATHS = "tests/core/test_safepaths.py"
 T_CREATED = "tests/hostile/test_created_files.py"
@@ -877,6 +878,82 @@ MUTANTS: tuple[Mutant, ...] = (
         "tests/core/engines/test_engine_install.py::"
         "test_install_streams_progress_and_lands_atomically",
         "the build bar never reads 100 % before the engine is installed and runs",
+    ),
+    m(
+        "hub-set-header-cap-512-mib",
+        "k3desk/core/hub/headers.py",
+        "MAX_SET_BYTES = 512 * MiB",
+        "MAX_SET_BYTES = 2048 * MiB",
+        f"{T_HUB_BOUNDS}::test_a_set_whose_headers_together_pass_512_mib_is_refused_there",
+        "reading one set's headers on the Hub stops at 512 MiB received",
+    ),
+    m(
+        "hub-set-header-cap-gone",
+        "k3desk/core/hub/headers.py",
+        '"the headers of this set", MAX_SET_BYTES, _set_too_long,',
+        '"the headers of this set", 1 << 62, _set_too_long,',
+        f"{T_HUB_BOUNDS}::test_a_set_whose_headers_together_pass_512_mib_is_refused_there "
+        f"{T_HUB_BOUNDS}::test_a_search_counts_every_header_byte_it_receives_and_stops_at_its_budget",
+        "a set's header reads are capped as a whole, not only part by part",
+    ),
+    m(
+        "hub-part-received-cap-gone",
+        "k3desk/core/hub/headers.py",
+        "        MAX_PART_BYTES + MAX_STEP,\n        _part_too_long,",
+        "        1 << 62,\n        _part_too_long,",
+        f"{T_HUB_BOUNDS}::test_a_part_sent_again_and_again_counts_every_attempt_against_its_cap",
+        "what one part's header may make k3desk receive is capped, its retries included",
+    ),
+    m(
+        "hub-listing-page-seen-again",
+        "k3desk/core/hub/listing.py",
+        "        if nxt in seen_pages:",
+        "        if False:",
+        f"{T_HUB_BOUNDS}::"
+        "test_listing_pages_that_go_round_in_a_circle_stop_at_the_first_page_seen_again",
+        "a listing page asked for twice (pages in a circle) stops the listing",
+    ),
+    m(
+        "pick-ignores-the-disk",
+        "k3desk/core/planning/recommend.py",
+        "    pool = on_disk if any(v.plan is not None for v in on_disk) else eligible",
+        "    pool = eligible",
+        "tests/core/app/test_first_answer.py",
+        "the pick's download fits the free disk whenever any tier's does",
+    ),
+    m(
+        "closest-by-streaming-speed",
+        "k3desk/core/planning/recommend.py",
+        "    closest = min(misses, key=lambda v: (v.memory_short, v.rank)) if misses else None",
+        "    closest = max(misses, key=lambda v: v.plan.speed.expected_tps if v.plan else 0.0)"
+        " if misses else None",
+        "tests/core/app/test_first_answer.py",
+        "when nothing fits in memory, the closest is the tier missing the least memory",
+    ),
+    m(
+        "ram-bandwidth-measured-every-run",
+        "k3desk/core/hardware/ram_rate.py",
+        "        if kept is not None:\n            return kept.bandwidth()",
+        "        if kept is not None:\n            pass",
+        "tests/core/hardware/test_ram_rate.py",
+        "the RAM bandwidth is measured once per machine and kept for every later run",
+    ),
+    m(
+        "tiers-without-ids",
+        "k3desk/cli/tiers.py",
+        "                t.id,  # what `k3desk download` takes",
+        "                t.name,",
+        "tests/core/planning/test_planning_cli.py::"
+        "test_tiers_lists_every_tier_with_a_verdict_for_a_hardware_file",
+        "k3desk tiers prints each tier's id, the one k3desk download takes",
+    ),
+    m(
+        "repository-id-read-as-tier",
+        "k3desk/cli/download.py",
+        '    if "/" in args.tier and args.tier not in services.catalog.ids:',
+        "    if False:",
+        "tests/core/app/test_first_answer.py::test_download_of_a_repository_id_names_repo",
+        "k3desk download given owner/name names --repo",
     ),
 )
 

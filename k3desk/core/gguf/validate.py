@@ -72,6 +72,7 @@ from k3desk.core.gguf.reader import (
     read_header,
 )
 from k3desk.core.gguf.shards import ShardSet, discover
+from k3desk.core.gguf.vocabcache import CheckedVocabularies, digest
 from k3desk.core.k3arch import K3Shape, is_expert_tensor, layer_of, loader_tensors, same_shape
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 from k3desk.core.safepaths import what_is
@@ -234,6 +235,8 @@ _PRE_TOKENIZERS = frozenset((
     "hunyuan-dense", "hy_v4", "joyai-llm", "kimi-k2", "ufakzeka", "grok-2", "afmoe",
     "laguna", "minimax-m2", "solar-open", "mellum2",
 ))  # fmt: skip
+# the record of vocabularies found free of duplicates, in k3desk's cache folder
+APP_VOCABULARIES = CheckedVocabularies()
 _CONVERTER_HINT = (
     "The file comes from an incompatible or outdated converter: use a current "
     "conversion (see `k3desk tiers`)."
@@ -296,9 +299,12 @@ def _per_layer(h: GGUFHeader, name: str, default: list[int], n_layer: int) -> li
 
 
 class _Checker:
-    def __init__(self, shards: ShardSet, tiers: Iterable[Tier]) -> None:
+    def __init__(
+        self, shards: ShardSet, tiers: Iterable[Tier], checked: CheckedVocabularies | None
+    ) -> None:
         self.shards = shards
         self.tiers = tuple(tiers)
+        self.checked = checked
         self.notes: list[str] = []
         self.suspicious: list[str] = []
 
@@ -959,8 +965,17 @@ class _Checker:
         key = "tokenizer.ggml.tokens"
         if h.get("tokenizer.ggml.model") in _NO_VOCAB or h.elem_type(key) != STRING:
             return  # llama.cpp reads no token (see vocab_size)
-        dup = h.first_duplicate(key)
-        if dup is not None:
+        buf = h.array_bytes(key)
+        store, seen = self.checked, ""
+        if store is not None:
+            seen = digest(buf)
+            if store.known(seen):
+                return  # these very bytes were found free of duplicates (vocabcache)
+        dup = h.first_duplicate(key, buf)
+        if dup is None:
+            if store is not None:
+                store.add(seen)
+        else:
             j, i, word = dup
             raise self.fail(
                 f"{self.label(0)}: tokens {j:,} and {i:,} of tokenizer.ggml.tokens are both "
@@ -1125,6 +1140,7 @@ def inspect_shard_set(
     tiers: Iterable[Tier] = (),
     progress: ProgressCallback = no_progress,
     cancel: CancelToken | None = None,
+    checked: CheckedVocabularies | None = APP_VOCABULARIES,
 ) -> ValidationReport:
     """Validate the set ``path`` belongs to; return its layout and findings.
 
@@ -1132,10 +1148,12 @@ def inspect_shard_set(
     set llama.cpp b11434 refuses but whose files are whole comes back with
     ``suspicious`` findings.  ``tiers`` (the catalog) only improves the advice
     in error messages: a part recognised as a tier's gets "download it again
-    with `k3desk download <tier>`".
+    with `k3desk download <tier>`".  ``checked``: the vocabularies already found
+    free of duplicate tokens (k3desk's cache folder by default; None: compare the
+    tokens every time).
     """
     shards = discover(path)
-    chk = _Checker(shards, tiers)
+    chk = _Checker(shards, tiers, checked)
     chk.check_names()
     if not shards.numbered:
         try:
@@ -1185,7 +1203,9 @@ def validate_shard_set(
     tiers: Iterable[Tier] = (),
     progress: ProgressCallback = no_progress,
     cancel: CancelToken | None = None,
+    checked: CheckedVocabularies | None = APP_VOCABULARIES,
 ) -> ModelLayout:
     """The layout of the shard set ``path`` belongs to; ValidationError if no llama.cpp
     build can load it (see :func:`inspect_shard_set` for the suspicious kind)."""
-    return inspect_shard_set(path, tiers=tiers, progress=progress, cancel=cancel).layout
+    report = inspect_shard_set(path, tiers=tiers, progress=progress, cancel=cancel, checked=checked)
+    return report.layout
