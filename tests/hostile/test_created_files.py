@@ -15,8 +15,6 @@ planted where k3desk writes is never followed.
 from __future__ import annotations
 
 import os
-import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,24 +28,11 @@ from k3desk.devtools.tinyk3 import TinyModel
 from tests.core.hub.test_hub_remote_headers import TINY, _tiny_files
 from tests.hostile.hostile_hub import HostileHub
 from tests.hostile.test_hostile_hub import GOOD, REPO_ID, download, landed
+from tests.hostile.test_private import mode, open_umask  # noqa: F401 - umask 000 here too
 from tests.hubserver import HubServer
 
 PART = "IQ1_S/K3-IQ1_S-00001-of-00002.gguf"
 SECRET = b"the downloading user's own private file\n"
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(path.lstat().st_mode)
-
-
-@pytest.fixture(autouse=True)
-def open_umask() -> Iterator[None]:
-    """The loosest umask a person might have: no mode may come from it."""
-    old = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 def modes_under(root: Path) -> dict[str, int]:
@@ -200,15 +185,23 @@ def test_a_temporary_file_is_never_written_through_a_link_at_its_own_name(
     assert not (folder / "state.json").exists()
 
 
-def test_links_planted_in_the_header_cache_are_never_written_through(
-    hub_server: HubServer, tiny_k3: TinyModel, hardware_file: Any, tmp_path: Path
-) -> None:
+@pytest.fixture
+def planned_once(
+    hub_server: HubServer, tiny_k3: TinyModel, hardware_file: Any
+) -> tuple[Services, RemotePlanRequest, Path]:
+    """A remote plan made once: (its services, its request, its header twin's folder)."""
     hub_server.add_repo(TINY, _tiny_files(tiny_k3))
     services = Services()
     request = RemotePlanRequest(
         TINY, hardware_file=hardware_file("no-gpu-laptop-32GB"), endpoint=hub_server.endpoint
     )
-    folder = plan_remote_set(services, request).headers.folder
+    return services, request, plan_remote_set(services, request).headers.folder
+
+
+def test_links_planted_in_the_header_cache_are_never_written_through(
+    planned_once: tuple[Services, RemotePlanRequest, Path], tmp_path: Path
+) -> None:
+    services, request, folder = planned_once
     v = victim(tmp_path)
     planted = [folder / (RECORD + ".tmp")]
     for twin in sorted(folder.rglob("*.gguf")):
@@ -224,14 +217,9 @@ def test_links_planted_in_the_header_cache_are_never_written_through(
 
 
 def test_a_header_cache_folder_that_is_a_link_is_refused_by_name(
-    hub_server: HubServer, tiny_k3: TinyModel, hardware_file: Any, tmp_path: Path
+    planned_once: tuple[Services, RemotePlanRequest, Path], tmp_path: Path
 ) -> None:
-    hub_server.add_repo(TINY, _tiny_files(tiny_k3))
-    services = Services()
-    request = RemotePlanRequest(
-        TINY, hardware_file=hardware_file("no-gpu-laptop-32GB"), endpoint=hub_server.endpoint
-    )
-    folder = plan_remote_set(services, request).headers.folder
+    services, request, folder = planned_once
     v = victim(tmp_path)
     repo_folder = folder.parent
     for p in sorted(repo_folder.rglob("*"), reverse=True):
