@@ -124,6 +124,7 @@ class Automation(QObject):
             "model": page.model_label.text(),
             "relaunch": page.relaunch_text(),
             "status": page.status.text(),
+            "notice": "" if page.composer.notice.isHidden() else page.composer.notice.text(),
         }
 
     def _read(self) -> None:

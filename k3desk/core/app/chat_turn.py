@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from k3desk.core.chat.client import (
     ChatClient,
@@ -48,12 +48,59 @@ def title_for(prompt: str) -> str:
 @dataclass(frozen=True)
 class TurnOutcome:
     """How a turn ended: the result (None when refused before any text), the stored
-    answer (with a record), the error that cut it short, and the server's context size."""
+    answer (with a record), the error that cut it short, the server's context size, and
+    how many of the conversation's earlier pictures were not sent (a model without
+    vision: :func:`without_pictures`)."""
 
     result: ChatResult | None
     answer: Message | None
     error: ChatError | None
     n_ctx: int | None = None
+    withheld: int = 0
+
+
+def withheld_text(count: int) -> str:
+    """What the chat says, once, of pictures a model without vision is not sent."""
+    pictures = "1 picture" if count == 1 else f"{count} pictures"
+    verb = "is" if count == 1 else "are"
+    return f"This model has no vision: {pictures} in this conversation {verb} not sent to it."
+
+
+def _picture_note(count: int) -> str:
+    return f"[{'a picture' if count == 1 else f'{count} pictures'} not sent: no vision]"
+
+
+def without_pictures(
+    client: ChatClient, messages: Sequence[ChatMessage]
+) -> tuple[list[ChatMessage], int]:
+    """The request for a model that cannot see: the pictures of the earlier messages
+    (kept in the history) left out, each such message saying in its text how many were
+    not sent, and their number; ``messages`` as they are when the server has vision,
+    does not say, or there are none.
+
+    llama-server refuses a whole request when any message holds an image and it was
+    started without a projector (llama.cpp b11434 tools/server/server-common.cpp,
+    ``oaicompat_content_load_media``: "image input is not supported"), so one picture
+    early in a conversation would otherwise break every later question once a model
+    without vision is loaded.  The question being asked keeps its pictures: those are
+    refused up front, by name (:func:`k3desk.core.chat.images.ensure_vision`)."""
+    earlier = list(messages[:-1])
+    count = sum(len(m.images) for m in earlier)
+    if count == 0:
+        return list(messages), 0
+    try:
+        vision = client.capabilities().vision
+    except ChatError:
+        return list(messages), 0  # the request itself says what is wrong
+    if vision is not False:
+        return list(messages), 0
+    kept = [
+        replace(m, images=(), content=f"{m.content}\n{_picture_note(len(m.images))}".strip())
+        if m.images
+        else m
+        for m in earlier
+    ]
+    return [*kept, messages[-1]], count
 
 
 class TurnRecord:
@@ -270,6 +317,7 @@ def run_turn(
     result: ChatResult | None = None
     error: ChatStreamError | None = None
     try:
+        messages, withheld = without_pictures(client, messages)
         with client.stream(messages, settings, cancel) as st:
             for d in st:
                 if record is not None:
@@ -290,4 +338,5 @@ def run_turn(
     if record is not None:
         answer = record.finish(result, NOTE_BROKEN if error is not None else "")
     caps = client.cached_capabilities()
-    return TurnOutcome(result, answer, error, caps.n_ctx if caps is not None else None)
+    n_ctx = caps.n_ctx if caps is not None else None
+    return TurnOutcome(result, answer, error, n_ctx, withheld)

@@ -46,6 +46,7 @@ from k3desk.core.app.chat_turn import (
     TurnOutcome,
     TurnRecord,
     run_turn,
+    withheld_text,
 )
 from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.app.values import CancelToken, ChatError
@@ -168,6 +169,8 @@ class ChatController(QObject):
     busy(bool): an answer is streaming.
     image_ready(object, object): an attachment passed the checks (PreparedImage, thumbnail).
     image_refused(str): why an attachment was refused.
+    withheld(str): the model answering has no vision, and the conversation's pictures
+        were not sent to it (said once per conversation and engine).
     exported(object): the Path a conversation was exported to.
     """
 
@@ -180,6 +183,7 @@ class ChatController(QObject):
     busy = Signal(bool)
     image_ready = Signal(object, object)  # PreparedImage, QImage thumbnail
     image_refused = Signal(str)
+    withheld = Signal(str)
     exported = Signal(object)
 
     def __init__(
@@ -204,6 +208,8 @@ class ChatController(QObject):
         self._client: ChatClient | None = None
         self._client_lock = threading.Lock()
         self._closed = False  # closed: no new client (a late background task gets a ChatError)
+        # (conversation, engine) pairs already told that pictures are not sent there
+        self._told: set[tuple[int, str]] = set()
         self.search_text = ""
         self._pending_settings: tuple[str, ChatSettings] | None = None
         ctx.ops.did_execute.connect(self._changed)
@@ -678,6 +684,14 @@ class ChatController(QObject):
         self.stream_finished.emit(done)
         self.busy.emit(False)
         self._emit_status()
+        self._tell_withheld(final.conversation_id, outcome.withheld)
+
+    def _tell_withheld(self, conversation_id: int, count: int) -> None:
+        endpoint = self.engine.chat_endpoint()
+        where = endpoint.root if endpoint is not None else ""
+        if count and (conversation_id, where) not in self._told:
+            self._told.add((conversation_id, where))
+            self.withheld.emit(withheld_text(count))
 
     def _failed(self, exc: BaseException) -> None:
         self._buffer.flush()

@@ -408,6 +408,7 @@ class ChatPage(Page):
         self.composer.image_pasted.connect(self.chat.prepare_bytes)
         self.chat.image_ready.connect(self._image_ready)
         self.chat.image_refused.connect(self.composer.show_notice)
+        self.chat.withheld.connect(self.composer.show_notice)
         self.chat.conversations.connect(self._fill_list)
         self.chat.opened.connect(self._show)
         self.chat.stream_started.connect(self.view.begin_stream)
