@@ -880,6 +880,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "the build bar never reads 100 % before the engine is installed and runs",
     ),
     m(
+        "two-apps-per-person",
+        "k3desk/core/app/instance.py",
+        "        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+        "        pass",
+        "tests/core/app/test_instance.py::test_one_process_holds_the_lock_and_a_kill_9_frees_it",
+        "one k3desk app per person: a second start finds the first's lock held",
+    ),
+    m(
+        "pictures-sent-to-a-blind-model",
+        "k3desk/core/app/chat_turn.py",
+        "    if vision is not False:",
+        "    if vision is not None:",
+        "tests/core/chat/test_switch_vision.py",
+        "a conversation's pictures are not sent to a model without vision; it goes on",
+    ),
+    m(
         "hub-set-header-cap-512-mib",
         "k3desk/core/hub/headers.py",
         "MAX_SET_BYTES = 512 * MiB",
