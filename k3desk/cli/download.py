@@ -333,7 +333,9 @@ class TextOut:
                 )
                 + f"), {e.reuse} already present or cached"
             )
-            self._progress = (0, e.fetch_bytes, 0.0, None)
+            # the set's size, what is here already counted done (the same total on a resume)
+            total = e.have_bytes + e.fetch_bytes
+            self._progress = (e.have_bytes, total, 0.0, None)
         elif e.kind == "file_progress":
             if e.phase == "download":
                 self._progress = (e.overall_done, e.overall_total, e.overall_speed, e.overall_eta)
@@ -343,6 +345,11 @@ class TextOut:
                 self._draw()
         elif e.kind == "warning":
             self._print(f"warning: {e.message}")
+        elif e.kind == "hub_waiting":
+            if e.waiting:
+                self._print(f"Waiting for the Hub: no data for {e.seconds:.0f} s ({e.reason}).")
+            else:
+                self._print("The Hub answers again.")
         elif e.kind == "stalled":
             self._print(f"{e.path}: no data for {e.seconds:.0f} s at byte {e.at_byte:,}")
         elif e.kind == "retrying":

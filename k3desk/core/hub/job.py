@@ -51,6 +51,7 @@ from k3desk.core.hub.model import (
     FileDone,
     FileSource,
     FileStarted,
+    HubWaiting,
     HubWarning,
     Listing,
     ListingDone,
@@ -150,6 +151,13 @@ class DownloadJob:
         self._worker = threading.local()  # the calling worker's file: see _transfer_slot
         self._refused: list[tuple[str, str]] = []  # (listed name, why it is not written)
         self.listing: Listing | None = None
+        # files that wait for the Hub's bytes now (inside _with_retries), since when, the
+        # last reason an attempt failed, and whether "waiting for the Hub" was said
+        self._net_files = 0
+        self._net_since = 0.0
+        self._last_reason = ""
+        self._hub_wait_at = 0.0  # when "waiting for the Hub" was said (0: it is not)
+        self._overall: Overall | None = None
 
     # ------------------------------------------------------------ control
     def pause(self) -> None:
@@ -220,8 +228,16 @@ class DownloadJob:
                 finished.set()
 
         threading.Thread(target=work, name="download-listing", daemon=True).start()
+        t0 = time.monotonic()
+        said = False
         while not finished.wait(0.1):
             self._stop.raise_if_cancelled()
+            quiet = time.monotonic() - t0
+            if not said and quiet >= self.options.wait_notice_seconds:
+                said = True
+                self._emit(HubWaiting(True, quiet, "the Hub has not answered the listing yet"))
+        if said:
+            self._emit(HubWaiting(False, time.monotonic() - t0, "the Hub answered"))
         if err:
             raise err[0]
         return box[0]
@@ -253,7 +269,7 @@ class DownloadJob:
         if not items:  # every listed file was refused
             raise self._refused_error(listing)
         self._emit(Queued(tuple(_queued(it) for it in items)))
-        fetch_bytes = self._preflight(items)
+        have = self._preflight(items)
         ctx = Context(
             repo=listing.repo,
             revision=listing.revision,
@@ -264,7 +280,9 @@ class DownloadJob:
             may_split=self._no_file_waiting,
             slot=self._transfer_slot,
         )
-        overall = Overall(fetch_bytes)
+        # the set's size from the start, what is on disk already counted done: a resumed
+        # download shows the same total as the first run
+        overall = Overall(sum(it.file.size for it in items), have)
         self._fetch_all(items, ctx, state, overall, listing)
         if self._refused:
             raise self._refused_error(listing)
@@ -276,7 +294,7 @@ class DownloadJob:
             target=str(self.target),
             files=len(listing.files),
             total_bytes=listing.total_bytes,
-            fetched_bytes=overall.done,
+            fetched_bytes=overall.fetched,
             reused_files=self._reused,
             refetched=tuple(self._refetched),
             seconds=seconds,
@@ -339,7 +357,8 @@ class DownloadJob:
 
     def _preflight(self, items: list[_Item]) -> int:
         """Check the free space for what is to come (a copy from the HF cache on another
-        filesystem included) and report it; returns the bytes to fetch."""
+        filesystem included) and report it; returns the bytes of the set already here
+        (files to reuse, partial files to resume)."""
         opts = self.options
         needed = 0
         target_dev = os.stat(self.target).st_dev
@@ -352,6 +371,7 @@ class DownloadJob:
                         needed += it.file.size
         fetch_items = [it for it in items if it.kind == "fetch"]
         fetch_bytes = sum(it.file.size - it.resumable for it in fetch_items)
+        have = sum(it.file.size for it in items) - fetch_bytes
         largest = max(it.file.size for it in items)
         check, fs_warnings = check_space(
             self.target, needed, opts.margin_bytes, largest, self._where(local=str(self.target))
@@ -367,11 +387,12 @@ class DownloadJob:
                 fetch_bytes=fetch_bytes,
                 partial_bytes=sum(it.resumable for it in fetch_items),
                 reuse=len(items) - len(fetch_items),
+                have_bytes=have,
             )
         )
         for w in fs_warnings:
             self._warn(w)
-        return fetch_bytes
+        return have
 
     def _fetch_all(
         self,
@@ -383,6 +404,7 @@ class DownloadJob:
     ) -> None:
         """Every item, the manifest first, with the stall watch running."""
         self._stop.on_cancel(self._abort_all)
+        self._overall = overall
         self._monitor_wake = threading.Event()
         self._stop.on_cancel(self._monitor_wake.set)
         monitor = threading.Thread(
@@ -533,7 +555,42 @@ class DownloadJob:
                 if task.active and not task.abort_reason and now - task.last_byte > limit:
                     task.stalled_for = now - task.last_byte
                     task.abort("stalled")
+            self._watch_hub(now)
             self._monitor_wake.wait(min(0.25, limit / 4))
+
+    def _watch_hub(self, now: float) -> None:
+        """Say "waiting for the Hub" once no byte has come for ``wait_notice_seconds``
+        while files wait for it (a retry's back-off, a connection that answers nothing,
+        a stall before the stall limit), and say when bytes come again."""
+        overall = self._overall
+        if overall is None:
+            return
+        with self._count_lock:
+            busy, since = self._net_files, self._net_since
+        last = overall.last_byte
+        if self._hub_wait_at:
+            if last > self._hub_wait_at:
+                self._emit(HubWaiting(False, now - self._hub_wait_at, "bytes come again"))
+                self._hub_wait_at = 0.0
+            return
+        quiet = now - max(last, since)
+        if busy and quiet >= self.options.wait_notice_seconds:
+            self._hub_wait_at = now
+            reason = self._last_reason or f"no data for {quiet:.0f} s"
+            self._emit(HubWaiting(True, quiet, reason))
+
+    @contextlib.contextmanager
+    def _waits_for_hub(self) -> Iterator[None]:
+        """The calling file waits for the Hub's bytes (see _watch_hub)."""
+        with self._count_lock:
+            if not self._net_files:
+                self._net_since = time.monotonic()
+            self._net_files += 1
+        try:
+            yield
+        finally:
+            with self._count_lock:
+                self._net_files -= 1
 
     def _abort_all(self) -> None:
         with self._tasks_lock:
@@ -681,8 +738,9 @@ class DownloadJob:
         for round_ in (1, 2):
             t0 = time.monotonic()
             transport = self._transport_for(f, it.resumable if round_ == 1 else 0)
-            # a file in the preflight's total, or one fetched because a copy was bad
-            counted = f.size - it.resumable if round_ == 1 and it.kind == "fetch" else 0
+            # what of it the overall count holds: its partial data on a first fetch; all
+            # of it for a copy that was bad, or a second round after a bad hash
+            counted = it.resumable if round_ == 1 and it.kind == "fetch" else f.size
             task = self._new_task(f, overall, counted=counted)
             try:
                 if transport == "hub":
@@ -793,6 +851,12 @@ class DownloadJob:
         ignores Range and drops the connection at the same place each time)
         does not, so a hostile or broken server cannot keep it going forever.
         """
+        with self._waits_for_hub():
+            return self._retrying(f, task, attempt, offsets)
+
+    def _retrying(
+        self, f: RemoteFile, task: FileTask, attempt: Callable[[], T], offsets: Offsets | None
+    ) -> T:
         opts = self.options
         failures = 0
         furthest = task.done
@@ -837,6 +901,7 @@ class DownloadJob:
                         raise hub_error(exc, where) from exc
                     wait_s = max(wait_s, retry_after)
                     reason = f"rate limited by the Hub (429), retry after {retry_after:.0f} s"
+                self._last_reason = reason
                 self._emit(Retrying(f.path, failures, opts.max_retries, wait_s, reason))
                 log.info("retrying %s in %.1f s: %s", f.path, wait_s, reason)
                 if self._stop.wait(wait_s):

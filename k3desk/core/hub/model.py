@@ -97,6 +97,8 @@ class DownloadOptions:
     hf_cache_dir: Path | None = None  # None: $HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub
     progress_interval: float = 0.25  # seconds between progress events per file
     timeout: float = 20.0  # connect / metadata timeout, seconds
+    # no byte from the Hub for this long while files wait for it: say "waiting for the Hub"
+    wait_notice_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,8 @@ class Preflight:
     fetch_bytes: int  # bytes still to transfer
     partial_bytes: int  # bytes already on disk in partial files (resumed)
     reuse: int  # files already present (verified or to verify) or in the HF cache
+    # bytes of the set already here (files reused, partial data resumed): counted done
+    have_bytes: int = 0
     kind: Literal["preflight"] = "preflight"
 
 
@@ -242,6 +246,18 @@ class FileDone:
 
 
 @dataclass(frozen=True)
+class HubWaiting:
+    """No byte has come from the Hub for ``seconds`` while files wait for it (the Hub or
+    the link is down, or answers nothing): the job keeps retrying.  ``waiting`` False:
+    bytes come again."""
+
+    waiting: bool
+    seconds: float
+    reason: str
+    kind: Literal["hub_waiting"] = "hub_waiting"
+
+
+@dataclass(frozen=True)
 class HubWarning:
     message: str
     path: str = ""
@@ -280,6 +296,7 @@ DownloadEvent = (
     | FileProgress
     | Stalled
     | Retrying
+    | HubWaiting
     | Verified
     | FileDone
     | HubWarning

@@ -11,15 +11,21 @@ from collections.abc import Callable
 
 from k3desk.core.hub.model import DownloadEvent, FileProgress, Phase
 
-WINDOW = 5.0  # seconds of history behind a speed figure
+# seconds of history behind a speed figure: long enough that connections starting
+# together, or a socket buffer drained at memory speed, do not read as the link's rate
+WINDOW = 15.0
+# a rate is said only once bytes have arrived over this long; before, it is unknown
+MIN_SPAN = 2.0
 
 
 class Rate:
-    """Bytes per second over the last few seconds.
+    """Bytes per second over the last :data:`WINDOW` seconds.
 
     The clock starts at the first bytes, not when the object is made: time spent
     before them (connecting, hashing other files) is no part of a transfer rate.
-    Until bytes have arrived over a measurable time the rate is unknown (0).
+    Until bytes have arrived over :data:`MIN_SPAN` seconds the rate is unknown (0):
+    a figure from a few milliseconds of bytes is a burst, not a rate.  A pause in
+    the middle (a retry, a stalled link) counts: no bytes came then.
     """
 
     def __init__(self) -> None:
@@ -33,16 +39,25 @@ class Rate:
             self._samples.append((now, self._total))
         elif now - self._samples[-1][0] >= 0.1:  # a sample per 0.1 s is plenty
             self._samples.append((now, self._total))
-            while len(self._samples) > 2 and now - self._samples[0][0] > WINDOW:
+            # keep one sample at or before the window's start: the bytes since it
+            while len(self._samples) > 2 and self._samples[1][0] <= now - WINDOW:
                 self._samples.popleft()
 
     def speed(self, now: float) -> float:
         if not self._samples:
             return 0.0
-        t0, b0 = self._samples[0]
-        if now - t0 <= 0.001:
+        start = now - WINDOW
+        base_t, base_b = self._samples[0]
+        for t, b in self._samples:
+            if t > start:
+                break
+            base_t, base_b = t, b
+        # the bytes after a sample older than the window arrived after the window began
+        # (a sample is taken at the first bytes after a gap)
+        span = now - max(base_t, start)
+        if now - self._samples[0][0] < MIN_SPAN or span <= 0.001:
             return 0.0
-        return (self._total - b0) / (now - t0)
+        return (self._total - base_b) / span
 
 
 def eta(remaining: int, speed: float) -> float | None:
@@ -65,29 +80,36 @@ class Events:
 
 
 class Overall:
-    """Network bytes of the whole job.
+    """The bytes of the whole set.
 
-    ``total`` is what the job has to transfer; it grows when bytes must come
-    again (a failed attempt that starts over, a file whose hash did not match).
-    ``done`` is what arrived, so ``total - done`` is always what is left.
+    ``total`` is the set's size, fixed from the start: a resumed download shows the
+    same total as the first run.  ``done`` counts the bytes already on disk when the
+    job began (files kept, partial files it resumes) and every byte that arrived
+    since; where bytes must come again (an attempt that starts over, a file whose hash
+    did not match) they leave ``done``, so ``total - done`` is always what is left.
+    ``fetched`` is the network bytes alone, which the speed is measured from.
     """
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, done: int = 0) -> None:
         self.total = total
-        self.done = 0
+        self.done = done
+        self.fetched = 0
+        self.last_byte = 0.0  # time.monotonic() of the last network byte (0: none yet)
         self._rate = Rate()
         self._lock = threading.Lock()
 
     def add(self, n: int, now: float) -> int:
         with self._lock:
             self.done += n
+            self.fetched += n
+            self.last_byte = now
             self._rate.add(n, now)
             return self.done
 
-    def add_work(self, n: int) -> None:
-        """``n`` more bytes to transfer (negative: fewer than counted)."""
+    def undo(self, n: int) -> None:
+        """``n`` bytes counted done must come again (negative: more are on disk)."""
         with self._lock:
-            self.total += n
+            self.done -= n
 
     def speed(self, now: float) -> float:
         with self._lock:
@@ -110,9 +132,10 @@ class FileTask:
         overall: Overall,
         interval: float,
         phase: Phase = "download",
-        counted: int | None = None,
+        counted: int = 0,
     ) -> None:
-        """``counted``: bytes of this file already in ``overall.total`` (default: all)."""
+        """``counted``: bytes of this file ``overall.done`` holds already (what the job
+        found on disk for it, or all of it where it came once and must come again)."""
         self.path = path
         self.size = size
         self.events = events
@@ -126,7 +149,7 @@ class FileTask:
         self.abort_reason = ""
         self.stalled_for = 0.0
         self._rate = Rate()
-        self._counted = size if counted is None else counted
+        self._counted = counted
         self._started = False
         self._last_emit = 0.0
         self._lock = threading.Lock()
@@ -163,15 +186,15 @@ class FileTask:
         """A transfer attempt begins at byte ``offset`` (what is before it is on disk)."""
         if not self._started:
             self._started = True
-            self.overall.add_work(self.size - offset - self._counted)
-        else:
-            self._starts_over(offset)
+            self.done = self._counted
+        self._starts_over(offset)
         self.done = offset
 
     def _starts_over(self, offset: int) -> None:
-        # the bytes from offset to where this file stood have to come again
-        if self.done > offset:
-            self.overall.add_work(self.done - offset)
+        # the bytes from offset to where this file stood have to come again (or, rarely,
+        # more of it is on disk than the job counted)
+        if self.done != offset:
+            self.overall.undo(self.done - offset)
 
     def add(self, n: int, *, network: bool = True) -> None:
         """``n`` more bytes (from any thread: a file fetched in ranges has several)."""

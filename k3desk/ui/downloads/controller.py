@@ -17,6 +17,7 @@ from k3desk.core.app.downloads import (
     FileDone,
     FileProgress,
     FileStarted,
+    HubWaiting,
     HubWarning,
     ListingDone,
     Preflight,
@@ -66,7 +67,8 @@ class DownloadState:
 
     request: DownloadRequest
     target: Path
-    status: str = "starting"  # starting, listing, running, paused, cancelled, done, failed
+    # starting, listing, running, waiting for the Hub, paused, cancelled, done, failed
+    status: str = "starting"
     files: dict[str, FileRow] = field(default_factory=dict)
     total: int = 0
     done: int = 0
@@ -77,6 +79,7 @@ class DownloadState:
     warnings: list[str] = field(default_factory=list)
     summary: DownloadSummary | None = None
     error: str = ""
+    waiting: str = ""  # why no byte comes from the Hub now ('' while bytes come)
 
     @property
     def fraction(self) -> float:
@@ -274,6 +277,9 @@ class DownloadsController(QObject):
             state.files = _queued_rows(ev, state.files)
         elif isinstance(ev, Preflight):
             state.free, state.needed = ev.free_bytes, ev.needed_bytes
+            state.done = ev.have_bytes  # the same total as before a resume, what is here done
+        elif isinstance(ev, HubWaiting):
+            self._waiting(state, ev)
         elif isinstance(ev, FileStarted):
             row = state.files.setdefault(ev.path, FileRow(ev.path))
             row.size, row.done, row.state = ev.size, ev.resume_from, "downloading"
@@ -283,6 +289,8 @@ class DownloadsController(QObject):
             row.state = "verifying" if ev.phase == "verify" else "downloading"
             state.done, state.total = ev.overall_done, ev.overall_total
             state.speed, state.eta = ev.overall_speed, ev.overall_eta
+            if state.waiting and ev.phase == "download":
+                self._waiting(state, None)
         elif isinstance(ev, Stalled):
             row = state.files.setdefault(ev.path, FileRow(ev.path))
             row.note = f"stalled {ev.seconds:.0f} s, reconnecting"
@@ -306,6 +314,17 @@ class DownloadsController(QObject):
         elif isinstance(ev, Done):
             state.summary = ev.summary
         self.changed.emit(state)
+
+    @staticmethod
+    def _waiting(state: DownloadState, ev: HubWaiting | None) -> None:
+        """No byte comes from the Hub (``ev.waiting``), or bytes come again."""
+        if ev is not None and ev.waiting:
+            state.status = "waiting for the Hub"
+            state.waiting = f"no data for {ev.seconds:.0f} s: {ev.reason}; retrying"
+            state.speed, state.eta = 0.0, None
+        elif state.status == "waiting for the Hub":
+            state.status = "running" if state.total else "listing"
+            state.waiting = ""
 
 
 def _count(value: object) -> int:

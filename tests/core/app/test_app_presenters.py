@@ -183,6 +183,7 @@ class _Download:
     warnings: list[str] = field(default_factory=list)
     summary: DownloadSummary | None = None
     error: str = ""
+    waiting: str = ""
 
 
 def test_a_download_says_its_numbers_notes_and_files_in_name_order(tmp_path: Path) -> None:
@@ -222,6 +223,17 @@ def test_a_download_says_its_numbers_notes_and_files_in_name_order(tmp_path: Pat
     assert dl_p.numbers_text(st) == "3 files, 3.0 KiB, all verified in 1 min 15 s"
     st.status, st.summary = "paused", None
     assert dl_p.numbers_text(st) == "2.0 KiB of 3.0 KiB  ·  free on disk 10.0 GiB"
+
+
+def test_a_download_without_a_rate_yet_or_without_the_hub_says_so(tmp_path: Path) -> None:
+    req = DownloadRequest("org/k3-gguf", ("*.gguf",), label="grearl-iq1s")
+    st = _Download(req, tmp_path, total=3072, done=1024)
+    assert dl_p.numbers_text(st) == "1.0 KiB of 3.0 KiB  ·  measuring speed  ·  ETA —"
+    st.status, st.waiting = "waiting for the Hub", "no data for 12 s: connection refused"
+    assert dl_p.title_text(st) == "grearl-iq1s: waiting for the Hub"
+    assert dl_p.numbers_text(st) == (
+        "1.0 KiB of 3.0 KiB  ·  no data for 12 s: connection refused"
+    )
 
 
 # ------------------------------------------------------------------ attached servers

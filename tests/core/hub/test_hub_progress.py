@@ -57,9 +57,11 @@ def test_eta_is_the_remaining_bytes_at_the_measured_rate(clock: Clock) -> None:
     clock.now += 20.0  # connecting, or other files being hashed: no bytes for 20 s
     transfer(task, clock, 4 * MB)
     got = progress_of(events)
-    # the first event knows no rate yet: it says so instead of guessing from the idle time
+    # the first events know no rate yet: they say so instead of guessing from the idle
+    # time or from a fraction of a second of bytes
     assert got[0].overall_eta is None
-    for e in got[5:]:  # from half a second on: 1 MB/s, so (10 MB - done) / 1 MB/s
+    assert all(e.overall_eta is None for e in got[:19])
+    for e in got[20:]:  # from two seconds on: 1 MB/s, so (10 MB - done) / 1 MB/s
         truth = (10 * MB - e.overall_done) / MB
         assert e.overall_eta == pytest.approx(truth, rel=0.05), e
         assert e.overall_speed == pytest.approx(MB, rel=0.05)
@@ -76,7 +78,7 @@ def test_hashing_a_file_does_not_blank_the_eta_of_a_download_beside_it(clock: Cl
         clock.now += STEP
         fetch.add(CHUNK)
         check.add(CHUNK, network=False)
-    late = [e for e in progress_of(events) if e.overall_done >= MB]
+    late = [e for e in progress_of(events) if e.overall_done > 2 * MB + CHUNK]
     assert {e.phase for e in late} == {"download", "verify"}
     for e in late:
         assert e.overall_eta == pytest.approx((10 * MB - e.overall_done) / MB, rel=0.05), e
@@ -91,23 +93,62 @@ def test_a_transfer_that_starts_over_puts_its_bytes_back_on_the_eta(clock: Clock
     task.start_at(0)  # the attempt failed; the next one starts from byte 0
     transfer(task, clock, 1 * MB)
     last = progress_of(events)[-1]
-    assert last.overall_total == 13 * MB
-    assert last.overall_done == 4 * MB  # bytes that really came over the network
+    assert last.overall_total == 10 * MB  # the file's size, whatever came twice
+    assert last.overall_done == 1 * MB  # the 3 MB of the failed attempt are to come again
     assert last.overall_eta == pytest.approx(9.0, rel=0.05)  # 9 MB of the file still to come
 
 
-def test_a_resumed_file_counts_only_what_is_left(clock: Clock) -> None:
+def test_a_resumed_file_counts_what_is_on_disk_as_done(clock: Clock) -> None:
     events: list[DownloadEvent] = []
-    overall = Overall(6 * MB)  # 4 MB of the 10 MB file were on disk when the job listed it
-    task = FileTask("a.gguf", 10 * MB, Events(events.append), overall, 0.0, counted=6 * MB)
+    # 4 MB of the 10 MB file were on disk when the job listed it
+    overall = Overall(10 * MB, done=4 * MB)
+    task = FileTask("a.gguf", 10 * MB, Events(events.append), overall, 0.0, counted=4 * MB)
     task.start_at(4 * MB)
     transfer(task, clock, 2 * MB)
-    assert progress_of(events)[-1].overall_total == 6 * MB
+    first = progress_of(events)[0]
+    assert (first.overall_done, first.overall_total) == (4 * MB + CHUNK, 10 * MB)
+    assert progress_of(events)[-1].overall_done == 6 * MB
     task.rewind(0)  # the server ignored the Range request: all 10 MB come again
     transfer(task, clock, 1 * MB)
     last = progress_of(events)[-1]
-    assert last.overall_total == 6 * MB + 6 * MB  # the resumed 4 MB and the 2 MB, again
+    assert (last.overall_done, last.overall_total) == (1 * MB, 10 * MB)
     assert last.overall_eta == pytest.approx(9.0, rel=0.05)
+
+
+def test_files_starting_together_do_not_read_as_a_burst(clock: Clock) -> None:
+    """Eight connections open within a few milliseconds on a 1 MB/s link: the speed shown
+    is the link's (or unknown), never the bytes of a few milliseconds."""
+    events: list[DownloadEvent] = []
+    overall = Overall(80 * MB)
+    tasks = [
+        FileTask(f"{i}.gguf", 10 * MB, Events(events.append), overall, 0.25) for i in range(8)
+    ]
+    for t in tasks:
+        t.start_at(0)
+    for _ in range(100):  # 10 s: each connection has an eighth of the link
+        for t in tasks:
+            clock.now += STEP / 8
+            t.add(CHUNK // 8)
+    shown = [e.overall_speed for e in progress_of(events) if e.overall_speed > 0]
+    assert shown, "no speed was ever shown"
+    assert all(s == pytest.approx(MB, rel=0.25) for s in shown), max(shown)
+    etas = [e for e in progress_of(events) if e.overall_eta is not None]
+    for e in etas:
+        assert e.overall_eta == pytest.approx((80 * MB - e.overall_done) / MB, rel=0.25)
+
+
+def test_the_speed_falls_when_the_link_does(clock: Clock) -> None:
+    """A link that slows from 1 MB/s to 0.1 MB/s is shown at its new rate within the
+    window, not at the average since the start."""
+    events: list[DownloadEvent] = []
+    overall = Overall(100 * MB)
+    task = FileTask("a.gguf", 100 * MB, Events(events.append), overall, 0.0)
+    task.start_at(0)
+    transfer(task, clock, 60 * MB)  # a minute at 1 MB/s
+    for _ in range(200):  # then 20 s at 0.1 MB/s
+        clock.now += STEP
+        task.add(CHUNK // 10)
+    assert progress_of(events)[-1].overall_speed == pytest.approx(MB / 10, rel=0.25)
 
 
 def _options(hub: Any, **kw: Any) -> DownloadOptions:
@@ -132,7 +173,9 @@ def test_a_file_fetched_twice_ends_the_job_at_its_own_total(
     summary = DownloadJob(tier_repo.request(), tmp_path, _options(hub), events.append).run()
     assert summary.refetched == (bad,)
     last = max(progress_of(events), key=lambda e: e.overall_done)  # threads race to report
-    assert last.overall_done == last.overall_total == summary.fetched_bytes
+    assert last.overall_done == last.overall_total == sum(map(len, tier_repo.wanted.values()))
+    assert {e.overall_total for e in progress_of(events)} == {last.overall_total}
+    assert summary.fetched_bytes == last.overall_total + len(tier_repo.files[bad])
     assert last.overall_eta == 0.0
 
 
@@ -148,7 +191,7 @@ def test_a_file_already_here_but_damaged_adds_its_bytes_to_the_total(
     summary = DownloadJob(tier_repo.request(), tmp_path, _options(hub), events.append).run()
     assert summary.refetched == (bad,)
     last = max(progress_of(events), key=lambda e: e.overall_done)
-    assert last.overall_done == last.overall_total == summary.fetched_bytes
+    assert last.overall_done == last.overall_total == sum(map(len, tier_repo.wanted.values()))
 
 
 def test_every_file_is_announced_with_its_plan_before_any_starts(

@@ -68,6 +68,8 @@ class DownloadStateLike(Protocol):
     def summary(self) -> DownloadSummary | None: ...
     @property
     def error(self) -> str: ...
+    @property
+    def waiting(self) -> str: ...
 
 
 def fmt_eta(seconds: float | None) -> str:
@@ -102,8 +104,11 @@ def numbers_text(st: DownloadStateLike) -> str:
         )
     parts = [f"{fmt_bytes(st.done)} of {fmt_bytes(st.total)}"]
     if st.status == "running":
-        parts.append(f"{fmt_bytes(st.speed)}/s")
+        # unknown for the first seconds: a rate is said over seconds, not a burst
+        parts.append(f"{fmt_bytes(st.speed)}/s" if st.speed > 0 else "measuring speed")
         parts.append(f"ETA {fmt_eta(st.eta)}")
+    elif st.status == "waiting for the Hub" and st.waiting:
+        parts.append(st.waiting)
     if st.free:
         parts.append(f"free on disk {fmt_bytes(st.free)}")
     return "  ·  ".join(parts)
