@@ -535,6 +535,41 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     # --------------------------------------------------------------- supervision
     m(
+        "probe-caches-an-unfinished-check",
+        "k3desk/core/engines/probe.py",
+        "    if canary.established:\n        _save_cache(paths, key, result)",
+        "    if True:\n        _save_cache(paths, key, result)",
+        "tests/core/engines/test_engine_probe.py::"
+        "test_a_check_that_could_not_finish_is_not_remembered",
+        "an engine check that could not finish (three transient failures) is not remembered",
+    ),
+    m(
+        "child-ends-only-its-group",
+        "k3desk/core/process.py",
+        "        self.left_running = end_session(self.popen.pid)\n",
+        "        self.signal_group(signal.SIGKILL)\n",
+        "tests/hostile/test_engine_files.py::test_a_daemon_started_by_the_engine_is_ended_and_said",
+        "what a child leaves running in its session is ended with it, and said",
+    ),
+    m(
+        "run-leaves-what-holds-its-output",
+        "k3desk/core/process.py",
+        "            for pid in pipe_holders(out.inodes):",
+        "            for pid in ():",
+        "tests/hostile/test_engine_files.py::test_a_daemon_started_by_the_engine_is_ended_and_said",
+        "a daemon that left the session but kept a short run's output is ended, and said",
+    ),
+    m(
+        "engine-probe-runs-the-chosen-file",
+        "k3desk/cli/engine.py",
+        "targets = [_chosen_server(args.path)]",
+        "targets = [args.path]",
+        "tests/core/engines/test_engine_wrapper_rule.py::"
+        "test_engine_probe_follows_the_wrapper_as_the_chooser_does "
+        "tests/hostile/test_engine_files.py::test_a_file_chosen_as_the_engine_is_read_never_run",
+        "engine probe PATH follows the chooser's rule: the wrapper to its binary, nothing run",
+    ),
+    m(
         "refused-argument-not-restarted",
         CRASH,
         '"`llama-server --help` lists what this engine takes.",\n        "none",',

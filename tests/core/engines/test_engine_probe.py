@@ -175,3 +175,18 @@ def test_parsers() -> None:
     assert cuda_arch_covers(["120"], (12, 1))  # GB10 runs sm_120 code
     assert not cuda_arch_covers(["121"], (12, 0))
     assert not cuda_arch_covers(["90"], (10, 0))  # Hopper code does not run on B200
+
+
+def test_a_check_that_could_not_finish_is_not_remembered(fake_engine: Callable[..., Path]) -> None:
+    """A canary killed from outside each of its three tries (SIGKILL while loading, as the
+    OOM killer does) says "try again" and is never cached: the next probe tries again."""
+    exe = fake_engine("oom_killer")
+    paths = default_paths()
+    first = probe_engine(exe, paths)
+    assert first.runs
+    assert first.loads_k3 is None
+    assert first.reason().startswith("could not be tried with Kimi-K3: the check could not")
+    assert first.reason().endswith("; try again")
+    assert cached_probe(exe, paths) is None
+    again = probe_engine(exe, paths)
+    assert again.probed_at > first.probed_at
