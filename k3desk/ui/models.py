@@ -14,7 +14,7 @@ from k3desk.ui.judged import JudgedBar
 from k3desk.ui.mymodels import MyModels
 from k3desk.ui.pages import Navigator, Page
 from k3desk.ui.tiers import TierTable
-from k3desk.ui.widgets import PageHeader, label, muted, primary
+from k3desk.ui.widgets import ElidedLabel, PageHeader, keep_rows, label, primary, scroll_body
 
 if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
@@ -26,7 +26,7 @@ class ModelsPage(Page):
         self.ctx = ctx
         self.nav = window
         self.hardware = ctx.hardware
-        lay = QVBoxLayout(self)
+        lay = scroll_body(self, "modelsScroll")  # a small screen scrolls, nothing is cut
         lay.setContentsMargins(28, 22, 28, 16)
         self.header = PageHeader(
             "Models",
@@ -48,13 +48,17 @@ class ModelsPage(Page):
         self.summary.setObjectName("recommendation")
         tiers_lay.addWidget(self.summary)
         self.table = TierTable()
+        keep_rows(self.table, 3)
         tiers_lay.addWidget(self.table, 1)
         self.sources.addTab(tiers, "Published tiers")
         self.hub = HubModels(ctx)
         self.sources.addTab(self.hub, "On the Hub")
         lay.addWidget(self.sources, 1)
         row = QHBoxLayout()
-        self.rule = muted("")
+        # the whole ordering rule in its tooltip: one line, elided, not a paragraph that
+        # takes the table's room on a small screen
+        self.rule = ElidedLabel("", "tierRule")
+        self.rule.setProperty("muted", True)
         row.addWidget(self.rule, 1)
         wizard = primary(QPushButton("Download and run a tier…"))
         wizard.setObjectName("openWizard")

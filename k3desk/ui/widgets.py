@@ -6,17 +6,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QRect, QSize, Qt
-from PySide6.QtGui import QGuiApplication, QPainter, QPaintEvent
+from PySide6.QtGui import QGuiApplication, QPainter, QPaintEvent, QResizeEvent
 from PySide6.QtWidgets import (
     QAbstractButton,
+    QAbstractItemView,
     QFrame,
     QHBoxLayout,
     QLabel,
     QLineEdit,
     QPushButton,
+    QScrollArea,
     QSizePolicy,
     QStyledItemDelegate,
     QStyleOptionViewItem,
+    QTableView,
     QToolButton,
     QToolTip,
     QVBoxLayout,
@@ -183,6 +186,87 @@ class ElideMiddle(QStyledItemDelegate):
     ) -> None:
         super().initStyleOption(option, index)
         option.textElideMode = Qt.TextElideMode.ElideMiddle
+
+
+def scroll_body(owner: QWidget, name: str = "") -> QVBoxLayout:
+    """Give ``owner`` a frameless scroll area that fills it and return the layout of the
+    area's content.  The content takes the whole room while it fits; where the window is
+    smaller than what the content needs (a 1024x700 laptop), the page scrolls instead of
+    squeezing its tables to no rows or clipping its buttons."""
+    outer = QVBoxLayout(owner)
+    outer.setContentsMargins(0, 0, 0, 0)
+    area = QScrollArea()
+    area.setObjectName(name or "pageScroll")
+    area.setFrameShape(QFrame.Shape.NoFrame)
+    area.setWidgetResizable(True)
+    area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+    body = QWidget()
+    body.setObjectName("scrollBody")
+    area.setWidget(body)
+    outer.addWidget(area)
+    return QVBoxLayout(body)
+
+
+def keep_rows(table: QAbstractItemView, rows: int) -> None:
+    """However small the window, ``table`` keeps room for its header and ``rows`` rows
+    (the page around it scrolls instead: see :func:`scroll_body`)."""
+    row = table.fontMetrics().height() + 14  # a row as the theme pads it
+    if isinstance(table, QTableView):
+        row = max(row, table.verticalHeader().defaultSectionSize())
+        header = table.horizontalHeader()
+        head = header.sizeHint().height() if not header.isHidden() else 0
+    else:
+        head = 0
+    frame = 2 * table.frameWidth()
+    scroll = table.horizontalScrollBar().sizeHint().height()
+    table.setMinimumHeight(head + rows * row + frame + scroll)
+
+
+class ElidedButton(QPushButton):
+    """A button whose text is elided at the end where the room is short ("Relaunch
+    Kimi-K3 UD-I…"), never cut mid-word; :meth:`text` and the tooltip keep all of it.
+    It asks for its whole text's width and accepts as little as ``least`` characters."""
+
+    def __init__(self, text: str = "", least: int = 10) -> None:
+        super().__init__(text)
+        self._full = text
+        self._least = least
+
+    def text(self) -> str:  # the whole text, as set (what is drawn may be elided)
+        return self._full
+
+    def shown_text(self) -> str:
+        return super().text()
+
+    def setText(self, text: str) -> None:
+        self._full = text
+        self._elide()
+        self.updateGeometry()
+
+    def _chrome(self) -> int:
+        """The width the style adds to the text (padding, icon, frame)."""
+        return super().sizeHint().width() - self.fontMetrics().horizontalAdvance(super().text())
+
+    def sizeHint(self) -> QSize:
+        width = self._chrome() + self.fontMetrics().horizontalAdvance(self._full)
+        return QSize(width, super().sizeHint().height())
+
+    def minimumSizeHint(self) -> QSize:
+        least = self._full[: self._least] + "…" if len(self._full) > self._least else self._full
+        width = self._chrome() + self.fontMetrics().horizontalAdvance(least)
+        return QSize(width, super().minimumSizeHint().height())
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        # before the first layout the button has no width yet: the whole text
+        laid_out = self.testAttribute(Qt.WidgetAttribute.WA_Resized)
+        room = self.width() - self._chrome() if laid_out else 1 << 20
+        shown = self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, room)
+        if shown != super().text():
+            super().setText(shown)
 
 
 class ElidedLabel(QLabel):

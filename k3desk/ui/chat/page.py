@@ -52,7 +52,7 @@ from k3desk.ui.chat.picker import ModelPicker
 from k3desk.ui.chat.view import MessageView, MessageVM
 from k3desk.ui.model_switch import running_shard, switch_to
 from k3desk.ui.pages import Navigator, Page, PageKey
-from k3desk.ui.widgets import ElidedLabel, muted, set_enabled
+from k3desk.ui.widgets import ElidedButton, ElidedLabel, muted, set_enabled
 
 if TYPE_CHECKING:
     from k3desk.core.app.library import LocalModel
@@ -364,14 +364,16 @@ class ChatPage(Page):
         # label's place (the label keeps the text, read by the automation hook)
         self.picker = ModelPicker(self.ctx)
         titles.addWidget(self.picker, 0, Qt.AlignmentFlag.AlignLeft)
-        head.addLayout(titles, 1)
-        # the model launched last, one click away when nothing runs
-        self.relaunch_btn = QPushButton("")
+        # the model launched last, one click away when nothing runs: under the picker, its
+        # name elided where the header is narrow (a 1024x700 screen), never cut
+        self.relaunch_btn = ElidedButton("")
         self.relaunch_btn.setObjectName("relaunchModel")
         theme.set_icon(self.relaunch_btn, "engine")
         self.relaunch_btn.hide()
         self._relaunching = ""  # the composer's "Relaunching …" notice while it is shown
-        head.addWidget(self.relaunch_btn)
+        titles.addSpacing(4)
+        titles.addWidget(self.relaunch_btn, 0, Qt.AlignmentFlag.AlignLeft)
+        head.addLayout(titles, 1)
         self.export_btn = QPushButton("Export")
         self.export_btn.setObjectName("exportChat")
         export_menu = QMenu(self.export_btn)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QRect, Qt, Signal
-from PySide6.QtWidgets import QComboBox, QStyle, QStyleOptionComboBox, QWidget
+from PySide6.QtCore import QRect, QSize, Qt, Signal
+from PySide6.QtGui import QPaintEvent
+from PySide6.QtWidgets import QComboBox, QStyle, QStyleOptionComboBox, QStylePainter, QWidget
 
 from k3desk.core.app.cells import shown_path
 
@@ -48,6 +49,34 @@ class ModelPicker(QComboBox):
         ctx.settings_changed.connect(lambda _s: self.refresh())
         self._fill()
         self.refresh()
+
+    def minimumSizeHint(self) -> QSize:
+        """As narrow as about a dozen characters: a long model name is elided in a narrow
+        header (the list it opens shows every name whole)."""
+        hint = super().minimumSizeHint()
+        least = self.fontMetrics().horizontalAdvance("x" * 14) + 40  # the arrow and padding
+        return QSize(min(hint.width(), least), hint.height())
+
+    def paintEvent(self, _event: QPaintEvent) -> None:
+        """The box as Qt draws it, its text elided at the width it has now (narrower than
+        its widest in a narrow header), never clipped mid-word."""
+        painter = QStylePainter(self)
+        opt = QStyleOptionComboBox()
+        self.initStyleOption(opt)
+        full = self.itemData(self.currentIndex(), Qt.ItemDataRole.ToolTipRole)
+        text = full if isinstance(full, str) and full else opt.currentText
+        opt.currentText = self.fontMetrics().elidedText(
+            text, Qt.TextElideMode.ElideRight, self.text_room(self.width())
+        )
+        painter.drawComplexControl(QStyle.ComplexControl.CC_ComboBox, opt)
+        painter.drawControl(QStyle.ControlElement.CE_ComboBoxLabel, opt)
+
+    def shown_text(self) -> str:
+        """The box's text as drawn at its width now."""
+        full = self.itemData(self.currentIndex(), Qt.ItemDataRole.ToolTipRole)
+        text = full if isinstance(full, str) and full else self.currentText()
+        room = self.text_room(self.width())
+        return self.fontMetrics().elidedText(text, Qt.TextElideMode.ElideRight, room)
 
     def refresh(self) -> None:
         """Read My models again (in the background: each set's headers are read)."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
-from PySide6.QtWidgets import QVBoxLayout, QWizardPage
+from PySide6.QtWidgets import QWizardPage
+
+from k3desk.ui.widgets import scroll_body
 
 if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
@@ -29,7 +31,11 @@ class Step(IntEnum):
 
 
 class StepPage(QWizardPage):
-    """A step of the wizard: a title, a subtitle and a vertical layout."""
+    """A step of the wizard: a title, a subtitle and a vertical layout (``lay``).
+
+    The layout lives in a scroll area without a frame: where the screen is smaller than
+    what the step needs (a 1024x700 laptop), the step scrolls instead of squeezing its
+    tables to no rows or pushing its buttons out of reach."""
 
     def __init__(self, ctx: AppContext, wizard: TierWizard, title: str, sub: str) -> None:
         super().__init__()
@@ -37,5 +43,5 @@ class StepPage(QWizardPage):
         self.wiz = wizard
         self.setTitle(title)
         self.setSubTitle(sub)
-        self.lay = QVBoxLayout(self)
+        self.lay = scroll_body(self, "stepScroll")
         self.lay.setSpacing(10)

@@ -17,7 +17,7 @@ from k3desk.core.app.tiers import TierJudgement, TierRow
 from k3desk.core.app.values import K3Error
 from k3desk.ui.judged import JudgedBar
 from k3desk.ui.tiers import TierTable
-from k3desk.ui.widgets import Banner, label, muted
+from k3desk.ui.widgets import Banner, ElidedLabel, keep_rows, label
 from k3desk.ui.wizard.base import StepPage
 from k3desk.ui.wizard.hubsets import HubSetsBox
 
@@ -47,6 +47,7 @@ class TiersPage(StepPage):
         self.reason.setObjectName("recommendation")
         self.lay.addWidget(self.reason)
         self.table = TierTable()
+        keep_rows(self.table, 3)  # on a small screen the step scrolls; the rows stay
         # the catalog's tiers above the Hub's sets; the divider moves
         self.split = QSplitter(Qt.Orientation.Vertical)
         self.split.setChildrenCollapsible(False)
@@ -64,12 +65,15 @@ class TiersPage(StepPage):
         self.hub = HubSetsBox(ctx)
         self.hub.set_selected.connect(self._hub_selected)
         wizard.finished.connect(lambda _r: self.hub.cancel())
+        keep_rows(self.hub.table, 2)
         self.split.addWidget(self.hub)
         self.split.setStretchFactor(0, 1)
         self.split.setStretchFactor(1, 1)
         self.chosen_hub: SetRow | None = None  # a set of the Hub chosen instead of a tier
         row = QHBoxLayout()
-        self.rule = muted("")
+        # the whole ordering rule in its tooltip: one line, elided (see the Models page)
+        self.rule = ElidedLabel("", "tierRule")
+        self.rule.setProperty("muted", True)
         row.addWidget(self.rule, 1)
         self.have = QPushButton("I already have the files…")
         self.have.setObjectName("tiersHaveFiles")
