@@ -1066,9 +1066,9 @@ def _connections_handed_out(waiting: tuple[int, ...]) -> list[int]:
 
 
 def test_connections_go_to_the_waiting_files_in_the_order_they_were_queued() -> None:
-    """The promise (docs/guide.md, docs/measured.md): with every connection taken, files that wait for one
-    get it in their queue order, whatever order they began to wait in (three
-    rounds: an unordered hand-out comes out sorted by chance now and then)."""
+    """The promise (docs/measured.md): with every connection taken, files that wait for
+    one get it in their queue order, whatever order they began to wait in (three rounds:
+    an unordered hand-out comes out sorted by chance now and then)."""
     for _ in range(3):
         assert _connections_handed_out((6, 1, 5, 2, 4, 3)) == [1, 2, 3, 4, 5, 6]
 
