@@ -683,6 +683,33 @@ MUTANTS: tuple[Mutant, ...] = (
         "a download resumes from what it kept, not from byte 0",
     ),
     m(
+        "download-rate-not-a-burst",
+        "k3desk/core/hub/reporting.py",
+        "if now - self._samples[0][0] < MIN_SPAN or span <= 0.001:",
+        "if span <= 0.001:",
+        "tests/core/hub/test_hub_figures.py::test_a_paced_link_shows_its_rate_and_an_eta_"
+        "that_comes_true",
+        "a download's rate and ETA come from seconds of bytes, never a burst",
+    ),
+    m(
+        "download-total-fixed",
+        "k3desk/core/hub/job.py",
+        "overall = Overall(sum(it.file.size for it in items), have)",
+        "overall = Overall(sum(it.file.size - it.resumable for it in items if it.kind == 'fetch'))",
+        "tests/core/hub/test_hub_figures.py::test_a_resumed_download_keeps_its_total_and_"
+        "counts_what_it_has",
+        "a resumed download shows the set's size as its total, what is here counted done",
+    ),
+    m(
+        "download-says-waiting-for-the-hub",
+        "k3desk/core/hub/job.py",
+        "if busy and quiet >= self.options.wait_notice_seconds:",
+        "if False:",
+        "tests/core/hub/test_hub_figures.py::test_a_hub_that_goes_down_is_said_within_"
+        "fifteen_seconds",
+        "a Hub that goes away is said (waiting for the Hub) within 15 s",
+    ),
+    m(
         "auto-port-race-counts-as-failure",
         SUP,
         'return crash.recovery == "new_port" and self.spec.port is None',
