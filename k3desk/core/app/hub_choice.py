@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from k3desk.core.app.operations import Operation
 from k3desk.core.app.search import SearchRequest, SearchResult, SetRow, search_hub
+from k3desk.core.catalog.model import Tier
 from k3desk.core.hub.model import DownloadRequest
 from k3desk.core.progress import CancelToken, ProgressCallback, no_progress
 
@@ -34,17 +35,68 @@ def hub_search_op(
 
 
 def download_request_for(row: SetRow) -> DownloadRequest:
-    """Exactly ``row``'s parts, at the commit they were listed (and judged) at."""
-    include = row.remote.include
-    return DownloadRequest(
-        repo=row.repo,
-        allow_patterns=(include,),
-        revision=row.revision or "main",
+    """Exactly ``row``'s parts, at the commit they were listed (and judged) at, and its
+    vision projector: a catalog tier's own (its card names it, as a tier download
+    brings it), else the one the repository has for the set
+    (:mod:`k3desk.core.hub.projectors`, chosen when the job lists the repository)."""
+    return set_request(
+        row.repo,
+        row.remote.include,
+        row.revision or "main",
+        row.tier,
         label=row.tier.id if row.tier is not None else f"{row.repo}:{row.remote.name}",
-        shard_patterns=(include,),
-        expected_shards=row.remote.count,
-        expected_shard_bytes=row.remote.total_bytes or None,
+        first_part=row.remote.first_path,
+        shards=(row.remote.count, row.remote.total_bytes or None),
     )
+
+
+def set_request(
+    repo: str,
+    include: str,
+    revision: str,
+    tier: Tier | None,
+    *,
+    label: str,
+    first_part: str,
+    shards: tuple[int | None, int | None] = (None, None),
+) -> DownloadRequest:
+    """The request for the set ``include`` selects in ``repo`` (its first part
+    ``first_part``), with its projector; ``shards``: the part count and bytes a listing
+    showed, checked again when the job lists it."""
+    mmproj = tuple(tier.mmproj) if tier is not None else ()
+    text_only = tier is not None and tier.vision == "none"
+    return DownloadRequest(
+        repo=repo,
+        allow_patterns=(include, *mmproj),
+        revision=revision,
+        label=label,
+        shard_patterns=(include,),
+        expected_shards=shards[0],
+        expected_shard_bytes=shards[1],
+        required=mmproj,
+        projector_of="" if mmproj or text_only else first_part,
+    )
+
+
+def projector_note(tier: Tier | None) -> str:
+    """What is said before a download about the set's projector and the engine that
+    reads it ('' when there is nothing to say)."""
+    if tier is None:
+        return (
+            "Its vision projector comes with it where the repository has one; whether an "
+            "engine reads it is checked when the engine starts."
+        )
+    if tier.vision == "none":
+        return f"{tier.name} reads no images: {tier.vision_note}"
+    if tier.vision == "fork":
+        fork = tier.vision_engine or "a llama.cpp fork"
+        kind = f" ({tier.mmproj_type!r})" if tier.mmproj_type else ""
+        return (
+            f"Its projector{kind} comes with it, but the llama.cpp release cannot read it: "
+            f"images need an engine built from the {fork} fork (Engine page). "
+            f"{tier.vision_note}"
+        ).strip()
+    return "Its vision projector comes with it."
 
 
 def folder_for(row: SetRow) -> str:

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -41,6 +41,7 @@ from k3desk.core.hub.listing import (
     manifest_check,
     refusals_text,
     resolve_endpoint,
+    select,
 )
 from k3desk.core.hub.model import (
     Done,
@@ -65,6 +66,7 @@ from k3desk.core.hub.model import (
     Verified,
 )
 from k3desk.core.hub.preflight import check_space, check_writable
+from k3desk.core.hub.projectors import PROJECTORS, is_projector, projectors_for
 from k3desk.core.hub.reporting import Events, FileTask, Overall
 from k3desk.core.hub.state import Partial, TargetState, expected_hash, meta_dir, model_dirs
 from k3desk.core.hub.transfer import Context, Offsets, child_attempt, http_attempt, xet_usable
@@ -308,11 +310,14 @@ class DownloadJob:
         opts = self.options
         endpoint = resolve_endpoint(opts.endpoint)
         self._stop.raise_if_cancelled()
+        asked = self.request
+        if asked.projector_of:  # the repository's projectors too, to choose the set's
+            asked = replace(asked, allow_patterns=(*asked.allow_patterns, PROJECTORS))
         listing = self._interruptible(
-            lambda: list_remote(
-                self.request, endpoint=endpoint, token=opts.token, cancel=self._stop
-            )
+            lambda: list_remote(asked, endpoint=endpoint, token=opts.token, cancel=self._stop)
         )
+        if self.request.projector_of:
+            listing = self._with_projector(listing)
         self.listing = listing
         self._emit(
             ListingDone(listing.repo, listing.revision, len(listing.files), listing.total_bytes)
@@ -338,6 +343,16 @@ class DownloadJob:
         for w in crosscheck(self.request, listing):
             self._warn(w)
         return listing
+
+    def _with_projector(self, listing: Listing) -> Listing:
+        """``listing`` with what the request's patterns select and, of the repository's
+        projectors, the one for the set (:func:`projectors_for`), no other."""
+        req = self.request
+        paths = [f.path for f in listing.files]
+        wanted = set(select(paths, req.allow_patterns))
+        found = [f for f in listing.files if is_projector(f.path)]
+        wanted |= {f.path for f in projectors_for(req.projector_of, found)}
+        return replace(listing, files=tuple(f for f in listing.files if f.path in wanted))
 
     def _open_target(self, listing: Listing) -> TargetState:
         """The target folder, checked writable, with the listing recorded in its state."""

@@ -1,0 +1,61 @@
+"""A set is its files: a set found on the Hub downloads with its vision projector."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from k3desk.app import Services
+from k3desk.core.app.downloads import DownloadJob, DownloadOptions
+from k3desk.core.app.hub_choice import download_request_for
+from k3desk.core.app.search import SearchRequest, SetRow, search_hub
+from tests.fixtures.hub import MMPROJ, TIER_REPO, shard_name, tier_files
+from tests.hubserver import HubServer, make_bytes
+
+BF16 = "mmproj-Tiny-K3-BF16.gguf"  # the same projector in another precision, at the root
+
+
+def _found(hub: HubServer, name: str) -> SetRow:
+    result = search_hub(Services(), SearchRequest(endpoint=hub.endpoint, read_headers=False))
+    assert not result.offline, result.offline_reason
+    return next(r for r in result.rows if r.repo == TIER_REPO and r.remote.name == name)
+
+
+def _download(hub: HubServer, row: SetRow, target: Path) -> None:
+    options = DownloadOptions(endpoint=hub.endpoint, margin_bytes=0, direct_io=False)
+    DownloadJob(download_request_for(row), target, options).run()
+
+
+def _same(path: Path, data: bytes) -> bool:
+    return hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(data).digest()
+
+
+def test_a_set_found_on_the_hub_downloads_with_its_projector(
+    hub_server: HubServer, tmp_path: Path
+) -> None:
+    files = tier_files()
+    files[BF16] = b"GGUF" + make_bytes(300_000, 99)
+    hub_server.add_repo(TIER_REPO, files)
+    row = _found(hub_server, "IQ1_S/Tiny-K3-IQ1_S")
+    _download(hub_server, row, tmp_path)
+    for i in range(1, 10):
+        assert _same(tmp_path / shard_name(i), files[shard_name(i)])
+    assert _same(tmp_path / MMPROJ, files[MMPROJ])  # F16: every engine build reads it
+    assert not (tmp_path / BF16).exists()  # one projector, not every precision of it
+    assert not list(tmp_path.rglob("*XXS*"))  # nor the look-alike quant
+
+
+def test_a_projector_beside_the_set_is_the_one_that_comes_with_it(
+    hub_server: HubServer, tmp_path: Path
+) -> None:
+    """A repository with a projector in each quant's folder and one at the root: the set
+    takes the one in its folder."""
+    files = tier_files()
+    own = "IQ1_S/mmproj-Tiny-K3-IQ1_S-F16.gguf"
+    files[own] = b"GGUF" + make_bytes(200_000, 5)
+    files["Q2/mmproj-Tiny-K3-Q2-F16.gguf"] = b"GGUF" + make_bytes(200_000, 6)
+    hub_server.add_repo(TIER_REPO, files)
+    _download(hub_server, _found(hub_server, "IQ1_S/Tiny-K3-IQ1_S"), tmp_path)
+    assert _same(tmp_path / own, files[own])
+    assert not (tmp_path / MMPROJ).exists()
+    assert not (tmp_path / "Q2").exists()
