@@ -11,7 +11,10 @@ needed on the node.  It takes one JSON argument and prints one JSON object:
   GGUF headers, tensor data inside each file, expert geometry, total size, and
   sha256 when asked).
 
-k3desk imports nothing from here; it reads this file's text and sends it.
+k3desk imports nothing from here; it reads this file's text and sends it.  For the
+same reason this file cannot import ``k3desk.core.process``: the programs it starts on
+the node (``nvidia-smi``, ``k3desk doctor``, ``k3desk validate``) go through
+:func:`_run`, which gives them that module's guarantees on the standard library alone.
 """
 
 from __future__ import annotations
@@ -20,13 +23,81 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
 import sys
+import threading
+import time
 from typing import Any, BinaryIO
 
 GGUF_MAGIC = b"GGUF"
+# What a program's run keeps of each stream (k3desk.core.process.OUTPUT_LIMIT)
+OUTPUT_LIMIT = 1 << 20
+
+
+def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``argv`` to its end, as ``k3desk.core.process.run`` runs a program: in a session
+    of its own (stdin from /dev/null), at most :data:`OUTPUT_LIMIT` bytes of each stream
+    kept (the rest read and discarded), and its whole group ended when it ends or after
+    ``timeout`` seconds (then ``subprocess.TimeoutExpired``), not only the leader as
+    ``subprocess.run`` would.  Raises ``OSError`` when it cannot be started."""
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        close_fds=True,
+    )
+    kept = [bytearray(), bytearray()]
+
+    def pump(fd: int, buf: bytearray) -> None:
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            room = OUTPUT_LIMIT - len(buf)
+            if room > 0:
+                buf += chunk[:room]
+
+    pumps = []
+    for i, stream in enumerate((proc.stdout, proc.stderr)):  # zip(strict=) is 3.10+
+        if stream is not None:
+            t = threading.Thread(target=pump, args=(stream.fileno(), kept[i]), daemon=True)
+            pumps.append((t, stream))
+            t.start()
+    try:
+        proc.wait(timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    _end_group(proc)
+    rc = proc.wait()
+    for t, stream in pumps:
+        t.join(2.0)
+        if not t.is_alive():  # one that left the group may hold it yet: left open then
+            stream.close()
+    if timed_out:
+        raise subprocess.TimeoutExpired(argv, timeout)
+    text = [bytes(b).decode("utf-8", "replace") for b in kept]
+    return subprocess.CompletedProcess(argv, rc, text[0], text[1])
+
+
+def _end_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the child's group, two seconds, then SIGKILL (the leader included)."""
+    for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        end = time.monotonic() + grace
+        while proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.05)
 
 # GGUF value types -> struct format (scalars); 8 = string, 9 = array
 _SCALARS = {
@@ -338,13 +409,7 @@ def _gpus(ram_total: int, ram_avail: int) -> tuple[list[dict[str, Any]], str, st
         return [], "nvidia-smi not found on the node (no NVIDIA driver)", ""
     fields = "index,name,memory.total,memory.free,compute_cap,uuid,driver_version"
     try:
-        proc = subprocess.run(
-            [smi, "--query-gpu=" + fields, "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        proc = _run([smi, "--query-gpu=" + fields, "--format=csv,noheader,nounits"], 30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return [], f"nvidia-smi failed: {exc}", ""
     if proc.returncode != 0:
@@ -447,7 +512,7 @@ def k3desk_hardware(cmd: list[str], disk_path: str) -> tuple[dict[str, Any] | No
     if disk_path:
         argv += ["--disk", os.path.expanduser(disk_path)]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        proc = _run(argv, 120)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"k3desk doctor failed: {exc}"
     if proc.returncode != 0:
@@ -467,13 +532,7 @@ def k3desk_validate(cmd: list[str], first: str) -> dict[str, Any] | None:
     if not cmd or (shutil.which(cmd[0]) is None and not os.path.isfile(cmd[0])):
         return None
     try:
-        proc = subprocess.run(
-            [*cmd, "validate", first, "--json"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
+        proc = _run([*cmd, "validate", first, "--json"], 600)
         data = json.loads(proc.stdout)
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return None
