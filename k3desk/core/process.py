@@ -4,7 +4,8 @@ Every program k3desk starts (llama-server, the ssh client that carries a cluster
 rank, an engine build with its compilers, a download child, a ``--version`` check)
 goes through :func:`spawn`, which returns a :class:`Child`.  (The cluster's node probe,
 ``cluster/node_probe.py``, is sent to another machine as text and runs there on the
-standard library alone.)
+standard library alone; its own ``_run`` gives the programs it starts there what
+:func:`run` gives them here: a session of their own, the group ended, output bounded.)
 
 * the child leads a new session, so it has a process group of its own: stopping
   signals the whole group, the compilers a build started included, and a Ctrl-C

@@ -191,3 +191,42 @@ def test_a_command_past_its_time_limit_leaves_nothing_behind(tmp_path: Path) -> 
     # the engine probe's --version / --help / --list-devices go through it
     assert probe_run(["sh", "-c", script], 1.0) == (None, "started\n", "")
     assert gone(int(wait_for_lines(pids, 1)[0]), 5)
+
+
+FLOOD = "import sys; sys.stdout.buffer.write(b'x' * 50_000_000); print('err', file=sys.stderr)"
+
+
+def test_run_keeps_a_bounded_output_and_counts_the_rest() -> None:
+    """Every short run holds at most OUTPUT_LIMIT bytes a stream, however much is printed."""
+    from k3desk.core.process import OUTPUT_LIMIT
+
+    done = run([sys.executable, "-c", FLOOD], timeout=60)
+    assert (done.returncode, len(done.stdout), done.stderr) == (0, OUTPUT_LIMIT, "err\n")
+    assert done.discarded == 50_000_000 - OUTPUT_LIMIT
+    assert not done.cut_off
+    cut = run([sys.executable, "-c", FLOOD], timeout=60, end_past_limit=True)
+    assert cut.cut_off
+    assert len(cut.stdout) == OUTPUT_LIMIT
+
+
+LEAVER = """
+import os, sys, time
+if os.fork() == 0:
+    os.setpgid(0, 0) if sys.argv[1] == "group" else os.setsid()
+    if sys.argv[1] == "group":
+        os.close(1); os.close(2)
+    time.sleep(300)
+print("done")
+"""
+
+
+@pytest.mark.parametrize("how", ["group", "session"])
+def test_run_ends_what_a_command_left_running_and_says_so(how: str) -> None:
+    """A job put in a group of its own (killpg misses it), or a daemon that left the
+    session keeping the output pipe (a wait for the end of output would hang)."""
+    t0 = time.monotonic()
+    done = run([sys.executable, "-c", LEAVER, how], timeout=60)
+    assert time.monotonic() - t0 < 10
+    assert done.stdout == "done\n"
+    assert len(done.left_running) == 1
+    assert gone(done.left_running[0], 5)
