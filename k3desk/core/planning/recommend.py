@@ -520,8 +520,10 @@ def _summary(
     rule = ("of the tiers whose download fits the free disk, " if restricted else "") + (
         CLOSEST_RULE
     )
+    # a tier that fits in memory but not on the disk was said first: none of the rest fits
+    which = "No other tier" if any(v.fits for v in eligible) else "No tier"
     text = (
-        f"{disk}No tier fits in the memory of {machine}. The closest ({rule}) is "
+        f"{disk}{which} fits in the memory of {machine}. The closest ({rule}) is "
         f"{_label(closest)}: it misses RAM by {fmt_bytes(closest.memory_short)}"
     )
     r = closest.resident
@@ -567,7 +569,9 @@ def _disk_first(
         (
             v
             for v in eligible
-            if v.fits and not v.fits_disk and (chosen is None or v.rank < chosen.rank)
+            if v.fits
+            and not v.fits_disk
+            and (chosen is None or not chosen.fits or v.rank < chosen.rank)
         ),
         None,
     )
