@@ -455,10 +455,10 @@ class EnginePanel(QWidget):
             else "An engine loads Kimi-K3 but leaves GPUs unused: build one for them."
             if usable
             else "No engine here can run Kimi-K3 yet: choose the llama-server you have, or "
-            "build one (about 7 minutes on 2 cores)."
+            "build one (seconds where pip holds a built one, else about 7 minutes on 2 cores)."
             if rows
             else "No llama-server found: choose the one you have (Choose llama-server…), or "
-            "build one (about 7 minutes on 2 cores)."
+            "build one (seconds where pip holds a built one, else about 7 minutes on 2 cores)."
         )
         v = self.vision
         offer = v is not None and not v.usable and v.build is not None
