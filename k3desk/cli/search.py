@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from k3desk.cli import control
-from k3desk.core.app.search import SearchRequest, SearchResult, SetRow, search_hub, size_text
+from k3desk.core.app.search import (
+    SearchRequest,
+    SearchResult,
+    SetRow,
+    search_hub,
+    shown,
+    size_text,
+)
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -87,7 +94,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
     else:
         print(render(result))
     for line in result.errors:
-        print(f"warning: {line}", file=sys.stderr)
+        print(f"warning: {shown(line, 1000)}", file=sys.stderr)
     return 0
 
 
@@ -150,11 +157,12 @@ def render(result: SearchResult) -> str:
         for t in result.catalog.rows:
             rows.append((t.tier.id, t.tier.repo, size_text(t.tier.size_bytes), t.label))
         return "\n".join(
-            [f"Catalog only (offline): {result.offline_reason}", f"Judged for {machine}.", "",
+            [f"Catalog only (offline): {shown(result.offline_reason, 1000)}",
+             f"Judged for {machine}.", "",
              *_table(rows)]
         )  # fmt: skip
     if not result.rows:
-        return f"No Kimi-K3 GGUF set found for '{result.query}' on {result.endpoint}."
+        return f"No Kimi-K3 GGUF set found for '{shown(result.query)}' on {result.endpoint}."
     rows = [("repository", "set", "parts", "size", "tier", "fit", "from")]
     for r in result.rows:
         fit = r.verdict
@@ -164,8 +172,8 @@ def render(result: SearchResult) -> str:
             fit += f", ~{r.speed}"
         rows.append(
             (
-                f"{r.repo}@{r.revision[:7]}",
-                r.remote.name,
+                f"{shown(r.repo)}@{shown(r.revision[:7])}",
+                shown(r.remote.name),
                 str(r.remote.count),
                 size_text(r.remote.total_bytes),
                 r.tier.id if r.tier else "-",
@@ -174,7 +182,11 @@ def render(result: SearchResult) -> str:
             )
         )
     lines = [f"{result.status}; judged for {machine}.", "", *_table(rows)]
-    notes = [f"  {r.repo} {r.remote.name}: {r.problem}" for r in result.rows if r.problem]
+    notes = [
+        f"  {shown(r.repo)} {shown(r.remote.name)}: {shown(r.problem, 600)}"
+        for r in result.rows
+        if r.problem
+    ]
     if notes:
         lines += ["", "Not judged from headers:", *notes]
     read = sum(r.header_bytes for r in result.rows)

@@ -170,6 +170,20 @@ def display_name(name: str) -> str:
     return _CONTROL.sub("", scrub(name))
 
 
+SHOWN_LIMIT = 200  # characters of a name, an id or a message from outside that are shown
+
+
+def shown(text: object, limit: int = SHOWN_LIMIT) -> str:
+    """Text from outside (an id, a name or a message from a Hub, a server or a file) as
+    it may be shown: :func:`display_name`, then cut to ``limit`` characters, the cut said
+    ("... [5,242,800 more characters]")."""
+    clean = display_name(str(text))
+    if len(clean) <= limit:
+        return clean
+    keep = max(1, limit - 40)
+    return f"{clean[:keep]}... [{len(clean) - keep:,} more characters]"
+
+
 def what_is(path: Path) -> str:
     """What ``path`` is when it is not a regular file, in words ("" for a regular file).
 

@@ -23,22 +23,36 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from k3desk.core.app.search import SearchRequest, SearchResult, SetRow, search_hub, size_text
+from k3desk.core.app.hub_choice import projector_note, set_download
+from k3desk.core.app.search import (
+    SearchRequest,
+    SearchResult,
+    SetRow,
+    search_hub,
+    shown,
+    size_text,
+)
+from k3desk.ui.pages import PageKey
 from k3desk.ui.widgets import label, muted
 
 if TYPE_CHECKING:
     from k3desk.core.app.values import CancelToken, Progress
     from k3desk.ui.context import AppContext
+    from k3desk.ui.pages import Navigator
 
-COLUMNS = ("Repository", "Set", "Parts", "Size", "Tier", "Fit", "Judged from")
+COLUMNS = ("Repository", "Set", "Parts", "Size", "Tier", "Fit", "Judged from", "")
+GET = len(COLUMNS) - 1  # the column of each set's Download button
 
 
 class HubModels(QWidget):
     """A search box, a status line and one row per set on the Hub."""
 
-    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+    def __init__(
+        self, ctx: AppContext, nav: Navigator | None = None, parent: QWidget | None = None
+    ) -> None:
         super().__init__(parent)
         self.ctx = ctx
+        self.nav = nav
         self.result: SearchResult | None = None
         self._searching = False
         self.endpoint: str | None = None  # None: HF_ENDPOINT, else huggingface.co
@@ -141,7 +155,8 @@ class HubModels(QWidget):
                 if s.speed:
                     fit += f", ~{s.speed}"
                 rows.append(
-                    (f"{s.repo}@{s.revision[:7]}", s.remote.name, str(s.remote.count),
+                    (f"{shown(s.repo)}@{shown(s.revision[:7])}", shown(s.remote.name),
+                     str(s.remote.count),
                      size_text(s.remote.total_bytes), s.tier.id if s.tier else "-", fit,
                      s.basis_text())
                 )  # fmt: skip
@@ -152,6 +167,31 @@ class HubModels(QWidget):
                 item = QTableWidgetItem(text)
                 item.setToolTip("\n".join([text, *notes[i]]) if notes else text)
                 self.table.setItem(i, j, item)
+            if not result.offline:
+                self.table.setCellWidget(i, GET, self._get_button(result.rows[i]))
+
+    def _get_button(self, row: SetRow) -> QPushButton:
+        button = QPushButton("Download")
+        button.setObjectName("hubDownload")
+        button.setToolTip(
+            f"Download {row.remote.name} from {row.repo} at {row.revision[:7]} with its "
+            "vision projector, verified, into the models folder"
+        )
+        button.clicked.connect(lambda _checked=False, r=row: self.download(r))
+        return button
+
+    def download(self, row: SetRow) -> None:
+        """Start the download the wizard makes for ``row`` (its parts and its projector,
+        into the models folder), and show it on the Downloads page."""
+        chosen = set_download(self.ctx.services, row)
+        try:
+            self.ctx.downloads.start(chosen.request, chosen.target)
+        except Exception as exc:  # noqa: BLE001 - shown to the user
+            self.ctx.reporter.report(exc)
+            return
+        self.details.setText(f"Downloading {row.remote.name} to {chosen.target}. {chosen.note}")
+        if self.nav is not None:
+            self.nav.show_page(PageKey.DOWNLOADS)
 
     def _selected(self) -> None:
         """The chosen set's judgement in full, and how to get it."""
@@ -161,22 +201,24 @@ class HubModels(QWidget):
             self.details.setText("")
             return
         s = result.rows[rows[0].row()]
-        lines = [f"{s.repo} at {s.revision[:12]}, {s.remote.name}: {s.verdict}"]
+        lines = [
+            f"{shown(s.repo)} at {shown(s.revision[:12])}, {shown(s.remote.name)}: {s.verdict}"
+        ]
         if s.plan is not None:
             lines.append(s.plan.basis_text()[:1].upper() + s.plan.basis_text()[1:] + ".")
-        lines += [s.problem] if s.problem else []
-        lines += list(s.suspicious[:1])
+        lines += [shown(s.problem, 600)] if s.problem else []
+        lines += [shown(x, 300) for x in s.suspicious[:1]]
         lines.append(
             f"Download: k3desk download --repo {s.repo} --revision {s.revision} "
-            f"--include '{s.remote.include}'"
+            f"--include '{shown(s.remote.include)}'"
         )
         self.details.setText("\n".join(lines))
 
     @staticmethod
     def _notes(row: SetRow) -> list[str]:
         """The card's facts for a set that is a catalog tier, and what stopped a judgement."""
-        out = [row.problem] if row.problem else []
-        out += list(row.suspicious)
+        out = [shown(row.problem, 600)] if row.problem else []
+        out += [shown(x, 300) for x in row.suspicious[:4]]
         if row.tier is not None:
             out += [f"{q.metric}: {q.value} ({q.conditions})" for q in row.tier.quality[:3]]
             out += list(row.tier.caveats[:3])
@@ -184,6 +226,7 @@ class HubModels(QWidget):
                 out.append(f"Images need the {row.tier.vision_engine} llama.cpp fork.")
         if row.projectors:
             out.append("Projectors in the repository: " + ", ".join(row.projectors))
+        out.append(projector_note(row.tier))
         return out
 
     def rows(self) -> list[list[str]]:

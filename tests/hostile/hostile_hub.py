@@ -20,7 +20,15 @@ Everything the honest stand-in does still works; on top of it, per file or per r
   other origin;
 * ``tree_next``: the tree listing's ``Link: rel="next"`` is hostile: ``"other-origin"``
   points it at the other origin (which lists the repo's files too, and records
-  whether a token came along), ``"endless"`` at ever new pages of ever new names.
+  whether a token came along), ``"endless"`` at ever new pages of ever new names,
+  ``"circle"`` at its second page again and again;
+* ``stall_api``: an ``/api/`` route (regex) whose requests are accepted and never
+  answered (until the server closes); ``stall_get``: files whose GETs are (their HEAD
+  answers);
+* ``search_next``: ``"endless-empty"``: the model search answers empty pages, each with
+  a ``Link: rel="next"`` to one more;
+* ``search_extra``: entries the model search answers (one page) instead of the repos
+  it holds: an id 5 MB long, say.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import re
 import socket
 import zlib
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from tests.hubserver import Hit, HubFile, HubServer, _Handler
 
@@ -60,6 +68,10 @@ class HostileHub(HubServer):
         self.api_redirect = False
         self.get_redirect: set[str] = set()
         self.tree_next: str | None = None
+        self.stall_api: str | None = None
+        self.stall_get: set[str] = set()
+        self.search_next: str | None = None
+        self.search_extra: list[dict[str, Any]] = []
         super().__init__(**kw)
 
     def file_at(self, url_path: str) -> tuple[str, str] | None:
@@ -88,6 +100,12 @@ class _HostileHandler(_Handler):
         if path.startswith("/api/") and hub.endless_api and re.search(hub.endless_api, path):
             self._endless()
             return
+        if path.startswith("/api/") and hub.stall_api and re.search(hub.stall_api, path):
+            self._stall("")
+            return
+        if path == "/api/models" and (hub.search_next or hub.search_extra):
+            self._hostile_search()
+            return
         routed = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
         if routed is None or routed.group(1) not in hub.repos:
             found = hub.file_at(path)
@@ -107,6 +125,22 @@ class _HostileHandler(_Handler):
             return
         super()._cdn()
 
+    def _stall(self, file: str) -> None:
+        """Accept the request and never answer it (until the server closes)."""
+        hub = self.owner
+        hub._log(Hit(self.server_name_, self.command, self.path, file, 0, None, 0, False, None))
+        hub._closing.wait()
+        self.close_connection = True
+
+    def _hostile_search(self) -> None:
+        hub = self.owner
+        if hub.search_extra:
+            self._json(200, hub.search_extra)
+            return
+        cursor = int((parse_qs(urlsplit(self.path).query).get("cursor") or ["0"])[0])
+        nxt = f"{hub.endpoint}/api/models?filter=gguf&cursor={cursor + 1}"
+        self._json(200, [], {"Link": f'<{nxt}>; rel="next"'})
+
     def _tree(self, repo: Any, rev: str, sub: str, query: dict[str, list[str]]) -> None:
         hub = self.owner
         if hub.tree_next is None:
@@ -117,6 +151,10 @@ class _HostileHandler(_Handler):
         if hub.tree_next == "other-origin":
             page = [self._entry(f) for f in repo.files.values()] if cursor == 0 else []
             nxt = hub.cdn_endpoint + base
+        elif hub.tree_next == "circle":  # page 2 links to page 2
+            page = [self._entry(f) for f in repo.files.values()] if cursor == 0 else []
+            again = f"/api/models/{repo.repo_id}/tree/{rev}?recursive=true&cursor=1"
+            nxt = hub.endpoint + again
         else:  # endless: every page names 50 files never named before
             page = [
                 {"type": "file", "oid": "%040x" % (cursor * 50 + i), "size": 1,
@@ -131,6 +169,9 @@ class _HostileHandler(_Handler):
         if file in hub.always:
             status, headers = hub.always[file]
             self._send(status, b'{"error": "go away"}', dict(headers), file=file)
+            return
+        if self.command == "GET" and file in hub.stall_get:
+            self._stall(file)
             return
         if self.command == "GET" and file in hub.get_redirect:
             f = hub.repos[repo_id].files[file]

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Literal
 from k3desk.core.app.shardplan import PlanRequest, ShardSetPlan, plan_shard_set
 from k3desk.core.errors import HubError, ValidationError
 from k3desk.core.hub.discovery import RemoteRepo, RemoteSet, group_sets, list_repo_sets
-from k3desk.core.hub.headers import HeaderSet, cached_files, read_remote_headers
+from k3desk.core.hub.headers import HeaderBudget, HeaderSet, cached_files, read_remote_headers
 from k3desk.core.hub.listing import select
 from k3desk.core.progress import CancelToken, ProgressCallback, no_progress
+from k3desk.core.safepaths import shown
 from k3desk.core.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ def parse_remote(spec: str) -> tuple[str, str]:
     repo = repo.strip().strip("/")
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise HubError(
-            f"'{spec}' is not a Hub repository (owner/name, optionally @revision).",
+            f"'{shown(spec)}' is not a Hub repository (owner/name, optionally @revision).",
             "Write it as on the Hub, e.g. GrEarl/Kimi-K3-GGUF-IQ1_S or "
             "GrEarl/Kimi-K3-GGUF-IQ1_S@main.",
         )
@@ -119,28 +120,30 @@ def choose_set(listed: RemoteRepo, include: str | None) -> RemoteSet:
     sets = [s for s in listed.sets if s.parts]
     if include:
         sets = [s for s in sets if select([s.first_path], [include])]
-    names = ", ".join(f"{s.include} ({s.count} parts)" for s in sets[:8])
-    where = f"{listed.repo} at {listed.revision[:12]}"
+    names = ", ".join(f"{shown(s.include, 120)} ({s.count} parts)" for s in sets[:8])
+    where = f"{shown(listed.repo, 120)} at {shown(listed.revision[:12])}"
     if not sets:
-        every = ", ".join(s.include for s in listed.sets[:8]) or "none"
+        every = ", ".join(shown(s.include, 120) for s in listed.sets[:8]) or "none"
         raise HubError(
-            f"No GGUF model in {where} matches {include!r}."
+            f"No GGUF model in {where} matches {shown(include)!r}."
             if include
             else f"{where} holds no GGUF model.",
             f"Its models: {every}." if listed.sets else "Pick another repository.",
         )
     if len(sets) > 1:
         raise HubError(
-            f"{where} holds {len(sets)} models{' matching ' + repr(include) if include else ''}: "
+            f"{where} holds {len(sets)} models"
+            f"{' matching ' + repr(shown(include)) if include else ''}: "
             f"{names}.",
             "Pick one with --include PATTERN (e.g. the pattern shown for it).",
         )
     chosen = sets[0]
     if chosen.missing:
-        shown = ", ".join(str(i) for i in chosen.missing[:10])
+        numbers = ", ".join(str(i) for i in chosen.missing[:10])
+        plural = "s" if len(chosen.missing) > 1 else ""
         raise HubError(
-            f"{chosen.name} in {where} lacks part{'s' if len(chosen.missing) > 1 else ''} "
-            f"{shown} of {chosen.count}: the set cannot load.",
+            f"{shown(chosen.name, 120)} in {where} lacks part{plural} "
+            f"{numbers} of {chosen.count}: the set cannot load.",
             "Pick another set, or wait until the publisher finishes the upload.",
         )
     return chosen
@@ -179,8 +182,10 @@ def plan_listed_set(
     *,
     progress: ProgressCallback = no_progress,
     cancel: CancelToken | None = None,
+    budget: HeaderBudget | None = None,
 ) -> RemotePlan:
-    """Read the headers of ``chosen`` (listed at ``listed.revision``) and plan it."""
+    """Read the headers of ``chosen`` (listed at ``listed.revision``) and plan it; what
+    is received counts in ``budget`` too (a search's), whatever the outcome."""
     headers = read_remote_headers(
         listed.repo,
         listed.revision,
@@ -190,6 +195,7 @@ def plan_listed_set(
         token=request.token,
         progress=progress,
         cancel=cancel,
+        budget=budget,
     )
     try:
         planned = plan_shard_set(
@@ -205,7 +211,8 @@ def plan_listed_set(
     except ValidationError as exc:
         # the twin holds the Hub's headers: the advice is about the Hub's files
         raise ValidationError(
-            f"{listed.repo} at {listed.revision[:12]}, {chosen.name}: {exc.message}",
+            f"{shown(listed.repo, 120)} at {shown(listed.revision[:12])}, "
+            f"{shown(chosen.name, 120)}: {exc.message}",
             "No llama.cpp build can load this set as published; nothing was downloaded. "
             "Pick another set.",
         ) from None

@@ -10,13 +10,22 @@ listed at its commit and grouped into shard sets, and each set judged:
 * else it is listed unjudged.
 
 A set that matches a catalog tier carries the card's facts (quality figures, caveats,
-the engine it needs).  With ``HF_HUB_OFFLINE`` set, or the Hub unreachable, the result
-is the catalog alone and says so (:attr:`SearchResult.offline`).
+the engine it needs).
+
+One search reads at most :data:`SEARCH_HEADER_BUDGET` bytes of headers, every byte that
+arrives counted (a set refused or failed counts what it cost: ``SetRow.header_bytes``),
+and lists repositories for at most :data:`SEARCH_SECONDS`; past either, the rest is
+listed from the catalog or unjudged, and says so.  Ids and names from the Hub are shown
+bounded (:func:`k3desk.core.safepaths.shown`).
+
+With ``HF_HUB_OFFLINE`` set, or the Hub unreachable, the result is the catalog alone
+and says so (:attr:`SearchResult.offline`).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -34,9 +43,21 @@ from k3desk.core.hub.discovery import (
     list_repo_sets,
     search_repos,
 )
+from k3desk.core.hub.headers import BudgetSpent, HeaderBudget, header_budget
 from k3desk.core.hub.listing import resolve_endpoint, select
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
+from k3desk.core.safepaths import shown
 from k3desk.core.units import fmt_bytes
+
+__all__ = [
+    "SEARCH_HEADER_BUDGET",
+    "SearchRequest",
+    "SearchResult",
+    "SetRow",
+    "search_hub",
+    "shown",  # what the shells show of the Hub's text goes through it
+    "size_text",
+]
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -45,6 +66,8 @@ Basis = Literal["headers", "catalog", "none"]
 # What one search may read of headers (about 5 MiB a set: part 1 holds the tokenizer);
 # sets past it are judged from the catalog, or listed, with a note how to plan them
 SEARCH_HEADER_BUDGET = 256 * 1024 * 1024
+SEARCH_HEADER_SECONDS = 600.0  # reading headers, all sets together
+SEARCH_SECONDS = 900.0  # listing repositories, all together
 
 
 @dataclass(frozen=True)
@@ -181,17 +204,17 @@ def _row_without_headers(
     remote: RemoteSet,
     tier: Tier | None,
     tier_row: TierRow | None,
-    spent: int,
+    spent: HeaderBudget,
 ) -> SetRow | None:
     """The row of a set whose headers are not read (not asked for, parts missing, or the
     search's header budget spent); None when its headers are to be read."""
-    over = spent >= SEARCH_HEADER_BUDGET
+    over = spent.used >= spent.limit or spent.spent
     if request.read_headers and remote.complete and not over:
         return None
     if over and remote.complete and request.read_headers:
         return replace(
             _base_row(hit, remote, tier, tier_row),
-            problem=f"headers not read: this search read {fmt_bytes(spent)} "
+            problem=f"headers not read: this search read {fmt_bytes(spent.used)} "
             "already; `k3desk plan --remote` reads them",
         )
     if tier is not None:
@@ -207,21 +230,30 @@ def _row_from_headers(
     found: tuple[RepoHit, RemoteSet, Tier | None, TierRow | None],
     progress: ProgressCallback,
     cancel: CancelToken | None,
-) -> tuple[SetRow, int]:
-    """The row of a set judged from its headers, and the header bytes read for it; a set
-    whose headers cannot load keeps the catalog's verdict, with the reason."""
+    budget: HeaderBudget,
+) -> SetRow:
+    """The row of a set judged from its headers, with the header bytes read for it
+    (counted in ``budget``, the search's, whatever the outcome); a set whose headers
+    cannot load keeps the catalog's verdict, with the reason."""
     hit, remote, tier, tier_row = found
+    before = budget.used
     try:
         planned = plan_listed_set(
-            services, plan_req, listed, remote, progress=progress, cancel=cancel
+            services, plan_req, listed, remote, progress=progress, cancel=cancel, budget=budget
         )
     except Cancelled:
         raise
+    except BudgetSpent as exc:  # the search's budget ran out while reading this set
+        base = _base_row(hit, remote, tier, tier_row)
+        problem = f"headers not read in full: {exc.message} {exc.hint}"
+        return replace(base, problem=problem, header_bytes=budget.used - before)
     except K3Error as exc:
         base = _base_row(hit, remote, tier, tier_row)
         verdict = base.verdict if base.basis == "catalog" else "n/a: its headers cannot load"
-        return replace(base, problem=exc.message, verdict=verdict), 0
-    return _header_row(hit, remote, planned), planned.headers.received
+        return replace(
+            base, problem=exc.message, verdict=verdict, header_bytes=budget.used - before
+        )
+    return replace(_header_row(hit, remote, planned), header_bytes=budget.used - before)
 
 
 def offline_reason() -> str:
@@ -247,7 +279,8 @@ def search_hub(
     reason = offline_reason()
     if reason:
         return SearchResult(ep, request.query, subject, (), catalog, True, reason)
-    progress(Progress("Searching the Hub", 0, 0, request.query))
+    progress(Progress("Searching the Hub", 0, 0, shown(request.query, 60)))
+    errors: list[str] = []
     try:
         hits = search_repos(
             request.query,
@@ -255,14 +288,32 @@ def search_hub(
             endpoint=ep,
             token=request.token,
             limit=request.limit,
+            refused=errors,
         )
     except K3Error as exc:
         return SearchResult(ep, request.query, subject, (), catalog, True, exc.message)
     if cancel is not None:
         cancel.raise_if_cancelled()
+    rows = _judge_hits(services, request, ep, hits, (tiers, catalog), errors, progress, cancel)
+    progress(Progress("Searching the Hub", 1, 1))
+    return SearchResult(ep, request.query, subject, tuple(rows), catalog, errors=tuple(errors))
+
+
+def _judge_hits(
+    services: Services,
+    request: SearchRequest,
+    ep: str,
+    hits: list[RepoHit],
+    known: tuple[tuple[Tier, ...], TierJudgement],
+    errors: list[str],
+    progress: ProgressCallback,
+    cancel: CancelToken | None,
+) -> list[SetRow]:
+    """Every set of every repository found, judged (within the search's bounds)."""
+    tiers, catalog = known
     rows: list[SetRow] = []
-    errors: list[str] = []
-    spent = 0
+    spent = header_budget(SEARCH_HEADER_BUDGET, SEARCH_HEADER_SECONDS)
+    deadline = time.monotonic() + SEARCH_SECONDS
     by_tier = {r.tier.id: r for r in catalog.rows}
     plan_req = RemotePlanRequest(
         repo="",
@@ -273,23 +324,26 @@ def search_hub(
     for n, hit in enumerate(hits):
         if cancel is not None:
             cancel.raise_if_cancelled()
-        progress(Progress("Listing repositories", n, len(hits), hit.repo))
+        if time.monotonic() > deadline:
+            errors.append(
+                f"the search took longer than {SEARCH_SECONDS:.0f} s; {len(hits) - n} "
+                "repositories were not listed (search for one of them by name)"
+            )
+            break
+        progress(Progress("Listing repositories", n, len(hits), shown(hit.repo, 60)))
         try:
             listed: RemoteRepo = list_repo_sets(
                 hit.repo, hit.revision or "main", endpoint=ep, token=request.token
             )
         except K3Error as exc:
-            errors.append(f"{hit.repo}: {exc.message}")
+            errors.append(f"{shown(hit.repo, 120)}: {shown(exc.message, 600)}")
             continue
         for remote in listed.sets:
             tier = catalog_tier_for(remote, tiers)
             tier_row = by_tier.get(tier.id) if tier is not None else None
             row = _row_without_headers(request, hit, remote, tier, tier_row, spent)
             if row is None:
-                row, received = _row_from_headers(
-                    services, plan_req, listed, (hit, remote, tier, tier_row), progress, cancel
-                )
-                spent += received
+                found = (hit, remote, tier, tier_row)
+                row = _row_from_headers(services, plan_req, listed, found, progress, cancel, spent)
             rows.append(row)
-    progress(Progress("Searching the Hub", 1, 1))
-    return SearchResult(ep, request.query, subject, tuple(rows), catalog, errors=tuple(errors))
+    return rows

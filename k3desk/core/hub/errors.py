@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from k3desk.core.errors import HubError
 from k3desk.core.private import RefusedPath
+from k3desk.core.safepaths import shown
 from k3desk.core.units import fmt_bytes
 
 
@@ -153,6 +154,8 @@ def hub_error(exc: BaseException, where: Where) -> HubError:
     """
     if isinstance(exc, HubError):
         return exc
+    # what the Hub named (a repository id, a file) is shown bounded, however long it is
+    where = replace(where, repo=shown(where.repo, 120), path=shown(where.path, 160))
     if isinstance(exc, OSError) and is_disk_error(exc):
         return disk_error(exc, where)
     names = _names(exc)
@@ -290,6 +293,13 @@ def _by_transport(exc: BaseException, names: set[str], where: Where) -> HubError
             "proxy settings (HTTPS_PROXY). Partial files are kept; the download resumes when "
             "run again.",
         )
+    if names & {"ReadTimeout", "WriteTimeout"}:  # connected, then no answer in time
+        return HubError(
+            f"The Hub at {where.endpoint} stopped answering the request for "
+            f"{where.path or where.repo} ({_plain(exc)}).",
+            "The Hub (or the mirror or proxy in HF_ENDPOINT / HTTPS_PROXY) is stuck or the "
+            "network is; try again later. Partial files are kept.",
+        )
     if names & TRANSPORT_ERRORS:
         return HubError(
             f"Cannot reach the Hub at {where.endpoint}: {_plain(exc)}.",
@@ -300,9 +310,10 @@ def _by_transport(exc: BaseException, names: set[str], where: Where) -> HubError
 
 
 def _plain(exc: BaseException) -> str:
+    """The first line of what ``exc`` says (a server's message, often), bounded."""
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""
-    return first or type(exc).__name__
+    return shown(first, 300) or type(exc).__name__
 
 
 def disk_error(exc: OSError, where: Where, *, kept: int = 0) -> HubError:

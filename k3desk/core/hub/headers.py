@@ -6,8 +6,12 @@ asks for :data:`FIRST_READ` bytes and each later one grows what is held (to twic
 much, by at most :data:`MAX_STEP`) only when the header parser
 (:func:`k3desk.core.gguf.reader.read_header_from`, with the bounds ``validate`` reads
 local files with) needs bytes it does not have yet.  What one part may make k3desk
-receive is capped (:data:`MAX_PART_BYTES`), and so is a whole set (:data:`MAX_SET_BYTES`):
-a header that claims more stops with a message, not with a download.
+receive is capped (:data:`MAX_PART_BYTES`, its retries included), and so is a whole set
+(:data:`MAX_SET_BYTES`) and, when the caller gives one, a whole search
+(:func:`header_budget`): every byte that arrives counts at every level, whatever becomes
+of the read, so a refused set counts what it cost.  Requests per part
+(:data:`MAX_PART_REQUESTS`) and the time a set takes (:data:`SET_SECONDS`) are bounded
+too.  A header that claims more stops with a message, not with a download.
 
 A server that ignores ``Range`` (answers 200 and the whole file) is read as one stream,
 from byte 0, only as far as the header goes, and then dropped: the cap holds there too.
@@ -56,6 +60,8 @@ MAX_STEP = 8 * MiB  # one request never asks for more than this beyond what is h
 # vocabularies and stop a header that claims gigabytes of strings.
 MAX_PART_BYTES = 128 * MiB
 MAX_SET_BYTES = 512 * MiB
+MAX_PART_REQUESTS = 64  # a Kimi-K3 part 1 takes 7 (64 KiB doubling to its 4 MiB)
+SET_SECONDS = 300.0  # reading one set's headers; the 94 parts of a K3 set take seconds
 PARALLEL = 8  # parts read at once
 ATTEMPTS = 3  # per part, on a network hiccup (a timeout, a dropped connection, a 5xx)
 TIMEOUT = 20.0
@@ -67,6 +73,10 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 class HeaderTooLong(HubError):
     """A header needs more bytes than k3desk reads before a download."""
+
+
+class BudgetSpent(HubError):
+    """A caller's budget for headers (a search's, :func:`header_budget`) is spent."""
 
 
 @dataclass(frozen=True)
@@ -117,24 +127,107 @@ def twin_folder(cache_dir: Path, endpoint: str, repo: str, revision: str) -> Pat
     return cache_dir / host / repo.replace("/", "--") / revision
 
 
-class _Budget:
-    """Bytes the whole set may still receive (shared by the threads reading its parts)."""
+class HeaderBudget:
+    """What reading headers may still take: bytes, requests, time (shared by threads).
 
-    def __init__(self, limit: int) -> None:
+    A byte or a request taken here is taken from ``parent`` too (a part's from its
+    set's, a set's from a search's), counted before anything is refused, so every level
+    knows what was really received, however the read ends.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        limit: int,
+        refuse: Callable[[int, str], HubError],
+        parent: HeaderBudget | None = None,
+        *,
+        requests: int | None = None,
+        seconds: float | None = None,
+    ) -> None:
+        self.name = name  # "the header of X", "the headers of this set", ...
         self.limit = limit
+        self.refuse = refuse  # (limit, what) -> the error when the bytes are spent
+        self.parent = parent
+        self.max_requests = requests
+        self.seconds = seconds
+        self.deadline = None if seconds is None else time.monotonic() + seconds
         self.used = 0
+        self.requests = 0
+        self.spent = False  # it has refused something: its bytes, requests or time
         self._lock = threading.Lock()
 
     def take(self, n: int, what: str) -> None:
         with self._lock:
             self.used += n
-            if self.used > self.limit:
-                raise HeaderTooLong(
-                    f"Reading the headers of this set took more than {fmt_bytes(self.limit)} "
-                    f"(at {what}); k3desk stops there before a download.",
-                    "The files claim headers far larger than any Kimi-K3 GGUF has: they are "
-                    "damaged or not what they say. Pick another set.",
-                )
+            over = self.used > self.limit
+        if self.parent is not None:
+            self.parent.take(n, what)
+        if over:
+            self.spent = True
+            raise self.refuse(self.limit, what)
+        self._in_time(what)
+
+    def request(self, what: str) -> None:
+        """One more request (for ``what``)."""
+        with self._lock:
+            self.requests += 1
+            over = self.max_requests is not None and self.requests > self.max_requests
+        if self.parent is not None:
+            self.parent.request(what)
+        if over:
+            self.spent = True
+            raise HeaderTooLong(
+                f"Reading {self.name} took more than {self.max_requests} requests (at "
+                f"{what}); k3desk stops there before a download.",
+                "The server answers in pieces no Hub sends, or the file is not what it "
+                "says. Pick another set.",
+            )
+        self._in_time(what)
+
+    def _in_time(self, what: str) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.spent = True
+            raise HeaderTooLong(
+                f"Reading {self.name} took longer than {self.seconds:.0f} s (at {what}); "
+                "k3desk stops there before a download.",
+                "The server is very slow or sends the headers a few bytes at a time; try "
+                "again later, or pick another set.",
+            )
+
+
+def _set_too_long(limit: int, what: str) -> HubError:
+    return HeaderTooLong(
+        f"Reading the headers of this set took more than {fmt_bytes(limit)} "
+        f"(at {what}); k3desk stops there before a download.",
+        "The files claim headers far larger than any Kimi-K3 GGUF has: they are "
+        "damaged or not what they say. Pick another set.",
+    )
+
+
+def _part_too_long(limit: int, what: str) -> HubError:
+    return HeaderTooLong(
+        f"The server sent more than {fmt_bytes(limit - MAX_STEP)} of {what} without its "
+        "header ending; k3desk reads no more of it before a download.",
+        "The file is damaged or not a Kimi-K3 GGUF. Pick another set.",
+    )
+
+
+def header_budget(
+    limit: int, seconds: float | None = None, what: str = "this search"
+) -> HeaderBudget:
+    """A budget several reads of headers share (a search's): when its bytes or time are
+    spent, the read under way stops with :class:`BudgetSpent`; ``used`` is every byte
+    received under it, from sets refused or failed too."""
+
+    def spent(lim: int, at: str) -> HubError:
+        return BudgetSpent(
+            f"{what[0].upper()}{what[1:]} has read {fmt_bytes(lim)} of headers, all it may "
+            f"(at {at}).",
+            "Plan one set in full with `k3desk plan --remote REPO@REV --include PATTERN`.",
+        )
+
+    return HeaderBudget(f"the headers of {what}", limit, spent, seconds=seconds)
 
 
 class _RemotePrefix:
@@ -152,20 +245,18 @@ class _RemotePrefix:
         headers: dict[str, str],
         size: int,
         name: str,
-        budget: _Budget,
+        part: HeaderBudget,
         cancel: CancelToken | None,
     ) -> None:
         self.location = location
         self.headers = headers
         self.size = size
         self.name = name
-        self.budget = budget
+        self.part = part  # the part's budget (its attempts together), under the set's
         self.cancel = cancel
         self.buf = bytearray()
         self.windows: list[tuple[int, bytes]] = []  # (offset, bytes) beyond the prefix
         self.pos = 0
-        self.received = 0
-        self.requests = 0
         self.ranges_ignored = False
         self._stream: Any = None  # an open 200 answer (the server ignored Range)
         self._chunks: Iterator[bytes] | None = None
@@ -247,7 +338,7 @@ class _RemotePrefix:
         headers = dict(self.headers)
         headers["Range"] = f"bytes={start}-{end - 1}"
         timeout = httpx2.Timeout(TIMEOUT, read=TIMEOUT)
-        self.requests += 1
+        self.part.request(self.name)
         r = get_session().send(
             get_session().build_request("GET", self.location, headers=headers, timeout=timeout),
             stream=True,
@@ -315,16 +406,9 @@ class _RemotePrefix:
         )
 
     def _count(self, n: int) -> None:
-        self.received += n
+        self.part.take(n, self.name)  # the part's, the set's (and a search's) count
         if self.cancel is not None:
             self.cancel.raise_if_cancelled()
-        if self.received > MAX_PART_BYTES + MAX_STEP:
-            raise HeaderTooLong(
-                f"The server sent more than {fmt_bytes(MAX_PART_BYTES)} of {self.name} "
-                "without its header ending; k3desk reads no more of it before a download.",
-                "The file is damaged or not a Kimi-K3 GGUF. Pick another set.",
-            )
-        self.budget.take(n, self.name)
 
 
 def _content_range(value: str | None) -> tuple[int, int | None]:
@@ -354,7 +438,7 @@ def _read_part(
     f: RemoteFile,
     token: str | None,
     folder: Path,
-    budget: _Budget,
+    part: HeaderBudget,
     cancel: CancelToken | None,
 ) -> PartRead:
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
@@ -375,7 +459,7 @@ def _read_part(
         # a CDN on another origin gets no credentials (it is sent a signed URL instead)
         headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
     headers["Accept-Encoding"] = "identity"
-    src = _RemotePrefix(meta.location, headers, f.size, f.path, budget, cancel)
+    src = _RemotePrefix(meta.location, headers, f.size, f.path, part, cancel)
     try:
         try:
             header = read_header_from(src, f.path.rsplit("/", 1)[-1], f.size)  # type: ignore[arg-type]
@@ -391,9 +475,8 @@ def _read_part(
     pieces = [(0, bytes(src.buf[: min(len(src.buf), data_start)]))]
     pieces += [(at, data[: max(0, data_start - at)]) for at, data in src.windows]
     _write_twin_part(folder / f.path, pieces, f.size)
-    return PartRead(
-        f.path, f.size, data_start, src.received, src.requests, False, src.ranges_ignored
-    )
+    # what the part cost, its earlier attempts included
+    return PartRead(f.path, f.size, data_start, part.used, part.requests, False, src.ranges_ignored)
 
 
 def _write_twin_part(path: Path, pieces: Sequence[tuple[int, bytes]], size: int) -> None:
@@ -505,17 +588,25 @@ def _read_retried(
     f: RemoteFile,
     token: str | None,
     folder: Path,
-    budget: _Budget,
+    budget: HeaderBudget,
     cancel: CancelToken,
 ) -> PartRead:
-    """One part's header, read again from byte 0 after a transient failure (ATTEMPTS in all);
-    every other network failure becomes a HubError naming the part."""
+    """One part's header, read again from byte 0 after a transient failure (ATTEMPTS in all,
+    all within the part's bounds); every other network failure becomes a HubError naming
+    the part."""
     ep, repo, revision = where.endpoint, where.repo, where.revision
+    part = HeaderBudget(
+        f"the header of {f.path}",
+        MAX_PART_BYTES + MAX_STEP,
+        _part_too_long,
+        budget,
+        requests=MAX_PART_REQUESTS,
+    )
     for attempt in range(1, ATTEMPTS + 1):
         cancel.raise_if_cancelled()
         try:
             with token_only_to(ep):
-                return _read_part(ep, repo, revision, f, token, folder, budget, cancel)
+                return _read_part(ep, repo, revision, f, token, folder, part, cancel)
         except (HubError, ValidationError, Cancelled):
             raise
         except Exception as exc:  # every network failure becomes a HubError
@@ -558,12 +649,14 @@ def read_remote_headers(
     progress: ProgressCallback = no_progress,
     cancel: CancelToken | None = None,
     parallel: int = PARALLEL,
+    budget: HeaderBudget | None = None,
 ) -> HeaderSet:
     """The header twin of ``files`` (one shard set, listed at commit ``revision``).
 
-    Parts already in the twin folder of that commit are not read again.  Raises
-    :class:`HubError` (unreachable, changed, refused, too long) or
-    :class:`ValidationError` (a header that is no GGUF header).
+    Parts already in the twin folder of that commit are not read again.  What is
+    received counts in ``budget`` too (a search's, :func:`header_budget`), whatever
+    the outcome.  Raises :class:`HubError` (unreachable, changed, refused, too long,
+    ``budget`` spent) or :class:`ValidationError` (a header that is no GGUF header).
     """
     _check_revision(repo, revision)
     ep = resolve_endpoint(endpoint)
@@ -577,7 +670,9 @@ def read_remote_headers(
     by_path = {f.path: f for f in files}
     t0 = time.monotonic()
     done, todo = _split_cached(folder, record, files)
-    budget = _Budget(MAX_SET_BYTES)
+    whole = HeaderBudget(
+        "the headers of this set", MAX_SET_BYTES, _set_too_long, budget, seconds=SET_SECONDS
+    )
     lock = threading.Lock()
     total = len(files)
     progress(Progress("Reading headers on the Hub", len(done), total))
@@ -587,7 +682,7 @@ def read_remote_headers(
         cancel.on_cancel(local_cancel.cancel)
 
     def one(f: RemoteFile) -> PartRead:
-        got = _read_retried(where, f, token, folder, budget, local_cancel)
+        got = _read_retried(where, f, token, folder, whole, local_cancel)
         with lock:
             done[f.path] = got
             progress(Progress("Reading headers on the Hub", len(done), total, f.path))

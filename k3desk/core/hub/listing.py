@@ -14,11 +14,13 @@ bytes or :data:`LISTING_SECONDS` seconds stops with a message.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 from urllib.parse import quote, urljoin
@@ -26,9 +28,15 @@ from urllib.parse import quote, urljoin
 from k3desk.core.errors import Cancelled, HubError
 from k3desk.core.hub.errors import Where, hub_error
 from k3desk.core.hub.model import DownloadRequest, Listing, RemoteFile
-from k3desk.core.hub.session import TokenRefused, guard_session, origin, token_only_to
+from k3desk.core.hub.session import (
+    TokenRefused,
+    guard_session,
+    origin,
+    patient,
+    token_only_to,
+)
 from k3desk.core.progress import CancelToken
-from k3desk.core.safepaths import display_name, name_problem
+from k3desk.core.safepaths import display_name, name_problem, shown
 from k3desk.core.units import fmt_bytes
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -38,7 +46,6 @@ MAX_PAGES = 50  # 50,000 entries at the Hub's 1000 a page
 MAX_ENTRIES = 100_000
 MAX_LISTING_BYTES = 128 * 1024 * 1024
 LISTING_SECONDS = 300.0
-PAGE_TIMEOUT = 60.0
 
 
 class ListingRefused(Exception):
@@ -83,7 +90,12 @@ def list_remote(
     guard_session()
     try:
         with token_only_to(ep):
-            info = api.model_info(request.repo, revision=request.revision)
+            info = patient(
+                lambda: api.model_info(request.repo, revision=request.revision),
+                f"the model info of {shown(request.repo, 100)}",
+                f"The Hub at {ep}",
+                cancel,
+            )
             if cancel is not None:
                 cancel.raise_if_cancelled()
             sha = info.sha
@@ -152,22 +164,57 @@ def _tree_items(
 ) -> list[dict[str, Any]]:
     """Every entry of ``repo``'s tree at ``sha``, page after page, within the bounds
     (``cancel`` looked at before each page)."""
+    url = f"{ep}/api/models/{repo}/tree/{quote(sha, safe='')}"
+    bounds = Pages(MAX_PAGES, MAX_ENTRIES, MAX_LISTING_BYTES, LISTING_SECONDS)
+    return follow_pages(
+        url, {"recursive": True, "expand": False}, token, bounds, f"the file list of {repo}",
+        cancel,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Pages:
+    """How far k3desk follows a paged answer: pages, entries, bytes, seconds in all."""
+
+    pages: int
+    entries: int
+    size: int
+    seconds: float
+
+
+def follow_pages(
+    url: str,
+    params: dict[str, Any] | None,
+    token: str | None,
+    bounds: Pages,
+    what: str,
+    cancel: CancelToken | None = None,
+    enough: int | None = None,
+) -> list[dict[str, Any]]:
+    """The entries of a paged Hub answer (``Link: rel="next"``), page after page, until the
+    last page, ``enough`` entries, or a bound (:class:`ListingRefused`, which says which).
+    Every page counts, an empty one too; a page asked for twice, or on another origin,
+    stops it; each request is bounded in time (:func:`session.patient`)."""
+    import httpx2
     from huggingface_hub import hf_raise_for_status
     from huggingface_hub.utils._headers import build_hf_headers
     from huggingface_hub.utils._http import http_backoff
 
     headers = build_hf_headers(token=token or False)
-    home = origin(ep)
-    url: str | None = f"{ep}/api/models/{repo}/tree/{quote(sha, safe='')}"
-    params: dict[str, Any] | None = {"recursive": True, "expand": False}
-    deadline = time.monotonic() + LISTING_SECONDS
+    home = origin(url)
+    deadline = time.monotonic() + bounds.seconds
     items: list[dict[str, Any]] = []
     seen_pages: set[str] = set()
     pages = size = 0
-    while url is not None:
+    page_url: str | None = url
+    while page_url is not None:
         if cancel is not None:
             cancel.raise_if_cancelled()
-        r = http_backoff("GET", url, params=params, headers=headers, timeout=PAGE_TIMEOUT)
+        ask = functools.partial(
+            http_backoff, "GET", page_url, params=params, headers=headers,
+            retry_on_exceptions=(httpx2.NetworkError, httpx2.RemoteProtocolError),
+        )  # fmt: skip
+        r = patient(ask, f"page {pages + 1} of {what}", f"The Hub at {home}", cancel)
         hf_raise_for_status(r)
         pages += 1
         size += len(r.content)
@@ -176,26 +223,27 @@ def _tree_items(
             raise TypeError(f"a page of the listing is {type(page).__name__}, not a list")
         items += [e for e in page if isinstance(e, dict)]
         nxt = r.links.get("next", {}).get("url")
-        if nxt is None:
+        if nxt is None or (enough is not None and len(items) >= enough):
             break
         nxt = urljoin(str(r.url), nxt)
         if origin(nxt) != home:
             raise ListingRefused(
-                f"its next page is on another server ({origin(nxt)}), which k3desk does not "
-                "follow (the HF token goes to the Hub's own address only)"
+                f"its next page is on another server ({shown(origin(nxt), 100)}), which k3desk "
+                "does not follow (the HF token goes to the Hub's own address only)"
             )
         if nxt in seen_pages:
-            raise ListingRefused("its pages go round in a circle")
+            raise ListingRefused(f"its pages go round in a circle (page {pages + 1} is one "
+                                 "already read)")  # fmt: skip
         seen_pages.add(nxt)
-        if pages >= MAX_PAGES or len(items) > MAX_ENTRIES or size > MAX_LISTING_BYTES:
+        if pages >= bounds.pages or len(items) > bounds.entries or size > bounds.size:
             raise ListingRefused(
                 f"it goes on past {pages:,} pages, {len(items):,} entries and "
-                f"{size:,} bytes (k3desk reads up to {MAX_PAGES} pages, "
-                f"{MAX_ENTRIES:,} entries)"
+                f"{size:,} bytes (k3desk reads up to {bounds.pages} pages, "
+                f"{bounds.entries:,} entries)"
             )
         if time.monotonic() > deadline:
-            raise ListingRefused(f"it takes longer than {LISTING_SECONDS:.0f} s")
-        url, params = nxt, None
+            raise ListingRefused(f"it takes longer than {bounds.seconds:.0f} s")
+        page_url, params = nxt, None
     return items
 
 

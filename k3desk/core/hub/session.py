@@ -9,6 +9,14 @@ bodies of API answers and of redirects at :data:`MAX_BODY` bytes; file content
 (``/resolve/`` answers, the CDN) is streamed by the transfer and bounded by the
 listed size there.
 
+Every request through that session has a connect and a read timeout
+(:data:`CONNECT_TIMEOUT`, :data:`READ_TIMEOUT`), whoever made it: huggingface_hub sends
+``timeout=None`` (no bound at all) for ``model_info`` and ``list_models``, so a server
+that accepts a request and never answers it would hold k3desk for ever.  A request hook
+gives such a request the bounds here; one that brings its own keeps them.
+:func:`patient` asks again a bounded number of times after a timeout, then names the
+request that got no answer (:class:`Stalled`).
+
 It also adds a request hook that keeps the HF token on the Hub's own origin: while
 :func:`token_only_to` is in force (a listing), a request carrying ``Authorization``
 to any other origin is refused before it is sent, whoever built it (a pagination
@@ -31,10 +39,17 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from k3desk.core.errors import HubError
+
 MAX_BODY = 32 * 1024 * 1024  # a 1000-file repository lists in well under 1 MiB
+CONNECT_TIMEOUT = 15.0  # seconds to open a connection
+READ_TIMEOUT = 30.0  # seconds an answer may go without a byte (the Hub answers in < 1 s)
+ATTEMPTS = 3  # a request that times out is sent this many times in all
+
+T = TypeVar("T")
 
 _lock = threading.Lock()
 
@@ -81,6 +96,51 @@ def _token_hook(request: Any) -> None:
             f"a request to {origin(request.url)} would have carried the HF token, which "
             f"goes only to {allowed}"
         )
+
+
+def _timeout_hook(request: Any) -> None:
+    """Give a request sent without a connect or read bound (``timeout=None``) the bounds
+    of this module (read now, so that they can be changed at run time)."""
+    t = dict(request.extensions.get("timeout") or {})
+    if t.get("connect") is None or t.get("read") is None:
+        t["connect"] = t.get("connect") or CONNECT_TIMEOUT
+        t["read"] = t.get("read") or READ_TIMEOUT
+        t.setdefault("write", None)
+        t.setdefault("pool", None)
+        t["pool"] = t["pool"] or CONNECT_TIMEOUT
+        request.extensions = {**request.extensions, "timeout": t}
+
+
+class Stalled(HubError):
+    """A request got no answer in time, every time it was sent."""
+
+
+def timed_out(exc: BaseException) -> bool:
+    """A connect, read, write or pool timeout (httpx's, or the socket's)."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"TimeoutException", "TimeoutError"})
+
+
+def patient(call: Callable[[], T], what: str, where: str, cancel: Any = None) -> T:
+    """``call()``, sent again after a timeout (:data:`ATTEMPTS` in all); the last timeout
+    becomes :class:`Stalled`, naming ``what`` (the request) and ``where`` (the server).
+    ``cancel`` (a CancelToken) is looked at before every attempt after the first."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return call()
+        except Exception as exc:
+            if not timed_out(exc):
+                raise
+            if attempt == ATTEMPTS:
+                raise Stalled(
+                    f"{where} got the request for {what} but sent no answer within "
+                    f"{READ_TIMEOUT:g} s, {ATTEMPTS} times in a row; k3desk stopped asking.",
+                    "The Hub (or the mirror or proxy in HF_ENDPOINT / HTTPS_PROXY) is stuck or "
+                    "unreachable; check the network, then try again later.",
+                ) from None
+            if cancel is not None:
+                cancel.raise_if_cancelled()
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _capped(iter_bytes: Callable[..., Iterator[bytes]], url: str, limit: int) -> Any:
@@ -188,14 +248,17 @@ def _guarded_client() -> Any:
     from huggingface_hub.utils._http import hf_request_event_hook
 
     return _shared_client_class()(
-        event_hooks={"request": [hf_request_event_hook, _token_hook], "response": [_cap_hook]},
+        event_hooks={
+            "request": [hf_request_event_hook, _timeout_hook, _token_hook],
+            "response": [_cap_hook],
+        },
         follow_redirects=True,
         timeout=None,
     )
 
 
 def guard_session() -> None:
-    """Install the cap and the token rule on huggingface_hub's sessions, the current
+    """Install the cap, the timeouts and the token rule on huggingface_hub's sessions, the current
     one and those made after it (idempotent, cheap)."""
     from huggingface_hub import get_session
     from huggingface_hub.utils import _http
@@ -210,8 +273,9 @@ def guard_session() -> None:
         if _cap_hook not in hooks.get("response", []):
             hooks["response"] = [*hooks.get("response", []), _cap_hook]
             changed = True
-        if _token_hook not in hooks.get("request", []):
-            hooks["request"] = [*hooks.get("request", []), _token_hook]
-            changed = True
+        for hook in (_timeout_hook, _token_hook):
+            if hook not in hooks.get("request", []):
+                hooks["request"] = [*hooks.get("request", []), hook]
+                changed = True
         if changed:
             session.event_hooks = hooks

@@ -375,18 +375,32 @@ def test_a_search_reads_headers_up_to_its_budget_then_says_how_to_read_more(
 ) -> None:
     import k3desk.core.app.search as search
 
+    hw = hardware_file(HW)
     hub_server.add_repo("a/Kimi-K3-Tiny-GGUF", _tiny_files(tiny_k3))
-    hub_server.add_repo("b/Kimi-K3-Tiny-GGUF", _tiny_files(tiny_k3))
-    monkeypatch.setattr(search, "SEARCH_HEADER_BUDGET", 1)
+    one = plan_remote_set(  # what one set's headers cost (then cached: a's cost nothing)
+        Services(), RemotePlanRequest("a/Kimi-K3-Tiny-GGUF", hardware_file=hw,
+                                      endpoint=hub_server.endpoint, token="")
+    ).headers.received  # fmt: skip
+    for name in "bcd":
+        hub_server.add_repo(f"{name}/Kimi-K3-Tiny-GGUF", _tiny_files(tiny_k3))
+    # the budget holds one set and a half: b is read, c is cut off, d is not asked for
+    monkeypatch.setattr(search, "SEARCH_HEADER_BUDGET", one + one // 2)
     result = search_hub(
-        Services(),
-        SearchRequest(hardware_file=hardware_file(HW), endpoint=hub_server.endpoint, token=""),
+        Services(), SearchRequest(hardware_file=hw, endpoint=hub_server.endpoint, token="")
     )
-    first, second = result.rows
-    assert first.basis == "headers"
-    assert first.header_bytes > 0
-    assert second.basis == "none"
-    assert "k3desk plan --remote" in second.problem
+    cached, first, cut, unread = result.rows
+    assert cached.basis == first.basis == "headers"
+    assert cached.header_bytes == 0
+    assert first.header_bytes == one
+    assert cut.basis == "none"
+    assert cut.header_bytes > 0
+    # past the budget by at most what was in flight: a chunk for each of c's 3 parts
+    assert first.header_bytes + cut.header_bytes <= one + one // 2 + 3 * 64 * 1024
+    assert "headers not read in full: This search has read" in cut.problem
+    assert unread.header_bytes == 0
+    assert "headers not read: this search read" in unread.problem
+    for row in (cut, unread):
+        assert "k3desk plan --remote" in row.problem
 
 
 def test_a_hiccup_is_retried_and_a_part_that_keeps_failing_is_named(

@@ -6,7 +6,7 @@ the card's facts where the set is a catalog tier, and the line that says what wa
 from __future__ import annotations
 
 from k3desk.core.app.presenters import Cell, Tone
-from k3desk.core.app.search import SearchResult, SetRow, size_text
+from k3desk.core.app.search import SearchResult, SetRow, shown, size_text
 
 COLUMNS = ("On the Hub", "Fit here", "Judged from", "Parts", "Size", "Catalog tier")
 
@@ -44,21 +44,21 @@ def hub_set_cells(row: SetRow) -> tuple[Cell, ...]:
         "ok" if row.kind in RUNS else "warn" if row.kind == "stream" else
         "danger" if row.kind else None
     )  # fmt: skip
-    where = f"{row.repo} at commit {row.revision[:12]}"
+    where = f"{shown(row.repo)} at commit {shown(row.revision[:12])}"
     verdict_tip = "\n".join(
         [
             f"Judged from the {row.basis_text()}"
             + (" (read by ranges before any download)." if row.basis == "headers" else "."),
-            *([row.problem] if row.problem else []),
-            *row.suspicious[:2],
+            *([shown(row.problem, 600)] if row.problem else []),
+            *(shown(s, 300) for s in row.suspicious[:2]),
         ]
     )
     tier = row.tier
     return (
-        Cell(f"{row.repo} · {row.remote.name}", where),
+        Cell(f"{shown(row.repo)} · {shown(row.remote.name)}", where),
         Cell(verdict_text(row), verdict_tip, tone),
         Cell(row.basis_text(), verdict_tip),
-        Cell(str(row.remote.count), row.remote.include),
+        Cell(str(row.remote.count), shown(row.remote.include)),
         Cell(size_text(row.remote.total_bytes)),
         Cell(
             f"{tier.publisher} {tier.name}" if tier is not None else "—",
@@ -70,20 +70,23 @@ def hub_set_cells(row: SetRow) -> tuple[Cell, ...]:
 def hub_set_details(row: SetRow) -> list[str]:
     """The chosen set in full (plain lines; the shell escapes them)."""
     lines = [
-        f"{row.repo} · {row.remote.name}, at commit {row.revision[:12]}: "
+        f"{shown(row.repo)} · {shown(row.remote.name)}, at commit {shown(row.revision[:12])}: "
         f"{row.remote.count} parts, {size_text(row.remote.total_bytes)}.",
         f"{verdict_text(row)}. Judged from the {row.basis_text()}"
         + (", read before any download." if row.basis == "headers" else "."),
     ]
     if row.plan is not None:
         lines += list(row.plan.planned.plan.notes[:3])
-    lines += [row.problem] if row.problem else []
-    lines += list(row.suspicious[:1])
+    lines += [shown(row.problem, 600)] if row.problem else []
+    lines += [shown(s, 300) for s in row.suspicious[:1]]
     lines += card_facts(row)
     if row.projectors:
-        lines.append("Projectors in the repository (not downloaded): " + ", ".join(row.projectors))
+        lines.append(
+            "Projectors in the repository (not downloaded): "
+            + ", ".join(shown(p, 120) for p in row.projectors[:8])
+        )
     lines.append(
-        f"Downloads exactly {row.remote.include} at that commit, each part checked "
+        f"Downloads exactly {shown(row.remote.include)} at that commit, each part checked "
         "against the Hub's hashes."
     )
     return lines
@@ -93,7 +96,7 @@ def hub_status(result: SearchResult) -> str:
     """What the wizard says under the catalog: what the Hub has, or why it is not shown."""
     if result.offline:
         return (
-            f"Catalog only: the Hub could not be searched ({result.offline_reason}). "
+            f"Catalog only: the Hub could not be searched ({shown(result.offline_reason, 600)}). "
             "The tiers above are the catalog's, judged from its figures."
         )
     if not result.rows:
@@ -101,5 +104,5 @@ def hub_status(result: SearchResult) -> str:
     read = sum(1 for r in result.rows if r.basis == "headers")
     text = f"On the Hub now: {result.status}; {read} judged from their real headers."
     if result.errors:
-        text += f" Not listed: {'; '.join(result.errors[:2])}."
+        text += f" Not listed: {'; '.join(shown(e, 300) for e in result.errors[:2])}."
     return text
