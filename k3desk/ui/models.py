@@ -51,7 +51,7 @@ class ModelsPage(Page):
         keep_rows(self.table, 3)
         tiers_lay.addWidget(self.table, 1)
         self.sources.addTab(tiers, "Published tiers")
-        self.hub = HubModels(ctx)
+        self.hub = HubModels(ctx, window)
         self.sources.addTab(self.hub, "On the Hub")
         lay.addWidget(self.sources, 1)
         row = QHBoxLayout()

@@ -65,12 +65,15 @@ def test_a_set_on_the_hub_is_judged_chosen_and_downloaded_at_its_commit(  # type
             del newer[name]
         newer["README.md"] = b"# Tiny K3, the IQ1_S set moved\n"
         assert hub.add_repo(REPO, newer).sha != listed.sha
-        box.select_set(REPO, SET)
+        # the set's own Download button chooses it and goes on to where it lands
+        i = [r[0] for r in box.texts()].index(f"{REPO} · {SET}")
+        get = box.table.cellWidget(i, box.table.columnCount() - 1)
+        assert get.text() == "Download"
+        qtbot.mouseClick(get, Qt.MouseButton.LeftButton)
         assert wiz.hub_set() is not None
+        assert wiz.hub_set().remote.name == SET
         assert wiz.selected_tier() is None  # the set, not a catalog tier
         assert "real headers" in wiz.tiers.details.toPlainText()
-        assert wiz.tiers.isComplete()
-        wiz.next()
         assert wiz.current_key() == "where"
         assert listed.sha[:12] in wiz.where.tier_line.text()
         wiz.where.folder.setText(str(tmp_path / "models"))
@@ -89,7 +92,8 @@ def test_a_set_on_the_hub_is_judged_chosen_and_downloaded_at_its_commit(  # type
         assert state.status == "done", state.error
         assert state.request.revision == listed.sha
         target = wiz.where.target()
-        assert files_under(target) == set(parts)
+        # the set is its files: its parts and the repository's projector, nothing else
+        assert files_under(target) == set(parts) | {"mmproj-Tiny-K3-F16.gguf"}
         for name, data in parts.items():
             assert (target / name).read_bytes() == data
         assert wiz.download.isComplete()

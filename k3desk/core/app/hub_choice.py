@@ -11,6 +11,8 @@ the part count and bytes the listing showed.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from k3desk.core.app.operations import Operation
@@ -32,6 +34,23 @@ def hub_search_op(
         return search_hub(services, request, progress=progress, cancel=token)
 
     return Operation("hub search", work)
+
+
+@dataclass(frozen=True)
+class SetDownload:
+    """One set's download as every shell starts it: the request (its parts and its
+    projector), the folder it lands in, and what is said first about its projector."""
+
+    request: DownloadRequest
+    target: Path
+    note: str
+
+
+def set_download(services: Services, row: SetRow, base: Path | None = None) -> SetDownload:
+    """The download of ``row`` into ``base`` (None: the models folder): the same request
+    and folder the wizard's download step uses, for a Hub result's Download button."""
+    where = (base if base is not None else services.paths.models_dir) / folder_for(row)
+    return SetDownload(download_request_for(row), where, projector_note(row.tier))
 
 
 def download_request_for(row: SetRow) -> DownloadRequest:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtWidgets import QHBoxLayout, QPushButton
 
 from k3desk.core.app.downloads import DownloadRequest
-from k3desk.core.app.hub_choice import download_request_for
+from k3desk.core.app.hub_choice import download_request_for, projector_note
 from k3desk.core.app.values import fmt_bytes
 from k3desk.ui.downloads.panel import DownloadPanel
 from k3desk.ui.widgets import muted, primary, set_enabled
@@ -37,6 +37,11 @@ class DownloadPage(StepPage):
         row.addWidget(self.have)
         row.addStretch(1)
         self.lay.addLayout(row)
+        # the set's projector: that it comes, and whether the engine release reads it
+        self.projector = muted("")
+        self.projector.setObjectName("downloadProjector")
+        self.projector.setWordWrap(True)
+        self.lay.addWidget(self.projector)
         # a download of hundreds of GiB takes hours: the engine step need not wait for it
         self.later = muted(
             "The download goes on in Downloads when you go on or close the wizard: "
@@ -71,11 +76,13 @@ class DownloadPage(StepPage):
                 f"Download {hub.remote.name} from {hub.repo} at {hub.revision[:7]}: "
                 f"{hub.remote.count} parts, {fmt_bytes(hub.remote.total_bytes)}"
             )
+            self.projector.setText(projector_note(hub.tier))
         elif tv is not None:
             self.start.setText(
                 f"Download {tv.tier.name}: {tv.tier.shard_count} shards, "
                 f"{fmt_bytes(tv.tier.size_bytes)}"
             )
+            self.projector.setText(projector_note(tv.tier))
         self._refresh()
 
     def begin(self) -> None:

@@ -35,12 +35,17 @@ if TYPE_CHECKING:
     from k3desk.ui.context import AppContext
 
 
+GET = len(COLUMNS)  # the column of each set's Download button, after the presenter's
+
+
 class HubSetsBox(QWidget):
     """Signals:
     set_selected(object): the :class:`SetRow` chosen (None: the selection was cleared).
+    download_wanted(object): a set's Download button: the :class:`SetRow`, chosen already.
     """
 
     set_selected = Signal(object)
+    download_wanted = Signal(object)
 
     def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -68,9 +73,9 @@ class HubSetsBox(QWidget):
         self.again.clicked.connect(lambda: self.search(self.ctx.hardware.from_file))
         row.addWidget(self.again)
         lay.addLayout(row)
-        self.table = QTableWidget(0, len(COLUMNS))
+        self.table = QTableWidget(0, len(COLUMNS) + 1)
         self.table.setObjectName("hubSets")
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        self.table.setHorizontalHeaderLabels([*COLUMNS, ""])
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
@@ -152,9 +157,26 @@ class HubSetsBox(QWidget):
         for r, row in enumerate(self.rows):
             for c, cell in enumerate(hub_set_cells(row)):
                 self.table.setItem(r, c, cell_item(cell))
+            self.table.setCellWidget(r, GET, self._get_button(r, row))
         self.table.blockSignals(False)
         self.table.setVisible(bool(self.rows))
         self.set_selected.emit(None)
+
+    def _get_button(self, r: int, row: SetRow) -> QPushButton:
+        button = QPushButton("Download")
+        button.setObjectName("hubSetDownload")
+        button.setToolTip(
+            f"Choose {row.remote.name} and go on to download it with its vision projector"
+        )
+        button.clicked.connect(lambda _checked=False, i=r: self._get(i))
+        return button
+
+    def _get(self, r: int) -> None:
+        """A set's Download button: the set chosen, then the wizard goes on with it."""
+        self.table.selectRow(r)
+        row = self.current()
+        if row is not None:
+            self.download_wanted.emit(row)
 
     def clear_selection(self) -> None:
         self.table.blockSignals(True)
@@ -172,10 +194,10 @@ class HubSetsBox(QWidget):
                 return
 
     def texts(self) -> list[list[str]]:
-        """The table's text, row by row (what a person reads)."""
+        """The table's text, row by row (what a person reads; the buttons apart)."""
         out = []
         for i in range(self.table.rowCount()):
-            cells = (self.table.item(i, j) for j in range(self.table.columnCount()))
+            cells = (self.table.item(i, j) for j in range(len(COLUMNS)))
             out.append([c.text() if c is not None else "" for c in cells])
         return out
 

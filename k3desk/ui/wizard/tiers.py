@@ -64,6 +64,7 @@ class TiersPage(StepPage):
         # what the Hub has now, beside the catalog (searched in the background)
         self.hub = HubSetsBox(ctx)
         self.hub.set_selected.connect(self._hub_selected)
+        self.hub.download_wanted.connect(self._hub_download)
         wizard.finished.connect(lambda _r: self.hub.cancel())
         keep_rows(self.hub.table, 2)
         self.split.addWidget(self.hub)
@@ -235,6 +236,12 @@ class TiersPage(StepPage):
         )
         self.fit_warning.show_text("")
         self.completeChanged.emit()
+
+    def _hub_download(self, row: SetRow) -> None:
+        """A set's Download button: chosen (``_hub_selected``), the wizard goes on to
+        where it lands and then downloads it, its projector with it."""
+        if self.chosen_hub is row and self.wiz.currentPage() is self:
+            self.wiz.next()
 
     def isComplete(self) -> bool:
         return self.table.current() is not None or self.chosen_hub is not None
