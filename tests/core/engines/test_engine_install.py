@@ -249,6 +249,20 @@ def test_a_wheel_in_pips_cache_is_found_there(
     assert "0123456789" in json.loads((eng.folder / "engine.json").read_text())["source"]
 
 
+def test_a_wheel_named_with_from_is_installed_and_said_so(
+    cpu_config: BuildConfig, tmp_path: Path
+) -> None:
+    """`k3desk engine install --from x.whl`: pip installs it; the bar says "installing a
+    built engine", never "installing build tools" for the wheel itself."""
+    wheel = make_wheel(tmp_path / "given")
+    seen: list[Progress] = []
+    eng = install_engine(default_paths(), cpu_config, source=str(wheel), progress=seen.append)
+    assert eng.server.is_file()
+    stages = {p.stage for p in seen}
+    assert WHEEL in stages
+    assert not stages & {TOOLS, COMPILE}
+
+
 def test_a_wheel_that_will_not_do_is_passed_over_for_a_build(tmp_path: Path) -> None:
     """A CPU wheel for a CUDA build, or a wheel whose server does not run here, is not
     installed: the engine is compiled, and the log says why."""
