@@ -113,6 +113,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "the launch's API key is written as *** in the engine log",
     ),
     m(
+        "engine-cors-this-machine-only",
+        "k3desk/core/engines/launch.py",
+        "            local_cors=self.local_cors,",
+        "            local_cors=False,",
+        "tests/hostile/test_engine_http_surface.py",
+        "k3desk's launches let only web pages of this machine read llama-server's answers",
+    ),
+    m(
         "key-masked-in-log-tail",
         SUP,
         'line = line.rstrip("\\r").replace(self.api_key, "***")',
@@ -355,8 +363,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "engine-listens-on-loopback-only",
         SUP,
-        "*endpoint_args(LOOPBACK, port, api_key=self.api_key, key_file=key_file),",
-        '*endpoint_args("0.0.0.0", port, api_key=self.api_key, key_file=key_file),',
+        "            *endpoint_args(\n                LOOPBACK,\n",
+        '            *endpoint_args(\n                "0.0.0.0",\n',
         f"{T_SUP}::test_key_is_required_and_only_loopback_listens",
         "the engine listens on 127.0.0.1 only",
     ),

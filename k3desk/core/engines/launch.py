@@ -39,6 +39,8 @@ from k3desk.core.gguf.validate import inspect_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.paths import AppPaths
 from k3desk.core.planning.argv import (
+    CORS_ORIGINS,
+    NO_CORS_CREDENTIALS,
     NO_REPACK,
     bump_n_cpu_moe,
     has,
@@ -112,6 +114,13 @@ class PreparedLaunch:
         """Whether the engine takes the key from a private file (--api-key-file)."""
         return self.probe.flags.get("--api-key-file", False)
 
+    @property
+    def local_cors(self) -> bool:
+        """Whether the engine can be told to answer web pages of this machine only
+        (--cors-origins localhost --no-cors-credentials)."""
+        flags = self.probe.flags
+        return flags.get(CORS_ORIGINS.name, False) and flags.get(NO_CORS_CREDENTIALS.name, False)
+
     def spec(
         self,
         *,
@@ -135,6 +144,7 @@ class PreparedLaunch:
             model_parts=self.layout.parts,
             n_layers=len(self.layout.layers),
             api_key_file=self.api_key_file,
+            local_cors=self.local_cors,
         )
 
     def replan_after_oom(

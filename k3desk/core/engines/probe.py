@@ -37,10 +37,12 @@ from k3desk.core.paths import AppPaths
 from k3desk.core.planning.argv import (
     API_KEY,
     API_KEY_FILE,
+    CORS_ORIGINS,
     FIT,
     JINJA,
     MMPROJ,
     N_CPU_MOE,
+    NO_CORS_CREDENTIALS,
     NO_MMPROJ_OFFLOAD,
     NO_REPACK,
     RPC,
@@ -53,7 +55,7 @@ from k3desk.core.process import run as run_child
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 from k3desk.core.safepaths import mode_kind
 
-PROBE_SCHEMA = 3
+PROBE_SCHEMA = 4  # 4: the CORS flags are probed
 CACHE_FILE = "engine-probes.json"
 INSTALL = "`k3desk engine install`"
 
@@ -66,6 +68,8 @@ FLAGS: dict[str, str] = {
     RPC.name: "cannot spread layers over other machines",
     API_KEY.name: "cannot require an API key (k3desk will not start it without one)",
     API_KEY_FILE.name: "needs the API key on its command line, where other local users can see it",
+    CORS_ORIGINS.name: "lets a web page of any site read its answers in a browser (no CORS limit)",
+    NO_CORS_CREDENTIALS.name: "allows credentials to any web page it answers",
     NO_REPACK.name: "cannot turn off weight repacking (the AMX workaround)",
     JINJA.name: "cannot use the model's chat template",
 }

@@ -116,6 +116,9 @@ class LaunchSpec:
     # pass the key in a private file (--api-key-file) rather than on the command line,
     # where other local users can read it in /proc; needs an engine that has the flag
     api_key_file: bool = False
+    # only web pages of this machine may read its answers (an engine with the CORS flags:
+    # endpoint_args)
+    local_cors: bool = False
     # the model's shards in order (load progress reads which of them are mapped)
     model_parts: tuple[Path, ...] = ()
 
@@ -430,7 +433,13 @@ class Supervisor(SupervisedLaunch[Endpoint]):
         argv = (
             str(self.spec.executable),
             *args,
-            *endpoint_args(LOOPBACK, port, api_key=self.api_key, key_file=key_file),
+            *endpoint_args(
+                LOOPBACK,
+                port,
+                api_key=self.api_key,
+                key_file=key_file,
+                local_cors=self.spec.local_cors,
+            ),
         )
         try:
             return self._launch(number, argv, port, log_path, key_file, changes)

@@ -95,13 +95,18 @@ HOST = _flag("--host")
 PORT = _flag("--port")
 API_KEY = _flag("--api-key")
 API_KEY_FILE = _flag("--api-key-file")
+# which web pages may read the answers (tools/server/server-http.cpp, b11434: "localhost"
+# reflects an Origin only when its host is localhost, 127.0.0.1 or ::1; the default "*"
+# with credentials on echoes any Origin and allows credentials)
+CORS_ORIGINS = _flag("--cors-origins")
+NO_CORS_CREDENTIALS = _flag("--no-cors-credentials")
 RPC = _flag("--rpc")
 
 SERVER_FLAGS: tuple[Flag, ...] = (
     MODEL, GPU_LAYERS, N_CPU_MOE, CPU_MOE, TENSOR_SPLIT, CTX_SIZE, CACHE_TYPE_K, CACHE_TYPE_V,
     FLASH_ATTN, JINJA, NO_WARMUP, PARALLEL, METRICS, THREADS, THREADS_BATCH, BATCH, UBATCH,
     TEMP, TOP_P, MMPROJ, NO_MMPROJ_OFFLOAD, NO_REPACK, FIT, VERBOSITY, HOST, PORT, API_KEY,
-    API_KEY_FILE, RPC,
+    API_KEY_FILE, CORS_ORIGINS, NO_CORS_CREDENTIALS, RPC,
 )  # fmt: skip
 
 # ---------------------------------------------------------------- rpc-server
@@ -168,12 +173,23 @@ def server_args(
 
 
 def endpoint_args(
-    host: str, port: int, *, api_key: str = "", key_file: Path | None = None
+    host: str,
+    port: int,
+    *,
+    api_key: str = "",
+    key_file: Path | None = None,
+    local_cors: bool = False,
 ) -> tuple[str, ...]:
     """Where llama-server listens and the key it requires: from a private file when
-    ``key_file`` is given (other local users can read a command line in /proc)."""
+    ``key_file`` is given (other local users can read a command line in /proc).
+
+    With ``local_cors`` (an engine that has the flags), only pages served from this
+    machine (localhost, 127.0.0.1, ::1) may read its answers in a browser, without
+    credentials: llama-server's default answers a page of any site with its Origin echoed
+    and credentials allowed.  k3desk's own clients are no browser and need no CORS."""
     key = (API_KEY_FILE.name, str(key_file)) if key_file else (API_KEY.name, api_key)
-    return (HOST.name, host, PORT.name, str(port), *key)
+    cors = (CORS_ORIGINS.name, "localhost", NO_CORS_CREDENTIALS.name) if local_cors else ()
+    return (HOST.name, host, PORT.name, str(port), *key, *cors)
 
 
 def engine_defaults_args(model: str, ctx: int, mmproj: Path | None) -> tuple[str, ...]:
