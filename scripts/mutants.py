@@ -270,6 +270,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "a .k3desk/ (or a folder in it) that is a link is refused, naming it, never followed",
     ),
     m(
+        "engine-build-private",
+        "k3desk/core/engines/install.py",
+        "    private_tree(staging)\n",
+        "    pass\n",
+        f"{T_CREATED}::test_an_engine_built_under_umask_000_is_the_users_alone",
+        "an engine k3desk builds is the user's alone, whatever the umask it was built under",
+    ),
+    m(
         "header-cache-private",
         "k3desk/core/hub/headers.py",
         "        own_dir(folder, below=private_dir(cache_dir))",

@@ -271,6 +271,23 @@ def refuse_link(path: Path) -> Path:
     return path
 
 
+def private_tree(folder: Path) -> Path:
+    """Take from everything in ``folder`` (itself included) the permission bits of group
+    and others, whatever the umask of the programs that wrote there (a build, pip): the
+    user's own bits, execute included, stay.  Links are not followed."""
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in [*dirnames, *filenames]:
+            _tighten_entry(Path(dirpath, name))
+    _tighten_entry(folder)
+    return folder
+
+
+def _tighten_entry(path: Path) -> None:
+    st = os.lstat(path)
+    if not stat.S_ISLNK(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+        os.chmod(path, stat.S_IMODE(st.st_mode) & 0o7700)
+
+
 def refuse_links_under(folder: Path) -> Path:
     """``folder``, or :class:`RefusedPath` naming the first symbolic link found in it (at
     any depth, never followed): in a folder only k3desk writes to, a link was planted."""

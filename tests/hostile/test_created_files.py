@@ -246,3 +246,21 @@ def test_a_state_folder_of_another_user_is_refused(hostile_hub: HostileHub, tmp_
     assert isinstance(run.error, HubError), run.error
     assert f"{target / '.k3desk'} belongs to another user" in run.error.message
     assert not list(target.glob("IQ1_S/*"))
+
+
+def test_an_engine_built_under_umask_000_is_the_users_alone() -> None:
+    """pip and the compiler write with the umask; what k3desk installs is checked after."""
+    from k3desk.core.engines.install import choose_build
+    from k3desk.core.paths import default_paths
+    from tests.core.engines.test_engine_install import _install, machine
+
+    paths = default_paths()
+    engine = _install(paths, choose_build(machine(), None, machine="x86_64"), "ok")
+
+    got = modes_under(engine.folder)
+    assert len(got) > 5
+    shared = {
+        k: oct(v) for k, v in got.items() if v & 0o077 and not (engine.folder / k).is_symlink()
+    }
+    assert shared == {}
+    assert got[str(engine.server.relative_to(engine.folder))] & 0o700 == 0o700  # still runs

@@ -51,7 +51,7 @@ from k3desk.core.engines.probe import probe_projector
 from k3desk.core.errors import EngineError, K3Error
 from k3desk.core.gguf.reader import read_header
 from k3desk.core.paths import AppPaths
-from k3desk.core.private import private_dir
+from k3desk.core.private import private_dir, write_private
 from k3desk.core.process import run as run_child
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 
@@ -359,7 +359,7 @@ def install_from_git(
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "log": str(log_file),
         }
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+        write_private(staging / MANIFEST, json.dumps(manifest, indent=2))
         shutil.rmtree(src, ignore_errors=True)  # the binaries are all that stays
         shutil.rmtree(build, ignore_errors=True)
         cancel.raise_if_cancelled()
@@ -386,7 +386,7 @@ def _fetch(
             progress(p)
 
     progress(Progress("fetch", 0, 0, f"fetching {source.label}"))
-    src.mkdir()
+    private_dir(src)
     steps.run([str(git), "init", "-q", "--", str(src)], "git init", on_line)
     ref = source.ref or "HEAD"
     fetch = [str(git), "-C", str(src), "fetch", "--progress"]
@@ -439,7 +439,7 @@ def _collect(build: Path, bindir: Path, log_file: Path) -> None:
             f"The build finished but produced no {', '.join(missing)} in {out}.",
             f"This source may not have those targets; see the log: {log_file}",
         )
-    bindir.mkdir()
+    private_dir(bindir)
     for f in out.iterdir():
         if f.is_file() and (os.access(f, os.X_OK) or ".so" in f.name):
             shutil.copy2(f, bindir / f.name)
