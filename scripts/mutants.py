@@ -278,6 +278,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "an engine k3desk builds is the user's alone, whatever the umask it was built under",
     ),
     m(
+        "desktop-entry-not-writable-by-others",
+        "k3desk/core/private.py",
+        "_write(path, data, shared_modes(path.parent)[0], False)",
+        "_write(path, data, 0o666, False)",
+        f"{T_CREATED}::test_the_desktop_entry_is_for_the_desktop_to_read_and_nobody_else_to_change",
+        "the desktop entry (its Exec line is run) is never writable by others",
+    ),
+    m(
         "header-cache-private",
         "k3desk/core/hub/headers.py",
         "        own_dir(folder, below=private_dir(cache_dir))",

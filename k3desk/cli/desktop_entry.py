@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from k3desk.core.app.values import K3Error
+from k3desk.core.app.values import K3Error, write_shared
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -93,25 +93,22 @@ def install(resources: Path, target: Path | None = None) -> Installed:
     text = desktop_entry_text(resources, command)
     written: list[Path] = []
     try:
-        apps.mkdir(parents=True, exist_ok=True)
+        # for the desktop to read, never for others to change: its Exec line is run
         desktop = apps / f"{APP_ID}.desktop"
-        desktop.write_text(text, encoding="utf-8")
+        write_shared(desktop, text)
         for size in ICON_SIZES:
             src = resources / "icons" / "hicolor" / f"{size}x{size}" / "apps" / f"{APP_ID}.png"
             if src.is_file():
                 dest = icons_root / f"{size}x{size}" / "apps" / f"{APP_ID}.png"
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, dest)
+                write_shared(dest, src.read_bytes())
                 written.append(dest)
         svg = resources / "icons" / f"{APP_ID}.svg"
         if svg.is_file():
             dest = icons_root / "scalable" / "apps" / f"{APP_ID}.svg"
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(svg, dest)
+            write_shared(dest, svg.read_bytes())
             written.append(dest)
-        meta_dir.mkdir(parents=True, exist_ok=True)
         metainfo = meta_dir / METAINFO
-        shutil.copyfile(resources / "desktop" / METAINFO, metainfo)
+        write_shared(metainfo, (resources / "desktop" / METAINFO).read_bytes())
     except OSError as exc:
         where = exc.filename or base
         raise K3Error(
@@ -150,7 +147,8 @@ def _refresh_caches(apps: Path, icons: Path) -> None:
     ):
         if shutil.which(argv[0]):
             with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                subprocess.run(argv, check=False, timeout=30, capture_output=True)
+                # the caches they write are for the desktop to read, not for others to change
+                subprocess.run(argv, check=False, timeout=30, capture_output=True, umask=0o022)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

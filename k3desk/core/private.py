@@ -252,7 +252,19 @@ def write_private(path: Path, data: str | bytes, *, fsync: bool = False) -> None
     """Replace ``path``'s content with ``data`` atomically; the file is 0600 from the
     start, never briefly readable by others (:func:`replacing`)."""
     private_dir(path.parent)
-    with replacing(path, FILE_MODE, fsync=fsync) as f:
+    _write(path, data, FILE_MODE, fsync)
+
+
+def write_shared(path: Path, data: str | bytes) -> None:
+    """Replace ``path``'s content with ``data`` atomically, for other programs to read (a
+    desktop's menus): as readable as its folder is, never writable by others
+    (:func:`shared_modes`); missing folders are made the same way."""
+    shared_dir(path.parent)
+    _write(path, data, shared_modes(path.parent)[0], False)
+
+
+def _write(path: Path, data: str | bytes, mode: int, fsync: bool) -> None:
+    with replacing(path, mode, fsync=fsync) as f:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 

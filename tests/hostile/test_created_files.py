@@ -264,3 +264,22 @@ def test_an_engine_built_under_umask_000_is_the_users_alone() -> None:
     }
     assert shared == {}
     assert got[str(engine.server.relative_to(engine.folder))] & 0o700 == 0o700  # still runs
+
+
+def test_the_desktop_entry_is_for_the_desktop_to_read_and_nobody_else_to_change(
+    tmp_path: Path,
+) -> None:
+    """Its ``Exec`` line is run when the menu entry is clicked: under umask 000 another
+    user could have made it run anything."""
+    from k3desk.cli.desktop_entry import install
+    from k3desk.core.app.values import resources_dir
+
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chmod(home, 0o755)
+    install(resources_dir(), home / ".local" / "share")
+
+    got = modes_under(home)
+    assert got[".local/share/applications/k3desk.desktop"] == 0o644
+    assert {v for k, v in got.items() if (home / k).is_file()} == {0o644}
+    assert {v for k, v in got.items() if (home / k).is_dir()} == {0o755}

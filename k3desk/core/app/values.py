@@ -17,7 +17,7 @@ from k3desk.core.errors import (
     ValidationError,
 )
 from k3desk.core.localfiles import DEFAULT_LIMIT
-from k3desk.core.private import private_dir, private_file
+from k3desk.core.private import private_dir, private_file, write_shared
 from k3desk.core.progress import CancelToken, Progress
 from k3desk.core.resources import resources_dir
 from k3desk.core.safepaths import has_undecodable, safe_file_name, scrub, visible, what_is
@@ -49,4 +49,5 @@ __all__ = [
     "scrub",
     "visible",
     "what_is",
+    "write_shared",
 ]
