@@ -9,6 +9,7 @@ TOOLS = {
     "twin": "k3desk.devtools.twin",
     "tiny-k3": "k3desk.devtools.tinyk3",
     "bench-k3": "k3desk.devtools.benchk3",
+    "real-bytes": "k3desk.devtools.realbytes",
 }
 
 
