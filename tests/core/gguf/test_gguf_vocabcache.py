@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import stat
+import struct
 from pathlib import Path
 
 import pytest
@@ -21,10 +22,23 @@ from tests.oracle import gguf_edit as ge
 TOKENS = "tokenizer.ggml.tokens"
 
 
-def _with_tokens(model: TinyModel, folder: Path, change: dict[int, str]) -> Path:
-    """The one-file tiny model in ``folder`` with tokens replaced (same count)."""
+def _tokens(model: TinyModel) -> list[bytes]:
+    """The tokens of the one-file tiny model, as the bytes its file holds."""
     (src,) = model.parts
-    words = [str(w) for w in read_header(src).array(TOKENS)]
+    h = read_header(src)
+    buf, out, p = h.array_bytes(TOKENS), [], 0
+    for _ in range(h.array_len(TOKENS) or 0):
+        (n,) = struct.unpack_from("<Q", buf, p)
+        out.append(buf[p + 8 : p + 8 + n])
+        p += 8 + n
+    return out
+
+
+def _with_tokens(model: TinyModel, folder: Path, change: dict[int, bytes]) -> Path:
+    """The one-file tiny model in ``folder`` with tokens replaced, every other byte of
+    the vocabulary as it was."""
+    (src,) = model.parts
+    words = _tokens(model)
     for i, w in change.items():
         words[i] = w
     g = ge.load(src).set(ge.KV.of(TOKENS, ge.ARRAY, words, STRING))
@@ -66,22 +80,28 @@ def test_a_vocabulary_is_compared_once_then_known_by_its_bytes(
     assert counting.calls == 2
 
 
-def test_a_vocabulary_changed_in_its_last_token_is_compared_again(
+def test_a_vocabulary_changed_near_its_end_is_compared_again(
     tiny_k3_single: TinyModel, tmp_path: Path
 ) -> None:
-    """The digest covers every byte: a duplicate in the last token of a vocabulary
-    otherwise the same as a checked one is still found."""
+    """The digest covers every byte: a duplicate near the end of a vocabulary otherwise
+    the same as a checked one, byte for byte and in size, is still found."""
     store = CheckedVocabularies(tmp_path / "cache")
     (first,) = tiny_k3_single.parts
     validate_shard_set(first, checked=store)
-    words = read_header(first).array(TOKENS)
-    n = len(words)
-    dup = _with_tokens(tiny_k3_single, tmp_path / "dup", {n - 1: str(words[n - 2])})
+    words = _tokens(tiny_k3_single)
+    # the last token that has the length of an earlier one becomes a copy of it: the
+    # array keeps its size and every byte before that token
+    k = max(k for k, w in enumerate(words) if any(len(v) == len(w) for v in words[:k]))
+    j = next(i for i in range(k) if len(words[i]) == len(words[k]))
+    dup = _with_tokens(tiny_k3_single, tmp_path / "dup", {k: words[j]})
+    orig, changed = (read_header(p).array_bytes(TOKENS) for p in (first, dup))
+    at = sum(8 + len(w) for w in words[:k]) + 8  # where token k's bytes start
+    assert at > len(orig) * 3 // 4
+    assert len(changed) == len(orig)
+    assert changed[:at] == orig[:at]
     with pytest.raises(ValidationError) as err:
         validate_shard_set(dup, checked=store)
-    assert f"tokens {n - 2:,} and {n - 1:,} of tokenizer.ggml.tokens are both" in (
-        err.value.message
-    )
+    assert f"tokens {j:,} and {k:,} of tokenizer.ggml.tokens are both" in err.value.message
 
 
 @pytest.mark.parametrize(
