@@ -288,8 +288,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "header-cache-private",
         "k3desk/core/hub/headers.py",
-        "        own_dir(folder, below=private_dir(cache_dir))",
-        "        folder.mkdir(parents=True, exist_ok=True)",
+        "refuse_links_under(own_dir(folder, below=private_dir(cache_dir)))",
+        "folder.mkdir(parents=True, exist_ok=True)",
         f"{T_CREATED}::test_the_header_cache_of_a_remote_plan_is_private",
         "the header cache of a remote plan is 0700/0600 whatever the umask",
     ),

@@ -15,6 +15,7 @@ planted where k3desk writes is never followed.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -198,39 +199,35 @@ def planned_once(
     return services, request, plan_remote_set(services, request).headers.folder
 
 
-def test_links_planted_in_the_header_cache_are_never_written_through(
-    planned_once: tuple[Services, RemotePlanRequest, Path], tmp_path: Path
+@pytest.mark.parametrize(
+    "planted", ["a part's .part", "the record's .tmp", "the record", "a folder"]
+)
+def test_a_link_planted_in_the_header_cache_is_refused_by_name_and_not_followed(
+    planned_once: tuple[Services, RemotePlanRequest, Path], tmp_path: Path, planted: str
 ) -> None:
+    """Before, links at ``<part>.part`` and ``.k3desk-headers.json.tmp`` had their targets
+    overwritten."""
     services, request, folder = planned_once
     v = victim(tmp_path)
-    planted = [folder / (RECORD + ".tmp")]
-    for twin in sorted(folder.rglob("*.gguf")):
-        twin.unlink()  # read again, so written again
-        planted.append(twin.with_name(twin.name + ".part"))
-    for link in planted:
-        link.symlink_to(v)
-
-    again = plan_remote_set(services, request)
-
-    assert untouched(v)
-    assert all(p.stat().st_size > 0 and mode(p) == 0o600 for p in again.headers.local_paths)
-
-
-def test_a_header_cache_folder_that_is_a_link_is_refused_by_name(
-    planned_once: tuple[Services, RemotePlanRequest, Path], tmp_path: Path
-) -> None:
-    services, request, folder = planned_once
-    v = victim(tmp_path)
-    repo_folder = folder.parent
-    for p in sorted(repo_folder.rglob("*"), reverse=True):
-        p.unlink() if not p.is_dir() else p.rmdir()
-    repo_folder.rmdir()
-    repo_folder.symlink_to(v.parent)
+    twin = sorted(folder.rglob("*.gguf"))[0]
+    twin.unlink()  # read again, so written again
+    link = {
+        "a part's .part": twin.with_name(twin.name + ".part"),
+        "the record's .tmp": folder / (RECORD + ".tmp"),
+        "the record": folder / RECORD,
+        "a folder": folder.parent,
+    }[planted]
+    if planted == "the record":
+        link.unlink()
+    if planted == "a folder":
+        shutil.rmtree(link)
+    link.symlink_to(v if link.name.endswith(("part", "tmp", "json")) else v.parent)
 
     with pytest.raises(HubError) as err:
         plan_remote_set(services, request)
 
-    assert f"{repo_folder} is a symbolic link" in err.value.message
+    assert f"{link} is a symbolic link" in err.value.message
+    assert untouched(v)
     assert sorted(p.name for p in v.parent.iterdir()) == ["secret.txt"]
 
 

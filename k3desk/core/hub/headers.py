@@ -47,7 +47,14 @@ from k3desk.core.hub.errors import Where, hub_error, is_transient
 from k3desk.core.hub.listing import resolve_endpoint
 from k3desk.core.hub.model import RemoteFile
 from k3desk.core.hub.session import guard_session, origin, token_only_to
-from k3desk.core.private import RefusedPath, own_dir, private_dir, replacing, write_private
+from k3desk.core.private import (
+    RefusedPath,
+    own_dir,
+    private_dir,
+    refuse_links_under,
+    replacing,
+    write_private,
+)
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 from k3desk.core.safepaths import name_problem
 from k3desk.core.units import fmt_bytes
@@ -662,8 +669,9 @@ def read_remote_headers(
     ep = resolve_endpoint(endpoint)
     _check_names(repo, files)
     folder = twin_folder(cache_dir, ep, repo, revision)
-    try:  # the cache's folders: 0700 whatever the umask, none a link or another user's
-        own_dir(folder, below=private_dir(cache_dir))
+    try:  # the cache's folders: 0700 whatever the umask, none a link or another user's,
+        # and no link planted in the commit folder (k3desk never makes one there)
+        refuse_links_under(own_dir(folder, below=private_dir(cache_dir)))
     except RefusedPath as exc:
         raise HubError(exc.message, exc.hint) from None
     record = _load_record(folder)
