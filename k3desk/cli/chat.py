@@ -260,10 +260,12 @@ def run(args: argparse.Namespace, services: Services) -> int:
         if args.mmproj is not None and not args.mmproj.is_file():
             raise EngineError(f"The vision projector {args.mmproj} does not exist.")
         if args.image and args.mmproj is None:
+            from k3desk.core.app.hub_choice import projector_hint
+
             raise ImageError(
                 "--image needs --mmproj FILE when k3desk starts the engine from a model file: "
                 "without the vision projector the model cannot see images.",
-                "Pass the tier's mmproj file, or leave the image out.",
+                projector_hint(shard),
             )
     images = tuple(load_image(p) for p in args.image)
     messages: list[ChatMessage] = []

@@ -59,6 +59,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="PATTERN",
         help="with --repo: files to fetch, as `hf download --include` (repeatable)",
     )
+    p.add_argument(
+        "--no-projector",
+        action="store_true",
+        help="with --repo: leave out the set's vision projector (brought by default when the "
+        "repository has one for it)",
+    )
+    p.add_argument(
+        "--projector-for",
+        type=Path,
+        metavar="SHARD",
+        help="download only the vision projector of the set SHARD is part of (a set k3desk "
+        "downloaded without it), into its folder",
+    )
     p.add_argument("--to", type=Path, metavar="DIR", help="target folder (default: models folder)")
     p.add_argument("--revision", help="branch, tag or commit (default: main)")
     p.add_argument(
@@ -107,8 +120,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
-def _request(args: argparse.Namespace, services: Services) -> DownloadRequest:
+def _request(args: argparse.Namespace, services: Services) -> tuple[DownloadRequest, str]:
+    """The request, and what is said first about the set's projector."""
     from k3desk.core.app.downloads import DownloadRequest
+    from k3desk.core.app.hub_choice import projector_note
 
     if args.repo:
         if args.tier:
@@ -123,8 +138,10 @@ def _request(args: argparse.Namespace, services: Services) -> DownloadRequest:
             allow_patterns=tuple(args.include),
             revision=args.revision or "main",
             label=args.repo,
+            # the set the first pattern selects comes with its projector, as in the app
+            projector_of="" if args.no_projector else args.include[0],
         )
-        return req
+        return req, "" if args.no_projector else projector_note(None)
     if not args.tier:
         raise K3Error(
             "Which tier? Give a TIER_ID (see `k3desk tiers`) or --repo with --include.",
@@ -132,7 +149,24 @@ def _request(args: argparse.Namespace, services: Services) -> DownloadRequest:
     if "/" in args.tier and args.tier not in services.catalog.ids:
         raise _repository_given(args.tier, services)
     tier = services.catalog.get(args.tier)
-    return DownloadRequest.from_tier(tier, revision=args.revision)
+    return DownloadRequest.from_tier(tier, revision=args.revision), projector_note(tier)
+
+
+def _projector_request(shard: Path) -> tuple[DownloadRequest, Path]:
+    """``--projector-for SHARD``: its set's projector, into the set's folder."""
+    from k3desk.core.app.hub_choice import projector_download
+
+    if not shard.is_file():
+        raise K3Error(f"{shard} is not a file.", "Give the first part of a downloaded set.")
+    chosen = projector_download(shard)
+    if chosen is None:
+        raise K3Error(
+            f"k3desk cannot tell which repository {shard.name} came from, or its folder "
+            "holds a projector already.",
+            "Download a projector by hand: k3desk download --repo REPO --include "
+            "'mmproj*.gguf' --to FOLDER.",
+        )
+    return chosen.request, chosen.target
 
 
 def _repository_given(repo: str, services: Services) -> K3Error:
@@ -159,7 +193,11 @@ def run(args: argparse.Namespace, services: Services) -> int:
 
     if args.parallel < 1:
         raise K3Error(f"--parallel must be at least 1 (got {args.parallel}).")
-    request = _request(args, services)
+    if args.projector_for is not None:
+        request, to = _projector_request(args.projector_for)
+        note = ""
+    else:
+        (request, note), to = _request(args, services), args.to
     tokens = TokenStore()
     options = DownloadOptions(
         parallel=args.parallel,
@@ -172,9 +210,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
     )
     out = JsonOut(sys.stdout) if args.json else TextOut(sys.stderr, sys.stdout)
     # without --to: the models folder's folder named after the tier (or the repo)
-    job = start_download(
-        services, request, args.to, tokens=tokens, options=options, on_event=out.event
-    )
+    job = start_download(services, request, to, tokens=tokens, options=options, on_event=out.event)
     target = job.target
     if not args.json:
         who = f"with the token from {tokens.source()}" if job.options.token else "without a token"
@@ -184,6 +220,8 @@ def run(args: argparse.Namespace, services: Services) -> int:
             else (f"{request.label} from {request.repo}")
         )
         print(f"Downloading {what} to {target} ({who})", file=sys.stdout)
+        if note:
+            print(note, file=sys.stdout)
     try:
         with _pause_on_signals(job.pause), _events_only():
             summary = job.run()

@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING
 from k3desk.core.app.operations import Operation
 from k3desk.core.app.search import SearchRequest, SearchResult, SetRow, search_hub
 from k3desk.core.catalog.model import Tier
+from k3desk.core.errors import K3Error
 from k3desk.core.hub.model import DownloadRequest
+from k3desk.core.hub.projectors import is_projector
+from k3desk.core.hub.state import TargetState, meta_dir
 from k3desk.core.progress import CancelToken, ProgressCallback, no_progress
 
 if TYPE_CHECKING:
@@ -51,6 +54,54 @@ def set_download(services: Services, row: SetRow, base: Path | None = None) -> S
     and folder the wizard's download step uses, for a Hub result's Download button."""
     where = (base if base is not None else services.paths.models_dir) / folder_for(row)
     return SetDownload(download_request_for(row), where, projector_note(row.tier))
+
+
+def projector_download(shard: Path) -> SetDownload | None:
+    """The download of the vision projector of the set whose part ``shard`` is, into the
+    set's folder: for a set k3desk downloaded without it (its folder's download state
+    names the repository and the commit).  None where that is not known (files from
+    elsewhere) or the folder already holds a projector."""
+    shard = shard.expanduser().absolute()
+    folder = next((d for d in shard.parents if meta_dir(d).is_dir()), None)
+    if folder is None:
+        return None
+    if any(is_projector(p.name) for p in folder.rglob("*.gguf")):
+        return None
+    try:
+        record = TargetState(folder).files.get(shard.relative_to(folder).as_posix())
+    except K3Error:
+        return None
+    if record is None:
+        return None
+    request = DownloadRequest(
+        repo=record.repo,
+        allow_patterns=(),
+        revision=record.revision,
+        label=f"{folder.name} projector",
+        projector_of=shard.relative_to(folder).as_posix(),
+    )
+    return SetDownload(request, folder, f"The projector of {shard.name} from {record.repo}.")
+
+
+def projector_command(shard: Path) -> str:
+    """The command that downloads the projector of ``shard``'s set (the CLI's words)."""
+    return f"k3desk download --projector-for '{shard.expanduser().absolute()}'"
+
+
+def projector_hint(shard: Path) -> str:
+    """What to do where an image is refused because ``shard``'s set runs without its
+    projector: the projector already beside it, else the command that downloads it."""
+    shard = shard.expanduser().absolute()
+    folder = next((d for d in shard.parents if meta_dir(d).is_dir()), shard.parent)
+    here = sorted(p for p in folder.rglob("*.gguf") if is_projector(p.name))
+    if here:
+        return f"Pass its projector: --mmproj '{here[0]}'."
+    if projector_download(shard) is not None:
+        return (
+            f"Its projector was not downloaded with it: {projector_command(shard)} fetches "
+            "it into the set's folder; then pass it with --mmproj."
+        )
+    return "Pass the set's mmproj file with --mmproj, or leave the image out."
 
 
 def download_request_for(row: SetRow) -> DownloadRequest:

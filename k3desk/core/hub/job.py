@@ -351,7 +351,20 @@ class DownloadJob:
         paths = [f.path for f in listing.files]
         wanted = set(select(paths, req.allow_patterns))
         found = [f for f in listing.files if is_projector(f.path)]
-        wanted |= {f.path for f in projectors_for(req.projector_of, found)}
+        # the set's first part: the first that projector_of selects, or the path it
+        # names where only the projector is asked for; patterns that select no set
+        # bring no projector
+        parts = sorted(p for p in select(paths, [req.projector_of]) if not is_projector(p))
+        anchor = parts[0] if parts else "" if req.allow_patterns else req.projector_of
+        chosen = projectors_for(anchor, found) if anchor else ()
+        if not chosen and not req.allow_patterns:  # only the projector was asked for
+            raise HubError(
+                f"{listing.repo} at {listing.revision[:12]} has no vision projector (mmproj) "
+                f"for {req.projector_of}.",
+                "This set reads no images: send text only, or download a set whose "
+                "repository ships an mmproj file.",
+            )
+        wanted |= {f.path for f in chosen}
         return replace(listing, files=tuple(f for f in listing.files if f.path in wanted))
 
     def _open_target(self, listing: Listing) -> TargetState:

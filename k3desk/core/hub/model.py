@@ -48,9 +48,10 @@ class DownloadRequest:
     expected_shard_bytes: int | None = None
     required: tuple[str, ...] = ()  # patterns that must each match a file (mmproj, template)
     manifest: str = ""  # per-file size+sha256 manifest in the repo, if any
-    # the first part of the set whose vision projector comes with it: the job lists the
-    # repository's projectors and adds the one for this set (hub/projectors.py); ""
-    # where the patterns name every file (a catalog tier names its mmproj)
+    # the first part of the set whose vision projector comes with it (or a pattern that
+    # selects its parts): the job lists the repository's projectors and adds the one
+    # for this set (hub/projectors.py); "" where the patterns name every file (a
+    # catalog tier names its mmproj)
     projector_of: str = ""
 
     @classmethod

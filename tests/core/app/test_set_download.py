@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import hashlib
+import shlex
 from pathlib import Path
 
+import pytest
+
 from k3desk.app import Services
+from k3desk.cli import main as cli_main
 from k3desk.core.app.downloads import DownloadJob, DownloadOptions
 from k3desk.core.app.hub_choice import download_request_for
 from k3desk.core.app.search import SearchRequest, SetRow, search_hub
-from tests.fixtures.hub import MMPROJ, TIER_REPO, shard_name, tier_files
+from tests.fixtures.hub import MMPROJ, SHARD_PATTERN, TIER_REPO, shard_name, tier_files
 from tests.hubserver import HubServer, make_bytes
 
+# a 1x1 PNG: a picture the chat would send
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360000002000100e221bc330000000049454e44ae426082"
+)
 BF16 = "mmproj-Tiny-K3-BF16.gguf"  # the same projector in another precision, at the root
 
 
@@ -59,3 +68,39 @@ def test_a_projector_beside_the_set_is_the_one_that_comes_with_it(
     assert _same(tmp_path / own, files[own])
     assert not (tmp_path / MMPROJ).exists()
     assert not (tmp_path / "Q2").exists()
+
+
+def test_the_cli_brings_the_projector_and_chat_names_the_command_for_one_left_out(
+    hub_server: HubServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    files = tier_files()
+    hub_server.add_repo(TIER_REPO, files)
+    monkeypatch.setenv("HF_ENDPOINT", hub_server.endpoint)
+    pattern = f"IQ1_S/{SHARD_PATTERN}"
+    common = ["--repo", TIER_REPO, "--include", pattern, "--margin", "0"]
+    # `k3desk download` of a set: its projector comes with it, as in the app
+    with_it = tmp_path / "with"
+    assert cli_main(["download", *common, "--to", str(with_it)], Services()) == 0
+    assert _same(with_it / MMPROJ, files[MMPROJ])
+    assert "projector comes with it" in capsys.readouterr().out
+    # a set downloaded without it: the chat refuses the image and says the exact command
+    bare = tmp_path / "bare"
+    assert cli_main(["download", *common, "--no-projector", "--to", str(bare)], Services()) == 0
+    assert not (bare / MMPROJ).exists()
+    picture = tmp_path / "cat.png"
+    picture.write_bytes(PNG)
+    shard = bare / shard_name(1)
+    capsys.readouterr()
+    assert cli_main(["chat", str(shard), "What is this?", "--image", str(picture)], Services())
+    said = capsys.readouterr().err
+    command = f"k3desk download --projector-for '{shard}'"
+    assert command in said
+    # the command does what it says: the projector lands beside the set, nothing else
+    hub_server.reset_log()
+    args = shlex.split(command)[1:]
+    assert cli_main([*args, "--margin", "0"], Services()) == 0
+    assert _same(bare / MMPROJ, files[MMPROJ])
+    assert {h.file for h in hub_server.content_hits()} == {MMPROJ}

@@ -161,11 +161,12 @@ def test_cli_prints_preflight_progress_and_summary(
     monkeypatch.setenv("HF_ENDPOINT", tier_repo.hub.endpoint)
     assert cli_main(_args(tmp_path), Services()) == 0
     out = capsys.readouterr().out
-    assert "Listed 10 files" in out
+    # 9 shards, the template, and the set's projector (it comes with the set)
+    assert "Listed 11 files" in out
     assert "Preflight:" in out
-    assert "10 to fetch" in out
+    assert "11 to fetch" in out
     assert "downloaded, verified" in out
-    assert "Done: 10 files" in out
+    assert "Done: 11 files" in out
     assert "all hashes verified" in out
 
     assert cli_main(_args(tmp_path, "--json"), Services()) == 0
@@ -283,7 +284,7 @@ def test_verify_finds_a_damaged_shard_and_download_repairs_only_it(
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is True
     assert report["method"] == "state"
-    assert len(report["files"]) == 10
+    assert len(report["files"]) == 11  # the projector came with the set
 
 
 def test_verify_without_a_record_uses_the_manifest_or_the_gguf_structure(
