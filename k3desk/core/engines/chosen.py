@@ -314,7 +314,7 @@ def _not_a_file(chosen: Path, kind: str) -> ChosenEngine:
     return ChosenEngine(
         chosen,
         "not-a-file",
-        f"{chosen} is {kind}, not a program: choose the {SERVER_NAME} executable itself.",
+        f"{chosen} is {kind}, not a program.",
     )
 
 
@@ -391,10 +391,8 @@ def _identify_program(chosen: Path, head: bytes, suggestion: Path | None) -> Cho
         )
     tool = next((t for t in LLAMA_TOOLS if name == t or name.startswith(f"{t}.")), None)
     if tool is None and not name.startswith(SERVER_NAME):
-        target = Path(os.path.realpath(chosen)).name
-        if target.startswith(SERVER_NAME):
-            name = target  # a link under another name
-        elif not _looks_like_llama(chosen):
+        linked = Path(os.path.realpath(chosen)).name.startswith(SERVER_NAME)  # a link to one
+        if not (linked or _looks_like_llama(chosen)):
             tool = ""  # another program
     if tool is not None:
         which = f"llama.cpp's {tool}" if tool else "another program"
