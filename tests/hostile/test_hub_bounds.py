@@ -226,6 +226,51 @@ def test_a_part_sent_again_and_again_counts_every_attempt_against_its_cap(
     assert header_bytes_sent(hostile_hub) <= 6 * MiB
 
 
+def test_a_part_read_in_more_requests_than_a_header_needs_is_refused(
+    hostile_hub: HostileHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """80 strings a step apart, each jumped over: a window fetched for each, few bytes
+    but a request each; the part stops at its request bound."""
+    monkeypatch.setattr(hub_headers, "MAX_STEP", 1 * MiB)
+    part = long_header(tmp_path / "part.gguf", 80, int(1.2 * MiB))
+    name = "Q/Many-00001-of-00001.gguf"
+    repo = hostile_hub.add_repo(REPO_ID, {name: part}, hash_content=False)
+    listing = list_remote(DownloadRequest(REPO_ID, ("*.gguf",)), endpoint=hostile_hub.endpoint)
+
+    run = bounded(
+        lambda: read_remote_headers(
+            REPO_ID, repo.sha, listing.files, tmp_path / "cache", endpoint=hostile_hub.endpoint
+        ),
+        60,
+    )
+
+    assert isinstance(run.error, HeaderTooLong), run.error
+    assert f"Reading the header of {name} took more than 64 requests" in run.error.message
+    assert len([h for h in hostile_hub.content_hits(name) if h.method == "GET"]) == 64
+
+
+def test_a_set_sent_a_few_bytes_at_a_time_stops_at_its_time_bound(
+    hostile_hub: HostileHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hub_headers, "SET_SECONDS", 1.0)
+    part = long_header(tmp_path / "part.gguf", 4, 900 * 1024)  # 3.5 MiB of header
+    name = "Q/Slow-00001-of-00001.gguf"
+    repo = hostile_hub.add_repo(REPO_ID, {name: part}, hash_content=False)
+    listing = list_remote(DownloadRequest(REPO_ID, ("*.gguf",)), endpoint=hostile_hub.endpoint)
+    hostile_hub.throttle_bps = 1_000_000  # 3.5 s for the header
+
+    run = bounded(
+        lambda: read_remote_headers(
+            REPO_ID, repo.sha, listing.files, tmp_path / "cache", endpoint=hostile_hub.endpoint
+        ),
+        30,
+    )
+
+    assert isinstance(run.error, HeaderTooLong), run.error
+    assert "Reading the headers of this set took longer than 1 s" in run.error.message
+    assert run.seconds < 2.5
+
+
 def test_a_search_counts_every_header_byte_it_receives_and_stops_at_its_budget(
     hostile_hub: HostileHub,
     tmp_path: Path,
