@@ -363,3 +363,25 @@ def test_names_and_messages_from_the_hub_are_cut_where_the_app_shows_them() -> N
     texts += hub_set_details(row)
     assert sum(map(len, texts)) < 10_000
     assert any("[999,8" in t and "more characters]" in t for t in texts)
+
+
+def test_a_search_lists_repositories_for_a_bounded_time_then_says_what_it_left(
+    hostile_hub: HostileHub, hardware_file: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Hub that takes half a second for every answer: the search lists for its time,
+    then names how many repositories it did not list."""
+    import k3desk.core.app.search as search
+
+    monkeypatch.setattr(search, "SEARCH_SECONDS", 0.5, raising=False)
+    for owner in "abcd":
+        hostile_hub.add_repo(f"{owner}/Kimi-K3-GGUF", {"a.gguf": b"GGUF" + bytes(5000)})
+    hostile_hub.api_delay = 0.5
+    req = SearchRequest(hardware_file=hardware_file(HW), endpoint=hostile_hub.endpoint,
+                        token="", read_headers=False)  # fmt: skip
+    run = bounded(lambda: search_hub(Services(), req), 30)
+    assert run.error is None, run.error
+    assert [r.repo for r in run.value.rows] == ["a/Kimi-K3-GGUF"]
+    assert run.value.errors == (
+        "the search took longer than 0.5 s; 3 repositories were not listed "
+        "(search for one of them by name)",
+    )

@@ -326,7 +326,7 @@ def _judge_hits(
             cancel.raise_if_cancelled()
         if time.monotonic() > deadline:
             errors.append(
-                f"the search took longer than {SEARCH_SECONDS:.0f} s; {len(hits) - n} "
+                f"the search took longer than {SEARCH_SECONDS:g} s; {len(hits) - n} "
                 "repositories were not listed (search for one of them by name)"
             )
             break
