@@ -67,3 +67,48 @@ def test_the_hub_results_download_button_fetches_the_set_with_its_projector(  # 
     assert _landed(state.target) == parts | {MMPROJ}
     assert (state.target / MMPROJ).read_bytes() == files[MMPROJ]
     assert state.target.parent == ctx.services.paths.models_dir
+
+
+def test_an_image_refused_for_a_set_without_its_projector_offers_to_fetch_it(  # type: ignore[no-untyped-def]
+    ctx, qtbot, llama_server, tiny_k3, tmp_path
+) -> None:
+    """A set downloaded before projectors came with it: the chat refuses a picture, and
+    the refusal's "Download the projector" fetches it into the set's folder."""
+    from k3desk.core.app.downloads import DownloadJob, DownloadOptions, DownloadRequest
+    from k3desk.core.engines.supervisor import LaunchSpec
+    from k3desk.ui.chat.page import ChatPage
+    from k3desk.ui.engine.controller import LaunchRequest
+    from tests.ui.test_chat import png_file
+
+    folder = ctx.services.paths.models_dir / "tiny-set"
+    with HubServer() as hub:
+        files = _repo(tiny_k3)
+        hub.add_repo(REPO, files)
+        parts = tuple(name for name in files if name.startswith("IQ1_S/"))
+        options = DownloadOptions(endpoint=hub.endpoint, margin_bytes=0, direct_io=False)
+        DownloadJob(DownloadRequest(REPO, parts), folder, options).run()  # no projector
+        assert not (folder / MMPROJ).exists()
+        shard = folder / sorted(parts)[0]
+        args = ("-m", str(shard), "-c", "4096", "--jinja", "-ngl", "0")
+        spec = LaunchSpec(llama_server, args, ready_timeout=60)
+        ctx.engine.launch(LaunchRequest(spec, model_name="tiny", vision=False, shard=shard))
+        qtbot.waitUntil(lambda: ctx.engine.ready, timeout=60_000)
+        page = ChatPage(ctx)
+        qtbot.addWidget(page)
+        page.show()
+        page.composer.files_added.emit([str(png_file(tmp_path / "x.png"))])
+        qtbot.waitUntil(lambda: page.composer.action.isVisible(), timeout=10_000)
+        assert "no vision" in page.composer.notice.text()
+        assert page.composer.action.text() == "Download the projector"
+        ctx.downloads.endpoint = hub.endpoint
+        qtbot.mouseClick(page.composer.action, Qt.MouseButton.LeftButton)
+        qtbot.waitUntil(
+            lambda: (
+                ctx.downloads.state is not None and ctx.downloads.state.status in ("done", "failed")
+            ),
+            timeout=60_000,
+        )
+        assert ctx.downloads.state.status == "done", ctx.downloads.state.error
+    assert (folder / MMPROJ).read_bytes() == files[MMPROJ]
+    assert _landed(folder) == set(parts) | {MMPROJ}  # the projector alone came
+    assert "launch the model again" in page.composer.notice.text()

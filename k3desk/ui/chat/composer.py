@@ -161,6 +161,13 @@ class Composer(QFrame):
         self.notice.setObjectName("warnText")
         self.notice.hide()
         outer.addWidget(self.notice)
+        # the action a refusal offers (an image refused for a set without its projector)
+        self.action = QPushButton("")
+        self.action.setObjectName("noticeAction")
+        self.action.hide()
+        self.action.clicked.connect(self._act)
+        self._on_action: Callable[[], None] | None = None
+        outer.addWidget(self.action, 0, Qt.AlignmentFlag.AlignLeft)
         self.strip = QWidget()
         self.strip_lay = QHBoxLayout(self.strip)
         self.strip_lay.setContentsMargins(0, 0, 0, 0)
@@ -236,6 +243,19 @@ class Composer(QFrame):
     def show_notice(self, text: str) -> None:
         self.notice.setText(text)
         self.notice.setVisible(bool(text))
+        self.offer("", None)  # a new notice: the last one's action goes with it
+
+    def offer(self, text: str, action: Callable[[], None] | None) -> None:
+        """A button under the notice doing ``action`` (None: no button)."""
+        self._on_action = action
+        self.action.setText(text)
+        self.action.setVisible(action is not None)
+
+    def _act(self) -> None:
+        action, self._on_action = self._on_action, None
+        self.action.hide()
+        if action is not None:
+            action()
 
     # ------------------------------------------------------- attachments
     def add_attachment(self, image: PreparedImage, thumb: QImage) -> None:

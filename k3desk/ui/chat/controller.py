@@ -48,6 +48,7 @@ from k3desk.core.app.chat_turn import (
     run_turn,
     withheld_text,
 )
+from k3desk.core.app.hub_choice import SetDownload, projector_download
 from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.app.values import CancelToken, ChatError
 from k3desk.ui.bridge import StreamBuffer
@@ -169,6 +170,8 @@ class ChatController(QObject):
     busy(bool): an answer is streaming.
     image_ready(object, object): an attachment passed the checks (PreparedImage, thumbnail).
     image_refused(str): why an attachment was refused.
+    projector_missing(object): with a refusal, the SetDownload of the running set's
+        projector where it was downloaded without one (None: nothing to offer).
     withheld(str): the model answering has no vision, and the conversation's pictures
         were not sent to it (said once per conversation and engine).
     exported(object): the Path a conversation was exported to.
@@ -183,6 +186,7 @@ class ChatController(QObject):
     busy = Signal(bool)
     image_ready = Signal(object, object)  # PreparedImage, QImage thumbnail
     image_refused = Signal(str)
+    projector_missing = Signal(object)  # SetDownload | None
     withheld = Signal(str)
     exported = Signal(object)
 
@@ -490,10 +494,19 @@ class ChatController(QObject):
         def error(exc: BaseException) -> None:
             if isinstance(exc, ChatError):
                 self.image_refused.emit(f"{exc.message} {exc.hint}".strip())
+                self.projector_missing.emit(self._projector_offer())
             else:
                 self.ctx.reporter.report(exc)
 
         self.ctx.ops.run(Operation("chat-image", work), on_success=done, on_failure=error)
+
+    def _projector_offer(self) -> SetDownload | None:
+        """The download of the running set's projector, where the set was downloaded
+        without it (None: none to offer)."""
+        request = self.engine.request
+        if request is None or request.shard is None or request.vision:
+            return None
+        return projector_download(request.shard)
 
     # ------------------------------------------------------------ sending
     def send(self, text: str, images: list[PreparedImage]) -> None:

@@ -55,6 +55,7 @@ from k3desk.ui.pages import Navigator, Page, PageKey
 from k3desk.ui.widgets import ElidedButton, ElidedLabel, muted, set_enabled
 
 if TYPE_CHECKING:
+    from k3desk.core.app.hub_choice import SetDownload
     from k3desk.core.app.library import LocalModel
     from k3desk.ui.context import AppContext
     from k3desk.ui.engine.controller import LaunchRequest
@@ -410,6 +411,7 @@ class ChatPage(Page):
         self.composer.image_pasted.connect(self.chat.prepare_bytes)
         self.chat.image_ready.connect(self._image_ready)
         self.chat.image_refused.connect(self.composer.show_notice)
+        self.chat.projector_missing.connect(self._offer_projector)
         self.chat.withheld.connect(self.composer.show_notice)
         self.chat.conversations.connect(self._fill_list)
         self.chat.opened.connect(self._show)
@@ -431,6 +433,28 @@ class ChatPage(Page):
         self.ctx.settings_changed.connect(lambda _s: self._engine_changed())
         if self.ctx.theme is not None:
             self.ctx.theme.changed.connect(self._restyle)
+
+    def _offer_projector(self, offer: SetDownload | None) -> None:
+        """An image refused for a set downloaded without its projector: a button that
+        downloads it into the set's folder (the same download `k3desk download
+        --projector-for` makes), then Downloads shows it."""
+        if offer is None:
+            return
+
+        def fetch() -> None:
+            try:
+                self.ctx.downloads.start(offer.request, offer.target)
+            except Exception as exc:  # noqa: BLE001 - shown to the user
+                self.ctx.reporter.report(exc)
+                return
+            self.composer.show_notice(
+                f"Downloading the projector into {offer.target}: once it is verified, "
+                "launch the model again (My models) and it reads images."
+            )
+            if self.nav is not None:
+                self.nav.show_page(PageKey.DOWNLOADS)
+
+        self.composer.offer("Download the projector", fetch)
 
     def _shortcuts(self) -> None:
         """Ctrl+N new chat, Ctrl+F search, Ctrl+E export, Delete (in the list) delete."""
