@@ -734,6 +734,24 @@ MUTANTS: tuple[Mutant, ...] = (
         "a Hub that goes away is said (waiting for the Hub) within 15 s",
     ),
     m(
+        "hub-set-without-its-projector",
+        "k3desk/core/app/hub_choice.py",
+        'projector_of="" if mmproj or text_only else first_part,',
+        'projector_of="",',
+        "tests/core/app/test_set_download.py::test_a_set_found_on_the_hub_downloads_with_its_"
+        "projector",
+        "a set found on the Hub downloads with its vision projector",
+    ),
+    m(
+        "projector-beside-the-set-first",
+        "k3desk/core/hub/projectors.py",
+        "candidates = beside or root or",
+        "candidates = root or beside or",
+        "tests/core/app/test_set_download.py::test_a_projector_beside_the_set_is_the_one_that_"
+        "comes_with_it",
+        "a set takes the projector in its own folder before the repository's root one",
+    ),
+    m(
         "auto-port-race-counts-as-failure",
         SUP,
         'return crash.recovery == "new_port" and self.spec.port is None',
