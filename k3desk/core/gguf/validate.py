@@ -41,6 +41,7 @@ load is the final word.  ``notes`` are oddities llama.cpp does not mind.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -235,6 +236,8 @@ _PRE_TOKENIZERS = frozenset((
     "hunyuan-dense", "hy_v4", "joyai-llm", "kimi-k2", "ufakzeka", "grok-2", "afmoe",
     "laguna", "minimax-m2", "solar-open", "mellum2",
 ))  # fmt: skip
+# a split part's suffix with no name before it ("-00001-of-00003.gguf")
+_BARE_SUFFIX = re.compile(r"-\d{5}-of-\d{5}\.gguf")
 # the record of vocabularies found free of duplicates, in k3desk's cache folder
 APP_VOCABULARIES = CheckedVocabularies()
 _CONVERTER_HINT = (
@@ -423,6 +426,17 @@ class _Checker:
                     "header says it is the whole model: llama.cpp loads it alone."
                 )
             return 1
+        if not s.split and _BARE_SUFFIX.fullmatch(s.given.name):
+            # llama_split_prefix (src/llama.cpp) takes the whole path before the suffix
+            # as the name, so "/models/-00001-of-00003.gguf" loads in llama.cpp, but a
+            # path given as the bare file name does not: k3desk does not guess
+            raise ValidationError(
+                f"{s.given.name} is part of a {n}-part set (split.count = {n}), but nothing "
+                "comes before -NNNNN-of-NNNNN.gguf in its name: k3desk finds the other "
+                "parts by that name.",
+                "Rename the parts with a name before the numbers "
+                "(<name>-00001-of-000NN.gguf, and the same <name> for every part).",
+            )
         if not s.split:
             raise ValidationError(
                 f"{s.given.name} is part of a {n}-part set (split.count = {n}) "

@@ -126,3 +126,19 @@ def test_a_whole_model_under_a_name_no_part_has_is_read_alone(
         "Whole-00010-of-00009.gguf is named as part 10 of 9, which no split set has, but its "
         "header says it is the whole model: llama.cpp loads it alone.",
     )
+
+
+def test_parts_with_nothing_before_their_numbers_are_refused_by_what_they_lack(
+    tiny_k3: TinyModel, tmp_path: Path
+) -> None:
+    parts = rewrite(tiny_k3, tmp_path / "set")
+    bare = [path.with_name(f"-{i + 1:05d}-of-00003.gguf") for i, (path, _) in enumerate(parts)]
+    for path, (_, g) in zip(bare, parts, strict=True):
+        ge.save(g, path)
+    with pytest.raises(ValidationError) as err:
+        validate_shard_set(bare[0])
+    assert err.value.message == (
+        "-00001-of-00003.gguf is part of a 3-part set (split.count = 3), but nothing comes "
+        "before -NNNNN-of-NNNNN.gguf in its name: k3desk finds the other parts by that name."
+    )
+    assert "<name>-00001-of-000NN.gguf" in err.value.hint
