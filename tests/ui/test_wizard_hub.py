@@ -74,6 +74,7 @@ def test_a_set_on_the_hub_is_judged_chosen_and_downloaded_at_its_commit(  # type
         assert wiz.hub_set().remote.name == SET
         assert wiz.selected_tier() is None  # the set, not a catalog tier
         assert "real headers" in wiz.tiers.details.toPlainText()
+        assert "and the set's vision projector" in wiz.tiers.details.toPlainText()
         assert wiz.current_key() == "where"
         assert listed.sha[:12] in wiz.where.tier_line.text()
         wiz.where.folder.setText(str(tmp_path / "models"))

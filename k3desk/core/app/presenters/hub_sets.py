@@ -5,6 +5,7 @@ the card's facts where the set is a catalog tier, and the line that says what wa
 
 from __future__ import annotations
 
+from k3desk.core.app.hub_choice import projector_note
 from k3desk.core.app.presenters import Cell, Tone
 from k3desk.core.app.search import SearchResult, SetRow, shown, size_text
 
@@ -82,13 +83,13 @@ def hub_set_details(row: SetRow) -> list[str]:
     lines += card_facts(row)
     if row.projectors:
         lines.append(
-            "Projectors in the repository (not downloaded): "
-            + ", ".join(shown(p, 120) for p in row.projectors[:8])
+            "Projectors in the repository: " + ", ".join(shown(p, 120) for p in row.projectors[:8])
         )
     lines.append(
-        f"Downloads exactly {shown(row.remote.include)} at that commit, each part checked "
-        "against the Hub's hashes."
+        f"Downloads exactly {shown(row.remote.include)} at that commit and the set's vision "
+        "projector, each file checked against the Hub's hashes."
     )
+    lines.append(projector_note(row.tier))
     return lines
 
 
