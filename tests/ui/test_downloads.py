@@ -150,3 +150,28 @@ def test_eta_never_says_zero_seconds_when_it_does_not_know(  # type: ignore[no-u
     st.speed, st.eta = 2_000_000.0, 0.3
     panel.show_state(st)
     assert "ETA < 1 s" in panel.numbers.text()
+
+
+def test_a_hub_that_goes_away_reads_waiting_for_the_hub_within_fifteen_seconds(  # type: ignore[no-untyped-def]
+    ctx, qtbot, panel, tier_repo, tmp_path
+) -> None:
+    """The page never says "running" with nothing coming: the Hub gone, the title says
+    it waits for the Hub (and why) within 15 s, and the total stays the set's size."""
+    import threading
+    import time
+
+    hub = tier_repo.hub
+    hub.link_bps = 1_000_000
+    dl = ctx.downloads
+    dl.start(tier_repo.request(), tmp_path / "models")
+    qtbot.waitUntil(lambda: dl.state.done > 1_000_000, timeout=30_000)
+    total = dl.state.total
+    threading.Thread(target=hub.close, daemon=True).start()
+    gone = time.monotonic()
+    qtbot.waitUntil(lambda: dl.state.status == "waiting for the Hub", timeout=15_000)
+    assert time.monotonic() - gone <= 15.0
+    assert "waiting for the Hub" in panel.title.text()
+    assert "no data for" in panel.numbers.text()
+    assert dl.state.total == total == sum(len(d) for d in tier_repo.wanted.values())
+    dl.pause()
+    qtbot.waitUntil(lambda: dl.state.status == "paused", timeout=30_000)
