@@ -120,6 +120,14 @@ def test_an_engine_path_that_is_not_a_file_is_named_without_blocking(
         assert chosen.message == f"{engine.name} is not a program, not llama-server."
 
 
+def test_a_fifo_in_a_folder_chosen_as_the_engine_is_named(tmp_path: Path) -> None:
+    fifo = tmp_path / "llama-server"
+    os.mkfifo(fifo)
+    said = bounded(lambda: identify_engine(tmp_path), 10)
+    assert said.error is None, said.error
+    assert said.value.message == f"{fifo} is a named pipe (FIFO), not a program."
+
+
 @pytest.mark.parametrize("how", ["Settings", "K3DESK_LLAMA_SERVER", "probe"])
 def test_a_fifo_as_the_engine_does_not_block_the_cli(
     tmp_path: Path, k3_home: Path, how: str

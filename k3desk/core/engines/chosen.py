@@ -263,9 +263,11 @@ def _looks_like_llama(exe: Path) -> bool:
 
 
 def _in_folder(folder: Path) -> Path | None:
+    """The llama-server in ``folder`` (or its bin/, build/bin/): the first entry of that
+    name that is not a folder, so that a named pipe there is named, not passed over."""
     for sub in ("", "bin", "build/bin", "build/bin/Release"):
         cand = folder / sub / SERVER_NAME if sub else folder / SERVER_NAME
-        if cand.is_file():
+        if cand.exists() and not cand.is_dir():  # status only: nothing is opened here
             return cand
     return None
 
