@@ -298,9 +298,9 @@ class _Step(NamedTuple):
 
 
 def _run(argv: Sequence[str], timeout: float) -> _Step:
-    """``argv`` run to its end, its output bounded (a llama-server's ``--help`` is some
-    40 kB; one that prints more than :data:`OUTPUT_LIMIT` is ended there), and whatever
-    it left running ended and said."""
+    """``argv`` run to its end, its output bounded (b11434's ``--help`` prints 59 kB; one
+    that prints more than :data:`OUTPUT_LIMIT` is ended there), and whatever it left
+    running ended and said."""
     try:
         p = run_child(
             argv,
