@@ -56,7 +56,7 @@ from k3desk.core.private import (
     write_private,
 )
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
-from k3desk.core.safepaths import name_problem
+from k3desk.core.safepaths import name_problem, shown
 from k3desk.core.units import fmt_bytes
 
 KiB, MiB = 1024, 1024 * 1024
@@ -196,7 +196,7 @@ class HeaderBudget:
         if self.deadline is not None and time.monotonic() > self.deadline:
             self.spent = True
             raise HeaderTooLong(
-                f"Reading {self.name} took longer than {self.seconds:.0f} s (at {what}); "
+                f"Reading {self.name} took longer than {self.seconds:g} s (at {what}); "
                 "k3desk stops there before a download.",
                 "The server is very slow or sends the headers a few bytes at a time; try "
                 "again later, or pick another set.",
@@ -358,7 +358,7 @@ class _RemotePrefix:
                 if got_start != start:
                     raise HubError(
                         f"The server answered a request for bytes {start:,}- of {self.name} "
-                        f"with {r.headers.get('Content-Range')!r}.",
+                        f"with {shown(r.headers.get('Content-Range'), 100)!r}.",
                         "The server (or a proxy) does not answer as the Hub does; check "
                         "HF_ENDPOINT and try again.",
                     )
@@ -455,24 +455,24 @@ def _read_part(
     meta = get_hf_file_metadata(url, token=token or False, timeout=TIMEOUT, endpoint=ep)
     if meta.commit_hash and meta.commit_hash != revision:
         raise HubError(
-            f"The Hub answered for {f.path} at commit {meta.commit_hash[:12]}, not at "
+            f"The Hub answered for {shown(f.path, 160)} at commit {meta.commit_hash[:12]}, not at "
             f"{revision[:12]} as asked.",
             "The server does not pin files to a commit as the Hub does; check HF_ENDPOINT.",
         )
     if meta.size is not None and meta.size != f.size:
-        raise _changed(f.path, meta.size, f.size)
+        raise _changed(shown(f.path, 160), meta.size, f.size)
     headers = build_hf_headers(token=token or False)
     if origin(meta.location) != origin(ep):
         # a CDN on another origin gets no credentials (it is sent a signed URL instead)
         headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
     headers["Accept-Encoding"] = "identity"
-    src = _RemotePrefix(meta.location, headers, f.size, f.path, part, cancel)
+    src = _RemotePrefix(meta.location, headers, f.size, shown(f.path, 160), part, cancel)
     try:
         try:
             header = read_header_from(src, f.path.rsplit("/", 1)[-1], f.size)  # type: ignore[arg-type]
         except ValidationError as exc:
             raise ValidationError(
-                f"{repo} at {revision[:12]}, {f.path}: {exc.message}",
+                f"{shown(repo, 120)} at {revision[:12]}, {shown(f.path, 160)}: {exc.message}",
                 "The file on the Hub is damaged or not a GGUF k3desk can read; nothing was "
                 "downloaded. Pick another set.",
             ) from None
@@ -603,7 +603,7 @@ def _read_retried(
     the part."""
     ep, repo, revision = where.endpoint, where.repo, where.revision
     part = HeaderBudget(
-        f"the header of {f.path}",
+        f"the header of {shown(f.path, 160)}",
         MAX_PART_BYTES + MAX_STEP,
         _part_too_long,
         budget,

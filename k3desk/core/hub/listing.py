@@ -36,7 +36,7 @@ from k3desk.core.hub.session import (
     token_only_to,
 )
 from k3desk.core.progress import CancelToken
-from k3desk.core.safepaths import display_name, name_problem, shown
+from k3desk.core.safepaths import name_problem, shown
 from k3desk.core.units import fmt_bytes
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -278,9 +278,9 @@ def reserved_name(path: str) -> str:
 
 def refusals_text(refused: Sequence[tuple[str, str]], limit: int = 5) -> str:
     """'a.gguf (why); b.gguf (why) and 3 more', each name shown safely."""
-    shown = [f"{display_name(name)[:120]!r} ({why})" for name, why in refused[:limit]]
+    names = [f"{shown(name, 120)!r} ({why})" for name, why in refused[:limit]]
     more = len(refused) - limit
-    return "; ".join(shown) + (f" and {more} more" if more > 0 else "")
+    return "; ".join(names) + (f" and {more} more" if more > 0 else "")
 
 
 def listed_file_problem(f: RemoteFile) -> str:
