@@ -159,10 +159,6 @@ def read_head(path: Path, n: int = HEAD_LIMIT) -> bytes:
         os.close(fd)
 
 
-def _head(path: Path, n: int = HEAD_LIMIT) -> bytes:
-    return read_head(path, n)
-
-
 def _shebang(head: bytes) -> list[str]:
     """The interpreter and its arguments from a script's ``#!`` line."""
     if not head.startswith(b"#!"):
