@@ -286,6 +286,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "the desktop entry (its Exec line is run) is never writable by others",
     ),
     m(
+        "hf-cache-blob-keeps-its-readers",
+        "k3desk/core/private.py",
+        "mode = stat.S_IMODE(st.st_mode) & ~0o022",
+        "mode = mode",
+        f"{T_CREATED}::"
+        "test_a_model_linked_from_the_hugging_face_cache_is_writable_by_nobody_else_there_either",
+        "a model hard-linked from the HF cache loses others' write bits, keeps the cache's readers",
+    ),
+    m(
         "header-cache-private",
         "k3desk/core/hub/headers.py",
         "refuse_links_under(own_dir(folder, below=private_dir(cache_dir)))",

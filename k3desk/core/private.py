@@ -317,6 +317,10 @@ def put_in_place(src: Path, dest: Path, mode: int) -> Path:
     why = _link_or_kind(src, st.st_mode, want_dir=False)
     if why:
         raise RefusedPath(src, why)
+    if st.st_nlink > 1:
+        # a hard link to a file kept elsewhere too (a blob of the Hugging Face cache): its
+        # mode is that file's as well, so only the write bits of others are taken from it
+        mode = stat.S_IMODE(st.st_mode) & ~0o022
     if st.st_uid == os.getuid():
         os.chmod(src, mode)
     os.replace(src, dest)

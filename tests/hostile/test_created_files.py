@@ -280,3 +280,28 @@ def test_the_desktop_entry_is_for_the_desktop_to_read_and_nobody_else_to_change(
     assert got[".local/share/applications/k3desk.desktop"] == 0o644
     assert {v for k, v in got.items() if (home / k).is_file()} == {0o644}
     assert {v for k, v in got.items() if (home / k).is_dir()} == {0o755}
+
+
+def test_a_model_linked_from_the_hugging_face_cache_is_writable_by_nobody_else_there_either(
+    hostile_hub: HostileHub, tmp_path: Path
+) -> None:
+    """A file reused from the HF cache is a hard link to its blob: one inode, one mode.
+    Its others' write bits go (huggingface_hub made it 0666 under umask 000); its read
+    bits stay, for the cache's other readers."""
+    from huggingface_hub import hf_hub_download
+
+    hostile_hub.add_repo(REPO_ID, GOOD)
+    cache = tmp_path / "hf-cache"
+    for p in GOOD:
+        hf_hub_download(REPO_ID, p, cache_dir=cache, endpoint=hostile_hub.endpoint, token=False)
+    blobs = sorted((cache / f"models--{REPO_ID.replace('/', '--')}" / "blobs").iterdir())
+    private = tmp_path / "mine"
+    private.mkdir(mode=0o700)
+    hostile_hub.reset_log()
+
+    run = download(hostile_hub, private / "K3", use_hf_cache=True, hf_cache_dir=cache)
+
+    assert run.error is None, run.error
+    assert landed(private / "K3", GOOD)
+    assert [hostile_hub.bytes_sent(p) for p in GOOD] == [0] * len(GOOD)  # reused, not fetched
+    assert [(p.stat().st_nlink, mode(p)) for p in blobs] == [(2, 0o644)] * len(GOOD)
