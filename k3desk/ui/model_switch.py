@@ -19,16 +19,18 @@ SwitchChoice = Literal["new", "continue"]
 
 
 def ask_switch(
-    parent: QWidget, engine: EngineController, req: LaunchRequest
+    parent: QWidget, engine: EngineController, req: LaunchRequest, pictures: int = 0
 ) -> SwitchChoice | None:
     """ "new" (the default) or "continue" once the person agrees to stop the running
-    model; None when they keep it.  Nothing runs: "new", without a question."""
+    model; None when they keep it.  Nothing runs: "new", without a question.
+    ``pictures``: those of the open conversation (said when the new model cannot see)."""
     if not engine.running:
         return "new"
     old, new_name = switch_names(
         engine.model_name(), req.model_name, running_shard(engine), req.shard
     )
-    text, detail = switch_question(old, new_name, engine.ready, req.plan)
+    blind = 0 if req.vision else pictures
+    text, detail = switch_question(old, new_name, engine.ready, req.plan, blind)
     box = QMessageBox(parent)
     box.setObjectName("switchModelBox")
     box.setIcon(QMessageBox.Icon.Question)
@@ -45,11 +47,13 @@ def ask_switch(
     return "new" if clicked is new else "continue" if clicked is cont else None
 
 
-def switch_to(parent: QWidget, engine: EngineController, req: LaunchRequest) -> SwitchChoice | None:
+def switch_to(
+    parent: QWidget, engine: EngineController, req: LaunchRequest, pictures: int = 0
+) -> SwitchChoice | None:
     """Launch ``req`` once the person agrees to stop the model running (asked as
     :func:`ask_switch` asks): the one way to switch models, from "Chat with it" on My
     models and from the chat header's picker.  None when they keep the running one."""
-    choice = ask_switch(parent, engine, req)
+    choice = ask_switch(parent, engine, req, pictures)
     if choice is not None:
         engine.launch(replace(req, continue_chat=choice == "continue"))
     return choice

@@ -315,6 +315,10 @@ def test_the_first_hour_in_a_real_window(  # type: ignore[no-untyped-def]
     assert asked["text"] == "Tiny-K3-IQ1_S is loaded. Stop it and load Tiny-K3-Small?", asked
     assert "takes up to" in asked["informative"], asked  # the plan's load time
     assert "Load and continue this chat" in asked["buttons"], asked
+    # continued there, the picture would stay in the conversation, not sent to a model
+    # without vision
+    blind = "the conversation keeps its picture, but Tiny-K3-Small has no vision"
+    assert blind in asked["informative"], asked
     first.click("Load in a new chat")
     state = first.until(
         lambda s: s["engine"] == "ready" and s["engine_pid"] not in (None, pid), "state", 180

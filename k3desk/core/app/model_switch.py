@@ -34,15 +34,26 @@ def switch_names(
     return f"{old} ({old_shard.name})", f"{new} ({new_shard.name})"
 
 
-def switch_question(old: str, new: str, ready: bool, plan: LaunchPlan | None) -> tuple[str, str]:
-    """The question and what it costs, as the person reads them."""
+def switch_question(
+    old: str, new: str, ready: bool, plan: LaunchPlan | None, pictures: int = 0
+) -> tuple[str, str]:
+    """The question and what it costs, as the person reads them.  ``pictures``: how many
+    pictures the open conversation holds that the new model, which has no vision, would
+    not be sent if the conversation is continued on it (:mod:`k3desk.core.app.chat_turn`)."""
     old = old or "The model running now"
     new = new or "the new model"
     doing = "is loaded" if ready else "is loading"
     load = load_time_text(plan)
     takes = f" {new} takes {load} to load." if load else ""
+    what, it = ("its picture", "it") if pictures == 1 else (f"its {pictures} pictures", "them")
+    blind = (
+        f" Continued, the conversation keeps {what}, but {new} has no vision and is not "
+        f"sent {it}."
+        if pictures
+        else ""
+    )
     return (
         f"{old} {doing}. Stop it and load {new}?",
         f"{old} stops now.{takes} {new} starts a new conversation; the one open now stays "
-        "in the list. Continue it instead to keep talking there.",
+        f"in the list. Continue it instead to keep talking there.{blind}",
     )

@@ -509,7 +509,9 @@ class ChatPage(Page):
         self.composer.show_notice(f"Checking {model.name} and planning it for this machine…")
 
         def done(req: LaunchRequest) -> None:
-            if switch_to(self, engine, req) is None:
+            open_now = self.chat.current
+            pictures = sum(len(m.images) for m in open_now.messages) if open_now else 0
+            if switch_to(self, engine, req, pictures) is None:
                 self.composer.show_notice(
                     f"{engine.model_name()} keeps running; {model.name} was not loaded."
                 )
