@@ -10,15 +10,14 @@ same as ``k3desk desktop-entry install``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from k3desk.core.app.desktop import refresh_desktop_caches
 from k3desk.core.app.values import K3Error, write_shared
 
 if TYPE_CHECKING:
@@ -120,7 +119,7 @@ def install(resources: Path, target: Path | None = None) -> Installed:
             f"No icon files were found under {resources / 'icons'}.",
             "Reinstall k3desk: its resources folder is incomplete.",
         )
-    _refresh_caches(apps, icons_root)
+    refresh_desktop_caches(apps, icons_root)
     return Installed(desktop, tuple(written), metainfo, " ".join(_quote(a) for a in command))
 
 
@@ -137,18 +136,6 @@ def uninstall(target: Path | None = None) -> list[Path]:
             p.unlink()
             removed.append(p)
     return removed
-
-
-def _refresh_caches(apps: Path, icons: Path) -> None:
-    """Tell the desktop about the new entry (best effort: the tools may be absent)."""
-    for argv in (
-        ["update-desktop-database", "-q", str(apps)],
-        ["gtk-update-icon-cache", "-q", "-t", str(icons)],
-    ):
-        if shutil.which(argv[0]):
-            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                # the caches they write are for the desktop to read, not for others to change
-                subprocess.run(argv, check=False, timeout=30, capture_output=True, umask=0o022)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -324,6 +324,7 @@ def spawn(
     die_with_parent: bool = True,
     guard_group: bool = False,
     guard_grace: float = 5.0,
+    umask: int = -1,
 ) -> Child:
     """Start ``argv`` as a child k3desk owns (see the module doc).
 
@@ -331,8 +332,9 @@ def spawn(
     (Linux); leave it off only for a child that must outlive the thread starting it.
     ``guard_group``: a watchdog ends the child's whole group if k3desk dies (for
     children that start children of their own: builds); implied where PDEATHSIG
-    does not exist and ``die_with_parent`` was asked for.  Raises ``OSError`` when
-    the program cannot be started.
+    does not exist and ``die_with_parent`` was asked for.  ``umask``: the child's file
+    creation mask (-1: k3desk's own).  Raises ``OSError`` when the program cannot be
+    started.
     """
     preexec = _die_with_parent(os.getpid()) if die_with_parent else None
     popen: subprocess.Popen[Any] = subprocess.Popen(
@@ -347,6 +349,7 @@ def spawn(
         start_new_session=True,
         preexec_fn=preexec,
         close_fds=True,
+        umask=umask,
     )
     watchdog = None
     if guard_group or (die_with_parent and preexec is None):
@@ -478,10 +481,12 @@ def run(
     grace: float = 2.0,
     limit: int = OUTPUT_LIMIT,
     end_past_limit: bool = False,
+    umask: int = -1,
 ) -> Ran:
     """Run ``argv`` to its end as a :func:`spawn`ed child (stdin from /dev/null) and
     collect its output, decoded as UTF-8 with undecodable bytes replaced; with
-    ``merge_stderr`` the error stream is interleaved into ``stdout``.
+    ``merge_stderr`` the error stream is interleaved into ``stdout``; ``umask`` as for
+    :func:`spawn`.
 
     At most ``limit`` bytes of each stream are kept; the rest is read and discarded
     (``Ran.discarded``), or with ``end_past_limit`` the child is ended once it passes
@@ -497,6 +502,7 @@ def run(
         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
         env=env,
         cwd=cwd,
+        umask=umask,
     )
     args = [os.fspath(a) for a in argv]
     out = _Output(child, limit)

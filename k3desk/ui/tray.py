@@ -10,8 +10,6 @@ engine" quits the process, which stops the engine as any exit does.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 
 from PySide6.QtCore import QObject
@@ -23,14 +21,6 @@ OPEN_TEXT = "Open k3desk"
 STOP_TEXT = "Stop the engine"
 
 
-def open_app() -> None:
-    """Start the desktop app in a process of its own (it takes up the kept engine)."""
-    subprocess.Popen(
-        [sys.executable, "-c", "from k3desk.app import gui_main; raise SystemExit(gui_main())"],
-        start_new_session=True,
-    )
-
-
 class KeeperTray(QObject):
     """The tray icon of a process keeping an engine without a window."""
 
@@ -39,7 +29,7 @@ class KeeperTray(QObject):
         model: str,
         url: str,
         stop: Callable[[], None],
-        open_: Callable[[], None] = open_app,
+        open_: Callable[[], None],
         parent: QObject | None = None,
     ) -> None:
         super().__init__(parent)
@@ -70,8 +60,8 @@ class KeeperTray(QObject):
         model: str,
         url: str,
         stop: Callable[[], None],
+        open_: Callable[[], None],
         parent: QObject | None = None,
-        open_: Callable[[], None] = open_app,
     ) -> KeeperTray | None:
         """The icon, shown, where the desktop has a tray (None where it has none)."""
         if not QSystemTrayIcon.isSystemTrayAvailable():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 import signal
@@ -230,3 +231,45 @@ def test_run_ends_what_a_command_left_running_and_says_so(how: str) -> None:
     assert done.stdout == "done\n"
     assert len(done.left_running) == 1
     assert gone(done.left_running[0], 5)
+
+
+# Where a program may be started from: the one owner, and the node probe, which runs on
+# another machine with the standard library alone and has its own bounded runner (its
+# test: tests/core/cluster/test_node_probe_run.py).  k3desk/devtools is not the app: the
+# developers' benchmarks, which no shell or core module imports.
+STARTERS = {"k3desk/core/process.py", "k3desk/core/cluster/node_probe.py"}
+STARTING_CALLS = {
+    ("subprocess", "run"), ("subprocess", "Popen"), ("subprocess", "call"),
+    ("subprocess", "check_call"), ("subprocess", "check_output"), ("subprocess", "getoutput"),
+    ("subprocess", "getstatusoutput"), ("os", "system"), ("os", "popen"), ("os", "fork"),
+    ("os", "posix_spawn"), ("os", "posix_spawnp"), ("os", "execv"), ("os", "execvp"),
+    ("os", "execve"), ("os", "spawnv"), ("asyncio", "create_subprocess_exec"),
+    ("asyncio", "create_subprocess_shell"), ("QProcess", "start"), ("QProcess", "startDetached"),
+}  # fmt: skip
+
+
+def starts_a_program(path: Path) -> list[str]:
+    """The lines of ``path`` that call a program-starting function by its module's name."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            if isinstance(owner, ast.Name) and (owner.id, node.func.attr) in STARTING_CALLS:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno} {owner.id}.{node.func.attr}")
+    return found
+
+
+def test_every_child_process_starts_through_core_process() -> None:
+    """k3desk/core/process.py is the one place a child is started (own session, bounded
+    output, ended with k3desk, what it left running ended): no other module of the app
+    calls subprocess, os.system, fork/exec or QProcess itself."""
+    found = []
+    for path in sorted((REPO / "k3desk").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel in STARTERS or rel.startswith("k3desk/devtools/"):
+            continue
+        found += starts_a_program(path)
+    assert found == []
+    # the check sees a start where there is one
+    assert starts_a_program(REPO / "k3desk" / "core" / "process.py")
