@@ -289,15 +289,23 @@ def private_tree(folder: Path) -> Path:
     user's own bits, execute included, stay.  Links are not followed."""
     for dirpath, dirnames, filenames in os.walk(folder):
         for name in [*dirnames, *filenames]:
-            _tighten_entry(Path(dirpath, name))
-    _tighten_entry(folder)
+            _take_bits(Path(dirpath, name), 0o077)
+    _take_bits(folder, 0o077)
     return folder
 
 
-def _tighten_entry(path: Path) -> None:
+def no_write_by_others(path: Path) -> None:
+    """Take the write bits of group and others from ``path``, a file of this user that
+    k3desk keeps where it is (a model an older version made under a loose umask).
+    A link is left alone; a file that cannot be changed too."""
+    with contextlib.suppress(OSError):
+        _take_bits(path, 0o022)
+
+
+def _take_bits(path: Path, bits: int) -> None:
     st = os.lstat(path)
-    if not stat.S_ISLNK(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
-        os.chmod(path, stat.S_IMODE(st.st_mode) & 0o7700)
+    if not stat.S_ISLNK(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & bits:
+        os.chmod(path, stat.S_IMODE(st.st_mode) & ~bits)
 
 
 def refuse_links_under(folder: Path) -> Path:

@@ -305,3 +305,25 @@ def test_a_model_linked_from_the_hugging_face_cache_is_writable_by_nobody_else_t
     assert landed(private / "K3", GOOD)
     assert [hostile_hub.bytes_sent(p) for p in GOOD] == [0] * len(GOOD)  # reused, not fetched
     assert [(p.stat().st_nlink, mode(p)) for p in blobs] == [(2, 0o644)] * len(GOOD)
+
+
+def test_models_an_older_version_left_writable_by_others_lose_that_when_kept(
+    hostile_hub: HostileHub, tmp_path: Path
+) -> None:
+    """Kept in place, not fetched again: one the state knows as verified, one found in
+    the folder and hashed; both were 0666 (an older version under umask 000)."""
+    hostile_hub.add_repo(REPO_ID, GOOD)
+    target = tmp_path / "models"
+    assert download(hostile_hub, target).error is None
+    known, found = GOOD
+    (target / found).unlink()
+    (target / found).write_bytes(GOOD[found])  # not the file the state verified
+    for p in GOOD:
+        os.chmod(target / p, 0o666)
+    hostile_hub.reset_log()
+
+    run = download(hostile_hub, target)
+
+    assert run.error is None, run.error
+    assert [hostile_hub.bytes_sent(p) for p in GOOD] == [0, 0]
+    assert [mode(target / p) for p in (known, found)] == [0o644, 0o644]

@@ -36,6 +36,7 @@ from k3desk.core.private import (
     FILE_MODE,
     RefusedPath,
     new_file,
+    no_write_by_others,
     open_regular,
     own_dir,
     refuse_link,
@@ -244,9 +245,15 @@ class TargetState:
         except OSError:
             return False
         unchanged = st.st_size == f.size == rec.verified_size
-        return unchanged and st.st_mtime_ns == rec.verified_mtime_ns and survived(rec.verified_at)
+        if unchanged and st.st_mtime_ns == rec.verified_mtime_ns and survived(rec.verified_at):
+            no_write_by_others(self.target / f.path)  # one an older version made 0666
+            return True
+        return False
 
     def mark_verified(self, f: RemoteFile, repo: str, revision: str) -> None:
+        """``f`` is in the target folder with the Hub's content: recorded, and (as a model
+        found there may have been made under a loose umask) writable by nobody else."""
+        no_write_by_others(self.target / f.path)
         st = (self.target / f.path).stat()
         with self._lock:
             self.files[f.path] = FileRecord(
