@@ -73,17 +73,20 @@ class InstanceServer(QObject):
         sock.disconnectFromServer()
 
 
-def ask_running(name: str, request: dict[str, Any], timeout: float = 20.0) -> dict[str, Any] | None:
+def ask_running(
+    name: str, request: dict[str, Any], timeout: float = 20.0, *, connect_for: float | None = None
+) -> dict[str, Any] | None:
     """Send ``request`` to the app listening on ``name``; its answer, or None when none
-    came within ``timeout`` seconds (the app may still be starting: connecting is
-    retried until then)."""
+    came within ``timeout`` seconds, or no connection could be made within
+    ``connect_for`` (the app may still be starting: connecting is retried until then)."""
     deadline = time.monotonic() + timeout
+    connect_by = deadline if connect_for is None else time.monotonic() + connect_for
     while True:
         sock = QLocalSocket()
         sock.connectToServer(name)
         if sock.waitForConnected(1000):
             return _exchange(sock, request, deadline)
-        if time.monotonic() > deadline:
+        if time.monotonic() > min(deadline, connect_by):
             return None
         time.sleep(0.2)
 

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 APP_ID = "k3desk"
 _SIGTERM_WAKE: list[object] = []
 _KEPT: list[object] = []  # the one-app lock and the socket second starts reach
+ANSWER_WITHIN_S = 20.0  # how long a second start waits for the running app (it may be starting)
 
 
 def gui_parser(prog: str = "k3desk-gui") -> argparse.ArgumentParser:
@@ -138,7 +139,10 @@ def run_gui(services: Services, args: Sequence[str], prog: str = "k3desk") -> in
     app = ensure_app()
     first, name = _claim(services)
     if not first:
-        return _bring_forward(services, name, ns)
+        forwarded = _bring_forward(services, name, ns)
+        if forwarded is not None:
+            return forwarded
+        first = True  # the app that held the lock ended meanwhile: this one is the app
     ctx = create_context(services, app)
     ctx.reporter.install_hooks(ctx.tasks.run_on_main)
     window = build_window(ctx, ns)
@@ -148,7 +152,10 @@ def run_gui(services: Services, args: Sequence[str], prog: str = "k3desk") -> in
         def show(request: dict[str, object]) -> None:
             window.bring_forward(str(request.get("page") or ""))
 
-        _KEPT.append(InstanceServer(name, show, app))
+        server = InstanceServer(name, show, app)
+        # quitting: a start from now on waits for the lock instead of being answered
+        app.aboutToQuit.connect(server.server.close)
+        _KEPT.append(server)
     window.show()
     if (ctx.first_run or ns.wizard) and not ns.no_wizard:
         QTimer.singleShot(0, window.open_wizard)
@@ -182,11 +189,19 @@ def _claim(services: Services) -> tuple[bool, str]:
     return True, name
 
 
-def _bring_forward(services: Services, name: str, ns: argparse.Namespace) -> int:
-    """A second start: the running app brings its window forward; this one exits."""
+def _bring_forward(services: Services, name: str, ns: argparse.Namespace) -> int | None:
+    """A second start: the running app brings its window forward, and this one exits
+    (0; 1 when the app holding the lock never answers).  None when that app ended
+    meanwhile (quitting as this one started) and this process now holds the lock."""
     from k3desk.ui.instance import ask_running
 
-    answer = ask_running(name, {"cmd": "show", "page": ns.page})
+    deadline = time.monotonic() + ANSWER_WITHIN_S
+    answer = None
+    while answer is None and time.monotonic() < deadline:
+        left = deadline - time.monotonic()
+        answer = ask_running(name, {"cmd": "show", "page": ns.page}, left, connect_for=2.0)
+        if answer is None and _claim(services)[0]:
+            return None
     pid = answer.get("pid") if answer is not None else holder(services.paths)
     automation = os.environ.get("K3DESK_AUTOMATION") == "1"
     if answer is not None and answer.get("ok"):

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from k3desk.core.app.instance import socket_name
+from k3desk.core.app.instance import claim, socket_name
 from k3desk.core.paths import default_paths
 from tests.e2e.test_app_process import REPO, App
 
@@ -75,5 +75,23 @@ def test_a_second_start_brings_the_running_window_forward(apps: list[App], tmp_p
     assert second.next(timeout=120)["event"] == "ready"
     ran, _ = again(home)
     assert last_line(ran) == {"event": "forwarded", "pid": second.proc.pid}
+    assert second.send("quit")["event"] == "ok"
+    assert second.proc.wait(timeout=30) == 0
+
+
+def test_a_start_while_the_app_quits_opens_the_app(apps: list[App], tmp_path: Path) -> None:
+    """An app quitting holds its lock a moment longer but answers no one: a start then
+    waits for the lock and opens the app itself (never a start that exits with no window
+    left).  Here the test holds the lock, as a quitting app would, for a few seconds."""
+    home = tmp_path / "home"
+    paths = default_paths({"K3DESK_HOME": str(home)})
+    lock = claim(paths)
+    assert lock is not None
+    second = App(home, "--gui", "--no-wizard")
+    apps.append(second)
+    time.sleep(4)
+    assert second.proc.poll() is None  # waiting, not gone
+    lock.release()
+    assert second.next(timeout=60)["event"] == "ready"
     assert second.send("quit")["event"] == "ok"
     assert second.proc.wait(timeout=30) == 0
