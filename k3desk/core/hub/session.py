@@ -132,9 +132,12 @@ def patient(call: Callable[[], T], what: str, where: str, cancel: Any = None) ->
             if not timed_out(exc):
                 raise
             if attempt == ATTEMPTS:
+                names = {c.__name__ for c in type(exc).__mro__}
+                how = f"got the request for {what} but sent no answer within {READ_TIMEOUT:g} s"
+                if names & {"ConnectTimeout", "PoolTimeout"}:
+                    how = f"could not be reached for {what} within {CONNECT_TIMEOUT:g} s"
                 raise Stalled(
-                    f"{where} got the request for {what} but sent no answer within "
-                    f"{READ_TIMEOUT:g} s, {ATTEMPTS} times in a row; k3desk stopped asking.",
+                    f"{where} {how}, {ATTEMPTS} times in a row; k3desk stopped asking.",
                     "The Hub (or the mirror or proxy in HF_ENDPOINT / HTTPS_PROXY) is stuck or "
                     "unreachable; check the network, then try again later.",
                 ) from None
