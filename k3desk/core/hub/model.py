@@ -69,6 +69,9 @@ class DownloadRequest:
             expected_shard_bytes=tier.size_bytes if tier.known and tier.size_bytes > 0 else None,
             required=extras,
             manifest=tier.manifest,
+            # a tier that reads images but whose card names no projector file: the
+            # repository's projector for its set, as for a set found on the Hub
+            projector_of=tier.first_shard if tier.vision != "none" and not tier.mmproj else "",
         )
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from k3desk.app import Services
 from k3desk.cli import main as cli_main
-from k3desk.core.app.downloads import DownloadJob, DownloadOptions
+from k3desk.core.app.downloads import DownloadJob, DownloadOptions, DownloadRequest
 from k3desk.core.app.hub_choice import download_request_for
 from k3desk.core.app.search import SearchRequest, SetRow, search_hub
 from tests.fixtures.hub import MMPROJ, SHARD_PATTERN, TIER_REPO, shard_name, tier_files
@@ -104,3 +104,23 @@ def test_the_cli_brings_the_projector_and_chat_names_the_command_for_one_left_ou
     assert cli_main([*args, "--margin", "0"], Services()) == 0
     assert _same(bare / MMPROJ, files[MMPROJ])
     assert {h.file for h in hub_server.content_hits()} == {MMPROJ}
+
+
+def test_a_tier_whose_card_names_no_projector_takes_the_repositorys(
+    hub_server: HubServer, tmp_path: Path
+) -> None:
+    """unsloth's UD-Q8_K_XL reads images through its fork, but its card does not name the
+    projector file: the download brings the one the repository has for the set."""
+    tier = Services().catalog.get("unsloth-ud-q8kxl")
+    assert tier.vision != "none"
+    assert not tier.mmproj
+    files = {name: b"GGUF" + make_bytes(2_000, i) for i, name in enumerate(tier.shard_names())}
+    folder = tier.first_shard.rsplit("/", 1)[0] + "/" if "/" in tier.first_shard else ""
+    files[f"{folder}mmproj-F16.gguf"] = b"GGUF" + make_bytes(3_000, 77)
+    files["README.md"] = b"# card\n"
+    hub_server.add_repo(tier.repo, files)
+    options = DownloadOptions(endpoint=hub_server.endpoint, margin_bytes=0, direct_io=False)
+    DownloadJob(DownloadRequest.from_tier(tier), tmp_path, options).run()
+    assert _same(tmp_path / f"{folder}mmproj-F16.gguf", files[f"{folder}mmproj-F16.gguf"])
+    assert _same(tmp_path / tier.first_shard, files[tier.first_shard])
+    assert not (tmp_path / "README.md").exists()
