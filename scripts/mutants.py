@@ -97,6 +97,7 @@ T_RULES = "tests/core/gguf/test_gguf_split_rules.py"
 T_BROKEN = "tests/core/gguf/test_gguf_validate.py::test_each_broken_twin_fails_with_its_own_message"
 PLAN = "k3desk/core/planning/plan.py"
 T_PLAN = "tests/core/planning/test_planning_plan.py"
+T_STREAM = "tests/core/planning/test_stream_consistency.py"
 HISTORY = "k3desk/core/chat/history.py"
 T_HISTORY = "tests/core/chat/test_chat_history.py"
 CRASH = "k3desk/core/engines/crash.py"
@@ -484,13 +485,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "a split part named as no part can be (-00010-of-00009) is refused, as llama.cpp does",
     ),
     m(
-        "validate-vocabulary-known-by-all-its-bytes",
-        VALIDATE,
-        "seen = digest(buf)",
-        "seen = digest(buf[: len(buf) // 2])",
+        "reader-known-array-verified-by-all-its-bytes",
+        "k3desk/core/gguf/reader.py",
+        "if not left and h.hexdigest() == digest:",
+        "if not left:",
         "tests/core/gguf/test_gguf_vocabcache.py::"
         "test_a_vocabulary_changed_near_its_end_is_compared_again",
-        "a vocabulary is taken as checked for duplicates only when every byte is the same",
+        "a string array is skipped (and a vocabulary taken as checked) only when every byte "
+        "is the same as the one walked before",
     ),
     m(
         "reader-dimension-limit",
@@ -525,6 +527,49 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         "tests/core/planning/test_planning_speed.py::test_a_stream_plan_goes_at_the_disk_the_machine_has",
         "a streaming plan goes at the read rate of the disk the hardware describes",
+    ),
+    m(
+        "stream-read-around",
+        "k3desk/core/planning/speed.py",
+        "window = max(slice_bytes, max(read_around, 0.0) * miss)",
+        "window = slice_bytes",
+        f"{T_STREAM}::test_a_missed_expert_reads_the_whole_read_around_window",
+        "a missed expert slice costs the read-around window's uncached pages, not the slice",
+    ),
+    m(
+        "stream-fewer-misses-never-slower",
+        "k3desk/core/planning/speed.py",
+        "    miss = min(max(stream_miss, 0.0), 1.0)\n",
+        "    miss = 1.0 - min(max(stream_miss, 0.0), 1.0)\n",
+        f"{T_STREAM}::test_fewer_bytes_read_from_disk_is_never_slower "
+        f"{T_STREAM}::test_more_ram_is_never_slower",
+        "more RAM and fewer page-cache misses never make a streaming plan slower",
+    ),
+    m(
+        "stream-faster-disk-never-slower",
+        "k3desk/core/planning/speed.py",
+        "    rate = max(disk_read_bps, 1.0)\n",
+        "    rate = max(1e19 / max(disk_read_bps, 1.0), 1.0)\n",
+        f"{T_STREAM}::test_a_faster_disk_is_never_slower",
+        "a faster disk never makes a streaming plan slower",
+    ),
+    m(
+        "stream-needs-said",
+        PLAN,
+        "        notes.append(_stream_needs(speed_at, fit, opts, speed, "
+        "ram.weights - m.ram_expert))\n",
+        "        pass\n",
+        f"{T_STREAM}::test_a_stream_plan_says_what_a_token_costs_and_what_would_help",
+        "a streaming plan says its seconds per token, its disk rate, what a faster disk or "
+        "more RAM gives",
+    ),
+    m(
+        "stream-window-doubled",
+        "k3desk/core/hardware/disk_rate.py",
+        "return 2 * int(text) * 1024",
+        "return int(text) * 1024",
+        "tests/core/hardware/test_disk_rate.py::test_the_read_around_window_is_twice_the_devices_read_ahead",
+        "the read-around window of a model file is twice the device's read_ahead_kb",
     ),
     m(
         "disk-rate-skips-holes",

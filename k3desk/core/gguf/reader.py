@@ -6,7 +6,9 @@ decoded: numeric ones are skipped by arithmetic, and string arrays (the 163,840
 tokenizer tokens and 163,328 merges of a Kimi-K3 part 1) are walked over their
 length prefixes without building a single Python string.  Their position is
 kept, so a caller that really wants them can still decode them
-(:meth:`GGUFHeader.array`).  Compared to ``gguf.GGUFReader``, which
+(:meth:`GGUFHeader.array`).  A caller that kept what an array walked before was
+(:class:`KnownSpans`: its length and SHA-256) has one whose bytes hash the same
+skipped by that length, without a walk.  Compared to ``gguf.GGUFReader``, which
 memory-maps the file and builds numpy views for every field and tensor, this
 is what makes checking a 94-part set take a fraction of a second.
 
@@ -24,13 +26,15 @@ bytes or more, a ``general.alignment`` that is not a UINT32 power of two.
 from __future__ import annotations
 
 import functools
+import hashlib
 import operator
 import os
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from k3desk.core.errors import ValidationError
 from k3desk.core.gguf.ggml import BY_ID, type_name
@@ -75,6 +79,7 @@ MAX_STRING = 64 << 20  # one string; the longest real ones (chat templates) are 
 MAX_KEY = 65_536  # one key name
 MAX_STRING_ARRAY = 1 << 21  # elements of a string array; the K3 vocabulary has 163,840
 MAX_ARRAY = 1 << 30  # GGUF_MAX_ARRAY_ELEMENTS (gguf.cpp)
+MAX_KNOWN_SPAN = 64 << 20  # the longest string array known by its bytes (KnownSpans)
 GGML_MAX_DIMS = 4  # ggml.h; gguf.cpp refuses more
 GGML_MAX_NAME = 64  # ggml.h; gguf.cpp refuses tensor names of this length or more
 _INT64_MAX = (1 << 63) - 1
@@ -144,6 +149,8 @@ class GGUFHeader:
     elem_types: dict[str, int] | None = None  # array key -> element type
     array_offsets: dict[str, int] | None = None  # array key -> offset of its first element
     array_ends: dict[str, int] | None = None  # array key -> offset just past its last element
+    # string arrays not walked but known by their bytes (KnownSpans): key -> SHA-256 hex
+    array_digests: dict[str, str] | None = None
 
     def get(self, key: str, default: Value | None = None) -> Value | None:
         return self.kv.get(key, default)
@@ -428,11 +435,27 @@ class _Window:
         return vals, pos + n
 
 
-def read_header(path: Path | str, eager_array_limit: int = EAGER_ARRAY_LIMIT) -> GGUFHeader:
+class KnownSpans(Protocol):
+    """String arrays walked before, by what they were: a string array of ``count``
+    elements whose bytes have the SHA-256 of one of :meth:`spans` is the array walked
+    then, byte for byte, so it spans the same bytes and is not walked again."""
+
+    def spans(self, count: int) -> Sequence[tuple[int, str]]:
+        """(bytes, SHA-256 in hex) of the arrays of ``count`` strings walked before."""
+        ...
+
+
+def read_header(
+    path: Path | str,
+    eager_array_limit: int = EAGER_ARRAY_LIMIT,
+    known: KnownSpans | None = None,
+) -> GGUFHeader:
     """Read the metadata and tensor infos of one GGUF file.
 
     Raises :class:`ValidationError` naming the file for a bad magic, an unsupported
-    version, a truncated or corrupt header, or counts the file cannot hold.
+    version, a truncated or corrupt header, or counts the file cannot hold.  ``known``:
+    string arrays walked before (see :class:`KnownSpans`); their digests are in
+    ``array_digests``.
     """
     p = Path(path)
     try:
@@ -445,7 +468,7 @@ def read_header(path: Path | str, eager_array_limit: int = EAGER_ARRAY_LIMIT) ->
         raise ValidationError(f"Cannot open {p}: {exc.strerror}.") from None
     with f:
         size = os.fstat(f.fileno()).st_size
-        return _parse(f, p, size, eager_array_limit)
+        return _parse(f, p, size, eager_array_limit, known)
 
 
 def read_header_from(
@@ -457,10 +480,12 @@ def read_header_from(
     return _parse(f, Path(name), size, eager_array_limit)
 
 
-def _parse(f: BinaryIO, p: Path, size: int, eager_array_limit: int) -> GGUFHeader:
+def _parse(
+    f: BinaryIO, p: Path, size: int, eager_array_limit: int, known: KnownSpans | None = None
+) -> GGUFHeader:
     r = _Window(f, p, size)
     version, n_tensors, n_kv = _read_start(r, p, size)
-    meta = _read_metadata(r, p, n_kv, eager_array_limit)
+    meta = _read_metadata(r, p, n_kv, eager_array_limit, known)
     alignment = _alignment(p, meta.kv, meta.kv_types)
     raw_infos, pos = _read_tensor_infos(r, p, meta.end, n_tensors)
     header_bytes = pos
@@ -489,6 +514,7 @@ def _parse(f: BinaryIO, p: Path, size: int, eager_array_limit: int) -> GGUFHeade
         elem_types=meta.elem_types,
         array_offsets=meta.array_offsets,
         array_ends=meta.array_ends,
+        array_digests=meta.array_digests,
     )
 
 
@@ -545,10 +571,13 @@ class _Metadata:
     elem_types: dict[str, int] = field(default_factory=dict)
     array_offsets: dict[str, int] = field(default_factory=dict)
     array_ends: dict[str, int] = field(default_factory=dict)
+    array_digests: dict[str, str] = field(default_factory=dict)
     end: int = 0  # the offset just past the section
 
 
-def _read_metadata(r: _Window, p: Path, n_kv: int, eager_array_limit: int) -> _Metadata:
+def _read_metadata(
+    r: _Window, p: Path, n_kv: int, eager_array_limit: int, known: KnownSpans | None
+) -> _Metadata:
     meta = _Metadata()
     pos = _HEADER.size
     raw_keys: set[bytes] = set()  # gguf.cpp compares keys as bytes
@@ -571,7 +600,14 @@ def _read_metadata(r: _Window, p: Path, n_kv: int, eager_array_limit: int) -> _M
             etype, pos = r.u32(pos)
             count, pos = r.u64(pos)
             meta.array_offsets[key] = pos
-            value, pos = _array(r, p, key, etype, count, pos, eager_array_limit)
+            span = None
+            if known is not None and etype == STRING and eager_array_limit < count:
+                span = _known_span(r, count, pos, known)
+            if span is not None:
+                value, pos = ArrayRef(etype, count, pos), pos + span[0]
+                meta.array_digests[key] = span[1]
+            else:
+                value, pos = _array(r, p, key, etype, count, pos, eager_array_limit)
             meta.array_ends[key] = pos
             meta.elem_types[key] = etype
         elif vtype in _SCALAR:
@@ -636,6 +672,28 @@ def _read_tensor_infos(
             raise _corrupt(p, f"tensor '{name}' has {n:,} elements, more than ggml can count")
         raw_infos.append((name, dims, gtype, rel_offset))
     return raw_infos, pos
+
+
+def _known_span(r: _Window, count: int, pos: int, known: KnownSpans) -> tuple[int, str] | None:
+    """(bytes, digest) of the known array of ``count`` strings whose bytes are the ones
+    at ``pos``, hashed a MiB at a time; None when none is (the array is walked)."""
+    if count > MAX_STRING_ARRAY:
+        return None  # refused as it is walked
+    for length, digest in known.spans(count):
+        if not 8 * count <= length <= MAX_KNOWN_SPAN or pos + length > r.file_size:
+            continue  # no array of count strings there: a damaged record
+        h = hashlib.sha256()
+        r.f.seek(pos)
+        left = length
+        while left:
+            chunk = r.f.read(min(left, _MAX_READ))
+            if not chunk:
+                break
+            h.update(chunk)
+            left -= len(chunk)
+        if not left and h.hexdigest() == digest:
+            return length, digest
+    return None
 
 
 def _array(

@@ -63,17 +63,19 @@ from k3desk.core.gguf.reader import (
     BOOL,
     FLOAT32,
     INT32,
+    MAX_KNOWN_SPAN,
     STRING,
     UINT16,
     UINT32,
     VALUE_TYPE_NAMES,
+    ArrayRef,
     GGUFHeader,
     StringRef,
     TensorInfo,
     read_header,
 )
 from k3desk.core.gguf.shards import ShardSet, discover
-from k3desk.core.gguf.vocabcache import CheckedVocabularies, digest
+from k3desk.core.gguf.vocabcache import CheckedVocabularies, Walked, digest
 from k3desk.core.k3arch import K3Shape, is_expert_tensor, layer_of, loader_tensors, same_shape
 from k3desk.core.progress import CancelToken, Progress, ProgressCallback, no_progress
 from k3desk.core.safepaths import what_is
@@ -308,6 +310,8 @@ class _Checker:
         self.shards = shards
         self.tiers = tuple(tiers)
         self.checked = checked
+        self.unique: dict[str, str] = {}  # arrays compared, free of duplicates: digests
+        self.recorded: set[str] = set()  # arrays the record says are free of duplicates
         self.notes: list[str] = []
         self.suspicious: list[str] = []
 
@@ -979,16 +983,14 @@ class _Checker:
         key = "tokenizer.ggml.tokens"
         if h.get("tokenizer.ggml.model") in _NO_VOCAB or h.elem_type(key) != STRING:
             return  # llama.cpp reads no token (see vocab_size)
+        seen = (h.array_digests or {}).get(key)
+        if seen is not None and self.checked is not None and self.checked.known(seen):
+            self.recorded.add(key)
+            return  # these very bytes were found free of duplicates (vocabcache)
         buf = h.array_bytes(key)
-        store, seen = self.checked, ""
-        if store is not None:
-            seen = digest(buf)
-            if store.known(seen):
-                return  # these very bytes were found free of duplicates (vocabcache)
         dup = h.first_duplicate(key, buf)
         if dup is None:
-            if store is not None:
-                store.add(seen)
+            self.unique[key] = digest(buf)
         else:
             j, i, word = dup
             raise self.fail(
@@ -998,6 +1000,27 @@ class _Checker:
                 0,
                 _CONVERTER_HINT,
             )
+
+    def keep_walked(self, h: GGUFHeader) -> None:
+        """Keep part 1's long string arrays that were walked (the tokens with their
+        verdict), so that the next check of the same bytes neither walks nor compares
+        them (:mod:`k3desk.core.gguf.vocabcache`)."""
+        if self.checked is None:
+            return
+        known = h.array_digests or {}
+        new: list[Walked] = []
+        for key, v in h.kv.items():
+            if not isinstance(v, ArrayRef) or v.elem_type != STRING or key in self.recorded:
+                continue
+            unique = key in self.unique  # compared now and found free of duplicates
+            if key in known and not unique:
+                continue  # in the record already
+            start, end = (h.array_offsets or {})[key], (h.array_ends or {})[key]
+            if end - start <= MAX_KNOWN_SPAN:
+                sha = self.unique.get(key) or known.get(key) or digest(h.array_bytes(key))
+                new.append(Walked(v.count, end - start, sha, unique))
+        if new:
+            self.checked.add(*new)
 
     def check_tensor_set(self, headers: list[GGUFHeader], shape: K3Shape) -> None:
         tensors: dict[str, tuple[int, TensorInfo]] = {
@@ -1184,7 +1207,7 @@ def inspect_shard_set(
         p = shards.directory / shards.part_name(i)
         progress(Progress("Reading headers", i, shards.count, p.name))
         try:
-            return read_header(p)
+            return read_header(p, known=chk.checked if i == 0 else None)
         except ValidationError as exc:
             raise ValidationError(
                 f"Part {shards.part_label(i)}: {exc.message}" if shards.split else exc.message,
@@ -1206,6 +1229,7 @@ def inspect_shard_set(
     hp, shape = replace(hp, vocab_size=n_vocab), replace(shape, n_vocab=n_vocab)
     chk.check_tensor_set(headers, shape)
     chk.check_duplicate_tokens(headers[0])  # after the shapes: token_embd bounds the count
+    chk.keep_walked(headers[0])
     return ValidationReport(
         _layout(shards, headers, hp, shape, sizes), tuple(chk.notes), tuple(chk.suspicious)
     )

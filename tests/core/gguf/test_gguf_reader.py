@@ -332,3 +332,53 @@ def test_a_tensor_of_more_than_four_dimensions_is_refused_by_name(
         f"many.gguf has a corrupt GGUF header: tensor 't.weight' has {n_dims} dimensions "
         "(ggml has 4)."
     )
+
+
+def test_a_string_array_known_by_its_bytes_is_not_walked_and_any_other_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A string array whose bytes hash to a span walked before ends where that one did
+    (the bytes decide where a walk ends); the same count with other bytes is walked."""
+    import hashlib
+
+    from k3desk.core.gguf import reader
+
+    words = [f"w{i}" * (1 + i % 7) for i in range(5000)]
+    kvs = [KV("tokenizer.ggml.tokens", ARRAY, words, STRING), KV("after", UINT32, 1234)]
+    write_sparse_gguf(tmp_path / "a.gguf", kvs, [TensorDef("t.weight", (32,), "F32")])
+    walked = read_header(tmp_path / "a.gguf")
+    span = walked.array_bytes("tokenizer.ggml.tokens")
+    sha = hashlib.sha256(span).hexdigest()
+
+    class Known:
+        def __init__(self, *spans: tuple[int, str]) -> None:
+            self.given = list(spans)
+
+        def spans(self, count: int) -> list[tuple[int, str]]:
+            return self.given if count == 5000 else []
+
+    real_walk = reader._Window.skip_strings
+    walks: list[int] = []
+
+    def walk(w: reader._Window, pos: int, count: int) -> int:
+        walks.append(count)
+        return real_walk(w, pos, count)
+
+    monkeypatch.setattr(reader._Window, "skip_strings", walk)
+    h = read_header(tmp_path / "a.gguf", known=Known((len(span), sha)))
+    assert walks == []
+    assert h.kv["after"] == 1234
+    assert h.array_digests == {"tokenizer.ggml.tokens": sha}
+    assert h.array("tokenizer.ggml.tokens") == words
+    # the same count, another byte: walked; a span the file cannot hold: walked
+    words[4999] = "x" * len(words[4999])
+    kvs[0] = KV("tokenizer.ggml.tokens", ARRAY, words, STRING)
+    write_sparse_gguf(tmp_path / "b.gguf", kvs, [TensorDef("t.weight", (32,), "F32")])
+    for path, known in (
+        (tmp_path / "b.gguf", Known((len(span), sha))),
+        (tmp_path / "a.gguf", Known((1 << 40, sha), (100, sha))),
+    ):
+        h = read_header(path, known=known)
+        assert h.kv["after"] == 1234
+        assert h.array_digests == {}
+    assert walks == [5000, 5000]
