@@ -49,7 +49,11 @@ from k3desk.core.engines.discovery import find_llama_server  # noqa: E402
 from k3desk.core.engines.ports import free_port  # noqa: E402
 from k3desk.core.gguf.validate import validate_shard_set  # noqa: E402
 from k3desk.core.hardware.detect import detect_hardware, filesystem_type  # noqa: E402
-from k3desk.core.hardware.disk_rate import fmt_read_rate, read_rate  # noqa: E402
+from k3desk.core.hardware.disk_rate import (  # noqa: E402
+    fmt_read_rate,
+    read_around_bytes,
+    read_rate,
+)
 from k3desk.core.paths import default_paths  # noqa: E402
 from k3desk.core.planning.model import LaunchPlan, PlanOptions  # noqa: E402
 from k3desk.core.planning.plan import make_plan, with_disk_rate  # noqa: E402
@@ -279,10 +283,14 @@ def predict(path: Path, tokens: int) -> tuple[LaunchPlan, str]:
     if hw.disk is not None:
         hw = hw.with_disk(replace(hw.disk, read_rate=rate))
     prompt_depth = 30  # the prompt's tokens: decode is timed at about this depth
-    opts = with_disk_rate(hw, PlanOptions(ctx=CTX, speed_depth=prompt_depth + tokens // 2))
+    opts = PlanOptions(
+        ctx=CTX, speed_depth=prompt_depth + tokens // 2, read_around_bytes=read_around_bytes(path)
+    )
+    opts = with_disk_rate(hw, opts)
     plan = make_plan(hw, layout, opts)
     ram = f"RAM {hw.memory.total / GiB:.1f} GiB, {hw.memory.available / GiB:.1f} available"
-    return plan, f"disk read rate: {fmt_read_rate(rate)}; {ram}"
+    window = f"read-around {(opts.read_around_bytes or 0) / 2**20:.0f} MiB"
+    return plan, f"disk read rate: {fmt_read_rate(rate)}; {window}; {ram}"
 
 
 def report(plan: LaunchPlan, runs: list[Run]) -> float:

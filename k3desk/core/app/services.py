@@ -142,12 +142,15 @@ class Services:
         from dataclasses import replace
 
         from k3desk.core.hardware.detect import filesystem_type
-        from k3desk.core.hardware.disk_rate import DiskRateStore, read_rate
+        from k3desk.core.hardware.disk_rate import DiskRateStore, read_around_bytes, read_rate
 
         try:
             real = shard.resolve()
         except OSError:
             return opts
+        if opts.read_around_bytes is None:
+            # what a page fault on the shards reads (planning/speed.py's streaming rules)
+            opts = replace(opts, read_around_bytes=read_around_bytes(real))
         rate = read_rate(real, DiskRateStore(self.paths.state), filesystem=filesystem_type(real))
         if rate.bytes_per_s <= 0 or rate.source == "unknown":
             why = f" ({rate.note})" if rate.note else ""

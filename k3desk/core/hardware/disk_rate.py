@@ -100,9 +100,9 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def device_of(path: Path, root: Path = REAL_ROOT) -> DiskDevice | None:
-    """The whole disk holding ``path`` (its partition's parent), or None when the file
-    system has no block device (overlay, tmpfs, network) or sysfs is not there."""
+def _block_dir(path: Path, root: Path) -> tuple[Path, str] | None:
+    """sysfs's folder of the block device ``path``'s file system is on (a partition
+    resolved to its disk) and that device's major:minor."""
     try:
         st = os.stat(path)
     except OSError:
@@ -114,6 +114,29 @@ def device_of(path: Path, root: Path = REAL_ROOT) -> DiskDevice | None:
         return None
     if (dev_dir / "partition").exists():
         dev_dir = dev_dir.parent
+    return dev_dir, f"{major}:{minor}"
+
+
+def read_around_bytes(path: Path, root: Path = REAL_ROOT) -> int | None:
+    """Bytes a page fault on ``path`` mapped by llama.cpp reads around the missed page:
+    twice the device's ``read_ahead_kb`` (llama.cpp sets ``POSIX_FADV_SEQUENTIAL`` on
+    every model file, src/llama-mmap.cpp b11434, which doubles the file's window:
+    mm/fadvise.c), the window ``do_sync_mmap_readahead`` reads (mm/filemap.c).  None
+    where sysfs does not say."""
+    found = _block_dir(path, root)
+    text = _read(found[0] / "queue" / "read_ahead_kb") if found else None
+    if text is None or not text.isdigit():
+        return None
+    return 2 * int(text) * 1024
+
+
+def device_of(path: Path, root: Path = REAL_ROOT) -> DiskDevice | None:
+    """The whole disk holding ``path`` (its partition's parent), or None when the file
+    system has no block device (overlay, tmpfs, network) or sysfs is not there."""
+    found = _block_dir(path, root)
+    if found is None:
+        return None
+    dev_dir, majmin = found
     # device mapper, md, bcache: the first disk under it
     slaves = sorted((dev_dir / "slaves").glob("*")) if (dev_dir / "slaves").is_dir() else []
     if slaves:
@@ -121,7 +144,7 @@ def device_of(path: Path, root: Path = REAL_ROOT) -> DiskDevice | None:
         if inner.is_dir():
             dev_dir = inner.parent if (inner / "partition").exists() else inner
     name = dev_dir.name
-    whole = _read(dev_dir / "dev") or f"{major}:{minor}"
+    whole = _read(dev_dir / "dev") or majmin
     model = " ".join((_read(dev_dir / "device" / "model") or "").split())
     rot = _read(dev_dir / "queue" / "rotational")
     return DiskDevice(

@@ -41,6 +41,10 @@ class PlanOptions:
     disk_read_bps: float = 3.5e9
     # where that rate comes from ("0.9 GB/s, measured: ..."); "" = the assumption above
     disk_read_note: str = ""
+    # bytes a page fault on a model file reads around the missed page: twice the
+    # device's read_ahead_kb (llama.cpp's POSIX_FADV_SEQUENTIAL); None = Linux's
+    # default (speed.DEFAULT_READ_AROUND).  hardware.disk_rate.read_around_bytes
+    read_around_bytes: int | None = None
     # the --n-cpu-moe a model card runs with (None = every expert layer in RAM,
     # the common recipe) and who says so, for the comparison note
     reference_n_cpu_moe: int | None = None

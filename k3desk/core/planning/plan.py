@@ -38,8 +38,9 @@ which slows image encoding only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 from k3desk.core.errors import PlanError
 from k3desk.core.gguf.model import ModelLayout
@@ -68,10 +69,11 @@ from k3desk.core.planning.model import (
     LaunchPlan,
     LayerPlacement,
     PlanOptions,
+    SpeedPrediction,
     VerdictKind,
 )
 from k3desk.core.planning.repack import repack_bytes
-from k3desk.core.planning.speed import predict_speed
+from k3desk.core.planning.speed import DEFAULT_READ_AROUND, STREAM_RATE_SHARE, predict_speed
 from k3desk.core.units import fmt_bytes, fmt_duration, fmt_tps
 
 
@@ -125,6 +127,10 @@ def load_seconds(layout: ModelLayout, disk_read_bps: float, token_s: float = 0.0
     by ``tools/server/server-context.cpp``'s ``load_model``): ``token_s``, one decode
     step.  Files already in the page cache load faster."""
     return layout.total_file_bytes / max(disk_read_bps, 1.0) + max(token_s, 0.0)
+
+
+def _read_around(opts: PlanOptions) -> int:
+    return opts.read_around_bytes if opts.read_around_bytes is not None else DEFAULT_READ_AROUND
 
 
 def plan_ctx(layout: ModelLayout, opts: PlanOptions) -> tuple[int, str]:
@@ -612,7 +618,8 @@ def _build(
     m = _layer_map(layout, pl, usable, sizes)
     devices, ram = _devices(layout, opts, pl, usable, m, sizes, pool)
     fit = _fit(hw, layout, opts, m.placements, ram, m.ram_expert, m.output_device)
-    speed = predict_speed(
+    speed_at = partial(
+        predict_speed,
         hw,
         layout,
         m.placements,
@@ -620,13 +627,14 @@ def _build(
         ctx=ctx,
         kv_type=opts.kv_type,
         depth=opts.speed_depth,
-        stream_miss=fit.miss,
-        dense_miss=fit.dense_miss,
-        disk_read_bps=opts.disk_read_bps,
+        read_around=_read_around(opts),
         threads=opts.threads,
         threads_batch=opts.threads_batch,
         ubatch=opts.ubatch,
         kernels=kernel_costs.load().scaled(opts.kernel_scale) if opts.kernel_scale else None,
+    )
+    speed = speed_at(
+        stream_miss=fit.miss, dense_miss=fit.dense_miss, disk_read_bps=opts.disk_read_bps
     )
     token_s = 1.0 / speed.expected_tps if speed.expected_tps > 0 else 0.0
     load_s = load_seconds(layout, opts.disk_read_bps, token_s)
@@ -634,6 +642,8 @@ def _build(
     offload = _offload(hw, pl, n, m, usable)
     facts = _Facts(hw, layout, opts, pl, m.placements, devices, ram, fit, sizes.mmproj)
     reason, notes = _explain(facts, speed.expected_tps, load_s)
+    if fit.verdict == "stream":
+        notes.append(_stream_needs(speed_at, fit, opts, speed, ram.weights - m.ram_expert))
     if ctx_note:
         notes.insert(0, ctx_note)
     return LaunchPlan(
@@ -658,6 +668,51 @@ def _build(
         repack_bytes=fit.repack,
         anon_bytes=fit.anon,
         load_seconds=load_s,
+    )
+
+
+def _per_token(tps: float) -> str:
+    """'14 s per token' (below one token a second), else 'about 3.2 tok/s'."""
+    if 0 < tps < 1:
+        return f"{1 / tps:.1f} s per token"
+    return f"{fmt_tps(tps)} tok/s"
+
+
+def _stream_needs(
+    speed_at: Callable[..., SpeedPrediction],
+    fit: _Fit,
+    opts: PlanOptions,
+    now: SpeedPrediction,
+    dense: int,
+) -> str:
+    """What streaming costs per token, the disk rate behind it, and what a faster disk
+    or more RAM would give (the rules: speed.py's module docstring); ``dense``: the
+    mmap'd bytes in RAM every token reads."""
+    rate = opts.disk_read_bps
+    disk_s = sum(s for label, s in now.steps if "read from disk" in label)
+    disk_b = now.bytes_per_token.get("disk", 0)
+    faster = speed_at(stream_miss=fit.miss, dense_miss=fit.dense_miss, disk_read_bps=2 * rate)
+    held = speed_at(stream_miss=fit.miss, dense_miss=0.0, disk_read_bps=rate)
+    resident = speed_at(stream_miss=0.0, dense_miss=0.0, disk_read_bps=rate)
+    note = opts.disk_read_note
+    how = (
+        "measured" if "measured" in note else "its kind's figure" if "table" in note else "assumed"
+    )
+    text = (
+        f"Streaming costs about {_per_token(now.expected_tps)}"
+        f"{f', {disk_s:.1f} s of it reading {disk_b / 1e9:.1f} GB from disk' if disk_s else ''}"
+        f" by page faults, at about {STREAM_RATE_SHARE:.0%} of the disk's "
+        f"{rate / 1e9:.1f} GB/s ({how}).  A disk twice as fast: "
+        f"{_per_token(faster.expected_tps)}."
+    )
+    if fit.dense_miss > 0:
+        text += (
+            f" {fmt_bytes(round(dense * fit.dense_miss))} more free RAM would keep the weights "
+            f"every token reads cached: {_per_token(held.expected_tps)}."
+        )
+    return text + (
+        f" {fmt_bytes(fit.shortfall)} more free RAM (the whole model resident): "
+        f"{_per_token(resident.expected_tps)}."
     )
 
 
@@ -801,10 +856,6 @@ def _memory_notes(f: _Facts, load_s: float) -> list[str]:
     notes: list[str] = []
     if any(g.unified_memory for g in hw.gpus):
         notes.append("Unified memory: the GPU and the page cache share one RAM budget.")
-    if fit.verdict == "stream" and fit.shortfall:
-        notes.append(
-            f"With {fmt_bytes(fit.shortfall)} more free RAM the whole model would stay resident."
-        )
     if fit.no_repack and fit.repack:
         why = (
             "they would not fit"

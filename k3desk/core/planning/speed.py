@@ -52,6 +52,36 @@ per batch.  A plan with a GPU gets no prompt
 prediction (``prompt_tps`` 0): llama.cpp then moves the experts' batches to the
 GPU, bound by the PCIe link and GPU kernels nothing here has measured.
 
+**Streaming** (the weights exceed the page cache, ``plan.py``'s ``stream`` verdict):
+what the page cache misses is read from the disk by page faults.  The rules below are
+what ``bench/stream_real.py`` measured on a real-bytes rehearsal (UD-IQ1_S's shapes
+and types, 12 layers, a 42.1 GB file, on a 24 GiB, 2-core machine whose disk
+k3desk measured at 0.8 GB/s with O_DIRECT; 2026-12-04, a cold run at 17:31 UTC and
+a warm one at 17:38, with other work keeping the load average at 8-13):
+
+- *The read unit is the kernel's read-around, not the expert.*  A fault on an
+  mmap'd page that is not cached reads ``ra_pages`` around it (mm/filemap.c,
+  ``do_sync_mmap_readahead``: "mmap read-around"), and llama.cpp's
+  ``posix_fadvise(POSIX_FADV_SEQUENTIAL)`` on every model file (``llama_mmap::impl``,
+  src/llama-mmap.cpp, b11434) doubles the file's window to twice the device's
+  ``read_ahead_kb``.  A routed expert's slice of one matrix is contiguous (1.07 MB
+  for UD-IQ1_S, 4.6 MB for Q3_K_S), so a missed slice costs
+  ``max(slice, window x miss)`` bytes: the window's pages that are not cached.  The
+  rehearsal's disk (``read_ahead_kb`` 8192: 16 MiB windows) read 5.97 and 5.59 GB
+  per token where the missed slices alone were 0.51 GB; this rule says 6.5.
+- *Faults add to the compute, below the disk's rate.*  A fault blocks its thread
+  and the graph's barrier waits for it, so the disk's time adds to the CPU's.  The
+  decode time less the predicted CPU time read at 0.62 and 0.92 of the O_DIRECT
+  rate in the two runs: ``STREAM_RATE_SHARE`` is 0.75, between them.
+- *The weights every token reads stay cached first* (``plan.py``'s
+  ``stream_misses``): the rehearsal's 9 GB of attention, shared and output weights
+  fitted, and no decoded token read them again (the disk bytes per token are the
+  experts' alone).
+- *Loading reads the whole file, warm or cold* (``plan.py``'s ``load_seconds``): a
+  file larger than the cache is evicted by its own ``MAP_POPULATE`` before it is
+  reused (the warm run read 43.1 GB with 20.5 GiB of the file cached at its start),
+  then the first decode step reads its experts (the cold load read 55.5 GB).
+
 ``bound`` is the physical upper limit: bytes touched / peak bandwidth, nothing
 else.  ``steps`` says how the prediction gets from the bound to its figure.
 The low/high range is ``RANGE_CPU`` for the share of the time on the CPU (the
@@ -101,6 +131,15 @@ SPLIT_S = 50e-6
 # routing, the weighting and the sum of the k experts stay with the layer.
 EXPERT_NODES = 4
 
+# Streaming (see the module docstring).  Page faults read a window at a time per
+# thread and wait for it: below the rate the disk measures with large O_DIRECT reads
+# (bench/stream_real.py, 2026-12-04: 0.62 and 0.92 of it in two runs).
+STREAM_RATE_SHARE = 0.75
+# The read-around window of a file llama.cpp maps: twice the device's read_ahead_kb
+# (POSIX_FADV_SEQUENTIAL, src/llama-mmap.cpp), Linux's default being 128 KiB
+# (VM_READAHEAD_PAGES); a machine's own is in sysfs (disk_rate.read_around_bytes).
+DEFAULT_READ_AROUND = 2 * 128 * 1024
+
 # Ranges (see the module docstring).
 RANGE_CPU = 0.25
 RANGE_GPU = 0.5
@@ -142,6 +181,9 @@ class _Tensors:
     other: list[dict[str, tuple[int, int]]]
     experts: list[dict[str, tuple[int, int]]]
     output: dict[str, tuple[int, int]]
+    # routed-expert matrices per layer (gate, up, down: 3): each expert's slice of
+    # one is contiguous in the file, the unit a page fault reads around
+    expert_mats: list[int] = field(default_factory=list)
 
 
 def _add(d: dict[str, tuple[int, int]], type_name: str, weights: int, nbytes: int) -> None:
@@ -154,6 +196,7 @@ def _tensors(layout: ModelLayout) -> _Tensors:
     other: list[dict[str, tuple[int, int]]] = [{} for _ in range(n)]
     experts: list[dict[str, tuple[int, int]]] = [{} for _ in range(n)]
     output: dict[str, tuple[int, int]] = {}
+    mats = [0] * n
     if not layout.tensors:
         # per-layer totals only: count them as Q8_0-like bytes (1.0625 B per weight)
         for layer in layout.layers:
@@ -164,7 +207,7 @@ def _tensors(layout: ModelLayout) -> _Tensors:
             )
         out = layout.global_bytes - layout.token_embd_bytes
         output["Q8_0"] = (round(out / 1.0625), out)
-        return _Tensors(other, experts, output)
+        return _Tensors(other, experts, output, [3] * n)
     for t in layout.tensors:
         weights = math.prod(t.shape)
         i = layer_of(t.name)
@@ -174,9 +217,10 @@ def _tensors(layout: ModelLayout) -> _Tensors:
             _add(output, t.type_name.upper(), weights, t.nbytes)
         elif is_expert_tensor(t.name):
             _add(experts[i], t.type_name.upper(), weights, t.nbytes)
+            mats[i] += 1
         else:
             _add(other[i], t.type_name.upper(), weights, t.nbytes)
-    return _Tensors(other, experts, output)
+    return _Tensors(other, experts, output, mats)
 
 
 def _on_gpu(device: str) -> bool:
@@ -300,6 +344,7 @@ class _Placed:
     work: dict[str, _Work]
     sequence: list[str]
     ram_expert_touched: float = 0.0
+    ram_expert_slices: float = 0.0  # contiguous expert slices those bytes are in
     ram_dense_touched: float = 0.0  # mmap'd weights in RAM every token reads
 
     def dev(self, name: str) -> _Work:
@@ -360,9 +405,8 @@ def _place_layer(
         for t, (wt, b) in tensors.experts[p.index].items():
             where.add(t, wt * frac, b * frac)
         if p.expert_device == "RAM":
-            placed.ram_expert_touched += (
-                sum(b for _, b in tensors.experts[p.index].values()) * frac
-            )
+            placed.ram_expert_touched += sum(b for _, b in tensors.experts[p.index].values()) * frac
+            placed.ram_expert_slices += tensors.expert_mats[p.index] * hp.expert_used_count
         if p.expert_device != p.non_expert_device:
             moved = min(EXPERT_NODES, nodes)
             where.nodes += moved
@@ -436,9 +480,7 @@ def _device_steps(
         steps.append((f"GPU reads at {GPU_STREAM_SHARE:.0%} of the peak", times.gpu_stream))
     if times.gpu_nodes > 0:
         n_gpu_nodes = sum(w.nodes for dv, w in work.items() if _on_gpu(dv))
-        steps.append(
-            (f"GPU kernel launches ({n_gpu_nodes:,.0f} nodes per token)", times.gpu_nodes)
-        )
+        steps.append((f"GPU kernel launches ({n_gpu_nodes:,.0f} nodes per token)", times.gpu_nodes))
     return steps
 
 
@@ -455,15 +497,75 @@ def _handovers(sequence: Sequence[str]) -> tuple[int, int]:
     return hops, splits
 
 
+@dataclass(frozen=True)
+class DiskReads:
+    """What a streaming token reads from disk (the module docstring's rules)."""
+
+    expert_bytes: float  # read around the missed expert slices
+    dense_bytes: float  # the every-token weights the cache cannot hold
+    faults: float  # expert slices missed: one read-around each
+    window: float  # bytes one such fault reads (the window's pages not cached)
+    seconds: float
+
+    @property
+    def total(self) -> float:
+        return self.expert_bytes + self.dense_bytes
+
+
+def disk_reads(
+    expert_touched: float,
+    expert_slices: float,
+    dense_touched: float,
+    stream_miss: float,
+    dense_miss: float,
+    disk_read_bps: float,
+    read_around: float = DEFAULT_READ_AROUND,
+) -> DiskReads:
+    """Bytes and seconds read from disk per token.  ``expert_slices`` slices of
+    ``expert_touched`` bytes in all, each missing the page cache with probability
+    ``stream_miss``: a miss reads the slice or the read-around window's pages that are
+    not cached (the window x the miss), whichever is more; the every-token weights'
+    misses (``dense_miss``) are read as they are.  Both come through the decode's page
+    faults, at ``STREAM_RATE_SHARE`` of ``disk_read_bps``."""
+    miss = min(max(stream_miss, 0.0), 1.0)
+    slice_bytes = expert_touched / expert_slices if expert_slices > 0 else 0.0
+    window = max(slice_bytes, max(read_around, 0.0) * miss)
+    faults = expert_slices * miss
+    expert = faults * window
+    dense = dense_touched * min(max(dense_miss, 0.0), 1.0)
+    rate = max(disk_read_bps, 1.0)
+    seconds = (expert + dense) / (rate * STREAM_RATE_SHARE)
+    return DiskReads(expert, dense, faults, window, seconds)
+
+
 def _disk_reads(
-    placed: _Placed, stream_miss: float, dense_miss: float, disk_read_bps: float
-) -> tuple[float, float]:
-    """(bytes, seconds) read from disk per token.  The page cache misses (plan.py's
-    stream_misses): what is not there is read from the disk holding the shards, one
-    page fault at a time."""
-    disk_bytes = placed.ram_expert_touched * min(max(stream_miss, 0.0), 1.0)
-    disk_bytes += placed.ram_dense_touched * min(max(dense_miss, 0.0), 1.0)
-    return disk_bytes, disk_bytes / max(disk_read_bps, 1.0)
+    placed: _Placed, stream_miss: float, dense_miss: float, disk_read_bps: float,
+    read_around: float,
+) -> DiskReads:  # fmt: skip
+    """The page cache's misses (plan.py's stream_misses) for ``placed``."""
+    return disk_reads(
+        placed.ram_expert_touched,
+        placed.ram_expert_slices,
+        placed.ram_dense_touched,
+        stream_miss,
+        dense_miss,
+        disk_read_bps,
+        read_around,
+    )
+
+
+def _disk_step(r: DiskReads) -> str:
+    """'experts read from disk (6.5 GB per token: 451 expert faults of 13.7 MiB read
+    around each)'."""
+    parts = []
+    if r.expert_bytes > 0:
+        parts.append(
+            f"{r.faults:,.0f} expert faults of {r.window / 2**20:.1f} MiB read around each"
+        )
+    if r.dense_bytes > 0:
+        parts.append(f"{r.dense_bytes / GB:.1f} GB of every-token weights")
+    what = "weights" if r.dense_bytes > 0 else "experts"
+    return f"{what} read from disk ({r.total / GB:.1f} GB per token: {'; '.join(parts)})"
 
 
 def _tps_range(
@@ -479,8 +581,9 @@ def _tps_range(
     low = expected / (1.0 + r)
     high = min(expected * (1.0 + r), bound)
     if disk_s is not None:
-        # page faults on scattered expert slices rarely reach the sequential rate:
-        # the low end assumes half of it
+        # the fault path's rate moves with the machine's other work (0.62-0.92 of the
+        # O_DIRECT rate in bench/stream_real.py's two runs): the low end counts the
+        # disk's time twice
         low = 1.0 / (expected_s + disk_s) if expected_s > 0 else 0.0
     return bound, expected, low, high
 
@@ -532,6 +635,7 @@ def predict_speed(
     disk_read_bps: float = 3.5e9,
     threads: int | None = None,
     dense_miss: float = 0.0,
+    read_around: float = DEFAULT_READ_AROUND,
     threads_batch: int | None = None,
     ubatch: int = 512,
     prompt_tokens: int = DEFAULT_PROMPT,
@@ -542,7 +646,8 @@ def predict_speed(
     ``stream_miss`` is the share of the RAM-resident experts' reads that miss the
     page cache and come from disk (0 when everything fits), ``dense_miss`` the same for
     the RAM-side weights every token reads (attention, shared experts, the output):
-    above 0 only when even those do not fit the page cache.  ``threads`` is
+    above 0 only when even those do not fit the page cache; ``read_around`` is the
+    bytes a page fault reads around a missed page (:data:`DEFAULT_READ_AROUND`).  ``threads`` is
     llama-server's ``-t`` (None: its default, :func:`default_threads`),
     ``threads_batch`` its ``-tb`` for prompts (None: as ``-t``).
     """
@@ -564,10 +669,10 @@ def predict_speed(
         steps.append((f"hand-overs ({hops} GPU-GPU, {splits} GPU-CPU)", handover_s))
     expected_s = cpu_s + times.gpu_s + handover_s
 
-    disk_bytes, disk_s = _disk_reads(placed, stream_miss, dense_miss, disk_read_bps)
+    reads = _disk_reads(placed, stream_miss, dense_miss, disk_read_bps, read_around)
+    disk_bytes, disk_s = reads.total, reads.seconds
     if disk_s > 0:
-        what = "weights" if dense_miss > 0 else "experts"
-        steps.append((f"{what} read from disk ({disk_bytes / GB:.1f} GB per token)", disk_s))
+        steps.append((_disk_step(reads), disk_s))
     bound_s = times.bound_s + disk_s
     expected_s += disk_s
 

@@ -300,3 +300,11 @@ def test_a_record_listing_more_disks_is_read_only_so_far(tmp_path: Path) -> None
     assert store.get("8:64 D64") is None
     assert store.get("8:1999 D1999") is None
     assert store.note == ""
+
+
+def test_the_read_around_window_is_twice_the_devices_read_ahead(tmp_path: Path) -> None:
+    """llama.cpp's POSIX_FADV_SEQUENTIAL doubles the window a page fault reads around."""
+    root = tmp_path / "root"
+    _fake_sysfs(root, tmp_path, "vda", queue__read_ahead_kb="8192\n")
+    assert disk_rate.read_around_bytes(tmp_path, root) == 16 * 1024 * 1024
+    assert disk_rate.read_around_bytes(tmp_path, tmp_path / "nothing") is None

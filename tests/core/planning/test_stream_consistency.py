@@ -172,3 +172,49 @@ def test_ud_iq1s_outruns_q3ks_wherever_its_every_token_weights_stay_cached(
         else:
             assert tps(pu) < tps(pq), name
     assert checked >= 3
+
+
+def test_a_missed_expert_reads_the_whole_read_around_window(
+    layouts: dict[str, ModelLayout],
+) -> None:
+    """On the rehearsal's disk (read_ahead_kb 8192: 16 MiB around each fault) a missed
+    UD-IQ1_S expert slice (1.07 MB) costs the window's uncached pages, and the token
+    reads about that many times more than its slices (bench/stream_real.py measured
+    6.0 GB per token where the slices were 0.49 GB); Linux's default window (256 KiB
+    with llama.cpp's fadvise) is narrower than any tier's slice and adds nothing."""
+    hw = profile(THIS_MACHINE)
+    for tier, slice_mb in (("vcruz305-ud-iq1s", 1.07), ("atomicchat-q3ks", 4.6)):
+        layout = layouts[tier]
+        plan = make_plan(hw, layout, PlanOptions())
+        assert plan.verdict == "stream"
+
+        def disk(
+            window: int, miss: float, lay: ModelLayout = layout, p: LaunchPlan = plan
+        ) -> float:
+            s = predict_speed(hw, lay, p.layers, p.output_device, ctx=p.ctx, stream_miss=miss,
+                              read_around=window)  # fmt: skip
+            return float(s.bytes_per_token.get("disk", 0))
+
+        default = disk(256 * 1024, 0.8)
+        assert disk(0, 0.8) == pytest.approx(default)  # the slice is the unit
+        wide = disk(16 * 2**20, 0.8)
+        expected = max(1.0, 16 * 2**20 * 0.8 / (slice_mb * 1e6))
+        assert wide / default == pytest.approx(expected, rel=0.05), tier
+        assert disk(16 * 2**20, 0.4) < wide / 2  # fewer misses: fewer and smaller reads
+
+
+def test_a_stream_plan_says_what_a_token_costs_and_what_would_help(
+    layouts: dict[str, ModelLayout],
+) -> None:
+    hw = profile(THIS_MACHINE)
+    plan = make_plan(hw, layouts["vcruz305-ud-iq1s"], PlanOptions())
+    assert plan.verdict == "stream"
+    (note,) = [n for n in plan.notes if n.startswith("Streaming costs about")]
+    per_token = 1 / plan.speed.expected_tps
+    assert f"{per_token:.1f} s per token" in note
+    assert "of the disk's 1.1 GB/s (measured)" in note
+    faster = make_plan(with_disk_rate(hw, 2.2e9), layouts["vcruz305-ud-iq1s"], PlanOptions())
+    assert f"A disk twice as fast: {1 / faster.speed.expected_tps:.1f} s per token" in note
+    # its attention and shared weights (Q8_0, 55 GiB) miss the cache on 24 GiB too
+    assert "more free RAM would keep the weights every token reads cached" in note
+    assert "more free RAM (the whole model resident): " in note
