@@ -81,5 +81,12 @@ class ModelsPage(Page):
             self.table.select_tier(self.ctx.settings.tier_id)
 
     def _wizard(self) -> None:
-        if self.nav is not None:
-            self.nav.open_wizard()
+        """The wizard, with the tier chosen in the table kept (not the recommended one)."""
+        from k3desk.ui.wizard.wizard import TierWizard
+
+        if self.nav is None:
+            return
+        wizard = self.nav.open_wizard()
+        row = self.table.current()
+        if isinstance(wizard, TierWizard) and row is not None:
+            wizard.wanted_tier = row.tier.id

@@ -112,3 +112,25 @@ def test_an_image_refused_for_a_set_without_its_projector_offers_to_fetch_it(  #
     assert (folder / MMPROJ).read_bytes() == files[MMPROJ]
     assert _landed(folder) == set(parts) | {MMPROJ}  # the projector alone came
     assert "launch the model again" in page.composer.notice.text()
+
+
+def test_download_and_run_a_tier_keeps_the_tier_chosen_on_the_models_page(  # type: ignore[no-untyped-def]
+    window, qtbot, hardware_file
+) -> None:
+    ctx = window.ctx
+    ctx.hardware.load_file(hardware_file("1xH200-141GB"))
+    window.show_page(PageKey.MODELS)
+    page = window.models_page()
+    qtbot.waitUntil(lambda: ctx.hardware.judgement is not None, timeout=60_000)
+    qtbot.waitUntil(lambda: page.table.rowCount() > 0, timeout=60_000)
+    recommended = ctx.hardware.judgement.chosen
+    other = next(r for r in page.table.rows if r.tier.id != recommended.tier.id)
+    page.table.select_tier(other.tier.id)
+    button = page.findChild(QPushButton, "openWizard")
+    qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+    wiz = window.wizard
+    assert wiz is not None
+    wiz.next()
+    assert wiz.current_key() == "tiers"
+    qtbot.waitUntil(lambda: wiz.selected_tier() is not None, timeout=30_000)
+    assert wiz.selected_tier().tier.id == other.tier.id  # not the recommended one

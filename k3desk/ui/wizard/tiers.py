@@ -110,6 +110,14 @@ class TiersPage(StepPage):
             self.search_hub()
         if keep is not None:
             self.table.select_tier(keep.tier.id)
+        self._select_wanted()
+
+    def _select_wanted(self) -> None:
+        """The tier chosen where the wizard was opened from, once, over the recommended."""
+        wanted = self.wiz.wanted_tier
+        if wanted and any(r.tier.id == wanted for r in self.table.rows):
+            self.table.select_tier(wanted)
+            self.wiz.wanted_tier = ""
 
     def show_judgement(self, judged: TierJudgement) -> None:
         self.shown = "machine"
@@ -117,6 +125,7 @@ class TiersPage(StepPage):
         self.rule.setText(judged.ordering_rule)
         self.rule.setToolTip(judged.ordering_rule)
         self.table.set_judgement(judged)
+        self._select_wanted()
         if self.wiz.currentPage() is self and not self.wiz.cluster_mode:
             self.search_hub()  # another machine judged here: the Hub's sets judged for it
         self.completeChanged.emit()

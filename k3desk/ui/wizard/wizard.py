@@ -60,6 +60,9 @@ class TierWizard(QWizard):
         self.setOption(QWizard.WizardOption.HaveHelpButton, False)
         self.resize(fit_screen(self, 1100, 760))
         self.hardware = ctx.hardware
+        # the tier chosen where the wizard was opened from (the Models page's table): the
+        # tiers step selects it instead of the recommended one ("": the recommended)
+        self.wanted_tier = ""
         self.machine = MachinePage(ctx, self)
         self.cluster = ClusterStepPage(ctx, self)
         self.tiers = TiersPage(ctx, self)
