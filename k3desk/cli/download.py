@@ -343,9 +343,10 @@ class TextOut:
         frac = min(1.0, done / total)
         width = 24
         filled = int(frac * width)
+        rate = f"{fmt_bytes(speed)}/s" if speed > 0 else "measuring speed"  # first 2 s
         line = (
             f"{frac * 100:5.1f}% [{'#' * filled}{'-' * (width - filled)}] "
-            f"{fmt_bytes(done)}/{fmt_bytes(total)}  {fmt_bytes(speed)}/s  "
+            f"{fmt_bytes(done)}/{fmt_bytes(total)}  {rate}  "
             f"ETA {_clock(eta)}  {self.files_done}/{self.files_total} files"
         )
         control(self.bar, "\r\033[K")
