@@ -304,6 +304,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "a model kept in place (verified or known) is made writable by nobody else",
     ),
     m(
+        "model-folders-checked-before-fetching",
+        "k3desk/core/hub/state.py",
+        'model_dirs(self.target, self.target.joinpath(*self.file.path.split("/")).parent)',
+        "None",
+        f"{T_CREATED}::test_a_model_folder_that_is_a_link_is_refused_before_a_byte_is_fetched",
+        "the folders a model goes to are checked (no link, the user's own) before a byte comes",
+    ),
+    m(
         "header-cache-private",
         "k3desk/core/hub/headers.py",
         "refuse_links_under(own_dir(folder, below=private_dir(cache_dir)))",

@@ -327,3 +327,21 @@ def test_models_an_older_version_left_writable_by_others_lose_that_when_kept(
     assert run.error is None, run.error
     assert [hostile_hub.bytes_sent(p) for p in GOOD] == [0, 0]
     assert [mode(target / p) for p in (known, found)] == [0o644, 0o644]
+
+
+def test_a_model_folder_that_is_a_link_is_refused_before_a_byte_is_fetched(
+    hostile_hub: HostileHub, tmp_path: Path
+) -> None:
+    """A link that stays inside the folder is no escape, but the finished files would be
+    renamed into a folder k3desk did not check: refused by name, and nothing fetched."""
+    hostile_hub.add_repo(REPO_ID, GOOD)
+    target = tmp_path / "shared"
+    (target / "elsewhere").mkdir(parents=True)
+    (target / "IQ1_S").symlink_to(target / "elsewhere")
+
+    run = download(hostile_hub, target)
+
+    assert isinstance(run.error, HubError), run.error
+    assert f"{target / 'IQ1_S'} is a symbolic link" in run.error.message
+    assert hostile_hub.bytes_sent() == 0
+    assert list((target / "elsewhere").iterdir()) == []

@@ -332,7 +332,9 @@ class Partial:
         """Make the partial file ready to append to; return the offset to resume from.
 
         Its folders are checked (:func:`state_dir`) and a link at the partial file or
-        its sidecar is refused (:class:`RefusedPath`), never written through."""
+        its sidecar is refused (:class:`RefusedPath`), never written through; so are the
+        folders the finished file goes to (:func:`model_dirs`), before a byte is fetched."""
+        model_dirs(self.target, self.target.joinpath(*self.file.path.split("/")).parent)
         own_dir(self.data.parent, DIR_MODE, below=self.target)
         refuse_link(self.data)
         refuse_link(self.sidecar)
