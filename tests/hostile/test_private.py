@@ -65,6 +65,25 @@ def test_history_images_and_exports_are_private(tmp_path: Path) -> None:
     assert_private([md, js, *(tmp_path / "out" / "chat_files").iterdir()], tmp_path / "out")
 
 
+def test_an_export_into_the_persons_own_folder_leaves_that_folder_as_it_was(
+    tmp_path: Path,
+) -> None:
+    from k3desk.core.chat.images import prepare_image
+    from tests.hostile.test_hostile_history import png
+
+    documents = tmp_path / "Documents"
+    documents.mkdir()
+    os.chmod(documents, 0o755)  # the person's folder, readable by others on purpose
+    with HistoryStore(tmp_path / "data" / "history.sqlite3") as h:
+        conv = h.create_conversation("pics")
+        h.add_message(conv.id, "user", "see", images=[prepare_image(png(), name="a.png")])
+        md = h.write_export(conv.id, documents / "chat.md")
+        js = h.write_export(conv.id, documents / "chat.json", fmt="json")
+    assert mode(documents) == 0o755
+    assert (mode(md), mode(js)) == (0o600, 0o600)
+    assert mode(documents / "chat_files") == 0o700  # the folder k3desk made for the pictures
+
+
 def test_a_loose_history_from_an_older_version_is_tightened(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir(mode=0o755)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from k3desk.core.chat.records import HistoryError
-from k3desk.core.private import private_dir, write_private
+from k3desk.core.private import FILE_MODE, private_dir, replacing, write_private
 from k3desk.core.safepaths import display_name
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ def write_export(
     else:
         raise HistoryError(f"Unknown export format {fmt!r}; use md or json.")
     try:
-        write_private(target, text)  # a copy of private conversations: private too
+        _write_export_file(target, text)
     except OSError as exc:
         raise HistoryError(
             f"Cannot write the export {target}: {exc.strerror or exc}.",
@@ -158,3 +158,14 @@ def md_label(name: str) -> str:
 
 def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+def _write_export_file(target: Path, text: str) -> None:
+    """The export, 0600 (a copy of private conversations: private too), replacing
+    ``target`` atomically.  A folder k3desk makes for it is 0700; a folder the person
+    chose and that exists (their Documents) keeps its permissions: an export never
+    changes who may read the person's other files."""
+    if not target.parent.exists():
+        private_dir(target.parent)
+    with replacing(target, FILE_MODE) as f:
+        f.write(text.encode("utf-8"))
