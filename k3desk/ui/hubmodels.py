@@ -33,7 +33,7 @@ from k3desk.core.app.search import (
     size_text,
 )
 from k3desk.ui.pages import PageKey
-from k3desk.ui.widgets import label, muted
+from k3desk.ui.widgets import label, muted, row_button
 
 if TYPE_CHECKING:
     from k3desk.core.app.values import CancelToken, Progress
@@ -171,12 +171,11 @@ class HubModels(QWidget):
                 self.table.setCellWidget(i, GET, self._get_button(result.rows[i]))
 
     def _get_button(self, row: SetRow) -> QPushButton:
-        button = QPushButton("Download")
-        button.setObjectName("hubDownload")
-        button.setToolTip(
+        tip = (
             f"Download {row.remote.name} from {row.repo} at {row.revision[:7]} with its "
             "vision projector, verified, into the models folder"
         )
+        button = row_button(self.table, "Download", "hubDownload", tip)
         button.clicked.connect(lambda _checked=False, r=row: self.download(r))
         return button
 

@@ -207,6 +207,19 @@ def scroll_body(owner: QWidget, name: str = "") -> QVBoxLayout:
     return QVBoxLayout(body)
 
 
+def row_button(table: QTableView, text: str, name: str, tip: str) -> QPushButton:
+    """A button for a table's row (a Hub result's Download): the table's rows are made
+    tall enough to show it whole, its frame included."""
+    button = QPushButton(text)
+    button.setObjectName(name)
+    button.setToolTip(tip)
+    rows = table.verticalHeader()
+    need = button.sizeHint().height() + 2
+    if rows.defaultSectionSize() < need:
+        rows.setDefaultSectionSize(need)
+    return button
+
+
 def keep_rows(table: QAbstractItemView, rows: int) -> None:
     """However small the window, ``table`` keeps room for its header and ``rows`` rows
     (the page around it scrolls instead: see :func:`scroll_body`)."""

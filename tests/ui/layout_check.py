@@ -6,7 +6,8 @@
 * a widget that reaches past the edge of the window, or of the scroll area or splitter it
   lives in (the part outside is never shown and cannot be scrolled to);
 * a table or list with rows whose viewport cannot show three of them (or all it has);
-* two visible widgets of one layout drawn over each other (a caption over its table).
+* two visible widgets of one layout drawn over each other (a caption over its table);
+* a widget in a table's cell (a row's Download button) taller than its row.
 
 Widgets inside a scroll area are judged against the area's whole content, which a person
 can scroll to; an elided label (it shortens its text on purpose, with a tooltip) is not cut.
@@ -34,7 +35,7 @@ def problems(top: QWidget) -> list[str]:
     for w in top.findChildren(QWidget):
         if not w.isVisibleTo(top) or w.width() <= 0 or _in_hidden_scroll_chrome(w):
             continue
-        found += _text_cut(w) + _outside(w, top) + _table_unreachable(w)
+        found += _text_cut(w) + _outside(w, top) + _table_unreachable(w) + _cell_cut(w)
     for lay in top.findChildren(QLayout):
         found += _overlaps(lay, top)
     return found
@@ -123,6 +124,20 @@ def _table_unreachable(w: QWidget) -> list[str]:
     if row > 0 and w.viewport().height() + SLACK < need:
         shows = w.viewport().height()
         return [f"unreachable: {_name(w)} shows {shows} px, {rows} rows need {need}"]
+    return []
+
+
+def _cell_cut(w: QWidget) -> list[str]:
+    viewport = w.parentWidget()
+    table = viewport.parentWidget() if viewport is not None else None
+    if not isinstance(table, QTableView) or table.viewport() is not viewport:
+        return []
+    row = table.rowAt(w.geometry().center().y())
+    if row < 0:
+        return []
+    need = w.sizeHint().height()
+    if table.rowHeight(row) + SLACK < need:
+        return [f"cut: {_name(w)} in a row {table.rowHeight(row)} px high needs {need}"]
     return []
 
 

@@ -27,7 +27,7 @@ from k3desk.core.app.hub_choice import hub_search_op
 from k3desk.core.app.presenters.hub_sets import COLUMNS, hub_set_cells, hub_status
 from k3desk.core.app.search import SearchRequest, SearchResult, SetRow
 from k3desk.ui.cells import cell_item
-from k3desk.ui.widgets import muted
+from k3desk.ui.widgets import muted, row_button
 
 if TYPE_CHECKING:
     from k3desk.core.app.operations import Operation
@@ -163,11 +163,8 @@ class HubSetsBox(QWidget):
         self.set_selected.emit(None)
 
     def _get_button(self, r: int, row: SetRow) -> QPushButton:
-        button = QPushButton("Download")
-        button.setObjectName("hubSetDownload")
-        button.setToolTip(
-            f"Choose {row.remote.name} and go on to download it with its vision projector"
-        )
+        tip = f"Choose {row.remote.name} and go on to download it with its vision projector"
+        button = row_button(self.table, "Download", "hubSetDownload", tip)
         button.clicked.connect(lambda _checked=False, i=r: self._get(i))
         return button
 
