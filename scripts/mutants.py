@@ -1169,6 +1169,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "tests/core/app/test_first_answer.py::test_download_of_a_repository_id_names_repo",
         "k3desk download given owner/name names --repo",
     ),
+    m(
+        "sdk-image-without-projector",
+        ARGV,
+        "        args += [MMPROJ.name, str(opts.mmproj)]",
+        "        args += []",
+        "tests/core/engines/test_sdk_clients.py::test_an_image_in_a_message_reaches_the_model",
+        "an image a tool sends through the OpenAI SDK reaches a model launched with its projector",
+    ),
 )
 
 
