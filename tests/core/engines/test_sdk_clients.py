@@ -32,6 +32,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +44,7 @@ import openai
 import pytest
 from PIL import Image
 
+from k3desk.core.app.tool_settings import tool_snippets
 from k3desk.core.engines.launch import prepare_launch
 from k3desk.core.engines.supervisor import Supervisor
 from k3desk.core.hardware.profile import HardwareProfile
@@ -418,3 +421,34 @@ def test_a_wrong_key_is_refused_with_the_sdks_authentication_error(served: Serve
         )
     with pytest.raises(anthropic.AuthenticationError):
         served.anthropic(key="not-the-key").messages.create(model="k3", max_tokens=1, messages=HI)
+
+
+# ---------------------------------------------------------------- the settings k3desk shows
+
+
+def test_the_settings_k3desk_offers_to_copy_work_as_pasted(served: Served, tmp_path: Path) -> None:
+    """The Engine page's "Copy for..." texts, run as a person would paste them: each
+    one gets an answer from the engine (a short one: the tiny model stops nowhere)."""
+    snippets = {s.label: s.text for s in tool_snippets(served.url, served.key, max_tokens=4)}
+    assert set(snippets) == {"curl", "OpenAI SDK (Python)", "Anthropic SDK (Python)"}
+    for label, text in snippets.items():
+        if label == "curl":
+            run = subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=120)
+            assert run.returncode == 0, run.stderr
+            answer = json.loads(run.stdout)
+            assert answer["object"] == "chat.completion"
+            assert answer["usage"]["completion_tokens"] > 0
+            continue
+        script = tmp_path / "snippet.py"
+        script.write_text(text)
+        run = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+        )
+        assert run.returncode == 0, f"{label}:\n{text}\n{run.stderr}"
+    # a wrong key in the same text is refused: the key in it is the one that counts
+    wrong = tool_snippets(served.url, "not-the-key", max_tokens=4)[1].text
+    script = tmp_path / "wrong.py"
+    script.write_text(wrong)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "AuthenticationError" in run.stderr
