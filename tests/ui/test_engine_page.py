@@ -43,6 +43,20 @@ def test_launch_plan_log_attempts_api_and_restart_after_a_crash(  # type: ignore
     assert page.key.edit.text() == ep.api_key
     page.key.copy.click()
     assert QApplication.clipboard().text() == ep.api_key
+    # "Copy for…": the settings each tool takes, with this launch's address and key
+    menu = page.copy_for.menu()
+    assert page.copy_for.isEnabled()
+    assert [a.text() for a in menu.actions()] == [
+        "curl",
+        "OpenAI SDK (Python)",
+        "Anthropic SDK (Python)",
+    ]
+    for action, base in zip(
+        menu.actions(), (f"{ep.url}/v1/", f'{ep.url}/v1"', f'{ep.url}"'), strict=True
+    ):
+        action.trigger()
+        assert base in QApplication.clipboard().text()
+        assert ep.api_key in QApplication.clipboard().text()
     # the plan: one column per layer in the map, memory per device, argv with the shard
     req = engine.request
     assert req.plan is not None

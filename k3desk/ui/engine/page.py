@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLineEdit,
+    QMenu,
     QMessageBox,
     QPlainTextEdit,
     QProgressBar,
@@ -24,6 +25,7 @@ from PySide6.QtWidgets import (
     QTableWidget,
     QTableWidgetItem,
     QTabWidget,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -47,6 +49,7 @@ from k3desk.core.app.models import find_model, projector_beside
 from k3desk.core.app.operations import Operation
 from k3desk.core.app.shardplan import PlanView, plan_view
 from k3desk.core.app.subject import Subject
+from k3desk.core.app.tool_settings import tool_snippets
 from k3desk.core.app.values import (
     CancelToken,
     K3Error,
@@ -825,8 +828,30 @@ class EnginePage(Page):
         self.key.setObjectName("apiKey")
         api.body.addWidget(self.url)
         api.body.addWidget(self.key)
-
+        # the settings a tool needs, ready to paste (k3desk.core.app.tool_settings)
+        self.copy_for = QToolButton()
+        self.copy_for.setObjectName("copyForTool")
+        self.copy_for.setText("Copy for…")
+        self.copy_for.setToolTip("Copy the address and key as a tool takes them")
+        self.copy_for.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        menu = QMenu(self.copy_for)
+        for n, snippet in enumerate(tool_snippets("http://127.0.0.1", "")):
+            action = menu.addAction(snippet.label)
+            action.triggered.connect(lambda _=False, n=n: self._copy_for_tool(n))
+        self.copy_for.setMenu(menu)
+        row = QHBoxLayout()
+        row.addWidget(self.copy_for)
+        row.addStretch(1)
+        api.body.addLayout(row)
         return api
+
+    def _copy_for_tool(self, index: int) -> None:
+        """Copy the running engine's settings for the tool at ``index`` of the menu."""
+        ep = self.engine.endpoint()
+        if ep is None:
+            return
+        QGuiApplication.clipboard().setText(tool_snippets(ep.url, ep.api_key)[index].text)
+        say_copied(self.copy_for)
 
     def _plan_tab(self) -> QWidget:
         """The launch plan: why, how fast, where each layer lives, what memory it takes."""
@@ -995,6 +1020,7 @@ class EnginePage(Page):
         self.key.set_text(ep.api_key if ep else "")
         self.url.copy.setEnabled(ep is not None)
         self.key.copy.setEnabled(ep is not None)
+        self.copy_for.setEnabled(ep is not None)
         self._attempts()
 
     def _attempts(self) -> None:
