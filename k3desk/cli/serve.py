@@ -23,6 +23,7 @@ from k3desk.core.app.engines import (
     check_port,
     predicted_text,
 )
+from k3desk.core.app.tool_settings import tool_snippets
 from k3desk.core.app.values import EngineError, ValidationError, fmt_bytes, what_is
 
 if TYPE_CHECKING:
@@ -66,6 +67,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--engine", type=Path, metavar="PATH", help="llama-server to use")
     p.add_argument("--port", type=int, help="port (default: a free one)")
+    p.add_argument(
+        "--tool-settings",
+        action="store_true",
+        help="with the URL and key, print them ready to paste for curl, the OpenAI SDK and "
+        "the Anthropic SDK (they change with each launch)",
+    )
     p.add_argument(
         "--max-restarts", type=int, default=3, help="failed attempts in a row before giving up"
     )
@@ -130,7 +137,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
         on_event=printer,
         replan=prepared.replan_after_oom,
     )
-    return _foreground(sup, launch.tracker)
+    return _foreground(sup, launch.tracker, tool_settings=args.tool_settings)
 
 
 class _EventPrinter:
@@ -170,7 +177,9 @@ def _watch_speed(tracker: SpeedTracker, ep: Endpoint) -> SpeedWatcher:
     return tracker.watch(ep.url, ep.api_key, show, pid=ep.pid)
 
 
-def _foreground(sup: Supervisor, tracker: SpeedTracker | None = None) -> int:
+def _foreground(
+    sup: Supervisor, tracker: SpeedTracker | None = None, *, tool_settings: bool = False
+) -> int:
     def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
@@ -197,6 +206,8 @@ def _foreground(sup: Supervisor, tracker: SpeedTracker | None = None) -> int:
                 print(f"API key: {ep.api_key}", flush=True)
                 print(f"Engine pid: {ep.pid}", flush=True)
                 print(f"Log: {attempt.log_file}", flush=True)
+                if tool_settings:
+                    _print_tool_settings(ep)
                 print("Press Ctrl-C to stop.", flush=True)
                 if tracker is not None:
                     if watcher is not None:
@@ -223,6 +234,15 @@ def _foreground(sup: Supervisor, tracker: SpeedTracker | None = None) -> int:
         _print_history(sup)
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
+
+
+def _print_tool_settings(ep: Endpoint) -> None:
+    """The endpoint's address and key as curl and the SDKs take them, as the Engine page's
+    "Copy for…" copies them."""
+    for snippet in tool_snippets(ep.url, ep.api_key):
+        print(f"--- {snippet.label}", flush=True)
+        print(snippet.text, end="", flush=True)
+    print("---", flush=True)
 
 
 def _print_history(sup: Supervisor) -> None:

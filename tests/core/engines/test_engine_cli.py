@@ -17,6 +17,7 @@ import httpx
 import psutil
 import pytest
 
+from k3desk.core.app.tool_settings import tool_snippets
 from k3desk.devtools.tinyk3 import TinyModel
 from tests.processes import gone_within as _gone_within
 
@@ -103,6 +104,30 @@ def test_serve_prints_plan_progress_url_and_key_then_sigkill_leaves_nothing(
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         assert _gone_within(pid, 5.0), "llama-server outlived a SIGKILLed `k3desk serve`"
+
+
+@pytest.mark.engine
+def test_serve_prints_the_settings_for_tools_with_this_launchs_address_and_key(
+    llama_server: Path, tiny_k3_single: TinyModel
+) -> None:
+    with serving(
+        str(tiny_k3_single.first_part), "--ctx", "512", "--engine", str(llama_server),
+        "--tool-settings",
+    ) as (proc, facts):  # fmt: skip
+        assert proc.stdout is not None
+        block = []
+        line = proc.stdout.readline()
+        while line and not line.startswith("Press Ctrl-C"):
+            block.append(line)
+            line = proc.stdout.readline()
+        printed = "".join(block)
+        base = facts["URL"].removesuffix("/v1")
+        # the same texts the Engine page's "Copy for…" copies (run as pasted in
+        # tests/core/engines/test_sdk_clients.py)
+        for snippet in tool_snippets(base, facts["API key"]):
+            assert f"--- {snippet.label}\n{snippet.text}" in printed
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
 
 
 @pytest.mark.engine
