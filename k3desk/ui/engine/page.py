@@ -821,7 +821,7 @@ class EnginePage(Page):
     def _api_card(self) -> Card:
         """The local API's address and key, to copy."""
         api = Card()
-        api.body.addWidget(label("Local API (OpenAI-compatible)", "sectionTitle"))
+        api.body.addWidget(label("Local API (OpenAI- and Anthropic-compatible)", "sectionTitle"))
         self.url = CopyField("")
         self.url.setObjectName("apiUrl")
         self.key = CopyField("", secret=True)
