@@ -247,7 +247,9 @@ def one_run(kind: str, engine: Path, plan: LaunchPlan, path: Path, tokens: int) 
         prompt_tps=round(float(timings["prompt_per_second"]), 4),
         decode_tokens=n,
         decode_tps=round(float(timings["predicted_per_second"]), 4),
-        decode_s_per_token=round(float(timings["predicted_ms"]) / 1e3 / n, 3),
+        # the server's own per-step figure: the generation time over its n - 1 steps
+        # (server_slot's t_gen_per_token_ms, tools/server/server-common.h, b11434)
+        decode_s_per_token=round(float(timings["predicted_per_token_ms"]) / 1e3, 3),
         disk_gb_per_token=round((end.read_bytes - first.read_bytes) / steps / GB, 3),
         majflt_per_token=round((end.majflt - first.majflt) / steps, 1),
         cpu_s_per_token=round((end.cpu_s - first.cpu_s) / steps, 3),

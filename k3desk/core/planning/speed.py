@@ -56,8 +56,9 @@ GPU, bound by the PCIe link and GPU kernels nothing here has measured.
 what the page cache misses is read from the disk by page faults.  The rules below are
 what ``bench/stream_real.py`` measured on a real-bytes rehearsal (UD-IQ1_S's shapes
 and types, 12 layers, a 42.1 GB file, on a 24 GiB, 2-core machine whose disk
-k3desk measured at 0.8-1.1 GB/s with O_DIRECT; 2026-12-04, two cold and two warm
-runs between 17:31 and 18:02 UTC, with other work keeping the load average at 5-13):
+k3desk measured at 0.8-1.4 GB/s with O_DIRECT; 2026-12-04, three cold and three
+warm runs between 17:31 and 18:14 UTC, with other work keeping the load average at
+5-13):
 
 - *The read unit is the kernel's read-around, not the expert.*  A fault on an
   mmap'd page that is not cached reads ``ra_pages`` around it (mm/filemap.c,
@@ -67,16 +68,17 @@ runs between 17:31 and 18:02 UTC, with other work keeping the load average at 5-
   ``read_ahead_kb``.  A routed expert's slice of one matrix is contiguous (1.07 MB
   for UD-IQ1_S, 4.6 MB for Q3_K_S), so a missed slice costs
   ``max(slice, window x miss)`` bytes: the window's pages that are not cached.  The
-  rehearsal's disk (``read_ahead_kb`` 8192: 16 MiB windows) read 5.6-6.0 GB per
-  token in the four runs where the missed slices alone were 0.51 GB; this rule says
-  6.5-6.9 (the runs: 0.81-0.92 of it).
+  rehearsal's disk (``read_ahead_kb`` 8192: 16 MiB windows) read 5.3-6.0 GB per
+  token in the six runs where the missed slices alone were 0.51 GB; this rule says
+  6.5-6.9 (the runs: 0.80-0.92 of it).
 - *Faults add to the compute, below the disk's rate.*  A fault blocks its thread
   and the graph's barrier waits for it, so the disk's time adds to the CPU's.  The
-  bytes read over the decode time less the predicted CPU time came to 0.38, 0.51,
-  0.62 and 0.92 of the O_DIRECT rate measured before each run:
-  ``STREAM_RATE_SHARE`` is 0.55, about their median (fitted to these runs; the same
-  file decoded at 9.2-15.9 s per token across them, the machine's other work
-  moving it by a quarter either way).
+  bytes read over the decode time less the predicted CPU time came to 0.35, 0.47,
+  0.59 and 0.87 of the O_DIRECT rate measured before each of the first four runs:
+  ``STREAM_RATE_SHARE`` is 0.55, about their median (fitted to those runs; the same
+  file decoded at 9.0-16.0 s per token across the six, the machine's other work
+  moving it by a quarter either way).  The fifth and sixth runs, not fitted, decoded
+  within 8 % of the prediction.
 - *The weights every token reads stay cached first* (``plan.py``'s
   ``stream_misses``): the rehearsal's 9 GB of attention, shared and output weights
   fitted, and no decoded token read them again (the disk bytes per token are the
@@ -137,7 +139,7 @@ EXPERT_NODES = 4
 
 # Streaming (see the module docstring).  Page faults read a window at a time per
 # thread and wait for it: below the rate the disk measures with large O_DIRECT reads
-# (bench/stream_real.py, 2026-12-04: 0.38-0.92 of it in four runs, 0.55 the median).
+# (bench/stream_real.py, 2026-12-04: 0.35-0.87 of it in four runs, 0.53 the median).
 STREAM_RATE_SHARE = 0.55
 # The read-around window of a file llama.cpp maps: twice the device's read_ahead_kb
 # (POSIX_FADV_SEQUENTIAL, src/llama-mmap.cpp), Linux's default being 128 KiB
@@ -585,7 +587,7 @@ def _tps_range(
     low = expected / (1.0 + r)
     high = min(expected * (1.0 + r), bound)
     if disk_s is not None:
-        # the fault path's rate moves with the machine's other work (0.38-0.92 of the
+        # the fault path's rate moves with the machine's other work (0.35-0.87 of the
         # O_DIRECT rate in bench/stream_real.py's four runs): the low end counts the
         # disk's time twice
         low = 1.0 / (expected_s + disk_s) if expected_s > 0 else 0.0
