@@ -37,6 +37,7 @@ from k3desk.core.gguf.reader import read_header
 from k3desk.core.gguf.shards import discover
 from k3desk.core.gguf.validate import inspect_shard_set
 from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.hub.state import meta_dir
 from k3desk.core.planning.model import DEFAULT_CTX, LaunchPlan, PlanOptions
 from k3desk.core.private import private_dir, write_private
 from k3desk.core.tuning.calibration import CalibrationStore, calibrate_plan
@@ -173,9 +174,16 @@ def library(services: Services) -> ModelLibrary:
 # ---------------------------------------------------------------- checking a set
 def _projector_beside(shard: Path) -> Path | None:
     """The vision projector in part 1's folder: a ``mmproj`` file whose header is a
-    projector's (``general.architecture`` 'clip'); the first such one by name."""
+    projector's (``general.architecture`` 'clip'); the first such one by name.  For a set
+    k3desk downloaded, none there, the folder it downloaded the set into: a repository
+    keeps its projector at its top and the parts in the set's folder, and the download
+    keeps that layout (:func:`k3desk.core.app.hub_choice.projector_hint` looks there too)."""
     try:
         candidates = sorted(p for p in shard.parent.glob("*.gguf") if is_projector(p))
+        if not candidates:
+            folder = next((d for d in shard.parents if meta_dir(d).is_dir()), None)
+            if folder is not None:
+                candidates = sorted(p for p in folder.rglob("*.gguf") if is_projector(p))
     except OSError:
         return None
     for p in candidates:

@@ -176,6 +176,24 @@ def test_a_projector_is_paired_by_its_header_not_its_name(
     assert m.projector is None
 
 
+def test_a_downloaded_sets_projector_at_the_repositorys_top_is_paired(
+    services: Services, tiny_k3: TinyModel, tmp_path: Path
+) -> None:
+    """A set downloaded from the Hub lands as the repository holds it: its parts in the
+    set's folder (IQ1_S/), the projector at the top; My models pairs them.  Files from
+    elsewhere keep the rule of part 1's own folder."""
+    from k3desk.core.hub.state import meta_dir
+
+    for where, downloaded in ((tmp_path / "hub-set", True), (tmp_path / "Downloads", False)):
+        parts = copy_set(tiny_k3, where / "IQ1_S")
+        top = where / tiny_k3.mmproj.name  # type: ignore[union-attr]
+        (where / "IQ1_S" / top.name).rename(top)
+        if downloaded:
+            meta_dir(where).mkdir()  # the download's own record, as k3desk keeps it
+        (m,) = add_model(services, parts[0]).added
+        assert m.projector == (top if downloaded else None), where
+
+
 def test_remove_by_id_or_path_keeps_the_files(services: Services, tiny_k3: TinyModel) -> None:
     (m,) = add_model(services, tiny_k3.first_part).added
     assert remove_model(services, m.id) == tiny_k3.first_part
