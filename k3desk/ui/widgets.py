@@ -213,6 +213,10 @@ def row_button(table: QTableView, text: str, name: str, tip: str) -> QPushButton
     button = QPushButton(text)
     button.setObjectName(name)
     button.setToolTip(tip)
+    # reached by Tab, not focused by the click: a click's focus selects the button's row
+    # first, the details shown for the row move the table, and the release then lands
+    # beside the button, so the click did nothing
+    button.setFocusPolicy(Qt.FocusPolicy.TabFocus)
     rows = table.verticalHeader()
     need = button.sizeHint().height() + 2
     if rows.defaultSectionSize() < need:
