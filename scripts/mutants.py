@@ -781,6 +781,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "k3desk/core/hub/reporting.py",
         "if now - self._samples[0][0] < MIN_SPAN or span <= 0.001:",
         "if span <= 0.001:",
+        "tests/core/hub/test_hub_progress.py::test_a_rate_from_milliseconds_of_bytes_is_unknown "
         "tests/core/hub/test_hub_figures.py::test_a_paced_link_shows_its_rate_and_an_eta_"
         "that_comes_true",
         "a download's rate and ETA come from seconds of bytes, never a burst",

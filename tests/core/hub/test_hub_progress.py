@@ -16,7 +16,7 @@ from k3desk.core.hub.model import (
     FileProgress,
     Queued,
 )
-from k3desk.core.hub.reporting import Events, FileTask, Overall
+from k3desk.core.hub.reporting import Events, FileTask, Overall, Rate
 from tests.fixtures.hub import MMPROJ, TIER_REPO, TierRepo, shard_name
 
 MB = 1_000_000
@@ -135,6 +135,21 @@ def test_files_starting_together_do_not_read_as_a_burst(clock: Clock) -> None:
     etas = [e for e in progress_of(events) if e.overall_eta is not None]
     for e in etas:
         assert e.overall_eta == pytest.approx((80 * MB - e.overall_done) / MB, rel=0.25)
+
+
+def test_a_rate_from_milliseconds_of_bytes_is_unknown() -> None:
+    """Two connections' first megabytes 5 ms apart (a socket buffer drained at memory
+    speed) are no rate: 200 MB/s would be shown.  Once bytes have come over 2 s the
+    rate is said, and it is the link's."""
+    rate = Rate()
+    rate.add(MB, 100.0)
+    rate.add(MB, 100.005)
+    assert rate.speed(100.005) == 0.0  # unknown, not 200 MB/s
+    assert rate.speed(101.9) == 0.0
+    for i in range(1, 31):  # then 1 MB/s for 3 s
+        rate.add(MB // 10, 100.005 + i * 0.1)
+    assert rate.speed(103.005) > 0
+    assert rate.speed(103.005) == pytest.approx(4 * MB / 3.005, rel=0.01)
 
 
 def test_the_speed_falls_when_the_link_does(clock: Clock) -> None:
