@@ -36,14 +36,15 @@ os.environ.setdefault("PYTHON_KEYRING_BACKEND", "keyring.backends.null.Keyring")
 
 
 @pytest.fixture(autouse=True)
-def k3_home(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> Path:
+def k3_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh K3DESK_HOME (and HF_HOME) for every test."""
     home = tmp_path_factory.mktemp("k3home")
     monkeypatch.setenv("K3DESK_HOME", str(home))
     monkeypatch.setenv("HF_HOME", str(home / "hf"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
+    # every test's engine on a free port of its own (the local API's fixed port would be
+    # shared by tests, and by a k3desk the person runs); tests of the fixed port set it
+    monkeypatch.setenv("K3DESK_API_PORT", "0")
     return home
 
 

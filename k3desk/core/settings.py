@@ -46,6 +46,9 @@ class Settings:
     theme: Theme = "system"
     # downloads: how many shards at once
     download_workers: int = 4
+    # the local API's port, the same for every launch of the app's engine and of
+    # `k3desk serve` (0: a free port each launch); see core/app/local_api.py
+    api_port: int = 8033
     # what the wizard chose
     tier_id: str = ""
     hardware_file: str = ""
@@ -69,6 +72,8 @@ class Settings:
             problems.append(f"thinking_effort {self.thinking_effort!r} is not one of {EFFORTS}")
         if not 1 <= self.download_workers <= 16:
             problems.append(f"download_workers {self.download_workers} is outside 1-16")
+        if not 0 <= self.api_port <= 65535:
+            problems.append(f"api_port {self.api_port} is outside 0-65535")
         if problems:
             raise SettingsError("Invalid settings: " + "; ".join(problems) + ".")
         return self
@@ -147,6 +152,7 @@ class SettingsStore:
                 temperature=float(settings.temperature),
                 top_p=float(settings.top_p),
                 download_workers=int(settings.download_workers),
+                api_port=int(settings.api_port),
                 theme=cast(Theme, str(settings.theme)),
             )
         except (TypeError, ValueError, OverflowError) as exc:

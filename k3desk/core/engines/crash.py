@@ -188,7 +188,8 @@ _RULES: tuple[_Rule, ...] = (
         "port_in_use",
         r"couldn't bind HTTP server socket|Address already in use",
         "The port the engine should listen on is already in use.",
-        "Choose another port, or leave --port out so that k3desk picks a free one.",
+        "Choose another port (Settings > Local API, `k3desk api port N`), or --port 0 for a "
+        "free one.",
         "new_port",
     ),
     _rule(

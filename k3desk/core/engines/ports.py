@@ -25,7 +25,7 @@ def port_problem(port: object, host: str = LOOPBACK) -> tuple[str, str]:
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         return (
             f"Port {port} is out of range: a TCP port is a number from 1 to 65535.",
-            "Pass a free port with --port, or leave --port out to use a free one.",
+            "Pass a port from 1 to 65535 with --port, or --port 0 for a free one.",
         )
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         # as llama-server binds (SO_REUSEADDR, server-http.cpp): connections of an earlier
@@ -37,7 +37,7 @@ def port_problem(port: object, host: str = LOOPBACK) -> tuple[str, str]:
             return (
                 f"Port {port} on {host} needs administrator rights (ports below 1024 are "
                 "privileged).",
-                "Use a port from 1024 up, or leave --port out to use a free one.",
+                "Use a port from 1024 up, or --port 0 for a free one.",
             )
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
@@ -45,8 +45,7 @@ def port_problem(port: object, host: str = LOOPBACK) -> tuple[str, str]:
             who = listener_names(port)
             return (
                 f"Port {port} on {host} is already in use{' by ' + who if who else ''}.",
-                "Stop that program, choose another port with --port, or leave --port out to "
-                "use a free one.",
+                "Stop that program, choose another port with --port, or --port 0 for a free one.",
             )
     return "", ""
 

@@ -41,7 +41,7 @@ from k3desk.core.engines.identity import authorized_status, family, health, owns
 from k3desk.core.engines.identity import ownership_problem as ownership_problem
 from k3desk.core.engines.loadprogress import BYTES_PROGRESS_MIN, LoadProgressParser, bytes_loaded
 from k3desk.core.engines.oom import OomSnapshot, OomWatch
-from k3desk.core.engines.ports import LOOPBACK, check_port, free_port, listener_names, listeners
+from k3desk.core.engines.ports import LOOPBACK, free_port, listener_names, listeners
 from k3desk.core.engines.ports import port_problem as port_problem
 from k3desk.core.errors import EngineError
 from k3desk.core.hardware.nvidia import launch_env
@@ -121,6 +121,11 @@ class LaunchSpec:
     local_cors: bool = False
     # the model's shards in order (load progress reads which of them are mapped)
     model_parts: tuple[Path, ...] = ()
+    # keys the person's own tools use (core/engines/client_keys.py), accepted beside the
+    # app's own key by every attempt, so a restart or re-plan keeps them working
+    client_keys: tuple[str, ...] = field(default=(), repr=False)
+    # what to do when ``port`` is taken, in the shell's words ("" = the CLI's --port)
+    port_hint: str = ""
 
     def timeout(self) -> float:
         """Seconds to wait for /health 200: 60 s plus the model read at 250 MB/s."""
@@ -213,7 +218,9 @@ class Supervisor(SupervisedLaunch[Endpoint]):
         self._progress = LoadProgressParser()
         # the command the next attempt runs, and what the one before ran
         self._args = tuple(spec.args)
-        self._port = spec.port or 0
+        # the spec's port is read at the first attempt (a shell may complete the spec, off
+        # its GUI thread, until start)
+        self._port = 0
         self._previous: tuple[tuple[str, ...], int] | None = None
         self._replans = 0  # restarts with changed arguments (each one gets further)
 
@@ -256,7 +263,9 @@ class Supervisor(SupervisedLaunch[Endpoint]):
         :class:`EngineError` here, before anything is started.
         """
         if self.spec.port is not None:
-            check_port(self.spec.port)
+            problem, hint = port_problem(self.spec.port)
+            if problem:
+                raise EngineError(problem, self.spec.port_hint or hint)
         super().start()
 
     def stop(self, grace: float | None = None) -> None:
@@ -315,7 +324,7 @@ class Supervisor(SupervisedLaunch[Endpoint]):
 
     def _attempt(self, number: int) -> AttemptEnd | None:
         if not self._port:
-            self._port = free_port()
+            self._port = self.spec.port or free_port()
         args, port = self._args, self._port
         changes = "" if self._previous is None else describe_changes(*self._previous, args, port)
         self._previous = (args, port)
@@ -436,7 +445,9 @@ class Supervisor(SupervisedLaunch[Endpoint]):
             *endpoint_args(
                 LOOPBACK,
                 port,
-                api_key=self.api_key,
+                # several keys: comma-separated (``--api-key``, common/arg.cpp), for an
+                # engine without --api-key-file
+                api_key=",".join(self._keys()),
                 key_file=key_file,
                 local_cors=self.spec.local_cors,
             ),
@@ -447,10 +458,14 @@ class Supervisor(SupervisedLaunch[Endpoint]):
             if key_file is not None:
                 key_file.unlink(missing_ok=True)
 
+    def _keys(self) -> tuple[str, ...]:
+        """The app's own key first, then the person's tools' keys."""
+        return (self.api_key, *(k for k in self.spec.client_keys if k != self.api_key))
+
     def _write_key_file(self, log_path: Path) -> Path:
         path = self.paths.state / "run" / (log_path.stem + ".key")
         with open_private(path, "w") as f:
-            f.write(self.api_key + "\n")
+            f.write("".join(key + "\n" for key in self._keys()))
         return path
 
     def _launch(
@@ -462,7 +477,9 @@ class Supervisor(SupervisedLaunch[Endpoint]):
         key_file: Path | None,
         changes: str = "",
     ) -> tuple[Attempt, CrashReport | None]:
-        attempt = Attempt(number, redact(argv, self.api_key), port, log_path, changes=changes)
+        attempt = Attempt(
+            number, redact(argv, ",".join(self._keys())), port, log_path, changes=changes
+        )
         with self._lock:
             self._history.append(attempt)
             self._endpoint = None
@@ -616,7 +633,8 @@ class Supervisor(SupervisedLaunch[Endpoint]):
                 "port_in_use",
                 f"Another program listens on port {port} as well ({who}): what answers "
                 "there is not only the engine k3desk started",
-                "Stop that program, or let k3desk choose the port (leave --port out).",
+                "Stop that program, or give the local API another port (Settings > Local API, "
+                "`k3desk api port N`; --port 0: a free one).",
                 "new_port",
             )
         if not owns_listener(ours, port):

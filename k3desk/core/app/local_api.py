@@ -1,0 +1,200 @@
+"""The local API a person's own tools use: one address that stays put, and named keys.
+
+The app's engine and ``k3desk serve`` listen on one port chosen once (Settings' Local
+API, ``k3desk api port``; 8033 unless changed, or ``K3DESK_API_PORT`` for one run), so
+the base URL a tool was given stays right across restarts, crash re-plans and model
+switches.  Each launch accepts the app's own key (fresh per launch: k3desk's own traffic)
+and every client key the person made (:mod:`k3desk.core.engines.client_keys`).
+
+Why the engine itself serves the address, with no front of k3desk's own: llama-server
+b11434 already speaks every API the tools use and takes several keys from a file; a front
+would add a hop to every token.  What that costs is said where it shows: a key created or
+revoked takes effect when the engine next starts (it reads its keys once).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from k3desk.core.app.tool_settings import ToolSnippet, tool_snippets
+from k3desk.core.engines.client_keys import ApiKeyError, ClientKey, ClientKeys, check_name
+from k3desk.core.engines.ports import LOOPBACK, port_problem
+from k3desk.core.engines.supervisor import LaunchSpec
+from k3desk.core.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from k3desk.core.app.services import Services
+    from k3desk.core.engines.launch import PreparedLaunch
+
+__all__ = [
+    "DEFAULT_PORT",
+    "PORT_ENV",
+    "ApiKeyError",
+    "ClientKey",
+    "ClientKeys",
+    "LocalApi",
+    "api_port",
+    "check_name",
+    "client_keys",
+    "create_key",
+    "endpoint_spec",
+    "key_secret",
+    "local_api",
+    "port_check",
+    "port_problem",
+    "revoke_key",
+    "set_api_port",
+    "tool_settings",
+    "with_local_api",
+]
+
+DEFAULT_PORT = Settings().api_port
+PORT_ENV = "K3DESK_API_PORT"  # a port for this run only (0: a free one each launch)
+PORT_HINT = (
+    "Stop that program, or give the local API another port: Settings > Local API, or "
+    "`k3desk api port N` (`k3desk serve --port N` for one run)."
+)
+RESTART_NOTE = (
+    "The running engine takes the change when it next starts (Relaunch in the app; restart "
+    "`k3desk serve`)."
+)
+
+
+def client_keys(services: Services) -> ClientKeys:
+    """The person's client keys (their secrets in the keyring, else a private file)."""
+    return ClientKeys(services.paths.config, services.secrets)
+
+
+def api_port(settings: Settings, env: Mapping[str, str] | None = None) -> int:
+    """The port the local API listens on (0: a free one each launch): ``K3DESK_API_PORT``
+    when set, else the setting.  A variable that is no port is a :class:`SettingsError`."""
+    value = (os.environ if env is None else env).get(PORT_ENV, "").strip()
+    if not value:
+        return settings.api_port
+    if not value.isdigit() or not 0 <= int(value) <= 65535:
+        raise SettingsError(
+            f"{PORT_ENV}={value[:40]!r} is not a port.",
+            "Set it to a number from 1 to 65535, or 0 for a free port each launch; or unset "
+            "it to use the port in Settings.",
+        )
+    return int(value)
+
+
+def endpoint_spec(
+    services: Services,
+    prepared: PreparedLaunch,
+    settings: Settings,
+    *,
+    port: int | None = None,
+) -> LaunchSpec:
+    """What the supervisor starts for the local API: ``prepared`` on the API's port
+    (``port`` when given; 0 = a free one), accepting the app's key and every client key."""
+    return with_local_api(services, prepared.spec(), settings, port=port)
+
+
+def with_local_api(
+    services: Services, spec: LaunchSpec, settings: Settings, *, port: int | None = None
+) -> LaunchSpec:
+    """``spec`` on the local API's port (``port`` when given; 0 = a free one), accepting
+    every client key beside the app's own.  Reads the keyring: off a GUI thread."""
+    chosen = api_port(settings) if port is None else port
+    keys = tuple(secret for _, secret in client_keys(services).active())
+    return replace(spec, port=chosen or None, client_keys=keys, port_hint=PORT_HINT)
+
+
+def port_check(port: int) -> str:
+    """Why the local API cannot listen on ``port`` now, naming who holds it ("" when it
+    can, or for 0: a free port each launch)."""
+    if port == 0:
+        return ""
+    problem, _hint = port_problem(port)
+    return problem
+
+
+@dataclass(frozen=True)
+class LocalApi:
+    """The local API as the views show it."""
+
+    port: int  # 0: a free port each launch
+    keys: tuple[ClientKey, ...]
+    warning: str = ""  # a damaged list of keys set aside, in words
+
+    @property
+    def url(self) -> str:
+        """The base URL the OpenAI SDK takes (``""`` while the port changes per launch)."""
+        return f"http://{LOOPBACK}:{self.port}/v1" if self.port else ""
+
+    @property
+    def where(self) -> str:
+        """Where the keys' secrets are kept, in words."""
+        places = {k.place for k in self.keys}
+        if places == {"file"}:
+            return "in a private file (this machine has no keyring)"
+        if places == {"keyring"}:
+            return "in the system keyring"
+        return "in the system keyring and a private file" if places else ""
+
+
+def local_api(services: Services, settings: Settings) -> LocalApi:
+    keys = client_keys(services)
+    listed = tuple(keys.listed())
+    return LocalApi(api_port(settings), listed, keys.warning)
+
+
+def tool_settings(
+    services: Services, settings: Settings, name: str = "", *, url: str = ""
+) -> tuple[ToolSnippet, ...]:
+    """curl and the SDKs set up for the local API with the client key ``name`` (the first
+    one when ""), at ``url`` (the API's fixed address when "")."""
+    keys = client_keys(services)
+    listed = keys.listed()
+    if not listed:
+        raise ApiKeyError(
+            "There is no API key for your tools yet.",
+            "Make one with `k3desk api create NAME` (or Settings > Local API > New key).",
+        )
+    key = keys.find(name) if name else listed[0]
+    base = url or f"http://{LOOPBACK}:{api_port(settings)}"
+    if not url and not api_port(settings):
+        raise ApiKeyError(
+            "The local API takes a free port at each launch, so there is no fixed address.",
+            "Choose a port with `k3desk api port 8033` (or in Settings > Local API).",
+        )
+    return tool_snippets(base, keys.secret(key))
+
+
+def set_api_port(services: Services, port: int) -> tuple[Settings, str]:
+    """Keep ``port`` as the local API's (0: a free one each launch); returns the saved
+    settings and, when something listens there now, who (it may be k3desk's own engine)."""
+    if isinstance(port, bool) or not 0 <= port <= 65535:
+        raise SettingsError(
+            f"{port} is not a port.",
+            "Choose a number from 1024 to 65535 (or 0 for a free port each launch).",
+        )
+    if 0 < port < 1024:
+        raise SettingsError(
+            f"Port {port} is privileged: only an administrator's program may listen on it.",
+            f"Choose a port from 1024 to 65535 ({DEFAULT_PORT} unless it is taken).",
+        )
+    settings = replace(services.settings(), api_port=port)
+    services.settings_store.save(settings)
+    return settings, port_check(port)
+
+
+def create_key(services: Services, name: str) -> tuple[ClientKey, str]:
+    """A new client key named ``name``: (as listed, the secret)."""
+    return client_keys(services).create(name)
+
+
+def revoke_key(services: Services, name: str) -> ClientKey:
+    """Forget the client key ``name``."""
+    return client_keys(services).revoke(name)
+
+
+def key_secret(services: Services, name: str) -> str:
+    """The client key ``name`` itself, to paste into a tool."""
+    keys = client_keys(services)
+    return keys.secret(keys.find(name))
