@@ -38,6 +38,7 @@ COMMAND_MODULES = (
     "k3desk.cli.chat",
     "k3desk.cli.engine",
     "k3desk.cli.serve",
+    "k3desk.cli.api",
     "k3desk.cli.tune",
     "k3desk.cli.desktop_entry",
     "k3desk.cli.cluster",

@@ -20,11 +20,18 @@ from k3desk.core.app.engines import (
     SpeedWatcher,
     State,
     Supervisor,
-    check_port,
     predicted_text,
 )
+from k3desk.core.app.local_api import (
+    PORT_HINT,
+    api_port,
+    endpoint_spec,
+    local_api,
+    port_problem,
+    tool_settings,
+)
 from k3desk.core.app.tool_settings import tool_snippets
-from k3desk.core.app.values import EngineError, ValidationError, fmt_bytes, what_is
+from k3desk.core.app.values import EngineError, K3Error, ValidationError, fmt_bytes, what_is
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -34,9 +41,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve",
         help="launch llama-server on a Kimi-K3 model and keep it running",
-        description="Plan the launch for this machine, start llama-server on 127.0.0.1 with a "
-        "fresh API key, show load progress, print the URL and key, and restart it if it "
-        "crashes.  Ctrl-C stops it cleanly.",
+        description="Plan the launch for this machine, start llama-server on 127.0.0.1 at the "
+        "local API's port (`k3desk api`), accepting your API keys and a fresh key of its own, "
+        "show load progress, print the URL and keys, and restart it if it crashes.  Ctrl-C "
+        "stops it cleanly.",
     )
     p.add_argument("shard", type=Path, help="the model's first shard (...-00001-of-000NN.gguf)")
     p.add_argument(
@@ -66,12 +74,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="context length (default 8192, or the model's trained context if that is less)",
     )
     p.add_argument("--engine", type=Path, metavar="PATH", help="llama-server to use")
-    p.add_argument("--port", type=int, help="port (default: a free one)")
+    p.add_argument(
+        "--port",
+        type=int,
+        help="port for this run (default: the local API's, set with `k3desk api port`; "
+        "0: a free one)",
+    )
     p.add_argument(
         "--tool-settings",
         action="store_true",
         help="with the URL and key, print them ready to paste for curl, the OpenAI SDK and "
-        "the Anthropic SDK (they change with each launch)",
+        "the Anthropic SDK, with your first API key (`k3desk api create NAME`)",
     )
     p.add_argument(
         "--max-restarts", type=int, default=3, help="failed attempts in a row before giving up"
@@ -99,8 +112,12 @@ def run(args: argparse.Namespace, services: Services) -> int:
         )
     if args.ctx is not None and args.ctx < 256:
         raise ValidationError(f"--ctx {args.ctx} is too small; use at least 256.")
-    if args.port is not None:  # before the minutes a plan and a load can take
-        check_port(args.port)
+    settings = services.settings()
+    port = api_port(settings) if args.port is None else args.port
+    if port:  # before the minutes a plan and a load can take
+        problem, hint = port_problem(port)
+        if problem:
+            raise EngineError(problem, hint if args.port is not None else PORT_HINT)
 
     launch = prepare_local_launch(
         services,
@@ -124,7 +141,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
     if plan.speed.calibration:
         print(f"  {plan.speed.calibration}")
     exe = prepared.engine
-    spec = prepared.spec(port=args.port)
+    spec = endpoint_spec(services, prepared, settings, port=port)
     print(f"Engine: {exe}")
     print(f"Model: {shard} ({fmt_bytes(spec.model_bytes)})")
     print("Arguments: " + " ".join(spec.args))
@@ -137,7 +154,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
         on_event=printer,
         replan=prepared.replan_after_oom,
     )
-    return _foreground(sup, launch.tracker, tool_settings=args.tool_settings)
+    return _foreground(sup, launch.tracker, tool_settings=args.tool_settings, services=services)
 
 
 class _EventPrinter:
@@ -178,7 +195,11 @@ def _watch_speed(tracker: SpeedTracker, ep: Endpoint) -> SpeedWatcher:
 
 
 def _foreground(
-    sup: Supervisor, tracker: SpeedTracker | None = None, *, tool_settings: bool = False
+    sup: Supervisor,
+    tracker: SpeedTracker | None = None,
+    *,
+    tool_settings: bool = False,
+    services: Services | None = None,
 ) -> int:
     def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -204,10 +225,12 @@ def _foreground(
                 shown = ep.attempt
                 print(f"URL: {ep.url}/v1", flush=True)
                 print(f"API key: {ep.api_key}", flush=True)
+                if services is not None:
+                    _print_client_keys(services)
                 print(f"Engine pid: {ep.pid}", flush=True)
                 print(f"Log: {attempt.log_file}", flush=True)
                 if tool_settings:
-                    _print_tool_settings(ep)
+                    _print_tool_settings(ep, services)
                 print("Press Ctrl-C to stop.", flush=True)
                 if tracker is not None:
                     if watcher is not None:
@@ -236,10 +259,32 @@ def _foreground(
         signal.signal(signal.SIGINT, previous_int)
 
 
-def _print_tool_settings(ep: Endpoint) -> None:
+def _print_client_keys(services: Services) -> None:
+    """The keys the person's tools may use: they work with every launch."""
+    api = local_api(services, services.settings())
+    if api.warning:
+        print(f"Warning: {api.warning}", flush=True)
+    if api.keys:
+        names = ", ".join(f"{k.name} ({k.shown})" for k in api.keys)
+        print(f"Keys for your tools (the key above is this launch's): {names}", flush=True)
+    else:
+        print(
+            "Keys for your tools: none yet (the key above is this launch's); `k3desk api "
+            "create NAME` makes one that stays valid across launches.",
+            flush=True,
+        )
+
+
+def _print_tool_settings(ep: Endpoint, services: Services | None = None) -> None:
     """The endpoint's address and key as curl and the SDKs take them, as the Engine page's
-    "Copy for…" copies them."""
-    for snippet in tool_snippets(ep.url, ep.api_key):
+    "Copy for…" copies them: with the person's first API key, else this launch's."""
+    snippets = None
+    if services is not None:
+        try:
+            snippets = tool_settings(services, services.settings(), url=ep.url)
+        except K3Error:
+            snippets = None
+    for snippet in snippets or tool_snippets(ep.url, ep.api_key):
         print(f"--- {snippet.label}", flush=True)
         print(snippet.text, end="", flush=True)
     print("---", flush=True)

@@ -1,0 +1,143 @@
+"""``k3desk api``: the local API your own tools use -- its address, and keys that stay."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import TYPE_CHECKING
+
+from k3desk.core.app.local_api import (
+    RESTART_NOTE,
+    ClientKey,
+    create_key,
+    key_secret,
+    local_api,
+    revoke_key,
+    set_api_port,
+    tool_settings,
+)
+
+if TYPE_CHECKING:
+    from k3desk.core.app.services import Services
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "api",
+        help="the local API for your own tools: address, keys, settings to paste",
+        description="k3desk's engine answers the OpenAI API (chat completions, responses, "
+        "models) and Anthropic's Messages API at one address that stays the same across "
+        "launches (http://127.0.0.1:PORT/v1).  Tools use keys you name here; each is kept in "
+        "the system keyring (else a private file) and stays valid until you revoke it.  "
+        "Without an action: the address and the keys.",
+    )
+    p.set_defaults(handler=run_show)
+    asub = p.add_subparsers(dest="api_command", metavar="ACTION")
+
+    ls = asub.add_parser("keys", help="list the keys (names and last characters only)")
+    ls.add_argument("--json", action="store_true", help="print them as JSON")
+    ls.set_defaults(handler=run_keys)
+
+    c = asub.add_parser("create", help="make a key for a tool and print it")
+    c.add_argument("name", help="what the key is for (e.g. vscode, my-agent)")
+    c.set_defaults(handler=run_create)
+
+    k = asub.add_parser("key", help="print a key, to paste into a tool")
+    k.add_argument("name")
+    k.set_defaults(handler=run_key)
+
+    r = asub.add_parser("revoke", help="forget a key: tools using it are refused")
+    r.add_argument("name")
+    r.set_defaults(handler=run_revoke)
+
+    pt = asub.add_parser("port", help="show or set the port (0: a free one each launch)")
+    pt.add_argument("port", nargs="?", type=int, help="the new port (default 8033)")
+    pt.set_defaults(handler=run_port)
+
+    st = asub.add_parser(
+        "settings", help="print the settings for curl, the OpenAI SDK and the Anthropic SDK"
+    )
+    st.add_argument("--key", default="", metavar="NAME", help="with this key (default: first)")
+    st.set_defaults(handler=run_settings)
+
+
+def run_show(args: argparse.Namespace, services: Services) -> int:
+    api = local_api(services, services.settings())
+    if api.warning:
+        print(f"Warning: {api.warning}")
+    if api.url:
+        print(f"Address: {api.url}  (Anthropic SDK: {api.url.removesuffix('/v1')})")
+    else:
+        print("Address: a free port at each launch (`k3desk api port 8033` fixes one)")
+    if not api.keys:
+        print("Keys: none yet.  `k3desk api create NAME` makes one for a tool.")
+        return 0
+    print(f"Keys ({len(api.keys)}, kept {api.where}):")
+    _print_keys(api.keys)
+    print("`k3desk api settings` prints what to paste into curl and the SDKs.")
+    return 0
+
+
+def _print_keys(keys: tuple[ClientKey, ...]) -> None:
+    for key in keys:
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(key.created))
+        print(f"  {key.name:<24} {key.shown}  made {created}")
+
+
+def run_keys(args: argparse.Namespace, services: Services) -> int:
+    api = local_api(services, services.settings())
+    if args.json:
+        rows = [
+            {"name": k.name, "shown": k.shown, "created": k.created, "kept": k.place}
+            for k in api.keys
+        ]
+        print(json.dumps(rows, indent=2))
+        return 0
+    if api.warning:
+        print(f"Warning: {api.warning}")
+    if not api.keys:
+        print("No keys yet.  `k3desk api create NAME` makes one for a tool.")
+        return 0
+    _print_keys(api.keys)
+    return 0
+
+
+def run_create(args: argparse.Namespace, services: Services) -> int:
+    key, secret = create_key(services, args.name)
+    where = "the system keyring" if key.place == "keyring" else "a private file (no keyring here)"
+    print(secret)
+    print(f"Made key {key.name!r}, kept in {where}.  {RESTART_NOTE}")
+    return 0
+
+
+def run_key(args: argparse.Namespace, services: Services) -> int:
+    print(key_secret(services, args.name))
+    return 0
+
+
+def run_revoke(args: argparse.Namespace, services: Services) -> int:
+    key = revoke_key(services, args.name)
+    print(f"Revoked key {key.name!r} ({key.shown}).  {RESTART_NOTE}")
+    return 0
+
+
+def run_port(args: argparse.Namespace, services: Services) -> int:
+    if args.port is None:
+        api = local_api(services, services.settings())
+        print(api.port if api.port else "0 (a free port at each launch)")
+        return 0
+    settings, taken = set_api_port(services, args.port)
+    shown = settings.api_port or "a free one at each launch"
+    print(f"The local API's port is now {shown}.  {RESTART_NOTE}")
+    if taken:
+        print(f"Note: {taken}")
+    return 0
+
+
+def run_settings(args: argparse.Namespace, services: Services) -> int:
+    for snippet in tool_settings(services, services.settings(), args.key):
+        print(f"--- {snippet.label}")
+        print(snippet.text, end="")
+    print("---")
+    return 0

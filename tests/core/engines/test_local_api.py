@@ -1,0 +1,139 @@
+"""The local API stays put: `k3desk serve` twice in a row answers at the same address with
+the same key a tool was given, a revoked key is refused at the next launch, and a port held
+by another program is named before anything starts.
+
+Real processes throughout: `k3desk api` keeps the port and the key, `k3desk serve` runs the
+real llama-server b11434 on the tiny Kimi-K3, and the client is the real OpenAI SDK, set up
+as a person would (the address and key `k3desk api settings` prints).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import openai
+import psutil
+import pytest
+
+from k3desk.core.engines.ports import free_port
+from k3desk.devtools.tinyk3 import TinyModel
+
+REPO = Path(__file__).resolve().parents[3]
+pytestmark = [pytest.mark.engine]
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    env.pop("K3DESK_API_PORT", None)  # the port the person chose, as in real use
+    return env
+
+
+def k3desk(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "k3desk", *args],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+@contextmanager
+def serving(*args: str) -> Iterator[dict[str, str]]:
+    """`k3desk serve ...` until its engine is ready; the facts it printed; then SIGTERM
+    and wait (the next launch finds the port free, as after a person's Ctrl-C)."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "k3desk", "serve", *args],
+        cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    ) as proc:  # fmt: skip
+        facts: dict[str, str] = {}
+        seen: list[str] = []
+        try:
+            assert proc.stdout is not None
+            deadline = time.monotonic() + 120
+            while "Engine pid" not in facts:
+                line = proc.stdout.readline()
+                if not line or time.monotonic() > deadline:
+                    pytest.fail("k3desk serve did not get ready:\n" + "".join(seen))
+                seen.append(line)
+                key, sep, value = line.partition(": ")
+                if sep:
+                    facts[key.strip()] = value.strip()
+            facts["output"] = "".join(seen)
+            yield facts
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            proc.wait()
+
+
+def ask(url: str, key: str) -> str:
+    """One short answer through the OpenAI SDK (raises its AuthenticationError on 401)."""
+    with openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=60) as client:
+        reply = client.chat.completions.create(
+            model="kimi-k3",
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=4,
+            extra_body={"seed": 7, "temperature": 0.0, "chat_template_kwargs": {"thinking": False}},
+        )
+        return reply.choices[0].message.content or ""
+
+
+def test_two_launches_serve_at_the_same_address_with_the_same_key_until_it_is_revoked(
+    llama_server: Path, tiny_k3_single: TinyModel
+) -> None:
+    port = free_port()
+    assert k3desk("api", "port", str(port)).returncode == 0
+    made = k3desk("api", "create", "my-agent")
+    assert made.returncode == 0, made.stderr
+    key = made.stdout.splitlines()[0]
+    assert key.startswith("k3-")
+    shown = k3desk("api", "settings").stdout
+    url = f"http://127.0.0.1:{port}/v1"
+    assert f'base_url="{url}", api_key="{key}"' in shown  # what the person pastes
+
+    serve = (str(tiny_k3_single.first_part), "--ctx", "512", "--engine", str(llama_server))
+    answers = []
+    for launch in (1, 2):
+        with serving(*serve) as facts:
+            assert facts["URL"] == url, f"launch {launch} moved"
+            assert "my-agent (k3-…" in facts["output"]
+            answers.append(ask(url, key))
+            app_key = facts["API key"]
+            assert app_key != key  # the app's own key is its own, fresh per launch
+    assert answers[0] == answers[1]  # the same engine state, the same greedy answer
+
+    gone = k3desk("api", "revoke", "my-agent")
+    assert gone.returncode == 0
+    assert "next starts" in gone.stdout  # said: a running engine keeps it until then
+    with serving(*serve) as facts:
+        assert facts["URL"] == url
+        with pytest.raises(openai.AuthenticationError):
+            ask(url, key)
+        assert ask(url, facts["API key"]) == answers[0]  # the app's own key still works
+
+
+def test_a_program_on_the_api_port_is_named_and_nothing_is_started(
+    llama_server: Path, tiny_k3_single: TinyModel
+) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        assert k3desk("api", "port", str(port)).returncode == 0
+        r = k3desk("serve", str(tiny_k3_single.first_part), "--engine", str(llama_server))
+    assert r.returncode != 0
+    me = psutil.Process()
+    assert f"Port {port} on 127.0.0.1 is already in use by {me.name()} (pid {me.pid})" in r.stderr
+    assert "Settings > Local API" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert "Plan:" not in r.stdout  # refused before minutes of planning and loading
