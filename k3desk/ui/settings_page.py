@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 
 from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.app.values import EFFORTS, THEMES, K3Error, Settings
+from k3desk.ui.local_api_card import LocalApiCard
 from k3desk.ui.pages import Navigator, Page, PageKey
 from k3desk.ui.tokens import TokenAccess
 from k3desk.ui.widgets import Card, PageHeader, dialog_folder, label, muted, primary, set_enabled
@@ -61,6 +62,7 @@ class SettingsPage(Page):
         for card in (
             self._folders_card(),
             self._engine_card(),
+            self._api_card(),
             self._chat_card(),
             self._token_card(),
             self._look_card(),
@@ -140,6 +142,11 @@ class SettingsPage(Page):
         r_row.addWidget(self.servers_btn)
         engine.body.addLayout(r_row)
         return engine
+
+    def _api_card(self) -> LocalApiCard:
+        """The local API's port and the keys of the person's tools."""
+        self.api = LocalApiCard(self.ctx)
+        return self.api
 
     def _chat_card(self) -> Card:
         """The defaults for new chats."""
@@ -247,7 +254,7 @@ class SettingsPage(Page):
         self.servers_btn.clicked.connect(self.open_attached_servers)
         self.ctx.engine.state_changed.connect(lambda _s, _m: self._show_chat_target())
         self._show_chat_target()
-        for s in (self.workers, self.ctx_size):
+        for s in (self.workers, self.ctx_size, self.api.port):
             s.valueChanged.connect(self._dirty)
         for d in (self.temperature, self.top_p):
             d.valueChanged.connect(self._dirty)
@@ -266,6 +273,7 @@ class SettingsPage(Page):
         self.model_dirs.addItems(list(s.model_dirs))
         self.download_dir.setText(s.download_dir)
         self.workers.setValue(s.download_workers)
+        self.api.set_port(s.api_port)
         self.engine_binary.setText(s.engine_binary)
         self.ctx_size.setValue(s.ctx)
         self.temperature.setValue(s.temperature)
@@ -284,6 +292,7 @@ class SettingsPage(Page):
             model_dirs=dirs,
             download_dir=self.download_dir.text().strip(),
             download_workers=self.workers.value(),
+            api_port=self.api.port_value(),
             engine_binary=self.engine_binary.text().strip(),
             ctx=self.ctx_size.value(),
             temperature=round(self.temperature.value(), 3),

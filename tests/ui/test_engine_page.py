@@ -54,9 +54,11 @@ def test_launch_plan_log_attempts_api_and_restart_after_a_crash(  # type: ignore
     for action, base in zip(
         menu.actions(), (f"{ep.url}/v1/", f'{ep.url}/v1"', f'{ep.url}"'), strict=True
     ):
-        action.trigger()
+        QApplication.clipboard().clear()
+        action.trigger()  # read off the GUI thread (the person's keys are in the keyring)
+        qtbot.waitUntil(lambda: bool(QApplication.clipboard().text()), timeout=10_000)
         assert base in QApplication.clipboard().text()
-        assert ep.api_key in QApplication.clipboard().text()
+        assert ep.api_key in QApplication.clipboard().text()  # no key made: this launch's
     # the plan: one column per layer in the map, memory per device, argv with the shard
     req = engine.request
     assert req.plan is not None

@@ -34,6 +34,7 @@ from k3desk.core.app.engines import (
     alive_pid,
     prepare_settings_launch,
 )
+from k3desk.core.app.local_api import with_local_api
 from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.app.values import CancelToken, EngineError
 from k3desk.ui.bridge import Relay, StreamBuffer
@@ -274,6 +275,10 @@ class EngineController(QObject):
                 old.stop()
             if kept is not None:
                 background.stop(paths, kept)
+            # the local API's fixed port and the person's tools' keys (the keyring is read
+            # here, off the GUI thread); a launch with a port of its own keeps it
+            if request.spec.port is None:
+                sup.spec = with_local_api(self.ctx.services, request.spec, self.ctx.settings)
             sup.start()
             return sup.wait_ready(cancel=token)
 

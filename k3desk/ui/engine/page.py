@@ -45,11 +45,12 @@ from k3desk.core.app.engines import (
     survey_engines,
 )
 from k3desk.core.app.hardware import HardwareProfile
+from k3desk.core.app.local_api import tool_settings
 from k3desk.core.app.models import find_model, projector_beside
 from k3desk.core.app.operations import Operation
 from k3desk.core.app.shardplan import PlanView, plan_view
 from k3desk.core.app.subject import Subject
-from k3desk.core.app.tool_settings import tool_snippets
+from k3desk.core.app.tool_settings import ToolSnippet, tool_snippets
 from k3desk.core.app.values import (
     CancelToken,
     K3Error,
@@ -843,15 +844,33 @@ class EnginePage(Page):
         row.addWidget(self.copy_for)
         row.addStretch(1)
         api.body.addLayout(row)
+        api.body.addWidget(
+            muted(
+                "The key shown is this launch's. Keys for your tools, valid across launches, "
+                "are made in Settings > Local API; Copy for… uses the first of them."
+            )
+        )
         return api
 
     def _copy_for_tool(self, index: int) -> None:
-        """Copy the running engine's settings for the tool at ``index`` of the menu."""
+        """Copy the running engine's settings for the tool at ``index`` of the menu: with
+        the person's first API key (it stays valid), else this launch's key."""
         ep = self.engine.endpoint()
         if ep is None:
             return
-        QGuiApplication.clipboard().setText(tool_snippets(ep.url, ep.api_key)[index].text)
-        say_copied(self.copy_for)
+        services, settings = self.ctx.services, self.ctx.settings
+
+        def work(_token: object) -> tuple[ToolSnippet, ...]:
+            try:
+                return tool_settings(services, settings, url=ep.url)
+            except K3Error:  # no key made yet, or the keyring is locked
+                return tool_snippets(ep.url, ep.api_key)
+
+        def copy(snippets: tuple[ToolSnippet, ...]) -> None:
+            QGuiApplication.clipboard().setText(snippets[index].text)
+            say_copied(self.copy_for)
+
+        self.ctx.ops.run(Operation("copy-for-tool", work), on_success=copy)
 
     def _plan_tab(self) -> QWidget:
         """The launch plan: why, how fast, where each layer lives, what memory it takes."""

@@ -1,0 +1,123 @@
+"""Settings > Local API, as a person uses it: a port kept with the settings, a key made,
+copied, pasted into a tool and revoked; and the app's engine at that port, accepting that
+key, launch after launch."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from PySide6.QtWidgets import QApplication, QInputDialog, QMessageBox
+
+from k3desk.core.app.local_api import create_key, key_secret, local_api
+from k3desk.core.engines.ports import free_port
+from k3desk.ui.engine.page import EnginePage
+from k3desk.ui.local_api_card import FREE, LocalApiCard
+from k3desk.ui.settings_page import SettingsPage
+
+
+def first(card: LocalApiCard) -> str:
+    """The first line of the card's list of keys ("" before the keys were read)."""
+    return card.keys.item(0).text() if card.keys.count() else ""
+
+
+def test_a_key_made_in_settings_is_copied_listed_pasted_as_settings_and_revoked(  # type: ignore[no-untyped-def]
+    ctx, qtbot, monkeypatch
+) -> None:
+    page = SettingsPage(ctx)
+    qtbot.addWidget(page)
+    page.show()
+    card = page.api
+    qtbot.waitUntil(lambda: "No keys yet" in first(card), timeout=10_000)
+    assert not card.copy_for.isEnabled()
+    assert not card.revoke.isEnabled()
+
+    monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("vscode", True))
+    QApplication.clipboard().clear()
+    card.new_key.click()
+    qtbot.waitUntil(lambda: first(card).startswith("vscode"), timeout=10_000)
+    secret = key_secret(ctx.services, "vscode")
+    assert QApplication.clipboard().text() == secret  # made and copied, as it says
+    assert "Made key 'vscode' and copied it." in card.note.text()
+    assert f"k3-…{secret[-4:]}" in first(card)
+
+    # the same name again: said, nothing added
+    card.new_key.click()
+    qtbot.waitUntil(lambda: "already an API key named" in card.note.text(), timeout=10_000)
+    assert card.keys.count() == 1
+
+    card.keys.setCurrentRow(0)
+    QApplication.clipboard().clear()
+    card.copy_key.click()
+    qtbot.waitUntil(lambda: QApplication.clipboard().text() == secret, timeout=10_000)
+
+    # the OpenAI SDK's settings, at the port in the page (saved or not yet)
+    card.port.setValue(9123)
+    QApplication.clipboard().clear()
+    card.copy_for.menu().actions()[1].trigger()
+    qtbot.waitUntil(lambda: bool(QApplication.clipboard().text()), timeout=10_000)
+    pasted = QApplication.clipboard().text()
+    assert 'base_url="http://127.0.0.1:9123/v1"' in pasted
+    assert f'api_key="{secret}"' in pasted
+
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    card.keys.setCurrentRow(0)
+    card.revoke.click()
+    qtbot.waitUntil(lambda: "No keys yet" in first(card), timeout=10_000)
+    assert local_api(ctx.services, ctx.settings).keys == ()
+
+
+def test_the_port_is_saved_with_the_settings_and_the_lowest_value_means_a_free_one(  # type: ignore[no-untyped-def]
+    ctx, qtbot
+) -> None:
+    page = SettingsPage(ctx)
+    qtbot.addWidget(page)
+    page.show()
+    assert page.api.port.value() == 8033  # the documented default
+    page.api.port.setValue(9200)
+    assert page.save.isEnabled()
+    page.save.click()
+    assert ctx.settings.api_port == 9200
+    assert ctx.store.load().api_port == 9200
+    page.api.port.setValue(FREE)
+    assert page.api.port.text() == "A free one at each launch"
+    assert "changes at each launch" in page.api.address.text()
+    page.save.click()
+    assert ctx.store.load().api_port == 0
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_the_apps_engine_listens_at_the_port_and_takes_the_key_launch_after_launch(  # type: ignore[no-untyped-def]
+    ctx, qtbot, monkeypatch, llama_server, tiny_k3_single
+) -> None:
+    monkeypatch.delenv("K3DESK_API_PORT")  # the person's port, as in real use
+    port = free_port()
+    ctx.update_settings(engine_binary=str(llama_server), ctx=512, api_port=port)
+    _, secret = create_key(ctx.services, "agent")
+    page = EnginePage(ctx)
+    qtbot.addWidget(page)
+    page.show()
+    page.activated()
+    qtbot.waitUntil(lambda: bool(page.panel.rows), timeout=120_000)
+    page.panel.shard.setText(str(tiny_k3_single.first_part))
+    engine = ctx.engine
+    pids = []
+    for button in (page.panel.launch_btn, page.panel.restart_btn):
+        button.click()
+        qtbot.waitUntil(lambda: engine.ready and engine.endpoint().pid not in pids, timeout=120_000)
+        ep = engine.endpoint()
+        pids.append(ep.pid)
+        assert ep.url == f"http://127.0.0.1:{port}"
+        assert page.url.edit.text() == f"http://127.0.0.1:{port}/v1"
+        for key, status in ((secret, 200), (ep.api_key, 200), ("k3-not-a-key", 401)):
+            r = httpx.get(
+                f"{ep.url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30
+            )
+            assert r.status_code == status
+        # "Copy for…" now gives the person's key, which outlives this launch
+        QApplication.clipboard().clear()
+        page.copy_for.menu().actions()[1].trigger()
+        qtbot.waitUntil(lambda: bool(QApplication.clipboard().text()), timeout=10_000)
+        assert f'api_key="{secret}"' in QApplication.clipboard().text()
+    assert pids[0] != pids[1]
+    engine.stop()
