@@ -23,6 +23,7 @@ from k3desk.core.app.engines import (
     predicted_text,
 )
 from k3desk.core.app.local_api import (
+    MAX_PARALLEL,
     PORT_HINT,
     api_port,
     endpoint_spec,
@@ -81,6 +82,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "0: a free one)",
     )
     p.add_argument(
+        "--parallel",
+        type=int,
+        metavar="N",
+        help="requests answered at once, each with 1/N of the context (default: the local "
+        "API's setting, 1); more wait their turn",
+    )
+    p.add_argument(
         "--tool-settings",
         action="store_true",
         help="with the URL and key, print them ready to paste for curl, the OpenAI SDK and "
@@ -113,6 +121,12 @@ def run(args: argparse.Namespace, services: Services) -> int:
     if args.ctx is not None and args.ctx < 256:
         raise ValidationError(f"--ctx {args.ctx} is too small; use at least 256.")
     settings = services.settings()
+    parallel = settings.api_parallel if args.parallel is None else args.parallel
+    if not 1 <= parallel <= MAX_PARALLEL:
+        raise ValidationError(
+            f"--parallel {parallel} is outside 1-{MAX_PARALLEL}.",
+            "Each request answered at once holds its own state (about 443 MiB for Kimi-K3).",
+        )
     port = api_port(settings) if args.port is None else args.port
     if port:  # before the minutes a plan and a load can take
         problem, hint = port_problem(port)
@@ -129,6 +143,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
             configured_engine=services.configured_engine(),
             hardware_file=args.hardware,
             accept_slow=args.accept_slow,
+            parallel=parallel,
         ),
     )
     prepared, plan = launch.prepared, launch.plan

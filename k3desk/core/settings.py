@@ -23,6 +23,7 @@ THEMES: tuple[Theme, ...] = ("system", "light", "dark")
 # "" = the chat template's own default; the rest are what the Kimi-K3 template accepts
 EFFORTS = ("", *THINKING_EFFORTS)
 SETTINGS_SCHEMA = 1
+MAX_PARALLEL = 16  # requests at once: each holds its own KDA state (about 443 MiB)
 
 
 class SettingsError(K3Error):
@@ -49,6 +50,8 @@ class Settings:
     # the local API's port, the same for every launch of the app's engine and of
     # `k3desk serve` (0: a free port each launch); see core/app/local_api.py
     api_port: int = 8033
+    # requests the engine answers at once (--parallel; each slot gets ctx / N)
+    api_parallel: int = 1
     # what the wizard chose
     tier_id: str = ""
     hardware_file: str = ""
@@ -74,6 +77,8 @@ class Settings:
             problems.append(f"download_workers {self.download_workers} is outside 1-16")
         if not 0 <= self.api_port <= 65535:
             problems.append(f"api_port {self.api_port} is outside 0-65535")
+        if not 1 <= self.api_parallel <= MAX_PARALLEL:
+            problems.append(f"api_parallel {self.api_parallel} is outside 1-{MAX_PARALLEL}")
         if problems:
             raise SettingsError("Invalid settings: " + "; ".join(problems) + ".")
         return self
@@ -153,6 +158,7 @@ class SettingsStore:
                 top_p=float(settings.top_p),
                 download_workers=int(settings.download_workers),
                 api_port=int(settings.api_port),
+                api_parallel=int(settings.api_parallel),
                 theme=cast(Theme, str(settings.theme)),
             )
         except (TypeError, ValueError, OverflowError) as exc:

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 
 from k3desk.core.app.local_api import (
     DEFAULT_PORT,
+    MAX_PARALLEL,
     RESTART_NOTE,
     ClientKey,
     LocalApi,
@@ -66,6 +67,15 @@ class LocalApiCard(Card):
         self.port.setSpecialValueText("A free one at each launch")
         self.port.setToolTip(f"The port tools connect to on 127.0.0.1 (default {DEFAULT_PORT})")
         form.addRow("Port", self.port)
+        self.parallel = QSpinBox()
+        self.parallel.setObjectName("apiParallel")
+        self.parallel.setRange(1, MAX_PARALLEL)
+        self.parallel.setToolTip(
+            "Requests the engine answers at once (--parallel). Each gets its share of the "
+            "context and its own state (about 443 MiB for Kimi-K3); more wait their turn. "
+            "The launch plan counts them."
+        )
+        form.addRow("Requests at once", self.parallel)
         self.body.addLayout(form)
         self.address = muted("")
         self.address.setObjectName("apiAddress")

@@ -254,7 +254,7 @@ class SettingsPage(Page):
         self.servers_btn.clicked.connect(self.open_attached_servers)
         self.ctx.engine.state_changed.connect(lambda _s, _m: self._show_chat_target())
         self._show_chat_target()
-        for s in (self.workers, self.ctx_size, self.api.port):
+        for s in (self.workers, self.ctx_size, self.api.port, self.api.parallel):
             s.valueChanged.connect(self._dirty)
         for d in (self.temperature, self.top_p):
             d.valueChanged.connect(self._dirty)
@@ -274,6 +274,7 @@ class SettingsPage(Page):
         self.download_dir.setText(s.download_dir)
         self.workers.setValue(s.download_workers)
         self.api.set_port(s.api_port)
+        self.api.parallel.setValue(s.api_parallel)
         self.engine_binary.setText(s.engine_binary)
         self.ctx_size.setValue(s.ctx)
         self.temperature.setValue(s.temperature)
@@ -293,6 +294,7 @@ class SettingsPage(Page):
             download_dir=self.download_dir.text().strip(),
             download_workers=self.workers.value(),
             api_port=self.api.port_value(),
+            api_parallel=self.api.parallel.value(),
             engine_binary=self.engine_binary.text().strip(),
             ctx=self.ctx_size.value(),
             temperature=round(self.temperature.value(), 3),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from k3desk.devtools.tinyk3 import TinyModel
 from tests.hostile.conftest import k3desk_env, no_traceback, run_k3desk
 
 
@@ -87,3 +88,14 @@ def test_settings_without_a_key_say_how_to_make_one() -> None:
     assert rc == 1
     assert "There is no API key for your tools yet." in err
     assert "k3desk api create NAME" in err
+
+
+@pytest.mark.parametrize("n", ["0", "17", "-3"])
+def test_serve_refuses_a_number_of_requests_at_once_it_cannot_plan(
+    n: str, tiny_k3_single: TinyModel
+) -> None:
+    r = run_k3desk("serve", tiny_k3_single.first_part, "--parallel", n, timeout=60)
+    no_traceback(r.stderr)
+    assert r.returncode == 1
+    assert f"--parallel {n} is outside 1-16." in r.stderr.decode()
+    assert "Plan:" not in r.stdout.decode()

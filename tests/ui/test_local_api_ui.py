@@ -4,10 +4,13 @@ key, launch after launch."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 from PySide6.QtWidgets import QApplication, QInputDialog, QMessageBox
 
+from k3desk.core.app.engines import settings_launch_request
 from k3desk.core.app.local_api import create_key, key_secret, local_api
 from k3desk.core.engines.ports import free_port
 from k3desk.ui.engine.page import EnginePage
@@ -73,11 +76,16 @@ def test_the_port_is_saved_with_the_settings_and_the_lowest_value_means_a_free_o
     qtbot.addWidget(page)
     page.show()
     assert page.api.port.value() == 8033  # the documented default
+    assert page.api.parallel.value() == 1
     page.api.port.setValue(9200)
+    page.api.parallel.setValue(3)
     assert page.save.isEnabled()
     page.save.click()
-    assert ctx.settings.api_port == 9200
+    assert (ctx.settings.api_port, ctx.settings.api_parallel) == (9200, 3)
     assert ctx.store.load().api_port == 9200
+    # the next launch's plan counts three requests at once
+    request = settings_launch_request(ctx.settings, Path("m.gguf"), None)
+    assert request.options().parallel == 3
     page.api.port.setValue(FREE)
     assert page.api.port.text() == "A free one at each launch"
     assert "changes at each launch" in page.api.address.text()

@@ -309,6 +309,7 @@ def settings_launch_request(
         temperature=settings.temperature,
         top_p=settings.top_p,
         configured_engine=settings.engine_binary or None,
+        parallel=settings.api_parallel,
     )
 
 

@@ -49,6 +49,7 @@ class LocalLaunchRequest:
     configured_engine: str | None = None  # the one chosen in Settings, tried first
     hardware_file: Path | None = None  # named for this launch only (see the module docstring)
     accept_slow: bool = False  # launch a plan that streams from disk (see the module docstring)
+    parallel: int = 1  # requests answered at once (--parallel): the plan counts each slot
 
     def options(self) -> PlanOptions:
         return PlanOptions(
@@ -57,6 +58,7 @@ class LocalLaunchRequest:
             temperature=self.temperature,
             top_p=self.top_p,
             extra_args=self.extra_args,
+            parallel=self.parallel,
         )
 
 

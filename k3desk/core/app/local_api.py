@@ -23,7 +23,7 @@ from k3desk.core.app.tool_settings import ToolSnippet, tool_snippets
 from k3desk.core.engines.client_keys import ApiKeyError, ClientKey, ClientKeys, check_name
 from k3desk.core.engines.ports import LOOPBACK, port_problem
 from k3desk.core.engines.supervisor import LaunchSpec
-from k3desk.core.settings import Settings, SettingsError
+from k3desk.core.settings import MAX_PARALLEL, Settings, SettingsError
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PORT",
+    "MAX_PARALLEL",
     "PORT_ENV",
     "ApiKeyError",
     "ClientKey",

@@ -101,6 +101,21 @@ def kv_cache_layer_bytes(hp: K3HParams, layer: int, ctx: int, kv_type: str = "f1
     return round(row * kv_type_bytes(kv_type) * ctx)
 
 
+def slot_context(ctx: int, parallel: int) -> tuple[int, int]:
+    """(the engine's total context, each slot's) for ``-c ctx --parallel parallel``.
+
+    llama.cpp b11434 (``src/llama-context.cpp``, KV not unified, as with an explicit
+    ``--parallel``): the total is padded to 256, each sequence gets total / N padded to 256,
+    and the total becomes N times that.  One slot keeps ``ctx`` as the plans always had it.
+    """
+    if parallel <= 1:
+        return ctx, ctx
+    pad = 256
+    total = -(-ctx // pad) * pad
+    per = -(-(total // parallel) // pad) * pad
+    return per * parallel, per
+
+
 def kv_cache_bytes(hp: K3HParams, ctx: int, kv_type: str = "f16") -> int:
     return sum(kv_cache_layer_bytes(hp, i, ctx, kv_type) for i in range(hp.block_count))
 

@@ -63,6 +63,7 @@ from k3desk.core.planning.memory import (
     kv_cache_layer_bytes,
     kv_type_bytes,
     recurrent_state_layer_bytes,
+    slot_context,
 )
 from k3desk.core.planning.model import (
     DeviceMemory,
@@ -293,7 +294,11 @@ def _sizes(layout: ModelLayout, opts: PlanOptions, ctx: int) -> _Sizes:
     if opts.mmproj is not None or (opts.mmproj_bytes or 0) > 0:
         mmproj = (opts.mmproj_bytes or MMPROJ_DEFAULT_BYTES) + MMPROJ_COMPUTE_BYTES
     return _Sizes(
-        kv=[kv_cache_layer_bytes(hp, i, ctx, opts.kv_type) for i in range(n)],
+        # with several slots the engine's total context is rounded (slot_context)
+        kv=[
+            kv_cache_layer_bytes(hp, i, slot_context(ctx, opts.parallel)[0], opts.kv_type)
+            for i in range(n)
+        ],
         state=[recurrent_state_layer_bytes(hp, i, opts.parallel) for i in range(n)],
         stack=[attn_res_stack_bytes(hp, x.index, ubatch=opts.ubatch, ctx=ctx) for x in layers],
         stack_out=attn_res_stack_bytes(hp, n - 1, ubatch=opts.ubatch, ctx=ctx),
@@ -831,12 +836,20 @@ def _placement_notes(f: _Facts) -> list[str]:
             f"-ngl {n + 1 - pl.first_gpu_layer} offloads the last layers only; "
             "the rest run on the CPU."
         )
+    total, per_slot = slot_context(_resolved_ctx(opts), opts.parallel)
+    state = sum(d.recurrent_state for d in f.devices)
     notes.append(
         f"KV cache: {fmt_bytes(sum(d.kv_cache for d in f.devices))} for "
-        f"{_resolved_ctx(opts)} tokens "
+        f"{total} tokens "
         f"({kv_bytes_per_token(f.layout.hparams, opts.kv_type)} bytes per token, MLA layers "
-        f"only); KDA state: {fmt_bytes(sum(d.recurrent_state for d in f.devices))}."
+        f"only); KDA state: {fmt_bytes(state)}."
     )
+    if opts.parallel > 1:
+        notes.append(
+            f"{opts.parallel} requests at once (--parallel {opts.parallel}): each has "
+            f"{per_slot} tokens of context of the {total}, and its own "
+            f"{fmt_bytes(state // opts.parallel)} of KDA state; more requests wait their turn."
+        )
     if f.mmproj and f.mmproj_on_gpu:
         notes.append(
             f"The projector ({fmt_bytes(f.mmproj)} with its buffer) goes on {f.gpus[0].device}."

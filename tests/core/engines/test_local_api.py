@@ -19,12 +19,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import openai
 import psutil
 import pytest
 
+from k3desk.core.engines.launch import prepare_launch
 from k3desk.core.engines.ports import free_port
+from k3desk.core.engines.supervisor import Supervisor
+from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.paths import default_paths
+from k3desk.core.planning.memory import slot_context
+from k3desk.core.planning.model import PlanOptions
 from k3desk.devtools.tinyk3 import TinyModel
+from tests.fixtures.hardware import HARDWARE_DIR
 
 REPO = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.engine]
@@ -137,3 +145,32 @@ def test_a_program_on_the_api_port_is_named_and_nothing_is_started(
     assert "Settings > Local API" in r.stderr
     assert "Traceback" not in r.stderr
     assert "Plan:" not in r.stdout  # refused before minutes of planning and loading
+
+
+@pytest.mark.parametrize(("ctx", "parallel"), [(1000, 3), (2048, 2), (1536, 4)])
+def test_the_plans_slots_are_the_engines_slots(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path, ctx: int, parallel: int
+) -> None:
+    """What the plan says of each request's context is what llama-server b11434 gives each
+    slot (its /props and /slots), rounding included, for sizes that do and do not divide."""
+    hw = HardwareProfile.from_json_file(HARDWARE_DIR / "no-gpu-laptop-32GB.json")
+    prepared = prepare_launch(
+        tiny_k3_single.first_part,
+        mmproj=None,
+        hardware=hw,
+        options=PlanOptions(ctx=ctx, parallel=parallel),
+        paths=default_paths(),
+        engine=llama_server,
+    )
+    total, per_slot = slot_context(ctx, parallel)
+    said = f"{parallel} requests at once (--parallel {parallel}): each has {per_slot} tokens"
+    assert any(said in note for note in prepared.plan.notes), prepared.plan.notes
+    with Supervisor(prepared.spec(), default_paths()) as sup:
+        sup.start()
+        ep = sup.wait_ready(90)
+        props = httpx.get(f"{ep.url}/props", headers=ep.headers, timeout=30).json()
+        slots = httpx.get(f"{ep.url}/slots", headers=ep.headers, timeout=30).json()
+        sup.stop()
+    assert props["total_slots"] == parallel
+    assert [s["n_ctx"] for s in slots] == [per_slot] * parallel
+    assert per_slot * parallel == total
