@@ -15,6 +15,7 @@ from k3desk.core.app.local_api import (
     local_api,
     revoke_key,
     set_api_port,
+    set_lan,
     tool_settings,
 )
 
@@ -55,6 +56,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pt.add_argument("port", nargs="?", type=int, help="the new port (default 8033)")
     pt.set_defaults(handler=run_port)
 
+    lan = asub.add_parser(
+        "lan",
+        help="let other devices on your networks reach the API (on), or not (off)",
+        description="With on, the engine listens on every IPv4 interface of this machine "
+        "from its next start: any device that can reach this machine and holds a key can "
+        "use Kimi-K3.  Keys are always required.  Web pages may read answers only from "
+        "the one origin given with --cors-origin.",
+    )
+    lan.add_argument("state", choices=("on", "off"))
+    lan.add_argument(
+        "--cors-origin",
+        metavar="URL",
+        help="the one web origin whose pages may read answers (e.g. http://10.0.0.5:3000); "
+        "'' for none",
+    )
+    lan.set_defaults(handler=run_lan)
+
     st = asub.add_parser(
         "settings", help="print the settings for curl, the OpenAI SDK and the Anthropic SDK"
     )
@@ -70,6 +88,11 @@ def run_show(args: argparse.Namespace, services: Services) -> int:
         print(f"Address: {api.url}  (Anthropic SDK: {api.url.removesuffix('/v1')})")
     else:
         print("Address: a free port at each launch (`k3desk api port 8033` fixes one)")
+    if api.lan:
+        print("Reachable from other devices at: " + (", ".join(api.lan_urls) or "(none now)"))
+        print(f"Web origin allowed to read answers: {api.cors_origin or 'none'}")
+    else:
+        print("Reachable from this machine only (`k3desk api lan on` opens it to others).")
     if not api.keys:
         print("Keys: none yet.  `k3desk api create NAME` makes one for a tool.")
         return 0
@@ -132,6 +155,23 @@ def run_port(args: argparse.Namespace, services: Services) -> int:
     print(f"The local API's port is now {shown}.  {RESTART_NOTE}")
     if taken:
         print(f"Note: {taken}")
+    return 0
+
+
+def run_lan(args: argparse.Namespace, services: Services) -> int:
+    settings = set_lan(services, args.state == "on", args.cors_origin)
+    api = local_api(services, settings)
+    if not api.lan:
+        print(f"The local API answers on this machine only (127.0.0.1).  {RESTART_NOTE}")
+        return 0
+    print(
+        "Warning: the local API will be reachable from other devices: anyone who can reach "
+        "this machine and holds one of your keys can use Kimi-K3 on it."
+    )
+    for url in api.lan_urls or ("(this machine has no network address now)",):
+        print(f"  {url}")
+    origin = api.cors_origin or "none (pages of this machine only)"
+    print(f"Web origin allowed to read answers: {origin}.  {RESTART_NOTE}")
     return 0
 
 

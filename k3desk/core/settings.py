@@ -9,6 +9,7 @@ never stored here: the Hugging Face token lives in the core TokenStore.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -23,6 +24,8 @@ THEMES: tuple[Theme, ...] = ("system", "light", "dark")
 # "" = the chat template's own default; the rest are what the Kimi-K3 template accepts
 EFFORTS = ("", *THINKING_EFFORTS)
 SETTINGS_SCHEMA = 1
+# a web origin: scheme, host, optional port, nothing else (what a browser sends in Origin)
+ORIGIN = re.compile(r"https?://([A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(:[0-9]{1,5})?")
 MAX_PARALLEL = 16  # requests at once: each holds its own KDA state (about 443 MiB)
 
 
@@ -52,6 +55,10 @@ class Settings:
     api_port: int = 8033
     # requests the engine answers at once (--parallel; each slot gets ctx / N)
     api_parallel: int = 1
+    # the local API reachable from other devices (every IPv4 interface; keys still needed)
+    api_lan: bool = False
+    # the one web origin whose pages may read answers ("" = pages of this machine only)
+    api_cors_origin: str = ""
     # what the wizard chose
     tier_id: str = ""
     hardware_file: str = ""
@@ -77,6 +84,11 @@ class Settings:
             problems.append(f"download_workers {self.download_workers} is outside 1-16")
         if not 0 <= self.api_port <= 65535:
             problems.append(f"api_port {self.api_port} is outside 0-65535")
+        if self.api_cors_origin and not ORIGIN.fullmatch(self.api_cors_origin):
+            problems.append(
+                f"the local API's web origin {self.api_cors_origin[:80]!r} is not an origin "
+                "(http://host or https://host:port, nothing after)"
+            )
         if not 1 <= self.api_parallel <= MAX_PARALLEL:
             problems.append(f"api_parallel {self.api_parallel} is outside 1-{MAX_PARALLEL}")
         if problems:

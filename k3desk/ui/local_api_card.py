@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING
 import shiboken6
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
+    QCheckBox,
     QFormLayout,
     QHBoxLayout,
     QInputDialog,
+    QLineEdit,
     QListWidget,
     QListWidgetItem,
     QMenu,
@@ -29,6 +31,7 @@ from k3desk.core.app.local_api import (
     LocalApi,
     create_key,
     key_secret,
+    lan_addresses,
     local_api,
     revoke_key,
     tool_settings,
@@ -76,6 +79,20 @@ class LocalApiCard(Card):
             "The launch plan counts them."
         )
         form.addRow("Requests at once", self.parallel)
+        self.lan = QCheckBox("Reachable from other devices on your networks")
+        self.lan.setObjectName("apiLan")
+        self.lan.setToolTip(
+            "The engine listens on every network interface of this machine from its next "
+            "start; every request still needs one of your keys."
+        )
+        form.addRow("Network", self.lan)
+        self.origin = QLineEdit()
+        self.origin.setObjectName("apiCorsOrigin")
+        self.origin.setPlaceholderText(
+            "None: only pages of this machine (e.g. http://10.0.0.5:3000)"
+        )
+        self.origin.setToolTip("The one web origin whose pages may read answers")
+        form.addRow("Web origin", self.origin)
         self.body.addLayout(form)
         self.address = muted("")
         self.address.setObjectName("apiAddress")
@@ -113,6 +130,7 @@ class LocalApiCard(Card):
         self.revoke.clicked.connect(self._revoke)
         self.keys.currentRowChanged.connect(lambda _r: self._buttons())
         self.port.valueChanged.connect(lambda _v: self._show_address())
+        self.lan.toggled.connect(lambda _on: self._show_address())
         self._api: LocalApi | None = None
         self.refresh()
 
@@ -127,12 +145,20 @@ class LocalApiCard(Card):
 
     def _show_address(self) -> None:
         port = self.port_value()
-        if port:
+        self.origin.setEnabled(self.lan.isChecked())
+        if not port:
+            self.address.setText("The address changes at each launch: tools lose it.")
+        elif self.lan.isChecked():
+            others = ", ".join(f"http://{a}:{port}/v1" for a in lan_addresses()) or "none now"
             self.address.setText(
-                f"OpenAI SDK: http://127.0.0.1:{port}/v1  ·  Anthropic SDK: http://127.0.0.1:{port}"
+                "Warning: other devices that hold one of your keys can use Kimi-K3 here: "
+                f"{others} (and http://127.0.0.1:{port}/v1 on this machine)."
             )
         else:
-            self.address.setText("The address changes at each launch: tools lose it.")
+            self.address.setText(
+                f"OpenAI SDK: http://127.0.0.1:{port}/v1  ·  Anthropic SDK: "
+                f"http://127.0.0.1:{port}  ·  this machine only"
+            )
 
     # ------------------------------------------------------------------ keys
     def refresh(self) -> None:

@@ -259,6 +259,8 @@ class SettingsPage(Page):
         for d in (self.temperature, self.top_p):
             d.valueChanged.connect(self._dirty)
         self.thinking.toggled.connect(self._dirty)
+        self.api.lan.toggled.connect(self._dirty)
+        self.api.origin.textChanged.connect(self._dirty)
         self.effort.currentIndexChanged.connect(self._dirty)
         self.theme.currentIndexChanged.connect(self._dirty)
         self.system_prompt.textChanged.connect(self._dirty)
@@ -275,6 +277,8 @@ class SettingsPage(Page):
         self.workers.setValue(s.download_workers)
         self.api.set_port(s.api_port)
         self.api.parallel.setValue(s.api_parallel)
+        self.api.lan.setChecked(s.api_lan)
+        self.api.origin.setText(s.api_cors_origin)
         self.engine_binary.setText(s.engine_binary)
         self.ctx_size.setValue(s.ctx)
         self.temperature.setValue(s.temperature)
@@ -295,6 +299,8 @@ class SettingsPage(Page):
             download_workers=self.workers.value(),
             api_port=self.api.port_value(),
             api_parallel=self.api.parallel.value(),
+            api_lan=self.api.lan.isChecked(),
+            api_cors_origin=self.api.origin.text().strip(),
             engine_binary=self.engine_binary.text().strip(),
             ctx=self.ctx_size.value(),
             temperature=round(self.temperature.value(), 3),

@@ -11,7 +11,7 @@ import pytest
 from PySide6.QtWidgets import QApplication, QInputDialog, QMessageBox
 
 from k3desk.core.app.engines import settings_launch_request
-from k3desk.core.app.local_api import create_key, key_secret, local_api
+from k3desk.core.app.local_api import create_key, key_secret, lan_addresses, local_api
 from k3desk.core.engines.ports import free_port
 from k3desk.ui.engine.page import EnginePage
 from k3desk.ui.local_api_card import FREE, LocalApiCard
@@ -129,3 +129,31 @@ def test_the_apps_engine_listens_at_the_port_and_takes_the_key_launch_after_laun
         assert f'api_key="{secret}"' in QApplication.clipboard().text()
     assert pids[0] != pids[1]
     engine.stop()
+
+
+def test_reaching_it_from_other_devices_is_a_choice_with_a_warning_and_one_origin(  # type: ignore[no-untyped-def]
+    ctx, qtbot
+) -> None:
+    page = SettingsPage(ctx)
+    qtbot.addWidget(page)
+    page.show()
+    card = page.api
+    assert not card.lan.isChecked()  # off unless the person turns it on
+    assert not card.origin.isEnabled()
+    assert "this machine only" in card.address.text()
+    card.lan.setChecked(True)
+    assert card.origin.isEnabled()
+    warning = card.address.text()
+    assert warning.startswith("Warning: other devices that hold one of your keys")
+    for address in lan_addresses():
+        assert f"http://{address}:8033/v1" in warning
+    card.origin.setText("http://10.0.0.5:3000/app")  # a path: no origin
+    page.save.click()
+    message, _hint, unexpected = ctx.reporter.last
+    assert "web origin 'http://10.0.0.5:3000/app' is not an origin" in message
+    assert not unexpected
+    assert not ctx.store.load().api_lan  # nothing saved
+    card.origin.setText("http://10.0.0.5:3000")
+    page.save.click()
+    saved = ctx.store.load()
+    assert (saved.api_lan, saved.api_cors_origin) == (True, "http://10.0.0.5:3000")

@@ -15,15 +15,19 @@ revoked takes effect when the engine next starts (it reads its keys once).
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+import psutil
+
 from k3desk.core.app.tool_settings import ToolSnippet, tool_snippets
 from k3desk.core.engines.client_keys import ApiKeyError, ClientKey, ClientKeys, check_name
-from k3desk.core.engines.ports import LOOPBACK, port_problem
+from k3desk.core.engines.ports import ANY_HOST, LOOPBACK, port_problem
 from k3desk.core.engines.supervisor import LaunchSpec
-from k3desk.core.settings import MAX_PARALLEL, Settings, SettingsError
+from k3desk.core.errors import EngineError
+from k3desk.core.settings import MAX_PARALLEL, ORIGIN, Settings, SettingsError
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -43,11 +47,13 @@ __all__ = [
     "create_key",
     "endpoint_spec",
     "key_secret",
+    "lan_addresses",
     "local_api",
     "port_check",
     "port_problem",
     "revoke_key",
     "set_api_port",
+    "set_lan",
     "tool_settings",
     "with_local_api",
 ]
@@ -103,7 +109,50 @@ def with_local_api(
     every client key beside the app's own.  Reads the keyring: off a GUI thread."""
     chosen = api_port(settings) if port is None else port
     keys = tuple(secret for _, secret in client_keys(services).active())
-    return replace(spec, port=chosen or None, client_keys=keys, port_hint=PORT_HINT)
+    spec = replace(spec, port=chosen or None, client_keys=keys, port_hint=PORT_HINT)
+    if not settings.api_lan:
+        return spec
+    if not spec.local_cors:
+        raise EngineError(
+            f"{spec.executable} cannot limit which web pages read its answers "
+            "(--cors-origins, --no-cors-credentials): reached over the network, a page of "
+            "any site could use it.",
+            "Use llama.cpp b11434 or later (Engine > Build an engine), or turn off "
+            "Settings > Local API > Reachable from other devices.",
+        )
+    return replace(spec, host=ANY_HOST, cors_origin=settings.api_cors_origin)
+
+
+def lan_addresses() -> tuple[str, ...]:
+    """This machine's IPv4 addresses other devices may reach (loopback and link-local
+    left out): where the local API answers once it is reachable from other devices."""
+    out = []
+    try:
+        interfaces = psutil.net_if_addrs()
+    except OSError:
+        return ()
+    for addrs in interfaces.values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith(("127.", "169.254.")):
+                out.append(a.address)
+    return tuple(dict.fromkeys(out))
+
+
+def set_lan(services: Services, on: bool, cors_origin: str | None = None) -> Settings:
+    """Let other devices reach the local API (every IPv4 interface, keys still required),
+    or not; ``cors_origin`` (when given) is the one web origin whose pages may read it
+    ("" = none beyond this machine).  Counts from the engine's next start."""
+    current = services.settings()
+    origin = current.api_cors_origin if cors_origin is None else cors_origin.strip()
+    if origin and not ORIGIN.fullmatch(origin):
+        raise SettingsError(
+            f"{origin[:80]!r} is not a web origin.",
+            "An origin is what a browser sends: http://host or https://host:port, with no "
+            "path (for example http://10.0.0.5:3000); '' allows none.",
+        )
+    settings = replace(current, api_lan=on, api_cors_origin=origin)
+    services.settings_store.save(settings)  # validated: a bad origin is said, nothing saved
+    return settings
 
 
 def port_check(port: int) -> str:
@@ -122,6 +171,16 @@ class LocalApi:
     port: int  # 0: a free port each launch
     keys: tuple[ClientKey, ...]
     warning: str = ""  # a damaged list of keys set aside, in words
+    lan: bool = False  # reachable from other devices
+    cors_origin: str = ""
+    addresses: tuple[str, ...] = ()  # this machine's addresses others reach (with lan)
+
+    @property
+    def lan_urls(self) -> tuple[str, ...]:
+        """Where other devices reach it (with ``lan`` and a fixed port)."""
+        if not (self.lan and self.port):
+            return ()
+        return tuple(f"http://{a}:{self.port}/v1" for a in self.addresses)
 
     @property
     def url(self) -> str:
@@ -142,7 +201,15 @@ class LocalApi:
 def local_api(services: Services, settings: Settings) -> LocalApi:
     keys = client_keys(services)
     listed = tuple(keys.listed())
-    return LocalApi(api_port(settings), listed, keys.warning)
+    lan = settings.api_lan
+    return LocalApi(
+        api_port(settings),
+        listed,
+        keys.warning,
+        lan=lan,
+        cors_origin=settings.api_cors_origin,
+        addresses=lan_addresses() if lan else (),
+    )
 
 
 def tool_settings(

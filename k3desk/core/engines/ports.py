@@ -10,6 +10,7 @@ import psutil
 from k3desk.core.errors import EngineError
 
 LOOPBACK = "127.0.0.1"
+ANY_HOST = "0.0.0.0"  # every IPv4 interface (loopback included)
 
 
 def free_port(host: str = LOOPBACK) -> int:

@@ -126,6 +126,12 @@ class LaunchSpec:
     client_keys: tuple[str, ...] = field(default=(), repr=False)
     # what to do when ``port`` is taken, in the shell's words ("" = the CLI's --port)
     port_hint: str = ""
+    # where it listens: 127.0.0.1, or every IPv4 interface (ANY_HOST) when the person let
+    # other devices reach the local API; k3desk itself always talks to it over 127.0.0.1,
+    # which either includes
+    host: str = LOOPBACK
+    # the one web origin (besides nothing) whose pages may read answers; needs local_cors
+    cors_origin: str = ""
 
     def timeout(self) -> float:
         """Seconds to wait for /health 200: 60 s plus the model read at 250 MB/s."""
@@ -263,7 +269,7 @@ class Supervisor(SupervisedLaunch[Endpoint]):
         :class:`EngineError` here, before anything is started.
         """
         if self.spec.port is not None:
-            problem, hint = port_problem(self.spec.port)
+            problem, hint = port_problem(self.spec.port, self.spec.host)
             if problem:
                 raise EngineError(problem, self.spec.port_hint or hint)
         super().start()
@@ -443,13 +449,14 @@ class Supervisor(SupervisedLaunch[Endpoint]):
             str(self.spec.executable),
             *args,
             *endpoint_args(
-                LOOPBACK,
+                self.spec.host,
                 port,
                 # several keys: comma-separated (``--api-key``, common/arg.cpp), for an
                 # engine without --api-key-file
                 api_key=",".join(self._keys()),
                 key_file=key_file,
                 local_cors=self.spec.local_cors,
+                cors_origin=self.spec.cors_origin,
             ),
         )
         try:
@@ -489,7 +496,7 @@ class Supervisor(SupervisedLaunch[Endpoint]):
         if number > 1:
             started = f"changed: {changes}" if changes else "the same command again"
         self._set_state(State.STARTING, number, started)
-        problem, hint = port_problem(port)
+        problem, hint = port_problem(port, self.spec.host)
         if problem:  # taken since it was chosen: start nothing that would trust it
             with open_private(log_path, "wb") as logf:
                 logf.write(f"not started: {problem}\n".encode())

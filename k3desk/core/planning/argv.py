@@ -179,6 +179,7 @@ def endpoint_args(
     api_key: str = "",
     key_file: Path | None = None,
     local_cors: bool = False,
+    cors_origin: str = "",
 ) -> tuple[str, ...]:
     """Where llama-server listens and the key it requires: from a private file when
     ``key_file`` is given (other local users can read a command line in /proc).
@@ -188,7 +189,12 @@ def endpoint_args(
     credentials: llama-server's default answers a page of any site with its Origin echoed
     and credentials allowed.  k3desk's own clients are no browser and need no CORS."""
     key = (API_KEY_FILE.name, str(key_file)) if key_file else (API_KEY.name, api_key)
-    cors = (CORS_ORIGINS.name, "localhost", NO_CORS_CREDENTIALS.name) if local_cors else ()
+    cors: tuple[str, ...] = ()
+    if local_cors:
+        # one origin the person listed (the local API reached over the network), else this
+        # machine's pages.  One only: llama-server sends --cors-origins as it was given in
+        # Access-Control-Allow-Origin (server-http.cpp), and a browser refuses a list there
+        cors = (CORS_ORIGINS.name, cors_origin or "localhost", NO_CORS_CREDENTIALS.name)
     return (HOST.name, host, PORT.name, str(port), *key, *cors)
 
 
