@@ -405,10 +405,10 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "engine-listens-on-loopback-only",
         SUP,
-        "            *endpoint_args(\n                LOOPBACK,\n",
-        '            *endpoint_args(\n                "0.0.0.0",\n',
+        "    host: str = LOOPBACK\n",
+        '    host: str = "0.0.0.0"\n',
         f"{T_SUP}::test_key_is_required_and_only_loopback_listens",
-        "the engine listens on 127.0.0.1 only",
+        "the engine listens on 127.0.0.1 only, unless the person opened it to other devices",
     ),
     # ------------------------------------------------------ history transactions
     m(
@@ -1177,6 +1177,59 @@ MUTANTS: tuple[Mutant, ...] = (
         "        args += []",
         "tests/core/engines/test_sdk_clients.py::test_an_image_in_a_message_reaches_the_model",
         "an image a tool sends through the OpenAI SDK reaches a model launched with its projector",
+    ),
+    m(
+        "client-keys-not-given-to-the-engine",
+        SUP,
+        'f.write("".join(key + "\\n" for key in self._keys()))',
+        'f.write(self.api_key + "\\n")',
+        "tests/core/engines/test_local_api.py::test_two_launches_serve_at_the_same_address_"
+        "with_the_same_key_until_it_is_revoked",
+        "a key a person made for a tool is accepted by every launch of the engine",
+    ),
+    m(
+        "revoked-key-kept-in-keyring",
+        "k3desk/core/engines/client_keys.py",
+        "            self._store.delete(_user(key.id))\n        secret_map",
+        "            pass\n        secret_map",
+        "tests/core/engines/test_client_keys.py::test_keys_are_distinct_and_a_revoked_one_is_"
+        "gone_from_every_store",
+        "a revoked key is forgotten everywhere it was kept",
+    ),
+    m(
+        "api-port-not-fixed",
+        "k3desk/core/app/local_api.py",
+        "    spec = replace(spec, port=chosen or None, client_keys=keys, port_hint=PORT_HINT)",
+        "    spec = replace(spec, port=None, client_keys=keys, port_hint=PORT_HINT)",
+        "tests/core/engines/test_local_api.py::test_two_launches_serve_at_the_same_address_"
+        "with_the_same_key_until_it_is_revoked",
+        "the local API answers at the same address launch after launch",
+    ),
+    m(
+        "slots-not-rounded",
+        "k3desk/core/planning/memory.py",
+        "    per = -(-(total // parallel) // pad) * pad",
+        "    per = total // parallel",
+        "tests/core/engines/test_local_api.py::test_the_plans_slots_are_the_engines_slots "
+        "tests/core/planning/test_slots.py",
+        "the plan says each request's context as the engine sizes its slots",
+    ),
+    m(
+        "lan-on-by-default",
+        "k3desk/core/app/local_api.py",
+        "    if not settings.api_lan:\n        return spec",
+        "    if False:\n        return spec",
+        "tests/hostile/test_local_api_lan.py::test_off_by_default_and_gone_when_turned_off",
+        "the local API is reachable from other devices only once the person turns it on",
+    ),
+    m(
+        "lan-cors-origin-ignored",
+        ARGV,
+        "cors = (CORS_ORIGINS.name, cors_origin or \"localhost\", NO_CORS_CREDENTIALS.name)",
+        "cors = (CORS_ORIGINS.name, \"*\", NO_CORS_CREDENTIALS.name)",
+        "tests/hostile/test_local_api_lan.py::test_from_the_network_only_valid_keys_and_the_"
+        "listed_origin_get_answers",
+        "a page of an origin the person did not list never reads the local API's answers",
     ),
 )
 
