@@ -127,7 +127,7 @@ def main() -> int:
 def shoot(args: argparse.Namespace, home: Path) -> int:
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtGui import QColor, QImage, QPainter
-    from PySide6.QtWidgets import QApplication, QWidget
+    from PySide6.QtWidgets import QApplication, QScrollArea, QWidget
 
     from k3desk.core.app.services import Services
     from k3desk.core.chat.history import HistoryStore
@@ -308,6 +308,21 @@ def shoot(args: argparse.Namespace, home: Path) -> int:
     window.show_page("cluster")
     window.cluster_page().reload(select="sparks")
     save(window, "cluster.png")
+
+    # Settings > Local API: two keys made for tools, two requests at once, the network opened
+    from k3desk.core.app.local_api import create_key
+    from k3desk.ui.settings_page import SettingsPage
+
+    for name in ("vscode", "my-agent"):
+        create_key(services, name)
+    ctx.update_settings(api_parallel=2, api_lan=True, api_cors_origin="http://10.0.0.5:3000")
+    window.show_page("settings")
+    settings_page = window.findChild(SettingsPage)
+    settings_page.api.refresh()
+    until(lambda: settings_page.api.keys.count() == 2)
+    settings_page.findChild(QScrollArea).ensureWidgetVisible(settings_page.api, 0, 0)
+    save(window, "settings-local-api.png")
+    ctx.update_settings(api_lan=False, api_cors_origin="")
 
     # the wizard with several machines: its cluster step, then every tier judged for them
     wiz = window.open_wizard()
