@@ -64,8 +64,11 @@ def argv_with(option: Option, value: str) -> list[str]:
             if action.required:  # --node, --engine: given something valid
                 first = next(iter(action.choices)) if action.choices else "x"
                 argv += [action.option_strings[-1], str(first)]
-        elif action.nargs != "?":
-            argv.append("x.gguf" if action.type is Path else "x")
+        elif action.nargs != "?":  # a positional: a valid choice where it has them
+            if action.choices:
+                argv.append(str(next(iter(action.choices))))
+            else:
+                argv.append("x.gguf" if action.type is Path else "x")
     return argv
 
 
