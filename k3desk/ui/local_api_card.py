@@ -63,6 +63,16 @@ class LocalApiCard(Card):
                 "until you revoke it."
             )
         )
+        self.body.addLayout(self._settings_form())
+        self.address = muted("")
+        self.address.setObjectName("apiAddress")
+        self.body.addWidget(self.address)
+        self._key_rows()
+        self._api: LocalApi | None = None
+        self.refresh()
+
+    def _settings_form(self) -> QFormLayout:
+        """Port, requests at once, network and web origin: saved with the page."""
         form = QFormLayout()
         self.port = QSpinBox()
         self.port.setObjectName("apiPort")
@@ -93,10 +103,12 @@ class LocalApiCard(Card):
         )
         self.origin.setToolTip("The one web origin whose pages may read answers")
         form.addRow("Web origin", self.origin)
-        self.body.addLayout(form)
-        self.address = muted("")
-        self.address.setObjectName("apiAddress")
-        self.body.addWidget(self.address)
+        self.port.valueChanged.connect(lambda _v: self._show_address())
+        self.lan.toggled.connect(lambda _on: self._show_address())
+        return form
+
+    def _key_rows(self) -> None:
+        """The keys list and what can be done with the selected key."""
         self.keys = QListWidget()
         self.keys.setObjectName("apiKeys")
         self.keys.setMaximumHeight(110)
@@ -129,10 +141,6 @@ class LocalApiCard(Card):
         self.copy_key.clicked.connect(self._copy_key)
         self.revoke.clicked.connect(self._revoke)
         self.keys.currentRowChanged.connect(lambda _r: self._buttons())
-        self.port.valueChanged.connect(lambda _v: self._show_address())
-        self.lan.toggled.connect(lambda _on: self._show_address())
-        self._api: LocalApi | None = None
-        self.refresh()
 
     # ------------------------------------------------------------------ values
     def set_port(self, port: int) -> None:
