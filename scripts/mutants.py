@@ -1231,6 +1231,33 @@ MUTANTS: tuple[Mutant, ...] = (
         "listed_origin_get_answers",
         "a page of an origin the person did not list never reads the local API's answers",
     ),
+    m(
+        "on-demand-loads-several-at-once",
+        "k3desk/core/engines/router.py",
+        "loaded_at_once: int = 1",
+        "loaded_at_once: int = 4",
+        "tests/core/engines/test_on_demand.py::test_a_request_loads_the_model_it_names_one_at_"
+        "a_time",
+        "a request for another model unloads the one loaded before: one Kimi-K3 at a time",
+    ),
+    m(
+        "on-demand-streams-without-consent",
+        "k3desk/core/app/on_demand.py",
+        "parallel=parallel or settings.api_parallel,",
+        "parallel=parallel or settings.api_parallel, accept_slow=True,",
+        "tests/core/engines/test_on_demand.py::test_a_request_loads_the_model_it_names_one_at_"
+        "a_time",
+        "a request never loads a model whose plan streams from disk: it is left out and said",
+    ),
+    m(
+        "preset-value-written-cut",
+        "k3desk/core/engines/router.py",
+        "_CUT = re.compile(r\"[\\r\\n;#]|^\\s|\\s$\")",
+        "_CUT = re.compile(r\"[\\r\\n]\")",
+        "tests/core/engines/test_on_demand.py::test_a_value_the_ini_would_cut_is_refused_not_"
+        "written",
+        "an argument llama-server's preset reader would cut is refused, never written cut",
+    ),
 )
 
 

@@ -8,16 +8,20 @@ import time
 from typing import TYPE_CHECKING
 
 from k3desk.core.app.local_api import (
+    PORT_HINT,
     RESTART_NOTE,
     ClientKey,
+    api_port,
     create_key,
     key_secret,
     local_api,
+    port_problem,
     revoke_key,
     set_api_port,
     set_lan,
     tool_settings,
 )
+from k3desk.core.app.values import EngineError
 
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
@@ -78,6 +82,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     st.add_argument("--key", default="", metavar="NAME", help="with this key (default: first)")
     st.set_defaults(handler=run_settings)
+
+    sv = asub.add_parser(
+        "serve",
+        help="serve every model in My models, each loaded when a request names it",
+        description="Plan each model in My models for this machine and start llama-server "
+        "as a router at the local API's address: /v1/models lists them, and a request "
+        'naming one (its "model") loads it with its plan, unloading the model loaded '
+        "before (one at a time).  A model that would stream its weights from disk is left "
+        "out (serve it alone with `k3desk serve --accept-slow`).  Ctrl-C stops it.",
+    )
+    sv.add_argument("--port", type=int, help="port for this run (default: the local API's)")
+    sv.add_argument(
+        "--parallel", type=int, metavar="N", help="requests answered at once, per model"
+    )
+    sv.add_argument(
+        "--max-restarts", type=int, default=3, help="failed attempts in a row before giving up"
+    )
+    sv.set_defaults(handler=run_serve)
 
 
 def run_show(args: argparse.Namespace, services: Services) -> int:
@@ -181,3 +203,34 @@ def run_settings(args: argparse.Namespace, services: Services) -> int:
         print(snippet.text, end="")
     print("---")
     return 0
+
+
+def run_serve(args: argparse.Namespace, services: Services) -> int:
+    from k3desk.cli.serve import _EventPrinter, _foreground, check_parallel
+    from k3desk.core.app.engines import RestartPolicy, Supervisor
+    from k3desk.core.app.on_demand import on_demand
+
+    settings = services.settings()
+    parallel = check_parallel(settings.api_parallel if args.parallel is None else args.parallel)
+    port = api_port(settings) if args.port is None else args.port
+    if port:
+        problem, hint = port_problem(port)
+        if problem:
+            raise EngineError(problem, hint if args.port is not None else PORT_HINT)
+    served = on_demand(
+        services, settings, port=port, parallel=parallel, say=lambda s: print(s, flush=True)
+    )
+    print("Models a request may name (loaded when one does, one at a time):")
+    for m in served.served:
+        print(f"  {m.name}  ({m.size}) {m.plan}")
+    for out in served.left_out:
+        print(f"Left out: {out.name}: {out.why}")
+    print(f"Engine: {served.spec.executable}")
+    print(f"Model list: {served.preset}")
+    sup = Supervisor(
+        served.spec,
+        services.paths,
+        policy=RestartPolicy(max_failures=max(1, args.max_restarts)),
+        on_event=_EventPrinter(),
+    )
+    return _foreground(sup, services=services)

@@ -121,12 +121,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
     if args.ctx is not None and args.ctx < 256:
         raise ValidationError(f"--ctx {args.ctx} is too small; use at least 256.")
     settings = services.settings()
-    parallel = settings.api_parallel if args.parallel is None else args.parallel
-    if not 1 <= parallel <= MAX_PARALLEL:
-        raise ValidationError(
-            f"--parallel {parallel} is outside 1-{MAX_PARALLEL}.",
-            "Each request answered at once holds its own state (about 443 MiB for Kimi-K3).",
-        )
+    parallel = check_parallel(settings.api_parallel if args.parallel is None else args.parallel)
     port = api_port(settings) if args.port is None else args.port
     if port:  # before the minutes a plan and a load can take
         problem, hint = port_problem(port)
@@ -170,6 +165,15 @@ def run(args: argparse.Namespace, services: Services) -> int:
         replan=prepared.replan_after_oom,
     )
     return _foreground(sup, launch.tracker, tool_settings=args.tool_settings, services=services)
+
+
+def check_parallel(parallel: int) -> int:
+    if not 1 <= parallel <= MAX_PARALLEL:
+        raise ValidationError(
+            f"--parallel {parallel} is outside 1-{MAX_PARALLEL}.",
+            "Each request answered at once holds its own state (about 443 MiB for Kimi-K3).",
+        )
+    return parallel
 
 
 class _EventPrinter:
