@@ -1199,8 +1199,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "api-port-not-fixed",
         "k3desk/core/app/local_api.py",
-        "    spec = replace(spec, port=chosen or None, client_keys=keys, port_hint=PORT_HINT)",
-        "    spec = replace(spec, port=None, client_keys=keys, port_hint=PORT_HINT)",
+        "        port=chosen or None,\n        client_keys=keys,",
+        "        port=None,\n        client_keys=keys,",
         "tests/core/engines/test_local_api.py::test_two_launches_serve_at_the_same_address_"
         "with_the_same_key_until_it_is_revoked",
         "the local API answers at the same address launch after launch",
@@ -1257,6 +1257,46 @@ MUTANTS: tuple[Mutant, ...] = (
         "tests/core/engines/test_on_demand.py::test_a_value_the_ini_would_cut_is_refused_not_"
         "written",
         "an argument llama-server's preset reader would cut is refused, never written cut",
+    ),
+    m(
+        "kept-state-not-hashed",
+        "k3desk/core/chat/kept_state.py",
+        "if _sha256_file(path, entry.size) != entry.sha256:",
+        "if _sha256_file(path, entry.size) is None:",
+        "tests/core/chat/test_kept_state.py::test_a_damaged_state_is_refused_before_the_engine_sees_it",
+        "a kept state whose bytes changed is refused and deleted before the engine reads it",
+    ),
+    m(
+        "kept-state-any-context",
+        "k3desk/core/chat/kept_state.py",
+        '"n_ctx": n_ctx,',
+        '"n_ctx": 0,',
+        "tests/core/chat/test_kept_state.py::test_a_state_made_for_another_context_is_not_used",
+        "a state is restored only into an engine with the context it was made with",
+    ),
+    m(
+        "kept-state-after-an-edit",
+        "k3desk/core/chat/kept_state.py",
+        "if len(prompt) < entry.prefix_chars or begins != entry.prefix_sha256:",
+        "if len(prompt) < entry.prefix_chars:",
+        "tests/core/chat/test_kept_state.py::test_an_edited_conversation_is_read_again",
+        "a state is restored only for the conversation it was made of, not an edited one",
+    ),
+    m(
+        "kept-states-over-budget",
+        "k3desk/core/chat/kept_state.py",
+        "            if total <= self.budget:",
+        "            if True:",
+        "tests/core/chat/test_kept_state.py::test_the_least_recently_used_state_makes_way_for_the_budget",
+        "kept states stay within their disk budget, least recently used out first",
+    ),
+    m(
+        "kept-state-readable-by-others",
+        "k3desk/core/chat/kept_state.py",
+        "        os.chmod(path, 0o600)",
+        "        pass",
+        "tests/core/chat/test_kept_state.py::test_a_continued_conversation_starts_from_its_kept_state",
+        "a kept state is readable by its owner alone, whatever the umask",
     ),
 )
 

@@ -14,8 +14,9 @@ import os
 import sys
 import time
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from k3desk.cli import control
 from k3desk.core.app.cells import no_text
@@ -31,8 +32,11 @@ from k3desk.core.app.chat import (
     ChatResult,
     ChatSettings,
     ImageError,
+    Kept,
     PreparedImage,
+    StateKeeper,
     ignored_settings,
+    keeper_for,
     load_image,
 )
 from k3desk.core.app.chat_turn import TurnRecord, run_turn
@@ -97,6 +101,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _launch_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.add_argument("--save", action="store_true", help="keep the exchange in the chat history")
+    p.add_argument(
+        "--continue",
+        dest="continue_id",
+        type=int,
+        metavar="ID",
+        help="ask the next question of saved conversation ID (`--save` prints it); with "
+        "SHARD the engine starts from the state kept for it, when it matches, instead of "
+        "reading the conversation again",
+    )
     p.set_defaults(handler=run)
 
 
@@ -267,6 +280,10 @@ def run(args: argparse.Namespace, services: Services) -> int:
                 "without the vision projector the model cannot see images.",
                 projector_hint(shard),
             )
+    if args.continue_id is not None and system:
+        raise K3Error(
+            "--system applies to a new conversation: a continued one keeps its own.",
+        )
     images = tuple(load_image(p) for p in args.image)
     messages: list[ChatMessage] = []
     if system:
@@ -274,9 +291,13 @@ def run(args: argparse.Namespace, services: Services) -> int:
     messages.append(ChatMessage("user", prompt, images))
 
     cancel = CancelToken()
+    state: dict[str, Any] = {}
     with ExitStack() as stack:
         record = None
-        if args.save:
+        if args.continue_id is not None:
+            record = _continued(stack, services, args.continue_id, prompt, images)
+            messages = record.request_messages()
+        elif args.save:
             # the question is in the history before the engine starts: whatever happens
             # later (Ctrl-C, kill -9, a crash), the prompt is kept, and the answer as it streams
             model = shard.name if shard is not None else str(args.url)
@@ -292,7 +313,18 @@ def run(args: argparse.Namespace, services: Services) -> int:
         client = stack.enter_context(ChatClient(endpoint))
         if shard is None:
             _describe_server(client, settings, quiet=args.json)
+        keeper = None
+        if owner is not None and record is not None:
+            keeper = keeper_for(services.paths.cache, services.settings().kept_state_gib)
+        if keeper is not None and args.continue_id is not None:
+            back = keeper.bring_back(client, str(args.continue_id), messages, settings)
+            state["restored"] = _state_facts(back)
+            _say(back.text("Continued from the kept engine state"), quiet=args.json)
         result, error = _ask(client, messages, settings, cancel, as_json=args.json, record=record)
+        if keeper is not None and record is not None and error is None:
+            kept = _keep(keeper, client, record, settings)
+            state["kept"] = _state_facts(kept)
+            _say(kept.text("Kept this conversation's engine state"), quiet=args.json)
     if record is not None and not args.json:
         print(
             f"Saved as conversation {record.conversation.id} in {services.paths.history_db}.",
@@ -302,6 +334,10 @@ def run(args: argparse.Namespace, services: Services) -> int:
         out = result.to_dict()
         if error is not None:
             out["error"] = error.message
+        if record is not None:
+            out["conversation"] = record.conversation.id
+        if state:
+            out["engine_state"] = state
         print(json.dumps(out, ensure_ascii=False))
     if error is not None:
         raise error
@@ -402,9 +438,11 @@ def _start_engine(
         elif ev.state is State.CRASHED and ev.message:
             print(f"  engine: {ev.message}", file=sys.stderr)
 
-    sup = Supervisor(
-        prepared.spec(), services.paths, on_event=on_event, replan=prepared.replan_after_oom
-    )
+    spec = prepared.spec()
+    keep_gib = services.settings().kept_state_gib
+    if keep_gib:  # where conversations' states are saved (--slot-save-path)
+        spec = replace(spec, state_dir=keeper_for(services.paths.cache, keep_gib).folder)
+    sup = Supervisor(spec, services.paths, on_event=on_event, replan=prepared.replan_after_oom)
     if not quiet:
         print(f"Starting llama-server on {shard.name} ...", file=sys.stderr)
     t0 = time.monotonic()
@@ -533,3 +571,43 @@ def _record(
         model=model,
         save_every=SAVE_EVERY_S,
     )
+
+
+def _continued(
+    stack: ExitStack,
+    services: Services,
+    conversation_id: int,
+    prompt: str,
+    images: tuple[PreparedImage, ...],
+) -> TurnRecord:
+    """``--continue ID``: ``prompt`` as the next question of that conversation's current
+    branch (committed now), its answer kept as it streams."""
+    from k3desk.core.app.chat import HistoryStore
+
+    store = stack.enter_context(HistoryStore(services.paths.history_db))
+    return TurnRecord.ask(store, conversation_id, prompt, images=images, save_every=SAVE_EVERY_S)
+
+
+def _keep(
+    keeper: StateKeeper, client: ChatClient, record: TurnRecord, settings: ChatSettings
+) -> Kept:
+    """The conversation's engine state, for its next question (before the engine stops)."""
+    answer = record.answer
+    if answer is None:
+        return Kept(False, "Not kept: there is no answer.")
+    branch = record.store.branch(record.conversation.id, answer.id)
+    try:
+        return keeper.keep(
+            client, str(record.conversation.id), record.request_messages(branch), settings
+        )
+    except K3Error as exc:
+        return Kept(False, f"Not kept: {exc.message}")
+
+
+def _state_facts(kept: Kept) -> dict[str, Any]:
+    return {"done": kept.done, "tokens": kept.tokens, "bytes": kept.size, "why": kept.why}
+
+
+def _say(text: str, *, quiet: bool) -> None:
+    if text and not quiet:
+        print(text, file=sys.stderr)

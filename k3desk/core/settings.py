@@ -27,6 +27,7 @@ SETTINGS_SCHEMA = 1
 # a web origin: scheme, host, optional port, nothing else (what a browser sends in Origin)
 ORIGIN = re.compile(r"https?://([A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(:[0-9]{1,5})?")
 MAX_PARALLEL = 16  # requests at once: each holds its own KDA state (about 443 MiB)
+MAX_KEPT_STATE_GIB = 4096  # disk for kept conversation states
 
 
 class SettingsError(K3Error):
@@ -59,6 +60,8 @@ class Settings:
     api_lan: bool = False
     # the one web origin whose pages may read answers ("" = pages of this machine only)
     api_cors_origin: str = ""
+    # disk for conversations' engine states (core/chat/kept_state.py), in GiB; 0 = none
+    kept_state_gib: int = 16
     # what the wizard chose
     tier_id: str = ""
     hardware_file: str = ""
@@ -91,6 +94,10 @@ class Settings:
             )
         if not 1 <= self.api_parallel <= MAX_PARALLEL:
             problems.append(f"api_parallel {self.api_parallel} is outside 1-{MAX_PARALLEL}")
+        if not 0 <= self.kept_state_gib <= MAX_KEPT_STATE_GIB:
+            problems.append(
+                f"kept_state_gib {self.kept_state_gib} is outside 0-{MAX_KEPT_STATE_GIB}"
+            )
         if problems:
             raise SettingsError("Invalid settings: " + "; ".join(problems) + ".")
         return self
@@ -171,6 +178,7 @@ class SettingsStore:
                 download_workers=int(settings.download_workers),
                 api_port=int(settings.api_port),
                 api_parallel=int(settings.api_parallel),
+                kept_state_gib=int(settings.kept_state_gib),
                 theme=cast(Theme, str(settings.theme)),
             )
         except (TypeError, ValueError, OverflowError) as exc:

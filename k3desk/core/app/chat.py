@@ -37,6 +37,7 @@ from k3desk.core.chat.images import (
     load_image,
     prepare_image,
 )
+from k3desk.core.chat.kept_state import Kept, StateKeeper, keeper_for
 from k3desk.core.chat.model import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ChatSettings, Timings
 
 __all__ = [
@@ -56,13 +57,16 @@ __all__ = [
     "Conversation",
     "HistoryStore",
     "ImageError",
+    "Kept",
     "Message",
     "PreparedImage",
     "SearchHit",
     "ServerInfo",
+    "StateKeeper",
     "Timings",
     "ensure_vision",
     "ignored_settings",
+    "keeper_for",
     "load_image",
     "prepare_image",
     "query_words",

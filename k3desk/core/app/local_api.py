@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from k3desk.core.app.tool_settings import ToolSnippet, tool_snippets
+from k3desk.core.chat.kept_state import states_dir
 from k3desk.core.engines.client_keys import ApiKeyError, ClientKey, ClientKeys, check_name
 from k3desk.core.engines.ports import ANY_HOST, LOOPBACK, port_problem
 from k3desk.core.engines.supervisor import LaunchSpec
@@ -109,7 +110,13 @@ def with_local_api(
     every client key beside the app's own.  Reads the keyring: off a GUI thread."""
     chosen = api_port(settings) if port is None else port
     keys = tuple(secret for _, secret in client_keys(services).active())
-    spec = replace(spec, port=chosen or None, client_keys=keys, port_hint=PORT_HINT)
+    spec = replace(
+        spec,
+        port=chosen or None,
+        client_keys=keys,
+        port_hint=PORT_HINT,
+        state_dir=states_dir(services.paths.cache) if settings.kept_state_gib else None,
+    )
     if not settings.api_lan:
         return spec
     if not spec.local_cors:

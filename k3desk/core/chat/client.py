@@ -484,6 +484,16 @@ class ChatClient:
         except ValueError:
             return status, None
 
+    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """(status, parsed JSON or None) of one request to the engine (its own endpoints:
+        /apply-template, /completion, /slots), with the client's key and owner check;
+        raises :class:`ChatError` only when the server cannot be reached."""
+        status, content = self._fetch(method, path, body)
+        try:
+            return status, json.loads(content)
+        except ValueError:
+            return status, None
+
     def _get_json(self, path: str) -> Any:
         status, content = self._fetch("GET", path)
         if status in (401, 403, 503):

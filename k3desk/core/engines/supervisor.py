@@ -46,7 +46,13 @@ from k3desk.core.engines.ports import port_problem as port_problem
 from k3desk.core.errors import EngineError
 from k3desk.core.hardware.nvidia import launch_env
 from k3desk.core.paths import AppPaths
-from k3desk.core.planning.argv import NO_REPACK, endpoint_args, has, with_no_repack
+from k3desk.core.planning.argv import (
+    NO_REPACK,
+    SLOT_SAVE_PATH,
+    endpoint_args,
+    has,
+    with_no_repack,
+)
 from k3desk.core.private import open_private, private_dir
 from k3desk.core.process import Child, pump_thread, spawn
 from k3desk.core.progress import Progress
@@ -132,6 +138,9 @@ class LaunchSpec:
     host: str = LOOPBACK
     # the one web origin (besides nothing) whose pages may read answers; needs local_cors
     cors_origin: str = ""
+    # where the engine saves and restores conversations' states (--slot-save-path; made
+    # private before each start): core/chat/kept_state.py; None = nothing kept
+    state_dir: Path | None = None
 
     def timeout(self) -> float:
         """Seconds to wait for /health 200: 60 s plus the model read at 250 MB/s."""
@@ -458,12 +467,21 @@ class Supervisor(SupervisedLaunch[Endpoint]):
                 local_cors=self.spec.local_cors,
                 cors_origin=self.spec.cors_origin,
             ),
+            *self._state_args(),
         )
         try:
             return self._launch(number, argv, port, log_path, key_file, changes)
         finally:
             if key_file is not None:
                 key_file.unlink(missing_ok=True)
+
+    def _state_args(self) -> tuple[str, ...]:
+        """--slot-save-path: a private folder, so no other user reads or plants a state."""
+        folder = self.spec.state_dir
+        if folder is None:
+            return ()
+        private_dir(folder)
+        return (SLOT_SAVE_PATH.name, str(folder))
 
     def _keys(self) -> tuple[str, ...]:
         """The app's own key first, then the person's tools' keys."""

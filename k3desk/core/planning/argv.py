@@ -100,6 +100,9 @@ API_KEY_FILE = _flag("--api-key-file")
 # with credentials on echoes any Origin and allows credentials)
 CORS_ORIGINS = _flag("--cors-origins")
 NO_CORS_CREDENTIALS = _flag("--no-cors-credentials")
+# where POST /slots/{id}?action=save|restore reads and writes (tools/server/server-context.cpp;
+# a file name with no folder part, fs_validate_filename); b11434 and long before it
+SLOT_SAVE_PATH = _flag("--slot-save-path")
 RPC = _flag("--rpc")
 
 SERVER_FLAGS: tuple[Flag, ...] = (

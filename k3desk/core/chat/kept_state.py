@@ -1,0 +1,420 @@
+"""A conversation's engine state, kept so that continuing it does not read it again.
+
+Kimi-K3 reads a prompt slowly on the machines that run it (tens of tokens a second with
+its experts in RAM, seconds per token when it streams from disk), so a long conversation
+continued after a restart costs minutes to hours before its first new word.  llama-server
+b11434 saves a slot's state to a file and restores it (``--slot-save-path DIR``,
+``POST /slots/0?action=save|restore``, tools/server/server-context.cpp); k3desk keeps one
+such file per conversation.
+
+What is saved is exactly the part the next request begins with.  K3's KDA layers are
+recurrent: the engine cannot take a state back to an earlier token, so a restored state
+is used only when the next prompt extends it token for token (otherwise the engine reads
+the whole prompt again).  The state is therefore made for the conversation as the next
+question will see it: the chat template (the engine's own, ``/apply-template``) renders
+the history with two different next questions, and their common beginning -- everything up
+to where the next question's text starts -- is read into slot 0 (``/completion`` with
+``n_predict`` 0) and saved.  Measured on the tiny K3: continued from a restored state the
+engine read only the new question's 33 tokens instead of 136, and answered the same.
+
+A saved state is used only where it is valid, and checked before the engine sees it:
+- the engine that made it, the model's files (each part's size and the SHA-256 of its
+  first MiB), the projector, the context per slot and the cache types must all be the
+  running engine's (read from its own command line and ``/props``);
+- the conversation must still begin with what was saved (an edit makes a new branch);
+- the file must be a regular file of the size and SHA-256 recorded when it was made, so a
+  truncated, damaged, swapped or planted file is refused and deleted, never restored.
+A state that does not match is not loaded: the conversation is read again, and the
+result says why.
+
+The files live in a private folder (``<cache>/states``, 0700) under a disk budget
+(Settings; least recently used first out).  The engine has one slot here (``-np 1``);
+with several (the local API's requests at once) another client may be in slot 0, so
+nothing is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import secrets
+import stat
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from k3desk.core.chat.client import ChatClient, ChatMessage
+from k3desk.core.chat.model import ChatSettings
+from k3desk.core.errors import ChatError
+from k3desk.core.private import private_dir, write_private
+from k3desk.core.units import GiB, fmt_bytes
+
+STATES_DIR = "states"
+DEFAULT_BUDGET = 16 * GiB  # Settings.kept_state_gib's default
+INDEX = "index.json"
+HEAD_BYTES = 1 << 20  # a model file is known by its size and its first MiB
+_FILE = re.compile(r"k3c-[0-9a-f]{16}\.bin")
+_SPLIT = re.compile(r"^(?P<stem>.*)-(?P<n>\d{5})-of-(?P<total>\d{5})\.gguf$")
+_ALIASES = {
+    "-m": "model", "--model": "model",
+    "-mm": "mmproj", "--mmproj": "mmproj",
+    "-ctk": "ctk", "--cache-type-k": "ctk",
+    "-ctv": "ctv", "--cache-type-v": "ctv",
+    "--slot-save-path": "slots",
+}  # fmt: skip
+# a turn that sends pictures cannot be read into the slot without them
+NO_PICTURES = "its messages hold pictures, whose part of the state is not kept"
+
+
+def states_dir(cache: Path) -> Path:
+    """Where the engine saves states (``--slot-save-path``): private to the person."""
+    return cache / STATES_DIR
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What keeping or bringing back a conversation's state did."""
+
+    done: bool
+    why: str = ""  # why not (when not done)
+    tokens: int = 0  # tokens the state covers
+    size: int = 0  # bytes of the state file
+
+    def text(self, action: str) -> str:
+        if self.done:
+            return f"{action}: {self.tokens:,} tokens ({fmt_bytes(self.size)})."
+        return self.why
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """The running engine, as far as a state depends on it."""
+
+    identity: str  # SHA-256 of every fact below
+    slots: Path  # its --slot-save-path
+
+
+def _options(argv: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for i, a in enumerate(argv):
+        key, eq, inline = a.partition("=")
+        name = _ALIASES.get(key if eq else a)
+        if name is None:
+            continue
+        if eq:
+            out[name] = inline
+        elif i + 1 < len(argv):
+            out[name] = argv[i + 1]
+    return out
+
+
+def _file_facts(path: Path) -> list[Any]:
+    """Each part of a (split) GGUF: its name, size and the SHA-256 of its first MiB."""
+    m = _SPLIT.match(path.name)
+    parts = [path]
+    if m is not None:
+        total = int(m.group("total"))
+        parts = [path.with_name(f"{m.group('stem')}-{n:05d}-of-{total:05d}.gguf")
+                 for n in range(1, total + 1)]  # fmt: skip
+    facts: list[Any] = []
+    for part in parts:
+        with part.open("rb") as f:
+            head = f.read(HEAD_BYTES)
+            facts.append(
+                [part.name, os.fstat(f.fileno()).st_size, hashlib.sha256(head).hexdigest()]
+            )
+    return facts
+
+
+def _engine(client: ChatClient) -> _Engine | str:
+    """The identity of the engine ``client`` talks to, or why no state can be kept."""
+    pid = client.endpoint.owner_pid
+    if pid is None:
+        return "the server was not started by k3desk here, so what it runs is not known"
+    try:
+        proc = psutil.Process(pid)
+        argv = proc.cmdline()
+        exe = Path(argv[0]) if argv else Path(proc.exe())
+        opts = _options(argv)
+        if "slots" not in opts:
+            return "the engine was started without a folder for saved states"
+        if "model" not in opts:
+            return "the engine serves several models (a router), not one"
+        status, props = client.call("GET", "/props")
+        if status != 200 or not isinstance(props, dict):
+            return "the engine did not describe itself (/props)"
+        if props.get("total_slots") != 1:
+            return "the engine answers several requests at once (another may be in its slot)"
+        settings = props.get("default_generation_settings")
+        n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+        exe_stat = exe.stat()
+        facts = {
+            "engine": [str(exe.resolve()), exe_stat.st_size, exe_stat.st_mtime_ns,
+                       str(props.get("build_info", ""))],
+            "model": _file_facts(Path(opts["model"])),
+            "projector": _file_facts(Path(opts["mmproj"])) if "mmproj" in opts else None,
+            "n_ctx": n_ctx,
+            "cache": [opts.get("ctk", "f16"), opts.get("ctv", "f16")],
+        }  # fmt: skip
+    except (psutil.Error, OSError) as exc:
+        return f"the engine's files could not be read ({exc})"
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+    return _Engine(digest, Path(opts["slots"]))
+
+
+def _render(client: ChatClient, messages: Sequence[ChatMessage], settings: ChatSettings) -> str:
+    """The prompt the engine builds for ``messages`` (its own chat template)."""
+    body = client.build_body(messages, settings)
+    ask = {"messages": body["messages"]}
+    if "chat_template_kwargs" in body:
+        ask["chat_template_kwargs"] = body["chat_template_kwargs"]
+    status, got = client.call("POST", "/apply-template", ask)
+    if status != 200 or not isinstance(got, dict) or not isinstance(got.get("prompt"), str):
+        raise ChatError("The engine did not render the conversation (/apply-template).")
+    prompt: str = got["prompt"]
+    return prompt
+
+
+def next_prefix(client: ChatClient, history: Sequence[ChatMessage], settings: ChatSettings) -> str:
+    """What every next question's prompt begins with: the history rendered, up to where
+    that question's own text starts."""
+    a = _render(client, [*history, ChatMessage("user", "a")], settings)
+    b = _render(client, [*history, ChatMessage("user", "b")], settings)
+    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return a[:n]
+
+
+def _sha256_file(path: Path, size: int) -> str | None:
+    """SHA-256 of a regular file of ``size`` bytes, opened without following a link;
+    None when it is anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            return None
+        h = hashlib.sha256()
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+        return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class _Entry:
+    conversation: str
+    file: str
+    sha256: str
+    size: int
+    tokens: int
+    prefix_sha256: str
+    prefix_chars: int
+    engine: str
+    used: float
+
+    @classmethod
+    def parse(cls, raw: Any) -> _Entry | None:
+        try:
+            e = cls(**raw)
+        except TypeError:
+            return None
+        ok = (
+            isinstance(e.file, str)
+            and _FILE.fullmatch(e.file) is not None
+            and all(isinstance(v, str) for v in (e.conversation, e.sha256, e.prefix_sha256))
+            and isinstance(e.engine, str)
+            and all(isinstance(v, int) and v >= 0 for v in (e.size, e.tokens, e.prefix_chars))
+            and isinstance(e.used, (int, float))
+        )
+        return e if ok else None
+
+
+class StateKeeper:
+    """The kept states of one folder (the engine's ``--slot-save-path``) and their index,
+    within ``budget`` bytes."""
+
+    def __init__(self, folder: Path, budget: int = DEFAULT_BUDGET) -> None:
+        self.folder = folder
+        self.budget = budget
+
+    # ------------------------------------------------------------ the index
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict[str, _Entry]]:
+        """The index, locked against other k3desk processes; written back on exit."""
+        private_dir(self.folder)
+        fd = os.open(self.folder / "index.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            entries = self._read()
+            before = dict(entries)
+            yield entries
+            if entries != before:
+                rows = [vars(e) for e in sorted(entries.values(), key=lambda e: e.used)]
+                write_private(self.folder / INDEX, json.dumps(rows, indent=1))
+        finally:
+            os.close(fd)
+
+    def _read(self) -> dict[str, _Entry]:
+        try:
+            fd = os.open(self.folder / INDEX, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as f:
+                raw = json.loads(f.read(16 << 20))
+        except (OSError, ValueError):
+            return {}  # none yet, or damaged: every state is then unknown, so unused
+        rows = [_Entry.parse(r) for r in raw] if isinstance(raw, list) else []
+        return {e.conversation: e for e in rows if e is not None}
+
+    def entries(self) -> list[tuple[str, int, int]]:
+        """(conversation, tokens, bytes) of every kept state, least recently used first."""
+        rows = sorted(self._read().values(), key=lambda e: e.used)
+        return [(e.conversation, e.tokens, e.size) for e in rows]
+
+    def forget(self, conversation: str) -> None:
+        with self._locked() as entries:
+            old = entries.pop(conversation, None)
+            if old is not None:
+                (self.folder / old.file).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------ keep
+    def keep(
+        self,
+        client: ChatClient,
+        conversation: str,
+        history: Sequence[ChatMessage],
+        settings: ChatSettings | None = None,
+    ) -> Kept:
+        """Save the engine state of ``history`` (a whole conversation, its last answer
+        included) for the conversation's next question."""
+        settings = settings or ChatSettings()
+        if self.budget <= 0:
+            return Kept(False, "keeping conversation states is off (Settings)")
+        if any(m.images for m in history):
+            return Kept(False, f"Not kept: {NO_PICTURES}.")
+        engine = _engine(client)
+        if isinstance(engine, str):
+            return Kept(False, f"Not kept: {engine}.")
+        if engine.slots.resolve() != self.folder.resolve():
+            return Kept(False, "Not kept: the engine saves states in another folder.")
+        prefix = next_prefix(client, history, settings)
+        status, primed = client.call(
+            "POST", "/completion",
+            {"prompt": prefix, "n_predict": 0, "id_slot": 0, "cache_prompt": True},
+        )  # fmt: skip
+        if status != 200 or not isinstance(primed, dict):
+            return Kept(False, f"Not kept: the engine did not read the conversation ({status}).")
+        tokens = primed.get("tokens_evaluated")
+        name = f"k3c-{secrets.token_hex(8)}.bin"
+        status, saved = client.call("POST", "/slots/0?action=save", {"filename": name})
+        if status != 200 or not isinstance(saved, dict) or saved.get("n_saved") != tokens:
+            # another request took the slot between the two calls: what it holds is not ours
+            (self.folder / name).unlink(missing_ok=True)
+            return Kept(False, "Not kept: the engine's slot was busy with another request.")
+        path = self.folder / name
+        try:
+            size = path.lstat().st_size
+        except OSError:
+            return Kept(False, "Not kept: the engine wrote no state file.")
+        digest = _sha256_file(path, size)
+        if digest is None or not isinstance(tokens, int):
+            path.unlink(missing_ok=True)
+            return Kept(False, "Not kept: the engine's state file could not be read back.")
+        os.chmod(path, 0o600)
+        entry = _Entry(
+            conversation,
+            name,
+            digest,
+            size,
+            tokens,
+            hashlib.sha256(prefix.encode()).hexdigest(),
+            len(prefix),
+            engine.identity,
+            time.time(),
+        )
+        with self._locked() as entries:
+            old = entries.get(conversation)
+            if old is not None and old.file != name:
+                (self.folder / old.file).unlink(missing_ok=True)
+            entries[conversation] = entry
+            self._evict(entries, keep=conversation)
+            if conversation not in entries:
+                return Kept(
+                    False,
+                    f"Not kept: its state ({fmt_bytes(size)}) is over the "
+                    f"budget for kept states ({fmt_bytes(self.budget)}).",
+                )
+        return Kept(True, tokens=tokens, size=size)
+
+    def _evict(self, entries: dict[str, _Entry], keep: str) -> None:
+        """Least recently used first, until the kept states fit the budget (the one just
+        made last, and alone only when it is over the budget by itself)."""
+        order = sorted(entries.values(), key=lambda e: (e.conversation == keep, e.used))
+        total = sum(e.size for e in order)
+        for e in order:
+            if total <= self.budget:
+                break
+            entries.pop(e.conversation)
+            (self.folder / e.file).unlink(missing_ok=True)
+            total -= e.size
+
+    # ------------------------------------------------------------ bring back
+    def bring_back(
+        self,
+        client: ChatClient,
+        conversation: str,
+        messages: Sequence[ChatMessage],
+        settings: ChatSettings | None = None,
+    ) -> Kept:
+        """Restore the state kept for ``conversation`` into the engine's slot, when it is
+        valid for ``messages`` (the request about to be sent) on this engine."""
+        settings = settings or ChatSettings()
+        entry = self._read().get(conversation)
+        if entry is None:
+            return Kept(False, "No engine state was kept for this conversation.")
+        engine = _engine(client)
+        if isinstance(engine, str):
+            return Kept(False, f"The kept state is not used: {engine}.")
+        if engine.identity != entry.engine:
+            return Kept(
+                False,
+                "The kept state was made by another engine, model, projector, "
+                "context or cache type: the conversation is read again.",
+            )
+        prompt = _render(client, messages, settings)
+        begins = hashlib.sha256(prompt[: entry.prefix_chars].encode()).hexdigest()
+        if len(prompt) < entry.prefix_chars or begins != entry.prefix_sha256:
+            return Kept(
+                False, "The conversation changed since its state was kept: it is read again."
+            )
+        path = self.folder / entry.file
+        if _sha256_file(path, entry.size) != entry.sha256:
+            self.forget(conversation)
+            return Kept(
+                False,
+                "The kept state's file is damaged or was replaced (its size "
+                "or SHA-256 differs): it was deleted unread, and the "
+                "conversation is read again.",
+            )
+        status, got = client.call("POST", "/slots/0?action=restore", {"filename": entry.file})
+        if status != 200 or not isinstance(got, dict) or got.get("n_restored") != entry.tokens:
+            return Kept(
+                False,
+                f"The engine did not restore the kept state ({status}): the "
+                "conversation is read again.",
+            )
+        with self._locked() as entries:
+            if conversation in entries:
+                entries[conversation] = replace(entries[conversation], used=time.time())
+        return Kept(True, tokens=entry.tokens, size=entry.size)
+
+
+def keeper_for(cache: Path, budget_gib: float) -> StateKeeper:
+    return StateKeeper(states_dir(cache), int(budget_gib * GiB))

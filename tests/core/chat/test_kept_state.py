@@ -1,0 +1,203 @@
+"""A conversation continued after the engine stopped is not read again: its state is kept.
+
+Each `k3desk chat SHARD` below starts the real llama-server b11434 on the tiny Kimi-K3 and
+stops it at the end, as a restart does.  The oracles are the engine's own: its timings
+say how many prompt tokens it read (``prompt_n``) and took from the restored state
+(``cache_n``), and a run with no state kept gives the answer a restored one must equal
+(greedy, fixed seed, thinking off).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from k3desk.core.chat.client import ChatClient, ChatEndpoint, ChatMessage
+from k3desk.core.chat.history import HistoryStore
+from k3desk.core.chat.kept_state import StateKeeper, states_dir
+from k3desk.core.chat.model import ChatSettings
+from k3desk.core.engines.supervisor import LaunchSpec, Supervisor
+from k3desk.core.paths import default_paths
+from k3desk.devtools.tinyk3 import TinyModel
+
+REPO = Path(__file__).resolve().parents[3]
+pytestmark = [pytest.mark.engine]
+QUESTIONS = ("Tell me a long story about a cat and a dog.", "And then?")
+
+
+def chat(home: Path, engine: Path, shard: Path, *args: str) -> dict[str, Any]:
+    """`k3desk chat SHARD ... --json` in ``home``; its JSON answer (and stderr)."""
+    env = {**os.environ, "K3DESK_HOME": str(home), "PYTHONPATH": str(REPO)}
+    r = subprocess.run(
+        [sys.executable, "-m", "k3desk", "chat", str(shard), "--engine", str(engine), "--json",
+         "--seed", "1", "--temperature", "0", "--no-thinking", "--max-tokens", "8", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    out: dict[str, Any] = json.loads(r.stdout.splitlines()[-1])
+    return out
+
+
+def two_turns(home: Path, engine: Path, shard: Path, *more: str) -> dict[str, Any]:
+    """A saved first turn, then the second with --continue (a fresh engine each)."""
+    first = chat(home, engine, shard, "--save", QUESTIONS[0], *more)
+    assert first["engine_state"]["kept"]["done"], first["engine_state"]
+    return chat(home, engine, shard, "--continue", str(first["conversation"]), QUESTIONS[1])
+
+
+def test_a_continued_conversation_starts_from_its_kept_state(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
+) -> None:
+    os.umask(0)  # the state folder and files are private whatever the umask
+    try:
+        kept = two_turns(tmp_path / "kept", llama_server, tiny_k3_single.first_part)
+    finally:
+        os.umask(0o022)
+    restored = kept["engine_state"]["restored"]
+    assert restored["done"], restored
+    # the engine read only the new question: everything before came from the state
+    assert kept["timings"]["cache_n"] == restored["tokens"] > 0
+    assert kept["timings"]["prompt_n"] < kept["usage"]["prompt_tokens"] - restored["tokens"] + 1
+
+    # the same two turns with nothing kept: read again, the same answer
+    cold_home = tmp_path / "cold"
+    first = chat(cold_home, llama_server, tiny_k3_single.first_part, "--save", QUESTIONS[0])
+    for f in states_dir(cold_home / "cache").iterdir():
+        f.unlink()
+    cold = chat(cold_home, llama_server, tiny_k3_single.first_part, "--continue",
+                str(first["conversation"]), QUESTIONS[1])  # fmt: skip
+    assert not cold["engine_state"]["restored"]["done"]
+    assert cold["timings"]["cache_n"] == 0
+    assert cold["text"] == kept["text"]
+
+    folder = states_dir(tmp_path / "kept" / "cache")
+    assert folder.stat().st_mode & 0o777 == 0o700
+    files = list(folder.iterdir())
+    assert files
+    assert all(f.stat().st_mode & 0o077 == 0 for f in files), [oct(f.stat().st_mode) for f in files]
+
+
+def test_a_damaged_state_is_refused_before_the_engine_sees_it(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    first = chat(home, llama_server, tiny_k3_single.first_part, "--save", QUESTIONS[0])
+    (state,) = states_dir(home / "cache").glob("k3c-*.bin")
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit, in the middle of the KV data
+    state.write_bytes(bytes(data))
+    out = chat(home, llama_server, tiny_k3_single.first_part, "--continue",
+               str(first["conversation"]), QUESTIONS[1])  # fmt: skip
+    restored = out["engine_state"]["restored"]
+    assert not restored["done"]
+    assert "damaged or was replaced" in restored["why"]
+    assert not state.exists()  # deleted unread
+    assert out["timings"]["cache_n"] == 0  # read again, and answered
+    assert out["text"]
+
+
+def test_a_state_made_for_another_context_is_not_used(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    first = chat(home, llama_server, tiny_k3_single.first_part, "--save", "--ctx", "2048",
+                 QUESTIONS[0])  # fmt: skip
+    out = chat(home, llama_server, tiny_k3_single.first_part, "--ctx", "1024", "--continue",
+               str(first["conversation"]), QUESTIONS[1])  # fmt: skip
+    restored = out["engine_state"]["restored"]
+    assert not restored["done"]
+    assert "another engine, model, projector, context or cache type" in restored["why"]
+    assert out["timings"]["cache_n"] == 0
+
+
+def test_an_edited_conversation_is_read_again(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    first = chat(home, llama_server, tiny_k3_single.first_part, "--save", QUESTIONS[0])
+    with HistoryStore(home / "data" / "history.sqlite3") as store:
+        (question,) = [m for m in store.branch(first["conversation"]) if m.role == "user"]
+        # a new branch, its prompt longer than what was kept: only its text tells them apart
+        store.edit_message(question.id, QUESTIONS[0] + " Make it about a fox as well, " * 12)
+    out = chat(home, llama_server, tiny_k3_single.first_part, "--continue",
+               str(first["conversation"]), QUESTIONS[1])  # fmt: skip
+    restored = out["engine_state"]["restored"]
+    assert not restored["done"]
+    assert "changed since its state was kept" in restored["why"]
+    assert out["timings"]["cache_n"] == 0
+
+
+def test_the_least_recently_used_state_makes_way_for_the_budget(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
+) -> None:
+    folder = tmp_path / "states"
+    spec = LaunchSpec(llama_server, ("-m", str(tiny_k3_single.first_part), "-c", "2048",
+                                     "-np", "1", "--jinja"), state_dir=folder)  # fmt: skip
+    settings = ChatSettings(thinking=False, max_tokens=4, seed=1, temperature=0.0)
+    with Supervisor(spec, default_paths()) as sup:
+        sup.start()
+        ep = sup.wait_ready(90)
+        with ChatClient(ChatEndpoint(ep.url, ep.api_key, owner_pid=ep.pid)) as client:
+            talk = [ChatMessage("user", QUESTIONS[0]), ChatMessage("assistant", "Once.")]
+            one = StateKeeper(folder, budget=1 << 30).keep(client, "1", talk, settings)
+            assert one.done, one.why
+            # room for one state and a half: the second pushes the first out
+            keeper = StateKeeper(folder, budget=one.size * 3 // 2)
+            time.sleep(0.01)
+            two = keeper.keep(client, "2", [*talk, ChatMessage("user", "More.")], settings)
+            assert two.done, two.why
+            assert [c for c, _, _ in keeper.entries()] == ["2"]
+            assert len(list(folder.glob("k3c-*.bin"))) == 1
+            # over the budget by itself: not kept, and nothing left behind
+            tiny = StateKeeper(folder, budget=one.size // 2)
+            three = tiny.keep(client, "3", talk, settings)
+            assert not three.done
+            assert "over the budget" in three.why
+            assert [c for c, _, _ in tiny.entries()] == []
+            assert list(folder.glob("k3c-*.bin")) == []
+        sup.stop()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random", "huge-token-count", "empty"])
+def test_the_engine_survives_a_hostile_state_file(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path, damage: str
+) -> None:
+    """What k3desk refuses by its SHA-256 the engine is tested against directly: it
+    answers the restore with an error, keeps running, and answers the next question."""
+    folder = tmp_path / "states"
+    spec = LaunchSpec(llama_server, ("-m", str(tiny_k3_single.first_part), "-c", "2048",
+                                     "-np", "1", "--jinja"), state_dir=folder)  # fmt: skip
+    settings = ChatSettings(thinking=False, max_tokens=4, seed=1, temperature=0.0)
+    with Supervisor(spec, default_paths()) as sup:
+        sup.start()
+        ep = sup.wait_ready(90)
+        with ChatClient(ChatEndpoint(ep.url, ep.api_key, owner_pid=ep.pid)) as client:
+            talk = [ChatMessage("user", QUESTIONS[0]), ChatMessage("assistant", "Once.")]
+            kept = StateKeeper(folder).keep(client, "1", talk, settings)
+            assert kept.done, kept.why
+            (good,) = folder.glob("k3c-*.bin")
+            data = good.read_bytes()
+            bad = {
+                "truncated": data[: len(data) // 3],
+                "random": os.urandom(len(data)),
+                # the header's token count (after magic and version) set to 2^31 - 1
+                "huge-token-count": data[:8] + (0x7FFFFFFF).to_bytes(4, "little") + data[12:],
+                "empty": b"",
+            }[damage]
+            (folder / "hostile.bin").write_bytes(bad)
+            got = httpx.post(f"{ep.url}/slots/0?action=restore", headers=ep.headers,
+                             json={"filename": "hostile.bin"}, timeout=30)  # fmt: skip
+            assert got.status_code != 200 or got.json().get("n_restored", 0) == 0, got.text
+            assert sup.wait_stopped(0.5) is False  # still running
+            answer = client.chat([ChatMessage("user", "Hi")], settings)
+            assert answer.text or answer.reasoning
+        sup.stop()
