@@ -34,12 +34,11 @@ from k3desk.core.app.chat import (
     ImageError,
     Kept,
     PreparedImage,
-    StateKeeper,
     ignored_settings,
     keeper_for,
     load_image,
 )
-from k3desk.core.app.chat_turn import TurnRecord, run_turn
+from k3desk.core.app.chat_turn import ConversationStates, TurnRecord, run_turn
 from k3desk.core.app.values import (
     CancelToken,
     ChatError,
@@ -313,18 +312,21 @@ def run(args: argparse.Namespace, services: Services) -> int:
         client = stack.enter_context(ChatClient(endpoint))
         if shard is None:
             _describe_server(client, settings, quiet=args.json)
-        keeper = None
+        states = None
         if owner is not None and record is not None:
-            keeper = keeper_for(services.paths.cache, services.settings().kept_state_gib)
-        if keeper is not None and args.continue_id is not None:
-            back = keeper.bring_back(client, str(args.continue_id), messages, settings)
-            state["restored"] = _state_facts(back)
-            _say(back.text("Continued from the kept engine state"), quiet=args.json)
+            keep_gib = services.settings().kept_state_gib
+            states = ConversationStates(keeper_for(services.paths.cache, keep_gib))
+        if states is not None and args.continue_id is not None:
+            back = states.before(client, args.continue_id, messages, settings)
+            if back is not None:
+                state["restored"] = _state_facts(back)
+                _say(back.text("Continued from the kept engine state"), quiet=args.json)
         result, error = _ask(client, messages, settings, cancel, as_json=args.json, record=record)
-        if keeper is not None and record is not None and error is None:
-            kept = _keep(keeper, client, record, settings)
-            state["kept"] = _state_facts(kept)
-            _say(kept.text("Kept this conversation's engine state"), quiet=args.json)
+        if states is not None and record is not None and error is None:
+            kept = states.after(client, record, settings)
+            if kept is not None:
+                state["kept"] = _state_facts(kept)
+                _say(kept.text("Kept this conversation's engine state"), quiet=args.json)
     if record is not None and not args.json:
         print(
             f"Saved as conversation {record.conversation.id} in {services.paths.history_db}.",
@@ -586,22 +588,6 @@ def _continued(
 
     store = stack.enter_context(HistoryStore(services.paths.history_db))
     return TurnRecord.ask(store, conversation_id, prompt, images=images, save_every=SAVE_EVERY_S)
-
-
-def _keep(
-    keeper: StateKeeper, client: ChatClient, record: TurnRecord, settings: ChatSettings
-) -> Kept:
-    """The conversation's engine state, for its next question (before the engine stops)."""
-    answer = record.answer
-    if answer is None:
-        return Kept(False, "Not kept: there is no answer.")
-    branch = record.store.branch(record.conversation.id, answer.id)
-    try:
-        return keeper.keep(
-            client, str(record.conversation.id), record.request_messages(branch), settings
-        )
-    except K3Error as exc:
-        return Kept(False, f"Not kept: {exc.message}")
 
 
 def _state_facts(kept: Kept) -> dict[str, Any]:

@@ -14,6 +14,7 @@ and the shell applies it (the window does so on its main thread).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -28,6 +29,7 @@ from k3desk.core.chat.client import (
 )
 from k3desk.core.chat.history import Conversation, HistoryStore, Message
 from k3desk.core.chat.images import PreparedImage
+from k3desk.core.chat.kept_state import Kept, StateKeeper
 from k3desk.core.chat.model import ChatSettings
 from k3desk.core.errors import ChatError
 from k3desk.core.progress import CancelToken
@@ -340,3 +342,63 @@ def run_turn(
     caps = client.cached_capabilities()
     n_ctx = caps.n_ctx if caps is not None else None
     return TurnOutcome(result, answer, error, n_ctx, withheld)
+
+
+class ConversationStates:
+    """Each conversation's engine state between turns, for a shell
+    (:mod:`k3desk.core.chat.kept_state`): :meth:`before` a turn brings a conversation's
+    kept state back when the engine's slot holds another conversation or the engine is
+    new; :meth:`after` an answer keeps it for the next question (a restart, a model
+    switch, or another conversation in between).  Only for an engine k3desk started
+    (``owner_pid``): what an attached server runs is not known.  Thread-safe."""
+
+    def __init__(self, keeper: StateKeeper) -> None:
+        self.keeper = keeper
+        self._lock = threading.Lock()
+        # engine (pid, address) -> the conversation its slot holds
+        self._in_slot: dict[tuple[int, str], int] = {}
+
+    @staticmethod
+    def _engine(client: ChatClient) -> tuple[int, str] | None:
+        ep = client.endpoint
+        return None if ep.owner_pid is None else (ep.owner_pid, ep.root)
+
+    def before(
+        self,
+        client: ChatClient,
+        conversation_id: int,
+        messages: Sequence[ChatMessage],
+        settings: ChatSettings | None = None,
+    ) -> Kept | None:
+        """Restore the conversation's kept state, unless the slot already holds it
+        (None) or the engine is not k3desk's (None)."""
+        engine = self._engine(client)
+        if engine is None or self.keeper.budget <= 0 or len(messages) < 2:
+            return None
+        with self._lock:
+            if self._in_slot.get(engine) == conversation_id:
+                return None
+            self._in_slot[engine] = conversation_id  # after this turn, whatever happens
+        try:
+            return self.keeper.bring_back(client, str(conversation_id), messages, settings)
+        except ChatError as exc:
+            return Kept(False, f"The kept state is not used: {exc.message}")
+
+    def after(
+        self, client: ChatClient, record: TurnRecord, settings: ChatSettings | None = None
+    ) -> Kept | None:
+        """Keep the state of ``record``'s conversation, its answer included (None: not an
+        engine k3desk started, or keeping is off)."""
+        engine = self._engine(client)
+        if engine is None or self.keeper.budget <= 0 or record.answer is None:
+            return None
+        branch = record.store.branch(record.conversation.id, record.answer.id)
+        try:
+            kept = self.keeper.keep(
+                client, str(record.conversation.id), record.request_messages(branch), settings
+            )
+        except ChatError as exc:
+            kept = Kept(False, f"Not kept: {exc.message}")
+        with self._lock:
+            self._in_slot[engine] = record.conversation.id
+        return kept

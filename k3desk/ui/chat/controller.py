@@ -36,6 +36,7 @@ from k3desk.core.app.chat import (
     ServerInfo,
     Timings,
     ensure_vision,
+    keeper_for,
     load_image,
     prepare_image,
 )
@@ -43,6 +44,7 @@ from k3desk.core.app.chat_turn import (
     NOTE_BROKEN,
     NOTE_STOPPED,
     SAVE_EVERY_S,
+    ConversationStates,
     TurnOutcome,
     TurnRecord,
     run_turn,
@@ -50,7 +52,7 @@ from k3desk.core.app.chat_turn import (
 )
 from k3desk.core.app.hub_choice import SetDownload, projector_download
 from k3desk.core.app.operations import Change, OpChanges, Operation
-from k3desk.core.app.values import CancelToken, ChatError
+from k3desk.core.app.values import CancelToken, ChatError, GiB
 from k3desk.ui.bridge import StreamBuffer
 from k3desk.ui.chat.view import ImageVM, MessageVM
 
@@ -105,7 +107,7 @@ MEASURED = "measured by k3desk"  # said of figures the server did not report
 
 
 def tps_text(timings: Timings | None) -> str:
-    """"42.1 tok/s", or "≈ 11.8 tok/s (measured by k3desk)" where the server said none."""
+    """ "42.1 tok/s", or "≈ 11.8 tok/s (measured by k3desk)" where the server said none."""
     if timings is None or timings.predicted_per_second <= 0:
         return ""
     if timings.by_client:
@@ -216,6 +218,7 @@ class ChatController(QObject):
         self._told: set[tuple[int, str]] = set()
         self.search_text = ""
         self._pending_settings: tuple[str, ChatSettings] | None = None
+        self._states: ConversationStates | None = None
         ctx.ops.did_execute.connect(self._changed)
 
     def _changed(self, changes: OpChanges, _initiator: object) -> None:
@@ -576,6 +579,7 @@ class ChatController(QObject):
         client = self.client(endpoint)
         run_on_main = self.ctx.tasks.run_on_main
         buffer = self._buffer
+        states = self._conversation_states()
 
         def work(tok: CancelToken) -> TurnOutcome:
             # worker thread: the store and the client only; the view state it builds is
@@ -591,16 +595,23 @@ class ChatController(QObject):
             def on_delta(delta: ChatDelta) -> None:
                 buffer.append(delta.kind, delta.text)
 
+            settings = record.conversation.settings
+            back = states.before(client, record.conversation.id, messages, settings)
+            if back is not None:
+                log.info("conversation %d: %s", record.conversation.id,
+                         back.text("engine state restored"))  # fmt: skip
             outcome = run_turn(
-                client,
-                messages,
-                record.conversation.settings,
-                cancel=tok,
-                on_delta=on_delta,
-                record=record,
+                client, messages, settings, cancel=tok, on_delta=on_delta, record=record
             )
             if outcome.error is not None:
                 log.warning("answer cut short: %s", outcome.error.message)
+            elif not tok.cancelled:
+                # for the next question, after a restart or another conversation: the
+                # answer is read into the engine's slot now instead of then
+                kept = states.after(client, record, settings)
+                if kept is not None:
+                    log.info("conversation %d: %s", record.conversation.id,
+                             kept.text("engine state kept"))  # fmt: skip
             return outcome
 
         self.busy.emit(True)
@@ -611,6 +622,13 @@ class ChatController(QObject):
             on_failure=self._failed,
             on_cancelled=self._cancelled_before_start,
         )
+
+    def _conversation_states(self) -> ConversationStates:
+        """Conversations' engine states (within Settings' disk budget, read now)."""
+        budget = self.ctx.settings.kept_state_gib
+        if self._states is None or self._states.keeper.budget != budget * GiB:
+            self._states = ConversationStates(keeper_for(self.ctx.services.paths.cache, budget))
+        return self._states
 
     # -------------------------------------------------------- main thread
     def _open_state(self, conv: Conversation, msgs: list[Message]) -> OpenState:

@@ -14,12 +14,14 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from k3desk.core.app.chat_turn import ConversationStates, TurnRecord, run_turn
 from k3desk.core.chat.client import ChatClient, ChatEndpoint, ChatMessage
 from k3desk.core.chat.history import HistoryStore
 from k3desk.core.chat.kept_state import StateKeeper, states_dir
@@ -201,3 +203,60 @@ def test_the_engine_survives_a_hostile_state_file(
             answer = client.chat([ChatMessage("user", "Hi")], settings)
             assert answer.text or answer.reasoning
         sup.stop()
+
+
+def test_switching_conversations_brings_each_back_from_its_state(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
+) -> None:
+    """What the chat window's worker does (ConversationStates around run_turn): two
+    conversations answered in turn on one engine; going back to the first restores its
+    state, so the engine reads only the new question, and the answer is the one a fresh
+    engine gives."""
+    folder = tmp_path / "states"
+    spec = LaunchSpec(llama_server, ("-m", str(tiny_k3_single.first_part), "-c", "2048",
+                                     "-np", "1", "--jinja"), state_dir=folder)  # fmt: skip
+    settings = ChatSettings(thinking=False, max_tokens=4, seed=1, temperature=0.0)
+    states = ConversationStates(StateKeeper(folder))
+
+    def turn(client: ChatClient, store: HistoryStore, conv: int | None, text: str) -> Any:
+        if conv is None:
+            record = TurnRecord.new_conversation(store, text, settings=settings)
+        else:
+            record = TurnRecord.ask(store, conv, text)
+        messages = record.request_messages()
+        back = states.before(client, record.conversation.id, messages, settings)
+        outcome = run_turn(client, messages, settings, record=record)
+        assert outcome.error is None
+        kept = states.after(client, record, settings)
+        assert kept is not None
+        assert kept.done, kept.why
+        return record.conversation.id, back, outcome.result
+
+    with (
+        HistoryStore(tmp_path / "history.sqlite3") as store,
+        Supervisor(spec, default_paths()) as sup,
+    ):
+        sup.start()
+        ep = sup.wait_ready(90)
+        with ChatClient(ChatEndpoint(ep.url, ep.api_key, owner_pid=ep.pid)) as client:
+            a, back, _ = turn(client, store, None, QUESTIONS[0])
+            assert back is None  # a new conversation: nothing to bring back
+            a, back, _ = turn(client, store, a, "And then?")
+            assert back is None  # the slot holds it already
+            turn(client, store, None, "Write a poem about the sea.")  # the slot: another
+            a, back, result = turn(client, store, a, "What happened next?")
+            assert back is not None
+            assert back.done, back.why
+            assert result.timings.cache_n == back.tokens
+            again = [m for m in store.branch(a) if m.role in ("user", "assistant")]
+        sup.stop()
+    # a fresh engine, nothing kept, the same history: the same last answer
+    with Supervisor(replace(spec, state_dir=None), default_paths()) as sup:
+        sup.start()
+        ep = sup.wait_ready(90)
+        with ChatClient(ChatEndpoint(ep.url, ep.api_key, owner_pid=ep.pid)) as client:
+            history = [ChatMessage(m.role, m.content) for m in again[:-1]]
+            cold = client.chat(history, settings)
+        sup.stop()
+    assert cold.text == again[-1].content
+    assert result.text == cold.text
