@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from k3desk.core.app.operations import Change, OpChanges, Operation
-from k3desk.core.app.values import EFFORTS, THEMES, K3Error, Settings
+from k3desk.core.app.values import EFFORTS, MAX_KEPT_STATE_GIB, THEMES, K3Error, Settings
 from k3desk.ui.local_api_card import LocalApiCard
 from k3desk.ui.pages import Navigator, Page, PageKey
 from k3desk.ui.tokens import TokenAccess
@@ -110,6 +110,16 @@ class SettingsPage(Page):
         self.workers.setRange(1, 16)
         self.workers.setToolTip("How many shards download at the same time")
         form.addRow("Parallel downloads", self.workers)
+        self.kept_states = QSpinBox()
+        self.kept_states.setObjectName("keptStateGib")
+        self.kept_states.setRange(0, MAX_KEPT_STATE_GIB)
+        self.kept_states.setSuffix(" GiB")
+        self.kept_states.setSpecialValueText("None kept")
+        self.kept_states.setToolTip(
+            "Disk for conversations' engine states, so a conversation continued after a "
+            "restart or a switch is not read again (least recently used out first)"
+        )
+        form.addRow("Conversation states", self.kept_states)
         folders.body.addLayout(form)
         return folders
 
@@ -254,7 +264,7 @@ class SettingsPage(Page):
         self.servers_btn.clicked.connect(self.open_attached_servers)
         self.ctx.engine.state_changed.connect(lambda _s, _m: self._show_chat_target())
         self._show_chat_target()
-        for s in (self.workers, self.ctx_size, self.api.port, self.api.parallel):
+        for s in (self.workers, self.kept_states, self.ctx_size, self.api.port, self.api.parallel):
             s.valueChanged.connect(self._dirty)
         for d in (self.temperature, self.top_p):
             d.valueChanged.connect(self._dirty)
@@ -275,6 +285,7 @@ class SettingsPage(Page):
         self.model_dirs.addItems(list(s.model_dirs))
         self.download_dir.setText(s.download_dir)
         self.workers.setValue(s.download_workers)
+        self.kept_states.setValue(s.kept_state_gib)
         self.api.set_port(s.api_port)
         self.api.parallel.setValue(s.api_parallel)
         self.api.lan.setChecked(s.api_lan)
@@ -297,6 +308,7 @@ class SettingsPage(Page):
             model_dirs=dirs,
             download_dir=self.download_dir.text().strip(),
             download_workers=self.workers.value(),
+            kept_state_gib=self.kept_states.value(),
             api_port=self.api.port_value(),
             api_parallel=self.api.parallel.value(),
             api_lan=self.api.lan.isChecked(),

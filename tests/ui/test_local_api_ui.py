@@ -157,3 +157,22 @@ def test_reaching_it_from_other_devices_is_a_choice_with_a_warning_and_one_origi
     page.save.click()
     saved = ctx.store.load()
     assert (saved.api_lan, saved.api_cors_origin) == (True, "http://10.0.0.5:3000")
+
+
+def test_the_disk_for_conversation_states_is_a_setting(ctx, qtbot) -> None:  # type: ignore[no-untyped-def]
+    """Settings > Conversation states: 16 GiB unless changed, "None kept" at 0, saved; the
+    engine launched for the app is given the states folder only while it is on."""
+    from k3desk.core.app.local_api import with_local_api
+    from k3desk.core.engines.supervisor import LaunchSpec
+
+    page = SettingsPage(ctx)
+    qtbot.addWidget(page)
+    page.show()
+    assert page.kept_states.value() == 16
+    spec = LaunchSpec(Path("llama-server"), ())
+    assert with_local_api(ctx.services, spec, ctx.settings).state_dir is not None
+    page.kept_states.setValue(0)
+    assert page.kept_states.text() == "None kept"
+    page.save.click()
+    assert ctx.store.load().kept_state_gib == 0
+    assert with_local_api(ctx.services, spec, ctx.settings).state_dir is None

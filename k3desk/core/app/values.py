@@ -21,12 +21,13 @@ from k3desk.core.private import private_dir, private_file, write_shared
 from k3desk.core.progress import CancelToken, Progress
 from k3desk.core.resources import resources_dir
 from k3desk.core.safepaths import has_undecodable, safe_file_name, scrub, visible, what_is
-from k3desk.core.settings import EFFORTS, THEMES, Settings, SettingsStore
+from k3desk.core.settings import EFFORTS, MAX_KEPT_STATE_GIB, THEMES, Settings, SettingsStore
 from k3desk.core.units import GiB, fmt_bytes
 
 __all__ = [
     "DEFAULT_LIMIT",
     "EFFORTS",
+    "MAX_KEPT_STATE_GIB",
     "THEMES",
     "CancelToken",
     "Cancelled",
