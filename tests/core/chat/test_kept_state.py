@@ -9,16 +9,16 @@ say how many prompt tokens it read (``prompt_n``) and took from the restored sta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from k3desk.core.app.chat_turn import ConversationStates, TurnRecord, run_turn
@@ -33,6 +33,7 @@ from k3desk.devtools.tinyk3 import TinyModel
 REPO = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.engine]
 QUESTIONS = ("Tell me a long story about a cat and a dog.", "And then?")
+SETTINGS = ChatSettings(thinking=False, max_tokens=4, seed=1, temperature=0.0)
 
 
 def chat(home: Path, engine: Path, shard: Path, *args: str) -> dict[str, Any]:
@@ -54,6 +55,29 @@ def two_turns(home: Path, engine: Path, shard: Path, *more: str) -> dict[str, An
     first = chat(home, engine, shard, "--save", QUESTIONS[0], *more)
     assert first["engine_state"]["kept"]["done"], first["engine_state"]
     return chat(home, engine, shard, "--continue", str(first["conversation"]), QUESTIONS[1])
+
+
+def read_again(out: dict[str, Any], why: str) -> None:
+    """The kept state was not used, for ``why``, and the engine read the whole prompt."""
+    restored = out["engine_state"]["restored"]
+    assert not restored["done"]
+    assert why in restored["why"]
+    assert out["timings"]["cache_n"] == 0
+    assert out["text"]
+
+
+@contextlib.contextmanager
+def engine(llama_server: Path, model: TinyModel, folder: Path | None) -> Iterator[ChatClient]:
+    """llama-server on ``model`` (one slot) saving states in ``folder``; a client of it."""
+    spec = LaunchSpec(llama_server, ("-m", str(model.first_part), "-c", "2048", "-np", "1",
+                                     "--jinja"), state_dir=folder)  # fmt: skip
+    with Supervisor(spec, default_paths()) as sup:
+        sup.start()
+        ep = sup.wait_ready(90)
+        with ChatClient(ChatEndpoint(ep.url, ep.api_key, owner_pid=ep.pid)) as client:
+            yield client
+        assert not sup.wait_stopped(0.1)  # still running
+        sup.stop()
 
 
 def test_a_continued_conversation_starts_from_its_kept_state(
@@ -99,12 +123,8 @@ def test_a_damaged_state_is_refused_before_the_engine_sees_it(
     state.write_bytes(bytes(data))
     out = chat(home, llama_server, tiny_k3_single.first_part, "--continue",
                str(first["conversation"]), QUESTIONS[1])  # fmt: skip
-    restored = out["engine_state"]["restored"]
-    assert not restored["done"]
-    assert "damaged or was replaced" in restored["why"]
+    read_again(out, "damaged or was replaced")
     assert not state.exists()  # deleted unread
-    assert out["timings"]["cache_n"] == 0  # read again, and answered
-    assert out["text"]
 
 
 def test_a_state_made_for_another_context_is_not_used(
@@ -115,10 +135,7 @@ def test_a_state_made_for_another_context_is_not_used(
                  QUESTIONS[0])  # fmt: skip
     out = chat(home, llama_server, tiny_k3_single.first_part, "--ctx", "1024", "--continue",
                str(first["conversation"]), QUESTIONS[1])  # fmt: skip
-    restored = out["engine_state"]["restored"]
-    assert not restored["done"]
-    assert "another engine, model, projector, context or cache type" in restored["why"]
-    assert out["timings"]["cache_n"] == 0
+    read_again(out, "another engine, model, projector, context or cache type")
 
 
 def test_an_edited_conversation_is_read_again(
@@ -132,41 +149,31 @@ def test_an_edited_conversation_is_read_again(
         store.edit_message(question.id, QUESTIONS[0] + " Make it about a fox as well, " * 12)
     out = chat(home, llama_server, tiny_k3_single.first_part, "--continue",
                str(first["conversation"]), QUESTIONS[1])  # fmt: skip
-    restored = out["engine_state"]["restored"]
-    assert not restored["done"]
-    assert "changed since its state was kept" in restored["why"]
-    assert out["timings"]["cache_n"] == 0
+    read_again(out, "changed since its state was kept")
 
 
 def test_the_least_recently_used_state_makes_way_for_the_budget(
     llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
 ) -> None:
     folder = tmp_path / "states"
-    spec = LaunchSpec(llama_server, ("-m", str(tiny_k3_single.first_part), "-c", "2048",
-                                     "-np", "1", "--jinja"), state_dir=folder)  # fmt: skip
-    settings = ChatSettings(thinking=False, max_tokens=4, seed=1, temperature=0.0)
-    with Supervisor(spec, default_paths()) as sup:
-        sup.start()
-        ep = sup.wait_ready(90)
-        with ChatClient(ChatEndpoint(ep.url, ep.api_key, owner_pid=ep.pid)) as client:
-            talk = [ChatMessage("user", QUESTIONS[0]), ChatMessage("assistant", "Once.")]
-            one = StateKeeper(folder, budget=1 << 30).keep(client, "1", talk, settings)
-            assert one.done, one.why
-            # room for one state and a half: the second pushes the first out
-            keeper = StateKeeper(folder, budget=one.size * 3 // 2)
-            time.sleep(0.01)
-            two = keeper.keep(client, "2", [*talk, ChatMessage("user", "More.")], settings)
-            assert two.done, two.why
-            assert [c for c, _, _ in keeper.entries()] == ["2"]
-            assert len(list(folder.glob("k3c-*.bin"))) == 1
-            # over the budget by itself: not kept, and nothing left behind
-            tiny = StateKeeper(folder, budget=one.size // 2)
-            three = tiny.keep(client, "3", talk, settings)
-            assert not three.done
-            assert "over the budget" in three.why
-            assert [c for c, _, _ in tiny.entries()] == []
-            assert list(folder.glob("k3c-*.bin")) == []
-        sup.stop()
+    with engine(llama_server, tiny_k3_single, folder) as client:
+        talk = [ChatMessage("user", QUESTIONS[0]), ChatMessage("assistant", "Once.")]
+        one = StateKeeper(folder, budget=1 << 30).keep(client, "1", talk, SETTINGS)
+        assert one.done, one.why
+        # room for one state and a half: the second pushes the first out
+        keeper = StateKeeper(folder, budget=one.size * 3 // 2)
+        time.sleep(0.01)
+        two = keeper.keep(client, "2", [*talk, ChatMessage("user", "More.")], SETTINGS)
+        assert two.done, two.why
+        assert [c for c, _, _ in keeper.entries()] == ["2"]
+        assert len(list(folder.glob("k3c-*.bin"))) == 1
+        # over the budget by itself: not kept, and nothing left behind
+        tiny = StateKeeper(folder, budget=one.size // 2)
+        three = tiny.keep(client, "3", talk, SETTINGS)
+        assert not three.done
+        assert "over the budget" in three.why
+        assert [c for c, _, _ in tiny.entries()] == []
+        assert list(folder.glob("k3c-*.bin")) == []
 
 
 @pytest.mark.parametrize("damage", ["truncated", "random", "huge-token-count", "empty"])
@@ -176,33 +183,24 @@ def test_the_engine_survives_a_hostile_state_file(
     """What k3desk refuses by its SHA-256 the engine is tested against directly: it
     answers the restore with an error, keeps running, and answers the next question."""
     folder = tmp_path / "states"
-    spec = LaunchSpec(llama_server, ("-m", str(tiny_k3_single.first_part), "-c", "2048",
-                                     "-np", "1", "--jinja"), state_dir=folder)  # fmt: skip
-    settings = ChatSettings(thinking=False, max_tokens=4, seed=1, temperature=0.0)
-    with Supervisor(spec, default_paths()) as sup:
-        sup.start()
-        ep = sup.wait_ready(90)
-        with ChatClient(ChatEndpoint(ep.url, ep.api_key, owner_pid=ep.pid)) as client:
-            talk = [ChatMessage("user", QUESTIONS[0]), ChatMessage("assistant", "Once.")]
-            kept = StateKeeper(folder).keep(client, "1", talk, settings)
-            assert kept.done, kept.why
-            (good,) = folder.glob("k3c-*.bin")
-            data = good.read_bytes()
-            bad = {
-                "truncated": data[: len(data) // 3],
-                "random": os.urandom(len(data)),
-                # the header's token count (after magic and version) set to 2^31 - 1
-                "huge-token-count": data[:8] + (0x7FFFFFFF).to_bytes(4, "little") + data[12:],
-                "empty": b"",
-            }[damage]
-            (folder / "hostile.bin").write_bytes(bad)
-            got = httpx.post(f"{ep.url}/slots/0?action=restore", headers=ep.headers,
-                             json={"filename": "hostile.bin"}, timeout=30)  # fmt: skip
-            assert got.status_code != 200 or got.json().get("n_restored", 0) == 0, got.text
-            assert sup.wait_stopped(0.5) is False  # still running
-            answer = client.chat([ChatMessage("user", "Hi")], settings)
-            assert answer.text or answer.reasoning
-        sup.stop()
+    with engine(llama_server, tiny_k3_single, folder) as client:
+        talk = [ChatMessage("user", QUESTIONS[0]), ChatMessage("assistant", "Once.")]
+        kept = StateKeeper(folder).keep(client, "1", talk, SETTINGS)
+        assert kept.done, kept.why
+        (good,) = folder.glob("k3c-*.bin")
+        data = good.read_bytes()
+        bad = {
+            "truncated": data[: len(data) // 3],
+            "random": os.urandom(len(data)),
+            # the header's token count (after magic and version) set to 2^31 - 1
+            "huge-token-count": data[:8] + (0x7FFFFFFF).to_bytes(4, "little") + data[12:],
+            "empty": b"",
+        }[damage]
+        (folder / "hostile.bin").write_bytes(bad)
+        status, got = client.call("POST", "/slots/0?action=restore", {"filename": "hostile.bin"})
+        assert status != 200 or (got or {}).get("n_restored", 0) == 0, got
+        answer = client.chat([ChatMessage("user", "Hi")], SETTINGS)
+        assert answer.text or answer.reasoning
 
 
 def test_switching_conversations_brings_each_back_from_its_state(
@@ -213,32 +211,24 @@ def test_switching_conversations_brings_each_back_from_its_state(
     state, so the engine reads only the new question, and the answer is the one a fresh
     engine gives."""
     folder = tmp_path / "states"
-    spec = LaunchSpec(llama_server, ("-m", str(tiny_k3_single.first_part), "-c", "2048",
-                                     "-np", "1", "--jinja"), state_dir=folder)  # fmt: skip
-    settings = ChatSettings(thinking=False, max_tokens=4, seed=1, temperature=0.0)
     states = ConversationStates(StateKeeper(folder))
 
     def turn(client: ChatClient, store: HistoryStore, conv: int | None, text: str) -> Any:
         if conv is None:
-            record = TurnRecord.new_conversation(store, text, settings=settings)
+            record = TurnRecord.new_conversation(store, text, settings=SETTINGS)
         else:
             record = TurnRecord.ask(store, conv, text)
         messages = record.request_messages()
-        back = states.before(client, record.conversation.id, messages, settings)
-        outcome = run_turn(client, messages, settings, record=record)
+        back = states.before(client, record.conversation.id, messages, SETTINGS)
+        outcome = run_turn(client, messages, SETTINGS, record=record)
         assert outcome.error is None
-        kept = states.after(client, record, settings)
+        kept = states.after(client, record, SETTINGS)
         assert kept is not None
         assert kept.done, kept.why
         return record.conversation.id, back, outcome.result
 
-    with (
-        HistoryStore(tmp_path / "history.sqlite3") as store,
-        Supervisor(spec, default_paths()) as sup,
-    ):
-        sup.start()
-        ep = sup.wait_ready(90)
-        with ChatClient(ChatEndpoint(ep.url, ep.api_key, owner_pid=ep.pid)) as client:
+    with HistoryStore(tmp_path / "history.sqlite3") as store:
+        with engine(llama_server, tiny_k3_single, folder) as client:
             a, back, _ = turn(client, store, None, QUESTIONS[0])
             assert back is None  # a new conversation: nothing to bring back
             a, back, _ = turn(client, store, a, "And then?")
@@ -248,15 +238,9 @@ def test_switching_conversations_brings_each_back_from_its_state(
             assert back is not None
             assert back.done, back.why
             assert result.timings.cache_n == back.tokens
-            again = [m for m in store.branch(a) if m.role in ("user", "assistant")]
-        sup.stop()
+        talk = [m for m in store.branch(a) if m.role in ("user", "assistant")]
     # a fresh engine, nothing kept, the same history: the same last answer
-    with Supervisor(replace(spec, state_dir=None), default_paths()) as sup:
-        sup.start()
-        ep = sup.wait_ready(90)
-        with ChatClient(ChatEndpoint(ep.url, ep.api_key, owner_pid=ep.pid)) as client:
-            history = [ChatMessage(m.role, m.content) for m in again[:-1]]
-            cold = client.chat(history, settings)
-        sup.stop()
-    assert cold.text == again[-1].content
+    with engine(llama_server, tiny_k3_single, None) as client:
+        cold = client.chat([ChatMessage(m.role, m.content) for m in talk[:-1]], SETTINGS)
+    assert cold.text == talk[-1].content
     assert result.text == cold.text
