@@ -244,45 +244,9 @@ def _text(value: str, what: str) -> str:
 def run(args: argparse.Namespace, services: Services) -> int:
     shard, prompt = _split_positional(args)
     system = _text(args.system, "The system prompt") if args.system else ""
-    if shard is not None and args.server != "auto":
-        raise K3Error(
-            "--server applies to --url only: with a model file k3desk starts llama-server.",
-        )
-    if shard is None and (args.mmproj or args.engine or args.engine_arg or args.hardware):
-        raise K3Error(
-            "--mmproj, --engine, --engine-arg and --hardware apply only when k3desk starts "
-            "the engine from a model file.",
-            "The server at --url was started with its own settings.",
-        )
-    settings = ChatSettings(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_tokens=args.max_tokens,
-        seed=args.seed,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        repeat_penalty=args.repeat_penalty,
-        thinking=not args.no_thinking,
-        thinking_effort=args.effort,
-        stop=tuple(args.stop),
-    )
     # check everything cheap before starting an engine that may take minutes to load
-    if shard is not None:
-        _check_shard(shard)
-        if args.mmproj is not None and not args.mmproj.is_file():
-            raise EngineError(f"The vision projector {args.mmproj} does not exist.")
-        if args.image and args.mmproj is None:
-            from k3desk.core.app.hub_choice import projector_hint
-
-            raise ImageError(
-                "--image needs --mmproj FILE when k3desk starts the engine from a model file: "
-                "without the vision projector the model cannot see images.",
-                projector_hint(shard),
-            )
-    if args.continue_id is not None and system:
-        raise K3Error(
-            "--system applies to a new conversation: a continued one keeps its own.",
-        )
+    _check_options(args, shard, system)
+    settings = _chat_settings(args)
     images = tuple(load_image(p) for p in args.image)
     messages: list[ChatMessage] = []
     if system:
@@ -290,7 +254,6 @@ def run(args: argparse.Namespace, services: Services) -> int:
     messages.append(ChatMessage("user", prompt, images))
 
     cancel = CancelToken()
-    state: dict[str, Any] = {}
     with ExitStack() as stack:
         record = None
         if args.continue_id is not None:
@@ -316,17 +279,9 @@ def run(args: argparse.Namespace, services: Services) -> int:
         if owner is not None and record is not None:
             keep_gib = services.settings().kept_state_gib
             states = ConversationStates(keeper_for(services.paths.cache, keep_gib))
-        if states is not None and args.continue_id is not None:
-            back = states.before(client, args.continue_id, messages, settings)
-            if back is not None:
-                state["restored"] = _state_facts(back)
-                _say(back.text("Continued from the kept engine state"), quiet=args.json)
-        result, error = _ask(client, messages, settings, cancel, as_json=args.json, record=record)
-        if states is not None and record is not None and error is None:
-            kept = states.after(client, record, settings)
-            if kept is not None:
-                state["kept"] = _state_facts(kept)
-                _say(kept.text("Kept this conversation's engine state"), quiet=args.json)
+        result, error, state = _ask_keeping(
+            client, messages, settings, cancel, args, record=record, states=states
+        )
     if record is not None and not args.json:
         print(
             f"Saved as conversation {record.conversation.id} in {services.paths.history_db}.",
@@ -344,6 +299,78 @@ def run(args: argparse.Namespace, services: Services) -> int:
     if error is not None:
         raise error
     return 0
+
+
+def _check_options(args: argparse.Namespace, shard: Path | None, system: str) -> None:
+    """What the options say that cannot work, before anything starts."""
+    if shard is not None and args.server != "auto":
+        raise K3Error(
+            "--server applies to --url only: with a model file k3desk starts llama-server.",
+        )
+    if shard is None and (args.mmproj or args.engine or args.engine_arg or args.hardware):
+        raise K3Error(
+            "--mmproj, --engine, --engine-arg and --hardware apply only when k3desk starts "
+            "the engine from a model file.",
+            "The server at --url was started with its own settings.",
+        )
+    if shard is not None:
+        _check_shard(shard)
+        if args.mmproj is not None and not args.mmproj.is_file():
+            raise EngineError(f"The vision projector {args.mmproj} does not exist.")
+        if args.image and args.mmproj is None:
+            from k3desk.core.app.hub_choice import projector_hint
+
+            raise ImageError(
+                "--image needs --mmproj FILE when k3desk starts the engine from a model file: "
+                "without the vision projector the model cannot see images.",
+                projector_hint(shard),
+            )
+    if args.continue_id is not None and system:
+        raise K3Error(
+            "--system applies to a new conversation: a continued one keeps its own.",
+        )
+
+
+def _chat_settings(args: argparse.Namespace) -> ChatSettings:
+    return ChatSettings(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        thinking=not args.no_thinking,
+        thinking_effort=args.effort,
+        stop=tuple(args.stop),
+    )
+
+
+def _ask_keeping(
+    client: ChatClient,
+    messages: list[ChatMessage],
+    settings: ChatSettings,
+    cancel: CancelToken,
+    args: argparse.Namespace,
+    *,
+    record: TurnRecord | None,
+    states: ConversationStates | None,
+) -> tuple[ChatResult, ChatError | None, dict[str, Any]]:
+    """The turn, from the conversation's kept engine state where there is one, and its
+    state kept after the answer (an engine k3desk started, a conversation in the history)."""
+    state: dict[str, Any] = {}
+    if states is not None and args.continue_id is not None:
+        back = states.before(client, args.continue_id, messages, settings)
+        if back is not None:
+            state["restored"] = _state_facts(back)
+            _say(back.text("Continued from the kept engine state"), quiet=args.json)
+    result, error = _ask(client, messages, settings, cancel, as_json=args.json, record=record)
+    if states is not None and record is not None and error is None:
+        kept = states.after(client, record, settings)
+        if kept is not None:
+            state["kept"] = _state_facts(kept)
+            _say(kept.text("Kept this conversation's engine state"), quiet=args.json)
+    return result, error, state
 
 
 def _describe_server(client: ChatClient, settings: ChatSettings, *, quiet: bool) -> None:
