@@ -1261,8 +1261,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "kept-state-not-hashed",
         "k3desk/core/chat/kept_state.py",
-        "if _sha256_file(path, entry.size) != entry.sha256:",
-        "if _sha256_file(path, entry.size) is None:",
+        "if _sha256_file(self.folder / entry.file, entry.size) != entry.sha256:",
+        "if _sha256_file(self.folder / entry.file, entry.size) is None:",
         "tests/core/chat/test_kept_state.py::test_a_damaged_state_is_refused_before_the_engine_sees_it",
         "a kept state whose bytes changed is refused and deleted before the engine reads it",
     ),
@@ -1277,8 +1277,9 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "kept-state-after-an-edit",
         "k3desk/core/chat/kept_state.py",
-        "if len(prompt) < entry.prefix_chars or begins != entry.prefix_sha256:",
-        "if len(prompt) < entry.prefix_chars:",
+        "fits = [e for e in kept if len(prompt) >= e.prefix_chars and e.prefix_sha256\n"
+        "                == hashlib.sha256(prompt[: e.prefix_chars].encode()).hexdigest()]",
+        "fits = [e for e in kept if len(prompt) >= e.prefix_chars]",
         "tests/core/chat/test_kept_state.py::test_an_edited_conversation_is_read_again",
         "a state is restored only for the conversation it was made of, not an edited one",
     ),
@@ -1297,6 +1298,45 @@ MUTANTS: tuple[Mutant, ...] = (
         "        pass",
         "tests/core/chat/test_kept_state.py::test_a_continued_conversation_starts_from_its_kept_state",
         "a kept state is readable by its owner alone, whatever the umask",
+    ),
+    m(
+        "kept-state-only-the-newest",
+        "k3desk/core/chat/kept_state.py",
+        "PER_CONVERSATION = 4",
+        "PER_CONVERSATION = 1",
+        "tests/core/chat/test_kept_state.py::"
+        "test_a_regenerated_answer_and_an_edited_question_start_from_the_turn_before",
+        "each answer's state is kept beside the earlier ones, so an edit or a regenerated "
+        "answer starts from the turn before it",
+    ),
+    m(
+        "kept-state-shortest-fit",
+        "k3desk/core/chat/kept_state.py",
+        "entry = max(fits, key=lambda e: e.prefix_chars)",
+        "entry = min(fits, key=lambda e: e.prefix_chars)",
+        "tests/core/chat/test_kept_state.py::"
+        "test_a_regenerated_answer_and_an_edited_question_start_from_the_turn_before",
+        "the longest kept state the new prompt begins with is restored",
+    ),
+    m(
+        "kept-state-slot-trusted-after-an-edit",
+        "k3desk/core/app/chat_turn.py",
+        "and (held[1] is None or _begins_with(client, messages, settings, held[1]))",
+        "and True",
+        "tests/core/chat/test_kept_state.py::"
+        "test_a_regenerated_answer_and_an_edited_question_start_from_the_turn_before",
+        "an answer given again on the same engine restores the turn before: the slot's "
+        "content is trusted only when the request still begins with it",
+    ),
+    m(
+        "re-reading-not-predicted",
+        "k3desk/core/app/chat_turn.py",
+        "rate = rate or self.keeper.rate(conversation)",
+        "rate = rate",
+        "tests/core/chat/test_kept_state.py::"
+        "test_a_conversation_read_again_says_how_many_tokens_and_about_how_long",
+        "a conversation read again after a restart is said with a predicted time, from the "
+        "rate measured when its state was kept",
     ),
 )
 

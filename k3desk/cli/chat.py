@@ -363,7 +363,7 @@ def _ask_keeping(
         back = states.before(client, args.continue_id, messages, settings)
         if back is not None:
             state["restored"] = _state_facts(back)
-            _say(back.text("Continued from the kept engine state"), quiet=args.json)
+            _say(back.said(), quiet=args.json)
     result, error = _ask(client, messages, settings, cancel, as_json=args.json, record=record)
     if states is not None and record is not None and error is None:
         kept = states.after(client, record, settings)
@@ -618,7 +618,16 @@ def _continued(
 
 
 def _state_facts(kept: Kept) -> dict[str, Any]:
-    return {"done": kept.done, "tokens": kept.tokens, "bytes": kept.size, "why": kept.why}
+    return {
+        "done": kept.done,
+        "tokens": kept.tokens,
+        "bytes": kept.size,
+        "seconds": round(kept.seconds, 3),
+        "why": kept.why,
+        "reread": kept.reread,
+        "predicted_s": kept.predicted_s,
+        "said": kept.said(),
+    }
 
 
 def _say(text: str, *, quiet: bool) -> None:

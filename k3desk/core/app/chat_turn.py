@@ -29,7 +29,13 @@ from k3desk.core.chat.client import (
 )
 from k3desk.core.chat.history import Conversation, HistoryStore, Message
 from k3desk.core.chat.images import PreparedImage
-from k3desk.core.chat.kept_state import Kept, StateKeeper
+from k3desk.core.chat.kept_state import (
+    Kept,
+    StateKeeper,
+    prompt_tokens,
+    reading_rate,
+    render_prompt,
+)
 from k3desk.core.chat.model import ChatSettings
 from k3desk.core.errors import ChatError
 from k3desk.core.progress import CancelToken
@@ -346,17 +352,21 @@ def run_turn(
 
 class ConversationStates:
     """Each conversation's engine state between turns, for a shell
-    (:mod:`k3desk.core.chat.kept_state`): :meth:`before` a turn brings a conversation's
-    kept state back when the engine's slot holds another conversation or the engine is
-    new; :meth:`after` an answer keeps it for the next question (a restart, a model
-    switch, or another conversation in between).  Only for an engine k3desk started
+    (:mod:`k3desk.core.chat.kept_state`): :meth:`before` a turn brings back the longest
+    kept state the request begins with, unless the engine's slot already holds a
+    beginning of it (the same conversation, not edited above the slot's point); when none
+    is brought back it counts what the engine reads again and predicts how long, from
+    the reading rate measured on that engine (or when the state was kept).  :meth:`after`
+    an answer keeps its state for the next question.  Only for an engine k3desk started
     (``owner_pid``): what an attached server runs is not known.  Thread-safe."""
 
     def __init__(self, keeper: StateKeeper) -> None:
         self.keeper = keeper
         self._lock = threading.Lock()
-        # engine (pid, address) -> the conversation its slot holds
-        self._in_slot: dict[tuple[int, str], int] = {}
+        # engine (pid, address) -> (the conversation its slot holds, how that begins:
+        # the kept state's prompt, None when not known)
+        self._in_slot: dict[tuple[int, str], tuple[int, str | None]] = {}
+        self._rate: dict[tuple[int, str], float] = {}  # measured reading rate, tokens/s
 
     @staticmethod
     def _engine(client: ChatClient) -> tuple[int, str] | None:
@@ -370,19 +380,48 @@ class ConversationStates:
         messages: Sequence[ChatMessage],
         settings: ChatSettings | None = None,
     ) -> Kept | None:
-        """Restore the conversation's kept state, unless the slot already holds it
-        (None) or the engine is not k3desk's (None)."""
+        """Restore the conversation's kept state, unless the slot already holds what the
+        request begins with (None) or the engine is not k3desk's (None)."""
+        settings = settings or ChatSettings()
         engine = self._engine(client)
         if engine is None or self.keeper.budget <= 0 or len(messages) < 2:
             return None
         with self._lock:
-            if self._in_slot.get(engine) == conversation_id:
-                return None
-            self._in_slot[engine] = conversation_id  # after this turn, whatever happens
+            held = self._in_slot.get(engine)
+            self._in_slot[engine] = (conversation_id, None)  # after this turn, whatever happens
         try:
-            return self.keeper.bring_back(client, str(conversation_id), messages, settings)
+            if (
+                held is not None
+                and held[0] == conversation_id
+                and (held[1] is None or _begins_with(client, messages, settings, held[1]))
+            ):
+                with self._lock:
+                    self._in_slot[engine] = held
+                return None
+            kept = self.keeper.bring_back(client, str(conversation_id), messages, settings)
         except ChatError as exc:
-            return Kept(False, f"The kept state is not used: {exc.message}")
+            kept = Kept(False, f"The kept state is not used: {exc.message}")
+        if kept.done:
+            return kept
+        return self._reading(client, engine, str(conversation_id), messages, settings, kept)
+
+    def _reading(
+        self,
+        client: ChatClient,
+        engine: tuple[int, str],
+        conversation: str,
+        messages: Sequence[ChatMessage],
+        settings: ChatSettings,
+        kept: Kept,
+    ) -> Kept:
+        """``kept`` (not restored) with the tokens read again and how long that takes."""
+        n = prompt_tokens(client, messages, settings)
+        if n is None:
+            return kept
+        with self._lock:
+            rate = self._rate.get(engine)
+        rate = rate or self.keeper.rate(conversation)
+        return replace(kept, reread=n, predicted_s=n / rate if rate else None)
 
     def after(
         self, client: ChatClient, record: TurnRecord, settings: ChatSettings | None = None
@@ -392,13 +431,30 @@ class ConversationStates:
         engine = self._engine(client)
         if engine is None or self.keeper.budget <= 0 or record.answer is None:
             return None
+        timings = record.answer.timings
+        measured = (
+            reading_rate({"prompt_n": timings.prompt_n, "prompt_per_second":
+                          timings.prompt_per_second})
+            if timings is not None and not timings.by_client else None
+        )  # fmt: skip
         branch = record.store.branch(record.conversation.id, record.answer.id)
+        messages = record.request_messages(branch)
+        prefix: str | None = None
         try:
-            kept = self.keeper.keep(
-                client, str(record.conversation.id), record.request_messages(branch), settings
-            )
+            kept = self.keeper.keep(client, str(record.conversation.id), messages, settings)
+            prefix = kept.prefix if kept.done else None
         except ChatError as exc:
             kept = Kept(False, f"Not kept: {exc.message}")
         with self._lock:
-            self._in_slot[engine] = record.conversation.id
+            self._in_slot[engine] = (record.conversation.id, prefix)
+            rate = kept.rate or measured
+            if rate:
+                self._rate[engine] = rate
         return kept
+
+
+def _begins_with(
+    client: ChatClient, messages: Sequence[ChatMessage], settings: ChatSettings, prefix: str
+) -> bool:
+    """Whether the engine's prompt for ``messages`` begins with ``prefix``."""
+    return render_prompt(client, messages, settings).startswith(prefix)

@@ -25,7 +25,14 @@ A saved state is used only where it is valid, and checked before the engine sees
 - the file must be a regular file of the size and SHA-256 recorded when it was made, so a
   truncated, damaged, swapped or planted file is refused and deleted, never restored.
 A state that does not match is not loaded: the conversation is read again, and the
-result says why.
+result says why, with how many tokens that is and, where the engine's reading rate is
+known, how long.
+
+Each answer's state is kept beside the conversation's earlier ones (the last
+:data:`PER_CONVERSATION`): an edited question or a regenerated answer begins like an
+earlier turn, so the longest kept state the new prompt still begins with is restored
+(a state is a whole snapshot at a turn's end, recurrent part included, so this is exact:
+the same answer as reading it all again, measured in tests/core/chat/test_kept_state.py).
 
 The files live in a private folder (``<cache>/states``, 0700) under a disk budget
 (Settings; least recently used first out).  The engine has one slot here (``-np 1``);
@@ -45,7 +52,7 @@ import secrets
 import stat
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +62,14 @@ from k3desk.core.chat.client import ChatClient, ChatMessage
 from k3desk.core.chat.model import ChatSettings
 from k3desk.core.errors import ChatError
 from k3desk.core.private import private_dir, write_private
-from k3desk.core.units import GiB, fmt_bytes
+from k3desk.core.units import GiB, fmt_bytes, fmt_duration
 
 STATES_DIR = "states"
 DEFAULT_BUDGET = 16 * GiB  # Settings.kept_state_gib's default
 INDEX = "index.json"
+# states kept per conversation (one per answer, the newest): regenerating an answer or
+# editing one of the last questions restores the state from the turn before it
+PER_CONVERSATION = 4
 HEAD_BYTES = 1 << 20  # a model file is known by its size and its first MiB
 _FILE = re.compile(r"k3c-[0-9a-f]{16}\.bin")
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<n>\d{5})-of-(?P<total>\d{5})\.gguf$")
@@ -87,11 +97,25 @@ class Kept:
     why: str = ""  # why not (when not done)
     tokens: int = 0  # tokens the state covers
     size: int = 0  # bytes of the state file
+    seconds: float = 0.0  # how long restoring or keeping it took
+    reread: int = 0  # tokens of the prompt the engine reads (not restored), when counted
+    predicted_s: float | None = None  # how long that reading takes, where the rate is known
+    rate: float | None = None  # the engine's prompt reading rate measured (tokens/s)
+    prefix: str = field(default="", repr=False)  # the prompt a kept state begins (keep)
 
     def text(self, action: str) -> str:
         if self.done:
             return f"{action}: {self.tokens:,} tokens ({fmt_bytes(self.size)})."
         return self.why
+
+    def said(self) -> str:
+        """What the chat says before the answer: where its prompt comes from."""
+        if self.done:
+            return f"Resumed from saved state ({self.tokens:,} tokens, {self.seconds:.1f} s)."
+        if self.reread <= 0:
+            return self.why
+        about = "" if self.predicted_s is None else f" (about {fmt_duration(self.predicted_s)})"
+        return f"Re-reading {self.reread:,} tokens{about}. {self.why}"
 
 
 @dataclass(frozen=True)
@@ -134,6 +158,11 @@ def _file_facts(path: Path) -> list[Any]:
     return facts
 
 
+# an engine process's identity, by (pid, start time): what it runs does not change while
+# it runs (its files are read at start), so each turn need not hash them again
+_IDENTITIES: dict[tuple[int, float], _Engine] = {}
+
+
 def _engine(client: ChatClient) -> _Engine | str:
     """The identity of the engine ``client`` talks to, or why no state can be kept."""
     pid = client.endpoint.owner_pid
@@ -141,6 +170,21 @@ def _engine(client: ChatClient) -> _Engine | str:
         return "the server was not started by k3desk here, so what it runs is not known"
     try:
         proc = psutil.Process(pid)
+        key = (pid, proc.create_time())
+    except psutil.Error as exc:
+        return f"the engine's process could not be read ({exc})"
+    known = _IDENTITIES.get(key)
+    if known is None:
+        found = _identify(client, proc)
+        if isinstance(found, str):
+            return found
+        known = _IDENTITIES[key] = found
+    return known
+
+
+def _identify(client: ChatClient, proc: psutil.Process) -> _Engine | str:
+    """What :func:`_engine` says of a process not seen before."""
+    try:
         argv = proc.cmdline()
         exe = Path(argv[0]) if argv else Path(proc.exe())
         opts = _options(argv)
@@ -170,7 +214,9 @@ def _engine(client: ChatClient) -> _Engine | str:
     return _Engine(digest, Path(opts["slots"]))
 
 
-def _render(client: ChatClient, messages: Sequence[ChatMessage], settings: ChatSettings) -> str:
+def render_prompt(
+    client: ChatClient, messages: Sequence[ChatMessage], settings: ChatSettings
+) -> str:
     """The prompt the engine builds for ``messages`` (its own chat template)."""
     body = client.build_body(messages, settings)
     ask = {"messages": body["messages"]}
@@ -186,10 +232,39 @@ def _render(client: ChatClient, messages: Sequence[ChatMessage], settings: ChatS
 def next_prefix(client: ChatClient, history: Sequence[ChatMessage], settings: ChatSettings) -> str:
     """What every next question's prompt begins with: the history rendered, up to where
     that question's own text starts."""
-    a = _render(client, [*history, ChatMessage("user", "a")], settings)
-    b = _render(client, [*history, ChatMessage("user", "b")], settings)
+    a = render_prompt(client, [*history, ChatMessage("user", "a")], settings)
+    b = render_prompt(client, [*history, ChatMessage("user", "b")], settings)
     n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     return a[:n]
+
+
+# a reading rate measured on fewer tokens says little (a batch's fixed costs dominate)
+MIN_RATE_TOKENS = 16
+
+
+def reading_rate(timings: Any) -> float | None:
+    """tokens/s of a request's prompt reading (llama-server's ``timings``), when it read
+    enough tokens to say."""
+    if not isinstance(timings, dict):
+        return None
+    n, tps = timings.get("prompt_n"), timings.get("prompt_per_second")
+    if isinstance(n, int) and n >= MIN_RATE_TOKENS and isinstance(tps, (int, float)) and tps > 0:
+        return float(tps)
+    return None
+
+
+def prompt_tokens(
+    client: ChatClient, messages: Sequence[ChatMessage], settings: ChatSettings
+) -> int | None:
+    """How many tokens the engine reads for ``messages`` with nothing reused (its own
+    template and tokenizer); None when it does not say."""
+    try:
+        prompt = render_prompt(client, messages, settings)
+    except ChatError:
+        return None
+    status, got = client.call("POST", "/tokenize", {"content": prompt, "add_special": True})
+    tokens = got.get("tokens") if status == 200 and isinstance(got, dict) else None
+    return len(tokens) if isinstance(tokens, list) else None
 
 
 def _sha256_file(path: Path, size: int) -> str | None:
@@ -220,6 +295,7 @@ class _Entry:
     prefix_chars: int
     engine: str
     used: float
+    read_tps: float = 0.0  # the engine's prompt reading rate when it primed this state
 
     @classmethod
     def parse(cls, raw: Any) -> _Entry | None:
@@ -234,6 +310,7 @@ class _Entry:
             and isinstance(e.engine, str)
             and all(isinstance(v, int) and v >= 0 for v in (e.size, e.tokens, e.prefix_chars))
             and isinstance(e.used, (int, float))
+            and isinstance(e.read_tps, (int, float))
         )
         return e if ok else None
 
@@ -249,7 +326,8 @@ class StateKeeper:
     # ------------------------------------------------------------ the index
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, _Entry]]:
-        """The index, locked against other k3desk processes; written back on exit."""
+        """The index (file name -> entry), locked against other k3desk processes;
+        written back on exit."""
         private_dir(self.folder)
         fd = os.open(self.folder / "index.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
@@ -271,7 +349,7 @@ class StateKeeper:
         except (OSError, ValueError):
             return {}  # none yet, or damaged: every state is then unknown, so unused
         rows = [_Entry.parse(r) for r in raw] if isinstance(raw, list) else []
-        return {e.conversation: e for e in rows if e is not None}
+        return {e.file: e for e in rows if e is not None}
 
     def entries(self) -> list[tuple[str, int, int]]:
         """(conversation, tokens, bytes) of every kept state, least recently used first."""
@@ -279,10 +357,14 @@ class StateKeeper:
         return [(e.conversation, e.tokens, e.size) for e in rows]
 
     def forget(self, conversation: str) -> None:
+        """Every state kept for ``conversation`` (it was deleted)."""
         with self._locked() as entries:
-            old = entries.pop(conversation, None)
-            if old is not None:
-                (self.folder / old.file).unlink(missing_ok=True)
+            for e in [e for e in entries.values() if e.conversation == conversation]:
+                self._drop(entries, e)
+
+    def _drop(self, entries: dict[str, _Entry], e: _Entry) -> None:
+        entries.pop(e.file, None)
+        (self.folder / e.file).unlink(missing_ok=True)
 
     # ------------------------------------------------------------ keep
     def keep(
@@ -304,6 +386,7 @@ class StateKeeper:
             return Kept(False, f"Not kept: {engine}.")
         if engine.slots.resolve() != self.folder.resolve():
             return Kept(False, "Not kept: the engine saves states in another folder.")
+        t0 = time.monotonic()
         prefix = next_prefix(client, history, settings)
         status, primed = client.call(
             "POST", "/completion",
@@ -312,6 +395,7 @@ class StateKeeper:
         if status != 200 or not isinstance(primed, dict):
             return Kept(False, f"Not kept: the engine did not read the conversation ({status}).")
         tokens = primed.get("tokens_evaluated")
+        rate = reading_rate(primed.get("timings"))
         name = f"k3c-{secrets.token_hex(8)}.bin"
         status, saved = client.call("POST", "/slots/0?action=save", {"filename": name})
         if status != 200 or not isinstance(saved, dict) or saved.get("n_saved") != tokens:
@@ -328,41 +412,52 @@ class StateKeeper:
             path.unlink(missing_ok=True)
             return Kept(False, "Not kept: the engine's state file could not be read back.")
         os.chmod(path, 0o600)
-        entry = _Entry(
-            conversation,
-            name,
-            digest,
-            size,
-            tokens,
-            hashlib.sha256(prefix.encode()).hexdigest(),
-            len(prefix),
-            engine.identity,
-            time.time(),
-        )
+        prefix_sha = hashlib.sha256(prefix.encode()).hexdigest()
+        entry = _Entry(conversation, name, digest, size, tokens, prefix_sha, len(prefix),
+                       engine.identity, time.time(), rate or 0.0)  # fmt: skip
         with self._locked() as entries:
-            old = entries.get(conversation)
-            if old is not None and old.file != name:
-                (self.folder / old.file).unlink(missing_ok=True)
-            entries[conversation] = entry
-            self._evict(entries, keep=conversation)
-            if conversation not in entries:
+            self._add(entries, entry)
+            if name not in entries:
                 return Kept(
                     False,
                     f"Not kept: its state ({fmt_bytes(size)}) is over the "
                     f"budget for kept states ({fmt_bytes(self.budget)}).",
                 )
-        return Kept(True, tokens=tokens, size=size)
+        return Kept(
+            True, tokens=tokens, size=size, seconds=time.monotonic() - t0, rate=rate, prefix=prefix
+        )
+
+    def rate(self, conversation: str) -> float | None:
+        """The reading rate measured when the conversation's newest state was made."""
+        rows = [e for e in self._read().values() if e.conversation == conversation]
+        newest = max(rows, key=lambda e: e.used, default=None)
+        return newest.read_tps if newest is not None and newest.read_tps > 0 else None
+
+    def _add(self, entries: dict[str, _Entry], new: _Entry) -> None:
+        """``new`` in, replacing a state of the same point of the same conversation; the
+        conversation's oldest beyond :data:`PER_CONVERSATION` out; then the budget."""
+        same = [e for e in entries.values() if e.conversation == new.conversation]
+        for e in same:
+            if (e.prefix_sha256, e.engine) == (new.prefix_sha256, new.engine):
+                self._drop(entries, e)
+        entries[new.file] = new
+        same = sorted(
+            (e for e in entries.values() if e.conversation == new.conversation),
+            key=lambda e: e.used,
+        )
+        for e in same[:-PER_CONVERSATION]:
+            self._drop(entries, e)
+        self._evict(entries, keep=new.file)
 
     def _evict(self, entries: dict[str, _Entry], keep: str) -> None:
         """Least recently used first, until the kept states fit the budget (the one just
         made last, and alone only when it is over the budget by itself)."""
-        order = sorted(entries.values(), key=lambda e: (e.conversation == keep, e.used))
+        order = sorted(entries.values(), key=lambda e: (e.file == keep, e.used))
         total = sum(e.size for e in order)
         for e in order:
             if total <= self.budget:
                 break
-            entries.pop(e.conversation)
-            (self.folder / e.file).unlink(missing_ok=True)
+            self._drop(entries, e)
             total -= e.size
 
     # ------------------------------------------------------------ bring back
@@ -373,30 +468,34 @@ class StateKeeper:
         messages: Sequence[ChatMessage],
         settings: ChatSettings | None = None,
     ) -> Kept:
-        """Restore the state kept for ``conversation`` into the engine's slot, when it is
-        valid for ``messages`` (the request about to be sent) on this engine."""
+        """Restore into the engine's slot the longest state kept for ``conversation``
+        that ``messages`` (the request about to be sent) begins with, on this engine."""
         settings = settings or ChatSettings()
-        entry = self._read().get(conversation)
-        if entry is None:
+        kept = [e for e in self._read().values() if e.conversation == conversation]
+        if not kept:
             return Kept(False, "No engine state was kept for this conversation.")
         engine = _engine(client)
         if isinstance(engine, str):
             return Kept(False, f"The kept state is not used: {engine}.")
-        if engine.identity != entry.engine:
+        kept = [e for e in kept if e.engine == engine.identity]
+        if not kept:
             return Kept(
                 False,
                 "The kept state was made by another engine, model, projector, "
                 "context or cache type: the conversation is read again.",
             )
-        prompt = _render(client, messages, settings)
-        begins = hashlib.sha256(prompt[: entry.prefix_chars].encode()).hexdigest()
-        if len(prompt) < entry.prefix_chars or begins != entry.prefix_sha256:
+        prompt = render_prompt(client, messages, settings)
+        fits = [e for e in kept if len(prompt) >= e.prefix_chars and e.prefix_sha256
+                == hashlib.sha256(prompt[: e.prefix_chars].encode()).hexdigest()]  # fmt: skip
+        if not fits:
             return Kept(
                 False, "The conversation changed since its state was kept: it is read again."
             )
-        path = self.folder / entry.file
-        if _sha256_file(path, entry.size) != entry.sha256:
-            self.forget(conversation)
+        entry = max(fits, key=lambda e: e.prefix_chars)
+        t0 = time.monotonic()
+        if _sha256_file(self.folder / entry.file, entry.size) != entry.sha256:
+            with self._locked() as entries:
+                self._drop(entries, entry)
             return Kept(
                 False,
                 "The kept state's file is damaged or was replaced (its size "
@@ -411,9 +510,9 @@ class StateKeeper:
                 "conversation is read again.",
             )
         with self._locked() as entries:
-            if conversation in entries:
-                entries[conversation] = replace(entries[conversation], used=time.time())
-        return Kept(True, tokens=entry.tokens, size=entry.size)
+            if entry.file in entries:
+                entries[entry.file] = replace(entries[entry.file], used=time.time())
+        return Kept(True, tokens=entry.tokens, size=entry.size, seconds=time.monotonic() - t0)
 
 
 def keeper_for(cache: Path, budget_gib: float) -> StateKeeper:

@@ -176,6 +176,9 @@ class ChatController(QObject):
         projector where it was downloaded without one (None: nothing to offer).
     withheld(str): the model answering has no vision, and the conversation's pictures
         were not sent to it (said once per conversation and engine).
+    engine_state(str): before an answer, where its prompt comes from: the conversation's
+        saved engine state ("Resumed from saved state ...") or read again ("Re-reading N
+        tokens (about T) ..."); nothing when the engine still holds it.
     exported(object): the Path a conversation was exported to.
     """
 
@@ -190,6 +193,7 @@ class ChatController(QObject):
     image_refused = Signal(str)
     projector_missing = Signal(object)  # SetDownload | None
     withheld = Signal(str)
+    engine_state = Signal(str)
     exported = Signal(object)
 
     def __init__(
@@ -598,8 +602,9 @@ class ChatController(QObject):
             settings = record.conversation.settings
             back = states.before(client, record.conversation.id, messages, settings)
             if back is not None:
-                log.info("conversation %d: %s", record.conversation.id,
-                         back.text("engine state restored"))  # fmt: skip
+                said = back.said()
+                log.info("conversation %d: %s", record.conversation.id, said)
+                run_on_main(lambda: self.engine_state.emit(said))
             outcome = run_turn(
                 client, messages, settings, cancel=tok, on_delta=on_delta, record=record
             )

@@ -413,6 +413,7 @@ class ChatPage(Page):
         self.chat.image_refused.connect(self.composer.show_notice)
         self.chat.projector_missing.connect(self._offer_projector)
         self.chat.withheld.connect(self.composer.show_notice)
+        self.chat.engine_state.connect(self.composer.show_notice)
         self.chat.conversations.connect(self._fill_list)
         self.chat.opened.connect(self._show)
         self.chat.stream_started.connect(self.view.begin_stream)

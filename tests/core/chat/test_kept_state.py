@@ -24,7 +24,7 @@ import pytest
 from k3desk.core.app.chat_turn import ConversationStates, TurnRecord, run_turn
 from k3desk.core.chat.client import ChatClient, ChatEndpoint, ChatMessage
 from k3desk.core.chat.history import HistoryStore
-from k3desk.core.chat.kept_state import StateKeeper, states_dir
+from k3desk.core.chat.kept_state import PER_CONVERSATION, Kept, StateKeeper, states_dir
 from k3desk.core.chat.model import ChatSettings
 from k3desk.core.engines.supervisor import LaunchSpec, Supervisor
 from k3desk.core.paths import default_paths
@@ -244,3 +244,96 @@ def test_switching_conversations_brings_each_back_from_its_state(
         cold = client.chat([ChatMessage(m.role, m.content) for m in talk[:-1]], SETTINGS)
     assert cold.text == talk[-1].content
     assert result.text == cold.text
+
+
+def cold_answer(llama_server: Path, model: TinyModel, messages: list[ChatMessage]) -> str:
+    """What a fresh engine with nothing kept answers ``messages``."""
+    with engine(llama_server, model, None) as client:
+        return client.chat(messages, SETTINGS).text
+
+
+def test_a_regenerated_answer_and_an_edited_question_start_from_the_turn_before(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
+) -> None:
+    """Each answer's state is kept beside the earlier ones: answering a question again, on
+    the same engine, and editing it, after a restart, restore the state kept after the
+    answer before it (the longest the new prompt begins with); the engine reads only the
+    question, and answers as it does reading everything."""
+    folder = tmp_path / "states"
+    with HistoryStore(tmp_path / "history.sqlite3") as store:
+        states = ConversationStates(StateKeeper(folder))
+
+        def turn(client: ChatClient, record: TurnRecord) -> tuple[Kept | None, Any]:
+            messages = record.request_messages()
+            back = states.before(client, record.conversation.id, messages, SETTINGS)
+            outcome = run_turn(client, messages, SETTINGS, record=record)
+            assert outcome.error is None
+            kept = states.after(client, record, SETTINGS)
+            assert kept is not None
+            assert kept.done, kept.why
+            return back, outcome.result
+
+        with engine(llama_server, tiny_k3_single, folder) as client:
+            first = TurnRecord.new_conversation(store, QUESTIONS[0], settings=SETTINGS)
+            turn(client, first)
+            conv = first.conversation.id
+            second = TurnRecord.ask(store, conv, QUESTIONS[1])
+            turn(client, second)
+            after_first = min(t for c, t, _ in states.keeper.entries() if c == str(conv))
+            assert second.answer is not None
+            again = TurnRecord.again(store, second.answer.id)
+            back, result = turn(client, again)
+            assert back is not None
+            assert back.done, back.why
+            assert back.tokens == after_first
+            assert result.timings.cache_n == after_first
+        assert result.text == cold_answer(llama_server, tiny_k3_single, again.request_messages())
+
+        states = ConversationStates(StateKeeper(folder))  # a restart of the app as well
+        with engine(llama_server, tiny_k3_single, folder) as client:
+            edited = TurnRecord.edited(store, second.question.id, "What did the dog say?")
+            back, result = turn(client, edited)
+            assert back is not None
+            assert back.done, back.why
+            assert back.tokens == after_first
+            assert result.timings.cache_n == after_first
+            assert back.said().startswith(f"Resumed from saved state ({after_first:,} tokens, ")
+            for text in ("More.", "Again.", "Once more.", "And more."):
+                turn(client, TurnRecord.ask(store, conv, text))
+        assert result.text == cold_answer(llama_server, tiny_k3_single, edited.request_messages())
+        # continued after a restart: every kept state fits; the longest is restored
+        states = ConversationStates(StateKeeper(folder))
+        with engine(llama_server, tiny_k3_single, folder) as client:
+            newest = max(t for _, t, _ in states.keeper.entries())
+            back, result = turn(client, TurnRecord.ask(store, conv, "The end?"))
+            assert back is not None
+            assert back.tokens == newest == result.timings.cache_n
+    # the newest few per conversation, each in a file of its own
+    assert len(states.keeper.entries()) == PER_CONVERSATION
+    assert len(list(folder.glob("k3c-*.bin"))) == PER_CONVERSATION
+
+
+def test_a_conversation_read_again_says_how_many_tokens_and_about_how_long(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
+) -> None:
+    """No kept state fits (its first question was changed): the chat is told how many
+    tokens the engine reads -- the count its own timings then show -- and a prediction
+    from the reading rate measured when the conversation's state was kept."""
+    folder = tmp_path / "states"
+    talk = [ChatMessage("user", QUESTIONS[0]), ChatMessage("assistant", "Once.")]
+    with engine(llama_server, tiny_k3_single, folder) as client:
+        kept = StateKeeper(folder).keep(client, "7", talk, SETTINGS)
+    assert kept.done, kept.why
+    assert kept.rate
+    changed = [ChatMessage("user", "Tell me about the sea."), talk[1], ChatMessage("user", "More.")]
+    with engine(llama_server, tiny_k3_single, folder) as client:
+        back = ConversationStates(StateKeeper(folder)).before(client, 7, changed, SETTINGS)
+        result = client.chat(changed, SETTINGS)
+    assert back is not None
+    assert not back.done
+    assert result.timings is not None
+    assert back.reread == result.timings.prompt_n > 0
+    assert result.timings.cache_n == 0
+    assert back.predicted_s == pytest.approx(back.reread / kept.rate)
+    assert back.said().startswith(f"Re-reading {back.reread:,} tokens (about ")
+    assert "changed since its state was kept" in back.said()
