@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from k3desk.core.chat.kept_state import states_dir
-from k3desk.core.chat.model import ChatSettings
+from k3desk.core.chat.model import ChatSettings, Timings
 from k3desk.ui.chat.page import ChatPage
 from tests.ui.test_chat import send, wait_idle
 
@@ -37,7 +37,8 @@ def test_the_chat_says_resumed_or_re_reading_after_a_restart(  # type: ignore[no
         ctx.engine.launch(LaunchRequest(spec, model_name=tiny_k3_single.name, vision=False))
         qtbot.waitUntil(lambda: ctx.engine.ready, timeout=60_000)
 
-    def answer_timings():  # type: ignore[no-untyped-def]
+    def answer_timings() -> Timings:
+        assert page.chat.current is not None
         last = page.chat.current.messages[-1]
         assert last.role == "assistant"
         assert last.timings is not None
@@ -53,24 +54,32 @@ def test_the_chat_says_resumed_or_re_reading_after_a_restart(  # type: ignore[no
         wait_idle(qtbot, page)
     assert not page.composer.notice.isVisible()  # the engine held it: nothing to say
 
-    restart()
-    send(qtbot, page, "What happened next?")
+    def after_restart(question: str, said: str) -> tuple[int, Timings]:
+        """Restart the engine, ask; the number the chat said (matching ``said``) and the
+        engine's timings of the answer."""
+        restart()
+        send(qtbot, page, question)
+        wait_idle(qtbot, page)
+        text = page.composer.notice.text()
+        m = re.match(said, text)
+        assert m, text
+        assert page.composer.notice.isVisible()
+        return int(m.group(1).replace(",", "")), answer_timings()
+
+    n, timings = after_restart(
+        "What happened next?", r"Resumed from saved state \(([\d,]+) tokens, [\d.]+ s\)\.$"
+    )
+    assert n == timings.cache_n > 0
+    send(qtbot, page, "Who won?")  # the engine holds it now: what was said goes
     wait_idle(qtbot, page)
-    said = page.composer.notice.text()
-    m = re.fullmatch(r"Resumed from saved state \(([\d,]+) tokens, [\d.]+ s\)\.", said)
-    assert m, said
-    assert page.composer.notice.isVisible()
-    assert int(m.group(1).replace(",", "")) == answer_timings().cache_n > 0
+    assert not page.composer.notice.isVisible()
 
     for f in Path(folder).glob("k3c-*.bin"):
         f.write_bytes(b"not a state")  # damaged: refused and deleted, then read again
-    restart()
-    send(qtbot, page, "And how did it end?")
-    wait_idle(qtbot, page)
-    said = page.composer.notice.text()
-    m = re.match(r"Re-reading ([\d,]+) tokens \(about \d+ (s|min)\)\. The kept state's file", said)
-    assert m, said
-    timings = answer_timings()
-    assert int(m.group(1).replace(",", "")) == timings.prompt_n
+    n, timings = after_restart(
+        "And how did it end?",
+        r"Re-reading ([\d,]+) tokens \(about \d+ (s|min)\)\. The kept state's file",
+    )
+    assert n == timings.prompt_n
     assert timings.cache_n == 0
     assert ctx.reporter.last is None

@@ -260,9 +260,9 @@ def prompt_tokens(
     template and tokenizer); None when it does not say."""
     try:
         prompt = render_prompt(client, messages, settings)
+        status, got = client.call("POST", "/tokenize", {"content": prompt, "add_special": True})
     except ChatError:
-        return None
-    status, got = client.call("POST", "/tokenize", {"content": prompt, "add_special": True})
+        return None  # the engine is gone: the turn itself says so
     tokens = got.get("tokens") if status == 200 and isinstance(got, dict) else None
     return len(tokens) if isinstance(tokens, list) else None
 

@@ -178,7 +178,8 @@ class ChatController(QObject):
         were not sent to it (said once per conversation and engine).
     engine_state(str): before an answer, where its prompt comes from: the conversation's
         saved engine state ("Resumed from saved state ...") or read again ("Re-reading N
-        tokens (about T) ..."); nothing when the engine still holds it.
+        tokens (about T) ..."); "" when the engine still holds it (what was said of an
+        earlier answer no longer holds).
     exported(object): the Path a conversation was exported to.
     """
 
@@ -601,10 +602,10 @@ class ChatController(QObject):
 
             settings = record.conversation.settings
             back = states.before(client, record.conversation.id, messages, settings)
-            if back is not None:
-                said = back.said()
+            said = back.said() if back is not None else ""
+            if said:
                 log.info("conversation %d: %s", record.conversation.id, said)
-                run_on_main(lambda: self.engine_state.emit(said))
+            run_on_main(lambda: self.engine_state.emit(said))
             outcome = run_turn(
                 client, messages, settings, cancel=tok, on_delta=on_delta, record=record
             )

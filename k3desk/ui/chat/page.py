@@ -372,6 +372,7 @@ class ChatPage(Page):
         theme.set_icon(self.relaunch_btn, "engine")
         self.relaunch_btn.hide()
         self._relaunching = ""  # the composer's "Relaunching …" notice while it is shown
+        self._state_said = ""  # the composer's notice of where the last prompt came from
         titles.addSpacing(4)
         titles.addWidget(self.relaunch_btn, 0, Qt.AlignmentFlag.AlignLeft)
         head.addLayout(titles, 1)
@@ -413,7 +414,7 @@ class ChatPage(Page):
         self.chat.image_refused.connect(self.composer.show_notice)
         self.chat.projector_missing.connect(self._offer_projector)
         self.chat.withheld.connect(self.composer.show_notice)
-        self.chat.engine_state.connect(self.composer.show_notice)
+        self.chat.engine_state.connect(self._engine_state)
         self.chat.conversations.connect(self._fill_list)
         self.chat.opened.connect(self._show)
         self.chat.stream_started.connect(self.view.begin_stream)
@@ -490,6 +491,14 @@ class ChatPage(Page):
             self.relaunch_btn.setEnabled(False)
             self._relaunching = f"Relaunching {last.name or Path(last.shard).name}…"
             self.composer.show_notice(self._relaunching)
+
+    def _engine_state(self, text: str) -> None:
+        """Where this answer's prompt comes from; what was said of an earlier one goes."""
+        if text:
+            self.composer.show_notice(text)
+        elif self._state_said and self.composer.notice.text() == self._state_said:
+            self.composer.show_notice("")
+        self._state_said = text
 
     def _end_relaunch_notice(self) -> None:
         """The "Relaunching …" notice goes once the engine is ready or gave up."""

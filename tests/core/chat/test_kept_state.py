@@ -203,6 +203,21 @@ def test_the_engine_survives_a_hostile_state_file(
         assert answer.text or answer.reasoning
 
 
+def kept_turn(
+    states: ConversationStates, client: ChatClient, record: TurnRecord
+) -> tuple[Kept | None, Any]:
+    """One turn as the chat window's worker runs it (ConversationStates around run_turn):
+    what was brought back before it, and its result; its state must be kept after."""
+    messages = record.request_messages()
+    back = states.before(client, record.conversation.id, messages, SETTINGS)
+    outcome = run_turn(client, messages, SETTINGS, record=record)
+    assert outcome.error is None
+    kept = states.after(client, record, SETTINGS)
+    assert kept is not None
+    assert kept.done, kept.why
+    return back, outcome.result
+
+
 def test_switching_conversations_brings_each_back_from_its_state(
     llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
 ) -> None:
@@ -218,14 +233,8 @@ def test_switching_conversations_brings_each_back_from_its_state(
             record = TurnRecord.new_conversation(store, text, settings=SETTINGS)
         else:
             record = TurnRecord.ask(store, conv, text)
-        messages = record.request_messages()
-        back = states.before(client, record.conversation.id, messages, SETTINGS)
-        outcome = run_turn(client, messages, SETTINGS, record=record)
-        assert outcome.error is None
-        kept = states.after(client, record, SETTINGS)
-        assert kept is not None
-        assert kept.done, kept.why
-        return record.conversation.id, back, outcome.result
+        back, result = kept_turn(states, client, record)
+        return record.conversation.id, back, result
 
     with HistoryStore(tmp_path / "history.sqlite3") as store:
         with engine(llama_server, tiny_k3_single, folder) as client:
@@ -264,14 +273,7 @@ def test_a_regenerated_answer_and_an_edited_question_start_from_the_turn_before(
         states = ConversationStates(StateKeeper(folder))
 
         def turn(client: ChatClient, record: TurnRecord) -> tuple[Kept | None, Any]:
-            messages = record.request_messages()
-            back = states.before(client, record.conversation.id, messages, SETTINGS)
-            outcome = run_turn(client, messages, SETTINGS, record=record)
-            assert outcome.error is None
-            kept = states.after(client, record, SETTINGS)
-            assert kept is not None
-            assert kept.done, kept.why
-            return back, outcome.result
+            return kept_turn(states, client, record)
 
         with engine(llama_server, tiny_k3_single, folder) as client:
             first = TurnRecord.new_conversation(store, QUESTIONS[0], settings=SETTINGS)
