@@ -63,6 +63,8 @@ def read_again(out: dict[str, Any], why: str) -> None:
     assert not restored["done"]
     assert why in restored["why"]
     assert out["timings"]["cache_n"] == 0
+    assert restored["reread"] == out["timings"]["prompt_n"]  # the engine's own count, said
+    assert restored["said"].startswith(f"Re-reading {restored['reread']:,} tokens")
     assert out["text"]
 
 
@@ -92,6 +94,7 @@ def test_a_continued_conversation_starts_from_its_kept_state(
     assert restored["done"], restored
     # the engine read only the new question: everything before came from the state
     assert kept["timings"]["cache_n"] == restored["tokens"] > 0
+    assert restored["said"].startswith(f"Resumed from saved state ({restored['tokens']:,} tokens")
     assert kept["timings"]["prompt_n"] < kept["usage"]["prompt_tokens"] - restored["tokens"] + 1
 
     # the same two turns with nothing kept: read again, the same answer
