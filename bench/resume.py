@@ -1,6 +1,6 @@
 """A long conversation continued after a restart: from its kept engine state vs read again.
 
-    python bench/resume.py [--tokens 4000] [--rounds 5]                 # the tiny K3
+    python bench/resume.py [--tokens 4000] [--rounds 5] [--wide]        # the tiny K3
     python bench/resume.py --twin vcruz305-ud-iq1s --tokens 600 --rounds 1
 
 What a person waits for when they come back to a conversation: the time from sending the
@@ -114,6 +114,7 @@ def main() -> int:
     ap.add_argument(
         "--twin", metavar="TIER", help="a real tier's sparse twin (e.g. vcruz305-ud-iq1s)"
     )
+    ap.add_argument("--wide", action="store_true", help="the wide tiny K3 (slower to read)")
     ap.add_argument("--dir", type=Path, help="where to write the model (default: a temp dir)")
     a = ap.parse_args()
     exe = find_llama_server(default_paths())
@@ -129,10 +130,10 @@ def main() -> int:
         if a.twin:
             spec, what = twin_spec(exe, a.twin, where, ctx)
         else:
-            model = write_tiny_k3(where)
+            model = write_tiny_k3(where, wide=a.wide)
             spec = LaunchSpec(exe, ("-m", str(model.first_part), "-c", ctx, "-np", "1",
                                     "--jinja", "-t", "2"))  # fmt: skip
-            what = "tiny K3"
+            what = "wide tiny K3" if a.wide else "tiny K3"
         spec = replace(spec, state_dir=folder, ready_timeout=3600.0)
         keeper = StateKeeper(folder, budget=1 << 40)
         resume: list[float] = []

@@ -31,6 +31,7 @@ from k3desk.core.chat.history import Conversation, HistoryStore, Message
 from k3desk.core.chat.images import PreparedImage
 from k3desk.core.chat.kept_state import (
     Kept,
+    Rate,
     StateKeeper,
     prompt_tokens,
     reading_rate,
@@ -366,7 +367,8 @@ class ConversationStates:
         # engine (pid, address) -> (the conversation its slot holds, how that begins:
         # the kept state's prompt, None when not known)
         self._in_slot: dict[tuple[int, str], tuple[int, str | None]] = {}
-        self._rate: dict[tuple[int, str], float] = {}  # measured reading rate, tokens/s
+        # each engine's reading rate, from the longest read measured on it
+        self._rate: dict[tuple[int, str], Rate] = {}
 
     @staticmethod
     def _engine(client: ChatClient) -> tuple[int, str] | None:
@@ -419,7 +421,8 @@ class ConversationStates:
         if n is None:
             return kept
         with self._lock:
-            rate = self._rate.get(engine)
+            measured = self._rate.get(engine)
+        rate = measured.tps if measured is not None else None
         rate = rate or self.keeper.rate(conversation)
         return replace(kept, reread=n, predicted_s=n / rate if rate else None)
 
@@ -432,7 +435,7 @@ class ConversationStates:
         if engine is None or self.keeper.budget <= 0 or record.answer is None:
             return None
         timings = record.answer.timings
-        measured = (
+        read = (
             reading_rate({"prompt_n": timings.prompt_n, "prompt_per_second":
                           timings.prompt_per_second})
             if timings is not None and not timings.by_client else None
@@ -447,9 +450,10 @@ class ConversationStates:
             kept = Kept(False, f"Not kept: {exc.message}")
         with self._lock:
             self._in_slot[engine] = (record.conversation.id, prefix)
-            rate = kept.rate or measured
-            if rate:
-                self._rate[engine] = rate
+            for r in (read, kept.rate):
+                known = self._rate.get(engine)
+                if r is not None and (known is None or r.tokens >= known.tokens):
+                    self._rate[engine] = r
         return kept
 
 

@@ -100,7 +100,7 @@ class Kept:
     seconds: float = 0.0  # how long restoring or keeping it took
     reread: int = 0  # tokens of the prompt the engine reads (not restored), when counted
     predicted_s: float | None = None  # how long that reading takes, where the rate is known
-    rate: float | None = None  # the engine's prompt reading rate measured (tokens/s)
+    rate: Rate | None = None  # the engine's prompt reading measured while keeping it
     prefix: str = field(default="", repr=False)  # the prompt a kept state begins (keep)
 
     def text(self, action: str) -> str:
@@ -111,7 +111,8 @@ class Kept:
     def said(self) -> str:
         """What the chat says before the answer: where its prompt comes from."""
         if self.done:
-            return f"Resumed from saved state ({self.tokens:,} tokens, {self.seconds:.1f} s)."
+            took = "under 0.1 s" if self.seconds < 0.1 else f"{self.seconds:.1f} s"
+            return f"Resumed from saved state ({self.tokens:,} tokens, {took})."
         if self.reread <= 0:
             return self.why
         about = "" if self.predicted_s is None else f" (about {fmt_duration(self.predicted_s)})"
@@ -238,18 +239,27 @@ def next_prefix(client: ChatClient, history: Sequence[ChatMessage], settings: Ch
     return a[:n]
 
 
-# a reading rate measured on fewer tokens says little (a batch's fixed costs dominate)
-MIN_RATE_TOKENS = 16
+# a reading rate measured on fewer tokens says little: a request's fixed costs (its
+# template, the first batch) dominate, and a re-read is one long batch
+MIN_RATE_TOKENS = 64
 
 
-def reading_rate(timings: Any) -> float | None:
-    """tokens/s of a request's prompt reading (llama-server's ``timings``), when it read
-    enough tokens to say."""
+@dataclass(frozen=True)
+class Rate:
+    """How fast an engine read a prompt: ``tps`` tokens/s over ``tokens`` tokens."""
+
+    tokens: int
+    tps: float
+
+
+def reading_rate(timings: Any) -> Rate | None:
+    """A request's prompt reading (llama-server's ``timings``), when it read enough
+    tokens to say how fast a long re-read goes."""
     if not isinstance(timings, dict):
         return None
     n, tps = timings.get("prompt_n"), timings.get("prompt_per_second")
     if isinstance(n, int) and n >= MIN_RATE_TOKENS and isinstance(tps, (int, float)) and tps > 0:
-        return float(tps)
+        return Rate(n, float(tps))
     return None
 
 
@@ -414,7 +424,7 @@ class StateKeeper:
         os.chmod(path, 0o600)
         prefix_sha = hashlib.sha256(prefix.encode()).hexdigest()
         entry = _Entry(conversation, name, digest, size, tokens, prefix_sha, len(prefix),
-                       engine.identity, time.time(), rate or 0.0)  # fmt: skip
+                       engine.identity, time.time(), rate.tps if rate else 0.0)  # fmt: skip
         with self._locked() as entries:
             self._add(entries, entry)
             if name not in entries:
@@ -428,10 +438,11 @@ class StateKeeper:
         )
 
     def rate(self, conversation: str) -> float | None:
-        """The reading rate measured when the conversation's newest state was made."""
+        """The reading rate (tokens/s) measured when the newest of the conversation's
+        states that measured one was made."""
         rows = [e for e in self._read().values() if e.conversation == conversation]
-        newest = max(rows, key=lambda e: e.used, default=None)
-        return newest.read_tps if newest is not None and newest.read_tps > 0 else None
+        newest = max((e for e in rows if e.read_tps > 0), key=lambda e: e.used, default=None)
+        return newest.read_tps if newest is not None else None
 
     def _add(self, entries: dict[str, _Entry], new: _Entry) -> None:
         """``new`` in, replacing a state of the same point of the same conversation; the

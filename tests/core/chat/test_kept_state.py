@@ -24,7 +24,13 @@ import pytest
 from k3desk.core.app.chat_turn import ConversationStates, TurnRecord, run_turn
 from k3desk.core.chat.client import ChatClient, ChatEndpoint, ChatMessage
 from k3desk.core.chat.history import HistoryStore
-from k3desk.core.chat.kept_state import PER_CONVERSATION, Kept, StateKeeper, states_dir
+from k3desk.core.chat.kept_state import (
+    MIN_RATE_TOKENS,
+    PER_CONVERSATION,
+    Kept,
+    StateKeeper,
+    states_dir,
+)
 from k3desk.core.chat.model import ChatSettings
 from k3desk.core.engines.supervisor import LaunchSpec, Supervisor
 from k3desk.core.paths import default_paths
@@ -325,11 +331,13 @@ def test_a_conversation_read_again_says_how_many_tokens_and_about_how_long(
     tokens the engine reads -- the count its own timings then show -- and a prediction
     from the reading rate measured when the conversation's state was kept."""
     folder = tmp_path / "states"
-    talk = [ChatMessage("user", QUESTIONS[0]), ChatMessage("assistant", "Once.")]
+    story = "Once upon a time a cat and a dog lived by a river near an old mill. " * 4
+    talk = [ChatMessage("user", QUESTIONS[0]), ChatMessage("assistant", story)]
     with engine(llama_server, tiny_k3_single, folder) as client:
         kept = StateKeeper(folder).keep(client, "7", talk, SETTINGS)
     assert kept.done, kept.why
-    assert kept.rate
+    assert kept.rate is not None  # a fresh engine read it all: enough tokens to say
+    assert kept.rate.tokens >= MIN_RATE_TOKENS
     changed = [ChatMessage("user", "Tell me about the sea."), talk[1], ChatMessage("user", "More.")]
     with engine(llama_server, tiny_k3_single, folder) as client:
         back = ConversationStates(StateKeeper(folder)).before(client, 7, changed, SETTINGS)
@@ -339,6 +347,6 @@ def test_a_conversation_read_again_says_how_many_tokens_and_about_how_long(
     assert result.timings is not None
     assert back.reread == result.timings.prompt_n > 0
     assert result.timings.cache_n == 0
-    assert back.predicted_s == pytest.approx(back.reread / kept.rate)
+    assert back.predicted_s == pytest.approx(back.reread / kept.rate.tps)
     assert back.said().startswith(f"Re-reading {back.reread:,} tokens (about ")
     assert "changed since its state was kept" in back.said()
