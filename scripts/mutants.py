@@ -1338,6 +1338,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "a conversation read again after a restart is said with a predicted time, from the "
         "rate measured when its state was kept",
     ),
+    m(
+        "re-reading-not-planned",
+        "k3desk/core/app/chat_turn.py",
+        "rate = rate or (self.planned_tps if self.planned_tps > 0 else None)",
+        "rate = rate",
+        "tests/core/chat/test_kept_state.py::"
+        "test_a_conversation_read_again_says_how_many_tokens_and_about_how_long",
+        "before anything is measured, a conversation read again is said with the plan's "
+        "predicted time",
+    ),
 )
 
 

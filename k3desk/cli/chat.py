@@ -266,8 +266,9 @@ def run(args: argparse.Namespace, services: Services) -> int:
             record = _record(stack, services, prompt, images, settings, system, model)
         key: str | None
         owner: int | None = None  # the engine k3desk started: the key goes to it alone
+        planned_tps = 0.0
         if shard is not None:
-            url, key, owner = _start_engine(stack, shard, args, services, cancel)
+            url, key, owner, planned_tps = _start_engine(stack, shard, args, services, cancel)
         else:
             url, key = str(args.url), args.api_key or os.environ.get(API_KEY_ENV) or None
         server = None if args.server == "auto" else args.server
@@ -278,7 +279,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
         states = None
         if owner is not None and record is not None:
             keep_gib = services.settings().kept_state_gib
-            states = ConversationStates(keeper_for(services.paths.cache, keep_gib))
+            states = ConversationStates(keeper_for(services.paths.cache, keep_gib), planned_tps)
         result, error, state = _ask_keeping(
             client, messages, settings, cancel, args, record=record, states=states
         )
@@ -426,7 +427,7 @@ def _start_engine(
     args: argparse.Namespace,
     services: Services,
     cancel: CancelToken,
-) -> tuple[str, str, int]:
+) -> tuple[str, str, int, float]:
     from k3desk.core.app.engines import State, Supervisor
     from k3desk.core.app.launch import LocalLaunchRequest, prepare_local_launch, slow_warning
 
@@ -484,7 +485,8 @@ def _start_engine(
         raise
     if not quiet:
         print(f"Engine ready in {time.monotonic() - t0:.1f} s.", file=sys.stderr)
-    return ep.url, ep.api_key, ep.pid
+    # the plan's predicted reading rate: said with a re-read before any is measured
+    return ep.url, ep.api_key, ep.pid, launch.plan.speed.prompt_tps
 
 
 def _ask(

@@ -357,12 +357,16 @@ class ConversationStates:
     kept state the request begins with, unless the engine's slot already holds a
     beginning of it (the same conversation, not edited above the slot's point); when none
     is brought back it counts what the engine reads again and predicts how long, from
-    the reading rate measured on that engine (or when the state was kept).  :meth:`after`
+    the reading rate measured on that engine (else when a state was kept, else the
+    plan's prediction).  :meth:`after`
     an answer keeps its state for the next question.  Only for an engine k3desk started
     (``owner_pid``): what an attached server runs is not known.  Thread-safe."""
 
-    def __init__(self, keeper: StateKeeper) -> None:
+    def __init__(self, keeper: StateKeeper, planned_tps: float = 0.0) -> None:
         self.keeper = keeper
+        # the plan's predicted reading rate for the engine the shell runs (0: none): said
+        # when nothing was measured yet (set again by a shell that launches another)
+        self.planned_tps = planned_tps
         self._lock = threading.Lock()
         # engine (pid, address) -> (the conversation its slot holds, how that begins:
         # the kept state's prompt, None when not known)
@@ -424,6 +428,7 @@ class ConversationStates:
             measured = self._rate.get(engine)
         rate = measured.tps if measured is not None else None
         rate = rate or self.keeper.rate(conversation)
+        rate = rate or (self.planned_tps if self.planned_tps > 0 else None)
         return replace(kept, reread=n, predicted_s=n / rate if rate else None)
 
     def after(

@@ -630,10 +630,14 @@ class ChatController(QObject):
         )
 
     def _conversation_states(self) -> ConversationStates:
-        """Conversations' engine states (within Settings' disk budget, read now)."""
+        """Conversations' engine states (within Settings' disk budget, read now), with the
+        running launch's predicted reading rate."""
         budget = self.ctx.settings.kept_state_gib
         if self._states is None or self._states.keeper.budget != budget * GiB:
             self._states = ConversationStates(keeper_for(self.ctx.services.paths.cache, budget))
+        request = self.engine.request
+        plan = request.plan if request is not None else None
+        self._states.planned_tps = plan.speed.prompt_tps if plan is not None else 0.0
         return self._states
 
     # -------------------------------------------------------- main thread

@@ -341,7 +341,13 @@ def test_a_conversation_read_again_says_how_many_tokens_and_about_how_long(
     changed = [ChatMessage("user", "Tell me about the sea."), talk[1], ChatMessage("user", "More.")]
     with engine(llama_server, tiny_k3_single, folder) as client:
         back = ConversationStates(StateKeeper(folder)).before(client, 7, changed, SETTINGS)
+        # nothing measured at all (no state kept): the plan's predicted rate is said
+        planned = ConversationStates(StateKeeper(tmp_path / "none"), planned_tps=5.0)
+        first = planned.before(client, 8, changed, SETTINGS)
         result = client.chat(changed, SETTINGS)
+    assert first is not None
+    assert "No engine state was kept" in first.said()
+    assert first.predicted_s == pytest.approx(first.reread / 5.0)
     assert back is not None
     assert not back.done
     assert result.timings is not None
