@@ -1261,8 +1261,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "kept-state-not-hashed",
         "k3desk/core/chat/kept_state.py",
-        "if _sha256_file(self.folder / entry.file, entry.size) != entry.sha256:",
-        "if _sha256_file(self.folder / entry.file, entry.size) is None:",
+        "if _sha256_file(self.folder / e.file, e.size) == e.sha256:",
+        "if _sha256_file(self.folder / e.file, e.size) is not None:",
         "tests/core/chat/test_kept_state.py::test_a_damaged_state_is_refused_before_the_engine_sees_it",
         "a kept state whose bytes changed is refused and deleted before the engine reads it",
     ),
@@ -1312,8 +1312,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "kept-state-shortest-fit",
         "k3desk/core/chat/kept_state.py",
-        "entry = max(fits, key=lambda e: e.prefix_chars)",
-        "entry = min(fits, key=lambda e: e.prefix_chars)",
+        "for e in sorted(fits, key=lambda e: e.prefix_chars, reverse=True):",
+        "for e in sorted(fits, key=lambda e: e.prefix_chars, reverse=False):",
         "tests/core/chat/test_kept_state.py::"
         "test_a_regenerated_answer_and_an_edited_question_start_from_the_turn_before",
         "the longest kept state the new prompt begins with is restored",

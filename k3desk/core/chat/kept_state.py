@@ -502,11 +502,15 @@ class StateKeeper:
             return Kept(
                 False, "The conversation changed since its state was kept: it is read again."
             )
-        entry = max(fits, key=lambda e: e.prefix_chars)
         t0 = time.monotonic()
-        if _sha256_file(self.folder / entry.file, entry.size) != entry.sha256:
+        entry = None
+        for e in sorted(fits, key=lambda e: e.prefix_chars, reverse=True):  # longest first
+            if _sha256_file(self.folder / e.file, e.size) == e.sha256:
+                entry = e
+                break
             with self._locked() as entries:
-                self._drop(entries, entry)
+                self._drop(entries, e)  # damaged or replaced: deleted unread; the next one
+        if entry is None:
             return Kept(
                 False,
                 "The kept state's file is damaged or was replaced (its size "

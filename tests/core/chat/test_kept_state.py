@@ -136,6 +136,33 @@ def test_a_damaged_state_is_refused_before_the_engine_sees_it(
     assert not state.exists()  # deleted unread
 
 
+def test_a_damaged_newest_state_gives_way_to_the_one_before(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
+) -> None:
+    folder = tmp_path / "states"
+    one = [ChatMessage("user", QUESTIONS[0]), ChatMessage("assistant", "Once.")]
+    two = [*one, ChatMessage("user", QUESTIONS[1]), ChatMessage("assistant", "Then.")]
+    keeper = StateKeeper(folder)
+    with engine(llama_server, tiny_k3_single, folder) as client:
+        older = keeper.keep(client, "1", one, SETTINGS)
+        time.sleep(0.01)
+        newer = keeper.keep(client, "1", two, SETTINGS)
+    assert older.done, older.why
+    assert newer.done, newer.why
+    newest = max(folder.glob("k3c-*.bin"), key=lambda f: f.stat().st_size)  # more tokens
+    data = bytearray(newest.read_bytes())
+    data[-1] ^= 0x01  # one bit of its last byte
+    newest.write_bytes(bytes(data))
+    asked = [*two, ChatMessage("user", "And?")]
+    with engine(llama_server, tiny_k3_single, folder) as client:
+        back = keeper.bring_back(client, "1", asked, SETTINGS)
+        result = client.chat(asked, SETTINGS)
+    assert back.done, back.why
+    assert back.tokens == older.tokens == result.timings.cache_n
+    assert not newest.exists()  # deleted unread
+    assert len(keeper.entries()) == 1
+
+
 def test_a_state_made_for_another_context_is_not_used(
     llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
 ) -> None:
