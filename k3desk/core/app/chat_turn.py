@@ -358,9 +358,9 @@ class ConversationStates:
     beginning of it (the same conversation, not edited above the slot's point); when none
     is brought back it counts what the engine reads again and predicts how long, from
     the reading rate measured on that engine (else when a state was kept, else the
-    plan's prediction).  :meth:`after`
-    an answer keeps its state for the next question.  Only for an engine k3desk started
-    (``owner_pid``): what an attached server runs is not known.  Thread-safe."""
+    plan's prediction).  :meth:`after` an answer keeps its state for the next question.
+    Only for an engine k3desk started (``owner_pid``): what an attached server runs is
+    not known.  Thread-safe."""
 
     def __init__(self, keeper: StateKeeper, planned_tps: float = 0.0) -> None:
         self.keeper = keeper
