@@ -21,7 +21,7 @@ say the resumed run read only the question (``cache_n`` = the state's tokens).
 ``--twin TIER`` runs the same on a sparse twin of a real tier (the 9-part UD-IQ1_S,
 329 GB apparent) with the arguments k3desk's plan gives on this machine.  On a machine
 without the RAM for it every token is slow (measured here on 2 cores: 1.34 s a token in a
-cores), so the conversation is shorter and one round is run.
+long read, 2.7-6.6 s in a short one), so the conversation is shorter and one round is run.
 
 Goals (the last line prints ``resume/reread = X``): <= 0.05 on the tiny K3 with 4,000
 tokens, <= 0.02 on the twin.
