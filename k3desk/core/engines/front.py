@@ -1,0 +1,396 @@
+"""The local API's front before llama-server's router: only what the router cannot do.
+
+llama-server b11434's router (:mod:`k3desk.core.engines.router`) loads the model a request
+names and forwards the request to it, which is most of "load on demand".  Two promises it
+cannot keep, read in its source (tools/server/server-models.cpp):
+
+* ``server_models::ensure_model_ready`` waits for a load with no bound of its own: a
+  client whose request names a model being loaded hangs until the load ends or its own
+  timeout fires.  The front waits at most ``load_wait`` seconds and then answers **503 with
+  Retry-After** (the load goes on; the OpenAI and Anthropic SDKs retry after that many
+  seconds by themselves).
+* a model that is not in its preset file is "model name=X is not found": a person whose
+  set k3desk left out (its plan streams from disk here) is not told why.  The front answers
+  **400 with the reason** k3desk gave, and what to do.
+
+Everything else goes through as bytes: the request as it came (its ``Connection`` made
+``close``, so each request is one connection to the router and a streamed answer ends
+when the router closes it), the answer as the router gives it, keys, CORS and errors
+included.  The router checks keys; the front's own answers are given only to a request
+carrying a valid one (any other goes on to the router, which refuses it with 401).
+Only the body of a POST carrying a valid key is read (to find the ``model`` it names),
+and only up to :data:`INSPECT_LIMIT`; any other is passed on as it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import math
+import resource
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import httpx
+
+HEAD_LIMIT = 64 * 1024  # a request's line and headers (431 beyond)
+HEAD_SECONDS = 30.0  # for a client to send them (a slow client is dropped after)
+BODY_SECONDS = 300.0  # for a body the front reads
+INSPECT_LIMIT = 32 << 20  # bodies read to find the model they name; larger pass as they are
+POLL_SECONDS = 0.25  # the router's model states, asked this often while one loads
+TRUSTED_SECONDS = 1.0  # a "loaded" seen this recently is not asked again
+LOAD_RATE = 1e9  # bytes a second a load is expected to read (Retry-After's estimate)
+RETRY_MAX = 60  # seconds: the SDKs honour a Retry-After up to this
+_HOP = frozenset({"connection", "keep-alive", "proxy-connection"})
+_REASONS = {
+    400: "Bad Request",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Where the router listens now (loopback) and the app's own key for it."""
+
+    host: str
+    port: int
+    api_key: str
+
+
+@dataclass(frozen=True)
+class FrontConfig:
+    host: str  # where tools reach the local API
+    port: int  # 0: a free one
+    client_keys: tuple[str, ...] = field(default=(), repr=False)
+    # names a request may give that k3desk left out, with why and what to do
+    left_out: Mapping[str, str] = field(default_factory=dict)
+    # names the router serves, with each set's size (the load time's estimate)
+    served: Mapping[str, int] = field(default_factory=dict)
+    load_wait: float = 30.0  # seconds a request waits for its model to load
+    allow_origin: str = ""  # Access-Control-Allow-Origin of the front's own answers
+
+
+@dataclass(frozen=True)
+class _Request:
+    method: str
+    target: str
+    headers: tuple[tuple[str, str], ...]
+
+    def header(self, name: str) -> str | None:
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+    def length(self) -> int | None:
+        raw = self.header("content-length")
+        if raw is None:
+            return None
+        if not raw.strip().isdigit():
+            raise ValueError("Content-Length is not a number")
+        return int(raw)
+
+    def upstream_head(self, *, drop_expect: bool) -> bytes:
+        lines = [f"{self.method} {self.target} HTTP/1.1"]
+        for key, value in self.headers:
+            low = key.lower()
+            if low in _HOP or (drop_expect and low == "expect"):
+                continue
+            lines.append(f"{key}: {value}")
+        lines.append("Connection: close")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def parse_head(head: bytes) -> _Request:
+    """A request's line and headers; :class:`ValueError` for anything HTTP/1.1 refuses."""
+    text = head.decode("latin-1")
+    lines = text.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[0].isalpha():
+        raise ValueError("not an HTTP/1.x request line")
+    headers = []
+    for line in lines[1:]:
+        if not line:
+            continue
+        key, sep, value = line.partition(":")
+        if not sep or not key or key != key.strip():
+            raise ValueError("a header without a name")
+        headers.append((key, value.strip()))
+    return _Request(parts[0], parts[1], tuple(headers))
+
+
+def model_named(body: bytes) -> str | None:
+    """The ``model`` a JSON body names (None when it is not JSON or names none)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) else None
+
+
+def error_answer(
+    status: int, message: str, *, anthropic: bool, retry_after: int = 0, allow_origin: str = ""
+) -> bytes:
+    """An answer in the shape the client's API uses: llama-server's own for OpenAI's
+    (``format_error_response``: code, message, type), Anthropic's for ``/v1/messages``."""
+    kind = {400: "invalid_request_error", 503: "unavailable_error"}.get(status, "server_error")
+    if anthropic:
+        kind = {400: "invalid_request_error", 503: "overloaded_error"}.get(status, "api_error")
+        body = {"type": "error", "error": {"type": kind, "message": message}}
+    else:
+        body = {"error": {"code": status, "message": message, "type": kind}}
+    data = json.dumps(body).encode()
+    head = [
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}",
+        "Content-Type: application/json; charset=utf-8",
+        f"Content-Length: {len(data)}",
+        "Connection: close",
+    ]
+    if retry_after:
+        head.append(f"Retry-After: {retry_after}")
+    if allow_origin:
+        head.append(f"Access-Control-Allow-Origin: {allow_origin}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data
+
+
+class RouterFront:
+    """Listens at the local API's address and passes requests to the router that
+    ``upstream()`` names (None while it is not ready: 503, Retry-After 5)."""
+
+    def __init__(self, config: FrontConfig, upstream: Callable[[], Upstream | None]) -> None:
+        self.config = config
+        self._upstream = upstream
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self._loaded: dict[str, float] = {}  # name -> when "loaded" was last seen
+        self._loads: dict[str, float] = {}  # name -> when its load started (monotonic)
+        self._http: httpx.AsyncClient | None = None
+
+    @property
+    def port(self) -> int:
+        return self._sock.getsockname()[1] if self._sock is not None else 0
+
+    def start(self) -> int:
+        """Bind (an :class:`OSError` when the address is taken) and serve in a thread of
+        its own; the port listened on."""
+        _more_files()
+        # as llama-server binds (SO_REUSEADDR): a closed listener's TIME_WAIT is no owner
+        self._sock = socket.create_server((self.config.host, self.config.port), backlog=1024)
+        self._thread = threading.Thread(target=self._run, name="local-api-front", daemon=True)
+        self._thread.start()
+        return self.port
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._thread = None
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._http = httpx.AsyncClient(timeout=10.0)
+        server = self._loop.run_until_complete(
+            asyncio.start_server(self._serve, sock=self._sock, limit=HEAD_LIMIT)
+        )
+        try:
+            self._loop.run_forever()
+        finally:
+            server.close()
+            with contextlib.suppress(Exception):
+                self._loop.run_until_complete(self._http.aclose())
+            if self._sock is not None:
+                self._sock.close()
+
+    # ------------------------------------------------------------------ one connection
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._one(reader, writer)
+        except asyncio.LimitOverrunError:
+            writer.write(error_answer(431, "The request's headers are too long.", anthropic=False))
+        except ValueError as e:
+            writer.write(error_answer(400, f"Not an HTTP request: {e}.", anthropic=False))
+        except (TimeoutError, OSError, asyncio.IncompleteReadError):
+            pass  # the client went or was too slow: nothing to answer
+        finally:
+            with contextlib.suppress(Exception):
+                await writer.drain()
+            writer.close()
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_SECONDS)
+        req = parse_head(head)
+        length = req.length()
+        chunked = "chunked" in (req.header("transfer-encoding") or "").lower()
+        body = b""
+        # a request without a valid key goes to the router unread: it refuses it with 401
+        # before reading the body, as it would without the front
+        inspected = (
+            req.method == "POST"
+            and not chunked
+            and 0 < (length or 0) <= INSPECT_LIMIT
+            and self._authorized(req)
+        )
+        if inspected:
+            if (req.header("expect") or "").lower() == "100-continue":
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            body = await asyncio.wait_for(reader.readexactly(length or 0), BODY_SECONDS)
+            model = model_named(body)
+            if model is not None:
+                answer = await self._gate(model, req)
+                if answer is not None:
+                    writer.write(answer)
+                    return
+        up = self._upstream()
+        if up is None:
+            writer.write(self._answer(503, "The local API's engine is starting.", req, 5))
+            return
+        try:
+            ur, uw = await asyncio.open_connection(up.host, up.port, limit=HEAD_LIMIT)
+        except OSError:
+            writer.write(self._answer(503, "The local API's engine is restarting.", req, 5))
+            return
+        try:
+            uw.write(req.upstream_head(drop_expect=inspected) + body)
+            pump = None
+            if not inspected and (chunked or (length or 0) > 0):
+                pump = asyncio.ensure_future(_pump(reader, uw, None if chunked else length))
+            await _pipe(ur, writer, None)
+            if pump is not None:
+                pump.cancel()
+        finally:
+            uw.close()
+
+    # ------------------------------------------------------------------ the front's own
+    def _authorized(self, req: _Request) -> bool:
+        given = req.header("x-api-key") or ""
+        auth = req.header("authorization") or ""
+        if auth[:7].lower() == "bearer ":
+            given = auth[7:].strip()
+        if not given:
+            return False
+        up = self._upstream()
+        keys = (*self.config.client_keys, *((up.api_key,) if up is not None else ()))
+        return any(hmac.compare_digest(given.encode(), k.encode()) for k in keys)
+
+    def _answer(self, status: int, message: str, req: _Request, retry: int = 0) -> bytes:
+        anthropic = req.target.split("?")[0].rstrip("/").endswith("/messages")
+        return error_answer(
+            status, message, anthropic=anthropic, retry_after=retry,
+            allow_origin=self.config.allow_origin if req.header("origin") else "",
+        )  # fmt: skip
+
+    async def _gate(self, model: str, req: _Request) -> bytes | None:
+        """None when the request may go to the router now; else the front's answer."""
+        why = self.config.left_out.get(model)
+        if why is not None:
+            return self._answer(400, f"Model {model!r} is not served on request: {why}", req)
+        if model not in self.config.served:
+            return None  # the router's own "not found"
+        now = time.monotonic()
+        if now - self._loaded.get(model, -math.inf) < TRUSTED_SECONDS:
+            return None
+        deadline = now + self.config.load_wait
+        while True:
+            state, failed = await self._state(model)
+            if state in ("loaded", "sleeping"):
+                self._loaded[model] = time.monotonic()
+                self._loads.pop(model, None)
+                return None
+            if state == "loading":
+                self._loads.setdefault(model, time.monotonic())
+            elif state == "unloaded" and failed and model in self._loads:
+                del self._loads[model]
+                return self._answer(
+                    500, f"Model {model!r} failed to load; k3desk api serve's log says why.", req
+                )
+            elif state == "unloaded":
+                # the router marks the model loading before /models/load returns
+                # (server_models::load): an "unloaded" seen after it is this load's end
+                self._loads[model] = time.monotonic()
+                await self._post_load(model)
+            elif state is None:
+                return None  # the router did not say: it answers the request itself
+            if time.monotonic() >= deadline:
+                return self._answer(503, self._loading_said(model), req, self._retry(model))
+            await asyncio.sleep(POLL_SECONDS)
+
+    def _retry(self, model: str) -> int:
+        elapsed = time.monotonic() - self._loads.get(model, time.monotonic())
+        left = self.config.served.get(model, 0) / LOAD_RATE - elapsed
+        return max(1, min(RETRY_MAX, math.ceil(left)))
+
+    def _loading_said(self, model: str) -> str:
+        took = time.monotonic() - self._loads.get(model, time.monotonic())
+        return (
+            f"Model {model!r} is loading ({took:.0f} s so far); it answers when loaded. "
+            "Try again after the Retry-After seconds."
+        )
+
+    async def _state(self, model: str) -> tuple[str | None, bool]:
+        up = self._upstream()
+        if up is None or self._http is None:
+            return None, False
+        try:
+            got = await self._http.get(
+                f"http://{up.host}:{up.port}/models",
+                headers={"Authorization": f"Bearer {up.api_key}"},
+            )
+            for m in got.json().get("data", []):
+                if m.get("id") == model:
+                    status = m.get("status") or {}
+                    return str(status.get("value")), bool(status.get("failed"))
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
+        return None, False
+
+    async def _post_load(self, model: str) -> None:
+        up = self._upstream()
+        if up is None or self._http is None:
+            return
+        with contextlib.suppress(httpx.HTTPError):
+            # "already running" when another request started it first: nothing to do
+            await self._http.post(
+                f"http://{up.host}:{up.port}/models/load",
+                json={"model": model},
+                headers={"Authorization": f"Bearer {up.api_key}"},
+            )
+
+
+async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: int | None) -> None:
+    """Bytes from ``src`` to ``dst`` as they come: ``count`` of them, or until the end."""
+    left = count
+    while left is None or left > 0:
+        data = await src.read(65536 if left is None else min(65536, left))
+        if not data:
+            break
+        dst.write(data)
+        await dst.drain()
+        if left is not None:
+            left -= len(data)
+
+
+async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: int | None) -> None:
+    """A request's body on to the router while its answer comes back; a client or router
+    that goes ends it quietly (the answer's side says what happened)."""
+    with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+        await _pipe(src, dst, count)
+
+
+def _more_files() -> None:
+    """A connection through the front holds two descriptors: raise the soft limit to the
+    hard one (1,024 is common) so a thousand tools at once do not run out."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
