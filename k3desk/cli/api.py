@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from k3desk.core.app.local_api import (
+    LOAD_WAIT,
     PORT_HINT,
     RESTART_NOTE,
     ClientKey,
@@ -83,6 +85,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     st.add_argument("--key", default="", metavar="NAME", help="with this key (default: first)")
     st.set_defaults(handler=run_settings)
 
+    _register_serve(asub)
+
+
+def _register_serve(asub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sv = asub.add_parser(
         "serve",
         help="serve every model in My models, each loaded when a request names it",
@@ -98,6 +104,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     sv.add_argument(
         "--max-restarts", type=int, default=3, help="failed attempts in a row before giving up"
+    )
+    sv.add_argument(
+        "--load-wait",
+        type=float,
+        default=LOAD_WAIT,
+        metavar="SECONDS",
+        help="how long a request waits for its model to load before it is answered 503 with "
+        f"Retry-After (the load goes on; default {LOAD_WAIT:.0f})",
     )
     sv.set_defaults(handler=run_serve)
 
@@ -208,7 +222,7 @@ def run_settings(args: argparse.Namespace, services: Services) -> int:
 def run_serve(args: argparse.Namespace, services: Services) -> int:
     from k3desk.cli.serve import _EventPrinter, _foreground, check_parallel
     from k3desk.core.app.engines import RestartPolicy, Supervisor
-    from k3desk.core.app.on_demand import on_demand
+    from k3desk.core.app.on_demand import on_demand, start_front
 
     settings = services.settings()
     parallel = check_parallel(settings.api_parallel if args.parallel is None else args.parallel)
@@ -227,10 +241,22 @@ def run_serve(args: argparse.Namespace, services: Services) -> int:
         print(f"Left out: {out.name}: {out.why}")
     print(f"Engine: {served.spec.executable}")
     print(f"Model list: {served.preset}")
+    if not 0 <= args.load_wait <= 3600:
+        raise EngineError(
+            f"--load-wait {args.load_wait:g} is out of range.", "Give 0 to 3600 seconds."
+        )
     sup = Supervisor(
         served.spec,
         services.paths,
         policy=RestartPolicy(max_failures=max(1, args.max_restarts)),
         on_event=_EventPrinter(),
     )
-    return _foreground(sup, services=services)
+    front = start_front(served, lambda: sup.endpoint, load_wait=args.load_wait)
+    try:
+        return _foreground(
+            sup,
+            services=services,
+            address=lambda ep: replace(ep, host=served.host, port=front.port),
+        )
+    finally:
+        front.stop()

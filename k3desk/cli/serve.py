@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -219,7 +220,11 @@ def _foreground(
     *,
     tool_settings: bool = False,
     services: Services | None = None,
+    address: Callable[[Endpoint], Endpoint] | None = None,
 ) -> int:
+    """Start ``sup`` and say each ready attempt until Ctrl-C; ``address`` gives the one
+    tools reach (a front's) for an attempt's own."""
+
     def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
@@ -242,7 +247,7 @@ def _foreground(
                     took = attempt.ready_seconds or 0.0
                     print(f"Ready again in {took:.1f} s (attempt {ep.attempt})", flush=True)
                 shown = ep.attempt
-                print(f"URL: {ep.url}/v1", flush=True)
+                print(f"URL: {(address(ep) if address else ep).url}/v1", flush=True)
                 print(f"API key: {ep.api_key}", flush=True)
                 if services is not None:
                     _print_client_keys(services)

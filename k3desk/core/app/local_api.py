@@ -61,6 +61,10 @@ __all__ = [
 
 DEFAULT_PORT = Settings().api_port
 PORT_ENV = "K3DESK_API_PORT"  # a port for this run only (0: a free one each launch)
+# seconds a request to `k3desk api serve` waits for the model it names to load before it is
+# answered 503 with Retry-After (core/engines/front.py)
+LOAD_WAIT = 30.0
+
 PORT_HINT = (
     "Stop that program, or give the local API another port: Settings > Local API, or "
     "`k3desk api port N` (`k3desk serve --port N` for one run)."

@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING
 
 from k3desk.core.app.launch import LocalLaunchRequest, SlowLaunchError, prepare_local_launch
 from k3desk.core.app.library import local_models
-from k3desk.core.app.local_api import with_local_api
+from k3desk.core.app.local_api import PORT_HINT, with_local_api
+from k3desk.core.engines.front import FrontConfig, RouterFront, Upstream
+from k3desk.core.engines.ports import LOOPBACK, port_problem
 from k3desk.core.engines.router import PresetModel, preset_name, preset_text, router_args
-from k3desk.core.engines.supervisor import LaunchSpec
+from k3desk.core.engines.supervisor import Endpoint, LaunchSpec
 from k3desk.core.errors import EngineError, K3Error
 from k3desk.core.private import write_private
 from k3desk.core.settings import Settings
@@ -42,6 +44,7 @@ class Served:
     shard: Path
     size: str
     plan: str  # the plan's reason, as k3desk plan says it
+    size_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,13 @@ class LeftOut:
 
 @dataclass(frozen=True)
 class OnDemand:
-    spec: LaunchSpec
+    spec: LaunchSpec  # the router's own: on loopback, a free port (the front is before it)
     served: tuple[Served, ...]
     left_out: tuple[LeftOut, ...]
     preset: Path  # the router's model list (private), rewritten at each start
+    host: str = LOOPBACK  # where tools reach the local API (the front listens there)
+    port: int = 0  # 0: a free one
+    allow_origin: str = ""  # the one web origin whose pages may read answers
 
 
 def preset_path(services: Services) -> Path:
@@ -115,7 +121,8 @@ def on_demand(
             continue
         engine, first = launch.prepared.engine, first or spec
         presets.append(PresetModel(name, spec.args))
-        served.append(Served(name, model.shard, fmt_bytes(model.size_bytes), launch.plan.reason))
+        size = model.size_bytes
+        served.append(Served(name, model.shard, fmt_bytes(size), launch.plan.reason, size))
     if first is None or engine is None:
         raise EngineError(
             "No model in My models runs from memory on this machine, so none can be loaded "
@@ -132,5 +139,50 @@ def on_demand(
         api_key_file=first.api_key_file,
         local_cors=first.local_cors,
     )
-    spec = with_local_api(services, spec, settings, port=port)
-    return OnDemand(replace(spec), tuple(served), tuple(left), path)
+    return _behind_a_front(
+        with_local_api(services, spec, settings, port=port), tuple(served), tuple(left), path
+    )
+
+
+def _behind_a_front(
+    spec: LaunchSpec, served: tuple[Served, ...], left: tuple[LeftOut, ...], path: Path
+) -> OnDemand:
+    """The router on loopback at a port of its own; the front takes the local API's
+    address (core/engines/front.py says what it does that the router cannot)."""
+    origin = (spec.cors_origin or "localhost") if spec.local_cors else ""
+    router = replace(spec, host=LOOPBACK, port=None, port_hint="")
+    return OnDemand(router, served, left, path, spec.host, spec.port or 0, origin)
+
+
+def start_front(
+    served: OnDemand, upstream: Callable[[], Endpoint | None], *, load_wait: float
+) -> RouterFront:
+    """The local API's front at ``served``'s address before the router ``upstream()``
+    names (the Supervisor's endpoint: None while it starts or restarts).  Raises
+    :class:`EngineError` when the address is taken, naming who holds it."""
+    left: dict[str, str] = {}
+    for out in served.left_out:
+        left[out.name] = out.why
+        left.setdefault(preset_name(out.name), out.why)
+    config = FrontConfig(
+        host=served.host,
+        port=served.port,
+        client_keys=served.spec.client_keys,
+        left_out=left,
+        served={m.name: m.size_bytes for m in served.served},
+        load_wait=load_wait,
+        allow_origin=served.allow_origin,
+    )
+
+    def router() -> Upstream | None:
+        ep = upstream()
+        return None if ep is None else Upstream(LOOPBACK, ep.port, ep.api_key)
+
+    front = RouterFront(config, router)
+    try:
+        front.start()
+    except OSError as e:
+        problem, hint = port_problem(served.port, served.host)
+        said = f"The local API cannot listen at {served.host}:{served.port}: {e.strerror or e}."
+        raise EngineError(problem or said, hint or PORT_HINT) from e
+    return front
