@@ -1348,6 +1348,33 @@ MUTANTS: tuple[Mutant, ...] = (
         "before anything is measured, a conversation read again is said with the plan's "
         "predicted time",
     ),
+    m(
+        "front-waits-without-a-bound",
+        "k3desk/core/engines/front.py",
+        "if time.monotonic() >= deadline:",
+        "if False:",
+        "tests/core/engines/test_local_api_front.py::"
+        "test_a_request_for_a_model_still_loading_gets_503_with_retry_after_and_the_sdk_then_its_answer",
+        "a request for a model still loading is answered 503 with Retry-After at the bound",
+    ),
+    m(
+        "front-loads-for-a-request-without-a-key",
+        "k3desk/core/engines/front.py",
+        "            and self._authorized(req)\n",
+        "",
+        "tests/hostile/test_local_api_front.py::"
+        "test_through_the_front_keys_origins_floods_and_big_bodies_hold",
+        "a request without a valid key loads nothing and is the router's 401",
+    ),
+    m(
+        "front-failed-load-waits",
+        "k3desk/core/engines/front.py",
+        'elif state == "unloaded" and failed and model in self._loads:',
+        'elif state == "unloaded" and failed and model in ():',
+        "tests/core/engines/test_local_api_front.py::"
+        "test_a_load_that_fails_is_said_and_the_endpoint_stays_up",
+        "a load that fails is said as such",
+    ),
 )
 
 

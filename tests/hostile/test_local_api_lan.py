@@ -44,6 +44,19 @@ def models(url: str, key: str | None, **headers: str) -> httpx.Response:
     return httpx.get(f"{url}/v1/models", headers=headers, timeout=30)
 
 
+def preflight(url: str, origin: str) -> httpx.Response:
+    """A browser's CORS preflight for a chat request from a page of ``origin``."""
+    return httpx.options(
+        f"{url}/v1/chat/completions",
+        headers={
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
+        timeout=30,
+    )
+
+
 def test_off_by_default_and_gone_when_turned_off(
     llama_server: Path, tiny_k3_single: TinyModel, lan_ip: str
 ) -> None:
@@ -83,15 +96,7 @@ def test_from_the_network_only_valid_keys_and_the_listed_origin_get_answers(
 
         # a browser's preflight, then the request itself, from a page of another site
         for origin, allowed in ((ORIGIN, True), ("http://evil.example", False)):
-            pre = httpx.options(
-                f"{url}/v1/chat/completions",
-                headers={
-                    "Origin": origin,
-                    "Access-Control-Request-Method": "POST",
-                    "Access-Control-Request-Headers": "authorization, content-type",
-                },
-                timeout=30,
-            )
+            pre = preflight(url, origin)
             got = models(url, kept, Origin=origin)
             for r in (pre, got):
                 allow = r.headers.get("access-control-allow-origin")

@@ -162,6 +162,19 @@ def test_a_request_loads_the_model_it_names_one_at_a_time(
         assert _states(url, key) == {"Tiny-A": "loaded", "Tiny-B": "unloaded"}
         assert _props(url, key, "Tiny-A") == alone["Tiny-A"][1]
         assert _ask(url, key, "Tiny-A") == alone["Tiny-A"][0]
+        # the set left out, named by a request: why, and what to do, in each API's shape
+        with pytest.raises(openai.BadRequestError, match="does not fit in RAM") as refused:
+            _ask(url, key, big_name)
+        assert f"k3desk serve --accept-slow {big}" in str(refused.value)
+        client = anthropic.Anthropic(
+            base_url=url.removesuffix("/v1"), api_key=key, max_retries=0, timeout=120
+        )
+        with client, pytest.raises(anthropic.BadRequestError, match="accept-slow") as said:
+            client.messages.create(
+                model=big_name, max_tokens=4, messages=[{"role": "user", "content": "Hi"}]
+            )
+        assert said.value.type == "invalid_request_error"  # Anthropic's error shape
+        assert _states(url, key)["Tiny-A"] == "loaded"  # nothing was unloaded for it
         # a model nobody has: the router's own answer, the endpoint still up
         with pytest.raises(openai.BadRequestError, match="not found"):
             _ask(url, key, "Tiny-C")
@@ -185,10 +198,10 @@ def _props(url: str, key: str, model: str) -> tuple[object, ...]:
 class _api_serve:
     """`k3desk api serve` until its router is ready; what it printed; then SIGTERM."""
 
-    def __init__(self, engine: Path) -> None:
+    def __init__(self, engine: Path, *args: str) -> None:
         env = {**_env(), "K3DESK_LLAMA_SERVER": str(engine)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "k3desk", "api", "serve"], cwd=REPO, env=env,
+            [sys.executable, "-m", "k3desk", "api", "serve", *args], cwd=REPO, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
 
