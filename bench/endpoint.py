@@ -95,7 +95,7 @@ def start_bare(engine: Path, args: str, port: int) -> subprocess.Popen[bytes]:
     raise SystemExit("the bare llama-server did not get ready")
 
 
-def one_stream(client: openai.OpenAI, tokens: int) -> tuple[float, float]:
+def one_stream(client: openai.OpenAI, tokens: int, model: str = "kimi-k3") -> tuple[float, float]:
     """(seconds to the first token, tokens per second after it) of one streamed answer."""
     started = time.perf_counter()
     first = 0.0
@@ -103,7 +103,7 @@ def one_stream(client: openai.OpenAI, tokens: int) -> tuple[float, float]:
     # the completions route: a random model's long answer can look like a malformed tool
     # call to Kimi-K3's chat parser, which would end the stream with an error
     stream = client.completions.create(
-        model="kimi-k3",
+        model=model,
         prompt="Once upon a time",
         max_tokens=tokens,
         stream=True,
