@@ -210,6 +210,7 @@ class RouterFront:
                 self._loop.run_until_complete(self._http.aclose())
             if self._sock is not None:
                 self._sock.close()
+            self._loop.close()
 
     # ------------------------------------------------------------------ one connection
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
