@@ -1375,6 +1375,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_a_load_that_fails_is_said_and_the_endpoint_stays_up",
         "a load that fails is said as such",
     ),
+    m(
+        "front-relays-to-a-client-gone",
+        "k3desk/core/engines/front.py",
+        "if client.is_closing():  # the client went",
+        "if False:  # the client went",
+        "tests/hostile/test_local_api_front.py::"
+        "test_through_the_front_keys_origins_floods_and_big_bodies_hold",
+        "a client that drops mid-answer ends its generation at once",
+    ),
 )
 
 

@@ -46,6 +46,14 @@ POLL_SECONDS = 0.25  # the router's model states, asked this often while one loa
 TRUSTED_SECONDS = 1.0  # a "loaded" seen this recently is not asked again
 LOAD_RATE = 1e9  # bytes a second a load is expected to read (Retry-After's estimate)
 RETRY_MAX = 60  # seconds: the SDKs honour a Retry-After up to this
+# after passing a piece of an answer on, the router is not read again for this long: the
+# tokens that come meanwhile go on together (one wake-up of the front and of the client for
+# several; on 2 cores each wake-up is CPU taken from the engine's decode threads), each held
+# back 5 ms at most, which no reader sees; the first pieces (the head, the first token) are
+# never held
+RELAY_REST = 0.005
+RELAY_FREE = 2
+RELAY_BUFFER = 1 << 20  # an answer's bytes held for a slow client before the router waits
 _HOP = frozenset({"connection", "keep-alive", "proxy-connection"})
 _REASONS = {
     400: "Bad Request",
@@ -255,21 +263,24 @@ class RouterFront:
         if up is None:
             writer.write(self._answer(503, "The local API's engine is starting.", req, 5))
             return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         try:
-            ur, uw = await asyncio.open_connection(up.host, up.port, limit=HEAD_LIMIT)
+            upstream, relay = await asyncio.get_running_loop().create_connection(
+                lambda: _Relay(writer, done), up.host, up.port
+            )
         except OSError:
             writer.write(self._answer(503, "The local API's engine is restarting.", req, 5))
             return
+        pump = None
         try:
-            uw.write(req.upstream_head(drop_expect=inspected) + body)
-            pump = None
+            upstream.write(req.upstream_head(drop_expect=inspected) + body)
             if not inspected and (chunked or (length or 0) > 0):
-                pump = asyncio.ensure_future(_pump(reader, uw, None if chunked else length))
-            await _pipe(ur, writer, None)
+                pump = asyncio.ensure_future(_pump(reader, relay, None if chunked else length))
+            await done
+        finally:
             if pump is not None:
                 pump.cancel()
-        finally:
-            uw.close()
+            upstream.close()
 
     # ------------------------------------------------------------------ the front's own
     def _authorized(self, req: _Request) -> bool:
@@ -367,24 +378,92 @@ class RouterFront:
             )
 
 
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: int | None) -> None:
-    """Bytes from ``src`` to ``dst`` as they come: ``count`` of them, or until the end."""
+class _Relay(asyncio.Protocol):
+    """One connection to the router: its answer goes to the client in the callback that
+    receives it (no coroutine woken per streamed token: on 2 cores that wake-up was CPU
+    taken from the engine's decode threads), the router read no faster than the client
+    takes the answer (paused past :data:`RELAY_BUFFER`), and the router's connection
+    closed as soon as the client is seen gone, which ends the generation there."""
+
+    def __init__(self, client: asyncio.StreamWriter, done: asyncio.Future[None]) -> None:
+        self._client = client
+        self._done = done
+        self._transport: asyncio.Transport | None = None
+        self._writable = asyncio.Event()  # the router takes more of a request's body
+        self._writable.set()
+        self._draining: asyncio.Future[None] | None = None
+        self._resting = False
+        self._pieces = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        client = self._client.transport
+        if client.is_closing():  # the client went: stop the router's work for it
+            if self._transport is not None:
+                self._transport.close()
+            return
+        client.write(data)
+        self._pieces += 1
+        if self._transport is None or self._resting:
+            return
+        if self._draining is None and client.get_write_buffer_size() > RELAY_BUFFER:
+            self._transport.pause_reading()
+            self._draining = asyncio.ensure_future(self._drain())
+        elif self._draining is None and self._pieces >= RELAY_FREE:
+            self._resting = True
+            self._transport.pause_reading()
+            asyncio.get_running_loop().call_later(RELAY_REST, self._rested)
+
+    def _rested(self) -> None:
+        self._resting = False
+        if self._draining is None and self._transport is not None:
+            if not self._transport.is_closing():
+                self._transport.resume_reading()
+
+    async def _drain(self) -> None:
+        with contextlib.suppress(OSError, RuntimeError):
+            await self._client.drain()
+        self._draining = None
+        if self._resting:
+            return
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._writable.set()
+        if not self._done.done():
+            self._done.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    async def send(self, data: bytes) -> None:
+        """A piece of the request's body, at the pace the router reads it."""
+        if self._transport is None or self._transport.is_closing():
+            raise ConnectionResetError("the router's connection is closed")
+        self._transport.write(data)
+        await self._writable.wait()
+
+
+async def _pump(src: asyncio.StreamReader, dst: _Relay, count: int | None) -> None:
+    """A request's body (``count`` bytes, or until the client's end) on to the router
+    while its answer comes back; a client or router that goes ends it quietly (the
+    answer's side says what happened)."""
     left = count
-    while left is None or left > 0:
-        data = await src.read(65536 if left is None else min(65536, left))
-        if not data:
-            break
-        dst.write(data)
-        await dst.drain()
-        if left is not None:
-            left -= len(data)
-
-
-async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: int | None) -> None:
-    """A request's body on to the router while its answer comes back; a client or router
-    that goes ends it quietly (the answer's side says what happened)."""
     with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-        await _pipe(src, dst, count)
+        while left is None or left > 0:
+            data = await src.read(65536 if left is None else min(65536, left))
+            if not data:
+                break
+            await dst.send(data)
+            if left is not None:
+                left -= len(data)
 
 
 def _more_files() -> None:
