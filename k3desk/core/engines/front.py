@@ -419,9 +419,9 @@ class _Relay(asyncio.Protocol):
 
     def _rested(self) -> None:
         self._resting = False
-        if self._draining is None and self._transport is not None:
-            if not self._transport.is_closing():
-                self._transport.resume_reading()
+        transport = self._transport
+        if self._draining is None and transport is not None and not transport.is_closing():
+            transport.resume_reading()
 
     async def _drain(self) -> None:
         with contextlib.suppress(OSError, RuntimeError):
