@@ -1384,6 +1384,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_through_the_front_keys_origins_floods_and_big_bodies_hold",
         "a client that drops mid-answer ends its generation at once",
     ),
+    m(
+        "front-silent-while-the-engine-restarts",
+        "k3desk/core/engines/front.py",
+        """writer.write(self._answer(503, "The local API's engine is restarting.", req, 5))""",
+        "pass",
+        "tests/core/engines/test_local_api.py::"
+        "test_the_address_stays_up_through_a_crash_and_tools_get_retry_after",
+        "while the engine restarts the address answers 503 with Retry-After",
+    ),
 )
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from k3desk.core.app.local_api import (
     LOAD_WAIT,
+    LOOPBACK,
     PORT_HINT,
     RESTART_NOTE,
     ClientKey,
@@ -245,18 +246,20 @@ def run_serve(args: argparse.Namespace, services: Services) -> int:
         raise EngineError(
             f"--load-wait {args.load_wait:g} is out of range.", "Give 0 to 3600 seconds."
         )
+    printer = _EventPrinter()
     sup = Supervisor(
         served.spec,
         services.paths,
         policy=RestartPolicy(max_failures=max(1, args.max_restarts)),
-        on_event=_EventPrinter(),
+        on_event=printer,
     )
     front = start_front(served, lambda: sup.endpoint, load_wait=args.load_wait)
+    printer.address = f"http://{LOOPBACK}:{front.port}"
     try:
         return _foreground(
             sup,
             services=services,
-            address=lambda ep: replace(ep, host=served.host, port=front.port),
+            address=lambda ep: replace(ep, port=front.port),
         )
     finally:
         front.stop()

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -24,12 +25,15 @@ from k3desk.core.app.engines import (
     predicted_text,
 )
 from k3desk.core.app.local_api import (
+    LOOPBACK,
     MAX_PARALLEL,
     PORT_HINT,
     api_port,
+    behind_a_front,
     endpoint_spec,
     local_api,
     port_problem,
+    start_front,
     tool_settings,
 )
 from k3desk.core.app.tool_settings import tool_snippets
@@ -152,7 +156,10 @@ def run(args: argparse.Namespace, services: Services) -> int:
     if plan.speed.calibration:
         print(f"  {plan.speed.calibration}")
     exe = prepared.engine
-    spec = endpoint_spec(services, prepared, settings, port=port)
+    # the engine on loopback behind k3desk's front, which holds the local API's address
+    # through restarts and re-plans (503 with Retry-After meanwhile)
+    fronted = behind_a_front(endpoint_spec(services, prepared, settings, port=port))
+    spec = fronted.engine
     print(f"Engine: {exe}")
     print(f"Model: {shard} ({fmt_bytes(spec.model_bytes)})")
     print("Arguments: " + " ".join(spec.args))
@@ -165,7 +172,18 @@ def run(args: argparse.Namespace, services: Services) -> int:
         on_event=printer,
         replan=prepared.replan_after_oom,
     )
-    return _foreground(sup, launch.tracker, tool_settings=args.tool_settings, services=services)
+    front = start_front(fronted, lambda: sup.endpoint)
+    printer.address = f"http://{LOOPBACK}:{front.port}"
+    try:
+        return _foreground(
+            sup,
+            launch.tracker,
+            tool_settings=args.tool_settings,
+            services=services,
+            address=lambda ep: replace(ep, port=front.port),
+        )
+    finally:
+        front.stop()
 
 
 def check_parallel(parallel: int) -> int:
@@ -184,6 +202,8 @@ class _EventPrinter:
     def __init__(self) -> None:
         self._last = ""
         self._lock = threading.Lock()
+        # where tools reach an engine behind a front (its own loopback port is no one's)
+        self.address = ""
 
     def __call__(self, e: Event) -> None:
         if e.state is State.LOADING and e.progress is not None:
@@ -193,7 +213,8 @@ class _EventPrinter:
         elif e.state is State.CRASHED:
             line = f"attempt {e.attempt}: crashed: {e.message}"
         elif e.state is State.READY:
-            line = f"attempt {e.attempt}: {e.message or 'ready'}"
+            said = f"ready at {self.address}" if self.address else e.message or "ready"
+            line = f"attempt {e.attempt}: {said}"
         else:
             line = f"{e.state.value}" + (f": {e.message}" if e.message else "")
         with self._lock:
@@ -247,14 +268,15 @@ def _foreground(
                     took = attempt.ready_seconds or 0.0
                     print(f"Ready again in {took:.1f} s (attempt {ep.attempt})", flush=True)
                 shown = ep.attempt
-                print(f"URL: {(address(ep) if address else ep).url}/v1", flush=True)
+                reach = address(ep) if address else ep
+                print(f"URL: {reach.url}/v1", flush=True)
                 print(f"API key: {ep.api_key}", flush=True)
                 if services is not None:
                     _print_client_keys(services)
                 print(f"Engine pid: {ep.pid}", flush=True)
                 print(f"Log: {attempt.log_file}", flush=True)
                 if tool_settings:
-                    _print_tool_settings(ep, services)
+                    _print_tool_settings(reach, services)
                 print("Press Ctrl-C to stop.", flush=True)
                 if tracker is not None:
                     if watcher is not None:

@@ -6,17 +6,21 @@ the base URL a tool was given stays right across restarts, crash re-plans and mo
 switches.  Each launch accepts the app's own key (fresh per launch: k3desk's own traffic)
 and every client key the person made (:mod:`k3desk.core.engines.client_keys`).
 
-Why the engine itself serves the address, with no front of k3desk's own: llama-server
-b11434 already speaks every API the tools use and takes several keys from a file; a front
-would add a hop to every token.  What that costs is said where it shows: a key created or
-revoked takes effect when the engine next starts (it reads its keys once).
+``k3desk serve`` and ``k3desk api serve`` put k3desk's front
+(:mod:`k3desk.core.engines.front`) at the address and the engine behind it on loopback: the
+address answers while the engine starts, restarts after a crash or is re-planned (503 with
+Retry-After, which the SDKs wait for and retry), and no other program can take the port
+between two attempts.  The front passes the bytes on (measured in ``bench/front.py``: no
+slower than the engine alone).  The app's window still lets its engine hold the address
+itself: an engine kept running after the window closes must go on answering there.
+A key created or revoked takes effect when the engine next starts (it reads its keys once).
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -25,8 +29,9 @@ import psutil
 from k3desk.core.app.tool_settings import ToolSnippet, tool_snippets
 from k3desk.core.chat.kept_state import states_dir
 from k3desk.core.engines.client_keys import ApiKeyError, ClientKey, ClientKeys, check_name
+from k3desk.core.engines.front import FrontConfig, RouterFront, Upstream
 from k3desk.core.engines.ports import ANY_HOST, LOOPBACK, port_problem
-from k3desk.core.engines.supervisor import LaunchSpec
+from k3desk.core.engines.supervisor import Endpoint, LaunchSpec
 from k3desk.core.errors import EngineError
 from k3desk.core.settings import MAX_PARALLEL, ORIGIN, Settings, SettingsError
 
@@ -36,13 +41,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PORT",
+    "LOOPBACK",
     "MAX_PARALLEL",
     "PORT_ENV",
     "ApiKeyError",
     "ClientKey",
     "ClientKeys",
+    "Fronted",
     "LocalApi",
     "api_port",
+    "behind_a_front",
     "check_name",
     "client_keys",
     "create_key",
@@ -55,6 +63,7 @@ __all__ = [
     "revoke_key",
     "set_api_port",
     "set_lan",
+    "start_front",
     "tool_settings",
     "with_local_api",
 ]
@@ -132,6 +141,60 @@ def with_local_api(
             "Settings > Local API > Reachable from other devices.",
         )
     return replace(spec, host=ANY_HOST, cors_origin=settings.api_cors_origin)
+
+
+@dataclass(frozen=True)
+class Fronted:
+    """A local API launch with k3desk's front at its address: the engine's own launch (on
+    loopback, a free port) and where the front listens for the person's tools."""
+
+    engine: LaunchSpec
+    host: str
+    port: int  # 0: a free one
+    allow_origin: str  # the one web origin whose pages may read the front's own answers
+
+
+def behind_a_front(spec: LaunchSpec) -> Fronted:
+    """``spec`` (from :func:`with_local_api`) moved behind a front at its address."""
+    origin = (spec.cors_origin or "localhost") if spec.local_cors else ""
+    engine = replace(spec, host=LOOPBACK, port=None, port_hint="")
+    return Fronted(engine, spec.host, spec.port or 0, origin)
+
+
+def start_front(
+    fronted: Fronted,
+    upstream: Callable[[], Endpoint | None],
+    *,
+    served: Mapping[str, int] | None = None,
+    left_out: Mapping[str, str] | None = None,
+    load_wait: float = LOAD_WAIT,
+) -> RouterFront:
+    """The front at ``fronted``'s address before the engine ``upstream()`` names (the
+    Supervisor's endpoint: None while it starts or restarts); ``served`` (names and sizes)
+    and ``left_out`` (names and why) for a router.  Raises :class:`EngineError` when the
+    address is taken, naming who holds it."""
+    config = FrontConfig(
+        host=fronted.host,
+        port=fronted.port,
+        client_keys=fronted.engine.client_keys,
+        left_out=dict(left_out or {}),
+        served=dict(served or {}),
+        load_wait=load_wait,
+        allow_origin=fronted.allow_origin,
+    )
+
+    def engine() -> Upstream | None:
+        ep = upstream()
+        return None if ep is None else Upstream(LOOPBACK, ep.port, ep.api_key)
+
+    front = RouterFront(config, engine)
+    try:
+        front.start()
+    except OSError as e:
+        problem, hint = port_problem(fronted.port, fronted.host)
+        said = f"The local API cannot listen at {fronted.host}:{fronted.port}: {e.strerror or e}."
+        raise EngineError(problem or said, hint or PORT_HINT) from e
+    return front
 
 
 def lan_addresses() -> tuple[str, ...]:

@@ -13,15 +13,16 @@ local API's port with the person's keys, like any launch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from k3desk.core.app.launch import LocalLaunchRequest, SlowLaunchError, prepare_local_launch
 from k3desk.core.app.library import local_models
-from k3desk.core.app.local_api import PORT_HINT, with_local_api
-from k3desk.core.engines.front import FrontConfig, RouterFront, Upstream
-from k3desk.core.engines.ports import LOOPBACK, port_problem
+from k3desk.core.app.local_api import Fronted, behind_a_front, with_local_api
+from k3desk.core.app.local_api import start_front as start_local_front
+from k3desk.core.engines.front import RouterFront
+from k3desk.core.engines.ports import LOOPBACK
 from k3desk.core.engines.router import PresetModel, preset_name, preset_text, router_args
 from k3desk.core.engines.supervisor import Endpoint, LaunchSpec
 from k3desk.core.errors import EngineError, K3Error
@@ -149,9 +150,8 @@ def _behind_a_front(
 ) -> OnDemand:
     """The router on loopback at a port of its own; the front takes the local API's
     address (core/engines/front.py says what it does that the router cannot)."""
-    origin = (spec.cors_origin or "localhost") if spec.local_cors else ""
-    router = replace(spec, host=LOOPBACK, port=None, port_hint="")
-    return OnDemand(router, served, left, path, spec.host, spec.port or 0, origin)
+    f = behind_a_front(spec)
+    return OnDemand(f.engine, served, left, path, f.host, f.port, f.allow_origin)
 
 
 def start_front(
@@ -164,25 +164,10 @@ def start_front(
     for out in served.left_out:
         left[out.name] = out.why
         left.setdefault(preset_name(out.name), out.why)
-    config = FrontConfig(
-        host=served.host,
-        port=served.port,
-        client_keys=served.spec.client_keys,
-        left_out=left,
+    return start_local_front(
+        Fronted(served.spec, served.host, served.port, served.allow_origin),
+        upstream,
         served={m.name: m.size_bytes for m in served.served},
+        left_out=left,
         load_wait=load_wait,
-        allow_origin=served.allow_origin,
     )
-
-    def router() -> Upstream | None:
-        ep = upstream()
-        return None if ep is None else Upstream(LOOPBACK, ep.port, ep.api_key)
-
-    front = RouterFront(config, router)
-    try:
-        front.start()
-    except OSError as e:
-        problem, hint = port_problem(served.port, served.host)
-        said = f"The local API cannot listen at {served.host}:{served.port}: {e.strerror or e}."
-        raise EngineError(problem or said, hint or PORT_HINT) from e
-    return front

@@ -13,6 +13,10 @@ cannot keep, read in its source (tools/server/server-models.cpp):
   set k3desk left out (its plan streams from disk here) is not told why.  The front answers
   **400 with the reason** k3desk gave, and what to do.
 
+``k3desk serve`` puts the same front before its one engine, with nothing to gate: for the
+address itself, which then answers while the engine starts or restarts (503 with
+Retry-After) and stays held between attempts.
+
 Everything else goes through as bytes: the request as it came (its ``Connection`` made
 ``close``, so each request is one connection to the router and a streamed answer ends
 when the router closes it), the answer as the router gives it, keys, CORS and errors
@@ -170,8 +174,8 @@ def error_answer(
 
 
 class RouterFront:
-    """Listens at the local API's address and passes requests to the router that
-    ``upstream()`` names (None while it is not ready: 503, Retry-After 5)."""
+    """Listens at the local API's address and passes requests to the engine (a router or
+    one model) that ``upstream()`` names (None while it is not ready: 503, Retry-After 5)."""
 
     def __init__(self, config: FrontConfig, upstream: Callable[[], Upstream | None]) -> None:
         self.config = config

@@ -84,9 +84,9 @@ def serving(*args: str) -> Iterator[dict[str, str]]:
             proc.wait()
 
 
-def ask(url: str, key: str) -> str:
+def ask(url: str, key: str, retries: int = 0) -> str:
     """One short answer through the OpenAI SDK (raises its AuthenticationError on 401)."""
-    with openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=60) as client:
+    with openai.OpenAI(base_url=url, api_key=key, max_retries=retries, timeout=60) as client:
         reply = client.chat.completions.create(
             model="kimi-k3",
             messages=[{"role": "user", "content": "Say hello."}],
@@ -174,3 +174,27 @@ def test_the_plans_slots_are_the_engines_slots(
     assert props["total_slots"] == parallel
     assert [s["n_ctx"] for s in slots] == [per_slot] * parallel
     assert per_slot * parallel == total
+
+
+def test_the_address_stays_up_through_a_crash_and_tools_get_retry_after(
+    llama_server: Path, tiny_k3_single: TinyModel
+) -> None:
+    """Killed under `k3desk serve`, the engine restarts behind the same address: meanwhile
+    the address is held (no other program can take it) and answers 503 with Retry-After,
+    which the OpenAI SDK waits for and retries into the restarted engine's answer."""
+    port = free_port()
+    assert k3desk("api", "port", str(port)).returncode == 0
+    key = k3desk("api", "create", "my-agent").stdout.splitlines()[0]
+    url = f"http://127.0.0.1:{port}/v1"
+    serve = (str(tiny_k3_single.first_part), "--ctx", "512", "--engine", str(llama_server))
+    with serving(*serve) as facts:
+        before = ask(url, key)
+        os.kill(int(facts["Engine pid"]), signal.SIGKILL)
+        busy = httpx.post(f"{url}/chat/completions", json={"model": "kimi-k3", "messages": []},
+                          headers={"Authorization": f"Bearer {key}"}, timeout=30)  # fmt: skip
+        assert busy.status_code == 503, busy.text
+        assert 1 <= int(busy.headers["retry-after"]) <= 60
+        assert "restart" in busy.json()["error"]["message"] or "start" in busy.text
+        with socket.socket() as squatter, pytest.raises(OSError, match="in use"):
+            squatter.bind(("127.0.0.1", port))
+        assert ask(url, key, retries=4) == before  # the SDK's own retries, after Retry-After
