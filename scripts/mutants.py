@@ -1393,6 +1393,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_the_address_stays_up_through_a_crash_and_tools_get_retry_after",
         "while the engine restarts the address answers 503 with Retry-After",
     ),
+    m(
+        "serve-answers-another-models-name",
+        "k3desk/core/app/local_api.py",
+        "                    out.setdefault(name, why)",
+        "                    pass",
+        "tests/core/engines/test_local_api.py::"
+        "test_a_request_naming_another_of_my_models_is_told_what_serve_runs",
+        "k3desk serve says which model it runs to a request naming another of My models",
+    ),
 )
 
 

@@ -32,6 +32,7 @@ from k3desk.core.app.local_api import (
     behind_a_front,
     endpoint_spec,
     local_api,
+    others_named,
     port_problem,
     start_front,
     tool_settings,
@@ -172,7 +173,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
         on_event=printer,
         replan=prepared.replan_after_oom,
     )
-    front = start_front(fronted, lambda: sup.endpoint)
+    front = start_front(fronted, lambda: sup.endpoint, left_out=others_named(services, shard))
     printer.address = f"http://{LOOPBACK}:{front.port}"
     try:
         return _foreground(

@@ -19,20 +19,24 @@ A key created or revoked takes effect when the engine next starts (it reads its 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
 
+from k3desk.core.app.library import LocalModel, local_models
 from k3desk.core.app.tool_settings import ToolSnippet, tool_snippets
 from k3desk.core.chat.kept_state import states_dir
 from k3desk.core.engines.client_keys import ApiKeyError, ClientKey, ClientKeys, check_name
 from k3desk.core.engines.front import FrontConfig, RouterFront, Upstream
 from k3desk.core.engines.ports import ANY_HOST, LOOPBACK, port_problem
+from k3desk.core.engines.router import preset_name
 from k3desk.core.engines.supervisor import Endpoint, LaunchSpec
-from k3desk.core.errors import EngineError
+from k3desk.core.errors import EngineError, K3Error
 from k3desk.core.settings import MAX_PARALLEL, ORIGIN, Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -58,6 +62,7 @@ __all__ = [
     "key_secret",
     "lan_addresses",
     "local_api",
+    "others_named",
     "port_check",
     "port_problem",
     "revoke_key",
@@ -159,6 +164,38 @@ def behind_a_front(spec: LaunchSpec) -> Fronted:
     origin = (spec.cors_origin or "localhost") if spec.local_cors else ""
     engine = replace(spec, host=LOOPBACK, port=None, port_hint="")
     return Fronted(engine, spec.host, spec.port or 0, origin)
+
+
+def others_named(services: Services, shard: Path) -> dict[str, str]:
+    """The names a request may give for the person's other models in My models, each with
+    why ``k3desk serve`` answers it 400: it runs ``shard``'s set alone, and llama-server
+    alone answers a request naming any model with the one it has, under the name asked for
+    (b11434's tools/server/server-common.cpp: ``json_value(request, "model", model_name)``)."""
+    try:
+        models, _problems = local_models(services)
+    except K3Error:
+        return {}  # My models unreadable: nothing to say of them, the model still served
+    here = shard.resolve()
+
+    def runs_here(m: LocalModel) -> bool:  # any part of the set given
+        first = m.shard.resolve()
+        split = re.fullmatch(re.escape(m.name) + r"-\d{5}-of-\d{5}\.gguf", here.name)
+        return first == here or (first.parent == here.parent and split is not None)
+
+    served = [m for m in models if runs_here(m)]
+    runs = served[0].name if served else re.sub(r"(-\d{5}-of-\d{5})?\.gguf$", "", shard.name)
+    mine = {runs, preset_name(runs)}
+    why = (
+        f"k3desk serve runs {runs} alone. Ask for that one, or serve every model in My "
+        "models with `k3desk api serve`, which loads the one a request names."
+    )
+    out: dict[str, str] = {}
+    for m in models:
+        if not runs_here(m):
+            for name in (m.name, preset_name(m.name)):
+                if name not in mine:
+                    out.setdefault(name, why)
+    return out
 
 
 def start_front(

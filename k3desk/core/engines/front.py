@@ -309,7 +309,7 @@ class RouterFront:
         """None when the request may go to the router now; else the front's answer."""
         why = self.config.left_out.get(model)
         if why is not None:
-            return self._answer(400, f"Model {model!r} is not served on request: {why}", req)
+            return self._answer(400, f"Model {model!r} is not served here: {why}", req)
         if model not in self.config.served:
             return None  # the router's own "not found"
         now = time.monotonic()

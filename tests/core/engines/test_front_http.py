@@ -73,7 +73,7 @@ def test_a_left_out_model_is_said_in_each_apis_shape_but_only_to_a_valid_key(
                               headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
     assert openai_shape.status_code == 400
     assert openai_shape.json()["error"]["message"] == (
-        "Model 'Big' is not served on request: it streams from disk here."
+        "Model 'Big' is not served here: it streams from disk here."
     )
     anthropic_shape = httpx.post(f"{url}/v1/messages", json=body, timeout=10,
                                  headers={"x-api-key": KEY})  # fmt: skip

@@ -31,7 +31,7 @@ from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.paths import default_paths
 from k3desk.core.planning.memory import slot_context
 from k3desk.core.planning.model import PlanOptions
-from k3desk.devtools.tinyk3 import TinyModel
+from k3desk.devtools.tinyk3 import TinyModel, write_tiny_k3
 from tests.fixtures.hardware import HARDWARE_DIR
 
 REPO = Path(__file__).resolve().parents[3]
@@ -198,3 +198,33 @@ def test_the_address_stays_up_through_a_crash_and_tools_get_retry_after(
         with socket.socket() as squatter, pytest.raises(OSError, match="in use"):
             squatter.bind(("127.0.0.1", port))
         assert ask(url, key, retries=4) == before  # the SDK's own retries, after Retry-After
+
+
+def test_a_request_naming_another_of_my_models_is_told_what_serve_runs(
+    llama_server: Path, tmp_path: Path
+) -> None:
+    """llama-server alone would answer it with the model it has, under the name asked for;
+    `k3desk serve` says instead which one it runs, and a name of no model of the person's
+    (a tool's default) is still answered."""
+    a = write_tiny_k3(tmp_path / "a", name="Tiny-A", seed=3)
+    b = write_tiny_k3(tmp_path / "b", name="Tiny-B", seed=4)
+    for model in (a, b):
+        assert k3desk("models", "add", str(model.first_part)).returncode == 0
+    port = free_port()
+    assert k3desk("api", "port", str(port)).returncode == 0
+    url = f"http://127.0.0.1:{port}/v1"
+    with serving(str(a.first_part), "--ctx", "512", "--engine", str(llama_server)) as facts:
+        key = facts["API key"]
+        with openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=60) as client:
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.chat.completions.create(
+                    model="Tiny-B", messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+                )
+            for name in ("Tiny-A", "gpt-4o"):
+                reply = client.chat.completions.create(
+                    model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+                )
+                assert reply.choices, name
+    said = refused.value.body["message"] if isinstance(refused.value.body, dict) else ""
+    assert "Model 'Tiny-B' is not served here: k3desk serve runs Tiny-A alone" in said
+    assert "k3desk api serve" in said
