@@ -1402,6 +1402,23 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_a_request_naming_another_of_my_models_is_told_what_serve_runs",
         "k3desk serve says which model it runs to a request naming another of My models",
     ),
+    m(
+        "front-holds-tokens-longer",
+        "k3desk/core/engines/front.py",
+        "RELAY_REST = 0.005",
+        "RELAY_REST = 0.02",
+        "tests/core/engines/test_front_http.py::"
+        "test_a_stream_reaches_the_client_piece_by_piece_within_milliseconds",
+        "a token the front holds back waits 5 ms at most",
+    ),
+    m(
+        "front-rests-a-long-answer",
+        "k3desk/core/engines/front.py",
+        " and len(data) < RELAY_BULK:",
+        ":",
+        "tests/core/engines/test_front_http.py::test_a_large_answer_is_not_slowed_by_the_rest",
+        "a long answer passes through the front unrested",
+    ),
 )
 
 

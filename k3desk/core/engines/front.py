@@ -57,6 +57,7 @@ RETRY_MAX = 60  # seconds: the SDKs honour a Retry-After up to this
 # never held
 RELAY_REST = 0.005
 RELAY_FREE = 2
+RELAY_BULK = 32 * 1024  # a piece this large is no token: a long answer goes on unrested
 RELAY_BUFFER = 1 << 20  # an answer's bytes held for a slow client before the router waits
 _HOP = frozenset({"connection", "keep-alive", "proxy-connection"})
 _REASONS = {
@@ -416,7 +417,7 @@ class _Relay(asyncio.Protocol):
         if self._draining is None and client.get_write_buffer_size() > RELAY_BUFFER:
             self._transport.pause_reading()
             self._draining = asyncio.ensure_future(self._drain())
-        elif self._draining is None and self._pieces >= RELAY_FREE:
+        elif self._draining is None and self._pieces >= RELAY_FREE and len(data) < RELAY_BULK:
             self._resting = True
             self._transport.pause_reading()
             asyncio.get_running_loop().call_later(RELAY_REST, self._rested)

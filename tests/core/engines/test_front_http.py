@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import socket
+import statistics
+import threading
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from k3desk.core.engines.front import FrontConfig, RouterFront
+from k3desk.core.engines.front import FrontConfig, RouterFront, Upstream
 
 KEY = "k3-tool"
 
@@ -83,3 +86,79 @@ def test_a_left_out_model_is_said_in_each_apis_shape_but_only_to_a_valid_key(
     wrong = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=10,
                        headers={"Authorization": "Bearer k3-wrong"})  # fmt: skip
     assert wrong.status_code == 503
+
+
+class _Upstream:
+    """A scripted engine: reads one request head, then sends ``pieces`` (bytes, each after
+    its delay in seconds) and closes; when each piece was sent is kept."""
+
+    def __init__(self, pieces: list[tuple[float, bytes]]) -> None:
+        self.pieces = pieces
+        self.sent: list[float] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            got = b""
+            while b"\r\n\r\n" not in got:
+                got += conn.recv(65536)
+            for delay, data in self.pieces:
+                time.sleep(delay)
+                conn.sendall(data)
+                self.sent.append(time.monotonic())
+
+    def upstream(self) -> Upstream:
+        return Upstream("127.0.0.1", self.sock.getsockname()[1], "k3-app")
+
+
+def _through(pieces: list[tuple[float, bytes]]) -> tuple[_Upstream, list[tuple[float, int]]]:
+    """The pieces sent through a front to a raw client: (when each read came, its size)."""
+    up = _Upstream(pieces)
+    f = RouterFront(FrontConfig("127.0.0.1", 0, client_keys=(KEY,)), up.upstream)
+    f.start()
+    reads = []
+    try:
+        with socket.create_connection(("127.0.0.1", f.port), timeout=10) as s:
+            s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            while chunk := s.recv(1 << 20):
+                reads.append((time.monotonic(), len(chunk)))
+    finally:
+        f.stop()
+        up.sock.close()
+    return up, reads
+
+
+def test_a_stream_reaches_the_client_piece_by_piece_within_milliseconds() -> None:
+    """Tokens 10 ms apart (faster than Kimi-K3 runs anywhere) are passed on as they come,
+    a token held back by the front's rest after a piece (5 ms) no longer than that."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+    token = b'data: {"choices":[{"text":"a"}]}\n\n'
+    up, reads = _through([(0.0, head)] + [(0.01, token)] * 30)
+    assert sum(n for _, n in reads) == len(head) + 30 * len(token)
+    assert len(reads) >= 15  # not gathered into a few late reads
+    late = [min(t for t, _ in reads if t >= sent) - sent for sent in up.sent[1:]]
+    assert statistics.median(late) < 0.008, late
+    assert max(late) < 0.05, late
+
+
+def test_a_large_answer_is_not_slowed_by_the_rest() -> None:
+    """The rest is for tokens: 128 MiB passes through in about the time it takes straight
+    from the engine (rested after each 256 KiB read it would take 2.5 s more)."""
+    size = 128 << 20
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size
+    up = _Upstream([(0.0, answer)])
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", up.upstream().port), timeout=10) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        while s.recv(1 << 20):
+            pass
+    straight = time.monotonic() - started
+    up.sock.close()
+    started = time.monotonic()
+    _, reads = _through([(0.0, answer)])
+    took = time.monotonic() - started
+    assert sum(n for _, n in reads) == len(answer)
+    assert took < 1.0 + 2 * straight, (took, straight)
