@@ -1419,6 +1419,24 @@ MUTANTS: tuple[Mutant, ...] = (
         "tests/core/engines/test_front_http.py::test_a_large_answer_is_not_slowed_by_the_rest",
         "a long answer passes through the front unrested",
     ),
+    m(
+        "front-never-brings-a-tools-conversation-back",
+        "k3desk/core/engines/front.py",
+        "await asyncio.to_thread(conv.resume, data, up)",
+        "pass",
+        "tests/core/engines/test_tool_conversations.py::"
+        "test_a_tools_conversation_continued_after_a_crash_starts_from_its_kept_state",
+        "a tool's conversation continued after a restart starts from its kept state",
+    ),
+    m(
+        "front-keeps-an-answer-with-tool-calls",
+        "k3desk/core/engines/front.py",
+        'if delta.get("tool_calls") or delta.get("reasoning_content"):',
+        'if delta.get("reasoning_content"):',
+        "tests/core/engines/test_front_http.py::"
+        "test_what_an_answer_said_is_read_off_the_wire_or_not_kept",
+        "an answer with tool calls is not kept as a conversation's state",
+    ),
 )
 
 

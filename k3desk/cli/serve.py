@@ -37,6 +37,7 @@ from k3desk.core.app.local_api import (
     start_front,
     tool_settings,
 )
+from k3desk.core.app.tool_conversations import tool_conversations
 from k3desk.core.app.tool_settings import tool_snippets
 from k3desk.core.app.values import EngineError, K3Error, ValidationError, fmt_bytes, what_is
 
@@ -151,20 +152,14 @@ def run(args: argparse.Namespace, services: Services) -> int:
     print(f"Plan: {plan.reason}")
     if plan.verdict == "stream":
         print(f"Warning: {slow_warning(plan, launch.model_name)}", flush=True)
-    for note in (*plan.notes, *prepared.notes):
-        print(f"  - {note}")
-    print(predicted_text(plan.speed))
-    if plan.speed.calibration:
-        print(f"  {plan.speed.calibration}")
+    _say_notes((*plan.notes, *prepared.notes), predicted_text(plan.speed), plan.speed.calibration)
     exe = prepared.engine
-    # the engine on loopback behind k3desk's front, which holds the local API's address
-    # through restarts and re-plans (503 with Retry-After meanwhile)
+    # the engine on loopback behind k3desk's front, which holds the address throughout
     fronted = behind_a_front(endpoint_spec(services, prepared, settings, port=port))
     spec = fronted.engine
     print(f"Engine: {exe}")
     print(f"Model: {shard} ({fmt_bytes(spec.model_bytes)})")
     print("Arguments: " + " ".join(spec.args))
-
     printer = _EventPrinter()
     sup = Supervisor(
         spec,
@@ -173,7 +168,11 @@ def run(args: argparse.Namespace, services: Services) -> int:
         on_event=printer,
         replan=prepared.replan_after_oom,
     )
-    front = start_front(fronted, lambda: sup.endpoint, left_out=others_named(services, shard))
+    # a request naming another of My models is told which one runs; tools' conversations
+    # are kept where the engine has one slot
+    left = others_named(services, shard)
+    conversations = tool_conversations(services, settings, parallel, _say)
+    front = start_front(fronted, lambda: sup.endpoint, left_out=left, conversations=conversations)
     printer.address = f"http://{LOOPBACK}:{front.port}"
     try:
         return _foreground(
@@ -185,6 +184,18 @@ def run(args: argparse.Namespace, services: Services) -> int:
         )
     finally:
         front.stop()
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _say_notes(notes: tuple[str, ...], predicted: str, calibration: str) -> None:
+    for note in notes:
+        print(f"  - {note}")
+    print(predicted)
+    if calibration:
+        print(f"  {calibration}")
 
 
 def check_parallel(parallel: int) -> int:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from k3desk.core.chat.client import (
@@ -60,13 +61,22 @@ def wait_free(port: int, seconds: float = 5.0) -> None:
 # ------------------------------------------------------------------ the key's owner
 
 
+def listening(pid: int) -> int:
+    """The port a process listens on."""
+    for conn in psutil.Process(pid).net_connections("tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr:
+            return int(conn.laddr.port)
+    pytest.fail(f"process {pid} listens nowhere")
+
+
 def test_serve_after_a_restart_on_a_new_port_sends_the_old_port_no_key(
     fake_engine: Callable[..., Path],
     tiny_k3_single: TinyModel,
     hardware_file: Callable[[str], Path],
 ) -> None:
-    """The engine is killed and another program takes its port at once; the restart
-    (which takes 4 s to bind, as a big model's load does) moves to a new port."""
+    """The engine is killed and another program takes its (loopback) port at once; the
+    restart (which takes 4 s to bind, as a big model's load does) moves to a new port.
+    The address tools use is the front's, which stays held throughout."""
     exe = fake_engine("serve", FAKE_BIND_DELAY="4")
     argv = ["serve", str(tiny_k3_single.first_part), "--engine", str(exe)]
     argv += ["--hardware", str(hardware_file("no-gpu-laptop-32GB"))]
@@ -94,15 +104,17 @@ def test_serve_after_a_restart_on_a_new_port_sends_the_old_port_no_key(
             pytest.fail("".join(lines))
 
         try:
-            port = int(until(r"URL: http://127\.0\.0\.1:(\d+)/v1").group(1))
+            url = until(r"URL: (http://127\.0\.0\.1:\d+/v1)").group(1)
             key = until(r"API key: (\S+)").group(1)
             pid = int(until(r"Engine pid: (\d+)").group(1))
+            port = listening(pid)
             time.sleep(2.5)  # the speed watcher has read the counters once
             os.kill(pid, signal.SIGKILL)
             wait_free(port)
             with squatting(port) as squatter:
                 until(r"Ready again in [\d.]+ s \(attempt \d+\)")
-                new_port = int(until(r"URL: http://127\.0\.0\.1:(\d+)/v1").group(1))
+                assert until(r"URL: (\S+)").group(1) == url  # the tools' address held
+                new_port = listening(int(until(r"Engine pid: (\d+)").group(1)))
                 time.sleep(3.0)  # a watcher polling every 2 s would have come by
         finally:
             proc.send_signal(signal.SIGTERM)

@@ -32,7 +32,7 @@ from k3desk.core.app.library import LocalModel, local_models
 from k3desk.core.app.tool_settings import ToolSnippet, tool_snippets
 from k3desk.core.chat.kept_state import states_dir
 from k3desk.core.engines.client_keys import ApiKeyError, ClientKey, ClientKeys, check_name
-from k3desk.core.engines.front import FrontConfig, RouterFront, Upstream
+from k3desk.core.engines.front import Conversations, FrontConfig, RouterFront, Upstream
 from k3desk.core.engines.ports import ANY_HOST, LOOPBACK, port_problem
 from k3desk.core.engines.router import preset_name
 from k3desk.core.engines.supervisor import Endpoint, LaunchSpec
@@ -205,10 +205,12 @@ def start_front(
     served: Mapping[str, int] | None = None,
     left_out: Mapping[str, str] | None = None,
     load_wait: float = LOAD_WAIT,
+    conversations: Conversations | None = None,
 ) -> RouterFront:
     """The front at ``fronted``'s address before the engine ``upstream()`` names (the
     Supervisor's endpoint: None while it starts or restarts); ``served`` (names and sizes)
-    and ``left_out`` (names and why) for a router.  Raises :class:`EngineError` when the
+    and ``left_out`` (names and why) for a router; ``conversations`` keeps tools'
+    conversations in the engine's state (one model, one slot).  Raises :class:`EngineError` when the
     address is taken, naming who holds it."""
     config = FrontConfig(
         host=fronted.host,
@@ -218,11 +220,12 @@ def start_front(
         served=dict(served or {}),
         load_wait=load_wait,
         allow_origin=fronted.allow_origin,
+        conversations=conversations,
     )
 
     def engine() -> Upstream | None:
         ep = upstream()
-        return None if ep is None else Upstream(LOOPBACK, ep.port, ep.api_key)
+        return None if ep is None else Upstream(LOOPBACK, ep.port, ep.api_key, ep.pid)
 
     front = RouterFront(config, engine)
     try:

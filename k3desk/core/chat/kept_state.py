@@ -51,7 +51,7 @@ import re
 import secrets
 import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,7 @@ from k3desk.core.private import private_dir, write_private
 from k3desk.core.units import GiB, fmt_bytes, fmt_duration
 
 STATES_DIR = "states"
+NOTHING_KEPT = "No engine state was kept for this conversation."
 DEFAULT_BUDGET = 16 * GiB  # Settings.kept_state_gib's default
 INDEX = "index.json"
 # states kept per conversation (one per answer, the newest): regenerating an answer or
@@ -235,8 +236,37 @@ def next_prefix(client: ChatClient, history: Sequence[ChatMessage], settings: Ch
     that question's own text starts."""
     a = render_prompt(client, [*history, ChatMessage("user", "a")], settings)
     b = render_prompt(client, [*history, ChatMessage("user", "b")], settings)
+    return _common(a, b)
+
+
+def _common(a: str, b: str) -> str:
     n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     return a[:n]
+
+
+# what of a tool's Chat Completions request makes its prompt (llama-server's /apply-template
+# reads them as /v1/chat/completions does: oaicompat_chat_params_parse, server-common.cpp)
+PROMPT_FIELDS = ("messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs")
+
+
+def render_body(client: ChatClient, body: Mapping[str, Any]) -> str:
+    """The prompt the engine builds for a Chat Completions request ``body`` as a tool sent
+    it (tools and template options included)."""
+    ask = {k: body[k] for k in PROMPT_FIELDS if k in body}
+    status, got = client.call("POST", "/apply-template", ask)
+    if status != 200 or not isinstance(got, dict) or not isinstance(got.get("prompt"), str):
+        raise ChatError("The engine did not render the conversation (/apply-template).")
+    prompt: str = got["prompt"]
+    return prompt
+
+
+def body_next_prefix(client: ChatClient, body: Mapping[str, Any], answer: str) -> str:
+    """What the next question's prompt of a tool's conversation begins with: ``body``'s
+    messages and the ``answer`` given to it, rendered, up to where the question starts."""
+    said = [*body["messages"], {"role": "assistant", "content": answer}]
+    a = render_body(client, {**body, "messages": [*said, {"role": "user", "content": "a"}]})
+    b = render_body(client, {**body, "messages": [*said, {"role": "user", "content": "b"}]})
+    return _common(a, b)
 
 
 # a reading rate measured on fewer tokens says little: a request's fixed costs (its
@@ -387,17 +417,27 @@ class StateKeeper:
         """Save the engine state of ``history`` (a whole conversation, its last answer
         included) for the conversation's next question."""
         settings = settings or ChatSettings()
-        if self.budget <= 0:
-            return Kept(False, "keeping conversation states is off (Settings)")
         if any(m.images for m in history):
             return Kept(False, f"Not kept: {NO_PICTURES}.")
+        return self._keep(client, conversation, lambda: next_prefix(client, history, settings))
+
+    def keep_body(
+        self, client: ChatClient, conversation: str, body: Mapping[str, Any], answer: str
+    ) -> Kept:
+        """Save the engine state of a tool's conversation: its Chat Completions request
+        ``body`` and the ``answer`` it was given, for the conversation's next question."""
+        return self._keep(client, conversation, lambda: body_next_prefix(client, body, answer))
+
+    def _keep(self, client: ChatClient, conversation: str, prefix_of: Callable[[], str]) -> Kept:
+        if self.budget <= 0:
+            return Kept(False, "keeping conversation states is off (Settings)")
         engine = _engine(client)
         if isinstance(engine, str):
             return Kept(False, f"Not kept: {engine}.")
         if engine.slots.resolve() != self.folder.resolve():
             return Kept(False, "Not kept: the engine saves states in another folder.")
         t0 = time.monotonic()
-        prefix = next_prefix(client, history, settings)
+        prefix = prefix_of()
         status, primed = client.call(
             "POST", "/completion",
             {"prompt": prefix, "n_predict": 0, "id_slot": 0, "cache_prompt": True},
@@ -482,9 +522,22 @@ class StateKeeper:
         """Restore into the engine's slot the longest state kept for ``conversation``
         that ``messages`` (the request about to be sent) begins with, on this engine."""
         settings = settings or ChatSettings()
+        return self._bring_back(
+            client, conversation, lambda: render_prompt(client, messages, settings)
+        )
+
+    def bring_back_body(
+        self, client: ChatClient, conversation: str, body: Mapping[str, Any]
+    ) -> Kept:
+        """:meth:`bring_back` for a tool's Chat Completions request ``body``."""
+        return self._bring_back(client, conversation, lambda: render_body(client, body))
+
+    def _bring_back(
+        self, client: ChatClient, conversation: str, prompt_of: Callable[[], str]
+    ) -> Kept:
         kept = [e for e in self._read().values() if e.conversation == conversation]
         if not kept:
-            return Kept(False, "No engine state was kept for this conversation.")
+            return Kept(False, NOTHING_KEPT)
         engine = _engine(client)
         if isinstance(engine, str):
             return Kept(False, f"The kept state is not used: {engine}.")
@@ -495,7 +548,7 @@ class StateKeeper:
                 "The kept state was made by another engine, model, projector, "
                 "context or cache type: the conversation is read again.",
             )
-        prompt = render_prompt(client, messages, settings)
+        prompt = prompt_of()
         fits = [e for e in kept if len(prompt) >= e.prefix_chars and e.prefix_sha256
                 == hashlib.sha256(prompt[: e.prefix_chars].encode()).hexdigest()]  # fmt: skip
         if not fits:

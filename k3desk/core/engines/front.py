@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import httpx
 
@@ -58,6 +59,9 @@ RETRY_MAX = 60  # seconds: the SDKs honour a Retry-After up to this
 RELAY_REST = 0.005
 RELAY_FREE = 2
 RELAY_BULK = 32 * 1024  # a piece this large is no token: a long answer goes on unrested
+# a tool's conversation is kept when the engine has answered nothing else for this long
+IDLE_SECONDS = 5.0
+CAPTURE_LIMIT = 4 << 20  # an answer read to keep its conversation; a longer one is not kept
 RELAY_BUFFER = 1 << 20  # an answer's bytes held for a slow client before the router waits
 _HOP = frozenset({"connection", "keep-alive", "proxy-connection"})
 _REASONS = {
@@ -70,11 +74,24 @@ _REASONS = {
 
 @dataclass(frozen=True)
 class Upstream:
-    """Where the router listens now (loopback) and the app's own key for it."""
+    """Where the engine listens now (loopback), the app's own key for it and its process."""
 
     host: str
     port: int
     api_key: str
+    pid: int = 0
+
+
+class Conversations(Protocol):
+    """What keeps tools' conversations in the engine's state (k3desk.core.app's; the front
+    only says when).  Both are called in a thread of their own and may take seconds."""
+
+    def resume(self, body: dict[str, Any], engine: Upstream) -> None:
+        """Before the first chat request an engine gets after it started: bring back the
+        state kept for the conversation ``body`` continues, if there is one."""
+
+    def answered(self, body: dict[str, Any], answer: str, engine: Upstream) -> None:
+        """The engine went idle after answering ``body`` with ``answer``: keep its state."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +105,7 @@ class FrontConfig:
     served: Mapping[str, int] = field(default_factory=dict)
     load_wait: float = 30.0  # seconds a request waits for its model to load
     allow_origin: str = ""  # Access-Control-Allow-Origin of the front's own answers
+    conversations: Conversations | None = None  # tools' conversations kept (one slot only)
 
 
 @dataclass(frozen=True)
@@ -187,6 +205,11 @@ class RouterFront:
         self._loaded: dict[str, float] = {}  # name -> when "loaded" was last seen
         self._loads: dict[str, float] = {}  # name -> when its load started (monotonic)
         self._http: httpx.AsyncClient | None = None
+        # the engines (port, process) whose first chat request came: a restart may keep
+        # the port, never the process
+        self._resumed: set[tuple[int, int]] = set()
+        self._keeping: asyncio.TimerHandle | None = None  # a conversation kept when idle
+        self._kept: set[asyncio.Future[None]] = set()
 
     @property
     def port(self) -> int:
@@ -268,10 +291,11 @@ class RouterFront:
         if up is None:
             writer.write(self._answer(503, "The local API's engine is starting.", req, 5))
             return
+        chat = await self._before_chat(req, body, up) if inspected else None
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         try:
             upstream, relay = await asyncio.get_running_loop().create_connection(
-                lambda: _Relay(writer, done), up.host, up.port
+                lambda: _Relay(writer, done, capture=chat is not None), up.host, up.port
             )
         except OSError:
             writer.write(self._answer(503, "The local API's engine is restarting.", req, 5))
@@ -286,6 +310,48 @@ class RouterFront:
             if pump is not None:
                 pump.cancel()
             upstream.close()
+        if chat is not None:
+            self._after_chat(chat, relay.captured, up)
+
+    # ------------------------------------------------------------ tools' conversations
+    async def _before_chat(self, req: _Request, body: bytes, up: Upstream) -> dict[str, Any] | None:
+        """A Chat Completions request's body when tools' conversations are kept (after the
+        state its conversation left was brought back, on an engine's first such request)."""
+        conv = self.config.conversations
+        if conv is None or not req.target.split("?")[0].endswith("/chat/completions"):
+            return None
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+            return None
+        if self._keeping is not None:  # not idle: the slot is this request's now
+            self._keeping.cancel()
+            self._keeping = None
+        if (up.port, up.pid) not in self._resumed:
+            self._resumed.add((up.port, up.pid))
+            with contextlib.suppress(Exception):  # a failed restore only means a re-read
+                await asyncio.to_thread(conv.resume, data, up)
+        return data
+
+    def _after_chat(self, body: dict[str, Any], captured: bytes | None, up: Upstream) -> None:
+        """Keep the conversation once the engine has been idle :data:`IDLE_SECONDS`."""
+        conv = self.config.conversations
+        answer = answer_of(captured) if captured is not None else None
+        if conv is None or answer is None:
+            return
+        if self._keeping is not None:
+            self._keeping.cancel()
+
+        def keep() -> None:
+            self._keeping = None
+            task = asyncio.ensure_future(asyncio.to_thread(conv.answered, body, answer, up))
+            self._kept.add(task)
+            task.add_done_callback(self._kept.discard)
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+        self._keeping = asyncio.get_running_loop().call_later(IDLE_SECONDS, keep)
 
     # ------------------------------------------------------------------ the front's own
     def _authorized(self, req: _Request) -> bool:
@@ -390,7 +456,11 @@ class _Relay(asyncio.Protocol):
     takes the answer (paused past :data:`RELAY_BUFFER`), and the router's connection
     closed as soon as the client is seen gone, which ends the generation there."""
 
-    def __init__(self, client: asyncio.StreamWriter, done: asyncio.Future[None]) -> None:
+    def __init__(
+        self, client: asyncio.StreamWriter, done: asyncio.Future[None], *, capture: bool = False
+    ) -> None:
+        # the answer's bytes, kept to read what it said (None: not kept, or past the limit)
+        self.captured: bytes | None = b"" if capture else None
         self._client = client
         self._done = done
         self._transport: asyncio.Transport | None = None
@@ -411,6 +481,9 @@ class _Relay(asyncio.Protocol):
                 self._transport.close()
             return
         client.write(data)
+        if self.captured is not None:
+            fits = len(self.captured) + len(data) <= CAPTURE_LIMIT
+            self.captured = self.captured + data if fits else None
         self._pieces += 1
         if self._transport is None or self._resting:
             return
@@ -469,6 +542,71 @@ async def _pump(src: asyncio.StreamReader, dst: _Relay, count: int | None) -> No
             await dst.send(data)
             if left is not None:
                 left -= len(data)
+
+
+def answer_of(raw: bytes) -> str | None:
+    """The text of a Chat Completions answer as it came off the wire (streamed or not), or
+    None where it is no answer to keep: not 200, cut short, more than text (tool calls,
+    thinking that the next prompt leaves out), or not read whole."""
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    if not sep or lines[0].split(" ")[1:2] != ["200"]:
+        return None
+    headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        whole = _dechunk(body)
+        if whole is None:
+            return None
+        body = whole
+    try:
+        if "event-stream" in headers.get("content-type", ""):
+            return _streamed(body)
+        choices = json.loads(body).get("choices") or []
+        message = choices[0]["message"] if len(choices) == 1 else {}
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return None
+    content = message.get("content")
+    if message.get("tool_calls") or message.get("reasoning_content"):
+        return None
+    return content if isinstance(content, str) else None
+
+
+def _streamed(body: bytes) -> str | None:
+    """The text of a streamed answer's events; None where one says more than text or the
+    stream did not end with a finish reason."""
+    parts: list[str] = []
+    finished = False
+    for line in body.split(b"\n"):
+        if not line.startswith(b"data: ") or line[6:].strip() == b"[DONE]":
+            continue
+        choices = json.loads(line[6:]).get("choices") or []
+        if not choices:
+            continue
+        if len(choices) > 1:
+            return None
+        delta = choices[0].get("delta") or {}
+        if delta.get("tool_calls") or delta.get("reasoning_content"):
+            return None
+        parts.append(delta.get("content") or "")
+        finished = finished or bool(choices[0].get("finish_reason"))
+    return "".join(parts) if finished else None
+
+
+def _dechunk(body: bytes) -> bytes | None:
+    """A chunked body's bytes (None when it is cut or malformed)."""
+    out = bytearray()
+    while True:
+        size_line, sep, rest = body.partition(b"\r\n")
+        try:
+            size = int(size_line.split(b";")[0].strip(), 16)
+        except ValueError:
+            return None
+        if not sep or len(rest) < size:
+            return None
+        if size == 0:
+            return bytes(out)
+        out += rest[:size]
+        body = rest[size + 2 :]
 
 
 def _more_files() -> None:

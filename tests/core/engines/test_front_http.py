@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from k3desk.core.engines.front import FrontConfig, RouterFront, Upstream
+from k3desk.core.engines.front import FrontConfig, RouterFront, Upstream, answer_of
 
 KEY = "k3-tool"
 
@@ -162,3 +162,59 @@ def test_a_large_answer_is_not_slowed_by_the_rest() -> None:
     took = time.monotonic() - started
     assert sum(n for _, n in reads) == len(answer)
     assert took < 1.0 + 2 * straight, (took, straight)
+
+
+def _chunked(body: bytes) -> bytes:
+    """``body`` in chunks of 7 bytes, as a server streams it."""
+    pieces = [body[i : i + 7] for i in range(0, len(body), 7)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+
+def _event(delta: dict[str, object], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+
+
+SSE = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+JSON = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        # streamed, chunked: the text of every delta, once the stream says it finished
+        (
+            SSE
+            + _chunked(
+                _event({"role": "assistant"})
+                + _event({"content": "Hel"})
+                + _event({"content": "lo"})
+                + _event({}, "stop")
+                + b"data: [DONE]\n\n"
+            ),
+            "Hello",
+        ),
+        (JSON + json.dumps({"choices": [{"message": {"content": "Hi."}}]}).encode(), "Hi."),
+        # not answers to keep: cut short, tool calls, thinking, several, refused, garbage
+        (SSE + _chunked(_event({"content": "Hel"})), None),
+        (SSE + _chunked(_event({"content": "Hel"}, "stop"))[:-5], None),
+        (SSE + _chunked(_event({"tool_calls": [{"id": "1"}]}) + _event({}, "tool_calls")), None),
+        (
+            SSE + _chunked(_event({"reasoning_content": "hm"}) + _event({"content": "x"}, "stop")),
+            None,
+        ),
+        (JSON + json.dumps({"choices": [{"message": {"content": "a"}}] * 2}).encode(), None),
+        (
+            JSON
+            + json.dumps(
+                {"choices": [{"message": {"content": None, "tool_calls": [{}]}}]}
+            ).encode(),
+            None,
+        ),
+        (b"HTTP/1.1 500 Internal Server Error\r\n\r\n{}", None),
+        (JSON + b"\xff\xfe not json", None),
+        (b"garbage", None),
+    ],
+)
+def test_what_an_answer_said_is_read_off_the_wire_or_not_kept(raw: bytes, said: str | None) -> None:
+    assert answer_of(raw) == said

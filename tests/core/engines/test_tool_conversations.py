@@ -1,0 +1,103 @@
+"""A tool's conversation continued after the engine restarted starts from its kept state.
+
+`k3desk serve` runs the real llama-server b11434 on the tiny Kimi-K3 behind its front; the
+client is the real OpenAI SDK, sending the whole conversation each time as tools do.  The
+oracles are the engine's own: its timings say how many prompt tokens it read
+(``prompt_n``) and took from its cache (``cache_n``, which after a kill -9 can only come
+from a restored state), and the same request read again from the start gives the answer a
+restored one must equal (greedy, fixed seed, thinking off).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+import psutil
+import pytest
+
+from k3desk.core.chat.kept_state import states_dir
+from k3desk.core.engines.ports import free_port
+from k3desk.core.paths import default_paths
+from k3desk.devtools.tinyk3 import TinyModel
+from tests.core.engines.test_local_api import k3desk, serving
+
+pytestmark = [pytest.mark.engine]
+SYSTEM = {"role": "system", "content": "You are a storyteller."}
+FIRST = {"role": "user", "content": "Tell me a long story about a cat and a dog. " * 8}
+THEN = {"role": "user", "content": "And then?"}
+OPTIONS: dict[str, Any] = {"seed": 1, "temperature": 0.0,
+                           "chat_template_kwargs": {"thinking": False}}  # fmt: skip
+
+
+def _ask(client: openai.OpenAI, messages: list[dict[str, str]], tools: bool = False) -> Any:
+    extra: dict[str, Any] = dict(OPTIONS)
+    if tools:
+        extra["tools"] = [{"type": "function", "function": {"name": "look", "parameters": {
+            "type": "object", "properties": {"q": {"type": "string"}}}}}]  # fmt: skip
+    return client.chat.completions.create(
+        model="kimi-k3",
+        messages=messages,
+        max_tokens=8,
+        extra_body=extra,  # type: ignore[arg-type]
+    )
+
+
+def _kept(folder: Path, at_least: int, timeout: float = 30) -> list[Path]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        files = sorted(folder.glob("k3c-*.bin")) if folder.exists() else []
+        if len(files) >= at_least:
+            return files
+        time.sleep(0.2)
+    pytest.fail(f"no conversation state kept in {folder} within {timeout} s")
+
+
+def _restart(pid: str) -> None:
+    """kill -9 the engine: `k3desk serve` restarts it behind the same address."""
+    os.kill(int(pid), signal.SIGKILL)
+
+
+def test_a_tools_conversation_continued_after_a_crash_starts_from_its_kept_state(
+    llama_server: Path, tiny_k3_single: TinyModel
+) -> None:
+    port = free_port()
+    assert k3desk("api", "port", str(port)).returncode == 0
+    key = k3desk("api", "create", "agent").stdout.splitlines()[0]
+    folder = states_dir(default_paths().cache)
+    url = f"http://127.0.0.1:{port}/v1"
+    serve = (str(tiny_k3_single.first_part), "--ctx", "2048", "--engine", str(llama_server))
+    with serving(*serve) as facts, openai.OpenAI(base_url=url, api_key=key, max_retries=5,
+                                                  timeout=60) as client:  # fmt: skip
+        first = _ask(client, [SYSTEM, FIRST]).choices[0].message.content
+        kept = _kept(folder, 1)  # saved once the engine was idle a few seconds
+        assert all(f.stat().st_mode & 0o077 == 0 for f in kept)
+
+        _restart(facts["Engine pid"])
+        said = [SYSTEM, FIRST, {"role": "assistant", "content": first}, THEN]
+        resumed = _ask(client, said)  # the SDK's retries wait out the restart (503)
+        timings = resumed.model_extra["timings"]
+        total = resumed.usage.prompt_tokens
+        # the engine read only the new question: the rest came from the restored state
+        assert timings["cache_n"] > total // 2, (timings, total)
+        assert timings["prompt_n"] == total - timings["cache_n"]
+
+        # the same request read from the start (no state left): the same answer
+        _restart(str(_engine_pid(port)))
+        time.sleep(0.5)
+        for f in folder.iterdir():
+            f.unlink()
+        cold = _ask(client, said)
+        assert cold.model_extra["timings"]["cache_n"] == 0
+        assert cold.choices[0].message.content == resumed.choices[0].message.content
+
+
+def _engine_pid(port: int) -> int:
+    """The engine behind the front now (the restarted one is not the pid printed first)."""
+    listening = psutil.net_connections("tcp")
+    front = next(c.pid for c in listening if c.laddr and c.laddr.port == port and c.pid)
+    return next(p.pid for p in psutil.Process(front).children() if "llama-server" in p.name())
