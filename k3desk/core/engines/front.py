@@ -460,7 +460,7 @@ class _Relay(asyncio.Protocol):
         self, client: asyncio.StreamWriter, done: asyncio.Future[None], *, capture: bool = False
     ) -> None:
         # the answer's bytes, kept to read what it said (None: not kept, or past the limit)
-        self.captured: bytes | None = b"" if capture else None
+        self._captured: bytearray | None = bytearray() if capture else None
         self._client = client
         self._done = done
         self._transport: asyncio.Transport | None = None
@@ -469,6 +469,10 @@ class _Relay(asyncio.Protocol):
         self._draining: asyncio.Future[None] | None = None
         self._resting = False
         self._pieces = 0
+
+    @property
+    def captured(self) -> bytes | None:
+        return bytes(self._captured) if self._captured is not None else None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -481,9 +485,11 @@ class _Relay(asyncio.Protocol):
                 self._transport.close()
             return
         client.write(data)
-        if self.captured is not None:
-            fits = len(self.captured) + len(data) <= CAPTURE_LIMIT
-            self.captured = self.captured + data if fits else None
+        if self._captured is not None:
+            if len(self._captured) + len(data) <= CAPTURE_LIMIT:
+                self._captured += data
+            else:
+                self._captured = None
         self._pieces += 1
         if self._transport is None or self._resting:
             return
