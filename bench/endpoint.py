@@ -4,7 +4,8 @@
 
 Both sides run the real llama-server on the tiny Kimi-K3 with the same model arguments:
 
-* endpoint: ``k3desk serve`` in a throw-away home, on the local API's fixed port, with
+* endpoint: ``k3desk serve`` in a throw-away home, on the local API's fixed port (its
+  front there, the engine behind it on loopback), with
   ``--keys`` client keys made by ``k3desk api create`` (the engine checks each request
   against all of them), the CORS limits, the app's own key; the client is the OpenAI SDK
   with one of those client keys, as a person's tool would be set up;
@@ -14,10 +15,11 @@ Both sides run the real llama-server on the tiny Kimi-K3 with the same model arg
 
 Rounds alternate between the two (one warm-up each first); each round streams one
 completion (the completions route) of ``--tokens`` tokens (``ignore_eos``, fixed seed) and
-times the first token and the tokens after it.  Medians are printed, then the ratio of the
-endpoint's tokens/s to the bare engine's and the first-token time it adds, beside the same
-figures for a second bare engine (the noise floor: two identical engines on this machine).
-Goals: ratio >= 0.98, added first-token latency <= 5 ms.
+times the first token, the tokens after it, and the whole answer from the request on (which
+a relay holding tokens back to send them together cannot flatter).  Medians are printed,
+then the ratio of the endpoint's tokens/s to the bare engine's and the first-token time it
+adds, beside the same figures for a second bare engine (the noise floor: two identical
+engines on this machine).  Goals: ratios >= 0.98, added first-token latency <= 5 ms.
 """
 
 from __future__ import annotations
@@ -179,22 +181,28 @@ def main() -> int:
         name: (
             statistics.median(r[0] for r in rows) * 1000,
             statistics.median(r[1] for r in rows),
+            statistics.median(r[2] for r in rows),
         )
         for name, rows in results.items()
     }
     print(f"llama-server: {engine}")
     print(f"{args.rounds} rounds of {args.tokens} tokens, alternating; {args.keys} client keys")
-    for name, (ttft, tps) in med.items():
-        print(f"  {name:<9} first token {ttft:7.2f} ms   {tps:8.1f} tokens/s")
+    for name, (ttft, tps, whole) in med.items():
+        print(
+            f"  {name:<9} first token {ttft:7.2f} ms   {tps:8.1f} tokens/s after it   "
+            f"{whole:8.1f} over the whole answer"
+        )
     floor = med["bare-twin"][1] / med["bare"][1]
     print(
         f"noise floor: bare-twin/bare tokens/s = {floor:.3f}, first token "
         f"{med['bare-twin'][0] - med['bare'][0]:+.2f} ms (the same engine twice)"
     )
     ratio = med["endpoint"][1] / med["bare"][1]
+    whole = med["endpoint"][2] / med["bare"][2]
     added = med["endpoint"][0] - med["bare"][0]
-    ok = ratio >= GOAL_RATIO and added <= GOAL_ADDED_MS
+    ok = ratio >= GOAL_RATIO and whole >= GOAL_RATIO and added <= GOAL_ADDED_MS
     print(f"added first-token latency = {added:+.2f} ms (goal <= {GOAL_ADDED_MS:g} ms)")
+    print(f"endpoint/bare tokens/s over the whole answer = {whole:.3f} (goal >= {GOAL_RATIO})")
     print(
         f"endpoint/bare tokens/s = {ratio:.3f} (goal >= {GOAL_RATIO}) {'met' if ok else 'MISSED'}"
     )
