@@ -1437,6 +1437,24 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_what_an_answer_said_is_read_off_the_wire_or_not_kept",
         "an answer with tool calls is not kept as a conversation's state",
     ),
+    m(
+        "front-lets-another-conversation-take-the-slot-unkept",
+        "k3desk/core/engines/front.py",
+        "await self._keep(pending)  # the slot is about to be another conversation's",
+        "pass",
+        "tests/core/engines/test_tool_conversations.py::"
+        "test_two_tools_conversations_each_come_back_and_stopping_keeps_the_last",
+        "a tool's conversation is kept before another takes the engine's slot",
+    ),
+    m(
+        "serve-stops-without-keeping-the-last-conversation",
+        "k3desk/cli/serve.py",
+        "before_stop=front.flush,",
+        "before_stop=None,",
+        "tests/core/engines/test_tool_conversations.py::"
+        "test_two_tools_conversations_each_come_back_and_stopping_keeps_the_last",
+        "k3desk serve keeps the conversation answered last before it stops the engine",
+    ),
 )
 
 

@@ -181,6 +181,7 @@ def run(args: argparse.Namespace, services: Services) -> int:
             tool_settings=args.tool_settings,
             services=services,
             address=lambda ep: replace(ep, port=front.port),
+            before_stop=front.flush,  # the conversation answered last is kept first
         )
     finally:
         front.stop()
@@ -254,9 +255,11 @@ def _foreground(
     tool_settings: bool = False,
     services: Services | None = None,
     address: Callable[[Endpoint], Endpoint] | None = None,
+    before_stop: Callable[[], None] | None = None,
 ) -> int:
     """Start ``sup`` and say each ready attempt until Ctrl-C; ``address`` gives the one
-    tools reach (a front's) for an attempt's own."""
+    tools reach (a front's) for an attempt's own; ``before_stop`` runs on Ctrl-C while the
+    engine still runs."""
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -305,6 +308,8 @@ def _foreground(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("Stopping ...", file=sys.stderr, flush=True)
+        if before_stop is not None:
+            before_stop()
         sup.stop()
         print("Stopped.", file=sys.stderr, flush=True)
         return 0

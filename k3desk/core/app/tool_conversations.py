@@ -4,9 +4,11 @@ A tool (a coding agent, a script) continues a conversation by sending it again, 
 with the next question.  After an engine restart that costs a read of all of it; the chat
 window avoids it with the conversation's kept state (:mod:`k3desk.core.chat.kept_state`),
 and the front (:mod:`k3desk.core.engines.front`) gives tools the same: when the engine has
-been idle a few seconds after an answer, the state of that conversation (as its next
-question's prompt will begin) is saved; on the first chat request an engine gets after it
-started, the longest kept state that request's prompt begins with is restored first.
+been idle a few seconds after an answer, before another conversation takes its one slot,
+and before ``k3desk serve`` stops it, the state of that conversation (as its next
+question's prompt will begin) is saved; before a request whose conversation the slot does
+not hold (the first after a restart, or a switch), the longest kept state that request's
+prompt begins with is restored.
 
 A tool's conversation is known by what it begins with (its messages up to its first
 question): the states of one conversation replace each other's oldest, as the chat's do.
@@ -56,6 +58,9 @@ class ToolConversations:
     def __init__(self, keeper: StateKeeper, say: Callable[[str], None]) -> None:
         self.keeper = keeper
         self.say = say
+
+    def conversation(self, body: dict[str, Any]) -> str:
+        return conversation_of(body)
 
     def _client(self, engine: Upstream) -> ChatClient:
         url = f"http://{engine.host}:{engine.port}"

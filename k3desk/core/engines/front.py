@@ -61,6 +61,7 @@ RELAY_FREE = 2
 RELAY_BULK = 32 * 1024  # a piece this large is no token: a long answer goes on unrested
 # a tool's conversation is kept when the engine has answered nothing else for this long
 IDLE_SECONDS = 5.0
+FLUSH_SETTLE = 2.0  # seconds a stop waits for a chat answer still going through
 CAPTURE_LIMIT = 4 << 20  # an answer read to keep its conversation; a longer one is not kept
 RELAY_BUFFER = 1 << 20  # an answer's bytes held for a slow client before the router waits
 _HOP = frozenset({"connection", "keep-alive", "proxy-connection"})
@@ -87,11 +88,23 @@ class Conversations(Protocol):
     only says when).  Both are called in a thread of their own and may take seconds."""
 
     def resume(self, body: dict[str, Any], engine: Upstream) -> None:
-        """Before the first chat request an engine gets after it started: bring back the
-        state kept for the conversation ``body`` continues, if there is one."""
+        """Before a chat request whose conversation the engine's slot does not hold (a
+        fresh engine's first, or a switch): bring back the state kept for it, if any."""
 
     def answered(self, body: dict[str, Any], answer: str, engine: Upstream) -> None:
-        """The engine went idle after answering ``body`` with ``answer``: keep its state."""
+        """The engine went idle after answering ``body`` with ``answer``, or another
+        conversation is about to take its slot, or it is about to stop: keep its state."""
+
+    def conversation(self, body: dict[str, Any]) -> str:
+        """Which conversation a request continues (one id for all of its turns)."""
+
+
+@dataclass(frozen=True)
+class _Answered:
+    body: dict[str, Any]
+    answer: str
+    engine: Upstream
+    conversation: str
 
 
 @dataclass(frozen=True)
@@ -205,10 +218,11 @@ class RouterFront:
         self._loaded: dict[str, float] = {}  # name -> when "loaded" was last seen
         self._loads: dict[str, float] = {}  # name -> when its load started (monotonic)
         self._http: httpx.AsyncClient | None = None
-        # the engines (port, process) whose first chat request came: a restart may keep
-        # the port, never the process
-        self._resumed: set[tuple[int, int]] = set()
+        # the conversation each engine's slot holds, by its (port, process)
+        self._holds: dict[tuple[int, int], str] = {}
         self._keeping: asyncio.TimerHandle | None = None  # a conversation kept when idle
+        self._pending: _Answered | None = None  # answered, its state not kept yet
+        self._chats = 0  # chat requests going on now
         self._kept: set[asyncio.Future[None]] = set()
 
     @property
@@ -292,14 +306,40 @@ class RouterFront:
             writer.write(self._answer(503, "The local API's engine is starting.", req, 5))
             return
         chat = await self._before_chat(req, body, up) if inspected else None
+        captured = None
+        try:
+            captured = await self._forward(
+                req, body, up, reader, writer, inspected=inspected, capture=chat is not None
+            )
+        finally:
+            if chat is not None:
+                self._chats -= 1
+                self._after_chat(chat, captured, up)
+
+    async def _forward(
+        self,
+        req: _Request,
+        body: bytes,
+        up: Upstream,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        inspected: bool,
+        capture: bool,
+    ) -> bytes | None:
+        """The request to the engine (``body``: what the front read of it, when
+        ``inspected``; the rest is pumped on) and its answer back; the answer's bytes if
+        ``capture`` (None when they were not all kept)."""
+        length = req.length()
+        chunked = "chunked" in (req.header("transfer-encoding") or "").lower()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         try:
             upstream, relay = await asyncio.get_running_loop().create_connection(
-                lambda: _Relay(writer, done, capture=chat is not None), up.host, up.port
+                lambda: _Relay(writer, done, capture=capture), up.host, up.port
             )
         except OSError:
             writer.write(self._answer(503, "The local API's engine is restarting.", req, 5))
-            return
+            return None
         pump = None
         try:
             upstream.write(req.upstream_head(drop_expect=inspected) + body)
@@ -310,29 +350,32 @@ class RouterFront:
             if pump is not None:
                 pump.cancel()
             upstream.close()
-        if chat is not None:
-            self._after_chat(chat, relay.captured, up)
+        return relay.captured
 
     # ------------------------------------------------------------ tools' conversations
     async def _before_chat(self, req: _Request, body: bytes, up: Upstream) -> dict[str, Any] | None:
-        """A Chat Completions request's body when tools' conversations are kept (after the
-        state its conversation left was brought back, on an engine's first such request)."""
+        """A Chat Completions request's body when tools' conversations are kept.  Before it
+        goes on: the conversation answered last is kept if this one is another (switched
+        away from), and this one's kept state is brought back if the engine's slot holds
+        another (or nothing: a fresh engine)."""
         conv = self.config.conversations
-        if conv is None or not req.target.split("?")[0].endswith("/chat/completions"):
+        if conv is None:
             return None
-        try:
-            data = json.loads(body)
-        except (ValueError, RecursionError):
+        engine = (up.port, up.pid)  # a restart may keep the port, never the process
+        data = _chat_body(req, body)
+        if data is None:  # another kind of request may take the slot: no longer known
+            self._holds.pop(engine, None)
             return None
-        if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
-            return None
-        if self._keeping is not None:  # not idle: the slot is this request's now
-            self._keeping.cancel()
-            self._keeping = None
-        if (up.port, up.pid) not in self._resumed:
-            self._resumed.add((up.port, up.pid))
+        conversation = conv.conversation(data)
+        self._idle_timer(None)
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.conversation != conversation:
+            await self._keep(pending)  # the slot is about to be another conversation's
+        if self._holds.get(engine) != conversation:
+            self._holds[engine] = conversation
             with contextlib.suppress(Exception):  # a failed restore only means a re-read
                 await asyncio.to_thread(conv.resume, data, up)
+        self._chats += 1  # until its answer is read (flush waits for it)
         return data
 
     def _after_chat(self, body: dict[str, Any], captured: bytes | None, up: Upstream) -> None:
@@ -341,17 +384,49 @@ class RouterFront:
         answer = answer_of(captured) if captured is not None else None
         if conv is None or answer is None:
             return
+        self._pending = _Answered(body, answer, up, conv.conversation(body))
+        self._idle_timer(asyncio.get_running_loop().call_later(IDLE_SECONDS, self._idle))
+
+    def _idle_timer(self, timer: asyncio.TimerHandle | None) -> None:
         if self._keeping is not None:
             self._keeping.cancel()
+        self._keeping = timer
 
-        def keep() -> None:
-            self._keeping = None
-            task = asyncio.ensure_future(asyncio.to_thread(conv.answered, body, answer, up))
+    def _idle(self) -> None:
+        self._keeping = None
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            task = asyncio.ensure_future(self._keep(pending))
             self._kept.add(task)
             task.add_done_callback(self._kept.discard)
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
-        self._keeping = asyncio.get_running_loop().call_later(IDLE_SECONDS, keep)
+    async def _keep(self, answered: _Answered) -> None:
+        conv, a = self.config.conversations, answered
+        if conv is not None:
+            with contextlib.suppress(Exception):  # not kept: the next time reads it again
+                await asyncio.to_thread(conv.answered, a.body, a.answer, a.engine)
+
+    def flush(self, timeout: float = 120.0) -> None:
+        """Keep the conversation answered last now, and wait for any being kept (before
+        the engine stops)."""
+        if self._thread is None:
+            return
+
+        async def now() -> None:
+            # an answer the tool already has may still be on its way through the front
+            settle = time.monotonic() + FLUSH_SETTLE
+            while self._chats and time.monotonic() < settle:
+                await asyncio.sleep(0.02)
+            self._idle_timer(None)
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                await self._keep(pending)
+            if self._kept:
+                await asyncio.gather(*self._kept, return_exceptions=True)
+
+        done = asyncio.run_coroutine_threadsafe(now(), self._loop)
+        with contextlib.suppress(Exception):
+            done.result(timeout)
 
     # ------------------------------------------------------------------ the front's own
     def _authorized(self, req: _Request) -> bool:
@@ -548,6 +623,19 @@ async def _pump(src: asyncio.StreamReader, dst: _Relay, count: int | None) -> No
             await dst.send(data)
             if left is not None:
                 left -= len(data)
+
+
+def _chat_body(req: _Request, body: bytes) -> dict[str, Any] | None:
+    """A Chat Completions request's JSON body (None for any other request)."""
+    if not req.target.split("?")[0].endswith("/chat/completions"):
+        return None
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        return None
+    return data
 
 
 def answer_of(raw: bytes) -> str | None:

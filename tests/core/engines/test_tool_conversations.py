@@ -101,3 +101,35 @@ def _engine_pid(port: int) -> int:
     listening = psutil.net_connections("tcp")
     front = next(c.pid for c in listening if c.laddr and c.laddr.port == port and c.pid)
     return next(p.pid for p in psutil.Process(front).children() if "llama-server" in p.name())
+
+
+def test_two_tools_conversations_each_come_back_and_stopping_keeps_the_last(
+    llama_server: Path, tiny_k3_single: TinyModel
+) -> None:
+    """Another conversation taking the slot keeps the one answered before it first, and
+    going back to that one brings its state back; Ctrl-C (SIGTERM) keeps the conversation
+    answered last before the engine stops, and the next `k3desk serve` starts from it."""
+    port = free_port()
+    assert k3desk("api", "port", str(port)).returncode == 0
+    key = k3desk("api", "create", "agent").stdout.splitlines()[0]
+    folder = states_dir(default_paths().cache)
+    url = f"http://127.0.0.1:{port}/v1"
+    other = {"role": "user", "content": "Write a poem about the sea and a boat. " * 8}
+    serve = (str(tiny_k3_single.first_part), "--ctx", "2048", "--engine", str(llama_server))
+    with serving(*serve), openai.OpenAI(base_url=url, api_key=key, timeout=60) as client:
+        a = [SYSTEM, FIRST]
+        a.append({"role": "assistant", "content": _ask(client, a).choices[0].message.content})
+        b = [SYSTEM, other]
+        b.append({"role": "assistant", "content": _ask(client, b).choices[0].message.content})
+        assert len(list(folder.glob("k3c-*.bin"))) == 1  # the first, kept before the second
+        a.append(THEN)
+        back = _ask(client, a)  # the slot holds the second: the first is brought back
+        assert back.model_extra["timings"]["cache_n"] > back.usage.prompt_tokens // 2
+        a += [{"role": "assistant", "content": back.choices[0].message.content},
+              {"role": "user", "content": "And after that?"}]  # fmt: skip
+        before = set(folder.glob("k3c-*.bin"))
+    # stopped at once after its answer (no idle time): kept on the way out
+    assert len(set(folder.glob("k3c-*.bin")) - before) >= 1
+    with serving(*serve), openai.OpenAI(base_url=url, api_key=key, timeout=60) as client:
+        again = _ask(client, a)
+        assert again.model_extra["timings"]["cache_n"] > back.usage.prompt_tokens
