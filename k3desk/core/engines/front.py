@@ -102,7 +102,7 @@ class Conversations(Protocol):
 @dataclass(frozen=True)
 class _Answered:
     body: dict[str, Any]
-    answer: str
+    raw: bytes  # the answer as it came off the wire (read when it is kept, off the loop)
     engine: Upstream
     conversation: str
 
@@ -381,10 +381,9 @@ class RouterFront:
     def _after_chat(self, body: dict[str, Any], captured: bytes | None, up: Upstream) -> None:
         """Keep the conversation once the engine has been idle :data:`IDLE_SECONDS`."""
         conv = self.config.conversations
-        answer = answer_of(captured) if captured is not None else None
-        if conv is None or answer is None:
+        if conv is None or captured is None:
             return
-        self._pending = _Answered(body, answer, up, conv.conversation(body))
+        self._pending = _Answered(body, captured, up, conv.conversation(body))
         self._idle_timer(asyncio.get_running_loop().call_later(IDLE_SECONDS, self._idle))
 
     def _idle_timer(self, timer: asyncio.TimerHandle | None) -> None:
@@ -401,10 +400,10 @@ class RouterFront:
             task.add_done_callback(self._kept.discard)
 
     async def _keep(self, answered: _Answered) -> None:
-        conv, a = self.config.conversations, answered
+        conv = self.config.conversations
         if conv is not None:
             with contextlib.suppress(Exception):  # not kept: the next time reads it again
-                await asyncio.to_thread(conv.answered, a.body, a.answer, a.engine)
+                await asyncio.to_thread(_keep_answered, conv, answered)
 
     def flush(self, timeout: float = 120.0) -> None:
         """Keep the conversation answered last now, and wait for any being kept (before
@@ -625,6 +624,14 @@ async def _pump(src: asyncio.StreamReader, dst: _Relay, count: int | None) -> No
                 left -= len(data)
 
 
+def _keep_answered(conv: Conversations, answered: _Answered) -> None:
+    """What the answer said (read here, in the keeping thread: up to 4 MiB of events),
+    kept with its conversation; nothing where it is no answer to keep."""
+    answer = answer_of(answered.raw)
+    if answer is not None:
+        conv.answered(answered.body, answer, answered.engine)
+
+
 def _chat_body(req: _Request, body: bytes) -> dict[str, Any] | None:
     """A Chat Completions request's JSON body (None for any other request)."""
     if not req.target.split("?")[0].endswith("/chat/completions"):
@@ -689,18 +696,22 @@ def _streamed(body: bytes) -> str | None:
 def _dechunk(body: bytes) -> bytes | None:
     """A chunked body's bytes (None when it is cut or malformed)."""
     out = bytearray()
+    at = 0
     while True:
-        size_line, sep, rest = body.partition(b"\r\n")
+        end = body.find(b"\r\n", at)
+        if end < 0:
+            return None
         try:
-            size = int(size_line.split(b";")[0].strip(), 16)
+            size = int(body[at:end].split(b";")[0].strip(), 16)
         except ValueError:
             return None
-        if not sep or len(rest) < size:
+        start = end + 2
+        if len(body) - start < size:
             return None
         if size == 0:
             return bytes(out)
-        out += rest[:size]
-        body = rest[size + 2 :]
+        out += body[start : start + size]
+        at = start + size + 2
 
 
 def _more_files() -> None:
