@@ -19,7 +19,6 @@ A key created or revoked takes effect when the engine next starts (it reads its 
 from __future__ import annotations
 
 import os
-import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from k3desk.core.app.library import LocalModel, local_models
+from k3desk.core.app.library import local_models
 from k3desk.core.app.tool_settings import ToolSnippet, tool_snippets
 from k3desk.core.chat.kept_state import states_dir
 from k3desk.core.engines.client_keys import ApiKeyError, ClientKey, ClientKeys, check_name
@@ -37,6 +36,7 @@ from k3desk.core.engines.ports import ANY_HOST, LOOPBACK, port_problem
 from k3desk.core.engines.router import preset_name
 from k3desk.core.engines.supervisor import Endpoint, LaunchSpec
 from k3desk.core.errors import EngineError, K3Error
+from k3desk.core.gguf.shards import parse_split_name
 from k3desk.core.settings import MAX_PARALLEL, ORIGIN, Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -176,14 +176,10 @@ def others_named(services: Services, shard: Path) -> dict[str, str]:
     except K3Error:
         return {}  # My models unreadable: nothing to say of them, the model still served
     here = shard.resolve()
-
-    def runs_here(m: LocalModel) -> bool:  # any part of the set given
-        first = m.shard.resolve()
-        split = re.fullmatch(re.escape(m.name) + r"-\d{5}-of-\d{5}\.gguf", here.name)
-        return first == here or (first.parent == here.parent and split is not None)
-
-    served = [m for m in models if runs_here(m)]
-    runs = served[0].name if served else re.sub(r"(-\d{5}-of-\d{5})?\.gguf$", "", shard.name)
+    split = parse_split_name(here.name)  # any part of the set may be given
+    first = here.with_name(split.part(1)) if split is not None else here
+    served = [m for m in models if m.shard.resolve() == first]
+    runs = served[0].name if served else (split.prefix if split is not None else here.stem)
     mine = {runs, preset_name(runs)}
     why = (
         f"k3desk serve runs {runs} alone. Ask for that one, or serve every model in My "
@@ -191,7 +187,7 @@ def others_named(services: Services, shard: Path) -> dict[str, str]:
     )
     out: dict[str, str] = {}
     for m in models:
-        if not runs_here(m):
+        if m.shard.resolve() != first:
             for name in (m.name, preset_name(m.name)):
                 if name not in mine:
                     out.setdefault(name, why)
@@ -210,8 +206,8 @@ def start_front(
     """The front at ``fronted``'s address before the engine ``upstream()`` names (the
     Supervisor's endpoint: None while it starts or restarts); ``served`` (names and sizes)
     and ``left_out`` (names and why) for a router; ``conversations`` keeps tools'
-    conversations in the engine's state (one model, one slot).  Raises :class:`EngineError` when the
-    address is taken, naming who holds it."""
+    conversations in the engine's state (one model, one slot).  Raises
+    :class:`EngineError` when the address is taken, naming who holds it."""
     config = FrontConfig(
         host=fronted.host,
         port=fronted.port,
