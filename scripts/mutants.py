@@ -1429,13 +1429,53 @@ MUTANTS: tuple[Mutant, ...] = (
         "a tool's conversation continued after a restart starts from its kept state",
     ),
     m(
-        "front-keeps-an-answer-with-tool-calls",
+        "front-reads-a-streamed-tool-calls-arguments-once",
         "k3desk/core/engines/front.py",
-        'if delta.get("tool_calls") or delta.get("reasoning_content"):',
-        'if delta.get("reasoning_content"):',
+        'call["function"]["arguments"] += fn.get("arguments") or ""',
+        'call["function"]["arguments"] = fn.get("arguments") or ""',
         "tests/core/engines/test_front_http.py::"
         "test_what_an_answer_said_is_read_off_the_wire_or_not_kept",
-        "an answer with tool calls is not kept as a conversation's state",
+        "a streamed answer calling tools is read whole: each call's arguments from all pieces",
+    ),
+    m(
+        "front-trusts-the-slot-after-another-kind-of-request",
+        "k3desk/core/engines/front.py",
+        "            self._holds.pop(engine, None)",
+        "            pass",
+        "tests/core/engines/test_front_http.py::"
+        "test_the_front_brings_a_conversation_back_when_the_slot_may_hold_another",
+        "after any other generation request a tool's conversation is brought back",
+    ),
+    m(
+        "kept-tool-calls-prefix-ends-at-a-question",
+        "k3desk/core/chat/kept_state.py",
+        "        if not calls:\n",
+        "        if True:\n",
+        "tests/core/engines/test_sdk_clients.py::"
+        "test_an_answer_calling_tools_is_kept_up_to_where_its_results_begin",
+        "an answer calling tools is kept up to where its results begin in the next prompt",
+    ),
+    m(
+        "tool-conversations-keep-thinking-the-tool-leaves-out",
+        "k3desk/core/app/tool_conversations.py",
+        '    if sends_thinking or "reasoning_content" not in answer:',
+        "    if True:",
+        "tests/core/app/test_tool_conversations_kept.py::"
+        "test_thinking_is_kept_only_where_the_tool_sends_it_back "
+        "tests/core/engines/test_tool_conversations.py::"
+        "test_a_tools_conversation_continued_after_a_crash_starts_from_its_kept_state",
+        "a tool's conversation with thinking is kept as the tool sends it back",
+    ),
+    m(
+        "tool-conversations-keep-pictures",
+        "k3desk/core/app/tool_conversations.py",
+        "    def resume(self, body: dict[str, Any], engine: Upstream) -> None:\n"
+        "        if _has_pictures(body):",
+        "    def resume(self, body: dict[str, Any], engine: Upstream) -> None:\n"
+        "        if False:",
+        "tests/core/app/test_tool_conversations_kept.py::"
+        "test_a_conversation_with_a_picture_is_neither_kept_nor_brought_back",
+        "a tool's conversation with a picture is never restored short of its picture",
     ),
     m(
         "front-lets-another-conversation-take-the-slot-unkept",

@@ -15,9 +15,11 @@ question): the states of one conversation replace each other's oldest, as the ch
 What it is checked against is the chat's: the engine, model files, projector, context and
 cache types, and the prompt itself (rendered by the engine's own template with the tools
 and template options the request gives), so a state is restored only where the engine
-then reads just the rest.  Not kept: answers with tool calls or thinking (the next prompt
-does not begin with them as they came), pictures, engines answering several requests at
-once (another request may be in the slot).
+then reads just the rest.  An answer that calls tools is kept up to where its first
+call's result will begin; its thinking only where the tool sends thinking back (an
+earlier answer in its request carries it: the template renders it when given).  Not
+kept: pictures, an answer the request began itself (its last message the assistant's),
+engines answering several requests at once (another request may be in the slot).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from k3desk.core.units import fmt_bytes
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
 
-__all__ = ["ToolConversations", "conversation_of", "tool_conversations"]
+__all__ = ["ToolConversations", "as_sent_back", "conversation_of", "tool_conversations"]
 
 
 def conversation_of(body: dict[str, Any]) -> str:
@@ -83,9 +85,11 @@ class ToolConversations:
         elif got.why != NOTHING_KEPT:
             self.say(f"A tool's conversation is read again. {got.why}")
 
-    def answered(self, body: dict[str, Any], answer: str, engine: Upstream) -> None:
-        if _has_pictures(body):
+    def answered(self, body: dict[str, Any], answer: dict[str, Any], engine: Upstream) -> None:
+        messages = body.get("messages") or []
+        if _has_pictures(body) or (messages and _role(messages[-1]) == "assistant"):
             return
+        answer = as_sent_back(body, answer)
         try:
             with self._client(engine) as client:
                 got = self.keeper.keep_body(client, conversation_of(body), body, answer)
@@ -94,6 +98,24 @@ class ToolConversations:
             return
         if got.done:
             self.say(f"A tool's conversation kept: {got.tokens:,} tokens ({fmt_bytes(got.size)}).")
+
+
+def _role(message: Any) -> Any:
+    return message.get("role") if isinstance(message, dict) else None
+
+
+def as_sent_back(body: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    """The assistant's ``answer`` as the tool will most likely send it back: with its
+    thinking only if it sent thinking back before (an earlier assistant message in ``body``
+    carries ``reasoning_content`` or ``reasoning``; most OpenAI clients send the content
+    and tool calls alone, and the template then renders an empty thinking block)."""
+    sends_thinking = any(
+        _role(m) == "assistant" and (m.get("reasoning_content") or m.get("reasoning"))
+        for m in body.get("messages") or []
+    )
+    if sends_thinking or "reasoning_content" not in answer:
+        return answer
+    return {k: v for k, v in answer.items() if k != "reasoning_content"}
 
 
 def _has_pictures(body: dict[str, Any]) -> bool:

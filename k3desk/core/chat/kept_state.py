@@ -260,12 +260,21 @@ def render_body(client: ChatClient, body: Mapping[str, Any]) -> str:
     return prompt
 
 
-def body_next_prefix(client: ChatClient, body: Mapping[str, Any], answer: str) -> str:
-    """What the next question's prompt of a tool's conversation begins with: ``body``'s
-    messages and the ``answer`` given to it, rendered, up to where the question starts."""
-    said = [*body["messages"], {"role": "assistant", "content": answer}]
-    a = render_body(client, {**body, "messages": [*said, {"role": "user", "content": "a"}]})
-    b = render_body(client, {**body, "messages": [*said, {"role": "user", "content": "b"}]})
+def body_next_prefix(client: ChatClient, body: Mapping[str, Any], answer: Mapping[str, Any]) -> str:
+    """What the next request's prompt of a tool's conversation begins with: ``body``'s
+    messages and the assistant's ``answer`` to it, rendered, up to where the next message's
+    own content starts: a question, or after tool calls the first call's result."""
+    said = [*body["messages"], dict(answer)]
+    calls = answer.get("tool_calls") or []
+
+    def then(content: str) -> dict[str, Any]:
+        if not calls:
+            return {"role": "user", "content": content}
+        result = {"role": "tool", "content": content}
+        return {**result, "tool_call_id": calls[0]["id"]} if calls[0].get("id") else result
+
+    a = render_body(client, {**body, "messages": [*said, then("a")]})
+    b = render_body(client, {**body, "messages": [*said, then("b")]})
     return _common(a, b)
 
 
@@ -422,10 +431,15 @@ class StateKeeper:
         return self._keep(client, conversation, lambda: next_prefix(client, history, settings))
 
     def keep_body(
-        self, client: ChatClient, conversation: str, body: Mapping[str, Any], answer: str
+        self,
+        client: ChatClient,
+        conversation: str,
+        body: Mapping[str, Any],
+        answer: Mapping[str, Any],
     ) -> Kept:
         """Save the engine state of a tool's conversation: its Chat Completions request
-        ``body`` and the ``answer`` it was given, for the conversation's next question."""
+        ``body`` and the assistant's message ``answer`` it was given, for the
+        conversation's next request."""
         return self._keep(client, conversation, lambda: body_next_prefix(client, body, answer))
 
     def _keep(self, client: ChatClient, conversation: str, prefix_of: Callable[[], str]) -> Kept:

@@ -91,9 +91,10 @@ class Conversations(Protocol):
         """Before a chat request whose conversation the engine's slot does not hold (a
         fresh engine's first, or a switch): bring back the state kept for it, if any."""
 
-    def answered(self, body: dict[str, Any], answer: str, engine: Upstream) -> None:
-        """The engine went idle after answering ``body`` with ``answer``, or another
-        conversation is about to take its slot, or it is about to stop: keep its state."""
+    def answered(self, body: dict[str, Any], answer: dict[str, Any], engine: Upstream) -> None:
+        """The engine went idle after answering ``body`` with ``answer`` (the assistant's
+        message: :func:`answer_of`), or another conversation is about to take its slot, or
+        it is about to stop: keep its state."""
 
     def conversation(self, body: dict[str, Any]) -> str:
         """Which conversation a request continues (one id for all of its turns)."""
@@ -645,10 +646,10 @@ def _chat_body(req: _Request, body: bytes) -> dict[str, Any] | None:
     return data
 
 
-def answer_of(raw: bytes) -> str | None:
-    """The text of a Chat Completions answer as it came off the wire (streamed or not), or
-    None where it is no answer to keep: not 200, cut short, more than text (tool calls,
-    thinking that the next prompt leaves out), or not read whole."""
+def answer_of(raw: bytes) -> dict[str, Any] | None:
+    """The assistant's message a Chat Completions answer gave, as it came off the wire
+    (streamed or not): its text, and its thinking and tool calls where it has them; None
+    where it is no answer to keep: not 200, cut short, several choices, or not read whole."""
     head, sep, body = raw.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     if not sep or lines[0].split(" ")[1:2] != ["200"]:
@@ -663,19 +664,46 @@ def answer_of(raw: bytes) -> str | None:
         if "event-stream" in headers.get("content-type", ""):
             return _streamed(body)
         choices = json.loads(body).get("choices") or []
-        message = choices[0]["message"] if len(choices) == 1 else {}
+        if len(choices) != 1:
+            return None
+        message = choices[0]["message"]
+        return _message(
+            message.get("content"), message.get("reasoning_content"), message.get("tool_calls")
+        )
     except (ValueError, KeyError, TypeError, AttributeError, IndexError):
         return None
-    content = message.get("content")
-    if message.get("tool_calls") or message.get("reasoning_content"):
+
+
+def _message(content: Any, thinking: Any, calls: Any) -> dict[str, Any] | None:
+    """The assistant's message as a tool sends it back in its next request (the fields
+    the chat template renders: content, reasoning_content, tool_calls)."""
+    if not isinstance(content, str | None) or not isinstance(thinking, str | None):
         return None
-    return content if isinstance(content, str) else None
+    message: dict[str, Any] = {"role": "assistant", "content": content or ""}
+    if thinking:
+        message["reasoning_content"] = thinking
+    if calls:
+        said = []
+        for call in calls:
+            fn = call["function"]
+            name, arguments = fn["name"], fn.get("arguments", "")
+            if not isinstance(name, str) or not isinstance(arguments, str) or not name:
+                return None
+            one = {"type": "function", "function": {"name": name, "arguments": arguments}}
+            said.append({"id": call["id"], **one} if call.get("id") else one)
+        message["tool_calls"] = said
+    return message
 
 
-def _streamed(body: bytes) -> str | None:
-    """The text of a streamed answer's events; None where one says more than text or the
-    stream did not end with a finish reason."""
-    parts: list[str] = []
+def _streamed(body: bytes) -> dict[str, Any] | None:
+    """The assistant's message a streamed answer's events make up (the deltas of
+    llama-server's ``server_chat_msg_diff_to_json_oaicompat``, server-chat.cpp: text,
+    thinking, and each tool call by its index: its id and name once, its arguments in
+    pieces); None where the stream did not end with a finish reason or has several
+    choices."""
+    text: list[str] = []
+    thinking: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
     finished = False
     for line in body.split(b"\n"):
         if not line.startswith(b"data: ") or line[6:].strip() == b"[DONE]":
@@ -686,11 +714,19 @@ def _streamed(body: bytes) -> str | None:
         if len(choices) > 1:
             return None
         delta = choices[0].get("delta") or {}
-        if delta.get("tool_calls") or delta.get("reasoning_content"):
-            return None
-        parts.append(delta.get("content") or "")
+        text.append(delta.get("content") or "")
+        thinking.append(delta.get("reasoning_content") or "")
+        for piece in delta.get("tool_calls") or ():
+            call = calls.setdefault(piece["index"], {"function": {"name": "", "arguments": ""}})
+            if piece.get("id"):
+                call["id"] = piece["id"]
+            fn = piece.get("function") or {}
+            call["function"]["name"] += fn.get("name") or ""
+            call["function"]["arguments"] += fn.get("arguments") or ""
         finished = finished or bool(choices[0].get("finish_reason"))
-    return "".join(parts) if finished else None
+    if not finished:
+        return None
+    return _message("".join(text), "".join(thinking), [calls[i] for i in sorted(calls)])
 
 
 def _dechunk(body: bytes) -> bytes | None:

@@ -179,6 +179,13 @@ SSE = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding:
 JSON = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n"
 
 
+def _said(content: str, **more: object) -> dict[str, object]:
+    return {"role": "assistant", "content": content, **more}
+
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "look", "arguments": '{"q": "x"}'}}
+
+
 @pytest.mark.parametrize(
     ("raw", "said"),
     [
@@ -192,15 +199,85 @@ JSON = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n"
                 + _event({}, "stop")
                 + b"data: [DONE]\n\n"
             ),
-            "Hello",
+            _said("Hello"),
         ),
-        (JSON + json.dumps({"choices": [{"message": {"content": "Hi."}}]}).encode(), "Hi."),
-        # not answers to keep: cut short, tool calls, thinking, several, refused, garbage
+        (JSON + json.dumps({"choices": [{"message": {"content": "Hi."}}]}).encode(), _said("Hi.")),
+        # thinking, and tool calls as llama-server streams them (server-chat.cpp): each by
+        # its index, its id and name once, its arguments in pieces; two calls in order
+        (
+            SSE
+            + _chunked(
+                _event({"reasoning_content": "h"})
+                + _event({"reasoning_content": "m"})
+                + _event({"content": "x"}, "stop")
+            ),
+            _said("x", reasoning_content="hm"),
+        ),
+        (
+            SSE
+            + _chunked(
+                _event(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "c1",
+                                "type": "function",
+                                "function": {"name": "look"},
+                            }
+                        ]
+                    }
+                )
+                + _event({"tool_calls": [{"index": 0, "function": {"arguments": '{"q": '}}]})
+                + _event(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": 1,
+                                "id": "c2",
+                                "type": "function",
+                                "function": {"name": "see", "arguments": "{}"},
+                            }
+                        ]
+                    }
+                )
+                + _event({"tool_calls": [{"index": 0, "function": {"arguments": '"x"}'}}]})
+                + _event({}, "tool_calls")
+            ),
+            _said(
+                "",
+                tool_calls=[
+                    CALL,
+                    {
+                        "id": "c2",
+                        "type": "function",
+                        "function": {"name": "see", "arguments": "{}"},
+                    },
+                ],
+            ),
+        ),
+        (
+            JSON
+            + json.dumps(
+                {
+                    "choices": [
+                        {
+                            "message": {"content": None, "tool_calls": [{**CALL, "extra": 1}]},
+                            "finish_reason": "tool_calls",
+                        }
+                    ]
+                }
+            ).encode(),
+            _said("", tool_calls=[CALL]),
+        ),
+        # not answers to keep: cut short, several, a call without a name, refused, garbage
         (SSE + _chunked(_event({"content": "Hel"})), None),
         (SSE + _chunked(_event({"content": "Hel"}, "stop"))[:-5], None),
-        (SSE + _chunked(_event({"tool_calls": [{"id": "1"}]}) + _event({}, "tool_calls")), None),
         (
-            SSE + _chunked(_event({"reasoning_content": "hm"}) + _event({"content": "x"}, "stop")),
+            SSE
+            + _chunked(
+                _event({"tool_calls": [{"index": 0, "id": "1"}]}) + _event({}, "tool_calls")
+            ),
             None,
         ),
         (JSON + json.dumps({"choices": [{"message": {"content": "a"}}] * 2}).encode(), None),
@@ -211,12 +288,15 @@ JSON = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n"
             ).encode(),
             None,
         ),
+        (JSON + json.dumps({"choices": [{"message": {"content": 7}}]}).encode(), None),
         (b"HTTP/1.1 500 Internal Server Error\r\n\r\n{}", None),
         (JSON + b"\xff\xfe not json", None),
         (b"garbage", None),
     ],
 )
-def test_what_an_answer_said_is_read_off_the_wire_or_not_kept(raw: bytes, said: str | None) -> None:
+def test_what_an_answer_said_is_read_off_the_wire_or_not_kept(
+    raw: bytes, said: dict[str, object] | None
+) -> None:
     assert answer_of(raw) == said
 
 
@@ -226,5 +306,96 @@ def test_a_long_streamed_answer_is_read_in_time_linear_in_its_size() -> None:
     events = [_event({"content": "a"})] * 20_000 + [_event({}, "stop")]
     raw = SSE + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
     started = time.monotonic()
-    assert answer_of(raw) == "a" * 20_000
+    assert answer_of(raw) == _said("a" * 20_000)
     assert time.monotonic() - started < 1.0
+
+
+class _Engine:
+    """A scripted engine answering every request at once with one Chat Completions answer,
+    and the requests it got (their targets), in order."""
+
+    ANSWER = json.dumps({"choices": [{"message": {"content": "Yes."}, "finish_reason": "stop"}]})
+
+    def __init__(self) -> None:
+        self.targets: list[str] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                got = b""
+                while b"\r\n\r\n" not in got:
+                    got += conn.recv(65536)
+                head, _, body = got.partition(b"\r\n\r\n")
+                length = next((int(x.split(b":")[1]) for x in head.split(b"\r\n")
+                               if x.lower().startswith(b"content-length:")), 0)  # fmt: skip
+                while len(body) < length:
+                    body += conn.recv(65536)
+                self.targets.append(head.split(b" ")[1].decode())
+                answer = self.ANSWER.encode()
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+                             % (len(answer), answer))  # fmt: skip
+
+    def upstream(self) -> Upstream:
+        return Upstream("127.0.0.1", self.sock.getsockname()[1], "k3-app", pid=1)
+
+
+class _Recorded:
+    """Conversations that only record what the front asked of them, in order."""
+
+    def __init__(self) -> None:
+        self.said: list[tuple[str, str]] = []
+
+    def conversation(self, body: dict[str, object]) -> str:
+        return str(body["messages"][0]["content"])  # type: ignore[index]
+
+    def resume(self, body: dict[str, object], engine: Upstream) -> None:
+        self.said.append(("resume", self.conversation(body)))
+
+    def answered(
+        self, body: dict[str, object], answer: dict[str, object], engine: Upstream
+    ) -> None:
+        self.said.append(("kept", self.conversation(body)))
+
+
+def test_the_front_brings_a_conversation_back_when_the_slot_may_hold_another() -> None:
+    """A fresh engine's first request, a switch and any other kind of generation request
+    (its prompt may have taken the slot) leave the slot's content unknown: the next
+    request of a conversation brings its kept state back; its next turn does not.  The
+    conversation switched away from is kept before the other's is brought back."""
+    engine = _Engine()
+    recorded = _Recorded()
+    config = FrontConfig("127.0.0.1", 0, client_keys=(KEY,), conversations=recorded)
+    f = RouterFront(config, engine.upstream)
+    f.start()
+    url = f"http://127.0.0.1:{f.port}"
+    auth = {"Authorization": f"Bearer {KEY}"}
+
+    def chat(conversation: str) -> None:
+        body = {"messages": [{"role": "user", "content": conversation}]}
+        got = httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth, timeout=10)
+        assert got.json()["choices"][0]["message"]["content"] == "Yes."
+
+    try:
+        chat("A")
+        chat("A")
+        assert recorded.said == [("resume", "A")]
+        got = httpx.post(f"{url}/completion", json={"prompt": "Hi"}, headers=auth, timeout=10)
+        assert got.status_code == 200
+        chat("A")
+        assert recorded.said == [("resume", "A")] * 2
+        chat("B")
+        assert recorded.said[2:] == [("kept", "A"), ("resume", "B")]
+        assert (
+            engine.targets
+            == ["/v1/chat/completions"] * 2 + ["/completion"] + ["/v1/chat/completions"] * 2
+        )
+    finally:
+        f.stop()
+        engine.sock.close()

@@ -46,6 +46,8 @@ import pytest
 from PIL import Image
 
 from k3desk.core.app.tool_settings import tool_snippets
+from k3desk.core.chat.client import ChatClient, ChatEndpoint
+from k3desk.core.chat.kept_state import body_next_prefix, render_body
 from k3desk.core.engines.launch import prepare_launch
 from k3desk.core.engines.supervisor import Supervisor
 from k3desk.core.hardware.profile import HardwareProfile
@@ -306,6 +308,47 @@ def test_a_streamed_tool_call_assembles(served: Served) -> None:
     assert name == "get_weather"
     assert json.loads(arguments) == {"city": "Paris"}
     assert finish == "tool_calls"
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+@pytest.mark.parametrize("calls", [1, 2])
+def test_an_answer_calling_tools_is_kept_up_to_where_its_results_begin(
+    served: Served, calls: int, thinking: bool
+) -> None:
+    """What a tool's conversation is kept as, after an answer calling tools (the engine's
+    own call, as the SDK gives it), is where the engine's prompt for the next request (the
+    calls' results sent back) begins, token for token in the engine's own tokenizer: so
+    the state restored is read on from, never read again (K3's KDA layers cannot step
+    back)."""
+    call = served.openai().chat.completions.create(
+        model="k3", messages=prefilled(), tools=OPENAI_TOOLS, tool_choice="required",
+        max_tokens=4, extra_body={**GREEDY, **THINKING_OFF},
+    ).choices[0].message.tool_calls[0]  # type: ignore[index]  # fmt: skip
+    said = [call.model_dump()]
+    if calls == 2:
+        said.append({**said[0], "id": said[0]["id"] + "b"})
+    options = {"tools": OPENAI_TOOLS, "chat_template_kwargs": {"thinking": thinking}}
+    body = {"messages": prefilled()[:1], **options}
+    with ChatClient(ChatEndpoint(served.url, served.key)) as client:
+        # the message as the front reads it off the wire and the tool sends it back
+        answer = {"role": "assistant", "content": "", "tool_calls": said}
+        prefix = body_next_prefix(client, body, answer)
+        results = [{"role": "tool", "tool_call_id": c["id"], "content": f"Sunny {i}."}
+                   for i, c in enumerate(said)]  # fmt: skip
+        sent_back = {"role": "assistant", "content": None, "tool_calls": said}
+        next_prompt = render_body(client, {**body, "messages": [*body["messages"], sent_back,
+                                                                *results]})  # fmt: skip
+
+        def tokens(text: str) -> list[int]:
+            status, got = client.call("POST", "/tokenize", {"content": text, "parse_special": True})
+            assert status == 200
+            return list(got["tokens"])
+
+        assert next_prompt.startswith(prefix)
+        assert next_prompt[len(prefix) :].startswith("Sunny 0.")
+        assert 'tool="get_weather"' in prefix[-60:]  # up to the first result's own words
+        kept = tokens(prefix)
+        assert tokens(next_prompt)[: len(kept)] == kept
 
 
 def test_a_named_tool_choice_is_not_forced(served: Served) -> None:
