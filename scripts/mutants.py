@@ -1438,6 +1438,55 @@ MUTANTS: tuple[Mutant, ...] = (
         "a streamed answer calling tools is read whole: each call's arguments from all pieces",
     ),
     m(
+        "front-forgets-the-slot-after-counting-tokens",
+        "k3desk/core/engines/front.py",
+        '            if not req.target.split("?")[0].endswith(SLOT_FREE):',
+        "            if True:",
+        "tests/core/engines/test_front_http.py::"
+        "test_the_front_brings_a_conversation_back_when_the_slot_may_hold_another",
+        "a request that takes no slot (counting tokens) brings no state back",
+    ),
+    m(
+        "front-keeps-no-messages-conversations",
+        "k3desk/core/engines/front.py",
+        '    if api == ANTHROPIC and not path.endswith("/v1/messages"):',
+        "    if api == ANTHROPIC:",
+        "tests/core/engines/test_tool_conversations.py::"
+        "test_an_anthropic_conversation_continued_after_a_crash_starts_from_its_kept_state",
+        "an Anthropic Messages conversation continued after a restart starts from its state",
+    ),
+    m(
+        "front-drops-the-thinking-anthropic-clients-send-back",
+        "k3desk/core/engines/front.py",
+        "    sends_thinking = api == ANTHROPIC or any(",
+        "    sends_thinking = any(",
+        "tests/core/engines/test_front_http.py::"
+        "test_thinking_is_kept_only_where_the_tool_sends_it_back "
+        "tests/core/engines/test_tool_conversations.py::"
+        "test_an_anthropic_conversation_continued_after_a_crash_starts_from_its_kept_state",
+        "an Anthropic conversation is kept with the thinking its client sends back",
+    ),
+    m(
+        "anthropic-billing-header-kept-as-it-is",
+        "k3desk/core/engines/anthropic_shape.py",
+        '        return text[:at] + "fffff" + text[at + 5 :]',
+        "        return text",
+        "tests/core/engines/test_sdk_clients.py::"
+        "test_messages_are_turned_into_the_prompt_the_engine_builds "
+        "tests/core/engines/test_tool_conversations.py::"
+        "test_an_anthropic_conversation_continued_after_a_crash_starts_from_its_kept_state",
+        "a client's billing header changing each request does not make its conversation new",
+    ),
+    m(
+        "anthropic-tool-results-before-their-message",
+        "k3desk/core/engines/anthropic_shape.py",
+        "    return out + results",
+        "    return results + out",
+        "tests/core/engines/test_sdk_clients.py::"
+        "test_messages_are_turned_into_the_prompt_the_engine_builds",
+        "a Messages request renders the prompt the engine builds for it",
+    ),
+    m(
         "front-trusts-the-slot-after-another-kind-of-request",
         "k3desk/core/engines/front.py",
         "            self._holds.pop(engine, None)",
@@ -1457,10 +1506,10 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "tool-conversations-keep-thinking-the-tool-leaves-out",
-        "k3desk/core/app/tool_conversations.py",
+        "k3desk/core/engines/front.py",
         '    if sends_thinking or "reasoning_content" not in answer:',
         "    if True:",
-        "tests/core/app/test_tool_conversations_kept.py::"
+        "tests/core/engines/test_front_http.py::"
         "test_thinking_is_kept_only_where_the_tool_sends_it_back "
         "tests/core/engines/test_tool_conversations.py::"
         "test_a_tools_conversation_continued_after_a_crash_starts_from_its_kept_state",

@@ -16,10 +16,11 @@ What it is checked against is the chat's: the engine, model files, projector, co
 cache types, and the prompt itself (rendered by the engine's own template with the tools
 and template options the request gives), so a state is restored only where the engine
 then reads just the rest.  An answer that calls tools is kept up to where its first
-call's result will begin; its thinking only where the tool sends thinking back (an
-earlier answer in its request carries it: the template renders it when given).  Not
-kept: pictures, an answer the request began itself (its last message the assistant's),
-engines answering several requests at once (another request may be in the slot).
+call's result will begin, and as the tool will send it back (the front says how:
+:func:`k3desk.core.engines.front.sent_back`).  Anthropic Messages conversations are kept
+as the engine turns them into Chat Completions ones.  Not kept: pictures, an answer the
+request began itself (its last message the assistant's), engines answering several
+requests at once (another request may be in the slot).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from k3desk.core.units import fmt_bytes
 if TYPE_CHECKING:
     from k3desk.core.app.services import Services
 
-__all__ = ["ToolConversations", "as_sent_back", "conversation_of", "tool_conversations"]
+__all__ = ["ToolConversations", "conversation_of", "tool_conversations"]
 
 
 def conversation_of(body: dict[str, Any]) -> str:
@@ -89,7 +90,6 @@ class ToolConversations:
         messages = body.get("messages") or []
         if _has_pictures(body) or (messages and _role(messages[-1]) == "assistant"):
             return
-        answer = as_sent_back(body, answer)
         try:
             with self._client(engine) as client:
                 got = self.keeper.keep_body(client, conversation_of(body), body, answer)
@@ -102,20 +102,6 @@ class ToolConversations:
 
 def _role(message: Any) -> Any:
     return message.get("role") if isinstance(message, dict) else None
-
-
-def as_sent_back(body: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
-    """The assistant's ``answer`` as the tool will most likely send it back: with its
-    thinking only if it sent thinking back before (an earlier assistant message in ``body``
-    carries ``reasoning_content`` or ``reasoning``; most OpenAI clients send the content
-    and tool calls alone, and the template then renders an empty thinking block)."""
-    sends_thinking = any(
-        _role(m) == "assistant" and (m.get("reasoning_content") or m.get("reasoning"))
-        for m in body.get("messages") or []
-    )
-    if sends_thinking or "reasoning_content" not in answer:
-        return answer
-    return {k: v for k, v in answer.items() if k != "reasoning_content"}
 
 
 def _has_pictures(body: dict[str, Any]) -> bool:

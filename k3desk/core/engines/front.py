@@ -43,6 +43,12 @@ from typing import Any, Protocol
 
 import httpx
 
+from k3desk.core.engines.anthropic_shape import (
+    anthropic_answer,
+    anthropic_to_oai,
+    streamed_anthropic_answer,
+)
+
 HEAD_LIMIT = 64 * 1024  # a request's line and headers (431 beyond)
 HEAD_SECONDS = 30.0  # for a client to send them (a slow client is dropped after)
 BODY_SECONDS = 300.0  # for a body the front reads
@@ -59,6 +65,10 @@ RETRY_MAX = 60  # seconds: the SDKs honour a Retry-After up to this
 RELAY_REST = 0.005
 RELAY_FREE = 2
 RELAY_BULK = 32 * 1024  # a piece this large is no token: a long answer goes on unrested
+# the APIs whose conversations are kept: their answers' shapes
+OPENAI, ANTHROPIC = "openai", "anthropic"
+# requests that never take the engine's slot (its content stays known across them)
+SLOT_FREE = ("/tokenize", "/detokenize", "/apply-template", "/count_tokens", "/v1/models")
 # a tool's conversation is kept when the engine has answered nothing else for this long
 IDLE_SECONDS = 5.0
 FLUSH_SETTLE = 2.0  # seconds a stop waits for a chat answer still going through
@@ -106,6 +116,7 @@ class _Answered:
     raw: bytes  # the answer as it came off the wire (read when it is kept, off the loop)
     engine: Upstream
     conversation: str
+    api: str  # OPENAI or ANTHROPIC: the shape of the answer
 
 
 @dataclass(frozen=True)
@@ -315,7 +326,7 @@ class RouterFront:
         finally:
             if chat is not None:
                 self._chats -= 1
-                self._after_chat(chat, captured, up)
+                self._after_chat(*chat, captured, up)
 
     async def _forward(
         self,
@@ -354,19 +365,23 @@ class RouterFront:
         return relay.captured
 
     # ------------------------------------------------------------ tools' conversations
-    async def _before_chat(self, req: _Request, body: bytes, up: Upstream) -> dict[str, Any] | None:
-        """A Chat Completions request's body when tools' conversations are kept.  Before it
-        goes on: the conversation answered last is kept if this one is another (switched
-        away from), and this one's kept state is brought back if the engine's slot holds
-        another (or nothing: a fresh engine)."""
+    async def _before_chat(
+        self, req: _Request, body: bytes, up: Upstream
+    ) -> tuple[dict[str, Any], str] | None:
+        """A chat request's body in the Chat Completions shape and its API, when tools'
+        conversations are kept.  Before it goes on: the conversation answered last is kept
+        if this one is another (switched away from), and this one's kept state is brought
+        back if the engine's slot holds another (or nothing: a fresh engine)."""
         conv = self.config.conversations
         if conv is None:
             return None
         engine = (up.port, up.pid)  # a restart may keep the port, never the process
-        data = _chat_body(req, body)
-        if data is None:  # another kind of request may take the slot: no longer known
-            self._holds.pop(engine, None)
+        chat = _chat_body(req, body)
+        if chat is None:
+            if not req.target.split("?")[0].endswith(SLOT_FREE):
+                self._holds.pop(engine, None)  # it may take the slot: no longer known
             return None
+        data, _ = chat
         conversation = conv.conversation(data)
         self._idle_timer(None)
         pending, self._pending = self._pending, None
@@ -377,14 +392,16 @@ class RouterFront:
             with contextlib.suppress(Exception):  # a failed restore only means a re-read
                 await asyncio.to_thread(conv.resume, data, up)
         self._chats += 1  # until its answer is read (flush waits for it)
-        return data
+        return chat
 
-    def _after_chat(self, body: dict[str, Any], captured: bytes | None, up: Upstream) -> None:
+    def _after_chat(
+        self, body: dict[str, Any], api: str, captured: bytes | None, up: Upstream
+    ) -> None:
         """Keep the conversation once the engine has been idle :data:`IDLE_SECONDS`."""
         conv = self.config.conversations
         if conv is None or captured is None:
             return
-        self._pending = _Answered(body, captured, up, conv.conversation(body))
+        self._pending = _Answered(body, captured, up, conv.conversation(body), api)
         self._idle_timer(asyncio.get_running_loop().call_later(IDLE_SECONDS, self._idle))
 
     def _idle_timer(self, timer: asyncio.TimerHandle | None) -> None:
@@ -627,15 +644,21 @@ async def _pump(src: asyncio.StreamReader, dst: _Relay, count: int | None) -> No
 
 def _keep_answered(conv: Conversations, answered: _Answered) -> None:
     """What the answer said (read here, in the keeping thread: up to 4 MiB of events),
-    kept with its conversation; nothing where it is no answer to keep."""
-    answer = answer_of(answered.raw)
+    kept with its conversation as the tool will send it back; nothing where it is no
+    answer to keep."""
+    answer = answer_of(answered.raw, answered.api)
     if answer is not None:
-        conv.answered(answered.body, answer, answered.engine)
+        conv.answered(
+            answered.body, sent_back(answered.body, answer, answered.api), answered.engine
+        )
 
 
-def _chat_body(req: _Request, body: bytes) -> dict[str, Any] | None:
-    """A Chat Completions request's JSON body (None for any other request)."""
-    if not req.target.split("?")[0].endswith("/chat/completions"):
+def _chat_body(req: _Request, body: bytes) -> tuple[dict[str, Any], str] | None:
+    """A chat request's JSON body in the Chat Completions shape, and its API (None for any
+    other request): a Messages body as the engine turns it (:mod:`.anthropic_shape`)."""
+    path = req.target.split("?")[0]
+    api = OPENAI if path.endswith("/chat/completions") else ANTHROPIC
+    if api == ANTHROPIC and not path.endswith("/v1/messages"):
         return None
     try:
         data = json.loads(body)
@@ -643,12 +666,30 @@ def _chat_body(req: _Request, body: bytes) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
         return None
-    return data
+    return (data if api == OPENAI else anthropic_to_oai(data)), api
 
 
-def answer_of(raw: bytes) -> dict[str, Any] | None:
+def sent_back(body: dict[str, Any], answer: dict[str, Any], api: str) -> dict[str, Any]:
+    """The assistant's ``answer`` as the tool will most likely send it back.  Anthropic
+    clients send an answer's thinking blocks back (the API asks for them with tool use).
+    Most OpenAI clients send the content and tool calls alone (the template then renders
+    an empty thinking block); one that sent thinking back before (an earlier assistant
+    message in ``body`` carries ``reasoning_content`` or ``reasoning``) sends it again."""
+    sends_thinking = api == ANTHROPIC or any(
+        isinstance(m, dict)
+        and m.get("role") == "assistant"
+        and (m.get("reasoning_content") or m.get("reasoning"))
+        for m in body.get("messages") or []
+    )
+    if sends_thinking or "reasoning_content" not in answer:
+        return answer
+    return {k: v for k, v in answer.items() if k != "reasoning_content"}
+
+
+def answer_of(raw: bytes, api: str = OPENAI) -> dict[str, Any] | None:
     """The assistant's message a Chat Completions answer gave, as it came off the wire
-    (streamed or not): its text, and its thinking and tool calls where it has them; None
+    (streamed or not), or a Messages one where ``api`` is :data:`ANTHROPIC`, in the Chat
+    Completions shape: its text, and its thinking and tool calls where it has them; None
     where it is no answer to keep: not 200, cut short, several choices, or not read whole."""
     head, sep, body = raw.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
@@ -661,7 +702,12 @@ def answer_of(raw: bytes) -> dict[str, Any] | None:
             return None
         body = whole
     try:
-        if "event-stream" in headers.get("content-type", ""):
+        streamed = "event-stream" in headers.get("content-type", "")
+        if api == ANTHROPIC:
+            return (
+                streamed_anthropic_answer(body) if streamed else anthropic_answer(json.loads(body))
+            )
+        if streamed:
             return _streamed(body)
         choices = json.loads(body).get("choices") or []
         if len(choices) != 1:

@@ -64,23 +64,6 @@ def test_an_answer_the_request_began_itself_is_not_kept(keeper: _Keeper) -> None
     assert keeper.asked == []
 
 
-@pytest.mark.parametrize("sends_thinking", [False, True])
-def test_thinking_is_kept_only_where_the_tool_sends_it_back(
-    keeper: _Keeper, sends_thinking: bool
-) -> None:
-    """The template renders an assistant message's thinking when the tool sends it: kept
-    with it where an earlier answer in the request carries it, without it otherwise."""
-    earlier: dict[str, Any] = {"role": "assistant", "content": "Hi."}
-    if sends_thinking:
-        earlier["reasoning_content"] = "A greeting."
-    body = {"messages": [QUESTION, earlier, {"role": "user", "content": "And now?"}]}
-    answer = {"role": "assistant", "content": "A dog.", "reasoning_content": "Look again."}
-    ToolConversations(keeper, lambda _: None).answered(body, answer, ENGINE)
-    kept = keeper.asked[0][1]
-    assert kept["content"] == "A dog."
-    assert ("reasoning_content" in kept) is sends_thinking
-
-
 def test_a_conversation_is_known_by_its_beginning_whatever_follows() -> None:
     system = {"role": "system", "content": "Be brief."}
     first = {"messages": [system, QUESTION]}

@@ -14,7 +14,15 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from k3desk.core.engines.front import FrontConfig, RouterFront, Upstream, answer_of
+from k3desk.core.engines.front import (
+    ANTHROPIC,
+    OPENAI,
+    FrontConfig,
+    RouterFront,
+    Upstream,
+    answer_of,
+    sent_back,
+)
 
 KEY = "k3-tool"
 
@@ -179,7 +187,7 @@ SSE = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding:
 JSON = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n"
 
 
-def _said(content: str, **more: object) -> dict[str, object]:
+def _said(content: object, **more: object) -> dict[str, object]:
     return {"role": "assistant", "content": content, **more}
 
 
@@ -300,6 +308,98 @@ def test_what_an_answer_said_is_read_off_the_wire_or_not_kept(
     assert answer_of(raw) == said
 
 
+@pytest.mark.parametrize(
+    ("api", "sends_thinking", "kept"),
+    [(OPENAI, False, False), (OPENAI, True, True), (ANTHROPIC, False, True)],
+)
+def test_thinking_is_kept_only_where_the_tool_sends_it_back(
+    api: str, sends_thinking: bool, kept: bool
+) -> None:
+    """The template renders an assistant message's thinking when the tool sends it: an
+    OpenAI client is taken to send it where an earlier answer in its request carries it;
+    an Anthropic client sends its thinking blocks back."""
+    earlier: dict[str, object] = {"role": "assistant", "content": "Hi."}
+    if sends_thinking:
+        earlier["reasoning_content"] = "A greeting."
+    body = {"messages": [{"role": "user", "content": "Hi"}, earlier,
+                         {"role": "user", "content": "And now?"}]}  # fmt: skip
+    answer = _said("A dog.", reasoning_content="Look again.")
+    assert sent_back(body, answer, api) == (answer if kept else _said("A dog."))
+
+
+def _anthropic(kind: str, **data: object) -> bytes:
+    return f"event: {kind}\ndata: ".encode() + json.dumps({"type": kind, **data}).encode() + b"\n\n"
+
+
+def _block(index: int, block: dict[str, object]) -> bytes:
+    return _anthropic("content_block_start", index=index, content_block=block)
+
+
+def _delta(index: int, delta: dict[str, object]) -> bytes:
+    return _anthropic("content_block_delta", index=index, delta=delta)
+
+
+# a Messages answer as llama-server streams it (to_json_anthropic_stream, server-task.cpp):
+# thinking, then text, then a tool_use block per call, each call's input in pieces
+ANTHROPIC_STREAM = (
+    _anthropic("message_start", message={"role": "assistant", "content": []})
+    + _block(0, {"type": "thinking", "thinking": ""})
+    + _delta(0, {"type": "thinking_delta", "thinking": "h"})
+    + _block(1, {"type": "text", "text": ""})
+    + _delta(1, {"type": "text_delta", "text": "Let me "})
+    + _delta(0, {"type": "thinking_delta", "thinking": "m"})
+    + _delta(1, {"type": "text_delta", "text": "look."})
+    + _block(2, {"type": "tool_use", "id": "c1", "name": "look"})
+    + _delta(2, {"type": "input_json_delta", "partial_json": '{"q": '})
+    + _delta(2, {"type": "input_json_delta", "partial_json": '"x"}'})
+    + _delta(0, {"type": "signature_delta", "signature": ""})
+    + _anthropic("content_block_stop", index=0)
+    + _anthropic("message_delta", delta={"stop_reason": "tool_use"}, usage={"output_tokens": 9})
+    + _anthropic("message_stop")
+)
+# the same answer as the engine turns it back when the tool sends it back: text blocks
+# as they are, thinking as reasoning_content, a call's input dumped compact (server-chat.cpp)
+ANTHROPIC_SAID = _said(
+    [{"type": "text", "text": "Let me look."}],
+    tool_calls=[{"id": "c1", "type": "function",
+                 "function": {"name": "look", "arguments": '{"q":"x"}'}}],
+    reasoning_content="hm",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        (SSE + _chunked(ANTHROPIC_STREAM), ANTHROPIC_SAID),
+        (
+            JSON
+            + json.dumps(
+                {
+                    "type": "message",
+                    "stop_reason": "tool_use",
+                    "content": [
+                        {"type": "thinking", "thinking": "hm", "signature": ""},
+                        {"type": "text", "text": "Let me look."},
+                        {"type": "tool_use", "id": "c1", "name": "look", "input": {"q": "x"}},
+                    ],
+                }
+            ).encode(),
+            ANTHROPIC_SAID,
+        ),
+        (JSON + json.dumps({"stop_reason": "end_turn", "content": []}).encode(), _said("")),
+        # cut before it said why it stopped; a piece of a block never started; refused
+        (SSE + _chunked(ANTHROPIC_STREAM.split(b"event: message_delta")[0]), None),
+        (SSE + _chunked(_delta(3, {"type": "text_delta", "text": "x"})), None),
+        (JSON + json.dumps({"content": [{"type": "text", "text": "x"}]}).encode(), None),
+        (b"HTTP/1.1 400 Bad Request\r\n\r\n{}", None),
+    ],
+)
+def test_what_a_messages_answer_said_is_read_as_the_engine_turns_it_back(
+    raw: bytes, said: dict[str, object] | None
+) -> None:
+    assert answer_of(raw, ANTHROPIC) == said
+
+
 def test_a_long_streamed_answer_is_read_in_time_linear_in_its_size() -> None:
     """20,000 streamed tokens (one chunk each, about 1.3 MB): read in well under a second,
     where taking the chunks apart by copying the rest each time took seconds."""
@@ -367,8 +467,9 @@ class _Recorded:
 def test_the_front_brings_a_conversation_back_when_the_slot_may_hold_another() -> None:
     """A fresh engine's first request, a switch and any other kind of generation request
     (its prompt may have taken the slot) leave the slot's content unknown: the next
-    request of a conversation brings its kept state back; its next turn does not.  The
-    conversation switched away from is kept before the other's is brought back."""
+    request of a conversation brings its kept state back; its next turn does not, nor one
+    after a request that takes no slot (counting tokens).  The conversation switched away
+    from is kept before the other's is brought back."""
     engine = _Engine()
     recorded = _Recorded()
     config = FrontConfig("127.0.0.1", 0, client_keys=(KEY,), conversations=recorded)
@@ -385,17 +486,21 @@ def test_the_front_brings_a_conversation_back_when_the_slot_may_hold_another() -
     try:
         chat("A")
         chat("A")
-        assert recorded.said == [("resume", "A")]
+        got = httpx.post(f"{url}/v1/messages/count_tokens", json={"messages": []}, headers=auth,
+                         timeout=10)  # fmt: skip
+        assert got.status_code == 200
+        chat("A")
+        assert recorded.said == [("resume", "A")]  # counting tokens takes no slot
         got = httpx.post(f"{url}/completion", json={"prompt": "Hi"}, headers=auth, timeout=10)
         assert got.status_code == 200
         chat("A")
         assert recorded.said == [("resume", "A")] * 2
         chat("B")
         assert recorded.said[2:] == [("kept", "A"), ("resume", "B")]
-        assert (
-            engine.targets
-            == ["/v1/chat/completions"] * 2 + ["/completion"] + ["/v1/chat/completions"] * 2
-        )
+        chats = ["/v1/chat/completions"]
+        assert engine.targets == chats * 2 + ["/v1/messages/count_tokens"] + chats + [
+            "/completion"
+        ] + chats * 2  # fmt: skip
     finally:
         f.stop()
         engine.sock.close()

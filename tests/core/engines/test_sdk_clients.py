@@ -48,6 +48,7 @@ from PIL import Image
 from k3desk.core.app.tool_settings import tool_snippets
 from k3desk.core.chat.client import ChatClient, ChatEndpoint
 from k3desk.core.chat.kept_state import body_next_prefix, render_body
+from k3desk.core.engines.anthropic_shape import anthropic_to_oai
 from k3desk.core.engines.launch import prepare_launch
 from k3desk.core.engines.supervisor import Supervisor
 from k3desk.core.hardware.profile import HardwareProfile
@@ -430,6 +431,81 @@ def test_anthropic_messages_answer_and_stream(served: Served) -> None:
         final = stream.get_final_message()
     assert streamed == text
     assert final.usage.output_tokens == whole.usage.output_tokens
+
+
+BILLING = "x-anthropic-billing-header: cc_version=2.1; cch=%s; cc_entrypoint=cli"
+ANTHROPIC_TOOLS: Any = [
+    {"name": "get_weather", "description": "The weather.", "input_schema": WEATHER["parameters"]}
+]
+# Messages requests of every shape the engine turns (server-chat.cpp): system as text and as
+# blocks (a client's billing header in it), text blocks, thinking, tool uses with their
+# results (text, blocks, none), tools and each tool choice, template options
+MESSAGES: list[Any] = [
+    {"system": "Be brief.", "messages": HI},
+    {"system": [{"type": "text", "text": BILLING % "1a2b3"}, {"type": "text", "text": " Hi."}],
+     "messages": HI},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "One, "},
+                                               {"type": "text", "text": "two."}]}]},
+    {"messages": [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "Look it up.", "signature": ""},
+            {"type": "text", "text": "Let me look."},
+            {"type": "tool_use", "id": "c1", "name": "get_weather",
+             "input": {"city": "Paris", "days": 2, "é": [True, None]}},
+            {"type": "tool_use", "id": "c2", "name": "get_weather", "input": {"city": "Nice"}},
+            {"type": "tool_use", "id": "c3", "name": "get_weather"}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "c1", "content": "Sunny."},
+            {"type": "tool_result", "tool_use_id": "c2",
+             "content": [{"type": "text", "text": "Rain"}, {"type": "text", "text": "."}]},
+            {"type": "tool_result", "tool_use_id": "c3"},
+            {"type": "text", "text": "And tomorrow?"}]}],
+     "tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "any"}},
+    {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant"},
+                  {"role": "user", "content": "Again"}],
+     "tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "auto"},
+     "chat_template_kwargs": {"thinking": False}},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("body", MESSAGES)
+def test_messages_are_turned_into_the_prompt_the_engine_builds(
+    served: Served, body: dict[str, Any]
+) -> None:
+    """The prompt k3desk renders for a Messages request (to keep and restore a tool's
+    conversation) is the engine's: as many tokens as its own count of that request, and,
+    sent as Chat Completions right after the Messages request, read from the engine's
+    cache as the same prompt, with the same answer (greedy)."""
+    with ChatClient(ChatEndpoint(served.url, served.key)) as client:
+        turned = anthropic_to_oai({**body, "model": "k3", "max_tokens": 4})
+        prompt = render_body(client, turned)
+        status, got = client.call("POST", "/tokenize", {"content": prompt, "parse_special": True})
+        assert status == 200
+        status, counted = client.call(
+            "POST", "/v1/messages/count_tokens", {**body, "model": "k3", "max_tokens": 4}
+        )
+        assert status == 200
+        assert len(got["tokens"]) == counted["input_tokens"]
+    options = {k: v for k, v in body.items() if k != "chat_template_kwargs"}
+    extra = {**GREEDY, **{k: v for k, v in body.items() if k == "chat_template_kwargs"}}
+    asked = served.anthropic().messages.create(
+        model="k3", max_tokens=6, extra_body=extra, **options
+    )
+    turned.pop("chat_template_kwargs", None)
+    done = served.openai().chat.completions.create(
+        model="k3", max_tokens=6, extra_body=extra, **turned
+    )
+    said = done.choices[0].message
+    # the same prompt: the engine takes all of it from what the Messages request left in
+    # its slot, but the last 4 tokens (its checkpoint before a prompt's end, server-context.cpp)
+    assert done.model_extra["timings"]["prompt_n"] <= 4, done.model_extra["timings"]
+    assert [b.text for b in asked.content if b.type == "text"] == (
+        [said.content] if said.content else []
+    )
+    assert [(b.name, b.input) for b in asked.content if b.type == "tool_use"] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in said.tool_calls or ()
+    ]
 
 
 def test_anthropic_tool_choice_forces_a_tool_but_not_the_one_named(served: Served) -> None:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 import psutil
 import pytest
@@ -104,6 +105,56 @@ def test_a_tools_conversation_continued_after_a_crash_starts_from_its_kept_state
 def _said(answer: Any) -> tuple[Any, ...]:
     m = answer.choices[0].message
     return m.content, m.model_extra.get("reasoning_content")
+
+
+def test_an_anthropic_conversation_continued_after_a_crash_starts_from_its_kept_state(
+    llama_server: Path, tiny_k3_single: TinyModel
+) -> None:
+    """A Messages conversation (the Anthropic SDK, streamed, thinking on, the answer's
+    thinking blocks sent back as that API asks) comes back the same way, though its client
+    changes the billing header in its system text with every request (as Claude Code does;
+    the engine makes it constant)."""
+    port = free_port()
+    assert k3desk("api", "port", str(port)).returncode == 0
+    key = k3desk("api", "create", "agent").stdout.splitlines()[0]
+    folder = states_dir(default_paths().cache)
+    serve = (str(tiny_k3_single.first_part), "--ctx", "2048", "--engine", str(llama_server))
+
+    def system(cch: str) -> Any:
+        billing = f"x-anthropic-billing-header: cc_version=2.1; cch={cch}; cc_entrypoint=cli"
+        return [{"type": "text", "text": billing}, {"type": "text", "text": "A storyteller."}]
+
+    def ask(client: anthropic.Anthropic, cch: str, messages: list[Any]) -> Any:
+        return client.messages.create(
+            model="kimi-k3", max_tokens=8, system=system(cch), messages=messages,
+            extra_body={"seed": 1, "temperature": 0.0},
+        )  # fmt: skip
+
+    with serving(*serve) as facts, anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}",
+                                                       api_key=key, max_retries=5,
+                                                       timeout=60) as client:  # fmt: skip
+        with client.messages.stream(
+            model="kimi-k3", max_tokens=8, system=system("1a2b3"),
+            messages=[FIRST], extra_body={"seed": 1, "temperature": 0.0},
+        ) as stream:  # fmt: skip
+            first = stream.get_final_message()
+        assert first.content[0].type == "thinking"
+        _kept(folder, 1)
+
+        _restart(facts["Engine pid"])
+        said = [FIRST, {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                THEN]  # fmt: skip
+        resumed = ask(client, "9z8y7", said)  # the SDK's retries wait out the restart (503)
+        # the engine read only the new question: the rest came from the restored state
+        assert resumed.usage.cache_read_input_tokens > resumed.usage.input_tokens, resumed.usage
+
+        _restart(str(_engine_pid(port)))
+        time.sleep(0.5)
+        for f in folder.iterdir():
+            f.unlink()
+        cold = ask(client, "0c0c0", said)
+        assert cold.usage.cache_read_input_tokens == 0
+        assert cold.content == resumed.content
 
 
 def _engine_pid(port: int) -> int:
