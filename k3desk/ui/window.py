@@ -438,10 +438,9 @@ class MainWindow(QMainWindow):
         from k3desk.ui.tray import KeeperTray
 
         engine = self.ctx.engine
-        ep = engine.endpoint()
         self.tray = KeeperTray.show_for(
             engine.model_name() or "the model",
-            ep.url if ep else "",
+            engine.address() or "",
             app.quit,
             parent=app,
             open_=self.bring_forward,

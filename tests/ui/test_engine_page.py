@@ -38,8 +38,10 @@ def test_launch_plan_log_attempts_api_and_restart_after_a_crash(  # type: ignore
     qtbot.waitUntil(lambda: engine.ready, timeout=120_000)
     # state, API address and key
     assert "ready" in page.panel.state.text()
-    ep = engine.endpoint()
-    assert page.url.edit.text() == f"{ep.url}/v1"
+    ep, address = engine.endpoint(), engine.address()
+    assert address is not None
+    assert address != ep.url  # the local API's address, held by the app's front
+    assert page.url.edit.text() == f"{address}/v1"
     assert page.key.edit.text() == ep.api_key
     page.key.copy.click()
     assert QApplication.clipboard().text() == ep.api_key
@@ -52,7 +54,7 @@ def test_launch_plan_log_attempts_api_and_restart_after_a_crash(  # type: ignore
         "Anthropic SDK (Python)",
     ]
     for action, base in zip(
-        menu.actions(), (f"{ep.url}/v1/", f'{ep.url}/v1"', f'{ep.url}"'), strict=True
+        menu.actions(), (f"{address}/v1/", f'{address}/v1"', f'{address}"'), strict=True
     ):
         QApplication.clipboard().clear()
         action.trigger()  # read off the GUI thread (the person's keys are in the keyring)

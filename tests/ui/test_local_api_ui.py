@@ -4,6 +4,8 @@ key, launch after launch."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -11,8 +13,10 @@ import pytest
 from PySide6.QtWidgets import QApplication, QInputDialog, QMessageBox
 
 from k3desk.core.app.engines import settings_launch_request
+from k3desk.core.app.library import add_model
 from k3desk.core.app.local_api import create_key, key_secret, lan_addresses, local_api
 from k3desk.core.engines.ports import free_port
+from k3desk.devtools.tinyk3 import write_tiny_k3
 from k3desk.ui.engine.page import EnginePage
 from k3desk.ui.local_api_card import FREE, LocalApiCard
 from k3desk.ui.settings_page import SettingsPage
@@ -98,6 +102,9 @@ def test_the_port_is_saved_with_the_settings_and_the_lowest_value_means_a_free_o
 def test_the_apps_engine_listens_at_the_port_and_takes_the_key_launch_after_launch(  # type: ignore[no-untyped-def]
     ctx, qtbot, monkeypatch, llama_server, tiny_k3_single
 ) -> None:
+    """The address is held by the app's front across launches: while the window restarts
+    its engine (as on a model switch or a re-plan), a tool is told to come back (503 with
+    Retry-After, which the SDKs wait for), never refused a connection."""
     monkeypatch.delenv("K3DESK_API_PORT")  # the person's port, as in real use
     port = free_port()
     ctx.update_settings(engine_binary=str(llama_server), ctx=512, api_port=port)
@@ -109,17 +116,33 @@ def test_the_apps_engine_listens_at_the_port_and_takes_the_key_launch_after_laun
     qtbot.waitUntil(lambda: bool(page.panel.rows), timeout=120_000)
     page.panel.shard.setText(str(tiny_k3_single.first_part))
     engine = ctx.engine
-    pids = []
+    address = f"http://127.0.0.1:{port}"
+    pids: list[int] = []
+    seen: list[object] = []
+    polling = threading.Event()
+
+    def poll() -> None:  # a tool asking all the while
+        while polling.is_set():
+            try:
+                r = httpx.get(f"{address}/v1/models", timeout=10,
+                              headers={"Authorization": f"Bearer {secret}"})  # fmt: skip
+                seen.append((r.status_code, r.headers.get("retry-after")))
+            except httpx.TransportError as e:
+                seen.append(type(e).__name__)
+            time.sleep(0.02)
+
+    tool = threading.Thread(target=poll, daemon=True)
     for button in (page.panel.launch_btn, page.panel.restart_btn):
         button.click()
         qtbot.waitUntil(lambda: engine.ready and engine.endpoint().pid not in pids, timeout=120_000)
         ep = engine.endpoint()
         pids.append(ep.pid)
-        assert ep.url == f"http://127.0.0.1:{port}"
-        assert page.url.edit.text() == f"http://127.0.0.1:{port}/v1"
+        assert ep.url != address  # the engine itself is behind the front, on loopback
+        assert engine.message == f"Listening on {address}"
+        assert page.url.edit.text() == f"{address}/v1"
         for key, status in ((secret, 200), (ep.api_key, 200), ("k3-not-a-key", 401)):
             r = httpx.get(
-                f"{ep.url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30
+                f"{address}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30
             )
             assert r.status_code == status
         # "Copy for…" now gives the person's key, which outlives this launch
@@ -127,7 +150,54 @@ def test_the_apps_engine_listens_at_the_port_and_takes_the_key_launch_after_laun
         page.copy_for.menu().actions()[1].trigger()
         qtbot.waitUntil(lambda: bool(QApplication.clipboard().text()), timeout=10_000)
         assert f'api_key="{secret}"' in QApplication.clipboard().text()
+        if not tool.is_alive():
+            polling.set()
+            tool.start()
+    polling.clear()
+    tool.join(15)
     assert pids[0] != pids[1]
+    assert (503, "5") in seen, seen  # asked during the restart: come back
+    assert set(seen) <= {(200, None), (503, "5")}, seen
+    engine.stop()
+    qtbot.waitUntil(lambda: engine.state_name() == "stopped", timeout=60_000)
+    with pytest.raises(httpx.ConnectError):  # stopped by the person: the address goes
+        httpx.get(f"{address}/v1/models", timeout=5)
+
+
+@pytest.mark.engine
+def test_a_request_naming_another_of_my_models_is_told_the_window_runs_another(  # type: ignore[no-untyped-def]
+    ctx, qtbot, monkeypatch, llama_server, tmp_path
+) -> None:
+    """llama-server alone would answer it with the model it has under the name asked for;
+    a tool's request does not switch the model the person chose in the window either."""
+    monkeypatch.delenv("K3DESK_API_PORT")
+    port = free_port()
+    ctx.update_settings(engine_binary=str(llama_server), ctx=512, api_port=port)
+    _, secret = create_key(ctx.services, "agent")
+    a = write_tiny_k3(tmp_path / "a", name="Tiny-A", seed=3)
+    b = write_tiny_k3(tmp_path / "b", name="Tiny-B", seed=4)
+    for model in (a, b):
+        add_model(ctx.services, model.first_part)
+    page = EnginePage(ctx)
+    qtbot.addWidget(page)
+    page.show()
+    page.activated()
+    qtbot.waitUntil(lambda: bool(page.panel.rows), timeout=120_000)
+    page.panel.shard.setText(str(a.first_part))
+    page.panel.launch_btn.click()
+    engine = ctx.engine
+    qtbot.waitUntil(lambda: engine.ready, timeout=120_000)
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    auth = {"Authorization": f"Bearer {secret}"}
+    body = {"model": "Tiny-B", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    r = httpx.post(url, json=body, headers=auth, timeout=30)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith(
+        "Model 'Tiny-B' is not served here: the k3desk window runs Tiny-A."
+    )
+    for name in ("Tiny-A", "gpt-4o"):
+        body["model"] = name
+        assert httpx.post(url, json=body, headers=auth, timeout=60).status_code == 200, name
     engine.stop()
 
 

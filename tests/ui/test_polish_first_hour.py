@@ -373,7 +373,7 @@ def test_an_engine_kept_without_a_window_shows_a_tray_icon(  # type: ignore[no-u
         assert tray.icon.isVisible()
         assert tray.actions() == [OPEN_TEXT, STOP_TEXT]
         assert tiny_k3_single.name in tray.icon.toolTip()
-        assert engine.endpoint().url in tray.icon.toolTip()
+        assert engine.address() in tray.icon.toolTip()  # where the person's tools go
         assert tray.stop == app.quit  # Stop quits this process, which stops the engine
         opened: list[bool] = []
         tray.open = lambda: opened.append(True)

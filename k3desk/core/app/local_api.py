@@ -11,8 +11,11 @@ and every client key the person made (:mod:`k3desk.core.engines.client_keys`).
 address answers while the engine starts, restarts after a crash or is re-planned (503 with
 Retry-After, which the SDKs wait for and retry), and no other program can take the port
 between two attempts.  The front passes the bytes on (measured in ``bench/front.py``: no
-slower than the engine alone).  The app's window still lets its engine hold the address
-itself: an engine kept running after the window closes must go on answering there.
+slower than the engine alone).  The app's window does the same with :class:`AppFront`,
+one front for the app's process that its launches share: a model switch, a restart or a
+re-plan in the window keeps the address answering (503 with Retry-After until the new
+engine is ready).  An engine kept running after the window closes keeps its front too:
+the process keeping it is the app's, without a window.
 A key created or revoked takes effect when the engine next starts (it reads its keys once).
 """
 
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -44,11 +49,13 @@ if TYPE_CHECKING:
     from k3desk.core.engines.launch import PreparedLaunch
 
 __all__ = [
+    "BIND_WAIT",
     "DEFAULT_PORT",
     "LOOPBACK",
     "MAX_PARALLEL",
     "PORT_ENV",
     "ApiKeyError",
+    "AppFront",
     "ClientKey",
     "ClientKeys",
     "Fronted",
@@ -166,11 +173,12 @@ def behind_a_front(spec: LaunchSpec) -> Fronted:
     return Fronted(engine, spec.host, spec.port or 0, origin)
 
 
-def others_named(services: Services, shard: Path) -> dict[str, str]:
+def others_named(services: Services, shard: Path, *, window: bool = False) -> dict[str, str]:
     """The names a request may give for the person's other models in My models, each with
-    why ``k3desk serve`` answers it 400: it runs ``shard``'s set alone, and llama-server
-    alone answers a request naming any model with the one it has, under the name asked for
-    (b11434's tools/server/server-common.cpp: ``json_value(request, "model", model_name)``)."""
+    why ``k3desk serve`` (the app's window where ``window``) answers it 400: it runs
+    ``shard``'s set alone, and llama-server alone answers a request naming any model with
+    the one it has, under the name asked for (b11434's tools/server/server-common.cpp:
+    ``json_value(request, "model", model_name)``)."""
     try:
         models, _problems = local_models(services)
     except K3Error:
@@ -185,6 +193,12 @@ def others_named(services: Services, shard: Path) -> dict[str, str]:
         f"k3desk serve runs {runs} alone. Ask for that one, or serve every model in My "
         "models with `k3desk api serve`, which loads the one a request names."
     )
+    if window:
+        # the person chose the window's model: a tool's request does not switch it
+        why = (
+            f"the k3desk window runs {runs}. Ask for that one, or load the other in the "
+            "window's Engine page (`k3desk api serve` loads the one a request names)."
+        )
     out: dict[str, str] = {}
     for m in models:
         if m.shard.resolve() != first:
@@ -231,6 +245,85 @@ def start_front(
         said = f"The local API cannot listen at {fronted.host}:{fronted.port}: {e.strerror or e}."
         raise EngineError(problem or said, hint or PORT_HINT) from e
     return front
+
+
+# how long a launch waits for the address to be free: a process that kept an engine in
+# the background holds it with its front until it has stopped that engine and exited
+BIND_WAIT = 10.0
+
+
+class AppFront:
+    """The local API's address in the app's process, held across the launches of its window:
+    each launch's engine goes behind it on loopback (:meth:`place`), and between two
+    engines (a model switch, a restart, a re-plan, a crash) the address answers 503 with
+    Retry-After.  A request naming another of My models is told the window runs another
+    (400).  Tools' conversations are not kept here: the window's chat shares the engine's
+    slot without the front (``k3desk serve`` keeps them)."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self._front: RouterFront | None = None
+        self._where: tuple[str, int, str] | None = None  # host, port asked, allowed origin
+        self._engine: Callable[[], Endpoint | None] = lambda: None
+        self._lock = threading.Lock()
+
+    def place(
+        self,
+        spec: LaunchSpec,
+        settings: Settings,
+        engine: Callable[[], Endpoint | None],
+        *,
+        wait: float = 0.0,
+    ) -> LaunchSpec:
+        """The launch of ``spec`` on the local API: its engine's own spec (loopback, a free
+        port), with this process's front at the address (started, or kept with this
+        launch's keys and names) before the engine ``engine()`` names.  Reads the keyring:
+        off a GUI thread.  Raises :class:`EngineError` naming who holds the address when
+        it is taken (still after ``wait`` seconds: :data:`BIND_WAIT` where a process that
+        kept an engine in the background was just asked to stop)."""
+        fronted = behind_a_front(with_local_api(self.services, spec, settings))
+        parts = spec.model_parts
+        left = others_named(self.services, parts[0], window=True) if parts else {}
+        where = (fronted.host, fronted.port, fronted.allow_origin)
+        with self._lock:
+            self._engine = engine
+            front = self._front
+            if front is not None and self._where == where:
+                front.config = replace(
+                    front.config, client_keys=fronted.engine.client_keys, left_out=left
+                )
+                return fronted.engine
+            self._stop()
+            deadline = time.monotonic() + wait
+            while True:
+                try:
+                    self._front = start_front(fronted, lambda: self._engine(), left_out=left)
+                    break
+                except EngineError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+            self._where = where
+        return fronted.engine
+
+    @property
+    def url(self) -> str | None:
+        """Where tools reach the local API now (None while no front listens)."""
+        front = self._front
+        if front is None or self._where is None:
+            return None
+        host = LOOPBACK if self._where[0] == ANY_HOST else self._where[0]
+        return f"http://{host}:{front.port}"
+
+    def stop(self) -> None:
+        """Let the address go (the person stopped the engine, or the app exits)."""
+        with self._lock:
+            self._stop()
+
+    def _stop(self) -> None:
+        front, self._front, self._where = self._front, None, None
+        if front is not None:
+            front.stop()
 
 
 def lan_addresses() -> tuple[str, ...]:

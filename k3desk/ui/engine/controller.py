@@ -34,7 +34,7 @@ from k3desk.core.app.engines import (
     alive_pid,
     prepare_settings_launch,
 )
-from k3desk.core.app.local_api import with_local_api
+from k3desk.core.app.local_api import BIND_WAIT, AppFront
 from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.app.values import CancelToken, EngineError
 from k3desk.ui.bridge import Relay, StreamBuffer
@@ -167,6 +167,7 @@ class EngineController(QObject):
         self.keeping = False  # this process keeps its engine for a later start
         self._was_ready = False  # the current launch has been ready once
         self._past: list[Any] = []  # the attempts of earlier launches (kept on relaunch)
+        self.api = AppFront(ctx.services)  # the local API's address, across launches
 
     def set_external(self, source: ClusterController) -> None:
         """Let ``source`` serve the chat when no local engine runs; its changes are
@@ -210,6 +211,14 @@ class EngineController(QObject):
             return self.background.endpoint() if self.ready else None
         sup = self.supervisor
         return sup.endpoint if sup is not None and self.ready else None
+
+    def address(self) -> str | None:
+        """Where the person's tools reach the engine that is ready: the local API's address
+        where this process's front holds it, else the engine's own (None while none is)."""
+        ep = self.endpoint()
+        if ep is None:
+            return None
+        return (self.api.url if self.background is None else None) or ep.url
 
     @property
     def local(self) -> bool:
@@ -275,17 +284,23 @@ class EngineController(QObject):
                 old.stop()
             if kept is not None:
                 background.stop(paths, kept)
-            # the local API's fixed port and the person's tools' keys (the keyring is read
-            # here, off the GUI thread); a launch with a port of its own keeps it
+            # the local API's fixed port, held by this process's front across launches, and
+            # the person's tools' keys (the keyring is read here, off the GUI thread); a
+            # launch with a port of its own keeps it
             if request.spec.port is None:
-                sup.spec = with_local_api(self.ctx.services, request.spec, self.ctx.settings)
+                wait = BIND_WAIT if kept is not None else 0.0  # its keeper's front lets go
+                sup.spec = self.api.place(
+                    request.spec, self.ctx.settings, lambda: sup.endpoint, wait=wait
+                )
+            else:
+                self.api.stop()
             sup.start()
             return sup.wait_ready(cancel=token)
 
         def done(ep: Endpoint) -> None:
             if sup is self.supervisor:
                 self._was_ready = True
-                self._set_state(State.READY.value, f"Listening on {ep.url}")
+                self._set_state(State.READY.value, f"Listening on {self.api.url or ep.url}")
                 self._watch(request, ep)
                 self._remember(request, sup)
             self.attempts_changed.emit()
@@ -321,8 +336,13 @@ class EngineController(QObject):
         if self._wait_task is not None:
             self._wait_task.cancel()
         self._set_state(State.STOPPING.value, "Stopping llama-server…")
+
+        def stopping(_t: Any) -> None:
+            sup.stop()
+            self.api.stop()  # stopped by the person: the address goes with it
+
         self.ctx.ops.run(
-            Operation("engine-stop", lambda _t: sup.stop(), ENGINE),
+            Operation("engine-stop", stopping, ENGINE),
             on_success=lambda _r: self._stopped(sup),
         )
 
@@ -483,6 +503,7 @@ class EngineController(QObject):
         sup, self.supervisor = self.supervisor, None
         if sup is not None:
             sup.stop()
+        self.api.stop()
         if self.keeping:
             background.forget(self.ctx.services.paths, os.getpid())
 
@@ -522,7 +543,7 @@ class EngineController(QObject):
         state = event.state.value
         if state == State.READY.value:
             ep = self.supervisor.endpoint
-            message = f"Listening on {ep.url}" if ep else "Ready."
+            message = f"Listening on {self.api.url or ep.url}" if ep else "Ready."
             if ep is not None and self._watcher is not None and self.request is not None:
                 # restarted: the old watcher ended with its process; watch the new one
                 self._unwatch()

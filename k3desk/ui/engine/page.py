@@ -855,16 +855,16 @@ class EnginePage(Page):
     def _copy_for_tool(self, index: int) -> None:
         """Copy the running engine's settings for the tool at ``index`` of the menu: with
         the person's first API key (it stays valid), else this launch's key."""
-        ep = self.engine.endpoint()
-        if ep is None:
+        ep, address = self.engine.endpoint(), self.engine.address()
+        if ep is None or address is None:
             return
         services, settings = self.ctx.services, self.ctx.settings
 
         def work(_token: object) -> tuple[ToolSnippet, ...]:
             try:
-                return tool_settings(services, settings, url=ep.url)
+                return tool_settings(services, settings, url=address)
             except K3Error:  # no key made yet, or the keyring is locked
-                return tool_snippets(ep.url, ep.api_key)
+                return tool_snippets(address, ep.api_key)
 
         def copy(snippets: tuple[ToolSnippet, ...]) -> None:
             QGuiApplication.clipboard().setText(snippets[index].text)
@@ -1035,7 +1035,8 @@ class EnginePage(Page):
     def _update(self) -> None:
         ep = self.engine.endpoint()
         # no address while nothing runs: the state above says so once (D17)
-        self.url.set_text(f"{ep.url}/v1" if ep else "")
+        address = self.engine.address()
+        self.url.set_text(f"{address}/v1" if address else "")
         self.key.set_text(ep.api_key if ep else "")
         self.url.copy.setEnabled(ep is not None)
         self.key.copy.setEnabled(ep is not None)
