@@ -1487,6 +1487,24 @@ MUTANTS: tuple[Mutant, ...] = (
         "a Messages request renders the prompt the engine builds for it",
     ),
     m(
+        "app-front-keeps-the-first-launchs-names",
+        "k3desk/core/app/local_api.py",
+        "                front.config = replace(",
+        "                front.config = front.config or replace(",
+        "tests/core/app/test_app_front.py::"
+        "test_a_model_switch_in_the_window_keeps_the_address_answering",
+        "after a model switch in the window the names requests may give follow the launch",
+    ),
+    m(
+        "window-answers-another-models-name-with-its-own",
+        "k3desk/core/app/local_api.py",
+        "        left = others_named(self.services, parts[0], window=True) if parts else {}",
+        "        left: dict[str, str] = {}",
+        "tests/core/app/test_app_front.py::"
+        "test_a_model_switch_in_the_window_keeps_the_address_answering",
+        "a request naming another of My models is told the window runs another",
+    ),
+    m(
         "front-trusts-the-slot-after-another-kind-of-request",
         "k3desk/core/engines/front.py",
         "            self._holds.pop(engine, None)",

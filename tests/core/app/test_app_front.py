@@ -1,0 +1,121 @@
+"""The local API's address as the app's window holds it (core/app/local_api.AppFront): one
+front for the app's process that each launch puts its engine behind, here the real
+llama-server b11434 on two tiny Kimi-K3 models, switched from one to the other as the
+window's Engine page does (the old engine stopped, the new one launched); a tool polls the
+address all the while with the httpx a script would use."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from k3desk.core.app.library import add_model
+from k3desk.core.app.local_api import PORT_ENV, AppFront, create_key, set_api_port
+from k3desk.core.app.services import Services
+from k3desk.core.engines.launch import prepare_launch
+from k3desk.core.engines.ports import free_port
+from k3desk.core.engines.supervisor import Endpoint, Supervisor
+from k3desk.core.hardware.profile import HardwareProfile
+from k3desk.core.planning.model import PlanOptions
+from k3desk.devtools.tinyk3 import TinyModel, write_tiny_k3
+from tests.fixtures.hardware import HARDWARE_DIR
+
+pytestmark = [pytest.mark.engine]
+
+
+@contextmanager
+def polling(url: str, key: str) -> Iterator[list[object]]:
+    """What a tool asking ``url`` every 20 ms is answered: (status, Retry-After) or the
+    transport error's name."""
+    seen: list[object] = []
+    going = threading.Event()
+    going.set()
+
+    def poll() -> None:
+        while going.is_set():
+            try:
+                r = httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+                seen.append((r.status_code, r.headers.get("retry-after")))
+            except httpx.TransportError as e:
+                seen.append(type(e).__name__)
+            time.sleep(0.02)
+
+    tool = threading.Thread(target=poll, daemon=True)
+    tool.start()
+    try:
+        yield seen
+    finally:
+        going.clear()
+        tool.join(15)
+
+
+def test_a_model_switch_in_the_window_keeps_the_address_answering(
+    llama_server: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(PORT_ENV)  # the person's saved port, as in real use
+    services = Services()
+    port = free_port()
+    set_api_port(services, port)
+    _, secret = create_key(services, "agent")
+    a = write_tiny_k3(tmp_path / "a", name="Tiny-A", seed=3)
+    b = write_tiny_k3(tmp_path / "b", name="Tiny-B", seed=4)
+    for model in (a, b):
+        add_model(services, model.first_part)
+    hw = HardwareProfile.from_json_file(HARDWARE_DIR / "no-gpu-laptop-32GB.json")
+    front = AppFront(services)
+    running: list[Supervisor] = []
+
+    def engine() -> Endpoint | None:
+        return running[-1].endpoint if running else None
+
+    def launch(model: TinyModel) -> Supervisor:
+        prepared = prepare_launch(model.first_part, mmproj=None, hardware=hw,
+                                  options=PlanOptions(ctx=512), paths=services.paths,
+                                  engine=llama_server)  # fmt: skip
+        sup = Supervisor(front.place(prepared.spec(), services.settings(), engine), services.paths)
+        running.append(sup)
+        sup.start()
+        sup.wait_ready(90)
+        return sup
+
+    address = f"http://127.0.0.1:{port}"
+    chat = f"{address}/v1/chat/completions"
+    auth = {"Authorization": f"Bearer {secret}"}
+
+    def ask(name: str) -> httpx.Response:
+        body = {"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+        return httpx.post(chat, json=body, headers=auth, timeout=60)
+
+    try:
+        first = launch(a)
+        assert front.url == address
+        assert first.endpoint is not None
+        assert first.endpoint.port != port  # the engine itself is behind the front
+        assert ask("Tiny-A").status_code == 200
+        refused = ask("Tiny-B")
+        assert refused.status_code == 400
+        assert refused.json()["error"]["message"].startswith(
+            "Model 'Tiny-B' is not served here: the k3desk window runs Tiny-A."
+        )
+        with polling(f"{address}/v1/models", secret) as seen:
+            time.sleep(0.2)
+            first.stop()  # the window's switch: the old engine stopped, the new one launched
+            launch(b)
+            time.sleep(0.2)
+        assert (503, "5") in seen, seen  # asked during the switch: come back
+        assert set(seen) <= {(200, None), (503, "5")}, seen  # never refused
+        assert ask("Tiny-B").status_code == 200
+        said = ask("Tiny-A").json()["error"]["message"]  # the names follow the launch
+        assert said.startswith("Model 'Tiny-A' is not served here: the k3desk window runs Tiny-B.")
+    finally:
+        for sup in running:
+            sup.stop()
+        front.stop()
+    with pytest.raises(httpx.ConnectError):  # stopped: the address goes with it
+        httpx.get(f"{address}/v1/models", timeout=5)
