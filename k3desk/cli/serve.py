@@ -28,6 +28,7 @@ from k3desk.core.app.local_api import (
     LOOPBACK,
     MAX_PARALLEL,
     PORT_HINT,
+    RouterFront,
     api_port,
     behind_a_front,
     endpoint_spec,
@@ -181,10 +182,26 @@ def run(args: argparse.Namespace, services: Services) -> int:
             tool_settings=args.tool_settings,
             services=services,
             address=lambda ep: replace(ep, port=front.port),
-            before_stop=front.flush,  # the conversation answered last is kept first
+            # the conversation answered last is kept first, for as long as a person
+            # waits for Ctrl-C (on a machine reading a token in seconds it may not be)
+            before_stop=lambda: _flush(front),
         )
     finally:
         front.stop()
+
+
+# how long Ctrl-C waits for the conversation answered last to be kept before the engine stops
+STOP_KEEP_SECONDS = 10.0
+
+
+def _flush(front: RouterFront) -> None:
+    if not front.flush(STOP_KEEP_SECONDS):
+        print(
+            f"The conversation a tool had answered last was not kept within "
+            f"{STOP_KEEP_SECONDS:.0f} s: it is read again when it goes on.",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _say(line: str) -> None:

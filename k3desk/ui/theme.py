@@ -269,8 +269,13 @@ class ThemeManager(QObject):
         self._app.setStyleSheet(style_sheet(self.colors))
         icon.cache_clear()
         for widget in self._app.allWidgets():
+            # only buttons carry an icon's name; and PySide6 may hand back a stale wrapper
+            # of another type (a layout's QWidgetItem) whose C++ object's address a widget
+            # now has, which has no property() to ask
+            if not isinstance(widget, QAbstractButton):
+                continue
             name = widget.property(ICON_PROPERTY)
-            if isinstance(name, str) and isinstance(widget, QAbstractButton):
+            if isinstance(name, str):
                 widget.setIcon(icon(name))
         self.changed.emit(self.colors)
 

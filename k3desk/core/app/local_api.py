@@ -60,6 +60,7 @@ __all__ = [
     "ClientKeys",
     "Fronted",
     "LocalApi",
+    "RouterFront",
     "api_port",
     "behind_a_front",
     "check_name",

@@ -461,7 +461,12 @@ class StateKeeper:
         tokens = primed.get("tokens_evaluated")
         rate = reading_rate(primed.get("timings"))
         name = f"k3c-{secrets.token_hex(8)}.bin"
-        status, saved = client.call("POST", "/slots/0?action=save", {"filename": name})
+        try:
+            status, saved = client.call("POST", "/slots/0?action=save", {"filename": name})
+        except BaseException:
+            # the engine stopped or went away while writing it: no part of a state stays
+            (self.folder / name).unlink(missing_ok=True)
+            raise
         if status != 200 or not isinstance(saved, dict) or saved.get("n_saved") != tokens:
             # another request took the slot between the two calls: what it holds is not ours
             (self.folder / name).unlink(missing_ok=True)

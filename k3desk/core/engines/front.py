@@ -423,11 +423,11 @@ class RouterFront:
             with contextlib.suppress(Exception):  # not kept: the next time reads it again
                 await asyncio.to_thread(_keep_answered, conv, answered)
 
-    def flush(self, timeout: float = 120.0) -> None:
+    def flush(self, timeout: float = 120.0) -> bool:
         """Keep the conversation answered last now, and wait for any being kept (before
-        the engine stops)."""
+        the engine stops); False when that took more than ``timeout`` seconds."""
         if self._thread is None:
-            return
+            return True
 
         async def now() -> None:
             # an answer the tool already has may still be on its way through the front
@@ -442,8 +442,13 @@ class RouterFront:
                 await asyncio.gather(*self._kept, return_exceptions=True)
 
         done = asyncio.run_coroutine_threadsafe(now(), self._loop)
-        with contextlib.suppress(Exception):
+        try:
             done.result(timeout)
+        except TimeoutError:
+            return False
+        except Exception:  # noqa: BLE001 - not kept: the next time reads it again
+            return True
+        return True
 
     # ------------------------------------------------------------------ the front's own
     def _authorized(self, req: _Request) -> bool:
