@@ -177,6 +177,8 @@ def _keep(paths: AppPaths, **fields: object) -> Path:
         ("port", 70000, "port 70000 is outside 1-65535"),
         ("since", "yesterday", "since must be a number"),
         ("api_key", ["a", "list"], "api_key must be text"),
+        ("address", "javascript:alert(1)", "address must be http://host:port"),
+        ("address", "http://127.0.0.1:80 --api-key x", "address must be http://host:port"),
     ],
 )
 def test_a_forged_keep_running_record_is_named_and_set_aside(

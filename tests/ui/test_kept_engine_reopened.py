@@ -43,8 +43,16 @@ def test_a_kept_engine_shows_its_plan_and_context_after_reopening(  # type: igno
         again.engine.take_up_background()
         qtbot.waitUntil(lambda: again.engine.ready, timeout=30_000)
         assert again.engine.background is not None
+        # tools are still shown the address the keeper's front holds, not the engine's port
+        address = ctx.engine.address()
+        assert address is not None
+        assert address != ctx.engine.endpoint().url
+        assert again.engine.address() == address
+        assert again.engine.message.startswith(f"Listening on {address}:")
         page2 = EnginePage(again)
         qtbot.addWidget(page2)
+        page2.activated()
+        qtbot.waitUntil(lambda: page2.url.edit.text() == f"{address}/v1", timeout=10_000)
         assert "No launch plan yet" not in page2.plan_reason.text()
         assert page2.layer_map.plan is not None
         assert "-c 1024" in page2.argv.edit.text() or "1024" in page2.argv.edit.text()

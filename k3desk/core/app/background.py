@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 from dataclasses import asdict, dataclass
@@ -44,6 +45,7 @@ from k3desk.core.private import write_private
 from k3desk.core.units import fmt_duration
 
 RECORD = "background-engine.json"
+ADDRESS = re.compile(r"http://\d{1,3}(\.\d{1,3}){3}:\d{1,5}")
 LAST_MODEL_KEY = "last_model"  # Settings.recent: the model launched last, for "Relaunch"
 
 
@@ -57,6 +59,9 @@ class BackgroundEngine:
     api_key: str
     model_name: str
     since: float  # when it was kept
+    # where the person's tools reach it: the keeper's front at the local API's address
+    # ("": the engine's own, a launch with a port of its own)
+    address: str = ""
 
     def endpoint(self) -> Endpoint:
         return Endpoint(LOOPBACK, self.port, self.api_key, self.pid, 0)
@@ -87,7 +92,16 @@ def _parse(data: Any) -> BackgroundEngine:
         api_key=check_text(d["api_key"], "api_key", 512),
         model_name=check_text(d.get("model_name", ""), "model_name"),
         since=check_float(d.get("since", 0.0), "since", 0.0, time.time() + FUTURE_SLACK),
+        address=_address(d.get("address", "")),
     )
+
+
+def _address(value: Any) -> str:
+    """A local API address as a keeper writes it (``http://IPv4:port``), or ""."""
+    text = check_text(value, "address", 64)
+    if text and not ADDRESS.fullmatch(text):
+        raise ValueError(f"address must be http://host:port, not {text[:64]!r}")
+    return text
 
 
 def read_record(paths: AppPaths) -> tuple[BackgroundEngine | None, str]:

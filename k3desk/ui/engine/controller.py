@@ -218,7 +218,9 @@ class EngineController(QObject):
         ep = self.endpoint()
         if ep is None:
             return None
-        return (self.api.url if self.background is None else None) or ep.url
+        if self.background is not None:
+            return self.background.address or ep.url  # the keeper's front
+        return self.api.url or ep.url
 
     @property
     def local(self) -> bool:
@@ -382,7 +384,7 @@ class EngineController(QObject):
                 return
             self.background = rec
             self._show_kept_launch(rec)
-            url = rec.endpoint().url
+            url = rec.address or rec.endpoint().url
             self._set_state(State.READY.value, f"Listening on {url}: {rec.describe()}")
             self._bg_timer.start()
 
@@ -428,6 +430,7 @@ class EngineController(QObject):
                 api_key=ep.api_key,
                 model_name=self.model_name(),
                 since=time.time(),
+                address=self.api.url or "",
             ),
         )
         self._write_kept_launch()
