@@ -1556,7 +1556,7 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "serve-stops-without-keeping-the-last-conversation",
         "k3desk/cli/serve.py",
-        "before_stop=front.flush,",
+        "before_stop=lambda: _flush(front),",
         "before_stop=None,",
         "tests/core/engines/test_tool_conversations.py::"
         "test_two_tools_conversations_each_come_back_and_stopping_keeps_the_last",
