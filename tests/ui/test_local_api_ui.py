@@ -4,6 +4,8 @@ key, launch after launch."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -25,6 +27,17 @@ from k3desk.ui.settings_page import SettingsPage
 def first(card: LocalApiCard) -> str:
     """The first line of the card's list of keys ("" before the keys were read)."""
     return card.keys.item(0).text() if card.keys.count() else ""
+
+
+def engine_page(ctx, qtbot, shard: Path) -> EnginePage:  # type: ignore[no-untyped-def]
+    """The Engine page shown, its list of models read, ``shard`` chosen to launch."""
+    page = EnginePage(ctx)
+    qtbot.addWidget(page)
+    page.show()
+    page.activated()
+    qtbot.waitUntil(lambda: bool(page.panel.rows), timeout=120_000)
+    page.panel.shard.setText(str(shard))
+    return page
 
 
 def test_a_key_made_in_settings_is_copied_listed_pasted_as_settings_and_revoked(  # type: ignore[no-untyped-def]
@@ -109,12 +122,7 @@ def test_the_apps_engine_listens_at_the_port_and_takes_the_key_launch_after_laun
     port = free_port()
     ctx.update_settings(engine_binary=str(llama_server), ctx=512, api_port=port)
     _, secret = create_key(ctx.services, "agent")
-    page = EnginePage(ctx)
-    qtbot.addWidget(page)
-    page.show()
-    page.activated()
-    qtbot.waitUntil(lambda: bool(page.panel.rows), timeout=120_000)
-    page.panel.shard.setText(str(tiny_k3_single.first_part))
+    page = engine_page(ctx, qtbot, tiny_k3_single.first_part)
     engine = ctx.engine
     address = f"http://127.0.0.1:{port}"
     pids: list[int] = []
@@ -178,12 +186,7 @@ def test_a_request_naming_another_of_my_models_is_told_the_window_runs_another( 
     b = write_tiny_k3(tmp_path / "b", name="Tiny-B", seed=4)
     for model in (a, b):
         add_model(ctx.services, model.first_part)
-    page = EnginePage(ctx)
-    qtbot.addWidget(page)
-    page.show()
-    page.activated()
-    qtbot.waitUntil(lambda: bool(page.panel.rows), timeout=120_000)
-    page.panel.shard.setText(str(a.first_part))
+    page = engine_page(ctx, qtbot, a.first_part)
     page.panel.launch_btn.click()
     engine = ctx.engine
     qtbot.waitUntil(lambda: engine.ready, timeout=120_000)
@@ -199,6 +202,46 @@ def test_a_request_naming_another_of_my_models_is_told_the_window_runs_another( 
         body["model"] = name
         assert httpx.post(url, json=body, headers=auth, timeout=60).status_code == 200, name
     engine.stop()
+
+
+@pytest.mark.engine
+def test_a_launch_that_fails_or_gives_up_lets_the_address_go(  # type: ignore[no-untyped-def]
+    ctx, qtbot, monkeypatch, llama_server, fake_engine, tmp_path
+) -> None:
+    """While an engine loads a tool is told to come back (503); once the launch failed, or
+    the engine gave up after a crash, nothing will come: the tool is refused at once, as
+    after a stop, instead of being told to come back forever."""
+    from k3desk.core.engines.supervisor import LaunchSpec
+    from k3desk.ui.engine.controller import LaunchRequest
+    from tests.fixtures.engine import write_fake
+
+    monkeypatch.delenv("K3DESK_API_PORT")
+    port = free_port()
+    ctx.update_settings(api_port=port)
+    engine = ctx.engine
+    failed: list[str] = []
+    engine.failed.connect(lambda message, _hint: failed.append(message))
+    address = f"http://127.0.0.1:{port}/v1/models"
+    broken = tmp_path / "Broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(60))  # the real loader refuses it
+    engine.launch(LaunchRequest(LaunchSpec(llama_server, ("-m", str(broken))), model_name="x"))
+    qtbot.waitUntil(lambda: bool(failed), timeout=60_000)
+    assert engine.state_name() == "crashed"
+    qtbot.waitUntil(lambda: engine.api.url is None, timeout=10_000)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(address, timeout=5)
+    # ready, then killed, and its restart dies too (the build no longer runs here)
+    serve = fake_engine("serve")
+    engine.launch(LaunchRequest(LaunchSpec(serve, ("-m", str(broken))), model_name="x"))
+    qtbot.waitUntil(lambda: engine.ready, timeout=60_000)
+    assert httpx.get(address, timeout=10).status_code in (200, 401)  # the front answers
+    write_fake(serve.parent, "sigill")
+    failed.clear()
+    os.kill(engine.supervisor.pid, signal.SIGKILL)
+    qtbot.waitUntil(lambda: bool(failed), timeout=60_000)
+    qtbot.waitUntil(lambda: engine.api.url is None, timeout=10_000)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(address, timeout=5)
 
 
 def test_reaching_it_from_other_devices_is_a_choice_with_a_warning_and_one_origin(  # type: ignore[no-untyped-def]

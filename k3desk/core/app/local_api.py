@@ -321,6 +321,17 @@ class AppFront:
         with self._lock:
             self._stop()
 
+    def let_go(self, engine: Callable[[], Endpoint | None]) -> bool:
+        """Let the address go if the launch that placed ``engine`` is still the last one
+        (its engine failed to load, or gave up): a tool is refused a connection at once
+        instead of being told to come back for an engine that will not come.  A later
+        launch's :meth:`place` keeps the address; True when it was let go."""
+        with self._lock:
+            if self._front is None or self._engine is not engine:
+                return False
+            self._stop()
+            return True
+
     def _stop(self) -> None:
         front, self._front, self._where = self._front, None, None
         if front is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -168,6 +169,7 @@ class EngineController(QObject):
         self._was_ready = False  # the current launch has been ready once
         self._past: list[Any] = []  # the attempts of earlier launches (kept on relaunch)
         self.api = AppFront(ctx.services)  # the local API's address, across launches
+        self._behind: Callable[[], Endpoint | None] = lambda: None  # what it holds for
 
     def set_external(self, source: ClusterController) -> None:
         """Let ``source`` serve the chat when no local engine runs; its changes are
@@ -278,6 +280,7 @@ class EngineController(QObject):
             replan=request.replan,
         )
         self.supervisor = sup
+        self._behind = behind = self._engine_of(sup)
         self._set_state(State.STARTING.value, "Starting llama-server…")
         self.launched.emit(request)
 
@@ -291,9 +294,7 @@ class EngineController(QObject):
             # launch with a port of its own keeps it
             if request.spec.port is None:
                 wait = BIND_WAIT if kept is not None else 0.0  # its keeper's front lets go
-                sup.spec = self.api.place(
-                    request.spec, self.ctx.settings, lambda: sup.endpoint, wait=wait
-                )
+                sup.spec = self.api.place(request.spec, self.ctx.settings, behind, wait=wait)
             else:
                 self.api.stop()
             sup.start()
@@ -302,7 +303,7 @@ class EngineController(QObject):
         def done(ep: Endpoint) -> None:
             if sup is self.supervisor:
                 self._was_ready = True
-                self._set_state(State.READY.value, f"Listening on {self.api.url or ep.url}")
+                self._set_state(State.READY.value, self._listening(ep))
                 self._watch(request, ep)
                 self._remember(request, sup)
             self.attempts_changed.emit()
@@ -313,6 +314,7 @@ class EngineController(QObject):
             message, hint = (
                 (exc.message, exc.hint) if isinstance(exc, EngineError) else (str(exc), "")
             )
+            self._let_go(behind)  # no engine will come: tools are refused, not told to wait
             self._set_state(State.CRASHED.value, message)
             self.failed.emit(message, hint)
             self.attempts_changed.emit()
@@ -534,6 +536,18 @@ class EngineController(QObject):
             self._set_state(State.STOPPED.value, "")
             self.attempts_changed.emit()
 
+    @staticmethod
+    def _engine_of(sup: Supervisor) -> Callable[[], Endpoint | None]:
+        return lambda: sup.endpoint
+
+    def _listening(self, ep: Endpoint) -> str:
+        return f"Listening on {self.api.url or ep.url}"
+
+    def _let_go(self, behind: Callable[[], Endpoint | None]) -> None:
+        """The local API's address goes with a launch that failed or gave up, unless a
+        later launch holds it already (off the GUI thread: the front's threads end)."""
+        self.ctx.ops.run(Operation("engine-let-go", lambda _t: self.api.let_go(behind), ENGINE))
+
     def _set_state(self, state: str, message: str) -> None:
         self._state = state
         self._message = message
@@ -546,7 +560,7 @@ class EngineController(QObject):
         state = event.state.value
         if state == State.READY.value:
             ep = self.supervisor.endpoint
-            message = f"Listening on {self.api.url or ep.url}" if ep else "Ready."
+            message = self._listening(ep) if ep else "Ready."
             if ep is not None and self._watcher is not None and self.request is not None:
                 # restarted: the old watcher ended with its process; watch the new one
                 self._unwatch()
@@ -568,6 +582,7 @@ class EngineController(QObject):
             # given up after it had been ready (the launch's own wait reports the rest):
             # a process keeping the engine without a window has nothing left to keep
             self._unwatch()
+            self._let_go(self._behind)
             self.failed.emit(message, "")
 
     @Slot(object)

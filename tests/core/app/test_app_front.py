@@ -20,7 +20,8 @@ from k3desk.core.app.local_api import PORT_ENV, AppFront, create_key, set_api_po
 from k3desk.core.app.services import Services
 from k3desk.core.engines.launch import prepare_launch
 from k3desk.core.engines.ports import free_port
-from k3desk.core.engines.supervisor import Endpoint, Supervisor
+from k3desk.core.engines.supervisor import Endpoint, LaunchSpec, Supervisor
+from k3desk.core.errors import EngineError
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.planning.model import PlanOptions
 from k3desk.devtools.tinyk3 import TinyModel, write_tiny_k3
@@ -119,3 +120,48 @@ def test_a_model_switch_in_the_window_keeps_the_address_answering(
         front.stop()
     with pytest.raises(httpx.ConnectError):  # stopped: the address goes with it
         httpx.get(f"{address}/v1/models", timeout=5)
+
+
+def test_a_launch_that_fails_lets_the_address_go_unless_a_later_launch_holds_it(
+    llama_server: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between two engines a tool is told to come back (503); once a launch has failed
+    (the real llama-server cannot load its model) nothing will come, so the address is
+    let go and the tool is refused at once, instead of waiting forever.  A later launch
+    that already holds the address keeps it."""
+    monkeypatch.delenv(PORT_ENV)
+    services = Services()
+    port = free_port()
+    set_api_port(services, port)
+    _, secret = create_key(services, "agent")
+    broken = tmp_path / "Broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(60))  # its loader refuses it: no tensors, no arch
+    front = AppFront(services)
+    address = f"http://127.0.0.1:{port}/v1/models"
+    auth = {"Authorization": f"Bearer {secret}"}
+    sup: list[Supervisor] = []
+
+    def first() -> Endpoint | None:
+        return sup[0].endpoint if sup else None
+
+    spec = LaunchSpec(llama_server, ("-m", str(broken), "-c", "512"))
+    sup.append(Supervisor(front.place(spec, services.settings(), first), services.paths))
+    try:
+        sup[0].start()
+        with pytest.raises(EngineError):
+            sup[0].wait_ready(90)
+        r = httpx.get(address, headers=auth, timeout=10)
+        assert (r.status_code, r.headers.get("retry-after")) == (503, "5")  # not yet told
+        assert not front.let_go(lambda: None)  # another launch's word does not count
+        assert httpx.get(address, headers=auth, timeout=10).status_code == 503
+        assert front.let_go(first)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(address, headers=auth, timeout=5)
+        # a later launch placed before the failed one's word: the address stays
+        front.place(spec, services.settings(), lambda: None)
+        assert not front.let_go(first)
+        assert httpx.get(address, headers=auth, timeout=10).status_code == 503
+    finally:
+        for s in sup:
+            s.stop()
+        front.stop()
