@@ -1215,6 +1215,35 @@ MUTANTS: tuple[Mutant, ...] = (
         "the plan says each request's context as the engine sizes its slots",
     ),
     m(
+        "failed-launch-keeps-address",
+        "k3desk/core/app/local_api.py",
+        "            if self._front is None or self._engine is not engine:\n                return False",
+        "            if True:\n                return False",
+        "tests/core/app/test_app_front.py::test_a_launch_that_fails_lets_the_address_go_unless_"
+        "a_later_launch_holds_it",
+        "a launch that failed lets the address go: tools are refused, not told to wait forever",
+    ),
+    m(
+        "failed-launch-drops-later-address",
+        "k3desk/core/app/local_api.py",
+        "            if self._front is None or self._engine is not engine:\n                return False",
+        "            if self._front is None:\n                return False",
+        "tests/core/app/test_app_front.py::test_a_launch_that_fails_lets_the_address_go_unless_"
+        "a_later_launch_holds_it",
+        "a later launch that holds the address keeps it when an earlier one fails",
+    ),
+    m(
+        "flush-forgets-slow-keep",
+        "k3desk/core/engines/front.py",
+        "            self._keep_pending()\n            if self._kept:",
+        "            pending, self._pending = self._pending, None\n"
+        "            if pending is not None:\n                await self._keep(pending)\n"
+        "            if self._kept:",
+        "tests/core/engines/test_front_http.py::test_a_stop_waits_for_the_last_answer_to_be_"
+        "kept_only_so_long_and_says_so",
+        "a stop waits a bounded time for the last conversation to be kept, and says so",
+    ),
+    m(
         "lan-on-by-default",
         "k3desk/core/app/local_api.py",
         "    if not settings.api_lan:\n        return spec",

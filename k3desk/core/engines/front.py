@@ -411,6 +411,11 @@ class RouterFront:
 
     def _idle(self) -> None:
         self._keeping = None
+        self._keep_pending()
+
+    def _keep_pending(self) -> None:
+        """Start keeping the conversation answered last, as a task a flush waits for (a
+        later flush too, where an earlier one gave up waiting)."""
         pending, self._pending = self._pending, None
         if pending is not None:
             task = asyncio.ensure_future(self._keep(pending))
@@ -435,9 +440,7 @@ class RouterFront:
             while self._chats and time.monotonic() < settle:
                 await asyncio.sleep(0.02)
             self._idle_timer(None)
-            pending, self._pending = self._pending, None
-            if pending is not None:
-                await self._keep(pending)
+            self._keep_pending()
             if self._kept:
                 await asyncio.gather(*self._kept, return_exceptions=True)
 

@@ -504,3 +504,51 @@ def test_the_front_brings_a_conversation_back_when_the_slot_may_hold_another() -
     finally:
         f.stop()
         engine.sock.close()
+
+
+class _SlowKeeper(_Recorded):
+    """Conversations kept slowly: each answer takes ``seconds`` to keep."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def answered(
+        self, body: dict[str, object], answer: dict[str, object], engine: Upstream
+    ) -> None:
+        time.sleep(self.seconds)
+        super().answered(body, answer, engine)
+
+
+def test_a_stop_waits_for_the_last_answer_to_be_kept_only_so_long_and_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C on ``k3desk serve`` keeps the conversation answered last before the engine
+    stops, but a person is not kept waiting longer than ``STOP_KEEP_SECONDS``: past that
+    the stop goes on, and says the conversation will be read again."""
+    from k3desk.cli import serve
+
+    engine = _Engine()
+    slow = _SlowKeeper(1.5)
+    f = RouterFront(
+        FrontConfig("127.0.0.1", 0, client_keys=(KEY,), conversations=slow), engine.upstream
+    )
+    f.start()
+    body = {"messages": [{"role": "user", "content": "A"}]}
+    auth = {"Authorization": f"Bearer {KEY}"}
+    try:
+        got = httpx.post(f"http://127.0.0.1:{f.port}/v1/chat/completions", json=body,
+                         headers=auth, timeout=10)  # fmt: skip
+        assert got.status_code == 200
+        monkeypatch.setattr(serve, "STOP_KEEP_SECONDS", 0.3)
+        started = time.monotonic()
+        serve._flush(f)
+        assert time.monotonic() - started < 1.2  # not the keeper's 1.5 s
+        said = capsys.readouterr().err
+        assert "The conversation a tool had answered last was not kept within 0 s" in said
+        assert ("kept", "A") not in slow.said
+        assert f.flush(5)  # given the time, it is kept
+        assert ("kept", "A") in slow.said
+    finally:
+        f.stop()
+        engine.sock.close()
