@@ -191,3 +191,29 @@ def test_while_streaming_settled_blocks_are_not_inserted_again(qtbot: QtBot) -> 
     view.update_stream(vm)
     assert view._frozen_end == settled  # only the last paragraph and the footer changed
     assert view.toPlainText().count("Paragraph 49 with bold. More words") == 1
+
+
+@pytest.mark.gui
+def test_a_long_command_wraps_in_its_block_instead_of_widening_the_conversation(
+    qtbot: QtBot,
+) -> None:
+    """At a small window's transcript width (about 500 px at 1024x700) a long command in a
+    code block wraps inside its frame: the person reads it without scrolling the whole
+    conversation sideways, and Copy still gives the command as one line."""
+    from PySide6.QtCore import QUrl
+    from PySide6.QtGui import QGuiApplication
+
+    command = (
+        "k3desk serve models/atomicchat-q3ks/Kimi-K3-Q3_K_S-00001-of-00027.gguf "
+        "--ctx 8192 --parallel 2"
+    )
+    view = MessageView()
+    qtbot.addWidget(view)
+    view.resize(500, 400)
+    view.show()
+    qtbot.waitExposed(view)
+    view.set_messages([MessageVM("a1", "assistant", f"Start it:\n\n```bash\n{command}\n```\n")])
+    qtbot.wait(50)
+    assert view.horizontalScrollBar().maximum() == 0
+    view._anchor(QUrl("k3:copy-code/a1/0"))
+    assert QGuiApplication.clipboard().text() == command

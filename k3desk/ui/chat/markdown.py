@@ -170,7 +170,10 @@ def code_block(code: str, lang: str, colors: CodeColors, copy_href: str = "") ->
         f'style="background:{colors.background}; border:1px solid {colors.border}; '
         f'margin-top:4px; margin-bottom:6px;">'
         f'<tr><td style="color:{colors.muted}; font-size:small;">{head}{copy}</td></tr>'
-        f'<tr><td><pre{lang_attr} style="margin:0; color:{colors.text};">{body}</pre>'
+        # pre-wrap: a long line wraps inside the frame, not the whole conversation
+        # scrolled sideways on a small window; Copy gives the code's own lines
+        f'<tr><td><pre{lang_attr} style="margin:0; white-space:pre-wrap; '
+        f'color:{colors.text};">{body}</pre>'
         f"</td></tr></table>"
     )
 
