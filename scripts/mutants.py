@@ -1217,7 +1217,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "failed-launch-keeps-address",
         "k3desk/core/app/local_api.py",
-        "            if self._front is None or self._engine is not engine:\n                return False",
+        "            if self._front is None or self._engine is not engine:\n"
+        "                return False",
         "            if True:\n                return False",
         "tests/core/app/test_app_front.py::test_a_launch_that_fails_lets_the_address_go_unless_"
         "a_later_launch_holds_it",
@@ -1226,7 +1227,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "failed-launch-drops-later-address",
         "k3desk/core/app/local_api.py",
-        "            if self._front is None or self._engine is not engine:\n                return False",
+        "            if self._front is None or self._engine is not engine:\n"
+        "                return False",
         "            if self._front is None:\n                return False",
         "tests/core/app/test_app_front.py::test_a_launch_that_fails_lets_the_address_go_unless_"
         "a_later_launch_holds_it",
@@ -1242,6 +1244,42 @@ MUTANTS: tuple[Mutant, ...] = (
         "tests/core/engines/test_front_http.py::test_a_stop_waits_for_the_last_answer_to_be_"
         "kept_only_so_long_and_says_so",
         "a stop waits a bounded time for the last conversation to be kept, and says so",
+    ),
+    m(
+        "window-chat-takes-slot-silently",
+        "k3desk/core/app/chat_turn.py",
+        "        self.on_take()\n",
+        "\n",
+        "tests/core/app/test_window_tool_conversations.py::test_a_tools_convers"
+        "ation_and_the_windows_chat_share_the_slot_and_survive_a_restart",
+        "a tool's conversation is kept before the window's chat takes the engine's slot",
+    ),
+    m(
+        "tool-takes-slot-silently",
+        "k3desk/core/engines/front.py",
+        "            self.config.on_slot()",
+        "            pass",
+        "tests/core/app/test_window_tool_conversations.py::test_a_tools_convers"
+        "ation_and_the_windows_chat_share_the_slot_and_survive_a_restart",
+        "the window's chat brings its conversation back after a tool took the slot",
+    ),
+    m(
+        "window-keeps-no-tool-conversations",
+        "k3desk/core/app/local_api.py",
+        "                        conversations=conv,\n                        on_slot=",
+        "                        conversations=None,\n                        on_slot=",
+        "tests/core/app/test_window_tool_conversations.py::test_a_tools_convers"
+        "ation_and_the_windows_chat_share_the_slot_and_survive_a_restart",
+        "tools' conversations through the window's local API come back after a restart",
+    ),
+    m(
+        "keep-after-slot-taken",
+        "k3desk/core/engines/front.py",
+        "            self._holds.get((up.port, up.pid)) == pending.conversation",
+        "            True",
+        "tests/core/engines/test_front_http.py::test_a_conversation_is_kept_only_while_the_"
+        "slot_holds_it_and_before_the_window_takes_it",
+        "a conversation is kept only while the slot holds it (else it would be read again)",
     ),
     m(
         "lan-on-by-default",
@@ -1469,8 +1507,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "front-forgets-the-slot-after-counting-tokens",
         "k3desk/core/engines/front.py",
-        '            if not req.target.split("?")[0].endswith(SLOT_FREE):',
-        "            if True:",
+        '    return req.method == "POST" and not req.target.split("?")[0].endswith(SLOT_FREE)',
+        "    return True",
         "tests/core/engines/test_front_http.py::"
         "test_the_front_brings_a_conversation_back_when_the_slot_may_hold_another",
         "a request that takes no slot (counting tokens) brings no state back",
