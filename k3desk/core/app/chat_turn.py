@@ -373,6 +373,16 @@ class ConversationStates:
         self._in_slot: dict[tuple[int, str], tuple[int, str | None]] = {}
         # each engine's reading rate, from the longest read measured on it
         self._rate: dict[tuple[int, str], Rate] = {}
+        # called before a turn takes an engine's slot, for another user of that slot (a
+        # tool's conversation through the local API's front) to keep its state first
+        self.on_take: Callable[[], object] = lambda: None
+
+    def slot_taken(self) -> None:
+        """Another user (a tool, through the local API) is about to take the engines' slot:
+        what the chat believed each holds is no longer known, so a conversation's next turn
+        brings its kept state back."""
+        with self._lock:
+            self._in_slot.clear()
 
     @staticmethod
     def _engine(client: ChatClient) -> tuple[int, str] | None:
@@ -390,7 +400,10 @@ class ConversationStates:
         request begins with (None) or the engine is not k3desk's (None)."""
         settings = settings or ChatSettings()
         engine = self._engine(client)
-        if engine is None or self.keeper.budget <= 0 or len(messages) < 2:
+        if engine is None or self.keeper.budget <= 0:
+            return None
+        self.on_take()
+        if len(messages) < 2:
             return None
         with self._lock:
             held = self._in_slot.get(engine)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from k3desk.core.app.library import local_models
+from k3desk.core.app.tool_conversations import tool_conversations
 from k3desk.core.app.tool_settings import ToolSnippet, tool_snippets
 from k3desk.core.chat.kept_state import states_dir
 from k3desk.core.engines.client_keys import ApiKeyError, ClientKey, ClientKeys, check_name
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BIND_WAIT",
     "DEFAULT_PORT",
+    "KEEP_WAIT",
     "LOOPBACK",
     "MAX_PARALLEL",
     "PORT_ENV",
@@ -217,6 +219,7 @@ def start_front(
     left_out: Mapping[str, str] | None = None,
     load_wait: float = LOAD_WAIT,
     conversations: Conversations | None = None,
+    on_slot: Callable[[], None] | None = None,
 ) -> RouterFront:
     """The front at ``fronted``'s address before the engine ``upstream()`` names (the
     Supervisor's endpoint: None while it starts or restarts); ``served`` (names and sizes)
@@ -232,6 +235,7 @@ def start_front(
         load_wait=load_wait,
         allow_origin=fronted.allow_origin,
         conversations=conversations,
+        on_slot=on_slot,
     )
 
     def engine() -> Upstream | None:
@@ -251,6 +255,8 @@ def start_front(
 # how long a launch waits for the address to be free: a process that kept an engine in
 # the background holds it with its front until it has stopped that engine and exited
 BIND_WAIT = 10.0
+# how long a stop, a switch or the window's chat waits for a tool's conversation to be kept
+KEEP_WAIT = 10.0
 
 
 class AppFront:
@@ -258,11 +264,20 @@ class AppFront:
     each launch's engine goes behind it on loopback (:meth:`place`), and between two
     engines (a model switch, a restart, a re-plan, a crash) the address answers 503 with
     Retry-After.  A request naming another of My models is told the window runs another
-    (400).  Tools' conversations are not kept here: the window's chat shares the engine's
-    slot without the front (``k3desk serve`` keeps them)."""
+    (400).
 
-    def __init__(self, services: Services) -> None:
+    Tools' conversations are kept as under ``k3desk serve`` (one slot: Settings' requests
+    at once 1), ``say`` getting a line for each kept or brought back.  The window's own
+    chat shares that slot without the front, so the two tell each other: the chat calls
+    :meth:`slot_taken` before its turn (the tool's conversation is kept first, and brought
+    back at the tool's next request), and :attr:`on_tool_turn` is called before a tool's
+    request that may take the slot (the chat then brings its own back)."""
+
+    def __init__(self, services: Services, say: Callable[[str], None] | None = None) -> None:
         self.services = services
+        self.say = say or (lambda _line: None)
+        # set by the window's chat: a tool's request is about to take the engine's slot
+        self.on_tool_turn: Callable[[], None] = lambda: None
         self._front: RouterFront | None = None
         self._where: tuple[str, int, str] | None = None  # host, port asked, allowed origin
         self._engine: Callable[[], Endpoint | None] = lambda: None
@@ -286,19 +301,29 @@ class AppFront:
         parts = spec.model_parts
         left = others_named(self.services, parts[0], window=True) if parts else {}
         where = (fronted.host, fronted.port, fronted.allow_origin)
+        conv = tool_conversations(self.services, settings, settings.api_parallel, self.say)
         with self._lock:
             self._engine = engine
             front = self._front
             if front is not None and self._where == where:
                 front.config = replace(
-                    front.config, client_keys=fronted.engine.client_keys, left_out=left
+                    front.config,
+                    client_keys=fronted.engine.client_keys,
+                    left_out=left,
+                    conversations=conv,
                 )
                 return fronted.engine
             self._stop()
             deadline = time.monotonic() + wait
             while True:
                 try:
-                    self._front = start_front(fronted, lambda: self._engine(), left_out=left)
+                    self._front = start_front(
+                        fronted,
+                        lambda: self._engine(),
+                        left_out=left,
+                        conversations=conv,
+                        on_slot=lambda: self.on_tool_turn(),
+                    )
                     break
                 except EngineError:
                     if time.monotonic() > deadline:
@@ -320,6 +345,18 @@ class AppFront:
         """Let the address go (the person stopped the engine, or the app exits)."""
         with self._lock:
             self._stop()
+
+    def flush(self, timeout: float = KEEP_WAIT) -> bool:
+        """Keep the conversation a tool had answered last now, before its engine stops
+        (False when that took more than ``timeout`` seconds)."""
+        front = self._front
+        return front.flush(timeout) if front is not None else True
+
+    def slot_taken(self, timeout: float = KEEP_WAIT) -> bool:
+        """The window's chat is about to take the engine's slot: a tool's conversation
+        answered last is kept first, and brought back at its next request."""
+        front = self._front
+        return front.slot_taken(timeout) if front is not None else True
 
     def let_go(self, engine: Callable[[], Endpoint | None]) -> bool:
         """Let the address go if the launch that placed ``engine`` is still the last one

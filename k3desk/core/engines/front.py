@@ -131,6 +131,10 @@ class FrontConfig:
     load_wait: float = 30.0  # seconds a request waits for its model to load
     allow_origin: str = ""  # Access-Control-Allow-Origin of the front's own answers
     conversations: Conversations | None = None  # tools' conversations kept (one slot only)
+    # called (on the front's loop: quick) before a tool's request that may take the
+    # engine's slot goes on, for another user of that slot (the app window's chat) to
+    # forget what it believed the slot holds
+    on_slot: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -317,6 +321,8 @@ class RouterFront:
         if up is None:
             writer.write(self._answer(503, "The local API's engine is starting.", req, 5))
             return
+        if self.config.on_slot is not None and _takes_slot(req) and self._authorized(req):
+            self.config.on_slot()
         chat = await self._before_chat(req, body, up) if inspected else None
         captured = None
         try:
@@ -378,7 +384,7 @@ class RouterFront:
         engine = (up.port, up.pid)  # a restart may keep the port, never the process
         chat = _chat_body(req, body)
         if chat is None:
-            if not req.target.split("?")[0].endswith(SLOT_FREE):
+            if _takes_slot(req):
                 self._holds.pop(engine, None)  # it may take the slot: no longer known
             return None
         data, _ = chat
@@ -415,9 +421,13 @@ class RouterFront:
 
     def _keep_pending(self) -> None:
         """Start keeping the conversation answered last, as a task a flush waits for (a
-        later flush too, where an earlier one gave up waiting)."""
+        later flush too, where an earlier one gave up waiting); not where the slot may hold
+        another since (the window's chat took it): keeping it would read it all again."""
         pending, self._pending = self._pending, None
-        if pending is not None:
+        up = pending.engine if pending is not None else None
+        if pending is not None and up is not None and (
+            self._holds.get((up.port, up.pid)) == pending.conversation
+        ):
             task = asyncio.ensure_future(self._keep(pending))
             self._kept.add(task)
             task.add_done_callback(self._kept.discard)
@@ -452,6 +462,21 @@ class RouterFront:
         except Exception:  # noqa: BLE001 - not kept: the next time reads it again
             return True
         return True
+
+    def slot_taken(self, timeout: float = 120.0) -> bool:
+        """Another user of the engine's one slot (the app window's own chat) is about to
+        take it: the conversation a tool had answered last is kept first (:meth:`flush`,
+        False when that took more than ``timeout`` seconds), and the front forgets what
+        the slot holds, so that a tool's next request brings its conversation back."""
+        kept = self.flush(timeout)
+        if self._thread is not None:
+            done = asyncio.run_coroutine_threadsafe(self._forget_slots(), self._loop)
+            with contextlib.suppress(Exception):
+                done.result(timeout)
+        return kept
+
+    async def _forget_slots(self) -> None:
+        self._holds.clear()
 
     # ------------------------------------------------------------------ the front's own
     def _authorized(self, req: _Request) -> bool:
@@ -659,6 +684,12 @@ def _keep_answered(conv: Conversations, answered: _Answered) -> None:
         conv.answered(
             answered.body, sent_back(answered.body, answer, answered.api), answered.engine
         )
+
+
+def _takes_slot(req: _Request) -> bool:
+    """Whether a request may take the engine's slot (generation; not counting tokens, a
+    template, the model list)."""
+    return req.method == "POST" and not req.target.split("?")[0].endswith(SLOT_FREE)
 
 
 def _chat_body(req: _Request, body: bytes) -> tuple[dict[str, Any], str] | None:

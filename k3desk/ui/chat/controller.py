@@ -634,7 +634,13 @@ class ChatController(QObject):
         running launch's predicted reading rate."""
         budget = self.ctx.settings.kept_state_gib
         if self._states is None or self._states.keeper.budget != budget * GiB:
-            self._states = ConversationStates(keeper_for(self.ctx.services.paths.cache, budget))
+            states = ConversationStates(keeper_for(self.ctx.services.paths.cache, budget))
+            # the engine's one slot is shared with tools' conversations through the local
+            # API: each keeps its own before the other takes the slot, and brings it back
+            front = self.engine.api
+            states.on_take = lambda: front.slot_taken()
+            front.on_tool_turn = states.slot_taken
+            self._states = states
         request = self.engine.request
         plan = request.plan if request is not None else None
         self._states.planned_tps = plan.speed.prompt_tps if plan is not None else 0.0

@@ -168,7 +168,9 @@ class EngineController(QObject):
         self.keeping = False  # this process keeps its engine for a later start
         self._was_ready = False  # the current launch has been ready once
         self._past: list[Any] = []  # the attempts of earlier launches (kept on relaunch)
-        self.api = AppFront(ctx.services)  # the local API's address, across launches
+        # the local API's address, across launches; its lines (a tool's conversation kept
+        # or brought back) go to the engine's log
+        self.api = AppFront(ctx.services, say=lambda line: self._lines.append("line", line + "\n"))
         self._behind: Callable[[], Endpoint | None] = lambda: None  # what it holds for
 
     def set_external(self, source: ClusterController) -> None:
@@ -286,6 +288,7 @@ class EngineController(QObject):
 
         def work(token: Any) -> Endpoint:
             if old is not None:
+                self.api.flush()  # a tool's conversation answered last, kept for later
                 old.stop()
             if kept is not None:
                 background.stop(paths, kept)
@@ -342,6 +345,7 @@ class EngineController(QObject):
         self._set_state(State.STOPPING.value, "Stopping llama-server…")
 
         def stopping(_t: Any) -> None:
+            self.api.flush()
             sup.stop()
             self.api.stop()  # stopped by the person: the address goes with it
 
@@ -507,6 +511,7 @@ class EngineController(QObject):
         self._bg_timer.stop()
         sup, self.supervisor = self.supervisor, None
         if sup is not None:
+            self.api.flush()
             sup.stop()
         self.api.stop()
         if self.keeping:

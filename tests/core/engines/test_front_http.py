@@ -4,6 +4,7 @@ hostile peer would; the answers are read as bytes off the wire."""
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import statistics
@@ -464,6 +465,14 @@ class _Recorded:
         self.said.append(("kept", self.conversation(body)))
 
 
+def _chat(url: str, conversation: str) -> None:
+    """One turn of ``conversation`` (its one message) through the front at ``url``."""
+    body = {"messages": [{"role": "user", "content": conversation}]}
+    got = httpx.post(f"{url}/v1/chat/completions", json=body,
+                     headers={"Authorization": f"Bearer {KEY}"}, timeout=10)  # fmt: skip
+    assert got.json()["choices"][0]["message"]["content"] == "Yes."
+
+
 def test_the_front_brings_a_conversation_back_when_the_slot_may_hold_another() -> None:
     """A fresh engine's first request, a switch and any other kind of generation request
     (its prompt may have taken the slot) leave the slot's content unknown: the next
@@ -477,11 +486,7 @@ def test_the_front_brings_a_conversation_back_when_the_slot_may_hold_another() -
     f.start()
     url = f"http://127.0.0.1:{f.port}"
     auth = {"Authorization": f"Bearer {KEY}"}
-
-    def chat(conversation: str) -> None:
-        body = {"messages": [{"role": "user", "content": conversation}]}
-        got = httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth, timeout=10)
-        assert got.json()["choices"][0]["message"]["content"] == "Yes."
+    chat = functools.partial(_chat, url)
 
     try:
         chat("A")
@@ -549,6 +554,50 @@ def test_a_stop_waits_for_the_last_answer_to_be_kept_only_so_long_and_says_so(
         assert ("kept", "A") not in slow.said
         assert f.flush(5)  # given the time, it is kept
         assert ("kept", "A") in slow.said
+    finally:
+        f.stop()
+        engine.sock.close()
+
+
+def test_a_conversation_is_kept_only_while_the_slot_holds_it_and_before_the_window_takes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Kept when idle while the engine's slot still holds it; not after another request
+    may have taken the slot (keeping it would read it all again).  Before the app window's
+    own chat takes the slot (``slot_taken``) it is kept at once, and its next request
+    brings it back; a tool's request that may take the slot tells the window (``on_slot``)."""
+    from k3desk.core.engines import front as front_module
+
+    monkeypatch.setattr(front_module, "IDLE_SECONDS", 0.3)
+    engine = _Engine()
+    recorded = _Recorded()
+    told: list[str] = []
+    config = FrontConfig("127.0.0.1", 0, client_keys=(KEY,), conversations=recorded,
+                         on_slot=lambda: told.append("taken"))  # fmt: skip
+    f = RouterFront(config, engine.upstream)
+    f.start()
+    url = f"http://127.0.0.1:{f.port}"
+    auth = {"Authorization": f"Bearer {KEY}"}
+    chat = functools.partial(_chat, url)
+
+    try:
+        chat("A")
+        got = httpx.post(f"{url}/completion", json={"prompt": "Hi"}, headers=auth, timeout=10)
+        assert got.status_code == 200
+        time.sleep(1.0)
+        assert ("kept", "A") not in recorded.said  # the slot may hold "Hi" now
+        assert told == ["taken", "taken"]
+        httpx.post(f"{url}/tokenize", json={"content": "Hi"}, headers=auth, timeout=10)
+        httpx.post(f"{url}/completion", json={"prompt": "Hi"}, timeout=10)  # no key: refused
+        assert told == ["taken", "taken"]  # neither takes the slot
+        chat("B")
+        time.sleep(1.0)
+        assert ("kept", "B") in recorded.said  # idle, the slot still holding it
+        chat("C")
+        assert f.slot_taken(5)
+        assert recorded.said[-1] == ("kept", "C")  # at once, not after the idle time
+        chat("C")
+        assert recorded.said[-1] == ("resume", "C")  # the window had the slot meanwhile
     finally:
         f.stop()
         engine.sock.close()
