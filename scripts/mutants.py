@@ -1514,6 +1514,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "a request that takes no slot (counting tokens) brings no state back",
     ),
     m(
+        "front-leaves-clients-hanging-at-stop",
+        "k3desk/core/engines/front.py",
+        "        for task in tasks:\n            task.cancel()",
+        "        for task in tasks:\n            pass",
+        "tests/core/engines/test_front_http.py::"
+        "test_a_stop_cuts_off_every_client_at_once_and_leaves_nothing_open",
+        "a client mid-request when the front stops is closed at once",
+    ),
+    m(
         "front-keeps-no-messages-conversations",
         "k3desk/core/engines/front.py",
         '    if api == ANTHROPIC and not path.endswith("/v1/messages"):',

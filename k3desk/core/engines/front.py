@@ -51,6 +51,7 @@ from k3desk.core.engines.anthropic_shape import (
 
 HEAD_LIMIT = 64 * 1024  # a request's line and headers (431 beyond)
 HEAD_SECONDS = 30.0  # for a client to send them (a slow client is dropped after)
+CLOSE_SECONDS = 30.0  # for a client to take the rest of an answer all written
 BODY_SECONDS = 300.0  # for a body the front reads
 INSPECT_LIMIT = 32 << 20  # bodies read to find the model they name; larger pass as they are
 POLL_SECONDS = 0.25  # the router's model states, asked this often while one loads
@@ -240,6 +241,7 @@ class RouterFront:
         self._pending: _Answered | None = None  # answered, its state not kept yet
         self._chats = 0  # chat requests going on now
         self._kept: set[asyncio.Future[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()  # clients' connections open now
 
     @property
     def port(self) -> int:
@@ -272,14 +274,35 @@ class RouterFront:
             self._loop.run_forever()
         finally:
             server.close()
-            with contextlib.suppress(Exception):
-                self._loop.run_until_complete(self._http.aclose())
+            self._wind_down()
             if self._sock is not None:
                 self._sock.close()
             self._loop.close()
 
+    def _wind_down(self) -> None:
+        """Finish what is still open when the front stops, so that no connection is left
+        to the garbage collector: each request going on is cancelled and waited for, a
+        client that would not take its answer is cut off, and the loop turns until every
+        connection's close is done (``connection_lost`` runs on the loop's next turn)."""
+        run = self._loop.run_until_complete
+        tasks = asyncio.all_tasks(self._loop)
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            run(asyncio.gather(*tasks, return_exceptions=True))
+        for writer in list(self._writers):
+            writer.transport.abort()
+        with contextlib.suppress(Exception):
+            if self._http is not None:
+                run(self._http.aclose())
+        for _ in range(3):
+            run(asyncio.sleep(0))
+        with contextlib.suppress(Exception):
+            run(self._loop.shutdown_default_executor())
+
     # ------------------------------------------------------------------ one connection
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         try:
             await self._one(reader, writer)
         except asyncio.LimitOverrunError:
@@ -292,6 +315,10 @@ class RouterFront:
             with contextlib.suppress(Exception):
                 await writer.drain()
             writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), CLOSE_SECONDS)
+            writer.transport.abort()  # a no-op once closed; else the client is given up on
+            self._writers.discard(writer)
 
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_SECONDS)
@@ -425,8 +452,10 @@ class RouterFront:
         another since (the window's chat took it): keeping it would read it all again."""
         pending, self._pending = self._pending, None
         up = pending.engine if pending is not None else None
-        if pending is not None and up is not None and (
-            self._holds.get((up.port, up.pid)) == pending.conversation
+        if (
+            pending is not None
+            and up is not None
+            and (self._holds.get((up.port, up.pid)) == pending.conversation)
         ):
             task = asyncio.ensure_future(self._keep(pending))
             self._kept.add(task)

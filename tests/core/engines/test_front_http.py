@@ -4,12 +4,15 @@ hostile peer would; the answers are read as bytes off the wire."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import json
 import socket
 import statistics
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 
 import httpx
@@ -138,6 +141,40 @@ def _through(pieces: list[tuple[float, bytes]]) -> tuple[_Upstream, list[tuple[f
         f.stop()
         up.sock.close()
     return up, reads
+
+
+def test_a_stop_cuts_off_every_client_at_once_and_leaves_nothing_open() -> None:
+    """A client still sending its request, and one waiting on the engine's answer, when
+    the front stops (the engine stops with it) see their connection closed at once, not
+    left hanging; nothing of the front's is left open for the garbage collector."""
+    engine = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(engine.accept()[0]), daemon=True).start()
+    upstream = Upstream("127.0.0.1", engine.getsockname()[1], "k3-app")
+    f = RouterFront(FrontConfig("127.0.0.1", 0, client_keys=(KEY,)), lambda: upstream)
+    f.start()
+    sending = socket.create_connection(("127.0.0.1", f.port), timeout=5)
+    sending.sendall(b"GET /v1/models HTTP/1.1\r\n")  # the head not ended yet
+    waiting = socket.create_connection(("127.0.0.1", f.port), timeout=5)
+    waiting.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    deadline = time.monotonic() + 5
+    while not held and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert held  # the engine has the request and does not answer
+    try:
+        started = time.monotonic()
+        f.stop()
+        assert time.monotonic() - started < 3
+        for client in (sending, waiting):
+            with contextlib.suppress(ConnectionResetError):  # cut off: as good as closed
+                assert client.recv(1024) == b""  # closed, within the 5 s timeout
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            gc.collect()
+        assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
+    finally:
+        for s in (sending, waiting, *held, engine):
+            s.close()
 
 
 def test_a_stream_reaches_the_client_piece_by_piece_within_milliseconds() -> None:
