@@ -1275,8 +1275,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "keep-after-slot-taken",
         "k3desk/core/engines/front.py",
-        "            self._holds.get((up.port, up.pid)) == pending.conversation",
-        "            True",
+        "            and (self._holds.get((up.port, up.pid)) == pending.conversation)",
+        "            and True",
         "tests/core/engines/test_front_http.py::test_a_conversation_is_kept_only_while_the_"
         "slot_holds_it_and_before_the_window_takes_it",
         "a conversation is kept only while the slot holds it (else it would be read again)",
@@ -1512,6 +1512,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "tests/core/engines/test_front_http.py::"
         "test_the_front_brings_a_conversation_back_when_the_slot_may_hold_another",
         "a request that takes no slot (counting tokens) brings no state back",
+    ),
+    m(
+        "listing-asks-again-where-no-connection-was-made",
+        "k3desk/core/hub/listing.py",
+        "    dropped = (httpx2.ReadError,",
+        "    dropped = (httpx2.ConnectError, httpx2.ReadError,",
+        "tests/core/hub/test_hub_remote_headers.py::"
+        "test_offline_or_unreachable_the_catalog_alone_is_shown_and_says_so",
+        "an unreachable Hub is said at once, not after five tries",
     ),
     m(
         "front-leaves-clients-hanging-at-stop",
