@@ -200,6 +200,11 @@ def follow_pages(
     from huggingface_hub.utils._headers import build_hf_headers
     from huggingface_hub.utils._http import http_backoff
 
+    # a connection dropped mid-answer is asked again; one never made (no network, a name
+    # that does not resolve, nothing listening) is said at once: asking again for the
+    # ~15 s of http_backoff's five tries would only keep the person waiting
+    dropped = (httpx2.ReadError, httpx2.WriteError, httpx2.CloseError,
+                httpx2.RemoteProtocolError)  # fmt: skip
     headers = build_hf_headers(token=token or False)
     home = origin(url)
     deadline = time.monotonic() + bounds.seconds
@@ -212,7 +217,7 @@ def follow_pages(
             cancel.raise_if_cancelled()
         ask = functools.partial(
             http_backoff, "GET", page_url, params=params, headers=headers,
-            retry_on_exceptions=(httpx2.NetworkError, httpx2.RemoteProtocolError),
+            retry_on_exceptions=dropped,
         )  # fmt: skip
         r = patient(ask, f"page {pages + 1} of {what}", f"The Hub at {home}", cancel)
         hf_raise_for_status(r)
