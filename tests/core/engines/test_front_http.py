@@ -13,7 +13,7 @@ import statistics
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -502,6 +502,24 @@ class _Recorded:
         self.said.append(("kept", self.conversation(body)))
 
 
+@contextlib.contextmanager
+def _keeping_front(
+    conversations: _Recorded, on_slot: Callable[[], None] | None = None
+) -> Iterator[tuple[RouterFront, _Engine, str]]:
+    """A front before a scripted engine, keeping tools' conversations through
+    ``conversations``: the front, the engine and the front's URL; both stop after."""
+    engine = _Engine()
+    config = FrontConfig("127.0.0.1", 0, client_keys=(KEY,), conversations=conversations,
+                         on_slot=on_slot)  # fmt: skip
+    f = RouterFront(config, engine.upstream)
+    f.start()
+    try:
+        yield f, engine, f"http://127.0.0.1:{f.port}"
+    finally:
+        f.stop()
+        engine.sock.close()
+
+
 def _chat(url: str, conversation: str) -> None:
     """One turn of ``conversation`` (its one message) through the front at ``url``."""
     body = {"messages": [{"role": "user", "content": conversation}]}
@@ -516,16 +534,10 @@ def test_the_front_brings_a_conversation_back_when_the_slot_may_hold_another() -
     request of a conversation brings its kept state back; its next turn does not, nor one
     after a request that takes no slot (counting tokens).  The conversation switched away
     from is kept before the other's is brought back."""
-    engine = _Engine()
     recorded = _Recorded()
-    config = FrontConfig("127.0.0.1", 0, client_keys=(KEY,), conversations=recorded)
-    f = RouterFront(config, engine.upstream)
-    f.start()
-    url = f"http://127.0.0.1:{f.port}"
     auth = {"Authorization": f"Bearer {KEY}"}
-    chat = functools.partial(_chat, url)
-
-    try:
+    with _keeping_front(recorded) as (_, engine, url):
+        chat = functools.partial(_chat, url)
         chat("A")
         chat("A")
         got = httpx.post(f"{url}/v1/messages/count_tokens", json={"messages": []}, headers=auth,
@@ -543,9 +555,6 @@ def test_the_front_brings_a_conversation_back_when_the_slot_may_hold_another() -
         assert engine.targets == chats * 2 + ["/v1/messages/count_tokens"] + chats + [
             "/completion"
         ] + chats * 2  # fmt: skip
-    finally:
-        f.stop()
-        engine.sock.close()
 
 
 class _SlowKeeper(_Recorded):
@@ -570,18 +579,9 @@ def test_a_stop_waits_for_the_last_answer_to_be_kept_only_so_long_and_says_so(
     the stop goes on, and says the conversation will be read again."""
     from k3desk.cli import serve
 
-    engine = _Engine()
     slow = _SlowKeeper(1.5)
-    f = RouterFront(
-        FrontConfig("127.0.0.1", 0, client_keys=(KEY,), conversations=slow), engine.upstream
-    )
-    f.start()
-    body = {"messages": [{"role": "user", "content": "A"}]}
-    auth = {"Authorization": f"Bearer {KEY}"}
-    try:
-        got = httpx.post(f"http://127.0.0.1:{f.port}/v1/chat/completions", json=body,
-                         headers=auth, timeout=10)  # fmt: skip
-        assert got.status_code == 200
+    with _keeping_front(slow) as (f, _, url):
+        _chat(url, "A")
         monkeypatch.setattr(serve, "STOP_KEEP_SECONDS", 0.3)
         started = time.monotonic()
         serve._flush(f)
@@ -591,9 +591,6 @@ def test_a_stop_waits_for_the_last_answer_to_be_kept_only_so_long_and_says_so(
         assert ("kept", "A") not in slow.said
         assert f.flush(5)  # given the time, it is kept
         assert ("kept", "A") in slow.said
-    finally:
-        f.stop()
-        engine.sock.close()
 
 
 def test_a_conversation_is_kept_only_while_the_slot_holds_it_and_before_the_window_takes_it(
@@ -606,18 +603,11 @@ def test_a_conversation_is_kept_only_while_the_slot_holds_it_and_before_the_wind
     from k3desk.core.engines import front as front_module
 
     monkeypatch.setattr(front_module, "IDLE_SECONDS", 0.3)
-    engine = _Engine()
     recorded = _Recorded()
     told: list[str] = []
-    config = FrontConfig("127.0.0.1", 0, client_keys=(KEY,), conversations=recorded,
-                         on_slot=lambda: told.append("taken"))  # fmt: skip
-    f = RouterFront(config, engine.upstream)
-    f.start()
-    url = f"http://127.0.0.1:{f.port}"
     auth = {"Authorization": f"Bearer {KEY}"}
-    chat = functools.partial(_chat, url)
-
-    try:
+    with _keeping_front(recorded, on_slot=lambda: told.append("taken")) as (f, _, url):
+        chat = functools.partial(_chat, url)
         chat("A")
         got = httpx.post(f"{url}/completion", json={"prompt": "Hi"}, headers=auth, timeout=10)
         assert got.status_code == 200
@@ -637,6 +627,3 @@ def test_a_conversation_is_kept_only_while_the_slot_holds_it_and_before_the_wind
         assert recorded.said[-1] == ("kept", "C")  # at once, not after the idle time
         chat("C")
         assert recorded.said[-1] == ("resume", "C")  # the window had the slot meanwhile
-    finally:
-        f.stop()
-        engine.sock.close()
