@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = [
+pytest_plugins = [  # a module another one imports comes first, so its asserts are rewritten
+    "tests.fixtures.hardware",
     "tests.fixtures.engine",
     "tests.fixtures.tiny",
     "tests.fixtures.twins",
-    "tests.fixtures.hardware",
     "tests.fixtures.hub",
     "tests.fixtures.sshd",
     "tests.fixtures.disk",

@@ -18,14 +18,11 @@ import pytest
 from k3desk.core.app.library import add_model
 from k3desk.core.app.local_api import PORT_ENV, AppFront, create_key, set_api_port
 from k3desk.core.app.services import Services
-from k3desk.core.engines.launch import prepare_launch
 from k3desk.core.engines.ports import free_port
 from k3desk.core.engines.supervisor import Endpoint, LaunchSpec, Supervisor
 from k3desk.core.errors import EngineError
-from k3desk.core.hardware.profile import HardwareProfile
-from k3desk.core.planning.model import PlanOptions
 from k3desk.devtools.tinyk3 import TinyModel, write_tiny_k3
-from tests.fixtures.hardware import HARDWARE_DIR
+from tests.fixtures.engine import BehindFront
 
 pytestmark = [pytest.mark.engine]
 
@@ -68,22 +65,11 @@ def test_a_model_switch_in_the_window_keeps_the_address_answering(
     b = write_tiny_k3(tmp_path / "b", name="Tiny-B", seed=4)
     for model in (a, b):
         add_model(services, model.first_part)
-    hw = HardwareProfile.from_json_file(HARDWARE_DIR / "no-gpu-laptop-32GB.json")
     front = AppFront(services)
-    running: list[Supervisor] = []
-
-    def engine() -> Endpoint | None:
-        return running[-1].endpoint if running else None
+    behind = BehindFront(services, front, llama_server)
 
     def launch(model: TinyModel) -> Supervisor:
-        prepared = prepare_launch(model.first_part, mmproj=None, hardware=hw,
-                                  options=PlanOptions(ctx=512), paths=services.paths,
-                                  engine=llama_server)  # fmt: skip
-        sup = Supervisor(front.place(prepared.spec(), services.settings(), engine), services.paths)
-        running.append(sup)
-        sup.start()
-        sup.wait_ready(90)
-        return sup
+        return behind.launch(model.first_part, ctx=512)
 
     address = f"http://127.0.0.1:{port}"
     chat = f"{address}/v1/chat/completions"
@@ -115,9 +101,7 @@ def test_a_model_switch_in_the_window_keeps_the_address_answering(
         said = ask("Tiny-A").json()["error"]["message"]  # the names follow the launch
         assert said.startswith("Model 'Tiny-A' is not served here: the k3desk window runs Tiny-B.")
     finally:
-        for sup in running:
-            sup.stop()
-        front.stop()
+        behind.close()
     with pytest.raises(httpx.ConnectError):  # stopped: the address goes with it
         httpx.get(f"{address}/v1/models", timeout=5)
 

@@ -22,13 +22,9 @@ from k3desk.core.chat.client import ChatClient, ChatEndpoint
 from k3desk.core.chat.history import HistoryStore
 from k3desk.core.chat.kept_state import keeper_for
 from k3desk.core.chat.model import ChatSettings
-from k3desk.core.engines.launch import prepare_launch
 from k3desk.core.engines.ports import free_port
-from k3desk.core.engines.supervisor import Endpoint, Supervisor
-from k3desk.core.hardware.profile import HardwareProfile
-from k3desk.core.planning.model import PlanOptions
 from k3desk.devtools.tinyk3 import TinyModel
-from tests.fixtures.hardware import HARDWARE_DIR
+from tests.fixtures.engine import BehindFront
 
 pytestmark = [pytest.mark.engine]
 SETTINGS = ChatSettings(thinking=False, max_tokens=4, seed=1, temperature=0.0)
@@ -83,20 +79,11 @@ def test_a_tools_conversation_and_the_windows_chat_share_the_slot_and_survive_a_
     states = ConversationStates(keeper_for(services.paths.cache, settings.kept_state_gib))
     states.on_take = lambda: front.slot_taken()  # as the window's chat controller wires them
     front.on_tool_turn = states.slot_taken
-    hw = HardwareProfile.from_json_file(HARDWARE_DIR / "no-gpu-laptop-32GB.json")
-    running: list[Supervisor] = []
-
-    def engine() -> Endpoint | None:
-        return running[-1].endpoint if running else None
+    behind = BehindFront(services, front, llama_server)
 
     def launch() -> ChatClient:
-        prepared = prepare_launch(tiny_k3_single.first_part, mmproj=None, hardware=hw,
-                                  options=PlanOptions(ctx=2048), paths=services.paths,
-                                  engine=llama_server)  # fmt: skip
-        sup = Supervisor(front.place(prepared.spec(), services.settings(), engine), services.paths)
-        running.append(sup)
-        sup.start()
-        ep = sup.wait_ready(90)
+        ep = behind.launch(tiny_k3_single.first_part, ctx=2048).endpoint
+        assert ep is not None
         return ChatClient(ChatEndpoint(ep.url, ep.api_key, owner_pid=ep.pid))
 
     tool = ToolTalk(port, secret, "Tell me a long story about a cat and a dog.")
@@ -137,11 +124,9 @@ def test_a_tools_conversation_and_the_windows_chat_share_the_slot_and_survive_a_
             tool_asks("Go on.")
             said.clear()
             front.flush()
-            running[-1].stop()
+            behind.running[-1].stop()
             launch().close()
             timings = tool_asks("And at the end?")
             assert timings["cache_n"] == resumed(said), (timings, said)
     finally:
-        for sup in running:
-            sup.stop()
-        front.stop()
+        behind.close()
