@@ -101,6 +101,10 @@ T_STREAM = "tests/core/planning/test_stream_consistency.py"
 HISTORY = "k3desk/core/chat/history.py"
 T_HISTORY = "tests/core/chat/test_chat_history.py"
 CRASH = "k3desk/core/engines/crash.py"
+T_TOOL_CONV = "tests/core/engines/test_tool_conversations.py"
+T_RESPONSES_BACK = (
+    "test_a_responses_conversation_continued_after_a_crash_starts_from_its_kept_state"
+)
 T_CRASH = "tests/core/engines/test_engine_crash.py"
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -1534,8 +1538,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "front-keeps-no-messages-conversations",
         "k3desk/core/engines/front.py",
-        '    if api == ANTHROPIC and not path.endswith("/v1/messages"):',
-        "    if api == ANTHROPIC:",
+        "        api = ANTHROPIC\n",
+        "        return None\n",
         "tests/core/engines/test_tool_conversations.py::"
         "test_an_anthropic_conversation_continued_after_a_crash_starts_from_its_kept_state",
         "an Anthropic Messages conversation continued after a restart starts from its state",
@@ -1543,13 +1547,58 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "front-drops-the-thinking-anthropic-clients-send-back",
         "k3desk/core/engines/front.py",
-        "    sends_thinking = api == ANTHROPIC or any(",
-        "    sends_thinking = any(",
+        "    sends_thinking = api in (ANTHROPIC, RESPONSES) or any(",
+        "    sends_thinking = api in (RESPONSES,) or any(",
         "tests/core/engines/test_front_http.py::"
         "test_thinking_is_kept_only_where_the_tool_sends_it_back "
         "tests/core/engines/test_tool_conversations.py::"
         "test_an_anthropic_conversation_continued_after_a_crash_starts_from_its_kept_state",
         "an Anthropic conversation is kept with the thinking its client sends back",
+    ),
+    m(
+        "front-keeps-no-responses-conversations",
+        "k3desk/core/engines/front.py",
+        "        api = RESPONSES\n",
+        "        return None\n",
+        f"{T_TOOL_CONV}::{T_RESPONSES_BACK}",
+        "a Responses conversation continued after a restart starts from its state",
+    ),
+    m(
+        "front-drops-the-reasoning-responses-clients-send-back",
+        "k3desk/core/engines/front.py",
+        "    sends_thinking = api in (ANTHROPIC, RESPONSES) or any(",
+        "    sends_thinking = api in (ANTHROPIC,) or any(",
+        "tests/core/engines/test_front_http.py::"
+        "test_thinking_is_kept_only_where_the_tool_sends_it_back "
+        f"{T_TOOL_CONV}::{T_RESPONSES_BACK}",
+        "a Responses conversation is kept with the reasoning items its client sends back",
+    ),
+    m(
+        "responses-streamed-answer-not-read",
+        "k3desk/core/engines/responses_shape.py",
+        '            return responses_answer(event.get("response"))',
+        "            return None",
+        "tests/core/engines/test_front_http.py::"
+        "test_what_a_responses_answer_said_is_read_as_the_engine_turns_it_back",
+        "a streamed Responses answer is read from its response.completed event",
+    ),
+    m(
+        "responses-an-answers-messages-not-merged",
+        "k3desk/core/engines/responses_shape.py",
+        '            last["content"].extend(parts)',
+        '            last["content"] = parts',
+        "tests/core/engines/test_sdk_clients.py::"
+        "test_responses_are_turned_into_the_prompt_the_engine_builds",
+        "a Responses request renders the prompt the engine builds for it",
+    ),
+    m(
+        "responses-previous-response-id-taken",
+        "k3desk/core/engines/responses_shape.py",
+        ' or _get(body, "previous_response_id", ""):',
+        ":",
+        "tests/core/engines/test_sdk_clients.py::"
+        "test_a_responses_request_the_engine_refuses_is_not_kept",
+        "a Responses request the engine refuses is not kept",
     ),
     m(
         "anthropic-billing-header-kept-as-it-is",

@@ -48,6 +48,11 @@ from k3desk.core.engines.anthropic_shape import (
     anthropic_to_oai,
     streamed_anthropic_answer,
 )
+from k3desk.core.engines.responses_shape import (
+    responses_answer,
+    responses_to_oai,
+    streamed_responses_answer,
+)
 
 HEAD_LIMIT = 64 * 1024  # a request's line and headers (431 beyond)
 HEAD_SECONDS = 30.0  # for a client to send them (a slow client is dropped after)
@@ -67,9 +72,16 @@ RELAY_REST = 0.005
 RELAY_FREE = 2
 RELAY_BULK = 32 * 1024  # a piece this large is no token: a long answer goes on unrested
 # the APIs whose conversations are kept: their answers' shapes
-OPENAI, ANTHROPIC = "openai", "anthropic"
+OPENAI, ANTHROPIC, RESPONSES = "openai", "anthropic", "responses"
 # requests that never take the engine's slot (its content stays known across them)
-SLOT_FREE = ("/tokenize", "/detokenize", "/apply-template", "/count_tokens", "/v1/models")
+SLOT_FREE = (
+    "/tokenize",
+    "/detokenize",
+    "/apply-template",
+    "/count_tokens",
+    "/input_tokens",
+    "/v1/models",
+)
 # a tool's conversation is kept when the engine has answered nothing else for this long
 IDLE_SECONDS = 5.0
 FLUSH_SETTLE = 2.0  # seconds a stop waits for a chat answer still going through
@@ -117,7 +129,7 @@ class _Answered:
     raw: bytes  # the answer as it came off the wire (read when it is kept, off the loop)
     engine: Upstream
     conversation: str
-    api: str  # OPENAI or ANTHROPIC: the shape of the answer
+    api: str  # OPENAI, ANTHROPIC or RESPONSES: the shape of the answer
 
 
 @dataclass(frozen=True)
@@ -723,15 +735,24 @@ def _takes_slot(req: _Request) -> bool:
 
 def _chat_body(req: _Request, body: bytes) -> tuple[dict[str, Any], str] | None:
     """A chat request's JSON body in the Chat Completions shape, and its API (None for any
-    other request): a Messages body as the engine turns it (:mod:`.anthropic_shape`)."""
-    path = req.target.split("?")[0]
-    api = OPENAI if path.endswith("/chat/completions") else ANTHROPIC
-    if api == ANTHROPIC and not path.endswith("/v1/messages"):
+    other request): a Messages body as the engine turns it (:mod:`.anthropic_shape`), a
+    Responses one too (:mod:`.responses_shape`: None where the engine refuses it)."""
+    path = req.target.split("?")[0].rstrip("/")
+    if path.endswith("/chat/completions"):
+        api = OPENAI
+    elif path.endswith("/v1/messages"):
+        api = ANTHROPIC
+    elif path in ("/v1/responses", "/responses"):
+        api = RESPONSES
+    else:
         return None
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):
         return None
+    if api == RESPONSES:
+        turned = responses_to_oai(data)
+        return (turned, api) if turned is not None else None
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
         return None
     return (data if api == OPENAI else anthropic_to_oai(data)), api
@@ -739,11 +760,13 @@ def _chat_body(req: _Request, body: bytes) -> tuple[dict[str, Any], str] | None:
 
 def sent_back(body: dict[str, Any], answer: dict[str, Any], api: str) -> dict[str, Any]:
     """The assistant's ``answer`` as the tool will most likely send it back.  Anthropic
-    clients send an answer's thinking blocks back (the API asks for them with tool use).
-    Most OpenAI clients send the content and tool calls alone (the template then renders
-    an empty thinking block); one that sent thinking back before (an earlier assistant
-    message in ``body`` carries ``reasoning_content`` or ``reasoning``) sends it again."""
-    sends_thinking = api == ANTHROPIC or any(
+    clients send an answer's thinking blocks back (the API asks for them with tool use),
+    and Responses clients its output items, the reasoning item among them (what that API
+    keeps a conversation by when nothing is stored).  Most Chat Completions clients send
+    the content and tool calls alone (the template then renders an empty thinking block);
+    one that sent thinking back before (an earlier assistant message in ``body`` carries
+    ``reasoning_content`` or ``reasoning``) sends it again."""
+    sends_thinking = api in (ANTHROPIC, RESPONSES) or any(
         isinstance(m, dict)
         and m.get("role") == "assistant"
         and (m.get("reasoning_content") or m.get("reasoning"))
@@ -756,7 +779,7 @@ def sent_back(body: dict[str, Any], answer: dict[str, Any], api: str) -> dict[st
 
 def answer_of(raw: bytes, api: str = OPENAI) -> dict[str, Any] | None:
     """The assistant's message a Chat Completions answer gave, as it came off the wire
-    (streamed or not), or a Messages one where ``api`` is :data:`ANTHROPIC`, in the Chat
+    (streamed or not), or a Messages or Responses one where ``api`` says so, in the Chat
     Completions shape: its text, and its thinking and tool calls where it has them; None
     where it is no answer to keep: not 200, cut short, several choices, or not read whole."""
     head, sep, body = raw.partition(b"\r\n\r\n")
@@ -774,6 +797,10 @@ def answer_of(raw: bytes, api: str = OPENAI) -> dict[str, Any] | None:
         if api == ANTHROPIC:
             return (
                 streamed_anthropic_answer(body) if streamed else anthropic_answer(json.loads(body))
+            )
+        if api == RESPONSES:
+            return (
+                streamed_responses_answer(body) if streamed else responses_answer(json.loads(body))
             )
         if streamed:
             return _streamed(body)

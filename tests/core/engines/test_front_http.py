@@ -21,6 +21,7 @@ import pytest
 from k3desk.core.engines.front import (
     ANTHROPIC,
     OPENAI,
+    RESPONSES,
     FrontConfig,
     RouterFront,
     Upstream,
@@ -348,14 +349,16 @@ def test_what_an_answer_said_is_read_off_the_wire_or_not_kept(
 
 @pytest.mark.parametrize(
     ("api", "sends_thinking", "kept"),
-    [(OPENAI, False, False), (OPENAI, True, True), (ANTHROPIC, False, True)],
-)
+    [(OPENAI, False, False), (OPENAI, True, True), (ANTHROPIC, False, True),
+     (RESPONSES, False, True)],
+)  # fmt: skip
 def test_thinking_is_kept_only_where_the_tool_sends_it_back(
     api: str, sends_thinking: bool, kept: bool
 ) -> None:
     """The template renders an assistant message's thinking when the tool sends it: an
     OpenAI client is taken to send it where an earlier answer in its request carries it;
-    an Anthropic client sends its thinking blocks back."""
+    an Anthropic client sends its thinking blocks back, a Responses client its reasoning
+    items."""
     earlier: dict[str, object] = {"role": "assistant", "content": "Hi."}
     if sends_thinking:
         earlier["reasoning_content"] = "A greeting."
@@ -436,6 +439,63 @@ def test_what_a_messages_answer_said_is_read_as_the_engine_turns_it_back(
     raw: bytes, said: dict[str, object] | None
 ) -> None:
     assert answer_of(raw, ANTHROPIC) == said
+
+
+def _response(kind: str, **data: object) -> bytes:
+    return f"event: {kind}\ndata: ".encode() + json.dumps({"type": kind, **data}).encode() + b"\n\n"
+
+
+# a Responses answer's output items as llama-server gives them (to_json_oaicompat_resp,
+# server-task.cpp): the reasoning, the message, a function_call per call
+RESPONSES_OUTPUT = [
+    {"id": "rs_1", "summary": [], "type": "reasoning", "encrypted_content": "",
+     "content": [{"text": "hm", "type": "reasoning_text"}]},
+    {"type": "message", "status": "completed", "id": "msg_1", "role": "assistant",
+     "content": [{"type": "output_text", "annotations": [], "logprobs": [],
+                  "text": "Let me look."}]},
+    {"id": "fc_c1", "type": "function_call", "status": "completed",
+     "arguments": '{"q":"x"}', "call_id": "call_c1", "name": "look"},
+]  # fmt: skip
+# streamed: deltas as they come, then each item done, then the whole list once more
+RESPONSES_STREAM = (
+    _response("response.created", response={"status": "in_progress", "output": []})
+    + _response("response.reasoning_text.delta", delta="h")
+    + _response("response.reasoning_text.delta", delta="m")
+    + _response("response.output_text.delta", delta="Let me look.")
+    + _response("response.function_call_arguments.delta", delta='{"q":"x"}')
+    + b"".join(_response("response.output_item.done", item=i) for i in RESPONSES_OUTPUT)
+    + _response("response.completed", response={"status": "completed", "output": RESPONSES_OUTPUT})
+)
+# the same answer as the engine turns it back when the tool sends its items back
+# (server_chat_convert_responses_to_chatcmpl): one assistant message, the items merged
+RESPONSES_SAID = _said(
+    [{"text": "Let me look.", "type": "text"}],
+    reasoning_content="hm",
+    tool_calls=[{"function": {"arguments": '{"q":"x"}', "name": "look"}, "id": "call_c1",
+                 "type": "function"}],
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        (SSE + _chunked(RESPONSES_STREAM), RESPONSES_SAID),
+        (JSON + json.dumps({"status": "completed", "output": RESPONSES_OUTPUT}).encode(),
+         RESPONSES_SAID),
+        (JSON + json.dumps({"status": "completed", "output": RESPONSES_OUTPUT[1:2]}).encode(),
+         {"id": "msg_1", "role": "assistant", "content": [{"text": "Let me look.",
+                                                            "type": "text"}]}),
+        # cut before the list came; nothing said; not completed; refused
+        (SSE + _chunked(RESPONSES_STREAM.split(b"event: response.completed")[0]), None),
+        (JSON + json.dumps({"status": "completed", "output": []}).encode(), None),
+        (JSON + json.dumps({"status": "failed", "output": RESPONSES_OUTPUT}).encode(), None),
+        (b"HTTP/1.1 400 Bad Request\r\n\r\n{}", None),
+    ],
+)  # fmt: skip
+def test_what_a_responses_answer_said_is_read_as_the_engine_turns_it_back(
+    raw: bytes, said: dict[str, object] | None
+) -> None:
+    assert answer_of(raw, RESPONSES) == said
 
 
 def test_a_long_streamed_answer_is_read_in_time_linear_in_its_size() -> None:

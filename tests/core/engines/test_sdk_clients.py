@@ -50,6 +50,7 @@ from k3desk.core.chat.client import ChatClient, ChatEndpoint
 from k3desk.core.chat.kept_state import body_next_prefix, render_body
 from k3desk.core.engines.anthropic_shape import anthropic_to_oai
 from k3desk.core.engines.launch import prepare_launch
+from k3desk.core.engines.responses_shape import responses_to_oai
 from k3desk.core.engines.supervisor import Supervisor
 from k3desk.core.hardware.profile import HardwareProfile
 from k3desk.core.paths import default_paths
@@ -409,6 +410,133 @@ def test_responses_answers_and_streams(served: Served) -> None:
     assert final.response.output_text == whole.output_text
 
 
+RESPONSES_TOOLS: Any = [{"type": "function", **WEATHER}]
+REASONING: Any = {
+    "type": "reasoning",
+    "id": "rs_1",
+    "summary": [],
+    "encrypted_content": "",
+    "content": [{"type": "reasoning_text", "text": "Look it up."}],
+}
+SAID: Any = {
+    "type": "message",
+    "role": "assistant",
+    "id": "msg_1",
+    "status": "completed",
+    "content": [{"type": "output_text", "text": "Let me look.", "annotations": []}],
+}
+CALLED: Any = [
+    {
+        "type": "function_call",
+        "id": f"fc_{i}",
+        "call_id": f"call_{i}",
+        "name": "get_weather",
+        "arguments": json.dumps({"city": city}),
+    }
+    for i, city in ((1, "Paris"), (2, "Nice"))
+]
+AGAIN: Any = {"role": "user", "content": "Again."}
+# Responses requests of every shape the engine turns (server-chat.cpp): text input and
+# instructions, developer and user parts, an answer's items sent back (its reasoning, its
+# message, two messages in a row, calls and their outputs as text and as parts), function
+# tools beside one it leaves out, strict given or not, reasoning effort, template options
+RESPONSES_BODIES: list[Any] = [
+    {"input": "Say hello.", "instructions": "Be brief.", "reasoning": {"effort": "high"}},
+    {"input": [{"role": "developer", "content": "Be brief."},
+               {"role": "user", "content": [{"type": "input_text", "text": "One, "},
+                                            {"type": "input_text", "text": "two."}]}]},
+    {"input": [HI[0], REASONING, SAID, AGAIN]},
+    {"input": [HI[0], SAID, SAID, AGAIN], "reasoning": {"effort": "none"}},
+    {"input": [HI[0], REASONING, SAID, *CALLED,
+               {"type": "function_call_output", "call_id": "call_1", "output": "Sunny."},
+               {"type": "function_call_output", "call_id": "call_2",
+                "output": [{"type": "input_text", "text": "Rain"},
+                           {"type": "input_text", "text": "."}]}],
+     "tools": [*RESPONSES_TOOLS, {"type": "web_search"}], "tool_choice": "required"},
+    {"input": [HI[0], CALLED[0], {"type": "function_call_output", "call_id": "call_1",
+                                  "output": "Sunny."}],
+     "tools": [{**RESPONSES_TOOLS[0], "strict": False}],
+     "chat_template_kwargs": {"thinking": False}},
+]  # fmt: skip
+
+
+def _renders_as_the_engine_counts(
+    served: Served, turned: dict[str, Any], count_path: str, body: dict[str, Any]
+) -> None:
+    """k3desk's rendering of ``turned`` (a request in the Chat Completions shape) has as
+    many tokens as the engine's own count of the request ``body`` it was turned from."""
+    with ChatClient(ChatEndpoint(served.url, served.key)) as client:
+        prompt = render_body(client, turned)
+        status, got = client.call("POST", "/tokenize", {"content": prompt, "parse_special": True})
+        assert status == 200
+        status, counted = client.call("POST", count_path, {**body, "model": "k3"})
+        assert status == 200
+        assert len(got["tokens"]) == counted["input_tokens"]
+
+
+def _options(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A request's fields for an SDK call, and what goes in its ``extra_body``."""
+    options = {k: v for k, v in body.items() if k != "chat_template_kwargs"}
+    return options, {**GREEDY, **{k: v for k, v in body.items() if k == "chat_template_kwargs"}}
+
+
+def _chat_right_after(served: Served, turned: dict[str, Any], extra: dict[str, Any]) -> Any:
+    """``turned`` sent as Chat Completions right after the request it was turned from: its
+    prompt must be the same, all of it read from what that request left in the slot but
+    the last 4 tokens (the engine's checkpoint before a prompt's end, server-context.cpp).
+    The assistant's message."""
+    fields = ("messages", "tools", "tool_choice", "reasoning_effort")
+    done = served.openai().chat.completions.create(
+        model="k3", max_tokens=6, extra_body=extra, **{k: turned[k] for k in fields if k in turned}
+    )
+    assert done.model_extra["timings"]["prompt_n"] <= 4, done.model_extra["timings"]
+    return done.choices[0].message
+
+
+@pytest.mark.parametrize("body", RESPONSES_BODIES)
+def test_responses_are_turned_into_the_prompt_the_engine_builds(
+    served: Served, body: dict[str, Any]
+) -> None:
+    """The prompt k3desk renders for a Responses request (to keep and restore a tool's
+    conversation) is the engine's: as many tokens as its own count of that request, and,
+    sent as Chat Completions right after the Responses request, read from the engine's
+    cache as the same prompt, with the same answer (greedy)."""
+    turned = responses_to_oai({**body, "model": "k3"})
+    assert turned is not None
+    _renders_as_the_engine_counts(served, turned, "/v1/responses/input_tokens", body)
+    options, extra = _options(body)
+    asked = served.openai().responses.create(
+        model="k3", max_output_tokens=6, extra_body=extra, **options
+    )
+    said = _chat_right_after(served, turned, extra)
+    assert asked.output_text == (said.content or "")
+    assert [(i.name, i.arguments) for i in asked.output if i.type == "function_call"] == [
+        (c.function.name, c.function.arguments) for c in said.tool_calls or ()
+    ]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"input": [{"role": "assistant", "content": "An easy message the engine cannot place."}]},
+        {"input": "Hi", "previous_response_id": "resp_1"},
+        {"input": 5},
+        {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+        {"input": [{"type": "reasoning", "summary": [], "content": []}]},
+        {"input": "Hi", "tools": {"type": "function"}},
+        {"instructions": "No input."},
+    ],
+)
+def test_a_responses_request_the_engine_refuses_is_not_kept(
+    served: Served, body: dict[str, Any]
+) -> None:
+    """What the engine answers 400 to, k3desk does not turn into a conversation to keep."""
+    assert responses_to_oai({**body, "model": "k3"}) is None
+    with ChatClient(ChatEndpoint(served.url, served.key)) as client:
+        status, _ = client.call("POST", "/v1/responses", {**body, "model": "k3"})
+    assert status == 400
+
+
 # ---------------------------------------------------------------- Anthropic Messages
 
 
@@ -477,29 +605,15 @@ def test_messages_are_turned_into_the_prompt_the_engine_builds(
     conversation) is the engine's: as many tokens as its own count of that request, and,
     sent as Chat Completions right after the Messages request, read from the engine's
     cache as the same prompt, with the same answer (greedy)."""
-    with ChatClient(ChatEndpoint(served.url, served.key)) as client:
-        turned = anthropic_to_oai({**body, "model": "k3", "max_tokens": 4})
-        prompt = render_body(client, turned)
-        status, got = client.call("POST", "/tokenize", {"content": prompt, "parse_special": True})
-        assert status == 200
-        status, counted = client.call(
-            "POST", "/v1/messages/count_tokens", {**body, "model": "k3", "max_tokens": 4}
-        )
-        assert status == 200
-        assert len(got["tokens"]) == counted["input_tokens"]
-    options = {k: v for k, v in body.items() if k != "chat_template_kwargs"}
-    extra = {**GREEDY, **{k: v for k, v in body.items() if k == "chat_template_kwargs"}}
+    turned = anthropic_to_oai({**body, "model": "k3", "max_tokens": 4})
+    _renders_as_the_engine_counts(
+        served, turned, "/v1/messages/count_tokens", {**body, "max_tokens": 4}
+    )
+    options, extra = _options(body)
     asked = served.anthropic().messages.create(
         model="k3", max_tokens=6, extra_body=extra, **options
     )
-    turned.pop("chat_template_kwargs", None)
-    done = served.openai().chat.completions.create(
-        model="k3", max_tokens=6, extra_body=extra, **turned
-    )
-    said = done.choices[0].message
-    # the same prompt: the engine takes all of it from what the Messages request left in
-    # its slot, but the last 4 tokens (its checkpoint before a prompt's end, server-context.cpp)
-    assert done.model_extra["timings"]["prompt_n"] <= 4, done.model_extra["timings"]
+    said = _chat_right_after(served, turned, extra)
     assert [b.text for b in asked.content if b.type == "text"] == (
         [said.content] if said.content else []
     )

@@ -157,6 +157,54 @@ def test_an_anthropic_conversation_continued_after_a_crash_starts_from_its_kept_
         assert cold.content == resumed.content
 
 
+def test_a_responses_conversation_continued_after_a_crash_starts_from_its_kept_state(
+    llama_server: Path, tiny_k3_single: TinyModel
+) -> None:
+    """A Responses conversation (the OpenAI SDK's ``responses``, streamed, thinking on, the
+    answer's output items sent back in the next input, reasoning among them, as that API
+    keeps a conversation with nothing stored) comes back the same way."""
+    port = free_port()
+    assert k3desk("api", "port", str(port)).returncode == 0
+    key = k3desk("api", "create", "agent").stdout.splitlines()[0]
+    folder = states_dir(default_paths().cache)
+    serve = (str(tiny_k3_single.first_part), "--ctx", "2048", "--engine", str(llama_server))
+    greedy = {"seed": 1, "temperature": 0.0}
+
+    def ask(client: openai.OpenAI, given: list[Any]) -> Any:
+        return client.responses.create(
+            model="kimi-k3", instructions="You are a storyteller.", input=given,
+            max_output_tokens=8, extra_body=greedy,
+        )  # fmt: skip
+
+    with serving(*serve) as facts, openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1",
+                                                  api_key=key, max_retries=5,
+                                                  timeout=60) as client:  # fmt: skip
+        events = list(client.responses.create(
+            model="kimi-k3", instructions="You are a storyteller.", input=[FIRST],
+            max_output_tokens=8, extra_body=greedy, stream=True,
+        ))  # fmt: skip
+        first = events[-1].response
+        assert first.output[0].type == "reasoning"
+        _kept(folder, 1)
+
+        _restart(facts["Engine pid"])
+        said = [FIRST, *(item.model_dump(exclude_none=True) for item in first.output), THEN]
+        resumed = ask(client, said)  # the SDK's retries wait out the restart (503)
+        # the engine read only the new question: the rest came from the restored state
+        usage = resumed.usage
+        assert usage.input_tokens_details.cached_tokens > usage.input_tokens // 2, usage
+
+        _restart(str(_engine_pid(port)))
+        time.sleep(0.5)
+        for f in folder.iterdir():
+            f.unlink()
+        cold = ask(client, said)
+        assert cold.usage.input_tokens_details.cached_tokens == 0
+        assert [i.model_dump(exclude={"id"}) for i in cold.output] == [
+            i.model_dump(exclude={"id"}) for i in resumed.output
+        ]
+
+
 def _engine_pid(port: int) -> int:
     """The engine behind the front now (the restarted one is not the pid printed first)."""
     listening = psutil.net_connections("tcp")
