@@ -70,8 +70,6 @@ class ToolConversations:
         return ChatClient(ChatEndpoint(url, engine.api_key, owner_pid=engine.pid or None))
 
     def resume(self, body: dict[str, Any], engine: Upstream) -> None:
-        if _has_pictures(body):
-            return
         try:
             with self._client(engine) as client:
                 got = self.keeper.bring_back_body(client, conversation_of(body), body)
@@ -88,7 +86,7 @@ class ToolConversations:
 
     def answered(self, body: dict[str, Any], answer: dict[str, Any], engine: Upstream) -> None:
         messages = body.get("messages") or []
-        if _has_pictures(body) or (messages and _role(messages[-1]) == "assistant"):
+        if messages and _role(messages[-1]) == "assistant":
             return
         try:
             with self._client(engine) as client:
@@ -102,17 +100,6 @@ class ToolConversations:
 
 def _role(message: Any) -> Any:
     return message.get("role") if isinstance(message, dict) else None
-
-
-def _has_pictures(body: dict[str, Any]) -> bool:
-    """Whether a message carries more than text (a picture: its state cannot be saved)."""
-    for m in body.get("messages") or []:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list) and any(
-            not (isinstance(p, dict) and p.get("type") == "text") for p in content
-        ):
-            return True
-    return False
 
 
 def tool_conversations(

@@ -17,6 +17,14 @@ to where the next question's text starts -- is read into slot 0 (``/completion``
 ``n_predict`` 0) and saved.  Measured on the tiny K3: continued from a restored state the
 engine read only the new question's 33 tokens instead of 136, and answered the same.
 
+Pictures are kept with the text: the prefix is read into the slot with them
+(``multimodal_data``), and b11434 saves a slot's picture chunks in its state file
+(``server_tokens::serialize``, tools/server/server-common.cpp) and compares them by their
+bytes' hash when a request reuses the slot.  A prompt marks each picture with a marker
+random to the engine's process, so a kept prefix is known by its text with each marker
+made :data:`PICTURE` and by its pictures' SHA-256: the same words with another picture are
+another conversation.  A picture sent as a link (the engine fetches it) is not kept.
+
 A saved state is used only where it is valid, and checked before the engine sees it:
 - the engine that made it, the model's files (each part's size and the SHA-256 of its
   first MiB), the projector, the context per slot and the cache types must all be the
@@ -81,8 +89,11 @@ _ALIASES = {
     "-ctv": "ctv", "--cache-type-v": "ctv",
     "--slot-save-path": "slots",
 }  # fmt: skip
-# a turn that sends pictures cannot be read into the slot without them
-NO_PICTURES = "its messages hold pictures, whose part of the state is not kept"
+# where a picture is in a prompt: llama-server marks each with a marker random to its
+# process (get_media_marker, tools/server/server-common.cpp; /props "media_marker"), so a
+# kept prefix is known by its text with each marker made this, and its pictures' SHA-256
+PICTURE = "\x00picture\x00"
+LINKED = "a picture in it is a link the engine fetches, not data k3desk can read into it"
 
 
 def states_dir(cache: Path) -> Path:
@@ -126,6 +137,11 @@ class _Engine:
 
     identity: str  # SHA-256 of every fact below
     slots: Path  # its --slot-save-path
+    marker: str = ""  # where a prompt the engine renders holds a picture
+
+    def normal(self, prompt: str) -> str:
+        """``prompt`` with this engine's picture marker made :data:`PICTURE`."""
+        return prompt.replace(self.marker, PICTURE) if self.marker else prompt
 
 
 def _options(argv: Sequence[str]) -> dict[str, str]:
@@ -213,30 +229,73 @@ def _identify(client: ChatClient, proc: psutil.Process) -> _Engine | str:
     except (psutil.Error, OSError) as exc:
         return f"the engine's files could not be read ({exc})"
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
-    return _Engine(digest, Path(opts["slots"]))
+    marker = props.get("media_marker")
+    return _Engine(digest, Path(opts["slots"]), marker if isinstance(marker, str) else "")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt as the engine renders it, and its pictures in order (each one's base64
+    data; None where one is a link)."""
+
+    text: str
+    pictures: tuple[str, ...] | None = ()
+
+
+def pictures_of(messages: Any) -> tuple[str, ...] | None:
+    """The base64 data of every picture in a Chat Completions request's ``messages``, in
+    the order the prompt holds them; None where one is not data (a link the engine
+    fetches, or a part that is neither text nor picture)."""
+    found: list[str] = []
+    for m in messages if isinstance(messages, list) else ():
+        content = m.get("content") if isinstance(m, dict) else None
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                continue
+            image = part.get("image_url") if kind == "image_url" else None
+            url = image.get("url") if isinstance(image, dict) else None
+            head, sep, data = url.partition(";base64,") if isinstance(url, str) else ("", "", "")
+            if not sep or not head.startswith("data:"):
+                return None
+            found.append(data)
+    return tuple(found)
+
+
+def _prefix_digest(normal: str, pictures: Sequence[str]) -> str:
+    """What a prefix (its text with :data:`PICTURE` marks) is known by: the SHA-256 of its
+    text and of each picture it holds (text alone: as before pictures were kept)."""
+    h = hashlib.sha256(normal.encode())
+    for data in pictures[: normal.count(PICTURE)]:
+        h.update(hashlib.sha256(data.encode()).digest())
+    return h.hexdigest()
 
 
 def render_prompt(
     client: ChatClient, messages: Sequence[ChatMessage], settings: ChatSettings
 ) -> str:
     """The prompt the engine builds for ``messages`` (its own chat template)."""
+    return _rendered(client, messages, settings).text
+
+
+def _rendered(
+    client: ChatClient, messages: Sequence[ChatMessage], settings: ChatSettings
+) -> Prompt:
     body = client.build_body(messages, settings)
     ask = {"messages": body["messages"]}
     if "chat_template_kwargs" in body:
         ask["chat_template_kwargs"] = body["chat_template_kwargs"]
-    status, got = client.call("POST", "/apply-template", ask)
-    if status != 200 or not isinstance(got, dict) or not isinstance(got.get("prompt"), str):
-        raise ChatError("The engine did not render the conversation (/apply-template).")
-    prompt: str = got["prompt"]
-    return prompt
+    return Prompt(render_body(client, ask), pictures_of(body["messages"]))
 
 
-def next_prefix(client: ChatClient, history: Sequence[ChatMessage], settings: ChatSettings) -> str:
+def next_prefix(
+    client: ChatClient, history: Sequence[ChatMessage], settings: ChatSettings
+) -> Prompt:
     """What every next question's prompt begins with: the history rendered, up to where
-    that question's own text starts."""
-    a = render_prompt(client, [*history, ChatMessage("user", "a")], settings)
+    that question's own text starts (and the history's pictures)."""
+    a = _rendered(client, [*history, ChatMessage("user", "a")], settings)
     b = render_prompt(client, [*history, ChatMessage("user", "b")], settings)
-    return _common(a, b)
+    return Prompt(_common(a.text, b), a.pictures)
 
 
 def _common(a: str, b: str) -> str:
@@ -260,7 +319,9 @@ def render_body(client: ChatClient, body: Mapping[str, Any]) -> str:
     return prompt
 
 
-def body_next_prefix(client: ChatClient, body: Mapping[str, Any], answer: Mapping[str, Any]) -> str:
+def body_next_prefix(
+    client: ChatClient, body: Mapping[str, Any], answer: Mapping[str, Any]
+) -> Prompt:
     """What the next request's prompt of a tool's conversation begins with: ``body``'s
     messages and the assistant's ``answer`` to it, rendered, up to where the next message's
     own content starts: a question, or after tool calls the first call's result."""
@@ -275,7 +336,7 @@ def body_next_prefix(client: ChatClient, body: Mapping[str, Any], answer: Mappin
 
     a = render_body(client, {**body, "messages": [*said, then("a")]})
     b = render_body(client, {**body, "messages": [*said, then("b")]})
-    return _common(a, b)
+    return Prompt(_common(a, b), pictures_of(said))
 
 
 # a reading rate measured on fewer tokens says little: a request's fixed costs (its
@@ -426,8 +487,6 @@ class StateKeeper:
         """Save the engine state of ``history`` (a whole conversation, its last answer
         included) for the conversation's next question."""
         settings = settings or ChatSettings()
-        if any(m.images for m in history):
-            return Kept(False, f"Not kept: {NO_PICTURES}.")
         return self._keep(client, conversation, lambda: next_prefix(client, history, settings))
 
     def keep_body(
@@ -442,7 +501,7 @@ class StateKeeper:
         conversation's next request."""
         return self._keep(client, conversation, lambda: body_next_prefix(client, body, answer))
 
-    def _keep(self, client: ChatClient, conversation: str, prefix_of: Callable[[], str]) -> Kept:
+    def _keep(self, client: ChatClient, conversation: str, prefix_of: Callable[[], Prompt]) -> Kept:
         if self.budget <= 0:
             return Kept(False, "keeping conversation states is off (Settings)")
         engine = _engine(client)
@@ -451,10 +510,19 @@ class StateKeeper:
         if engine.slots.resolve() != self.folder.resolve():
             return Kept(False, "Not kept: the engine saves states in another folder.")
         t0 = time.monotonic()
-        prefix = prefix_of()
+        prompt = prefix_of()
+        prefix, normal = prompt.text, engine.normal(prompt.text)
+        if prompt.pictures is None:
+            return Kept(False, f"Not kept: {LINKED}.")
+        if normal.count(PICTURE) != len(prompt.pictures):
+            return Kept(False, "Not kept: the engine's prompt does not hold its pictures.")
+        # the pictures go with their markers (/completion's multimodal_data, read into the
+        # slot with the text; a saved slot holds them: server_tokens::serialize)
+        read = {"prompt_string": prefix, "multimodal_data": list(prompt.pictures)}
         status, primed = client.call(
             "POST", "/completion",
-            {"prompt": prefix, "n_predict": 0, "id_slot": 0, "cache_prompt": True},
+            {"prompt": read if prompt.pictures else prefix, "n_predict": 0, "id_slot": 0,
+             "cache_prompt": True},
         )  # fmt: skip
         if status != 200 or not isinstance(primed, dict):
             return Kept(False, f"Not kept: the engine did not read the conversation ({status}).")
@@ -481,8 +549,8 @@ class StateKeeper:
             path.unlink(missing_ok=True)
             return Kept(False, "Not kept: the engine's state file could not be read back.")
         os.chmod(path, 0o600)
-        prefix_sha = hashlib.sha256(prefix.encode()).hexdigest()
-        entry = _Entry(conversation, name, digest, size, tokens, prefix_sha, len(prefix),
+        prefix_sha = _prefix_digest(normal, prompt.pictures)
+        entry = _Entry(conversation, name, digest, size, tokens, prefix_sha, len(normal),
                        engine.identity, time.time(), rate.tps if rate else 0.0)  # fmt: skip
         with self._locked() as entries:
             self._add(entries, entry)
@@ -541,18 +609,20 @@ class StateKeeper:
         """Restore into the engine's slot the longest state kept for ``conversation``
         that ``messages`` (the request about to be sent) begins with, on this engine."""
         settings = settings or ChatSettings()
-        return self._bring_back(
-            client, conversation, lambda: render_prompt(client, messages, settings)
-        )
+        return self._bring_back(client, conversation, lambda: _rendered(client, messages, settings))
 
     def bring_back_body(
         self, client: ChatClient, conversation: str, body: Mapping[str, Any]
     ) -> Kept:
         """:meth:`bring_back` for a tool's Chat Completions request ``body``."""
-        return self._bring_back(client, conversation, lambda: render_body(client, body))
+
+        def prompt_of() -> Prompt:
+            return Prompt(render_body(client, body), pictures_of(body.get("messages")))
+
+        return self._bring_back(client, conversation, prompt_of)
 
     def _bring_back(
-        self, client: ChatClient, conversation: str, prompt_of: Callable[[], str]
+        self, client: ChatClient, conversation: str, prompt_of: Callable[[], Prompt]
     ) -> Kept:
         kept = [e for e in self._read().values() if e.conversation == conversation]
         if not kept:
@@ -568,8 +638,9 @@ class StateKeeper:
                 "context or cache type: the conversation is read again.",
             )
         prompt = prompt_of()
-        fits = [e for e in kept if len(prompt) >= e.prefix_chars and e.prefix_sha256
-                == hashlib.sha256(prompt[: e.prefix_chars].encode()).hexdigest()]  # fmt: skip
+        normal, pictures = engine.normal(prompt.text), prompt.pictures or ()
+        fits = [e for e in kept if len(normal) >= e.prefix_chars and e.prefix_sha256
+                == _prefix_digest(normal[: e.prefix_chars], pictures)]  # fmt: skip
         if not fits:
             return Kept(
                 False, "The conversation changed since its state was kept: it is read again."

@@ -1,6 +1,7 @@
 """What of a tool's conversation ``k3desk serve`` keeps and brings back (without an
 engine: the keeper records what it is asked; the engine-backed journey is in
-tests/core/engines/test_tool_conversations.py)."""
+tests/core/engines/test_tool_conversations.py, and pictures against the engine in
+tests/core/chat/test_kept_state.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from k3desk.core.app.tool_conversations import ToolConversations, conversation_of
-from k3desk.core.chat.kept_state import NOTHING_KEPT, Kept, StateKeeper
+from k3desk.core.chat.kept_state import NOTHING_KEPT, Kept, StateKeeper, pictures_of
 from k3desk.core.engines.front import Upstream
 
 ENGINE = Upstream("127.0.0.1", 9, "k3-app", pid=1)
@@ -39,20 +40,23 @@ def keeper(tmp_path: Path) -> _Keeper:
     return _Keeper(tmp_path)
 
 
-def test_a_conversation_with_a_picture_is_neither_kept_nor_brought_back(keeper: _Keeper) -> None:
-    """The engine saves no picture's embeddings in a state (llama-server refuses to save
-    a slot holding image chunks): it is read again, never restored short of its picture."""
-    said: list[str] = []
-    tools = ToolConversations(keeper, said.append)
-    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Look"}, PICTURE]}]}
-    tools.resume(body, ENGINE)
-    tools.answered(body, {"role": "assistant", "content": "A cat."}, ENGINE)
-    assert keeper.asked == []
-    text = {"messages": [QUESTION]}
-    tools.resume(text, ENGINE)
-    tools.answered(text, {"role": "assistant", "content": "Nothing."}, ENGINE)
-    assert [a for a, _ in keeper.asked] == ["bring back", "keep"]
-    assert said == []  # nothing kept, nothing said
+def test_a_conversations_pictures_are_known_by_their_data_in_the_prompts_order() -> None:
+    """What a kept state's pictures are read from: each picture's data, in the order of the
+    messages and their parts (tool results too); a picture sent as a link (the engine
+    fetches it) or a part that is neither text nor picture makes it one not kept."""
+    other = {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,BBBB"}}
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "Look"}, PICTURE]},
+        {"role": "assistant", "content": "A cat."},
+        {"role": "tool", "tool_call_id": "c1", "content": [other, other]},
+        QUESTION,
+    ]
+    assert pictures_of(messages) == ("AAAA", "BBBB", "BBBB")
+    assert pictures_of([QUESTION]) == ()
+    link = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    assert pictures_of([*messages, {"role": "user", "content": [link]}]) is None
+    sound = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    assert pictures_of([{"role": "user", "content": [sound]}]) is None
 
 
 def test_an_answer_the_request_began_itself_is_not_kept(keeper: _Keeper) -> None:

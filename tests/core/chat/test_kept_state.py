@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image
 
 from k3desk.core.app.chat_turn import ConversationStates, TurnRecord, run_turn
 from k3desk.core.chat.client import ChatClient, ChatEndpoint, ChatMessage
 from k3desk.core.chat.history import HistoryStore
+from k3desk.core.chat.images import load_image
 from k3desk.core.chat.kept_state import (
     MIN_RATE_TOKENS,
     PER_CONVERSATION,
@@ -56,11 +58,14 @@ def chat(home: Path, engine: Path, shard: Path, *args: str) -> dict[str, Any]:
     return out
 
 
-def two_turns(home: Path, engine: Path, shard: Path, *more: str) -> dict[str, Any]:
-    """A saved first turn, then the second with --continue (a fresh engine each)."""
+def two_turns(
+    home: Path, engine: Path, shard: Path, *more: str, then: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A saved first turn (with ``more``), then the second with --continue (with ``then``),
+    a fresh engine each."""
     first = chat(home, engine, shard, "--save", QUESTIONS[0], *more)
     assert first["engine_state"]["kept"]["done"], first["engine_state"]
-    return chat(home, engine, shard, "--continue", str(first["conversation"]), QUESTIONS[1])
+    return chat(home, engine, shard, *then, "--continue", str(first["conversation"]), QUESTIONS[1])
 
 
 def read_again(out: dict[str, Any], why: str) -> None:
@@ -77,8 +82,9 @@ def read_again(out: dict[str, Any], why: str) -> None:
 @contextlib.contextmanager
 def engine(llama_server: Path, model: TinyModel, folder: Path | None) -> Iterator[ChatClient]:
     """llama-server on ``model`` (one slot) saving states in ``folder``; a client of it."""
+    vision = ("--mmproj", str(model.mmproj)) if model.mmproj else ()
     spec = LaunchSpec(llama_server, ("-m", str(model.first_part), "-c", "2048", "-np", "1",
-                                     "--jinja"), state_dir=folder)  # fmt: skip
+                                     "--jinja", *vision), state_dir=folder)  # fmt: skip
     with Supervisor(spec, default_paths()) as sup:
         sup.start()
         ep = sup.wait_ready(90)
@@ -119,6 +125,65 @@ def test_a_continued_conversation_starts_from_its_kept_state(
     files = list(folder.iterdir())
     assert files
     assert all(f.stat().st_mode & 0o077 == 0 for f in files), [oct(f.stat().st_mode) for f in files]
+
+
+def picture(folder: Path, color: str) -> Path:
+    path = folder / f"{color}.png"
+    Image.new("RGB", (48, 48), color).save(path)
+    return path
+
+
+def test_a_conversation_with_a_picture_starts_from_its_kept_state(
+    llama_server: Path, tiny_k3: TinyModel, tmp_path: Path
+) -> None:
+    """The picture is read into the kept state with the words around it (the engine saves
+    a slot's picture chunks): continued after a restart, the engine reads only the new
+    question, and answers as it does reading the picture and all again."""
+    assert tiny_k3.mmproj is not None
+    vision = ("--mmproj", str(tiny_k3.mmproj))
+    looked = (*vision, "--image", str(picture(tmp_path, "red")))
+    kept = two_turns(tmp_path / "kept", llama_server, tiny_k3.first_part, *looked, then=vision)
+    restored = kept["engine_state"]["restored"]
+    assert restored["done"], restored
+    assert kept["timings"]["cache_n"] == restored["tokens"] > 0
+    assert kept["timings"]["prompt_n"] < kept["usage"]["prompt_tokens"] - restored["tokens"] + 1
+
+    cold_home = tmp_path / "cold"
+    first = chat(cold_home, llama_server, tiny_k3.first_part, *looked, "--save", QUESTIONS[0])
+    for f in states_dir(cold_home / "cache").iterdir():
+        f.unlink()
+    cold = chat(cold_home, llama_server, tiny_k3.first_part, *vision, "--continue",
+                str(first["conversation"]), QUESTIONS[1])  # fmt: skip
+    assert cold["timings"]["cache_n"] == 0
+    assert cold["text"] == kept["text"]
+
+
+def test_the_same_words_with_another_picture_are_not_resumed(
+    llama_server: Path, tiny_k3: TinyModel, tmp_path: Path
+) -> None:
+    """A kept state is known by its pictures too: a question whose picture was swapped
+    for another (the same words) is read again, not resumed short of its picture."""
+    keeper = StateKeeper(tmp_path / "states")
+
+    def talk(color: str) -> list[ChatMessage]:
+        seen = load_image(picture(tmp_path, color))
+        return [
+            ChatMessage("user", "What is this?", (seen,)),
+            ChatMessage("assistant", "A square."),
+        ]
+
+    then = ChatMessage("user", "And then?")
+    with engine(llama_server, tiny_k3, tmp_path / "states") as client:
+        assert keeper.keep(client, "c", talk("red"), SETTINGS).done
+    with engine(llama_server, tiny_k3, tmp_path / "states") as client:
+        other = keeper.bring_back(client, "c", [*talk("blue"), then], SETTINGS)
+        assert not other.done
+        assert "changed" in other.why
+        same = keeper.bring_back(client, "c", [*talk("red"), then], SETTINGS)
+        assert same.done, same.why
+        timings = client.chat([*talk("red"), then], SETTINGS).timings
+        assert timings is not None
+        assert timings.cache_n == same.tokens
 
 
 def test_a_damaged_state_is_refused_before_the_engine_sees_it(

@@ -334,7 +334,7 @@ def test_an_answer_calling_tools_is_kept_up_to_where_its_results_begin(
     with ChatClient(ChatEndpoint(served.url, served.key)) as client:
         # the message as the front reads it off the wire and the tool sends it back
         answer = {"role": "assistant", "content": "", "tool_calls": said}
-        prefix = body_next_prefix(client, body, answer)
+        prefix = body_next_prefix(client, body, answer).text
         results = [{"role": "tool", "tool_call_id": c["id"], "content": f"Sunny {i}."}
                    for i, c in enumerate(said)]  # fmt: skip
         sent_back = {"role": "assistant", "content": None, "tool_calls": said}

@@ -10,6 +10,8 @@ restored one must equal (greedy, fixed seed, thinking off).
 
 from __future__ import annotations
 
+import base64
+import io
 import os
 import signal
 import time
@@ -20,6 +22,7 @@ import anthropic
 import openai
 import psutil
 import pytest
+from PIL import Image
 
 from k3desk.core.chat.kept_state import states_dir
 from k3desk.core.engines.ports import free_port
@@ -203,6 +206,46 @@ def test_a_responses_conversation_continued_after_a_crash_starts_from_its_kept_s
         assert [i.model_dump(exclude={"id"}) for i in cold.output] == [
             i.model_dump(exclude={"id"}) for i in resumed.output
         ]
+
+
+def test_a_conversation_with_a_picture_continued_after_a_crash_starts_from_its_kept_state(
+    llama_server: Path, tiny_k3: TinyModel
+) -> None:
+    """A picture sent as data (the OpenAI SDK's image_url part) is kept with the words
+    around it: after kill -9 the engine reads only the new question, picture and all
+    from the restored state, and answers as reading it all again does."""
+    assert tiny_k3.mmproj is not None
+    port = free_port()
+    assert k3desk("api", "port", str(port)).returncode == 0
+    key = k3desk("api", "create", "agent").stdout.splitlines()[0]
+    folder = states_dir(default_paths().cache)
+    serve = (str(tiny_k3.first_part), "--mmproj", str(tiny_k3.mmproj), "--ctx", "2048",
+             "--engine", str(llama_server))  # fmt: skip
+    seen = io.BytesIO()
+    Image.new("RGB", (48, 48), (200, 40, 40)).save(seen, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(seen.getvalue()).decode("ascii")
+    parts = [{"type": "text", "text": "What is on it?"},
+             {"type": "image_url", "image_url": {"url": url}}]  # fmt: skip
+    look = {"role": "user", "content": parts}
+    with serving(*serve) as facts, openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1",
+                                                  api_key=key, max_retries=5,
+                                                  timeout=60) as client:  # fmt: skip
+        first = _ask(client, [SYSTEM, look]).choices[0].message
+        _kept(folder, 1)
+
+        _restart(facts["Engine pid"])
+        said = [SYSTEM, look, {"role": "assistant", "content": first.content}, THEN]
+        resumed = _ask(client, said)  # the SDK's retries wait out the restart (503)
+        timings = resumed.model_extra["timings"]
+        assert timings["cache_n"] > resumed.usage.prompt_tokens // 2, timings
+
+        _restart(str(_engine_pid(port)))
+        time.sleep(0.5)
+        for f in folder.iterdir():
+            f.unlink()
+        cold = _ask(client, said)
+        assert cold.model_extra["timings"]["cache_n"] == 0
+        assert _said(cold) == _said(resumed)
 
 
 def _engine_pid(port: int) -> int:
