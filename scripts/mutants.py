@@ -1348,9 +1348,9 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "kept-state-after-an-edit",
         "k3desk/core/chat/kept_state.py",
-        "fits = [e for e in kept if len(prompt) >= e.prefix_chars and e.prefix_sha256\n"
-        "                == hashlib.sha256(prompt[: e.prefix_chars].encode()).hexdigest()]",
-        "fits = [e for e in kept if len(prompt) >= e.prefix_chars]",
+        "fits = [e for e in kept if len(normal) >= e.prefix_chars and e.prefix_sha256\n"
+        "                == _prefix_digest(normal[: e.prefix_chars], pictures)]",
+        "fits = [e for e in kept if len(normal) >= e.prefix_chars]",
         "tests/core/chat/test_kept_state.py::test_an_edited_conversation_is_read_again",
         "a state is restored only for the conversation it was made of, not an edited one",
     ),
@@ -1668,15 +1668,32 @@ MUTANTS: tuple[Mutant, ...] = (
         "a tool's conversation with thinking is kept as the tool sends it back",
     ),
     m(
-        "tool-conversations-keep-pictures",
-        "k3desk/core/app/tool_conversations.py",
-        "    def resume(self, body: dict[str, Any], engine: Upstream) -> None:\n"
-        "        if _has_pictures(body):",
-        "    def resume(self, body: dict[str, Any], engine: Upstream) -> None:\n"
-        "        if False:",
+        "kept-state-pictures-not-in-its-name",
+        "k3desk/core/chat/kept_state.py",
+        "        h.update(hashlib.sha256(data.encode()).digest())",
+        "        pass",
+        "tests/core/chat/test_kept_state.py::"
+        "test_the_same_words_with_another_picture_are_not_resumed",
+        "a kept state is known by its pictures' bytes too: the same words with another "
+        "picture are read again",
+    ),
+    m(
+        "kept-state-primed-without-its-pictures",
+        "k3desk/core/chat/kept_state.py",
+        '{"prompt": read if prompt.pictures else prefix, "n_predict": 0, "id_slot": 0,',
+        '{"prompt": prefix, "n_predict": 0, "id_slot": 0,',
+        "tests/core/chat/test_kept_state.py::"
+        "test_a_conversation_with_a_picture_starts_from_its_kept_state",
+        "a conversation with a picture is kept with its picture and continued from that state",
+    ),
+    m(
+        "tool-conversations-pictures-out-of-order",
+        "k3desk/core/chat/kept_state.py",
+        "            found.append(data)",
+        "            found.insert(0, data)",
         "tests/core/app/test_tool_conversations_kept.py::"
-        "test_a_conversation_with_a_picture_is_neither_kept_nor_brought_back",
-        "a tool's conversation with a picture is never restored short of its picture",
+        "test_a_conversations_pictures_are_known_by_their_data_in_the_prompts_order",
+        "a tool's conversation is known by its pictures in the order its prompt holds them",
     ),
     m(
         "front-lets-another-conversation-take-the-slot-unkept",
