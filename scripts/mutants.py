@@ -1687,6 +1687,25 @@ MUTANTS: tuple[Mutant, ...] = (
         "a conversation with a picture is kept with its picture and continued from that state",
     ),
     m(
+        "kept-state-of-pictures-not-sent",
+        "k3desk/core/app/chat_turn.py",
+        "messages, _ = without_pictures(client, record.request_messages(branch))  # as sent",
+        "messages = record.request_messages(branch)",
+        "tests/core/chat/test_kept_state.py::"
+        "test_a_conversation_with_a_picture_goes_on_being_kept_on_a_model_without_vision",
+        "a conversation is kept as it was sent: on a model without vision, without the "
+        "pictures it was not sent",
+    ),
+    m(
+        "re-reading-pictures-not-sent",
+        "k3desk/core/app/chat_turn.py",
+        "messages, _ = without_pictures(client, messages)  # as run_turn will send them",
+        "pass",
+        "tests/core/chat/test_kept_state.py::"
+        "test_a_conversation_with_a_picture_goes_on_being_kept_on_a_model_without_vision",
+        "a conversation read again on a model without vision says how many tokens it reads",
+    ),
+    m(
         "tool-conversations-pictures-out-of-order",
         "k3desk/core/chat/kept_state.py",
         "            found.append(data)",

@@ -405,6 +405,7 @@ class ConversationStates:
         self.on_take()
         if len(messages) < 2:
             return None
+        messages, _ = without_pictures(client, messages)  # as run_turn will send them
         with self._lock:
             held = self._in_slot.get(engine)
             self._in_slot[engine] = (conversation_id, None)  # after this turn, whatever happens
@@ -459,7 +460,7 @@ class ConversationStates:
             if timings is not None and not timings.by_client else None
         )  # fmt: skip
         branch = record.store.branch(record.conversation.id, record.answer.id)
-        messages = record.request_messages(branch)
+        messages, _ = without_pictures(client, record.request_messages(branch))  # as sent
         prefix: str | None = None
         try:
             kept = self.keeper.keep(client, str(record.conversation.id), messages, settings)

@@ -158,6 +158,25 @@ def test_a_conversation_with_a_picture_starts_from_its_kept_state(
     assert cold["text"] == kept["text"]
 
 
+def test_a_conversation_with_a_picture_goes_on_being_kept_on_a_model_without_vision(
+    llama_server: Path, tiny_k3: TinyModel, tmp_path: Path
+) -> None:
+    """Continued on a model without vision (the picture stays in the history and is not
+    sent), the conversation is kept as it was sent, and the next turn starts from it."""
+    assert tiny_k3.mmproj is not None
+    looked = ("--mmproj", str(tiny_k3.mmproj), "--image", str(picture(tmp_path, "red")))
+    home, shard = tmp_path / "home", tiny_k3.first_part
+    first = chat(home, llama_server, shard, "--save", QUESTIONS[0], *looked)
+    n = str(first["conversation"])
+    blind = chat(home, llama_server, shard, "--continue", n, QUESTIONS[1])
+    read_again(blind, "projector")
+    assert blind["engine_state"]["kept"]["done"], blind["engine_state"]
+    again = chat(home, llama_server, shard, "--continue", n, "Why?")
+    restored = again["engine_state"]["restored"]
+    assert restored["done"], restored
+    assert again["timings"]["cache_n"] == restored["tokens"] > 0
+
+
 def test_the_same_words_with_another_picture_are_not_resumed(
     llama_server: Path, tiny_k3: TinyModel, tmp_path: Path
 ) -> None:
