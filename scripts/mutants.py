@@ -1678,6 +1678,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "picture are read again",
     ),
     m(
+        "kept-state-picture-posed-by-words",
+        "k3desk/core/chat/kept_state.py",
+        "        if PICTURE in prompt:\n            return None\n",
+        "",
+        "tests/core/chat/test_kept_state.py::"
+        "test_the_same_words_with_another_picture_are_not_resumed",
+        "words holding the mark a kept state gives a picture are never taken for the picture",
+    ),
+    m(
         "kept-state-primed-without-its-pictures",
         "k3desk/core/chat/kept_state.py",
         '{"prompt": read if prompt.pictures else prefix, "n_predict": 0, "id_slot": 0,',

@@ -139,8 +139,11 @@ class _Engine:
     slots: Path  # its --slot-save-path
     marker: str = ""  # where a prompt the engine renders holds a picture
 
-    def normal(self, prompt: str) -> str:
-        """``prompt`` with this engine's picture marker made :data:`PICTURE`."""
+    def normal(self, prompt: str) -> str | None:
+        """``prompt`` with this engine's picture marker made :data:`PICTURE`; None where its
+        words hold :data:`PICTURE` themselves (then a picture could not be told from them)."""
+        if PICTURE in prompt:
+            return None
         return prompt.replace(self.marker, PICTURE) if self.marker else prompt
 
 
@@ -514,7 +517,7 @@ class StateKeeper:
         prefix, normal = prompt.text, engine.normal(prompt.text)
         if prompt.pictures is None:
             return Kept(False, f"Not kept: {LINKED}.")
-        if normal.count(PICTURE) != len(prompt.pictures):
+        if normal is None or normal.count(PICTURE) != len(prompt.pictures):
             return Kept(False, "Not kept: the engine's prompt does not hold its pictures.")
         # the pictures go with their markers (/completion's multimodal_data, read into the
         # slot with the text; a saved slot holds them: server_tokens::serialize)
@@ -638,7 +641,7 @@ class StateKeeper:
                 "context or cache type: the conversation is read again.",
             )
         prompt = prompt_of()
-        normal, pictures = engine.normal(prompt.text), prompt.pictures or ()
+        normal, pictures = engine.normal(prompt.text) or "", prompt.pictures or ()
         fits = [e for e in kept if len(normal) >= e.prefix_chars and e.prefix_sha256
                 == _prefix_digest(normal[: e.prefix_chars], pictures)]  # fmt: skip
         if not fits:

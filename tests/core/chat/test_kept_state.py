@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from k3desk.core.chat.images import load_image
 from k3desk.core.chat.kept_state import (
     MIN_RATE_TOKENS,
     PER_CONVERSATION,
+    PICTURE,
     Kept,
     StateKeeper,
     states_dir,
@@ -198,6 +200,10 @@ def test_the_same_words_with_another_picture_are_not_resumed(
         other = keeper.bring_back(client, "c", [*talk("blue"), then], SETTINGS)
         assert not other.done
         assert "changed" in other.why
+        # words holding the very mark k3desk gives a picture, the picture itself later on
+        posing = [ChatMessage("user", PICTURE + "What is this?"), talk("red")[1],
+                  replace(then, images=talk("red")[0].images)]  # fmt: skip
+        assert not keeper.bring_back(client, "c", posing, SETTINGS).done
         same = keeper.bring_back(client, "c", [*talk("red"), then], SETTINGS)
         assert same.done, same.why
         timings = client.chat([*talk("red"), then], SETTINGS).timings
