@@ -1715,6 +1715,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "a conversation read again on a model without vision says how many tokens it reads",
     ),
     m(
+        "re-reading-pictures-not-counted",
+        "k3desk/core/chat/kept_state.py",
+        "    return sum(n for n in pieces if n) + sum(n - empty for n in seen if n)",
+        "    return sum(n for n in pieces if n)",
+        "tests/core/chat/test_kept_state.py::"
+        "test_a_conversation_with_a_picture_starts_from_its_kept_state",
+        "a conversation with a picture read again says the tokens the engine reads, the "
+        "picture's included",
+    ),
+    m(
         "tool-conversations-pictures-out-of-order",
         "k3desk/core/chat/kept_state.py",
         "            found.append(data)",

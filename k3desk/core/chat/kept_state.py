@@ -370,14 +370,50 @@ def prompt_tokens(
     client: ChatClient, messages: Sequence[ChatMessage], settings: ChatSettings
 ) -> int | None:
     """How many tokens the engine reads for ``messages`` with nothing reused (its own
-    template and tokenizer); None when it does not say."""
+    template and tokenizer, and each picture as many tokens as its projector makes of it);
+    None when it does not say."""
     try:
-        prompt = render_prompt(client, messages, settings)
-        status, got = client.call("POST", "/tokenize", {"content": prompt, "add_special": True})
+        prompt = _rendered(client, messages, settings)
+        if not prompt.pictures:
+            return None if prompt.pictures is None else _tokens(client, prompt.text, True)
+        return _tokens_with_pictures(client, prompt.text, prompt.pictures)
     except ChatError:
         return None  # the engine is gone: the turn itself says so
+
+
+def _tokens(client: ChatClient, text: str, add_special: bool) -> int | None:
+    status, got = client.call("POST", "/tokenize", {"content": text, "add_special": add_special})
     tokens = got.get("tokens") if status == 200 and isinstance(got, dict) else None
     return len(tokens) if isinstance(tokens, list) else None
+
+
+def _tokens_with_pictures(client: ChatClient, text: str, pictures: Sequence[str]) -> int | None:
+    """A prompt's tokens as b11434 makes them of a prompt with pictures (mtmd_tokenize,
+    tools/mtmd/mtmd.cpp): the text between its picture markers tokenized piece by piece,
+    special tokens added to the first alone, and each picture's tokens, counted by the
+    engine's ``/v1/messages/count_tokens`` (which prepares a picture without encoding it:
+    a few ms) as a message of that picture less an empty one."""
+    status, props = client.call("GET", "/props")
+    marker = props.get("media_marker") if status == 200 and isinstance(props, dict) else None
+    if not isinstance(marker, str) or not marker or text.count(marker) != len(pictures):
+        return None
+    pieces = [_tokens(client, piece, i == 0) for i, piece in enumerate(text.split(marker))]
+    empty = _counted(client, "")
+    seen = [_counted(client, data) for data in pictures]
+    if None in pieces or empty is None or None in seen:
+        return None
+    return sum(n for n in pieces if n) + sum(n - empty for n in seen if n)
+
+
+def _counted(client: ChatClient, picture: str) -> int | None:
+    """The engine's count of a Messages request of one user message: ``picture`` (base64
+    data), or an empty text where that is empty."""
+    source = {"type": "base64", "media_type": "image/png", "data": picture}  # any type reads
+    part = {"type": "image", "source": source} if picture else {"type": "text", "text": ""}
+    body = {"model": "k3", "messages": [{"role": "user", "content": [part]}]}
+    status, got = client.call("POST", "/v1/messages/count_tokens", body)
+    n = got.get("input_tokens") if status == 200 and isinstance(got, dict) else None
+    return n if isinstance(n, int) else None
 
 
 def _sha256_file(path: Path, size: int) -> str | None:

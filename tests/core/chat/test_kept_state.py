@@ -119,7 +119,7 @@ def test_a_continued_conversation_starts_from_its_kept_state(
     cold = chat(cold_home, llama_server, tiny_k3_single.first_part, "--continue",
                 str(first["conversation"]), QUESTIONS[1])  # fmt: skip
     assert not cold["engine_state"]["restored"]["done"]
-    assert cold["timings"]["cache_n"] == 0
+    read_again(cold, "No engine state was kept")  # its tokens said, the picture's included
     assert cold["text"] == kept["text"]
 
     folder = states_dir(tmp_path / "kept" / "cache")
@@ -156,7 +156,7 @@ def test_a_conversation_with_a_picture_starts_from_its_kept_state(
         f.unlink()
     cold = chat(cold_home, llama_server, tiny_k3.first_part, *vision, "--continue",
                 str(first["conversation"]), QUESTIONS[1])  # fmt: skip
-    assert cold["timings"]["cache_n"] == 0
+    read_again(cold, "No engine state was kept")  # its tokens said, the picture's included
     assert cold["text"] == kept["text"]
 
 
