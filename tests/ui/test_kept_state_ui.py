@@ -7,80 +7,114 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from k3desk.core.chat.kept_state import states_dir
 from k3desk.core.chat.model import ChatSettings, Timings
+from k3desk.devtools.tinyk3 import TinyModel
 from k3desk.ui.chat.page import ChatPage
-from tests.ui.test_chat import send, wait_idle
+from tests.ui.test_chat import png_file, send, wait_idle
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 SHORT = ChatSettings(thinking=False, max_tokens=4, seed=1, temperature=0.0)
+RESUMED = r"Resumed from saved state \(([\d,]+) tokens, (?:under 0\.1|[\d.]+) s\)\.$"
+REREAD = r"Re-reading ([\d,]+) tokens(?: \(about \d+ (?:s|min)\))?\. The kept state's file"
+
+
+class Window:
+    """The chat page over an engine on ``model`` that the test restarts, as the Engine
+    page's Restart does."""
+
+    def __init__(self, ctx: Any, qtbot: Any, llama_server: Path, model: TinyModel) -> None:
+        self.ctx, self.qtbot, self.exe, self.model = ctx, qtbot, llama_server, model
+        self.folder = states_dir(ctx.services.paths.cache)
+        self.restart()
+        self.page = ChatPage(ctx)
+        qtbot.addWidget(self.page)
+        self.page.show()
+        self.page.chat.update_settings("", SHORT)
+
+    def restart(self) -> None:
+        from k3desk.core.engines.supervisor import LaunchSpec
+        from k3desk.ui.engine.controller import LaunchRequest
+
+        engine = self.ctx.engine
+        if engine.running:
+            engine.stop()
+            self.qtbot.waitUntil(lambda: not engine.running, timeout=30_000)
+        vision = ("--mmproj", str(self.model.mmproj)) if self.model.mmproj else ()
+        args = ("-m", str(self.model.first_part), "-c", "4096", "--jinja", "-np", "1", *vision)
+        spec = LaunchSpec(self.exe, args, ready_timeout=60, state_dir=self.folder)
+        engine.launch(LaunchRequest(spec, model_name=self.model.name, vision=bool(vision)))
+        self.qtbot.waitUntil(lambda: engine.ready, timeout=60_000)
+
+    def ask(self, question: str) -> None:
+        send(self.qtbot, self.page, question)
+        wait_idle(self.qtbot, self.page)
+
+    def answer_timings(self) -> Timings:
+        assert self.page.chat.current is not None
+        last = self.page.chat.current.messages[-1]
+        assert last.role == "assistant"
+        assert last.timings is not None
+        return last.timings
+
+    def after_restart(self, question: str, said: str) -> tuple[int, Timings]:
+        """Restart the engine, ask; the number the chat said (matching ``said``) and the
+        engine's timings of the answer."""
+        self.restart()
+        self.ask(question)
+        text = self.page.composer.notice.text()
+        m = re.match(said, text)
+        assert m, text
+        assert self.page.composer.notice.isVisible()
+        return int(m.group(1).replace(",", "")), self.answer_timings()
+
+    def damage_states(self) -> None:
+        for f in Path(self.folder).glob("k3c-*.bin"):
+            f.write_bytes(b"not a state")  # damaged: refused and deleted, then read again
 
 
 def test_the_chat_says_resumed_or_re_reading_after_a_restart(  # type: ignore[no-untyped-def]
     ctx, qtbot, llama_server, tiny_k3_single
 ) -> None:
-    from k3desk.core.engines.supervisor import LaunchSpec
-    from k3desk.ui.engine.controller import LaunchRequest
-
-    folder = states_dir(ctx.services.paths.cache)
-
-    def restart() -> None:
-        if ctx.engine.running:
-            ctx.engine.stop()
-            qtbot.waitUntil(lambda: not ctx.engine.running, timeout=30_000)
-        args = ("-m", str(tiny_k3_single.first_part), "-c", "4096", "--jinja", "-np", "1")
-        spec = LaunchSpec(llama_server, args, ready_timeout=60, state_dir=folder)
-        ctx.engine.launch(LaunchRequest(spec, model_name=tiny_k3_single.name, vision=False))
-        qtbot.waitUntil(lambda: ctx.engine.ready, timeout=60_000)
-
-    def answer_timings() -> Timings:
-        assert page.chat.current is not None
-        last = page.chat.current.messages[-1]
-        assert last.role == "assistant"
-        assert last.timings is not None
-        return last.timings
-
-    restart()
-    page = ChatPage(ctx)
-    qtbot.addWidget(page)
-    page.show()
-    page.chat.update_settings("", SHORT)
+    window = Window(ctx, qtbot, llama_server, tiny_k3_single)
     for question in ("Tell me a long story about a cat and a dog.", "And then?"):
-        send(qtbot, page, question)
-        wait_idle(qtbot, page)
-    assert not page.composer.notice.isVisible()  # the engine held it: nothing to say
+        window.ask(question)
+    assert not window.page.composer.notice.isVisible()  # the engine held it: nothing to say
 
-    def after_restart(question: str, said: str) -> tuple[int, Timings]:
-        """Restart the engine, ask; the number the chat said (matching ``said``) and the
-        engine's timings of the answer."""
-        restart()
-        send(qtbot, page, question)
-        wait_idle(qtbot, page)
-        text = page.composer.notice.text()
-        m = re.match(said, text)
-        assert m, text
-        assert page.composer.notice.isVisible()
-        return int(m.group(1).replace(",", "")), answer_timings()
-
-    n, timings = after_restart(
-        "What happened next?",
-        r"Resumed from saved state \(([\d,]+) tokens, (?:under 0\.1|[\d.]+) s\)\.$",
-    )
+    n, timings = window.after_restart("What happened next?", RESUMED)
     assert n == timings.cache_n > 0
-    send(qtbot, page, "Who won?")  # the engine holds it now: what was said goes
-    wait_idle(qtbot, page)
-    assert not page.composer.notice.isVisible()
+    window.ask("Who won?")  # the engine holds it now: what was said goes
+    assert not window.page.composer.notice.isVisible()
 
-    for f in Path(folder).glob("k3c-*.bin"):
-        f.write_bytes(b"not a state")  # damaged: refused and deleted, then read again
-    n, timings = after_restart(
-        "And how did it end?",
-        r"Re-reading ([\d,]+) tokens(?: \(about \d+ (?:s|min)\))?\. The kept state's file",
-    )
+    window.damage_states()
+    n, timings = window.after_restart("And how did it end?", REREAD)
+    assert n == timings.prompt_n
+    assert timings.cache_n == 0
+    assert ctx.reporter.last is None
+
+
+def test_a_conversation_with_a_picture_comes_back_in_the_window(  # type: ignore[no-untyped-def]
+    ctx, qtbot, llama_server, tiny_k3, tmp_path
+) -> None:
+    """A picture attached in the window is kept with its conversation: after a restart
+    the engine reads only the new question; read again, the tokens said are the engine's,
+    the picture's included."""
+    window = Window(ctx, qtbot, llama_server, tiny_k3)
+    window.page.composer.files_added.emit([str(png_file(tmp_path / "red.png"))])
+    qtbot.waitUntil(lambda: len(window.page.composer.attachments) == 1, timeout=10_000)
+    window.ask("What is in this picture?")
+    assert len(window.page.view.messages()[0].images) == 1
+
+    n, timings = window.after_restart("And then?", RESUMED)
+    assert n == timings.cache_n > 0
+
+    window.damage_states()
+    n, timings = window.after_restart("Why?", REREAD)
     assert n == timings.prompt_n
     assert timings.cache_n == 0
     assert ctx.reporter.last is None
