@@ -7,8 +7,10 @@ reads or writes the real user's settings, history or keyring.
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +35,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "0")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 # Never touch the real user's keyring (bridge keys, tokens): tests that need one inject it.
 os.environ.setdefault("PYTHON_KEYRING_BACKEND", "keyring.backends.null.Keyring")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    """A test given more time than the suite's 300 s (its own timeout mark) has its
+    threads' stacks dumped only near its own limit: the suite's faulthandler_timeout
+    (280 s) printed every thread of a slow test that then passed, a hang's report where
+    nothing hung."""
+    mark = item.get_closest_marker("timeout")
+    limit = mark.args[0] if mark is not None and mark.args else None
+    if isinstance(limit, (int, float)) and limit > 300:
+        faulthandler.dump_traceback_later(limit - 20, file=sys.__stderr__ or sys.stderr)
 
 
 @pytest.fixture(autouse=True)
