@@ -18,9 +18,11 @@ and template options the request gives), so a state is restored only where the e
 then reads just the rest.  An answer that calls tools is kept up to where its first
 call's result will begin, and as the tool will send it back (the front says how:
 :func:`k3desk.core.engines.front.sent_back`).  Anthropic Messages conversations are kept
-as the engine turns them into Chat Completions ones.  Not kept: pictures, an answer the
-request began itself (its last message the assistant's), engines answering several
-requests at once (another request may be in the slot).
+as the engine turns them into Chat Completions ones, and OpenAI Responses ones likewise.
+Pictures sent as data are kept with the state and known by their bytes.  Not kept: a
+picture sent as a link (the engine fetches it), an answer the request began itself (its
+last message the assistant's), engines answering several requests at once (another
+request may be in the slot).
 """
 
 from __future__ import annotations
