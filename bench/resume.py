@@ -63,7 +63,7 @@ STORY = (
 
 def conversation(client: ChatClient, tokens: int, settings: ChatSettings) -> list[ChatMessage]:
     """Turns of plain text whose prompt, with the question, is ``tokens`` long or just under
-    (the last answer cut to fit)."""
+    (the last question and answer cut to fit)."""
 
     def size(talk: list[ChatMessage]) -> int:
         return prompt_tokens(client, [*talk, ChatMessage("user", QUESTION)], settings) or 0
@@ -76,15 +76,22 @@ def conversation(client: ChatClient, tokens: int, settings: ChatSettings) -> lis
             text = " ".join(words[(i + k) % len(words)] for k in range(60))
             talk.append(ChatMessage(role, text.capitalize() + "."))
             i += 7
-    last = talk[-1].content.split()
-    lo, hi = 1, len(last)  # the most words of the last answer that fit
+    asked, said = talk[-2].content.split(), talk[-1].content.split()
+
+    def cut(n: int) -> list[ChatMessage]:
+        """The last turn with ``n`` of its words: the question's first, then the answer's."""
+        q = " ".join(asked[: max(1, min(n, len(asked)))])
+        a = " ".join(said[: max(1, n - len(asked))])
+        return [*talk[:-2], ChatMessage("user", q), ChatMessage("assistant", a)]
+
+    lo, hi = 1, len(asked) + len(said)  # the most words of the last turn that fit
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if size([*talk[:-1], ChatMessage("assistant", " ".join(last[:mid]))]) <= tokens:
+        if size(cut(mid)) <= tokens:
             lo = mid
         else:
             hi = mid - 1
-    return [*talk[:-1], ChatMessage("assistant", " ".join(last[:lo]))]
+    return cut(lo) if size(cut(lo)) <= tokens else talk[:-2]
 
 
 @contextmanager
