@@ -248,6 +248,54 @@ def test_a_conversation_with_a_picture_continued_after_a_crash_starts_from_its_k
         assert _said(cold) == _said(resumed)
 
 
+def test_an_anthropic_picture_conversation_continued_after_a_crash_starts_from_its_kept_state(
+    llama_server: Path, tiny_k3: TinyModel
+) -> None:
+    """A picture in a Messages conversation (the Anthropic SDK's base64 image block) is
+    kept the same way: after kill -9 the engine takes the picture and the words around it
+    from the restored state, and answers as reading it all again does."""
+    assert tiny_k3.mmproj is not None
+    port = free_port()
+    assert k3desk("api", "port", str(port)).returncode == 0
+    key = k3desk("api", "create", "agent").stdout.splitlines()[0]
+    folder = states_dir(default_paths().cache)
+    serve = (str(tiny_k3.first_part), "--mmproj", str(tiny_k3.mmproj), "--ctx", "2048",
+             "--engine", str(llama_server))  # fmt: skip
+    seen = io.BytesIO()
+    Image.new("RGB", (48, 48), (40, 200, 40)).save(seen, format="PNG")
+    data = base64.b64encode(seen.getvalue()).decode("ascii")
+    picture = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                           "data": data}}  # fmt: skip
+    look = {"role": "user", "content": [{"type": "text", "text": "What is on it?"}, picture]}
+
+    def ask(client: anthropic.Anthropic, messages: list[Any]) -> Any:
+        return client.messages.create(
+            model="kimi-k3", max_tokens=8, system="A storyteller.", messages=messages,
+            extra_body={"seed": 1, "temperature": 0.0},
+        )  # fmt: skip
+
+    with serving(*serve) as facts, anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}",
+                                                       api_key=key, max_retries=5,
+                                                       timeout=60) as client:  # fmt: skip
+        first = ask(client, [look])
+        _kept(folder, 1)
+
+        _restart(facts["Engine pid"])
+        said = [look, {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                THEN]  # fmt: skip
+        resumed = ask(client, said)  # the SDK's retries wait out the restart (503)
+        # the engine read only the new question: the picture came from the restored state
+        assert resumed.usage.cache_read_input_tokens > resumed.usage.input_tokens, resumed.usage
+
+        _restart(str(_engine_pid(port)))
+        time.sleep(0.5)
+        for f in folder.iterdir():
+            f.unlink()
+        cold = ask(client, said)
+        assert cold.usage.cache_read_input_tokens == 0
+        assert cold.content == resumed.content
+
+
 def _engine_pid(port: int) -> int:
     """The engine behind the front now (the restarted one is not the pid printed first)."""
     listening = psutil.net_connections("tcp")
