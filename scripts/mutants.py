@@ -1696,6 +1696,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "a conversation with a picture is kept with its picture and continued from that state",
     ),
     m(
+        "kept-state-priming-cut-at-the-quick-read-limit",
+        "k3desk/core/chat/kept_state.py",
+        '"cache_prompt": True},\n            slow=True,',
+        '"cache_prompt": True},\n            slow=False,',
+        "tests/core/chat/test_kept_state.py::test_a_long_conversation_on_a_slow_engine_is_kept",
+        "a conversation the engine reads for longer than a quick call's limit is still kept",
+    ),
+    m(
         "kept-state-of-pictures-not-sent",
         "k3desk/core/app/chat_turn.py",
         "messages, _ = without_pictures(client, record.request_messages(branch))  # as sent",

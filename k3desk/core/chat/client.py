@@ -445,17 +445,25 @@ class ChatClient:
             )
 
     def _fetch(
-        self, method: str, path: str, body: Any = None, limit: int = wire.MAX_DESCRIPTION
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        limit: int = wire.MAX_DESCRIPTION,
+        slow: bool = False,
     ) -> tuple[int, bytes]:
         """(status, body) of one request, the body read up to ``limit`` decoded bytes (an
         error's body: its first :data:`wire.MAX_ERROR_BODY` bytes); raises ChatError when
-        the server cannot be reached or sends more."""
+        the server cannot be reached or sends more.  ``slow``: the engine answers only once
+        it has done the work (read a prompt, wrote or read a state), so it is waited for as
+        an answer is, with no limit on the read."""
         ep = self.endpoint
         self.check_owner()
         if self.is_closed():
             raise self.closed_error()
+        wait = self.answer_timeout if slow else self._http.timeout
         try:
-            with self._http.stream(method, ep.url(path), json=body) as resp:
+            with self._http.stream(method, ep.url(path), json=body, timeout=wait) as resp:
                 if resp.status_code >= 400:
                     what = f"the error answer to {path}"
                     content = wire.read_capped(resp, wire.MAX_ERROR_BODY, what, truncate=True)
@@ -484,11 +492,15 @@ class ChatClient:
         except ValueError:
             return status, None
 
-    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    def call(
+        self, method: str, path: str, body: Any = None, *, slow: bool = False
+    ) -> tuple[int, Any]:
         """(status, parsed JSON or None) of one request to the engine (its own endpoints:
         /apply-template, /completion, /slots), with the client's key and owner check;
-        raises :class:`ChatError` only when the server cannot be reached."""
-        status, content = self._fetch(method, path, body)
+        raises :class:`ChatError` only when the server cannot be reached.  ``slow``: work
+        whose time grows with the prompt or the machine (reading a prompt, saving or
+        restoring a slot), waited for with no read limit, as an answer is."""
+        status, content = self._fetch(method, path, body, slow=slow)
         try:
             return status, json.loads(content)
         except ValueError:

@@ -558,10 +558,13 @@ class StateKeeper:
         # the pictures go with their markers (/completion's multimodal_data, read into the
         # slot with the text; a saved slot holds them: server_tokens::serialize)
         read = {"prompt_string": prefix, "multimodal_data": list(prompt.pictures)}
+        # the engine reads what its slot lacks of the prefix (from its last checkpoint at
+        # best; seconds a token on a machine streaming its experts from disk): no read limit
         status, primed = client.call(
             "POST", "/completion",
             {"prompt": read if prompt.pictures else prefix, "n_predict": 0, "id_slot": 0,
              "cache_prompt": True},
+            slow=True,
         )  # fmt: skip
         if status != 200 or not isinstance(primed, dict):
             return Kept(False, f"Not kept: the engine did not read the conversation ({status}).")
@@ -569,7 +572,9 @@ class StateKeeper:
         rate = reading_rate(primed.get("timings"))
         name = f"k3c-{secrets.token_hex(8)}.bin"
         try:
-            status, saved = client.call("POST", "/slots/0?action=save", {"filename": name})
+            status, saved = client.call(
+                "POST", "/slots/0?action=save", {"filename": name}, slow=True
+            )
         except BaseException:
             # the engine stopped or went away while writing it: no part of a state stays
             (self.folder / name).unlink(missing_ok=True)
@@ -699,7 +704,9 @@ class StateKeeper:
                 "or SHA-256 differs): it was deleted unread, and the "
                 "conversation is read again.",
             )
-        status, got = client.call("POST", "/slots/0?action=restore", {"filename": entry.file})
+        status, got = client.call(
+            "POST", "/slots/0?action=restore", {"filename": entry.file}, slow=True
+        )
         if status != 200 or not isinstance(got, dict) or got.get("n_restored") != entry.tokens:
             return Kept(
                 False,

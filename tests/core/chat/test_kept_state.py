@@ -211,6 +211,36 @@ def test_the_same_words_with_another_picture_are_not_resumed(
         assert timings.cache_n == same.tokens
 
 
+def test_a_long_conversation_on_a_slow_engine_is_kept(llama_server: Path, tmp_path: Path) -> None:
+    """Keeping a state makes the engine read what its slot lacks of the conversation (all
+    of it on an engine just started; on a machine streaming its experts from disk, seconds
+    a token): that is waited for as an answer is, not cut off at the read limit of the
+    engine's quick calls.  Here that limit is 0.5 s, and the wide tiny K3 reads the
+    conversation for about 1.4 s; the 9-part twin's 4,000-token state was lost this way."""
+    import httpx
+
+    from k3desk.devtools.tinyk3 import write_tiny_k3
+
+    model = write_tiny_k3(tmp_path / "wide", wide=True)
+    folder = tmp_path / "states"
+    story = " ".join(["the miller counted sacks of grain by the river"] * 3)
+    history = [ChatMessage(role, f"{n}: {story}.") for n in range(16)
+               for role in ("user", "assistant")]  # fmt: skip
+    spec = LaunchSpec(llama_server, ("-m", str(model.first_part), "-c", "4096", "-np", "1",
+                                     "--jinja"), state_dir=folder)  # fmt: skip
+    quick = httpx.Timeout(connect=5.0, read=0.5, write=5.0, pool=5.0)
+    with Supervisor(spec, default_paths()) as sup:
+        sup.start()
+        ep = sup.wait_ready(90)
+        endpoint = ChatEndpoint(ep.url, ep.api_key, owner_pid=ep.pid)
+        with ChatClient(endpoint, timeout=quick) as client:
+            kept = StateKeeper(folder).keep(client, "long", history, SETTINGS)
+        sup.stop()
+    assert kept.done, kept.why
+    assert kept.tokens > 3000
+    assert kept.seconds > quick.read  # it did take longer than the quick calls' limit
+
+
 def test_a_damaged_state_is_refused_before_the_engine_sees_it(
     llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
 ) -> None:
