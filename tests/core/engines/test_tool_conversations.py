@@ -208,22 +208,33 @@ def test_a_responses_conversation_continued_after_a_crash_starts_from_its_kept_s
         ]
 
 
+def _vision_serve(llama_server: Path, tiny_k3: TinyModel) -> tuple[int, str, Path, tuple[str, ...]]:
+    """A port and a key for `k3desk serve` with the tiny K3 and its projector: the port,
+    the key, the folder of kept states and the serve arguments."""
+    assert tiny_k3.mmproj is not None
+    port = free_port()
+    assert k3desk("api", "port", str(port)).returncode == 0
+    key = k3desk("api", "create", "agent").stdout.splitlines()[0]
+    serve = (str(tiny_k3.first_part), "--mmproj", str(tiny_k3.mmproj), "--ctx", "2048",
+             "--engine", str(llama_server))  # fmt: skip
+    return port, key, states_dir(default_paths().cache), serve
+
+
+def _png(colour: tuple[int, int, int]) -> str:
+    """A 48x48 picture of one colour, as base64 PNG data."""
+    seen = io.BytesIO()
+    Image.new("RGB", (48, 48), colour).save(seen, format="PNG")
+    return base64.b64encode(seen.getvalue()).decode("ascii")
+
+
 def test_a_conversation_with_a_picture_continued_after_a_crash_starts_from_its_kept_state(
     llama_server: Path, tiny_k3: TinyModel
 ) -> None:
     """A picture sent as data (the OpenAI SDK's image_url part) is kept with the words
     around it: after kill -9 the engine reads only the new question, picture and all
     from the restored state, and answers as reading it all again does."""
-    assert tiny_k3.mmproj is not None
-    port = free_port()
-    assert k3desk("api", "port", str(port)).returncode == 0
-    key = k3desk("api", "create", "agent").stdout.splitlines()[0]
-    folder = states_dir(default_paths().cache)
-    serve = (str(tiny_k3.first_part), "--mmproj", str(tiny_k3.mmproj), "--ctx", "2048",
-             "--engine", str(llama_server))  # fmt: skip
-    seen = io.BytesIO()
-    Image.new("RGB", (48, 48), (200, 40, 40)).save(seen, format="PNG")
-    url = "data:image/png;base64," + base64.b64encode(seen.getvalue()).decode("ascii")
+    port, key, folder, serve = _vision_serve(llama_server, tiny_k3)
+    url = "data:image/png;base64," + _png((200, 40, 40))
     parts = [{"type": "text", "text": "What is on it?"},
              {"type": "image_url", "image_url": {"url": url}}]  # fmt: skip
     look = {"role": "user", "content": parts}
@@ -254,16 +265,8 @@ def test_an_anthropic_picture_conversation_continued_after_a_crash_starts_from_i
     """A picture in a Messages conversation (the Anthropic SDK's base64 image block) is
     kept the same way: after kill -9 the engine takes the picture and the words around it
     from the restored state, and answers as reading it all again does."""
-    assert tiny_k3.mmproj is not None
-    port = free_port()
-    assert k3desk("api", "port", str(port)).returncode == 0
-    key = k3desk("api", "create", "agent").stdout.splitlines()[0]
-    folder = states_dir(default_paths().cache)
-    serve = (str(tiny_k3.first_part), "--mmproj", str(tiny_k3.mmproj), "--ctx", "2048",
-             "--engine", str(llama_server))  # fmt: skip
-    seen = io.BytesIO()
-    Image.new("RGB", (48, 48), (40, 200, 40)).save(seen, format="PNG")
-    data = base64.b64encode(seen.getvalue()).decode("ascii")
+    port, key, folder, serve = _vision_serve(llama_server, tiny_k3)
+    data = _png((40, 200, 40))
     picture = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                            "data": data}}  # fmt: skip
     look = {"role": "user", "content": [{"type": "text", "text": "What is on it?"}, picture]}
