@@ -1704,6 +1704,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "a conversation the engine reads for longer than a quick call's limit is still kept",
     ),
     m(
+        "kept-state-save-cut-at-the-quick-read-limit",
+        "k3desk/core/chat/kept_state.py",
+        '"/slots/0?action=save", {"filename": name}, slow=True',
+        '"/slots/0?action=save", {"filename": name}, slow=False',
+        "tests/core/chat/test_kept_state.py::test_a_state_slow_to_write_and_to_read_is_still_kept_and_brought_back",
+        "a state the engine takes longer than a quick call's limit to write is still kept",
+    ),
+    m(
+        "kept-state-restore-cut-at-the-quick-read-limit",
+        "k3desk/core/chat/kept_state.py",
+        '"/slots/0?action=restore", {"filename": entry.file}, slow=True',
+        '"/slots/0?action=restore", {"filename": entry.file}, slow=False',
+        "tests/core/chat/test_kept_state.py::test_a_state_slow_to_write_and_to_read_is_still_kept_and_brought_back",
+        "a state the engine takes longer than a quick call's limit to read is still restored",
+    ),
+    m(
         "kept-state-of-pictures-not-sent",
         "k3desk/core/app/chat_turn.py",
         "messages, _ = without_pictures(client, record.request_messages(branch))  # as sent",

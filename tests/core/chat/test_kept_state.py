@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -239,6 +241,50 @@ def test_a_long_conversation_on_a_slow_engine_is_kept(llama_server: Path, tmp_pa
     assert kept.done, kept.why
     assert kept.tokens > 3000
     assert kept.seconds > quick.read  # it did take longer than the quick calls' limit
+
+
+class _HeldOnSlots(ChatClient):
+    """A client of an engine that is held still (SIGSTOP) for ``pause`` seconds as each
+    of its slot requests is sent, as a slow or busy disk holds a save or a restore.  The
+    requests themselves go to the real engine unchanged."""
+
+    pause = 1.0
+
+    def call(
+        self, method: str, path: str, body: Any = None, *, slow: bool = False
+    ) -> tuple[int, Any]:
+        pid = self.endpoint.owner_pid
+        if path.startswith("/slots/") and pid is not None:
+            os.kill(pid, signal.SIGSTOP)
+            threading.Timer(self.pause, os.kill, (pid, signal.SIGCONT)).start()
+        return super().call(method, path, body, slow=slow)
+
+
+def test_a_state_slow_to_write_and_to_read_is_still_kept_and_brought_back(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
+) -> None:
+    """Saving and restoring a state are the engine writing and reading a file that grows
+    with the conversation (537.6 MiB for the twin's 3,596 tokens): both are waited for as
+    an answer is, not cut off at the read limit of the engine's quick calls.  Here the
+    engine answers each a second late, against that limit set to 0.5 s."""
+    import httpx
+
+    folder = tmp_path / "states"
+    one = [ChatMessage("user", QUESTIONS[0]), ChatMessage("assistant", "Once.")]
+    keeper = StateKeeper(folder)
+    quick = httpx.Timeout(connect=5.0, read=0.5, write=5.0, pool=5.0)
+    asked = [*one, ChatMessage("user", QUESTIONS[1])]
+    with (
+        engine(llama_server, tiny_k3_single, folder) as direct,
+        _HeldOnSlots(direct.endpoint, timeout=quick) as client,
+    ):
+        kept = keeper.keep(client, "1", one, SETTINGS)
+        assert kept.done, kept.why  # the save waited for
+        back = keeper.bring_back(client, "1", asked, SETTINGS)
+    assert back.done, back.why  # the restore waited for
+    assert back.tokens == kept.tokens > 0
+    assert kept.seconds > quick.read  # both were held
+    assert back.seconds > quick.read
 
 
 def test_a_damaged_state_is_refused_before_the_engine_sees_it(
