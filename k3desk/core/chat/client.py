@@ -36,7 +36,7 @@ from k3desk.core.chat.channels import ChannelSplitter, StopCutter
 from k3desk.core.chat.dialects import Limits, ServerInfo
 from k3desk.core.chat.images import PreparedImage, ensure_vision
 from k3desk.core.chat.model import ChatSettings, Role, Timings, Usage
-from k3desk.core.errors import ChatError
+from k3desk.core.errors import Cancelled, ChatError
 from k3desk.core.progress import CancelToken
 from k3desk.core.safepaths import scrub
 
@@ -198,6 +198,52 @@ DeltaCallback = Callable[[ChatDelta], None]
 
 
 # ------------------------------------------------------------------ client
+
+
+def _socket_of(event: str, info: Mapping[str, Any]) -> socket.socket | None:
+    """The socket an httpx request connected (its trace's ``connect_tcp`` event)."""
+    if event != "connection.connect_tcp.complete":
+        return None
+    stream = info.get("return_value")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    return sock if isinstance(sock, socket.socket) else None
+
+
+def _shut(sock: socket.socket) -> None:
+    # shutdown() (unlike close()) wakes a thread blocked in recv() on this socket
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class _HeldSocket:
+    """The connection of one request, shut down once ``cancel`` is cancelled (at once
+    when it already is, or as soon as it connects).  llama-server drops a request whose
+    connection closed: it polls for that while the request waits for its result
+    (tools/server: ``wait_for_all(req.should_stop)``, every ``HTTP_POLLING_SECONDS``)."""
+
+    def __init__(self, cancel: CancelToken) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self.aborted = False
+        cancel.on_cancel(self._abort)
+
+    def trace(self, event: str, info: Mapping[str, Any]) -> None:
+        sock = _socket_of(event, info)
+        if sock is None:
+            return
+        with self._lock:
+            self._sock = sock
+            aborted = self.aborted
+        if aborted:
+            _shut(sock)
+
+    def _abort(self) -> None:
+        with self._lock:
+            self.aborted = True
+            sock = self._sock
+        if sock is not None:
+            _shut(sock)
+
 
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=60.0, write=60.0, pool=10.0)
 # llama-server sends nothing until the prompt is read, which for a long conversation
@@ -451,19 +497,28 @@ class ChatClient:
         body: Any = None,
         limit: int = wire.MAX_DESCRIPTION,
         slow: bool = False,
+        cancel: CancelToken | None = None,
     ) -> tuple[int, bytes]:
         """(status, body) of one request, the body read up to ``limit`` decoded bytes (an
         error's body: its first :data:`wire.MAX_ERROR_BODY` bytes); raises ChatError when
         the server cannot be reached or sends more.  ``slow``: the engine answers only once
         it has done the work (read a prompt, wrote or read a state), so it is waited for as
-        an answer is, with no limit on the read."""
+        an answer is, with no limit on the read.  ``cancel``: cancelling it ends the
+        request at once (its connection shut down, which the engine takes as the request
+        withdrawn) with :class:`~k3desk.core.errors.Cancelled`."""
         ep = self.endpoint
         self.check_owner()
         if self.is_closed():
             raise self.closed_error()
+        held = _HeldSocket(cancel) if cancel is not None else None
+        if held is not None and held.aborted:
+            raise Cancelled()
         wait = self.answer_timeout if slow else self._http.timeout
+        trace = {"trace": held.trace} if held is not None else None
         try:
-            with self._http.stream(method, ep.url(path), json=body, timeout=wait) as resp:
+            with self._http.stream(
+                method, ep.url(path), json=body, timeout=wait, extensions=trace
+            ) as resp:
                 if resp.status_code >= 400:
                     what = f"the error answer to {path}"
                     content = wire.read_capped(resp, wire.MAX_ERROR_BODY, what, truncate=True)
@@ -471,6 +526,8 @@ class ChatClient:
                     content = wire.read_capped(resp, limit, f"the answer to {path}")
                 return resp.status_code, content
         except httpx.TransportError as exc:
+            if held is not None and held.aborted:
+                raise Cancelled() from None
             raise _transport_error(ep, exc, before_answer=True) from None
         except RuntimeError:
             # httpx: "Cannot send a request, as the client has been closed" (closed by
@@ -493,14 +550,21 @@ class ChatClient:
             return status, None
 
     def call(
-        self, method: str, path: str, body: Any = None, *, slow: bool = False
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        slow: bool = False,
+        cancel: CancelToken | None = None,
     ) -> tuple[int, Any]:
         """(status, parsed JSON or None) of one request to the engine (its own endpoints:
         /apply-template, /completion, /slots), with the client's key and owner check;
         raises :class:`ChatError` only when the server cannot be reached.  ``slow``: work
         whose time grows with the prompt or the machine (reading a prompt, saving or
-        restoring a slot), waited for with no read limit, as an answer is."""
-        status, content = self._fetch(method, path, body, slow=slow)
+        restoring a slot), waited for with no read limit, as an answer is.  ``cancel``:
+        ends it at once when cancelled (:class:`~k3desk.core.errors.Cancelled`)."""
+        status, content = self._fetch(method, path, body, slow=slow, cancel=cancel)
         try:
             return status, json.loads(content)
         except ValueError:
@@ -693,15 +757,13 @@ class ChatStream:
     # ---------------------------------------------------------- internals
 
     def _trace(self, event: str, info: Mapping[str, Any]) -> None:
-        if event == "connection.connect_tcp.complete":
-            stream = info.get("return_value")
-            sock = stream.get_extra_info("socket") if stream is not None else None
-            if isinstance(sock, socket.socket):
-                with self._lock:
-                    self._sock = sock
-                    aborted = self._aborted
-                if aborted:
-                    self._shutdown(sock)
+        sock = _socket_of(event, info)
+        if sock is not None:
+            with self._lock:
+                self._sock = sock
+                aborted = self._aborted
+            if aborted:
+                self._shutdown(sock)
 
     def _abort(self) -> None:
         with self._lock:
@@ -717,9 +779,7 @@ class ChatStream:
 
     @staticmethod
     def _shutdown(sock: socket.socket) -> None:
-        # shutdown() (unlike close()) wakes a thread blocked in recv() on this socket
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+        _shut(sock)
 
     def _snapshot(self, *, partial: bool, cancelled: bool = False) -> ChatResult:
         return ChatResult(

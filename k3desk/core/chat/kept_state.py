@@ -68,8 +68,9 @@ import psutil
 
 from k3desk.core.chat.client import ChatClient, ChatMessage
 from k3desk.core.chat.model import ChatSettings
-from k3desk.core.errors import ChatError
+from k3desk.core.errors import Cancelled, ChatError
 from k3desk.core.private import private_dir, write_private
+from k3desk.core.progress import CancelToken
 from k3desk.core.units import GiB, fmt_bytes, fmt_duration
 
 STATES_DIR = "states"
@@ -94,6 +95,9 @@ _ALIASES = {
 # kept prefix is known by its text with each marker made this, and its pictures' SHA-256
 PICTURE = "\x00picture\x00"
 LINKED = "a picture in it is a link the engine fetches, not data k3desk can read into it"
+# a keep cancelled because the conversation's next question came first: the engine's slot
+# holds the conversation, and that question reads what the keep would have
+OVERTAKEN = "Not kept: the next question came first (the engine's slot holds the conversation)."
 
 
 def states_dir(cache: Path) -> Path:
@@ -522,11 +526,16 @@ class StateKeeper:
         conversation: str,
         history: Sequence[ChatMessage],
         settings: ChatSettings | None = None,
+        cancel: CancelToken | None = None,
     ) -> Kept:
         """Save the engine state of ``history`` (a whole conversation, its last answer
-        included) for the conversation's next question."""
+        included) for the conversation's next question.  Cancelling ``cancel`` withdraws
+        the engine's read of it (the part that takes time) and keeps nothing
+        (:data:`OVERTAKEN`)."""
         settings = settings or ChatSettings()
-        return self._keep(client, conversation, lambda: next_prefix(client, history, settings))
+        return self._keep(
+            client, conversation, lambda: next_prefix(client, history, settings), cancel
+        )
 
     def keep_body(
         self,
@@ -540,7 +549,13 @@ class StateKeeper:
         conversation's next request."""
         return self._keep(client, conversation, lambda: body_next_prefix(client, body, answer))
 
-    def _keep(self, client: ChatClient, conversation: str, prefix_of: Callable[[], Prompt]) -> Kept:
+    def _keep(
+        self,
+        client: ChatClient,
+        conversation: str,
+        prefix_of: Callable[[], Prompt],
+        cancel: CancelToken | None = None,
+    ) -> Kept:
         if self.budget <= 0:
             return Kept(False, "keeping conversation states is off (Settings)")
         engine = _engine(client)
@@ -555,17 +570,12 @@ class StateKeeper:
             return Kept(False, f"Not kept: {LINKED}.")
         if normal is None or normal.count(PICTURE) != len(prompt.pictures):
             return Kept(False, "Not kept: the engine's prompt does not hold its pictures.")
-        # the pictures go with their markers (/completion's multimodal_data, read into the
-        # slot with the text; a saved slot holds them: server_tokens::serialize)
-        read = {"prompt_string": prefix, "multimodal_data": list(prompt.pictures)}
-        # the engine reads what its slot lacks of the prefix (from its last checkpoint at
-        # best; seconds a token on a machine streaming its experts from disk): no read limit
-        status, primed = client.call(
-            "POST", "/completion",
-            {"prompt": read if prompt.pictures else prefix, "n_predict": 0, "id_slot": 0,
-             "cache_prompt": True},
-            slow=True,
-        )  # fmt: skip
+        try:
+            status, primed = _prime(client, prefix, prompt.pictures, cancel)
+        except Cancelled:
+            return Kept(False, OVERTAKEN)
+        if cancel is not None and cancel.cancelled:
+            return Kept(False, OVERTAKEN)  # read, but the question waits: no save
         if status != 200 or not isinstance(primed, dict):
             return Kept(False, f"Not kept: the engine did not read the conversation ({status}).")
         tokens = primed.get("tokens_evaluated")
@@ -717,6 +727,23 @@ class StateKeeper:
             if entry.file in entries:
                 entries[entry.file] = replace(entries[entry.file], used=time.time())
         return Kept(True, tokens=entry.tokens, size=entry.size, seconds=time.monotonic() - t0)
+
+
+def _prime(
+    client: ChatClient, prefix: str, pictures: Sequence[str], cancel: CancelToken | None
+) -> tuple[int, Any]:
+    """Have the engine's slot read ``prefix`` (with ``pictures``), to be saved."""
+    # the pictures go with their markers (/completion's multimodal_data, read into the
+    # slot with the text; a saved slot holds them: server_tokens::serialize)
+    read = {"prompt_string": prefix, "multimodal_data": list(pictures)}
+    # the engine reads what its slot lacks of the prefix (from its last checkpoint at
+    # best; seconds a token on a machine streaming its experts from disk): no read limit
+    return client.call(
+        "POST", "/completion",
+        {"prompt": read if pictures else prefix, "n_predict": 0, "id_slot": 0,
+         "cache_prompt": True},
+        slow=True, cancel=cancel,
+    )  # fmt: skip
 
 
 def keeper_for(cache: Path, budget_gib: float) -> StateKeeper:
