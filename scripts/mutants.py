@@ -1689,7 +1689,7 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "kept-state-primed-without-its-pictures",
         "k3desk/core/chat/kept_state.py",
-        '{"prompt": read if prompt.pictures else prefix, "n_predict": 0, "id_slot": 0,',
+        '{"prompt": read if pictures else prefix, "n_predict": 0, "id_slot": 0,',
         '{"prompt": prefix, "n_predict": 0, "id_slot": 0,',
         "tests/core/chat/test_kept_state.py::"
         "test_a_conversation_with_a_picture_starts_from_its_kept_state",
@@ -1698,8 +1698,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "kept-state-priming-cut-at-the-quick-read-limit",
         "k3desk/core/chat/kept_state.py",
-        '"cache_prompt": True},\n            slow=True,',
-        '"cache_prompt": True},\n            slow=False,',
+        '"cache_prompt": True},\n        slow=True, cancel=cancel,',
+        '"cache_prompt": True},\n        slow=False, cancel=cancel,',
         "tests/core/chat/test_kept_state.py::test_a_long_conversation_on_a_slow_engine_is_kept",
         "a conversation the engine reads for longer than a quick call's limit is still kept",
     ),
@@ -1718,6 +1718,30 @@ MUTANTS: tuple[Mutant, ...] = (
         '"/slots/0?action=restore", {"filename": entry.file}, slow=False',
         "tests/core/chat/test_kept_state.py::test_a_state_slow_to_write_and_to_read_is_still_kept_and_brought_back",
         "a state the engine takes longer than a quick call's limit to read is still restored",
+    ),
+    m(
+        "kept-state-next-question-waits-for-its-keep",
+        "k3desk/core/app/chat_turn.py",
+        "if asking is not None and conversation == asking:\n            token.cancel()",
+        "if asking is not None and conversation == asking:\n            pass",
+        "tests/core/chat/test_kept_state.py::test_the_next_question_does_not_wait_for_its_conversation_to_be_kept",
+        "the next question in a conversation does not wait for its state to be kept",
+    ),
+    m(
+        "kept-state-another-conversation-withdraws-the-keep",
+        "k3desk/core/app/chat_turn.py",
+        "if asking is not None and conversation == asking:",
+        "if asking is not None:",
+        "tests/core/chat/test_kept_state.py::test_the_next_question_does_not_wait_for_its_conversation_to_be_kept",
+        "a question in another conversation waits for the first one's state to be kept",
+    ),
+    m(
+        "engine-request-cancel-leaves-its-connection-open",
+        "k3desk/core/chat/client.py",
+        "            sock = self._sock\n        if sock is not None:\n            _shut(sock)",
+        "            sock = self._sock\n        if sock is not None:\n            pass",
+        "tests/core/chat/test_kept_state.py::test_the_next_question_does_not_wait_for_its_conversation_to_be_kept",
+        "a withdrawn request to the engine ends at once, its connection shut down",
     ),
     m(
         "kept-state-of-pictures-not-sent",

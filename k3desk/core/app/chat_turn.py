@@ -14,6 +14,7 @@ and the shell applies it (the window does so on its main thread).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +41,8 @@ from k3desk.core.chat.kept_state import (
 from k3desk.core.chat.model import ChatSettings
 from k3desk.core.errors import ChatError
 from k3desk.core.progress import CancelToken
+
+log = logging.getLogger(__name__)
 
 SAVE_EVERY_S = 2.0
 NOTE_STOPPED = "stopped"  # finish_reason of an answer the person stopped
@@ -358,9 +361,14 @@ class ConversationStates:
     beginning of it (the same conversation, not edited above the slot's point); when none
     is brought back it counts what the engine reads again and predicts how long, from
     the reading rate measured on that engine (else when a state was kept, else the
-    plan's prediction).  :meth:`after` an answer keeps its state for the next question.
-    Only for an engine k3desk started (``owner_pid``): what an attached server runs is
-    not known.  Thread-safe."""
+    plan's prediction).  :meth:`after` an answer keeps its state for the next question;
+    :meth:`keep_later` does that on a thread of its own, so that the next question can
+    be asked at once (the engine's read of the answer into the slot can take minutes
+    where it streams its experts from disk): that question cancels it, since the slot
+    holds its conversation and it reads what the keep would have; another conversation's
+    turn and the engine stopping wait for it (:meth:`settle`).  Only for an
+    engine k3desk started (``owner_pid``): what an attached server runs is not known.
+    Thread-safe."""
 
     def __init__(self, keeper: StateKeeper, planned_tps: float = 0.0) -> None:
         self.keeper = keeper
@@ -376,13 +384,60 @@ class ConversationStates:
         # called before a turn takes an engine's slot, for another user of that slot (a
         # tool's conversation through the local API's front) to keep its state first
         self.on_take: Callable[[], object] = lambda: None
+        # the keep running on a thread of its own (keep_later): its conversation, the
+        # token that withdraws it, and set when it has ended
+        self._keeping: tuple[int, CancelToken, threading.Event] | None = None
 
     def slot_taken(self) -> None:
         """Another user (a tool, through the local API) is about to take the engines' slot:
         what the chat believed each holds is no longer known, so a conversation's next turn
-        brings its kept state back."""
+        brings its kept state back.  (Called on the front's loop: it does not wait for a
+        state being kept, which then finds the slot taken and keeps nothing.)"""
         with self._lock:
             self._in_slot.clear()
+
+    def settle(self, timeout: float | None = None, *, asking: int | None = None) -> bool:
+        """Wait for the state being kept by :meth:`keep_later`, if any (False when that
+        took more than ``timeout`` seconds); the next question of conversation ``asking``
+        withdraws its own conversation's keep first."""
+        with self._lock:
+            keeping = self._keeping
+        if keeping is None:
+            return True
+        conversation, token, ended = keeping
+        if asking is not None and conversation == asking:
+            token.cancel()
+        return ended.wait(timeout)
+
+    def keep_later(
+        self,
+        client: ChatClient,
+        record: TurnRecord,
+        settings: ChatSettings | None = None,
+        on_kept: Callable[[Kept], object] = lambda _kept: None,
+    ) -> None:
+        """:meth:`after`, on a thread of its own; ``on_kept`` is given what it kept (on
+        that thread).  A keep still running is waited for first."""
+        self.settle()
+        token, ended = CancelToken(), threading.Event()
+        keeping = (record.conversation.id, token, ended)
+        with self._lock:
+            self._keeping = keeping
+
+        def run() -> None:
+            try:
+                kept = self.after(client, record, settings, cancel=token)
+                if kept is not None:
+                    on_kept(kept)
+            except Exception:  # on a thread of its own: said in the log
+                log.exception("conversation %d: its state was not kept", record.conversation.id)
+            finally:
+                with self._lock:
+                    if self._keeping is keeping:
+                        self._keeping = None
+                ended.set()
+
+        threading.Thread(target=run, name="keep-conversation-state", daemon=True).start()
 
     @staticmethod
     def _engine(client: ChatClient) -> tuple[int, str] | None:
@@ -398,6 +453,7 @@ class ConversationStates:
     ) -> Kept | None:
         """Restore the conversation's kept state, unless the slot already holds what the
         request begins with (None) or the engine is not k3desk's (None)."""
+        self.settle(asking=conversation_id)  # the slot is this turn's from here
         settings = settings or ChatSettings()
         engine = self._engine(client)
         if engine is None or self.keeper.budget <= 0:
@@ -446,10 +502,14 @@ class ConversationStates:
         return replace(kept, reread=n, predicted_s=n / rate if rate else None)
 
     def after(
-        self, client: ChatClient, record: TurnRecord, settings: ChatSettings | None = None
+        self,
+        client: ChatClient,
+        record: TurnRecord,
+        settings: ChatSettings | None = None,
+        cancel: CancelToken | None = None,
     ) -> Kept | None:
         """Keep the state of ``record``'s conversation, its answer included (None: not an
-        engine k3desk started, or keeping is off)."""
+        engine k3desk started, or keeping is off); ``cancel`` withdraws it."""
         engine = self._engine(client)
         if engine is None or self.keeper.budget <= 0 or record.answer is None:
             return None
@@ -463,7 +523,9 @@ class ConversationStates:
         messages, _ = without_pictures(client, record.request_messages(branch))  # as sent
         prefix: str | None = None
         try:
-            kept = self.keeper.keep(client, str(record.conversation.id), messages, settings)
+            kept = self.keeper.keep(
+                client, str(record.conversation.id), messages, settings, cancel=cancel
+            )
             prefix = kept.prefix if kept.done else None
         except ChatError as exc:
             kept = Kept(False, f"Not kept: {exc.message}")

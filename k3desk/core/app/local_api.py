@@ -255,7 +255,8 @@ def start_front(
 # how long a launch waits for the address to be free: a process that kept an engine in
 # the background holds it with its front until it has stopped that engine and exited
 BIND_WAIT = 10.0
-# how long a stop, a switch or the window's chat waits for a tool's conversation to be kept
+# how long a stop, a switch or the window's chat waits for a tool's conversation to be
+# kept, and a stop, a switch or the window closing for the chat's
 KEEP_WAIT = 10.0
 
 

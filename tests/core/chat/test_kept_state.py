@@ -31,6 +31,7 @@ from k3desk.core.chat.history import HistoryStore
 from k3desk.core.chat.images import load_image
 from k3desk.core.chat.kept_state import (
     MIN_RATE_TOKENS,
+    OVERTAKEN,
     PER_CONVERSATION,
     PICTURE,
     Kept,
@@ -285,6 +286,68 @@ def test_a_state_slow_to_write_and_to_read_is_still_kept_and_brought_back(
     assert back.tokens == kept.tokens > 0
     assert kept.seconds > quick.read  # both were held
     assert back.seconds > quick.read
+
+
+def test_the_next_question_does_not_wait_for_its_conversation_to_be_kept(
+    llama_server: Path, tmp_path: Path
+) -> None:
+    """After an answer the window keeps its conversation's state on a thread of its own
+    (``ConversationStates.keep_later``): the engine reads the conversation into its slot,
+    which takes minutes where it streams its experts from disk.  The next question in
+    that conversation withdraws it at once; one in another conversation waits for it, so
+    that the first conversation is kept before the slot becomes the other's."""
+    from k3desk.devtools.tinyk3 import write_tiny_k3
+
+    model = write_tiny_k3(tmp_path / "wide", wide=True)
+    folder = tmp_path / "states"
+    states = ConversationStates(StateKeeper(folder))
+    story = " ".join(["the miller counted sacks of grain by the river"] * 3)
+    long_question = "\n".join(f"{n}: {story}." for n in range(40))
+    spec = LaunchSpec(llama_server, ("-m", str(model.first_part), "-c", "4096", "-np", "1",
+                                     "--jinja"), state_dir=folder)  # fmt: skip
+
+    def read_from_scratch(record: TurnRecord) -> list[Kept]:
+        """Keep ``record``'s conversation from an empty slot (all of it read again)."""
+        status, _ = client.call("POST", "/slots/0?action=erase")
+        assert status == 200
+        got: list[Kept] = []
+        states.keep_later(client, record, SETTINGS, on_kept=got.append)
+        return got
+
+    with (
+        HistoryStore(tmp_path / "history.sqlite3") as store,
+        Supervisor(spec, default_paths()) as sup,
+    ):
+        sup.start()
+        ep = sup.wait_ready(90)
+        with ChatClient(ChatEndpoint(ep.url, ep.api_key, owner_pid=ep.pid)) as client:
+            first = TurnRecord.new_conversation(store, long_question, settings=SETTINGS)
+            other = TurnRecord.new_conversation(store, QUESTIONS[0], settings=SETTINGS)
+            for record in (other, first):
+                assert run_turn(client, record.request_messages(), SETTINGS,
+                                record=record).error is None  # fmt: skip
+            t0 = time.monotonic()
+            whole = read_from_scratch(first)
+            states.settle()
+            keeping = time.monotonic() - t0  # how long keeping it takes here
+            assert whole[0].done, whole[0].why
+            assert whole[0].tokens > 2500
+
+            withdrawn = read_from_scratch(first)
+            time.sleep(keeping / 5)
+            t1 = time.monotonic()
+            asked = TurnRecord.ask(store, first.conversation.id, QUESTIONS[1])
+            states.before(client, first.conversation.id, asked.request_messages(), SETTINGS)
+            assert time.monotonic() - t1 < keeping / 2  # it did not wait for the keep
+            assert withdrawn[0].why == OVERTAKEN
+
+            waited = read_from_scratch(first)
+            time.sleep(keeping / 5)
+            asked = TurnRecord.ask(store, other.conversation.id, QUESTIONS[1])
+            states.before(client, other.conversation.id, asked.request_messages(), SETTINGS)
+            assert waited  # the first conversation's keep ended before the other's turn
+            assert waited[0].done, waited[0].why
+        sup.stop()
 
 
 def test_a_damaged_state_is_refused_before_the_engine_sees_it(
