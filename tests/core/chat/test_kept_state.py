@@ -251,14 +251,12 @@ class _HeldOnSlots(ChatClient):
 
     pause = 1.0
 
-    def call(
-        self, method: str, path: str, body: Any = None, *, slow: bool = False
-    ) -> tuple[int, Any]:
+    def call(self, method: str, path: str, *args: Any, **kwargs: Any) -> tuple[int, Any]:
         pid = self.endpoint.owner_pid
         if path.startswith("/slots/") and pid is not None:
             os.kill(pid, signal.SIGSTOP)
             threading.Timer(self.pause, os.kill, (pid, signal.SIGCONT)).start()
-        return super().call(method, path, body, slow=slow)
+        return super().call(method, path, *args, **kwargs)
 
 
 def test_a_state_slow_to_write_and_to_read_is_still_kept_and_brought_back(
