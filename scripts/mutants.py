@@ -1728,6 +1728,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "the next question in a conversation does not wait for its state to be kept",
     ),
     m(
+        "kept-state-kept-before-the-answer-is-free",
+        "k3desk/core/app/chat_turn.py",
+        'threading.Thread(target=run, name="keep-conversation-state", daemon=True).start()',
+        "run()",
+        "tests/core/chat/test_kept_state.py::test_the_next_question_does_not_wait_for_its_conversation_to_be_kept",
+        "an answer's state is kept while the person reads it, not before the next question",
+    ),
+    m(
         "kept-state-another-conversation-withdraws-the-keep",
         "k3desk/core/app/chat_turn.py",
         "if asking is not None and conversation == asking:",

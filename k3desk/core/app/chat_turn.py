@@ -44,6 +44,10 @@ from k3desk.core.progress import CancelToken
 
 log = logging.getLogger(__name__)
 
+# how long a tool's request waits for the chat's last answer to be kept before it takes
+# the engine's slot (then the keep finds the slot taken and keeps nothing)
+KEEP_WAIT = 10.0
+
 SAVE_EVERY_S = 2.0
 NOTE_STOPPED = "stopped"  # finish_reason of an answer the person stopped
 NOTE_BROKEN = "interrupted"  # ... of one cut off (stream broke, engine gone, process killed)
@@ -366,7 +370,7 @@ class ConversationStates:
     be asked at once (the engine's read of the answer into the slot can take minutes
     where it streams its experts from disk): that question cancels it, since the slot
     holds its conversation and it reads what the keep would have; another conversation's
-    turn and the engine stopping wait for it (:meth:`settle`).  Only for an
+    turn, a tool's, and the engine stopping wait for it (:meth:`settle`).  Only for an
     engine k3desk started (``owner_pid``): what an attached server runs is not known.
     Thread-safe."""
 
@@ -387,13 +391,16 @@ class ConversationStates:
         # the keep running on a thread of its own (keep_later): its conversation, the
         # token that withdraws it, and set when it has ended
         self._keeping: tuple[int, CancelToken, threading.Event] | None = None
+        self._taken = 0  # how many times another user took the slot (slot_taken)
 
-    def slot_taken(self) -> None:
+    def slot_taken(self, timeout: float | None = KEEP_WAIT) -> None:
         """Another user (a tool, through the local API) is about to take the engines' slot:
-        what the chat believed each holds is no longer known, so a conversation's next turn
-        brings its kept state back.  (Called on the front's loop: it does not wait for a
-        state being kept, which then finds the slot taken and keeps nothing.)"""
+        the chat's state being kept is waited for (up to ``timeout`` s), and what the chat
+        believed each holds is no longer known, so a conversation's next turn brings its
+        kept state back."""
+        self.settle(timeout)
         with self._lock:
+            self._taken += 1
             self._in_slot.clear()
 
     def settle(self, timeout: float | None = None, *, asking: int | None = None) -> bool:
@@ -519,6 +526,8 @@ class ConversationStates:
                           timings.prompt_per_second})
             if timings is not None and not timings.by_client else None
         )  # fmt: skip
+        with self._lock:
+            taken = self._taken
         branch = record.store.branch(record.conversation.id, record.answer.id)
         messages, _ = without_pictures(client, record.request_messages(branch))  # as sent
         prefix: str | None = None
@@ -530,7 +539,8 @@ class ConversationStates:
         except ChatError as exc:
             kept = Kept(False, f"Not kept: {exc.message}")
         with self._lock:
-            self._in_slot[engine] = (record.conversation.id, prefix)
+            if self._taken == taken:  # else a tool took the slot meanwhile: not known
+                self._in_slot[engine] = (record.conversation.id, prefix)
             for r in (read, kept.rate):
                 known = self._rate.get(engine)
                 if r is not None and (known is None or r.tokens >= known.tokens):

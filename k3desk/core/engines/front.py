@@ -144,9 +144,9 @@ class FrontConfig:
     load_wait: float = 30.0  # seconds a request waits for its model to load
     allow_origin: str = ""  # Access-Control-Allow-Origin of the front's own answers
     conversations: Conversations | None = None  # tools' conversations kept (one slot only)
-    # called (on the front's loop: quick) before a tool's request that may take the
-    # engine's slot goes on, for another user of that slot (the app window's chat) to
-    # forget what it believed the slot holds
+    # called (in a thread of its own, waited for) before a tool's request that may take
+    # the engine's slot goes on, for another user of that slot (the app window's chat) to
+    # finish keeping its own conversation and forget what it believed the slot holds
     on_slot: Callable[[], None] | None = None
 
 
@@ -361,7 +361,7 @@ class RouterFront:
             writer.write(self._answer(503, "The local API's engine is starting.", req, 5))
             return
         if self.config.on_slot is not None and _takes_slot(req) and self._authorized(req):
-            self.config.on_slot()
+            await asyncio.to_thread(self.config.on_slot)
         chat = await self._before_chat(req, body, up) if inspected else None
         captured = None
         try:
