@@ -165,7 +165,8 @@ def main() -> int:
             if r == 0:
                 mib = kept.size / 2**20
                 print(f"{what}: a conversation of {n:,} tokens with the question; its "
-                      f"state {kept.tokens:,} tokens, {mib:.1f} MiB", flush=True)  # fmt: skip
+                      f"state {kept.tokens:,} tokens, {mib:.1f} MiB, kept in "
+                      f"{kept.seconds:.1f} s", flush=True)  # fmt: skip
             # resume: a fresh engine, the kept state checked and restored, the question
             with engine(spec) as client:
                 t0 = time.monotonic()

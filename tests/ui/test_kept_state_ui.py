@@ -5,12 +5,17 @@ timings of that answer)."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from k3desk.core.chat.client import ChatClient
 from k3desk.core.chat.kept_state import states_dir
 from k3desk.core.chat.model import ChatSettings, Timings
 from k3desk.devtools.tinyk3 import TinyModel
@@ -74,6 +79,8 @@ class Window:
         return int(m.group(1).replace(",", "")), self.answer_timings()
 
     def damage_states(self) -> None:
+        # the last answer's state is kept while the person reads it: once that has ended
+        assert self.page.chat.settle_kept(30)
         for f in Path(self.folder).glob("k3c-*.bin"):
             f.write_bytes(b"not a state")  # damaged: refused and deleted, then read again
 
@@ -117,4 +124,49 @@ def test_a_conversation_with_a_picture_comes_back_in_the_window(  # type: ignore
     n, timings = window.after_restart("Why?", REREAD)
     assert n == timings.prompt_n
     assert timings.cache_n == 0
+    assert ctx.reporter.last is None
+
+
+class _SlotsHeld(ChatClient):
+    """The chat's client of an engine that is held still (SIGSTOP) for two seconds as
+    each slot request is sent, as a slow disk holds a save; the requests go to the real
+    engine unchanged."""
+
+    held_at = 0.0
+
+    def call(self, method: str, path: str, *args: Any, **kwargs: Any) -> tuple[int, Any]:
+        pid = self.endpoint.owner_pid
+        if path.startswith("/slots/") and pid is not None:
+            os.kill(pid, signal.SIGSTOP)
+            type(self).held_at = time.monotonic()
+            threading.Timer(2.0, os.kill, (pid, signal.SIGCONT)).start()
+        return super().call(method, path, *args, **kwargs)
+
+
+def test_send_is_free_while_the_answer_is_kept_and_a_restart_waits_for_it(  # type: ignore[no-untyped-def]
+    ctx, qtbot, llama_server, tiny_k3_single
+) -> None:
+    """The last answer's engine state is kept while the person reads it: the chat is
+    free for the next question as soon as the answer is written, not once the engine has
+    read and saved it (minutes where it streams its experts from disk); a restart waits
+    for it, so the conversation comes back from it.  Here the engine writes the state
+    two seconds late."""
+    window = Window(ctx, qtbot, llama_server, tiny_k3_single)
+    chat = window.page.chat
+    endpoint = ctx.engine.chat_endpoint()
+    assert endpoint is not None
+    with chat._client_lock:
+        chat._client = _SlotsHeld(endpoint)
+    send(qtbot, window.page, "Tell me a long story about a cat and a dog.")
+    wait_idle(qtbot, window.page)
+    free_at = time.monotonic()
+    composer = window.page.composer
+    composer.edit.setPlainText("And then?")
+    assert composer.send_btn.isVisible()
+    assert composer.send_btn.isEnabled()
+    qtbot.waitUntil(lambda: _SlotsHeld.held_at > 0, timeout=10_000)
+    assert free_at < _SlotsHeld.held_at + 1.0  # free while the engine was still saving it
+
+    n, timings = window.after_restart("And then?", RESUMED)
+    assert n == timings.cache_n > 0  # kept before the engine stopped
     assert ctx.reporter.last is None

@@ -51,6 +51,7 @@ from k3desk.core.app.chat_turn import (
     withheld_text,
 )
 from k3desk.core.app.hub_choice import SetDownload, projector_download
+from k3desk.core.app.local_api import KEEP_WAIT
 from k3desk.core.app.operations import Change, OpChanges, Operation
 from k3desk.core.app.values import CancelToken, ChatError, GiB
 from k3desk.ui.bridge import StreamBuffer
@@ -225,6 +226,14 @@ class ChatController(QObject):
         self._pending_settings: tuple[str, ChatSettings] | None = None
         self._states: ConversationStates | None = None
         ctx.ops.did_execute.connect(self._changed)
+        # the engine stops only once the last answer's state is kept (or given up on)
+        engine.before_stop.append(lambda: self.settle_kept(KEEP_WAIT))
+
+    def settle_kept(self, timeout: float | None = None) -> bool:
+        """Wait (up to ``timeout`` s) for the last answer's engine state being kept:
+        before the engine stops or the chat closes.  False when that ran out."""
+        states = self._states
+        return states.settle(timeout) if states is not None else True
 
     def _changed(self, changes: OpChanges, _initiator: object) -> None:
         # renamed, deleted, answered, a branch chosen (a closed chat opens no store again)
@@ -242,6 +251,7 @@ class ChatController(QObject):
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        self.settle_kept(KEEP_WAIT)  # the last answer's state, before the client goes
         with self._client_lock:
             client, self._client = self._client, None
             self._closed = True
@@ -613,11 +623,14 @@ class ChatController(QObject):
                 log.warning("answer cut short: %s", outcome.error.message)
             elif not tok.cancelled:
                 # for the next question, after a restart or another conversation: the
-                # answer is read into the engine's slot now instead of then
-                kept = states.after(client, record, settings)
-                if kept is not None:
-                    log.info("conversation %d: %s", record.conversation.id,
-                             kept.text("engine state kept"))  # fmt: skip
+                # answer is read into the engine's slot now instead of then, while the
+                # person reads it (the next question withdraws that, and needs it not)
+                cid = record.conversation.id
+                states.keep_later(
+                    client, record, settings,
+                    on_kept=lambda kept: log.info(
+                        "conversation %d: %s", cid, kept.text("engine state kept")),
+                )  # fmt: skip
             return outcome
 
         self.busy.emit(True)
@@ -633,7 +646,10 @@ class ChatController(QObject):
         """Conversations' engine states (within Settings' disk budget, read now), with the
         running launch's predicted reading rate."""
         budget = self.ctx.settings.kept_state_gib
-        if self._states is None or self._states.keeper.budget != budget * GiB:
+        if self._states is not None and self._states.keeper.budget != budget * GiB:
+            # the budget changed: the same states (a keep may be running), a new keeper
+            self._states.keeper = keeper_for(self.ctx.services.paths.cache, budget)
+        if self._states is None:
             states = ConversationStates(keeper_for(self.ctx.services.paths.cache, budget))
             # the engine's one slot is shared with tools' conversations through the local
             # API: each keeps its own before the other takes the slot, and brings it back

@@ -171,6 +171,10 @@ class EngineController(QObject):
         # the local API's address, across launches; its lines (a tool's conversation kept
         # or brought back) go to the engine's log
         self.api = AppFront(ctx.services, say=lambda line: self._lines.append("line", line + "\n"))
+        # what must be done with the engine before it stops (run off the GUI thread when
+        # the person stops or replaces it, on it when the app exits): the chat's last
+        # answer kept in the engine's state
+        self.before_stop: list[Callable[[], object]] = []
         self._behind: Callable[[], Endpoint | None] = lambda: None  # what it holds for
 
     def set_external(self, source: ClusterController) -> None:
@@ -288,7 +292,7 @@ class EngineController(QObject):
 
         def work(token: Any) -> Endpoint:
             if old is not None:
-                self.api.flush()  # a tool's conversation answered last, kept for later
+                self._before_stop()
                 old.stop()
             if kept is not None:
                 background.stop(paths, kept)
@@ -345,7 +349,7 @@ class EngineController(QObject):
         self._set_state(State.STOPPING.value, "Stopping llama-server…")
 
         def stopping(_t: Any) -> None:
-            self.api.flush()
+            self._before_stop()
             sup.stop()
             self.api.stop()  # stopped by the person: the address goes with it
 
@@ -511,13 +515,20 @@ class EngineController(QObject):
         self._bg_timer.stop()
         sup, self.supervisor = self.supervisor, None
         if sup is not None:
-            self.api.flush()
+            self._before_stop()
             sup.stop()
         self.api.stop()
         if self.keeping:
             background.forget(self.ctx.services.paths, os.getpid())
 
     # --------------------------------------------------------- internals
+    def _before_stop(self) -> None:
+        """What is kept before the engine stops: the chat's last answer, and a tool's
+        conversation answered last (the local API's)."""
+        for hook in list(self.before_stop):
+            hook()
+        self.api.flush()
+
     def _watch(self, request: LaunchRequest, ep: Endpoint) -> None:
         """Read the engine's own speed counters while it runs (calibration)."""
         tracker = request.tracker
