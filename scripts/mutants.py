@@ -1261,7 +1261,7 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "tool-takes-slot-silently",
         "k3desk/core/engines/front.py",
-        "            self.config.on_slot()",
+        "            await asyncio.to_thread(self.config.on_slot)",
         "            pass",
         "tests/core/app/test_window_tool_conversations.py::test_a_tools_convers"
         "ation_and_the_windows_chat_share_the_slot_and_survive_a_restart",
