@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from k3desk.core.app.local_api import KEEP_WAIT
 from k3desk.core.chat.client import (
     ChatClient,
     ChatDelta,
@@ -43,10 +44,6 @@ from k3desk.core.errors import ChatError
 from k3desk.core.progress import CancelToken
 
 log = logging.getLogger(__name__)
-
-# how long a tool's request waits for the chat's last answer to be kept before it takes
-# the engine's slot (then the keep finds the slot taken and keeps nothing)
-KEEP_WAIT = 10.0
 
 SAVE_EVERY_S = 2.0
 NOTE_STOPPED = "stopped"  # finish_reason of an answer the person stopped
@@ -367,9 +364,10 @@ class ConversationStates:
     the reading rate measured on that engine (else when a state was kept, else the
     plan's prediction).  :meth:`after` an answer keeps its state for the next question;
     :meth:`keep_later` does that on a thread of its own, so that the next question can
-    be asked at once (the engine's read of the answer into the slot can take minutes
-    where it streams its experts from disk): that question cancels it, since the slot
-    holds its conversation and it reads what the keep would have; another conversation's
+    be asked at once (the engine's read of the answer into the slot takes tens of
+    seconds where it streams its experts from disk: 43 s on the twin): that question
+    cancels it, since the slot holds its conversation and it reads what the keep would
+    have; another conversation's
     turn, a tool's, and the engine stopping wait for it (:meth:`settle`).  Only for an
     engine k3desk started (``owner_pid``): what an attached server runs is not known.
     Thread-safe."""
