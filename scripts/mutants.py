@@ -1736,6 +1736,58 @@ MUTANTS: tuple[Mutant, ...] = (
         "an answer's state is kept while the person reads it, not before the next question",
     ),
     m(
+        "kept-state-short-file-trusted",
+        "k3desk/core/chat/kept_state.py",
+        'if saved.get("n_written") != size:',
+        "if False:",
+        "tests/core/chat/test_kept_state.py::"
+        "test_a_full_disk_keeps_nothing_leaves_nothing_and_says_what_is_free",
+        "a state file shorter than the engine said it wrote (a full disk) is not kept",
+    ),
+    m(
+        "kept-state-unindexed-file-left",
+        "k3desk/core/chat/kept_state.py",
+        "            # never used and would hold its space unseen, so it goes\n"
+        "            (self.folder / name).unlink(missing_ok=True)",
+        "            # never used and would hold its space unseen, so it goes\n"
+        "            pass",
+        "tests/core/chat/test_kept_state.py::"
+        "test_a_full_disk_keeps_nothing_leaves_nothing_and_says_what_is_free",
+        "a state whose index could not be written is deleted, not left to hold its space",
+    ),
+    m(
+        "kept-state-withdrawn-keep-listed-after-forget",
+        "k3desk/core/chat/kept_state.py",
+        "                if cancel is not None and cancel.cancelled:",
+        "                if False:",
+        "tests/core/chat/test_kept_state.py::test_a_keep_withdrawn_while_written_stays_withdrawn",
+        "a keep withdrawn while its state was written does not list it after a forget",
+    ),
+    m(
+        "deleted-conversation-keeps-its-states",
+        "k3desk/core/app/chat_turn.py",
+        "    store.delete_conversation(conversation_id)\n    states.forget(conversation_id)",
+        "    store.delete_conversation(conversation_id)",
+        "tests/core/chat/test_kept_state.py::test_a_deleted_conversation_takes_its_kept_states_with_it",
+        "deleting a conversation deletes the engine states kept for it",
+    ),
+    m(
+        "kept-state-slot-trusted-after-a-tool-took-it",
+        "k3desk/core/app/chat_turn.py",
+        "if self._taken == taken:",
+        "if True:",
+        "tests/core/chat/test_kept_state.py::test_a_keep_that_outlasts_the_wait_for_it_is_not_trusted",
+        "a keep that ends after a tool took the slot does not make the chat trust the slot",
+    ),
+    m(
+        "kept-state-unexpected-failure-unsaid",
+        "k3desk/core/app/chat_turn.py",
+        '                on_kept(Kept(False, f"Not kept: {type(exc)',
+        '                (Kept(False, f"Not kept: {type(exc)',
+        "tests/core/chat/test_kept_state.py::test_a_keep_that_fails_unexpectedly_says_so_and_frees_the_chat",
+        "a keep that fails unexpectedly says so",
+    ),
+    m(
         "kept-state-another-conversation-withdraws-the-keep",
         "k3desk/core/app/chat_turn.py",
         "if asking is not None and conversation == asking:",

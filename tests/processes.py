@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import re
+import signal
 import threading
 import time
-from typing import IO
+from typing import IO, Any
 
 import psutil
+
+from k3desk.core.chat.client import ChatClient
 
 
 def gone_within(pid: int, seconds: float) -> bool:
@@ -75,3 +79,20 @@ class LineReader:
         while self._take(deadline) is not None:
             pass
         return "".join(self.lines)
+
+
+class SlotsHeld(ChatClient):
+    """A client of a real engine that is held still (SIGSTOP) for ``pause`` seconds as
+    each of its slot requests (save, restore) is sent, as a slow or busy disk holds them;
+    the requests go to the engine unchanged.  ``held_at``: when it was last held."""
+
+    pause = 1.0
+    held_at = 0.0
+
+    def call(self, method: str, path: str, *args: Any, **kwargs: Any) -> tuple[int, Any]:
+        pid = self.endpoint.owner_pid
+        if path.startswith("/slots/") and pid is not None:
+            os.kill(pid, signal.SIGSTOP)
+            self.held_at = time.monotonic()
+            threading.Timer(self.pause, os.kill, (pid, signal.SIGCONT)).start()
+        return super().call(method, path, *args, **kwargs)

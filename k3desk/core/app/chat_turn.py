@@ -414,6 +414,16 @@ class ConversationStates:
             token.cancel()
         return ended.wait(timeout)
 
+    def forget(self, conversation_id: int) -> None:
+        """The conversation was deleted: its keep, if running, is withdrawn (and waited
+        for, up to :data:`KEEP_WAIT`), and every state kept for it is deleted."""
+        self.settle(KEEP_WAIT, asking=conversation_id)
+        self.keeper.forget(str(conversation_id))
+        with self._lock:
+            for engine, (held, _) in list(self._in_slot.items()):
+                if held == conversation_id:
+                    del self._in_slot[engine]
+
     def keep_later(
         self,
         client: ChatClient,
@@ -434,8 +444,9 @@ class ConversationStates:
                 kept = self.after(client, record, settings, cancel=token)
                 if kept is not None:
                     on_kept(kept)
-            except Exception:  # on a thread of its own: said in the log
+            except Exception as exc:  # on a thread of its own: said, and in the log
                 log.exception("conversation %d: its state was not kept", record.conversation.id)
+                on_kept(Kept(False, f"Not kept: {type(exc).__name__}: {exc} (in the log)."))
             finally:
                 with self._lock:
                     if self._keeping is keeping:
@@ -544,6 +555,15 @@ class ConversationStates:
                 if r is not None and (known is None or r.tokens >= known.tokens):
                     self._rate[engine] = r
         return kept
+
+
+def delete_conversation(
+    store: HistoryStore, states: ConversationStates, conversation_id: int
+) -> None:
+    """Delete a conversation from the history, and every engine state kept for it: a
+    kept state holds the tokens the engine read, so the conversation's words."""
+    store.delete_conversation(conversation_id)
+    states.forget(conversation_id)
 
 
 def _begins_with(

@@ -57,6 +57,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -118,6 +119,7 @@ class Kept:
     predicted_s: float | None = None  # how long that reading takes, where the rate is known
     rate: Rate | None = None  # the engine's prompt reading measured while keeping it
     prefix: str = field(default="", repr=False)  # the prompt a kept state begins (keep)
+    disk: bool = False  # not kept: its disk would not take it (full, or failing)
 
     def text(self, action: str) -> str:
         if self.done:
@@ -420,6 +422,13 @@ def _counted(client: ChatClient, picture: str) -> int | None:
     return n if isinstance(n, int) else None
 
 
+def _error_message(body: Any) -> str | None:
+    """The message of an engine's error answer (``{"error": {"message": ...}}``)."""
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message[:200] if isinstance(message, str) and message else None
+
+
 def _sha256_file(path: Path, size: int) -> str | None:
     """SHA-256 of a regular file of ``size`` bytes, opened without following a link;
     None when it is anything else."""
@@ -510,8 +519,14 @@ class StateKeeper:
         return [(e.conversation, e.tokens, e.size) for e in rows]
 
     def forget(self, conversation: str) -> None:
-        """Every state kept for ``conversation`` (it was deleted)."""
-        with self._locked() as entries:
+        """Delete every state kept for ``conversation`` (the conversation was deleted: a
+        state holds its tokens, so its words).  The files go even when the index cannot
+        be written (a full disk); it then lists states that are gone, which are refused
+        when asked for, as any missing file is."""
+        for e in self._read().values():
+            if e.conversation == conversation:
+                (self.folder / e.file).unlink(missing_ok=True)
+        with contextlib.suppress(OSError), self._locked() as entries:
             for e in [e for e in entries.values() if e.conversation == conversation]:
                 self._drop(entries, e)
 
@@ -579,44 +594,93 @@ class StateKeeper:
         if status != 200 or not isinstance(primed, dict):
             return Kept(False, f"Not kept: the engine did not read the conversation ({status}).")
         tokens = primed.get("tokens_evaluated")
+        if not isinstance(tokens, int):
+            return Kept(False, "Not kept: the engine did not say how much it read.")
         rate = reading_rate(primed.get("timings"))
+        saved = self._save(client, tokens)
+        if isinstance(saved, Kept):
+            return saved
+        name, size, digest = saved
+        prefix_sha = _prefix_digest(normal, prompt.pictures)
+        entry = _Entry(conversation, name, digest, size, tokens, prefix_sha, len(normal),
+                       engine.identity, time.time(), rate.tps if rate else 0.0)  # fmt: skip
+        try:
+            with self._locked() as entries:
+                if cancel is not None and cancel.cancelled:
+                    # withdrawn while it was written (its conversation deleted, or asked
+                    # again): under the index's lock, so a forget() after it is final
+                    (self.folder / name).unlink(missing_ok=True)
+                    return Kept(False, OVERTAKEN)
+                self._add(entries, entry)
+                added = name in entries
+        except OSError as exc:
+            # the index could not be written (a full disk): a state it does not list is
+            # never used and would hold its space unseen, so it goes
+            (self.folder / name).unlink(missing_ok=True)
+            return Kept(False, f"Not kept: its index could not be written "
+                               f"({exc.strerror or exc}){self._free()}.", disk=True)  # fmt: skip
+        if not added:
+            return Kept(
+                False,
+                f"Not kept: its state ({fmt_bytes(size)}) is over the "
+                f"budget for kept states ({fmt_bytes(self.budget)}).",
+            )
+        return Kept(
+            True, tokens=tokens, size=size, seconds=time.monotonic() - t0, rate=rate, prefix=prefix
+        )
+
+    def _save(self, client: ChatClient, tokens: int) -> tuple[str, int, str] | Kept:
+        """Have the engine write its slot (``tokens`` read) to a new file: its name, size
+        and SHA-256, or why nothing was kept (the file, if any, deleted)."""
         name = f"k3c-{secrets.token_hex(8)}.bin"
+        path = self.folder / name
         try:
             status, saved = client.call(
                 "POST", "/slots/0?action=save", {"filename": name}, slow=True
             )
         except BaseException:
             # the engine stopped or went away while writing it: no part of a state stays
-            (self.folder / name).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
             raise
-        if status != 200 or not isinstance(saved, dict) or saved.get("n_saved") != tokens:
+        if status != 200 or not isinstance(saved, dict):
+            # llama_state_seq_save_file failed ("Unable to save slot": a write error,
+            # such as a full disk; tools/server/server-context.cpp, SLOT_SAVE)
+            path.unlink(missing_ok=True)
+            said = _error_message(saved) or f"status {status}"
+            return Kept(False, f"Not kept: the engine could not write the state ({said})"
+                               f"{self._free()}.", disk=True)  # fmt: skip
+        if saved.get("n_saved") != tokens:
             # another request took the slot between the two calls: what it holds is not ours
-            (self.folder / name).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
             return Kept(False, "Not kept: the engine's slot was busy with another request.")
-        path = self.folder / name
         try:
             size = path.lstat().st_size
         except OSError:
             return Kept(False, "Not kept: the engine wrote no state file.")
+        if saved.get("n_written") != size:
+            # the engine's file is closed unchecked (llama_file's destructor, in
+            # src/llama-mmap.cpp): its last buffered bytes can be lost to a full disk
+            # while it says it wrote them all
+            path.unlink(missing_ok=True)
+            wrote = saved.get("n_written")
+            said = f"{wrote:,}" if isinstance(wrote, int) else "?"
+            return Kept(False, f"Not kept: the engine's state file holds {size:,} of the "
+                               f"{said} bytes it said it wrote{self._free()}.",
+                        disk=True)  # fmt: skip
         digest = _sha256_file(path, size)
-        if digest is None or not isinstance(tokens, int):
+        if digest is None:
             path.unlink(missing_ok=True)
             return Kept(False, "Not kept: the engine's state file could not be read back.")
         os.chmod(path, 0o600)
-        prefix_sha = _prefix_digest(normal, prompt.pictures)
-        entry = _Entry(conversation, name, digest, size, tokens, prefix_sha, len(normal),
-                       engine.identity, time.time(), rate.tps if rate else 0.0)  # fmt: skip
-        with self._locked() as entries:
-            self._add(entries, entry)
-            if name not in entries:
-                return Kept(
-                    False,
-                    f"Not kept: its state ({fmt_bytes(size)}) is over the "
-                    f"budget for kept states ({fmt_bytes(self.budget)}).",
-                )
-        return Kept(
-            True, tokens=tokens, size=size, seconds=time.monotonic() - t0, rate=rate, prefix=prefix
-        )
+        return name, size, digest
+
+    def _free(self) -> str:
+        """'; N free on its disk' for the kept states' folder ('' when not known)."""
+        try:
+            free = shutil.disk_usage(self.folder).free
+        except OSError:
+            return ""
+        return f"; {fmt_bytes(free)} free on the disk that holds kept states"
 
     def rate(self, conversation: str) -> float | None:
         """The reading rate (tokens/s) measured when the newest of the conversation's
@@ -705,8 +769,9 @@ class StateKeeper:
             if _sha256_file(self.folder / e.file, e.size) == e.sha256:
                 entry = e
                 break
-            with self._locked() as entries:
-                self._drop(entries, e)  # damaged or replaced: deleted unread; the next one
+            (self.folder / e.file).unlink(missing_ok=True)  # damaged or replaced: deleted
+            with contextlib.suppress(OSError), self._locked() as entries:  # unread; the next
+                self._drop(entries, e)
         if entry is None:
             return Kept(
                 False,
@@ -723,7 +788,7 @@ class StateKeeper:
                 f"The engine did not restore the kept state ({status}): the "
                 "conversation is read again.",
             )
-        with self._locked() as entries:
+        with contextlib.suppress(OSError), self._locked() as entries:  # orders eviction only
             if entry.file in entries:
                 entries[entry.file] = replace(entries[entry.file], used=time.time())
         return Kept(True, tokens=entry.tokens, size=entry.size, seconds=time.monotonic() - t0)

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
-import signal
+import re
+import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,12 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from k3desk.core.app.chat_turn import ConversationStates, TurnRecord, run_turn
+from k3desk.core.app.chat_turn import (
+    ConversationStates,
+    TurnRecord,
+    delete_conversation,
+    run_turn,
+)
 from k3desk.core.chat.client import ChatClient, ChatEndpoint, ChatMessage
 from k3desk.core.chat.history import HistoryStore
 from k3desk.core.chat.images import load_image
@@ -41,7 +48,10 @@ from k3desk.core.chat.kept_state import (
 from k3desk.core.chat.model import ChatSettings
 from k3desk.core.engines.supervisor import LaunchSpec, Supervisor
 from k3desk.core.paths import default_paths
+from k3desk.core.progress import CancelToken
+from k3desk.core.units import fmt_bytes
 from k3desk.devtools.tinyk3 import TinyModel
+from tests.processes import SlotsHeld
 
 REPO = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.engine]
@@ -244,21 +254,6 @@ def test_a_long_conversation_on_a_slow_engine_is_kept(llama_server: Path, tmp_pa
     assert kept.seconds > quick.read  # it did take longer than the quick calls' limit
 
 
-class _HeldOnSlots(ChatClient):
-    """A client of an engine that is held still (SIGSTOP) for ``pause`` seconds as each
-    of its slot requests is sent, as a slow or busy disk holds a save or a restore.  The
-    requests themselves go to the real engine unchanged."""
-
-    pause = 1.0
-
-    def call(self, method: str, path: str, *args: Any, **kwargs: Any) -> tuple[int, Any]:
-        pid = self.endpoint.owner_pid
-        if path.startswith("/slots/") and pid is not None:
-            os.kill(pid, signal.SIGSTOP)
-            threading.Timer(self.pause, os.kill, (pid, signal.SIGCONT)).start()
-        return super().call(method, path, *args, **kwargs)
-
-
 def test_a_state_slow_to_write_and_to_read_is_still_kept_and_brought_back(
     llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
 ) -> None:
@@ -275,7 +270,7 @@ def test_a_state_slow_to_write_and_to_read_is_still_kept_and_brought_back(
     asked = [*one, ChatMessage("user", QUESTIONS[1])]
     with (
         engine(llama_server, tiny_k3_single, folder) as direct,
-        _HeldOnSlots(direct.endpoint, timeout=quick) as client,
+        SlotsHeld(direct.endpoint, timeout=quick) as client,
     ):
         kept = keeper.keep(client, "1", one, SETTINGS)
         assert kept.done, kept.why  # the save waited for
@@ -442,6 +437,172 @@ def test_the_least_recently_used_state_makes_way_for_the_budget(
         assert "over the budget" in three.why
         assert [c for c, _, _ in tiny.entries()] == []
         assert list(folder.glob("k3c-*.bin")) == []
+
+
+def _fill(disk: Path, room: int) -> None:
+    """Fill ``disk`` (a tmpfs: its pages are real) until exactly ``room`` bytes are free."""
+    with open(disk / "filler", "wb") as f:
+        f.write(bytes(shutil.disk_usage(disk).free - room))
+    assert shutil.disk_usage(disk).free == room
+
+
+def test_a_full_disk_keeps_nothing_leaves_nothing_and_says_what_is_free(
+    llama_server: Path, tiny_k3_single: TinyModel, tmpfs: Callable[[int], Path]
+) -> None:
+    """The disk holding kept states fills up.  When the engine cannot write a state,
+    or writes it and the index cannot be written after it, nothing is kept, no part of
+    a state stays to hold the space unseen, the reason says how much is free, and what
+    was kept before is still brought back."""
+    disk = tmpfs(64)
+    folder = disk / "states"
+    keeper = StateKeeper(folder)
+    one = [ChatMessage("user", QUESTIONS[0]), ChatMessage("assistant", "Once.")]
+    with engine(llama_server, tiny_k3_single, folder) as client:
+        first = keeper.keep(client, "1", one, SETTINGS)
+        assert first.done, first.why
+        kept_before = sorted(folder.glob("k3c-*.bin"))
+        page = os.statvfs(disk).f_frsize
+        state = -(-first.size // page) * page  # the same conversation's state: as large
+        engine_wrote = r"the engine( could not write the state|'s state file holds [\d,]+ of)"
+        for room, why in (
+            (state - page, engine_wrote),
+            (state, r"its index could not be written \(No space left on device\)"),
+        ):
+            _fill(disk, room)
+            kept = keeper.keep(client, "2", one, SETTINGS)
+            assert not kept.done
+            assert kept.disk  # said in the window
+            assert re.search(why, kept.why), kept.why
+            assert f"{fmt_bytes(room)} free on the disk that holds kept states" in kept.why
+            assert sorted(folder.glob("k3c-*.bin")) == kept_before  # nothing left behind
+            assert [c for c, _, _ in keeper.entries()] == ["1"]
+            (disk / "filler").unlink()
+        back = keeper.bring_back(client, "1", [*one, ChatMessage("user", QUESTIONS[1])],
+                                 SETTINGS)  # fmt: skip
+    assert back.done, back.why
+    assert back.tokens == first.tokens
+
+
+def test_a_deleted_conversation_takes_its_kept_states_with_it(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
+) -> None:
+    """A kept state holds the tokens the engine read, so the conversation's words:
+    deleting the conversation deletes its states, the one still being kept included."""
+    folder = tmp_path / "states"
+    states = ConversationStates(StateKeeper(folder))
+    with (
+        HistoryStore(tmp_path / "history.sqlite3") as store,
+        engine(llama_server, tiny_k3_single, folder) as direct,
+        SlotsHeld(direct.endpoint) as client,
+    ):
+        gone = TurnRecord.new_conversation(store, QUESTIONS[0], settings=SETTINGS)
+        other = TurnRecord.new_conversation(store, QUESTIONS[1], settings=SETTINGS)
+        for record in (gone, other):
+            assert run_turn(client, record.request_messages(), SETTINGS,
+                            record=record).error is None  # fmt: skip
+            states.keep_later(client, record, SETTINGS)
+            assert states.settle(30)
+        assert len(states.keeper.entries()) == 2
+        asked = TurnRecord.ask(store, gone.conversation.id, "And then?")
+        assert run_turn(client, asked.request_messages(), SETTINGS, record=asked).error is None
+        got: list[Kept] = []
+        client.held_at = 0.0
+        states.keep_later(client, asked, SETTINGS, on_kept=got.append)
+        deadline = time.monotonic() + 30
+        while client.held_at == 0.0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the engine is writing the newest state
+        delete_conversation(store, states, gone.conversation.id)
+        assert got
+        assert not got[0].done
+    assert [c for c, _, _ in states.keeper.entries()] == [str(other.conversation.id)]
+    assert len(list(folder.glob("k3c-*.bin"))) == 1
+
+
+def test_a_keep_withdrawn_while_written_stays_withdrawn(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
+) -> None:
+    """A keep withdrawn while the engine writes its state (its conversation deleted, and
+    the wait for the keep ran out) does not list the state after the forget."""
+    folder = tmp_path / "states"
+    keeper = StateKeeper(folder)
+    one = [ChatMessage("user", QUESTIONS[0]), ChatMessage("assistant", "Once.")]
+    token, out = CancelToken(), []
+    with (
+        engine(llama_server, tiny_k3_single, folder) as direct,
+        SlotsHeld(direct.endpoint) as client,
+    ):
+        keeping = threading.Thread(
+            target=lambda: out.append(keeper.keep(client, "1", one, SETTINGS, cancel=token))
+        )
+        keeping.start()
+        deadline = time.monotonic() + 30
+        while client.held_at == 0.0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        token.cancel()
+        keeper.forget("1")  # before the engine has written it
+        keeping.join(30)
+    assert out[0].why == OVERTAKEN
+    assert keeper.entries() == []
+    assert list(folder.glob("k3c-*.bin")) == []
+
+
+def test_a_keep_that_outlasts_the_wait_for_it_is_not_trusted(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
+) -> None:
+    """A tool's request waits for the chat's keep only so long; then it takes the slot,
+    and what the slot holds is no longer known: the keep that ends after it does not
+    make the chat trust the slot, so the conversation's next turn brings its state back."""
+    folder = tmp_path / "states"
+    states = ConversationStates(StateKeeper(folder))
+    with (
+        HistoryStore(tmp_path / "history.sqlite3") as store,
+        engine(llama_server, tiny_k3_single, folder) as direct,
+        SlotsHeld(direct.endpoint) as client,
+    ):
+        client.pause = 2.0
+        record = TurnRecord.new_conversation(store, QUESTIONS[0], settings=SETTINGS)
+        assert run_turn(client, record.request_messages(), SETTINGS, record=record).error is None
+        got: list[Kept] = []
+        states.keep_later(client, record, SETTINGS, on_kept=got.append)
+        t0 = time.monotonic()
+        states.slot_taken(timeout=0.3)
+        assert time.monotonic() - t0 < 1.5  # the tool did not wait for the keep's end
+        assert states.settle(30)
+        assert got
+        assert got[0].done, got[0].why
+        asked = TurnRecord.ask(store, record.conversation.id, QUESTIONS[1])
+        back = states.before(client, record.conversation.id, asked.request_messages(), SETTINGS)
+    assert back is not None  # brought back, the slot not trusted
+    assert back.done, back.why
+
+
+def test_a_keep_that_fails_unexpectedly_says_so_and_frees_the_chat(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A keep runs on a thread of its own: an error nothing foresaw there is said (and
+    logged with its trace), and the next question does not wait for it."""
+
+    class Broken(StateKeeper):
+        def keep(self, *args: Any, **kwargs: Any) -> Kept:
+            raise RuntimeError("the index is on fire")
+
+    states = ConversationStates(Broken(tmp_path / "states"))
+    got: list[Kept] = []
+    with (
+        HistoryStore(tmp_path / "history.sqlite3") as store,
+        engine(llama_server, tiny_k3_single, tmp_path / "states") as client,
+        caplog.at_level(logging.ERROR, logger="k3desk.core.app.chat_turn"),
+    ):
+        record = TurnRecord.new_conversation(store, QUESTIONS[0], settings=SETTINGS)
+        assert run_turn(client, record.request_messages(), SETTINGS, record=record).error is None
+        states.keep_later(client, record, SETTINGS, on_kept=got.append)
+        assert states.settle(30)
+        asked = TurnRecord.ask(store, record.conversation.id, QUESTIONS[1])
+        states.before(client, record.conversation.id, asked.request_messages(), SETTINGS)
+        assert run_turn(client, asked.request_messages(), SETTINGS, record=asked).error is None
+    assert [k.why for k in got] == ["Not kept: RuntimeError: the index is on fire (in the log)."]
+    assert "Traceback" in caplog.text
+    assert "its state was not kept" in caplog.text
 
 
 @pytest.mark.parametrize("damage", ["truncated", "random", "huge-token-count", "empty"])
