@@ -5,21 +5,19 @@ timings of that answer)."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import threading
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from k3desk.core.chat.client import ChatClient
 from k3desk.core.chat.kept_state import states_dir
 from k3desk.core.chat.model import ChatSettings, Timings
 from k3desk.devtools.tinyk3 import TinyModel
 from k3desk.ui.chat.page import ChatPage
+from tests.processes import SlotsHeld
 from tests.ui.test_chat import png_file, send, wait_idle
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -102,6 +100,14 @@ def test_the_chat_says_resumed_or_re_reading_after_a_restart(  # type: ignore[no
     n, timings = window.after_restart("And how did it end?", REREAD)
     assert n == timings.prompt_n
     assert timings.cache_n == 0
+
+    # deleted, the conversation takes its kept states (they hold its words) with it
+    assert window.page.chat.settle_kept(30)
+    assert list(window.folder.glob("k3c-*.bin"))
+    cid = window.page.current_id()
+    assert cid is not None
+    window.page.delete(cid, confirm=False)
+    qtbot.waitUntil(lambda: not list(window.folder.glob("k3c-*.bin")), timeout=15_000)
     assert ctx.reporter.last is None
 
 
@@ -127,22 +133,6 @@ def test_a_conversation_with_a_picture_comes_back_in_the_window(  # type: ignore
     assert ctx.reporter.last is None
 
 
-class _SlotsHeld(ChatClient):
-    """The chat's client of an engine that is held still (SIGSTOP) for two seconds as
-    each slot request is sent, as a slow disk holds a save; the requests go to the real
-    engine unchanged."""
-
-    held_at = 0.0
-
-    def call(self, method: str, path: str, *args: Any, **kwargs: Any) -> tuple[int, Any]:
-        pid = self.endpoint.owner_pid
-        if path.startswith("/slots/") and pid is not None:
-            os.kill(pid, signal.SIGSTOP)
-            type(self).held_at = time.monotonic()
-            threading.Timer(2.0, os.kill, (pid, signal.SIGCONT)).start()
-        return super().call(method, path, *args, **kwargs)
-
-
 def test_send_is_free_while_the_answer_is_kept_and_a_restart_waits_for_it(  # type: ignore[no-untyped-def]
     ctx, qtbot, llama_server, tiny_k3_single
 ) -> None:
@@ -155,8 +145,10 @@ def test_send_is_free_while_the_answer_is_kept_and_a_restart_waits_for_it(  # ty
     chat = window.page.chat
     endpoint = ctx.engine.chat_endpoint()
     assert endpoint is not None
+    held = SlotsHeld(endpoint)
+    held.pause = 2.0
     with chat._client_lock:
-        chat._client = _SlotsHeld(endpoint)
+        chat._client = held
     send(qtbot, window.page, "Tell me a long story about a cat and a dog.")
     wait_idle(qtbot, window.page)
     free_at = time.monotonic()
@@ -164,9 +156,29 @@ def test_send_is_free_while_the_answer_is_kept_and_a_restart_waits_for_it(  # ty
     composer.edit.setPlainText("And then?")
     assert composer.send_btn.isVisible()
     assert composer.send_btn.isEnabled()
-    qtbot.waitUntil(lambda: _SlotsHeld.held_at > 0, timeout=10_000)
-    assert free_at < _SlotsHeld.held_at + 1.0  # free while the engine was still saving it
+    qtbot.waitUntil(lambda: held.held_at > 0, timeout=10_000)
+    assert free_at < held.held_at + 1.0  # free while the engine was still saving it
 
     n, timings = window.after_restart("And then?", RESUMED)
     assert n == timings.cache_n > 0  # kept before the engine stopped
+    assert ctx.reporter.last is None
+
+
+def test_a_state_its_disk_cannot_take_is_said_in_the_window(  # type: ignore[no-untyped-def]
+    ctx, qtbot, llama_server, tiny_k3_single, tmpfs
+) -> None:
+    """The disk that holds kept states is full: the answer comes as ever, and the chat
+    says that its state was not kept and how much room is left, instead of only reading
+    the conversation again after the next restart."""
+    disk = tmpfs(1, at=states_dir(ctx.services.paths.cache))
+    with open(disk / "filler", "wb") as f:
+        f.write(bytes(shutil.disk_usage(disk).free - 8192))  # less than a state needs
+    window = Window(ctx, qtbot, llama_server, tiny_k3_single)
+    window.ask("Tell me a long story about a cat and a dog.")
+    assert window.answer_timings().predicted_n > 0
+    notice = window.page.composer.notice
+    qtbot.waitUntil(lambda: notice.text().startswith("Not kept"), timeout=30_000)
+    assert notice.text().endswith("; 8.0 KiB free on the disk that holds kept states.")
+    assert notice.isVisible()
+    assert not list(disk.glob("k3c-*.bin"))  # nothing left to hold the space
     assert ctx.reporter.last is None

@@ -30,6 +30,7 @@ from k3desk.core.app.chat import (
     ChatSettings,
     Conversation,
     HistoryStore,
+    Kept,
     Message,
     PreparedImage,
     SearchHit,
@@ -47,6 +48,7 @@ from k3desk.core.app.chat_turn import (
     ConversationStates,
     TurnOutcome,
     TurnRecord,
+    delete_conversation,
     run_turn,
     withheld_text,
 )
@@ -423,9 +425,10 @@ class ChatController(QObject):
             if self.current is not None and self.current.conversation.id == conversation_id:
                 self.new_conversation()
 
+        states = self._conversation_states()
         op = Operation(
             "chat-delete",
-            lambda _t: self.store().delete_conversation(conversation_id),
+            lambda _t: delete_conversation(self.store(), states, conversation_id),
             CHATS,
             serial=True,
         )
@@ -626,11 +629,13 @@ class ChatController(QObject):
                 # answer is read into the engine's slot now instead of then, while the
                 # person reads it (the next question withdraws that, and needs it not)
                 cid = record.conversation.id
-                states.keep_later(
-                    client, record, settings,
-                    on_kept=lambda kept: log.info(
-                        "conversation %d: %s", cid, kept.text("engine state kept")),
-                )  # fmt: skip
+
+                def on_kept(kept: Kept) -> None:
+                    log.info("conversation %d: %s", cid, kept.text("engine state kept"))
+                    if kept.disk:  # the person would otherwise only see it read again
+                        run_on_main(lambda: self.engine_state.emit(kept.why))
+
+                states.keep_later(client, record, settings, on_kept=on_kept)
             return outcome
 
         self.busy.emit(True)
