@@ -1736,6 +1736,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "an answer's state is kept while the person reads it, not before the next question",
     ),
     m(
+        "kept-state-unlisted-files-stay",
+        "k3desk/core/chat/kept_state.py",
+        "            self._sweep(entries)\n",
+        "",
+        "tests/core/chat/test_kept_state.py::test_a_state_no_index_lists_is_deleted_once_an_hour_old",
+        "a state file no index lists (its keeper killed) is deleted once an hour old",
+    ),
+    m(
+        "kept-state-unlisted-files-swept-young",
+        "k3desk/core/chat/kept_state.py",
+        "if now - st.st_mtime > ORPHAN_AGE:",
+        "if True:",
+        "tests/core/chat/test_kept_state.py::test_a_state_no_index_lists_is_deleted_once_an_hour_old",
+        "a state file no index lists yet, younger than an hour, is left for its keeper",
+    ),
+    m(
         "kept-state-short-file-trusted",
         "k3desk/core/chat/kept_state.py",
         'if saved.get("n_written") != size:',

@@ -83,6 +83,10 @@ INDEX = "index.json"
 PER_CONVERSATION = 4
 HEAD_BYTES = 1 << 20  # a model file is known by its size and its first MiB
 _FILE = re.compile(r"k3c-[0-9a-f]{16}\.bin")
+# a state file no index lists (k3desk was killed, or the power went, between the engine
+# writing it and the index listing it) is deleted once it is this old: a younger one may
+# be another k3desk process's keep, listed as soon as it has read the file back
+ORPHAN_AGE = 3600.0
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<n>\d{5})-of-(?P<total>\d{5})\.gguf$")
 _ALIASES = {
     "-m": "model", "--model": "model",
@@ -495,6 +499,7 @@ class StateKeeper:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             entries = self._read()
+            self._sweep(entries)
             before = dict(entries)
             yield entries
             if entries != before:
@@ -502,6 +507,22 @@ class StateKeeper:
                 write_private(self.folder / INDEX, json.dumps(rows, indent=1))
         finally:
             os.close(fd)
+
+    def _sweep(self, entries: dict[str, _Entry]) -> None:
+        """Delete the state files ``entries`` does not list that are older than
+        :data:`ORPHAN_AGE`: no budget counts them, so they would hold their space for good."""
+        now = time.time()
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return
+        for name in names:
+            if _FILE.fullmatch(name) is None or name in entries:
+                continue
+            with contextlib.suppress(OSError):
+                st = os.lstat(self.folder / name)
+                if now - st.st_mtime > ORPHAN_AGE:
+                    os.unlink(self.folder / name)
 
     def _read(self) -> dict[str, _Entry]:
         try:

@@ -38,6 +38,7 @@ from k3desk.core.chat.history import HistoryStore
 from k3desk.core.chat.images import load_image
 from k3desk.core.chat.kept_state import (
     MIN_RATE_TOKENS,
+    ORPHAN_AGE,
     OVERTAKEN,
     PER_CONVERSATION,
     PICTURE,
@@ -481,6 +482,31 @@ def test_a_full_disk_keeps_nothing_leaves_nothing_and_says_what_is_free(
                                  SETTINGS)  # fmt: skip
     assert back.done, back.why
     assert back.tokens == first.tokens
+
+
+def test_a_state_no_index_lists_is_deleted_once_an_hour_old(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
+) -> None:
+    """k3desk killed (or the power cut) after the engine wrote a state and before the
+    index listed it leaves a file no budget counts.  The next keep deletes such a file
+    once it is an hour old; a younger one may be another k3desk's keep about to be
+    listed, and stays."""
+    folder = tmp_path / "states"
+    keeper = StateKeeper(folder)
+    one = [ChatMessage("user", QUESTIONS[0]), ChatMessage("assistant", "Once.")]
+    old, young = folder / f"k3c-{'a' * 16}.bin", folder / f"k3c-{'b' * 16}.bin"
+    with engine(llama_server, tiny_k3_single, folder) as client:
+        assert client.chat(one[:1], SETTINGS).text is not None
+        for unlisted in (old, young):  # what the engine has written when its keeper dies
+            status, _ = client.call("POST", "/slots/0?action=save", {"filename": unlisted.name})
+            assert status == 200
+        then = time.time() - ORPHAN_AGE - 60
+        os.utime(old, (then, then))
+        kept = keeper.keep(client, "1", one, SETTINGS)
+    assert kept.done, kept.why
+    assert not old.exists()
+    assert young.exists()
+    assert len(keeper.entries()) == 1
 
 
 def test_a_deleted_conversation_takes_its_kept_states_with_it(
