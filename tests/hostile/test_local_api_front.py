@@ -13,6 +13,7 @@ generation at once and nothing else.
 from __future__ import annotations
 
 import socket
+import statistics
 import time
 from pathlib import Path
 
@@ -93,14 +94,30 @@ def test_through_the_front_keys_origins_floods_and_big_bodies_hold(
             for s in held:
                 s.close()
         # a client that drops in the middle of a streamed answer ends its generation (the
-        # router's one slot is free at once: the whole answer takes seconds) and nothing else
+        # router's one slot is free at once) and nothing else.  Against the whole answer,
+        # read to its end in the same run (its generation fills the context): a question
+        # that had to wait for the dropped one would take about as long.  The median of
+        # three drops: on 2 busy cores the OS now and then leaves a process unscheduled
+        # for a second or two (seen with a bare asyncio loop beside the engine), and the
+        # front acts on a drop only once it runs
         long = {"model": "Tiny-A", "prompt": "Once", "stream": True, "max_tokens": 100000,
                 "ignore_eos": True}  # fmt: skip
-        with httpx.stream("POST", f"{url}/v1/completions", timeout=30, json=long,
-                          headers={"Authorization": f"Bearer {kept}"}) as r:  # fmt: skip
-            assert r.status_code == 200
-            next(r.iter_bytes())
+        auth = {"Authorization": f"Bearer {kept}"}
         started = time.monotonic()
-        assert _ask(f"{url}/v1", kept, "Tiny-A")
-        assert time.monotonic() - started < 1.5
+        with httpx.stream("POST", f"{url}/v1/completions", timeout=120, json=long,
+                          headers=auth) as r:  # fmt: skip
+            assert r.status_code == 200
+            for _ in r.iter_bytes():
+                pass
+        whole = time.monotonic() - started
+        after_drop: list[float] = []
+        for _ in range(3):
+            with httpx.stream("POST", f"{url}/v1/completions", timeout=30, json=long,
+                              headers=auth) as r:  # fmt: skip
+                assert r.status_code == 200
+                next(r.iter_bytes())
+            started = time.monotonic()
+            assert _ask(f"{url}/v1", kept, "Tiny-A")
+            after_drop.append(time.monotonic() - started)
+        assert statistics.median(after_drop) < whole / 4, (after_drop, whole)
         assert front.is_running()
