@@ -1772,12 +1772,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "a state whose index could not be written is deleted, not left to hold its space",
     ),
     m(
-        "kept-state-withdrawn-keep-listed-after-forget",
+        "kept-state-deleted-conversation-listed-after-forget",
         "k3desk/core/chat/kept_state.py",
-        "                if cancel is not None and cancel.cancelled:",
+        "                if _forgets(self.folder, conversation) != forgets:",
         "                if False:",
-        "tests/core/chat/test_kept_state.py::test_a_keep_withdrawn_while_written_stays_withdrawn",
-        "a keep withdrawn while its state was written does not list it after a forget",
+        "tests/core/chat/test_kept_state.py::test_a_state_written_for_a_deleted_conversation_is_not_listed",
+        "a state written while its conversation was deleted is not listed",
+    ),
+    m(
+        "kept-state-overtaken-while-written-thrown-away",
+        "k3desk/core/chat/kept_state.py",
+        "                if _forgets(self.folder, conversation) != forgets:",
+        "                if _forgets(self.folder, conversation) != forgets or (\n"
+        "                    cancel is not None and cancel.cancelled\n"
+        "                ):",
+        "tests/core/chat/test_kept_state.py::test_a_state_written_for_a_deleted_conversation_is_not_listed",
+        "a state written as the next question came is kept: it is whole",
     ),
     m(
         "deleted-conversation-keeps-its-states",

@@ -59,6 +59,7 @@ import re
 import secrets
 import shutil
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -103,6 +104,18 @@ LINKED = "a picture in it is a link the engine fetches, not data k3desk can read
 # a keep cancelled because the conversation's next question came first: the engine's slot
 # holds the conversation, and that question reads what the keep would have
 OVERTAKEN = "Not kept: the next question came first (the engine's slot holds the conversation)."
+
+
+DELETED = "Not kept: its conversation was deleted."
+# forget() calls in this process, per (kept states' folder, conversation): a keep that
+# began before one lists nothing (whichever StateKeeper of that folder made it)
+_FORGETS: dict[tuple[str, str], int] = {}
+_FORGETS_LOCK = threading.Lock()
+
+
+def _forgets(folder: Path, conversation: str) -> int:
+    with _FORGETS_LOCK:
+        return _FORGETS.get((str(folder.absolute()), conversation), 0)
 
 
 def states_dir(cache: Path) -> Path:
@@ -544,6 +557,9 @@ class StateKeeper:
         state holds its tokens, so its words).  The files go even when the index cannot
         be written (a full disk); it then lists states that are gone, which are refused
         when asked for, as any missing file is."""
+        with _FORGETS_LOCK:  # first: a keep of it running now lists nothing (_keep)
+            key = (str(self.folder.absolute()), conversation)
+            _FORGETS[key] = _FORGETS.get(key, 0) + 1
         for e in self._read().values():
             if e.conversation == conversation:
                 (self.folder / e.file).unlink(missing_ok=True)
@@ -600,6 +616,7 @@ class StateKeeper:
         if engine.slots.resolve() != self.folder.resolve():
             return Kept(False, "Not kept: the engine saves states in another folder.")
         t0 = time.monotonic()
+        forgets = _forgets(self.folder, conversation)
         prompt = prefix_of()
         prefix, normal = prompt.text, engine.normal(prompt.text)
         if prompt.pictures is None:
@@ -627,11 +644,11 @@ class StateKeeper:
                        engine.identity, time.time(), rate.tps if rate else 0.0)  # fmt: skip
         try:
             with self._locked() as entries:
-                if cancel is not None and cancel.cancelled:
-                    # withdrawn while it was written (its conversation deleted, or asked
-                    # again): under the index's lock, so a forget() after it is final
+                if _forgets(self.folder, conversation) != forgets:
+                    # its conversation was deleted meanwhile: checked under the index's
+                    # lock, so a forget() before this is final and one after it finds it
                     (self.folder / name).unlink(missing_ok=True)
-                    return Kept(False, OVERTAKEN)
+                    return Kept(False, DELETED)
                 self._add(entries, entry)
                 added = name in entries
         except OSError as exc:

@@ -37,6 +37,7 @@ from k3desk.core.chat.client import ChatClient, ChatEndpoint, ChatMessage
 from k3desk.core.chat.history import HistoryStore
 from k3desk.core.chat.images import load_image
 from k3desk.core.chat.kept_state import (
+    DELETED,
     MIN_RATE_TOKENS,
     ORPHAN_AGE,
     OVERTAKEN,
@@ -538,38 +539,46 @@ def test_a_deleted_conversation_takes_its_kept_states_with_it(
         while client.held_at == 0.0 and time.monotonic() < deadline:
             time.sleep(0.01)  # the engine is writing the newest state
         delete_conversation(store, states, gone.conversation.id)
-        assert got
-        assert not got[0].done
+        assert got  # the keep ended before the conversation's states were deleted
     assert [c for c, _, _ in states.keeper.entries()] == [str(other.conversation.id)]
     assert len(list(folder.glob("k3c-*.bin"))) == 1
 
 
-def test_a_keep_withdrawn_while_written_stays_withdrawn(
+def test_a_state_written_for_a_deleted_conversation_is_not_listed(
     llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path
 ) -> None:
-    """A keep withdrawn while the engine writes its state (its conversation deleted, and
-    the wait for the keep ran out) does not list the state after the forget."""
+    """While the engine writes a conversation's state: the next question coming leaves
+    it kept (it is whole, and that question waits for the write anyway), but the
+    conversation being deleted lists nothing, even when the wait for the keep ran out
+    and the forget came first."""
     folder = tmp_path / "states"
     keeper = StateKeeper(folder)
     one = [ChatMessage("user", QUESTIONS[0]), ChatMessage("assistant", "Once.")]
-    token, out = CancelToken(), []
-    with (
-        engine(llama_server, tiny_k3_single, folder) as direct,
-        SlotsHeld(direct.endpoint) as client,
-    ):
+
+    def while_written(conversation: str, meanwhile: Callable[[CancelToken], None]) -> Kept:
+        token, out = CancelToken(), []
+        client.held_at = 0.0
         keeping = threading.Thread(
-            target=lambda: out.append(keeper.keep(client, "1", one, SETTINGS, cancel=token))
+            target=lambda: out.append(keeper.keep(client, conversation, one, SETTINGS, token))
         )
         keeping.start()
         deadline = time.monotonic() + 30
         while client.held_at == 0.0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        token.cancel()
-        keeper.forget("1")  # before the engine has written it
+            time.sleep(0.01)  # the engine is held as it is asked to write the state
+        meanwhile(token)
         keeping.join(30)
-    assert out[0].why == OVERTAKEN
-    assert keeper.entries() == []
-    assert list(folder.glob("k3c-*.bin")) == []
+        return out[0]
+
+    with (
+        engine(llama_server, tiny_k3_single, folder) as direct,
+        SlotsHeld(direct.endpoint) as client,
+    ):
+        asked = while_written("1", lambda token: token.cancel())
+        deleted = while_written("2", lambda _token: keeper.forget("2"))
+    assert asked.done, asked.why
+    assert deleted.why == DELETED
+    assert [c for c, _, _ in keeper.entries()] == ["1"]
+    assert len(list(folder.glob("k3c-*.bin"))) == 1
 
 
 def test_a_keep_that_outlasts_the_wait_for_it_is_not_trusted(
