@@ -8,7 +8,9 @@ handler, the error reporter), then ``on_finally``.  When it succeeded and change
 something, :attr:`OperationRunner.did_execute` is emitted once with its
 :class:`~k3desk.core.app.operations.OpChanges`, right after ``on_success``.  Pages
 refresh from that signal (each asks ``changes.touches(...)`` for the kinds it shows),
-so the page that started an action never refreshes the others itself.
+so the page that started an action never refreshes the others itself.  Once the task
+manager is shut down (the app is quitting) nothing is announced: no page is left to show
+a change, and a page that refreshed would start work nothing runs any more.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class OperationRunner(QObject):
         )
 
     def announce(self, changes: OpChanges, initiator: Any = None) -> None:
-        """Tell every page what changed (nothing is said for no change)."""
-        if changes:
+        """Tell every page what changed (nothing is said for no change, nor once the app
+        is quitting: an operation that ends during the shutdown changes no page)."""
+        if changes and not self.tasks.closed:
             self.did_execute.emit(changes, initiator)

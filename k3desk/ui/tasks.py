@@ -132,6 +132,11 @@ class TaskManager(QObject):
         self._closures_pending.emit()
 
     @property
+    def closed(self) -> bool:
+        """Shut down: the app is quitting and no task starts any more."""
+        return self._closed
+
+    @property
     def active(self) -> int:
         return len(self._tasks)
 

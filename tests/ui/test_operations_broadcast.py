@@ -118,3 +118,32 @@ def test_a_model_dropped_on_the_window_appears_in_my_models(  # type: ignore[no-
     qtbot.waitUntil(lambda: not mine.rows(), timeout=30_000)
     assert "Removed" in mine.status.text()
 
+
+def test_a_conversation_change_that_ends_while_the_app_quits_says_nothing(  # type: ignore[no-untyped-def]
+    ctx, qtbot
+) -> None:
+    """Quitting from outside the window (a logout's SIGTERM: no close event reaches the
+    chat page) while a deletion or rename is still ending: the chat page, still open,
+    would refresh its list on a task manager that has shut down.  Nothing is announced
+    then, so the quit prints no traceback and the deletion itself still ends."""
+    from k3desk.ui.chat.page import ChatPage
+
+    page = ChatPage(ctx)
+    qtbot.addWidget(page)
+    page.show()
+    heard: list[OpChanges] = []
+    ctx.ops.did_execute.connect(lambda c, _i: heard.append(c))
+    release = threading.Event()
+    ended: list[str] = []
+
+    def delete(_t: CancelToken) -> str:
+        release.wait(10)  # a deletion does not stop half way when the app quits
+        return "deleted"
+
+    ctx.ops.run(
+        Operation("chat-delete", delete, OpChanges.of(Change.CHATS)), on_success=ended.append
+    )
+    threading.Timer(0.2, release.set).start()
+    ctx.tasks.shutdown(timeout=10)  # what the app's quit does, the window still open
+    assert ended == ["deleted"]
+    assert heard == []  # ... and a refresh would have raised in the page's slot
