@@ -89,11 +89,16 @@ class TaskManager(QObject):
 
         Exactly one of ``on_done`` / ``on_error`` / ``on_cancelled`` runs on the
         main thread when it ends (errors without ``on_error`` go to
-        :attr:`default_error_handler`), then ``on_finally``.
+        :attr:`default_error_handler`), then ``on_finally``.  Once the manager is shut
+        down (the app is quitting) nothing starts: the task comes back cancelled, and
+        no callback runs.
         """
         task: Task[T] = Task(name, token or CancelToken())
         if self._closed:
-            raise RuntimeError("the task manager is shut down")
+            # a late signal's handler (a refresh after the last change) at quit
+            log.debug("%s not started: the app is quitting", name)
+            task.cancel()
+            return task
 
         def work() -> T:
             return fn(task.token)

@@ -61,6 +61,26 @@ def test_errors_and_cancellation_reach_the_right_callback(qtbot) -> None:
     tm.shutdown()
 
 
+def test_nothing_starts_once_the_app_is_quitting(qtbot) -> None:
+    """A handler that starts work after the shutdown (a late refresh at quit) starts
+    nothing and raises nothing: the task comes back cancelled and no callback runs."""
+    tm = TaskManager()
+    tm.shutdown()
+    ran: list[str] = []
+    task = tm.run(
+        lambda _t: ran.append("work"),
+        on_done=lambda _r: ran.append("done"),
+        on_error=lambda _e: ran.append("error"),
+        on_cancelled=lambda: ran.append("cancelled"),
+        on_finally=lambda: ran.append("finally"),
+    )
+    qtbot.wait(100)
+    assert ran == []
+    assert task.token.cancelled
+    assert not task.running
+    assert tm.active == 0
+
+
 def test_serial_tasks_run_in_submission_order(qtbot) -> None:
     tm = TaskManager()
     order: list[int] = []
