@@ -1885,6 +1885,24 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_two_tools_conversations_each_come_back_and_stopping_keeps_the_last",
         "k3desk serve keeps the conversation answered last before it stops the engine",
     ),
+    m(
+        "chat-turn-not-pinned-to-slot-0",
+        "k3desk/core/chat/client.py",
+        '            body.setdefault("id_slot", 0)',
+        "            pass",
+        "tests/core/app/test_window_tool_conversations.py::test_the_windows_chat_is_kept_on_an_engine_answering_several_requests_at_once",
+        "the chat's turns go to slot 0, where its state is kept, beside a tool's requests",
+    ),
+    m(
+        "kept-state-refuses-several-slots",
+        "k3desk/core/chat/kept_state.py",
+        '            return "the engine did not describe itself (/props)"',
+        '            return "the engine did not describe itself (/props)"\n'
+        '        if props.get("total_slots") != 1:\n'
+        '            return "the engine answers several requests at once"',
+        "tests/core/app/test_window_tool_conversations.py::test_the_windows_chat_is_kept_on_an_engine_answering_several_requests_at_once",
+        "the chat's state is kept on an engine answering several requests at once",
+    ),
 )
 
 

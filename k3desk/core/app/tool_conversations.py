@@ -21,8 +21,9 @@ call's result will begin, and as the tool will send it back (the front says how:
 as the engine turns them into Chat Completions ones, and OpenAI Responses ones likewise.
 Pictures sent as data are kept with the state and known by their bytes.  Not kept: a
 picture sent as a link (the engine fetches it), an answer the request began itself (its
-last message the assistant's), engines answering several requests at once (another
-request may be in the slot).
+last message the assistant's), engines answering several requests at once (the engine
+puts a tool's request in whichever slot it likes; the chat window's turns, pinned to slot
+0, are kept there all the same).
 """
 
 from __future__ import annotations

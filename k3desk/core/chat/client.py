@@ -625,7 +625,15 @@ class ChatClient:
             model = self._caps.model
         if model is None:
             model = info.kind.model_name  # the bridge refuses any other name
-        return dialects.request_body(info, wire, s, model)
+        body = dialects.request_body(info, wire, s, model)
+        if info.dialect == "llama-server" and self.endpoint.owner_pid is not None:
+            # k3desk's own engine: the chat's turns go to slot 0, where its conversation's
+            # state is restored and kept (kept_state), whatever else the engine answers at
+            # once (--parallel above 1: the local API's tools); unpinned, the engine could
+            # read it again in another slot while its state waits in slot 0
+            # (get_available_slot, tools/server/server-context.cpp)
+            body.setdefault("id_slot", 0)
+        return body
 
     def stream(
         self,

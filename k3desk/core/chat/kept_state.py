@@ -43,9 +43,11 @@ earlier turn, so the longest kept state the new prompt still begins with is rest
 the same answer as reading it all again, measured in tests/core/chat/test_kept_state.py).
 
 The files live in a private folder (``<cache>/states``, 0700) under a disk budget
-(Settings; least recently used first out).  The engine has one slot here (``-np 1``);
-with several (the local API's requests at once) another client may be in slot 0, so
-nothing is kept.
+(Settings; least recently used first out).  The chat's turns go to slot 0 whatever else
+the engine answers at once (``id_slot``: :meth:`ChatClient.build_body`), so with several
+slots (``--parallel``, the local API's tools) its state is still read, restored and
+saved there; a tool's request the engine put in slot 0 between the read and the save is
+seen in the count saved (``n_saved``) and nothing is kept.
 """
 
 from __future__ import annotations
@@ -239,8 +241,6 @@ def _identify(client: ChatClient, proc: psutil.Process) -> _Engine | str:
         status, props = client.call("GET", "/props")
         if status != 200 or not isinstance(props, dict):
             return "the engine did not describe itself (/props)"
-        if props.get("total_slots") != 1:
-            return "the engine answers several requests at once (another may be in its slot)"
         settings = props.get("default_generation_settings")
         n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
         exe_stat = exe.stat()

@@ -9,6 +9,7 @@ read, ``cache_n`` taken from its slot)."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -128,5 +129,87 @@ def test_a_tools_conversation_and_the_windows_chat_share_the_slot_and_survive_a_
             launch().close()
             timings = tool_asks("And at the end?")
             assert timings["cache_n"] == resumed(said), (timings, said)
+    finally:
+        behind.close()
+
+
+def slot_task(client: ChatClient, slot: int) -> int | None:
+    """The last task the engine ran in ``slot`` (its ``/slots``; None: none yet)."""
+    status, slots = client.call("GET", "/slots")
+    assert status == 200
+    task: int | None = slots[slot].get("id_task")
+    return task
+
+
+def test_the_windows_chat_is_kept_on_an_engine_answering_several_requests_at_once(
+    llama_server: Path, tiny_k3_single: TinyModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two requests at once (Settings' requests at once, --parallel 2): a tool's
+    conversation through the local API goes on beside the window's chat.  The window's
+    turns go to the engine's slot 0, so its conversation is still kept there, comes back
+    after the tool's turns and after an engine restart, and the engine then reads only
+    the new question (its own ``cache_n``).  A tool's conversation is not kept here: the
+    engine puts a tool's request in whichever slot it likes."""
+    monkeypatch.delenv(PORT_ENV)
+    services = Services()
+    services.settings_store.save(replace(services.settings(), api_parallel=2))
+    port = free_port()
+    set_api_port(services, port)
+    _, secret = create_key(services, "agent")
+    said: list[str] = []
+    front = AppFront(services, say=said.append)
+    states = ConversationStates(
+        keeper_for(services.paths.cache, services.settings().kept_state_gib)
+    )
+    states.on_take = lambda: front.slot_taken()
+    front.on_tool_turn = states.slot_taken
+    behind = BehindFront(services, front, llama_server)
+
+    def launch() -> ChatClient:
+        ep = behind.launch(tiny_k3_single.first_part, ctx=4096, parallel=2).endpoint
+        assert ep is not None
+        return ChatClient(ChatEndpoint(ep.url, ep.api_key, owner_pid=ep.pid))
+
+    def window_turn(client: ChatClient, record: TurnRecord) -> tuple[Any, Any]:
+        back = states.before(client, record.conversation.id, record.request_messages(),
+                             SETTINGS)  # fmt: skip
+        before = slot_task(client, 0)
+        outcome = run_turn(client, record.request_messages(), SETTINGS, record=record)
+        assert outcome.result is not None
+        assert outcome.result.timings is not None
+        # the engine's own account: the turn was answered in slot 0 (left to choose, a
+        # fresh engine puts it in its last slot, and keeping it reads it all again)
+        assert slot_task(client, 0) not in (None, before)
+        kept = states.after(client, record, SETTINGS)
+        assert kept is not None
+        assert kept.done, kept
+        return back, outcome.result.timings
+
+    tool = ToolTalk(port, secret, "Tell me a long story about a cat and a dog.")
+    try:
+        with HistoryStore(tmp_path / "history.sqlite3") as store:
+            client = launch()
+            assert client.call("GET", "/props")[1]["total_slots"] == 2
+            record = TurnRecord.new_conversation(store, "Write a poem about the sea.",
+                                                 settings=SETTINGS)  # fmt: skip
+            window_turn(client, record)
+            tool.ask()
+            tool.ask("And then?")
+            # the tool may have been in slot 0: the window's state comes back from its file
+            record = TurnRecord.ask(store, record.conversation.id, "And the moon?")
+            back, timings = window_turn(client, record)
+            assert back is not None
+            assert back.done, back
+            assert timings.cache_n == back.tokens
+            client.close()
+            behind.running[-1].stop()
+            client = launch()  # restarted: the window's conversation comes back from its state
+            record = TurnRecord.ask(store, record.conversation.id, "And the stars?")
+            back, timings = window_turn(client, record)
+            assert back is not None
+            assert back.done, back
+            assert timings.cache_n == back.tokens > 40
+            client.close()
+        assert not any("tool's conversation" in line for line in said), said
     finally:
         behind.close()
