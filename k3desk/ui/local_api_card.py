@@ -86,7 +86,9 @@ class LocalApiCard(Card):
         self.parallel.setToolTip(
             "Requests the engine answers at once (--parallel). Each gets its share of the "
             "context and its own state (about 443 MiB for Kimi-K3); more wait their turn. "
-            "The launch plan counts them."
+            "The launch plan counts them. With more than one, tools' conversations are "
+            "read again after a restart (the engine puts them in any slot); the chat "
+            "window's are still kept."
         )
         form.addRow("Requests at once", self.parallel)
         self.lan = QCheckBox("Reachable from other devices on your networks")
