@@ -74,6 +74,9 @@ class Window:
         m = re.match(said, text)
         assert m, text
         assert self.page.composer.notice.isVisible()
+        # good news asks nothing of the person: not in the warning colour
+        warned = self.page.composer.notice.objectName() == "warnText"
+        assert warned == (said != RESUMED)
         return int(m.group(1).replace(",", "")), self.answer_timings()
 
     def damage_states(self) -> None:

@@ -240,7 +240,14 @@ class Composer(QFrame):
         set_enabled(self.send_btn, not why, why, "Send (Enter)")
         self.hint.setText(self._why_not if not self._can_send else "")
 
-    def show_notice(self, text: str) -> None:
+    def show_notice(self, text: str, warn: bool = True) -> None:
+        """``text`` above the message box: in the warning colour, or (``warn`` False:
+        news that asks nothing of the person, such as a conversation resumed or a model
+        loading) in the muted one."""
+        tone = "warnText" if warn else "muted"
+        if self.notice.objectName() != tone:
+            self.notice.setObjectName(tone)
+            self.notice.style().polish(self.notice)
         self.notice.setText(text)
         self.notice.setVisible(bool(text))
         self.offer("", None)  # a new notice: the last one's action goes with it

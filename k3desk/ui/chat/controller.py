@@ -179,10 +179,11 @@ class ChatController(QObject):
         projector where it was downloaded without one (None: nothing to offer).
     withheld(str): the model answering has no vision, and the conversation's pictures
         were not sent to it (said once per conversation and engine).
-    engine_state(str): before an answer, where its prompt comes from: the conversation's
-        saved engine state ("Resumed from saved state ...") or read again ("Re-reading N
-        tokens (about T) ..."); "" when the engine still holds it (what was said of an
-        earlier answer no longer holds).
+    engine_state(str, bool): before an answer, where its prompt comes from: the
+        conversation's saved engine state ("Resumed from saved state ...", True) or read
+        again ("Re-reading N tokens (about T) ...", False); "" when the engine still holds
+        it (what was said of an earlier answer no longer holds); after it, a state its
+        disk could not take (False).
     exported(object): the Path a conversation was exported to.
     """
 
@@ -197,7 +198,7 @@ class ChatController(QObject):
     image_refused = Signal(str)
     projector_missing = Signal(object)  # SetDownload | None
     withheld = Signal(str)
-    engine_state = Signal(str)
+    engine_state = Signal(str, bool)
     exported = Signal(object)
 
     def __init__(
@@ -618,7 +619,8 @@ class ChatController(QObject):
             said = back.said() if back is not None else ""
             if said:
                 log.info("conversation %d: %s", record.conversation.id, said)
-            run_on_main(lambda: self.engine_state.emit(said))
+            resumed = back is not None and back.done
+            run_on_main(lambda: self.engine_state.emit(said, resumed))
             outcome = run_turn(
                 client, messages, settings, cancel=tok, on_delta=on_delta, record=record
             )
@@ -633,7 +635,7 @@ class ChatController(QObject):
                 def on_kept(kept: Kept) -> None:
                     log.info("conversation %d: %s", cid, kept.text("engine state kept"))
                     if kept.disk:  # the person would otherwise only see it read again
-                        run_on_main(lambda: self.engine_state.emit(kept.why))
+                        run_on_main(lambda: self.engine_state.emit(kept.why, False))
 
                 states.keep_later(client, record, settings, on_kept=on_kept)
             return outcome

@@ -451,7 +451,8 @@ class ChatPage(Page):
                 return
             self.composer.show_notice(
                 f"Downloading the projector into {offer.target}: once it is verified, "
-                "launch the model again (My models) and it reads images."
+                "launch the model again (My models) and it reads images.",
+                warn=False,
             )
             if self.nav is not None:
                 self.nav.show_page(PageKey.DOWNLOADS)
@@ -490,12 +491,13 @@ class ChatPage(Page):
         if last is not None:
             self.relaunch_btn.setEnabled(False)
             self._relaunching = f"Relaunching {last.name or Path(last.shard).name}…"
-            self.composer.show_notice(self._relaunching)
+            self.composer.show_notice(self._relaunching, warn=False)
 
-    def _engine_state(self, text: str) -> None:
-        """Where this answer's prompt comes from; what was said of an earlier one goes."""
+    def _engine_state(self, text: str, resumed: bool) -> None:
+        """Where this answer's prompt comes from (``resumed``: from its kept state, news
+        that asks nothing); what was said of an earlier one goes."""
         if text:
-            self.composer.show_notice(text)
+            self.composer.show_notice(text, warn=not resumed)
         elif self._state_said and self.composer.notice.text() == self._state_said:
             self.composer.show_notice("")
         self._state_said = text
@@ -516,7 +518,9 @@ class ChatPage(Page):
 
         engine = self.engine
         ctx = self.ctx
-        self.composer.show_notice(f"Checking {model.name} and planning it for this machine…")
+        self.composer.show_notice(
+            f"Checking {model.name} and planning it for this machine…", warn=False
+        )
 
         def done(req: LaunchRequest) -> None:
             open_now = self.chat.current
@@ -526,7 +530,7 @@ class ChatPage(Page):
                     f"{engine.model_name()} keeps running; {model.name} was not loaded."
                 )
                 return
-            self.composer.show_notice(f"Loading {model.name}…")
+            self.composer.show_notice(f"Loading {model.name}…", warn=False)
 
         def error(exc: BaseException) -> None:
             from k3desk.core.app.launch import SlowLaunchError
