@@ -1894,6 +1894,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "the chat's turns go to slot 0, where its state is kept, beside a tool's requests",
     ),
     m(
+        "kept-state-tool-kept-in-any-slot",
+        "k3desk/core/chat/kept_state.py",
+        "    if isinstance(engine, _Engine) and not pinned and engine.n_slots != 1:",
+        "    if False:",
+        "tests/core/app/test_window_tool_conversations.py::"
+        "test_the_windows_chat_is_kept_on_an_engine_answering_several_requests_at_once",
+        "a tool's conversation is kept only where the engine has one slot",
+    ),
+    m(
         "kept-state-refuses-several-slots",
         "k3desk/core/chat/kept_state.py",
         '            return "the engine did not describe itself (/props)"',

@@ -47,7 +47,10 @@ The files live in a private folder (``<cache>/states``, 0700) under a disk budge
 the engine answers at once (``id_slot``: :meth:`ChatClient.build_body`), so with several
 slots (``--parallel``, the local API's tools) its state is still read, restored and
 saved there; a tool's request the engine put in slot 0 between the read and the save is
-seen in the count saved (``n_saved``) and nothing is kept.
+seen in the count saved (``n_saved``) and nothing is kept.  A tool's request is not
+pinned, so a tool's conversation (:meth:`StateKeeper.keep_body`,
+:meth:`StateKeeper.bring_back_body`) is kept and restored only where the engine has one
+slot.
 """
 
 from __future__ import annotations
@@ -163,6 +166,7 @@ class _Engine:
     identity: str  # SHA-256 of every fact below
     slots: Path  # its --slot-save-path
     marker: str = ""  # where a prompt the engine renders holds a picture
+    n_slots: int = 1  # requests it answers at once (/props total_slots)
 
     def normal(self, prompt: str) -> str | None:
         """``prompt`` with this engine's picture marker made :data:`PICTURE`; None where its
@@ -256,7 +260,22 @@ def _identify(client: ChatClient, proc: psutil.Process) -> _Engine | str:
         return f"the engine's files could not be read ({exc})"
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
     marker = props.get("media_marker")
-    return _Engine(digest, Path(opts["slots"]), marker if isinstance(marker, str) else "")
+    n_slots = props.get("total_slots")
+    return _Engine(digest, Path(opts["slots"]), marker if isinstance(marker, str) else "",
+                   n_slots if isinstance(n_slots, int) else 0)  # fmt: skip
+
+
+# a tool's request (unlike the chat's, pinned to slot 0 by ChatClient) goes to whichever
+# slot the engine picks (get_available_slot, tools/server/server-context.cpp)
+ANY_SLOT = "the engine answers several requests at once and puts a tool's in any slot"
+
+
+def _engine_in_slot_0(client: ChatClient, pinned: bool) -> _Engine | str:
+    """:func:`_engine`, or why a request not ``pinned`` to slot 0 is not kept there."""
+    engine = _engine(client)
+    if isinstance(engine, _Engine) and not pinned and engine.n_slots != 1:
+        return ANY_SLOT
+    return engine
 
 
 @dataclass(frozen=True)
@@ -599,7 +618,9 @@ class StateKeeper:
         """Save the engine state of a tool's conversation: its Chat Completions request
         ``body`` and the assistant's message ``answer`` it was given, for the
         conversation's next request."""
-        return self._keep(client, conversation, lambda: body_next_prefix(client, body, answer))
+        return self._keep(
+            client, conversation, lambda: body_next_prefix(client, body, answer), pinned=False
+        )
 
     def _keep(
         self,
@@ -607,10 +628,11 @@ class StateKeeper:
         conversation: str,
         prefix_of: Callable[[], Prompt],
         cancel: CancelToken | None = None,
+        pinned: bool = True,
     ) -> Kept:
         if self.budget <= 0:
             return Kept(False, "keeping conversation states is off (Settings)")
-        engine = _engine(client)
+        engine = _engine_in_slot_0(client, pinned)
         if isinstance(engine, str):
             return Kept(False, f"Not kept: {engine}.")
         if engine.slots.resolve() != self.folder.resolve():
@@ -775,15 +797,19 @@ class StateKeeper:
         def prompt_of() -> Prompt:
             return Prompt(render_body(client, body), pictures_of(body.get("messages")))
 
-        return self._bring_back(client, conversation, prompt_of)
+        return self._bring_back(client, conversation, prompt_of, pinned=False)
 
     def _bring_back(
-        self, client: ChatClient, conversation: str, prompt_of: Callable[[], Prompt]
+        self,
+        client: ChatClient,
+        conversation: str,
+        prompt_of: Callable[[], Prompt],
+        pinned: bool = True,
     ) -> Kept:
         kept = [e for e in self._read().values() if e.conversation == conversation]
         if not kept:
             return Kept(False, NOTHING_KEPT)
-        engine = _engine(client)
+        engine = _engine_in_slot_0(client, pinned)
         if isinstance(engine, str):
             return Kept(False, f"The kept state is not used: {engine}.")
         kept = [e for e in kept if e.engine == engine.identity]

@@ -21,7 +21,7 @@ from k3desk.core.app.local_api import PORT_ENV, AppFront, create_key, set_api_po
 from k3desk.core.app.services import Services
 from k3desk.core.chat.client import ChatClient, ChatEndpoint
 from k3desk.core.chat.history import HistoryStore
-from k3desk.core.chat.kept_state import keeper_for
+from k3desk.core.chat.kept_state import ANY_SLOT, keeper_for
 from k3desk.core.chat.model import ChatSettings
 from k3desk.core.engines.ports import free_port
 from k3desk.devtools.tinyk3 import TinyModel
@@ -201,6 +201,15 @@ def test_the_windows_chat_is_kept_on_an_engine_answering_several_requests_at_onc
             assert back is not None
             assert back.done, back
             assert timings.cache_n == back.tokens
+            # a tool's conversation is neither kept nor restored in slot 0 here: its
+            # requests go wherever the engine puts them
+            tool_body = {"messages": tool.messages[:-1]}
+            got = states.keeper.keep_body(client, "tool-x", tool_body, tool.messages[-1])
+            assert not got.done
+            assert got.why == f"Not kept: {ANY_SLOT}."
+            got = states.keeper.bring_back_body(client, str(record.conversation.id), tool_body)
+            assert not got.done
+            assert got.why == f"The kept state is not used: {ANY_SLOT}."
             client.close()
             behind.running[-1].stop()
             client = launch()  # restarted: the window's conversation comes back from its state
