@@ -1912,6 +1912,33 @@ MUTANTS: tuple[Mutant, ...] = (
         "tests/core/app/test_window_tool_conversations.py::test_the_windows_chat_is_kept_on_an_engine_answering_several_requests_at_once",
         "the chat's state is kept on an engine answering several requests at once",
     ),
+    m(
+        "owner-proof-misses-a-second-listener",
+        "k3desk/core/engines/identity.py",
+        "            listening_sockets(port) == {self.inode}\n            and",
+        "            self.inode in (listening_sockets(port) or ())\n            and",
+        "tests/hostile/test_owner_proof.py::"
+        "test_a_program_listening_beside_a_proven_engine_is_seen_at_once",
+        "a key is sent only while every listener on the engine's port is the engine's",
+    ),
+    m(
+        "listening-sockets-ignores-ipv6",
+        "k3desk/core/engines/identity.py",
+        "            for fam in (socket.AF_INET, socket.AF_INET6):",
+        "            for fam in (socket.AF_INET,):",
+        "tests/hostile/test_owner_proof.py::"
+        "test_the_kernels_listeners_are_listed_and_nothing_else",
+        "a listener on the engine's port over IPv6 is seen as one",
+    ),
+    m(
+        "keyed-read-skips-other-listeners",
+        "k3desk/core/engines/identity.py",
+        "    if not (owner is not None and _proven(owner, port)) and any(",
+        "    if not (owner is not None) and any(",
+        "tests/hostile/test_owner_proof.py::"
+        "test_the_speed_watchers_reads_go_to_no_one_beside_a_proven_engine",
+        "a keyed read goes to no one while another program listens beside the engine",
+    ),
 )
 
 

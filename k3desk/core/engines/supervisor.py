@@ -37,7 +37,13 @@ from k3desk.core.engines.engine_args import arg_changes as arg_changes
 from k3desk.core.engines.engine_args import bump_n_cpu_moe as bump_n_cpu_moe
 from k3desk.core.engines.engine_args import describe_changes, redact
 from k3desk.core.engines.identity import alive_pid as alive_pid
-from k3desk.core.engines.identity import authorized_status, family, health, owns_listener
+from k3desk.core.engines.identity import (
+    authorized_status,
+    family,
+    health,
+    owns_listener,
+    remember_owner,
+)
 from k3desk.core.engines.identity import ownership_problem as ownership_problem
 from k3desk.core.engines.loadprogress import BYTES_PROGRESS_MIN, LoadProgressParser, bytes_loaded
 from k3desk.core.engines.oom import OomSnapshot, OomWatch
@@ -666,6 +672,7 @@ class Supervisor(SupervisedLaunch[Endpoint]):
             return None
         status = authorized_status(ours, port, self.api_key)
         if status == 200:
+            remember_owner(proc.pid, ours, port)
             return True
         if status in (401, 403):
             return CrashReport(
