@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import psutil
 import pytest
@@ -92,15 +93,18 @@ def test_serve_after_a_restart_prints_the_new_engine_and_its_own_start(
         assert proc.stdout is not None
         out = LineReader(proc.stdout)
 
+        def stuck(why: str) -> NoReturn:
+            proc.send_signal(signal.SIGABRT)  # faulthandler: every thread's stack
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:  # stuck even for that: its words still count
+                proc.kill()
+            pytest.fail(f"serve {why}:\n{out.text(5)}")
+
         def until(pattern: str) -> re.Match[str]:
             m = out.until(pattern, 60)
             if m is None:
-                proc.send_signal(signal.SIGABRT)  # faulthandler: every thread's stack
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:  # stuck even for that: its words still count
-                    proc.kill()
-                pytest.fail(f"serve printed no line matching {pattern!r}:\n{out.text(5)}")
+                stuck(f"printed no line matching {pattern!r}")
             return m
 
         try:
@@ -114,5 +118,8 @@ def test_serve_after_a_restart_prints_the_new_engine_and_its_own_start(
         finally:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-                proc.wait(30)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:  # shown, not left to hang the suite
+                    stuck("did not end within 30 s of SIGTERM")
     assert float(again.group(1)) < 5.0  # its own start, not the time since serve began
