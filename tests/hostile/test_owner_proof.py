@@ -130,12 +130,13 @@ def test_the_kernels_listeners_are_listed_and_nothing_else() -> None:
         want = {os.fstat(v4.fileno()).st_ino}
         v6 = None
         if socket.has_ipv6:
+            v6 = socket.socket(socket.AF_INET6)
             try:
-                v6 = socket.socket(socket.AF_INET6)
                 v6.bind(("::1", port))
                 v6.listen()
                 want.add(os.fstat(v6.fileno()).st_ino)
-            except OSError:  # no IPv6 on this machine
+            except OSError:  # no IPv6 loopback on this machine
+                v6.close()
                 v6 = None
         with socket.create_connection(("127.0.0.1", port)) as client:
             accepted, _ = v4.accept()

@@ -3,12 +3,14 @@
 The checks look at the sockets the child (and its descendants) hold, so another
 program squatting on the port is never handed the API key.
 
-:func:`owned_connection` is the one place that decides whether a keyed request to a
-local engine may be sent: every request that carries an engine's key (the readiness
-check, ``/metrics`` for the speed watcher, the keep-running checks) goes over a
-connection it returns, one the process k3desk started is seen to have accepted.  An
-engine restarted on a new port is a new (pid, port); a request for the old one finds
-no owner and sends nothing.
+Every request that carries an engine's key is sent only after one of two checks:
+:func:`owned_connection` for the readiness check, ``/metrics`` for the speed watcher and
+the keep-running checks (a connection the process k3desk started is seen to have
+accepted), :func:`owner_problem` before each chat request (nothing but that process
+listens on the port).  Both keep what they proved, the socket listening there
+(:class:`_Proof`), so later checks ask the kernel only about that port.  An engine
+restarted on a new port is a new (pid, port); a request for the old one finds no owner
+and sends nothing.
 """
 
 from __future__ import annotations
@@ -215,8 +217,7 @@ def listening_sockets(port: int) -> set[int] | None:
 def _read_listeners(nl: socket.socket, port: int, found: set[int]) -> bool:
     """Read one dump's records into ``found`` (inodes of those on ``port``); False when
     the kernel answered with an error (no IPv6, or no sock_diag)."""
-    while True:
-        data = nl.recv(1 << 16)
+    while data := nl.recv(1 << 16):
         off = 0
         while off + 16 <= len(data):
             size, kind = struct.unpack_from("=IH", data, off)
@@ -231,8 +232,7 @@ def _read_listeners(nl: socket.socket, port: int, found: set[int]) -> bool:
             if sport == port:
                 found.add(inode)
             off += (size + 3) & ~3
-        if not data:
-            return False
+    return False  # the kernel closed the dump without its end
 
 
 _NETLINK_SOCK_DIAG = 4
@@ -283,9 +283,10 @@ class _Proof:
             return None
         (inode,) = inodes
         owner_started = _started(pid)
+        if owner_started is None:
+            return None
         for holder in sorted(ours):
-            started = _started(holder)
-            if owner_started is not None and started is not None and holds_socket(holder, inode):
+            if holds_socket(holder, inode) and (started := _started(holder)) is not None:
                 return cls(owner_started, holder, started, inode)
         return None
 
