@@ -16,10 +16,16 @@ next question, on an engine just started, to the first token of its answer.
 
 3. **no restart**: on the engine of 2, the same question again, the conversation still in
    its slot: a request with nothing to restore or read, the floor for any resume.
+4. **the engine alone**: a fresh engine is told over plain HTTP (httpx, none of k3desk's
+   code) to restore the same state file and is sent the same request body: what the
+   engine itself needs to resume, with no check by anyone.  ``resume/engine alone`` is
+   what k3desk's checks add; ``engine alone/reread`` is the least any client of this
+   engine can reach.
 
-1 and 2 (with 3) alternate for ``--rounds`` rounds; the medians are compared.  Greedy, seed fixed,
-thinking off: both must give the same first tokens, and the engine's own timings must
-say the resumed run read only the question (``cache_n`` = the state's tokens).
+1 and 2 (with 3 and 4) alternate for ``--rounds`` rounds; the medians are compared.
+Greedy, seed fixed, thinking off: all must give the same first tokens, and the engine's
+own timings must say the resumed run read only the question (``cache_n`` = the state's
+tokens).
 
 ``--twin TIER`` runs the same on a sparse twin of a real tier (the 9-part UD-IQ1_S,
 329 GB apparent) with the arguments k3desk's plan gives on this machine.  On a machine
@@ -33,6 +39,7 @@ tokens, <= 0.02 on the twin.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -42,6 +49,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -117,6 +126,37 @@ def first_token(client: ChatClient, messages: list[ChatMessage], settings: ChatS
     return first, result.text + result.reasoning, result.timings.cache_n if result.timings else 0
 
 
+def engine_alone(spec: LaunchSpec, state: str, tokens: int, body: dict[str, object],
+                 ) -> tuple[float, str]:  # fmt: skip
+    """A fresh engine, driven over plain HTTP: restore ``state`` (``tokens`` long) into
+    slot 0 and stream ``body``; seconds from the restore's request to the first piece of
+    text, and the answer."""
+    with Supervisor(spec, default_paths()) as sup:
+        sup.start()
+        ep = sup.wait_ready(3600)
+        auth = {"Authorization": f"Bearer {ep.api_key}"}
+        with httpx.Client(base_url=ep.url, headers=auth, timeout=None) as http:
+            t0 = time.monotonic()
+            got = http.post("/slots/0?action=restore", json={"filename": state}).json()
+            if got.get("n_restored") != tokens:
+                raise SystemExit(f"the engine alone restored {got!r}, not {tokens} tokens")
+            first, text = 0.0, []
+            with http.stream("POST", "/v1/chat/completions", json=body) as resp:
+                for line in resp.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    for choice in json.loads(line[6:]).get("choices") or []:
+                        delta = choice.get("delta") or {}
+                        piece = (delta.get("content") or "") + (
+                            delta.get("reasoning_content") or ""
+                        )
+                        if piece:
+                            first = first or time.monotonic() - t0
+                            text.append(piece)
+        sup.stop()
+    return first, "".join(text)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=4000)
@@ -149,6 +189,7 @@ def main() -> int:
         resume: list[float] = []
         reread: list[float] = []
         floor: list[float] = []
+        alone: list[float] = []
         for r in range(a.rounds):
             # reread: a fresh engine reads it all; then k3desk keeps its state, as after
             # any answer (the engine's own checkpoint at the question makes that cheap)
@@ -178,15 +219,24 @@ def main() -> int:
                 # the floor: the same question again, its conversation still in the slot
                 # (no restart at all): what any request costs on this engine
                 again, _, _ = first_token(client, asked, settings, time.monotonic())
+                body = client.build_body(asked, settings)
             floor.append(again)
+            # the engine alone: the same state file (the round's keep: the newest) and body
+            state = max(folder.glob("k3c-*.bin"), key=lambda f: f.stat().st_mtime).name
+            bare, text_bare = engine_alone(spec, state, back.tokens, body)
+            alone.append(bare)
             if cache_n != back.tokens:
                 raise SystemExit(f"the engine reused {cache_n} tokens, not {back.tokens}")
-            if text_read != text_resumed:
-                raise SystemExit(f"different answers: {text_resumed!r} vs {text_read!r}")
+            if not text_read == text_resumed == text_bare:
+                raise SystemExit(
+                    f"different answers: {text_resumed!r} (resumed), "
+                    f"{text_bare!r} (engine alone) vs {text_read!r}"
+                )
             resume.append(s)
             print(f"round {r + 1}: reread {reread[-1]:.3f} s, resume {resume[-1]:.3f} s "
                   f"(checks and restore {checked:.3f} s, of which restore "
-                  f"{back.seconds:.3f} s), no restart {floor[-1]:.3f} s, the same answer "
+                  f"{back.seconds:.3f} s), engine alone {alone[-1]:.3f} s, no restart "
+                  f"{floor[-1]:.3f} s, the same answer "
                   f"{text_read!r}", flush=True)  # fmt: skip
     ratio = statistics.median(resume) / statistics.median(reread)
     least = statistics.median(floor) / statistics.median(reread)
@@ -196,6 +246,11 @@ def main() -> int:
     print(f"the same question with no restart at all (the conversation still in the slot): "
           f"{statistics.median(floor):.3f} s, {least:.4f} of the reread: "
           "no resume is faster")  # fmt: skip
+    bare = statistics.median(alone)
+    print(f"the engine alone, restoring the same state over plain HTTP and sent the same "
+          f"request: {bare:.3f} s, {bare / statistics.median(reread):.4f} of the reread "
+          f"(the least any client of this engine reaches); resume/engine alone = "
+          f"{statistics.median(resume) / bare:.3f}")  # fmt: skip
     print(f"resume/reread = {ratio:.4f}")
     return 0 if ratio <= goal else 1
 
