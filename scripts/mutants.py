@@ -1939,6 +1939,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_the_speed_watchers_reads_go_to_no_one_beside_a_proven_engine",
         "a keyed read goes to no one while another program listens beside the engine",
     ),
+    m(
+        "owner-check-takes-a-reused-pid",
+        "k3desk/core/engines/identity.py",
+        "    return born is not None and _started(pid) != born",
+        "    return False",
+        "tests/hostile/test_owner_proof.py::"
+        "test_a_process_given_the_ended_engines_pid_is_not_taken_for_it",
+        "a process given an ended engine's pid is not sent its key",
+    ),
 )
 
 

@@ -8,6 +8,7 @@ place, must still be seen at once: the key goes to whoever accepts the connectio
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import psutil
 import pytest
@@ -23,14 +25,17 @@ import pytest
 from k3desk.core.engines.identity import keyed_get, listening_sockets, owner_problem
 
 ENGINE = r"""
-import sys, threading
+import json, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+keys = []  # the Authorization headers it was sent
 
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
     def do_GET(self):
+        keys.append(self.headers.get("Authorization"))
         body = b"engine"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -45,10 +50,13 @@ def listen(port):
     threading.Thread(target=s.serve_forever, daemon=True).start()
     return s
 
-s = listen(0)
+s = listen(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 port = s.server_address[1]
 print(port, flush=True)
 for line in sys.stdin:
+    if line.strip() == "keys":
+        print(json.dumps(keys), flush=True)
+        continue
     if line.strip() == "close":
         s.shutdown()
         s.server_close()
@@ -201,3 +209,76 @@ def test_the_speed_watchers_reads_go_to_no_one_beside_a_proven_engine(engine: En
     assert got == [None] * 20
     assert keys == []
     assert keyed_get(engine.proc.pid, engine.port, "/metrics", "sk-k3") == (200, b"engine")
+
+
+# In a pid namespace of its own (a user namespace makes that possible without privileges),
+# the next pid is chosen by writing ns_last_pid: the engine's pid is given to a squatter.
+REUSED = r"""
+import json, subprocess, sys, time
+from k3desk.core.engines.identity import keyed_get as get, owner_problem
+
+def keyed_get(*args):
+    got = get(*args)
+    return None if got is None else [got[0], got[1].decode()]
+
+ENGINE = sys.argv[1]
+
+def start(*args):
+    p = subprocess.Popen([sys.executable, "-c", ENGINE, *args], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    return p, int(p.stdout.readline())
+
+engine, port = start()
+out = {"engine": engine.pid, "port": port, "proven": owner_problem(engine.pid, port),
+       "read": keyed_get(engine.pid, port, "/metrics", "sk-k3")}
+engine.kill()
+engine.wait()
+time.sleep(0.05)  # start times are counted in clock ticks
+with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+    f.write(str(engine.pid - 1))
+squatter, _ = start(str(port))
+out["squatter"] = squatter.pid
+out["problem"] = owner_problem(engine.pid, port)
+out["reads"] = [keyed_get(engine.pid, port, "/metrics", "sk-k3") for _ in range(5)]
+squatter.stdin.write("keys\n")
+squatter.stdin.flush()
+out["keys"] = json.loads(squatter.stdout.readline())
+squatter.kill()
+print(json.dumps(out))
+"""
+
+
+def _namespace() -> list[str]:
+    """The command that runs a program as pid 1 of a new pid namespace, with its own /proc;
+    the test is skipped where this machine does not allow one."""
+    cmd = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc"]
+    try:
+        ok = subprocess.run([*cmd, "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        pytest.skip("no unprivileged pid namespace here (unshare --user --pid)")
+    return cmd
+
+
+def test_a_process_given_the_ended_engines_pid_is_not_taken_for_it() -> None:
+    """The engine is proven, then ends; a new process is given its pid and listens on its
+    port.  Checked by pid and port alone, that process looks like the engine: it is
+    refused by its start time, and neither the chat's check nor a keyed read sends it
+    the key."""
+    root = str(Path(__file__).resolve().parents[2])
+    run = subprocess.run(
+        [*_namespace(), sys.executable, "-c", REUSED, ENGINE],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": root},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["proven"] == ""
+    assert out["read"] == [200, "engine"]
+    assert out["squatter"] == out["engine"]  # the pid was given again
+    assert out["problem"] == (
+        f"the engine k3desk started (process {out['engine']}) is no longer running"
+    )
+    assert out["reads"] == [None] * 5
+    assert out["keys"] == []

@@ -86,7 +86,7 @@ def keyed_get(
     """(status, the body's first ``limit`` bytes) of ``GET path`` with the key, sent only
     to process ``pid`` (or a descendant) over a connection it accepted; None when it is
     not running, another program listens there, or it does not answer."""
-    if not alive_pid(pid):
+    if not alive_pid(pid) or _reborn(pid):
         return None
     conn = owned_connection(family(pid), port, timeout, owner=pid)
     if conn is None:
@@ -148,8 +148,10 @@ def owner_problem(pid: int, port: int) -> str:
     Once proven, the proof is the listening socket itself (:class:`_Proof`): while it is
     still the port's only listener, held by the same process, the next check asks the
     kernel for the port's listeners and reads that process's open files, instead of
-    listing every socket of every process."""
-    if not alive_pid(pid):
+    listing every socket of every process.  A process that has ``pid`` since the engine
+    ended (the pid reused) is not the engine, however it listens: its start time differs
+    from the one seen when the engine was proven."""
+    if not alive_pid(pid) or _reborn(pid):
         return f"the engine k3desk started (process {pid}) is no longer running"
     if _proven(pid, port):
         return ""
@@ -160,6 +162,7 @@ def owner_problem(pid: int, port: int) -> str:
         problem = f"the engine k3desk started (process {pid}) no longer listens on port {port}"
     else:
         problem = ""
+        _note_birth(pid)
     _remember(pid, port, None if problem else _Proof.take(pid, ours, port))
     return problem
 
@@ -175,7 +178,29 @@ def remember_owner(pid: int, ours: set[int], port: int) -> None:
     """Keep the proof that ``pid`` (its family ``ours``) holds the one socket listening on
     ``port``, just checked the slow way by a launch: the first request's check is then
     the quick one."""
+    _note_birth(pid)
     _remember(pid, port, _Proof.take(pid, ours, port))
+
+
+def _note_birth(pid: int) -> None:
+    """Keep when engine ``pid``, just proven, started: a process given its pid after it
+    ended has another start time (:func:`_reborn`)."""
+    started = _started(pid)
+    if started is None:
+        return
+    with _proofs_lock:
+        _births.pop(pid, None)
+        while len(_births) >= 256:  # the oldest go first; an engine proven again returns
+            del _births[next(iter(_births))]
+        _births[pid] = started
+
+
+def _reborn(pid: int) -> bool:
+    """Whether ``pid``, proven an engine's, now names a process started at another time
+    (the engine ended and the pid was given to a new process)."""
+    with _proofs_lock:
+        born = _births.get(pid)
+    return born is not None and _started(pid) != born
 
 
 def _remember(pid: int, port: int, proof: _Proof | None) -> None:
@@ -302,6 +327,7 @@ class _Proof:
 
 
 _proofs: dict[tuple[int, int], _Proof] = {}  # (engine pid, port): its proven listener
+_births: dict[int, float] = {}  # engine pid: its start time when it was proven
 _proofs_lock = threading.Lock()
 
 
@@ -313,7 +339,7 @@ def ownership_problem(pid: int, port: int, api_key: str) -> str:
     listening socket, and the key is accepted on a connection ``pid`` is seen to hold
     (the key is never sent to anything else).
     """
-    if not alive_pid(pid):
+    if not alive_pid(pid) or _reborn(pid):
         return f"process {pid} is no longer running"
     ours = family(pid)
     foreign = [p for p in listeners(port) if p not in ours]
