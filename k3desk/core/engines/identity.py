@@ -337,9 +337,11 @@ def ownership_problem(pid: int, port: int, api_key: str) -> str:
     The same checks a launch makes before it hands out an endpoint (the supervisor's
     ``_verify``): nothing else listens on the port, ``pid`` (or a descendant) holds the
     listening socket, and the key is accepted on a connection ``pid`` is seen to hold
-    (the key is never sent to anything else).
+    (the key is never sent to anything else).  A proof afresh of whatever has ``pid``
+    now (its start time is kept anew): the caller knows it for the engine otherwise (a
+    launch, as its child; a kept engine's take-up, by its parent).
     """
-    if not alive_pid(pid) or _reborn(pid):
+    if not alive_pid(pid):
         return f"process {pid} is no longer running"
     ours = family(pid)
     foreign = [p for p in listeners(port) if p not in ours]
