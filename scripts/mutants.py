@@ -1948,6 +1948,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "test_a_process_given_the_ended_engines_pid_is_not_taken_for_it",
         "a process given an ended engine's pid is not sent its key",
     ),
+    m(
+        "serve-stop-signal-raises",
+        "k3desk/cli/serve.py",
+        "        stop.set()\n\n    previous = {s: signal.signal(s, on_stop)",
+        "        raise KeyboardInterrupt\n\n    previous = {s: signal.signal(s, on_stop)",
+        "tests/hostile/test_recovery.py::"
+        "test_a_stop_signal_handled_inside_a_finalizer_still_stops_serve",
+        "a stop signal ends serve cleanly whenever it is handled",
+    ),
 )
 
 

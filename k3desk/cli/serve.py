@@ -278,18 +278,22 @@ def _foreground(
     tools reach (a front's) for an attempt's own; ``before_stop`` runs on Ctrl-C while the
     engine still runs."""
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
+    stop = threading.Event()
 
-    previous = signal.signal(signal.SIGTERM, on_term)
-    previous_int = signal.getsignal(signal.SIGINT)
+    def on_stop(signum: int, frame: FrameType | None) -> None:
+        # a flag the loop looks at, not an exception: one raised here is lost when the
+        # signal is handled while a finalizer runs (a __del__, such as that of the Popen a
+        # restart dropped, runs the handler inside it and only prints what it raised as
+        # "ignored"), and serve would go on; a second signal changes nothing
+        stop.set()
+
+    previous = {s: signal.signal(s, on_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     started = time.monotonic()
     watcher: SpeedWatcher | None = None
     try:
         sup.start()
         shown = 0  # the attempt whose endpoint was printed last
-        while True:
-            ep = sup.wait_ready()
+        while (ep := _ready(sup, stop)) is not None:
             if ep.attempt != shown:
                 # the facts of the attempt that is ready (the endpoint carries them), not of
                 # whichever process happens to run now: after a restart, its own start
@@ -320,10 +324,6 @@ def _foreground(
                     "llama-server stopped: " + (crash.describe() if crash else "unknown reason"),
                     crash.fix if crash else f"See the log: {sup.log_file}",
                 )
-    except KeyboardInterrupt:
-        # a second Ctrl-C or SIGTERM must not cut the clean stop short
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("Stopping ...", file=sys.stderr, flush=True)
         if before_stop is not None:
             before_stop()
@@ -335,8 +335,20 @@ def _foreground(
             watcher.stop()
         sup.stop()
         _print_history(sup)
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _ready(sup: Supervisor, stop: threading.Event) -> Endpoint | None:
+    """``sup``'s endpoint once it is ready (through restarts), None once ``stop`` is set;
+    raises the error it ended with, if it ends."""
+    while not stop.is_set():
+        ep = sup.endpoint
+        if ep is not None:
+            return ep
+        if sup.wait_stopped(0.1):
+            return sup.wait_ready(0)
+    return None
 
 
 def _print_client_keys(services: Services) -> None:

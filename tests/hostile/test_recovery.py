@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -123,3 +124,55 @@ def test_serve_after_a_restart_prints_the_new_engine_and_its_own_start(
                 except subprocess.TimeoutExpired:  # shown, not left to hang the suite
                     stuck("did not end within 30 s of SIGTERM")
     assert float(again.group(1)) < 5.0  # its own start, not the time since serve began
+
+
+def test_a_stop_signal_handled_inside_a_finalizer_still_stops_serve(
+    fake_engine: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGTERM handled while a finalizer runs in serve's main thread (a ``__del__``, such
+    as that of the engine's Popen a restart dropped) stops serve cleanly all the same:
+    an exception raised by the handler there is only printed as "ignored", and serve went
+    on until a second signal."""
+    from k3desk.cli.serve import _foreground
+
+    in_finalizer = threading.Event()
+
+    class Dropped:
+        def __del__(self) -> None:
+            in_finalizer.set()
+            time.sleep(1.0)  # the signal is handled while this runs
+
+    class Serving(Supervisor):
+        dropped: Dropped | None = None
+
+        def wait_stopped(self, timeout: float | None = None) -> bool:
+            if self.endpoint is not None and not in_finalizer.is_set():
+                self.dropped = Dropped()
+                self.dropped = None  # its finalizer runs here, in the main thread
+            return super().wait_stopped(timeout)
+
+    spec = LaunchSpec(fake_engine("serve"), ("-m", str(tmp_path / "m.gguf"), "-c", "512"))
+    sup = Serving(spec, default_paths(), policy=FAST)
+
+    def term() -> None:
+        if in_finalizer.wait(60):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=term, daemon=True).start()
+    ended = threading.Timer(30, sup.stop)  # where the signal is lost: serve ends on this
+    ended.start()
+    try:
+        t0 = time.monotonic()
+        code = _foreground(sup)
+    except EngineError as e:
+        pytest.fail(f"serve went on after SIGTERM until its engine was stopped: {e.message}")
+    finally:
+        ended.cancel()
+        sup.stop()
+    err = capsys.readouterr().err
+    assert code == 0
+    assert "Stopping ..." in err
+    assert "Stopped." in err
+    assert time.monotonic() - t0 < 20
+    assert [a.number for a in sup.history] == [1]
+    assert not psutil.pid_exists(sup.history[0].pid)  # the engine was stopped with it
