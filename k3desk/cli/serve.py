@@ -343,11 +343,11 @@ def _ready(sup: Supervisor, stop: threading.Event) -> Endpoint | None:
     """``sup``'s endpoint once it is ready (through restarts), None once ``stop`` is set;
     raises the error it ended with, if it ends."""
     while not stop.is_set():
-        ep = sup.endpoint
-        if ep is not None:
-            return ep
-        if sup.wait_stopped(0.1):
-            return sup.wait_ready(0)
+        try:
+            return sup.wait_ready(0.05)  # at once when ready
+        except EngineError:
+            if sup.wait_stopped(0):  # it ended: the error it ended with
+                return sup.wait_ready(0)
     return None
 
 
