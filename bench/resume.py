@@ -20,7 +20,8 @@ next question, on an engine just started, to the first token of its answer.
    code) to restore the same state file and is sent the same request body: what the
    engine itself needs to resume, with no check by anyone.  ``resume/engine alone`` is
    what k3desk's checks add; ``engine alone/reread`` is the least any client of this
-   engine can reach.
+   engine can reach.  Once more with a short request sent before the clock starts, so
+   that a fresh engine's first-request cost is not counted.
 
 1 and 2 (with 3 and 4) alternate for ``--rounds`` rounds; the medians are compared.
 Greedy, seed fixed, thinking off: all must give the same first tokens, and the engine's
@@ -127,15 +128,19 @@ def first_token(client: ChatClient, messages: list[ChatMessage], settings: ChatS
 
 
 def engine_alone(spec: LaunchSpec, state: str, tokens: int, body: dict[str, object],
-                 ) -> tuple[float, str]:  # fmt: skip
-    """A fresh engine, driven over plain HTTP: restore ``state`` (``tokens`` long) into
-    slot 0 and stream ``body``; seconds from the restore's request to the first piece of
-    text, and the answer."""
+                 warm: bool = False) -> tuple[float, str]:  # fmt: skip
+    """A fresh engine (started as k3desk starts it), then driven over plain HTTP: restore
+    ``state`` (``tokens`` long) into slot 0 and stream ``body``; seconds from the
+    restore's request to the first piece of text, and the answer.  ``warm``: a short
+    request first, so that the engine's first-request cost is paid before the clock."""
     with Supervisor(spec, default_paths()) as sup:
         sup.start()
         ep = sup.wait_ready(3600)
         auth = {"Authorization": f"Bearer {ep.api_key}"}
         with httpx.Client(base_url=ep.url, headers=auth, timeout=None) as http:
+            if warm:
+                http.post("/completion", json={"prompt": "Hello there, how", "n_predict": 1,
+                                               "id_slot": 0}).raise_for_status()  # fmt: skip
             t0 = time.monotonic()
             got = http.post("/slots/0?action=restore", json={"filename": state}).json()
             if got.get("n_restored") != tokens:
@@ -153,6 +158,7 @@ def engine_alone(spec: LaunchSpec, state: str, tokens: int, body: dict[str, obje
                         if piece:
                             first = first or time.monotonic() - t0
                             text.append(piece)
+            first = first or time.monotonic() - t0  # one token may come as no visible text
         sup.stop()
     return first, "".join(text)
 
@@ -190,6 +196,7 @@ def main() -> int:
         reread: list[float] = []
         floor: list[float] = []
         alone: list[float] = []
+        warmed: list[float] = []
         for r in range(a.rounds):
             # reread: a fresh engine reads it all; then k3desk keeps its state, as after
             # any answer (the engine's own checkpoint at the question makes that cheap)
@@ -225,6 +232,7 @@ def main() -> int:
             state = max(folder.glob("k3c-*.bin"), key=lambda f: f.stat().st_mtime).name
             bare, text_bare = engine_alone(spec, state, back.tokens, body)
             alone.append(bare)
+            warmed.append(engine_alone(spec, state, back.tokens, body, warm=True)[0])
             if cache_n != back.tokens:
                 raise SystemExit(f"the engine reused {cache_n} tokens, not {back.tokens}")
             if not text_read == text_resumed == text_bare:
@@ -235,7 +243,8 @@ def main() -> int:
             resume.append(s)
             print(f"round {r + 1}: reread {reread[-1]:.3f} s, resume {resume[-1]:.3f} s "
                   f"(checks and restore {checked:.3f} s, of which restore "
-                  f"{back.seconds:.3f} s), engine alone {alone[-1]:.3f} s, no restart "
+                  f"{back.seconds:.3f} s), engine alone {alone[-1]:.3f} s (warmed "
+                  f"{warmed[-1]:.3f} s), no restart "
                   f"{floor[-1]:.3f} s, the same answer "
                   f"{text_read!r}", flush=True)  # fmt: skip
     ratio = statistics.median(resume) / statistics.median(reread)
@@ -251,6 +260,9 @@ def main() -> int:
           f"request: {bare:.3f} s, {bare / statistics.median(reread):.4f} of the reread "
           f"(the least any client of this engine reaches); resume/engine alone = "
           f"{statistics.median(resume) / bare:.3f}")  # fmt: skip
+    warm = statistics.median(warmed)
+    print(f"the engine alone with a short request before the clock (its first-request cost "
+          f"paid): {warm:.3f} s, {warm / statistics.median(reread):.4f} of the reread")  # fmt: skip
     print(f"resume/reread = {ratio:.4f}")
     return 0 if ratio <= goal else 1
 
